@@ -1,0 +1,281 @@
+"""Public CTC loss: argument checks, dispatch to the Triton kernels or the PyTorch reference, autograd."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .._utils import INDEX_DTYPES, as_index_tensor, check_float_input, first_index, use_triton
+from . import kernels
+from .reference import CTCLossReferenceFunction, reduce_loss
+
+Lengths = torch.Tensor | Sequence[int]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# checks of tensor contents (they read the tensors: on the GPU path they run only to explain a failed check)
+
+
+def _check_contents(
+    T: int, C: int, targets: torch.Tensor, il: torch.Tensor, tl: torch.Tensor, blank: int, padded: bool
+) -> None:
+    il = il.cpu()
+    tl = tl.cpu()
+    bad = (il < 0) | (il > T)
+    if bad.any():
+        n = first_index(bad)
+        raise ValueError(f"input_lengths[{n}]={int(il[n])} is outside [0, T={T}]")
+    if (tl < 0).any():
+        n = first_index(tl < 0)
+        raise ValueError(f"target_lengths[{n}]={int(tl[n])} is negative")
+    tg = targets.cpu().to(torch.int64)
+    if padded:
+        S = tg.shape[1]
+        if (tl > S).any():
+            n = first_index(tl > S)
+            raise ValueError(f"target_lengths[{n}]={int(tl[n])} exceeds targets.shape[1]={S}")
+        valid = torch.arange(S)[None, :] < tl[:, None]
+        rows = tg
+    else:
+        total = int(tl.sum())
+        if total > tg.numel():
+            raise ValueError(f"sum(target_lengths)={total} exceeds the {tg.numel()} concatenated targets")
+        ends = tl.cumsum(0)
+        valid = torch.arange(tg.numel()) < total
+        rows = tg
+    for cond, what in (((rows < 0) | (rows >= C), f"is outside [0, C={C})"), (rows == blank, "equals blank")):
+        cond = cond & valid
+        if cond.any():
+            flat = first_index(cond.reshape(-1))
+            if padded:
+                n, j = divmod(flat, rows.shape[1])
+            else:
+                n = int((ends <= flat).sum())
+                j = flat - (int(ends[n - 1]) if n > 0 else 0)
+            raise ValueError(f"targets: label {int(rows.reshape(-1)[flat])} of sample {n} (position {j}) {what}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Triton path, registered with torch.library so that torch.compile treats it as one opaque op
+
+
+@torch.library.custom_op("speechkernels::ctc_loss_forward", mutates_args=())
+def _ctc_forward_op(
+    x: torch.Tensor,
+    targets: torch.Tensor,
+    input_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    blank: int,
+    padded: bool,
+    logits: bool,
+    need_grad: bool,
+    validate: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    loss, lse, table, meta, srt, flags = kernels.ctc_forward(
+        x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate
+    )
+    if validate and int(flags.item()) != 0:
+        _check_contents(x.shape[0], x.shape[2], targets, input_lengths, target_lengths, blank, padded)
+        raise ValueError(f"invalid CTC arguments (flags {int(flags.item())})")  # not reached: the check names it
+    return loss, lse, table, meta, srt
+
+
+@_ctc_forward_op.register_fake
+def _(x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate):
+    T, N, _ = x.shape
+    lp_size, _ = kernels.table_sizes(T, N, targets, padded)
+    f32 = dict(dtype=torch.float32, device=x.device)
+    return (
+        x.new_empty(N, **f32),
+        x.new_empty((N, T) if logits else (0,), **f32),
+        x.new_empty(lp_size, **f32),
+        x.new_empty((kernels.META_ROWS, N), dtype=torch.int64),
+        x.new_empty(targets.numel(), dtype=torch.int64),
+    )
+
+
+@torch.library.custom_op("speechkernels::ctc_loss_backward", mutates_args=())
+def _ctc_backward_op(
+    grad_loss: torch.Tensor,
+    x: torch.Tensor,
+    loss: torch.Tensor,
+    lse: torch.Tensor,
+    table: torch.Tensor,
+    meta: torch.Tensor,
+    srt: torch.Tensor,
+    blank: int,
+    logits: bool,
+) -> torch.Tensor:
+    return kernels.ctc_backward(grad_loss, x, loss, lse, table, meta, srt, blank, logits)
+
+
+@_ctc_backward_op.register_fake
+def _(grad_loss, x, loss, lse, table, meta, srt, blank, logits):
+    return torch.empty_like(x)
+
+
+def _setup_context(ctx, inputs, output):
+    x, _targets, _il, _tl, blank, _padded, logits, _need_grad, _validate = inputs
+    loss, lse, table, meta, srt = output
+    ctx.save_for_backward(x, loss, lse, table, meta, srt)
+    ctx.blank = blank
+    ctx.logits = logits
+    ctx.mark_non_differentiable(lse, table, meta, srt)
+
+
+def _backward(ctx, grad_loss, _g_lse, _g_table, _g_meta, _g_srt):
+    x, loss, lse, table, meta, srt = ctx.saved_tensors
+    grad = _ctc_backward_op(grad_loss, x, loss, lse, table, meta, srt, ctx.blank, ctx.logits)
+    # targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate
+    return grad, None, None, None, None, None, None, None, None
+
+
+_ctc_forward_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# public API
+
+
+def ctc_loss(
+    log_probs: torch.Tensor,
+    targets: torch.Tensor,
+    input_lengths: Lengths,
+    target_lengths: Lengths,
+    blank: int = 0,
+    reduction: str = "mean",
+    zero_infinity: bool = False,
+    *,
+    batch_first: bool = False,
+    logits: bool = False,
+    validate: bool = True,
+) -> torch.Tensor:
+    """Connectionist Temporal Classification loss, a drop-in for ``torch.nn.functional.ctc_loss``.
+
+    Args:
+        log_probs: [T, N, C] (or [N, T, C] with ``batch_first``, or [T, C] unbatched) float32/float16/bfloat16
+            on the GPU, any float dtype on the CPU. Log-probabilities, or with ``logits=True`` unnormalised
+            scores whose log_softmax is fused into the kernels.
+        targets: [N, S] padded or 1-D concatenated labels, int32 or int64, on any device. Labels lie in
+            [0, C) and differ from ``blank``; padded entries past ``target_lengths`` are ignored.
+        input_lengths: [N] frames per sample, each in [0, T]: a tensor on any device or a list.
+        target_lengths: [N] labels per sample: a tensor on any device or a list.
+        blank: index of the blank class.
+        reduction: "none" (per-sample losses), "sum", or "mean" (each loss divided by its target length,
+            clamped to at least 1, then averaged over the batch).
+        zero_infinity: replace infinite losses (no valid alignment) by zero. Their gradient is zero either way.
+        batch_first: ``log_probs`` is [N, T, C].
+        logits: ``log_probs`` holds unnormalised scores; the gradient is with respect to them (softmax - occupancy).
+            With ``logits=False`` the gradient is the exact derivative with respect to ``log_probs`` (-occupancy),
+            so unnormalised or prior-scaled scores get correct gradients.
+        validate: check lengths and labels against the tensors' contents. On the GPU this reads device memory
+            (one synchronisation); pass False inside CUDA graphs or to skip it. Unchecked bad values cannot
+            cause a memory fault (lengths and labels are clamped) but give meaningless numbers.
+
+    Returns:
+        The loss: a scalar, or [N] with ``reduction="none"``. float64 for float64 input, else float32.
+        A NaN in a sample's input makes that sample's loss and gradient NaN, and only that sample's.
+
+    Example:
+        >>> x = torch.randn(50, 4, 20, requires_grad=True)
+        >>> targets = torch.randint(1, 20, (4, 10))
+        >>> loss = ctc_loss(x, targets, [50] * 4, [10, 8, 9, 5], logits=True)
+        >>> loss.backward()
+    """
+    check_float_input(log_probs, "log_probs")
+    if reduction not in ("none", "mean", "sum"):
+        raise ValueError(f"reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
+    if log_probs.dim() not in (2, 3):
+        raise ValueError(f"log_probs must have 3 dimensions [T, N, C] (or 2 unbatched), got shape {tuple(log_probs.shape)}")
+    if not isinstance(targets, torch.Tensor):
+        raise ValueError(f"targets must be a torch.Tensor, got {type(targets).__name__}")
+    if targets.dtype not in INDEX_DTYPES:
+        raise ValueError(f"targets must be int32 or int64, got {targets.dtype}")
+    unbatched = log_probs.dim() == 2
+    if unbatched:
+        x = log_probs.unsqueeze(1)
+        if targets.dim() != 1:
+            raise ValueError(f"unbatched targets must have 1 dimension, got shape {tuple(targets.shape)}")
+        targets = targets.unsqueeze(0)
+    else:
+        x = log_probs.transpose(0, 1) if batch_first else log_probs
+    T, N, C = x.shape
+    if not isinstance(blank, int) or not 0 <= blank < C:
+        raise ValueError(f"blank={blank} is outside [0, C={C})")
+    dev = x.device
+    il = as_index_tensor(input_lengths, "input_lengths", dev)
+    tl = as_index_tensor(target_lengths, "target_lengths", dev)
+    if il.numel() != N:
+        raise ValueError(f"input_lengths has {il.numel()} entries but the batch size is {N}")
+    if tl.numel() != N:
+        raise ValueError(f"target_lengths has {tl.numel()} entries but the batch size is {N}")
+    if targets.dim() == 2:
+        padded = True
+        if targets.shape[0] != N:
+            raise ValueError(f"targets has {targets.shape[0]} rows but the batch size is {N}")
+    elif targets.dim() == 1:
+        padded = False
+    else:
+        raise ValueError(f"targets must be [N, S] padded or 1-D concatenated, got shape {tuple(targets.shape)}")
+    targets = targets.to(dev)
+
+    if use_triton(x) and N > 0 and T > 0:
+        need_grad = torch.is_grad_enabled() and x.requires_grad
+        if padded:
+            targets = targets.contiguous()
+        loss = _ctc_forward_op(x, targets, il, tl, blank, padded, logits, need_grad, validate)[0]
+    else:
+        if validate:
+            _check_contents(T, C, targets, il, tl, blank, padded)
+        loss = _reference_losses(x, targets, il, tl, blank, padded, logits)
+    out = reduce_loss(loss, tl, reduction, zero_infinity)
+    return out.squeeze(0) if unbatched and reduction == "none" else out
+
+
+def _reference_losses(x, targets, il, tl, blank, padded, logits):
+    if not padded:  # the reference takes padded targets
+        tl = tl.clamp(min=0)
+        S = int(tl.max()) if tl.numel() else 0
+        starts = tl.cumsum(0) - tl
+        idx = starts[:, None] + torch.arange(S, device=targets.device)[None, :]
+        targets = targets[idx.clamp(max=max(targets.numel() - 1, 0))] if targets.numel() else idx
+    lp = torch.log_softmax(x.to(torch.float64), dim=-1) if logits else x
+    loss = CTCLossReferenceFunction.apply(lp, targets, il, tl, blank)
+    return loss.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
+
+
+class CTCLoss(torch.nn.Module):
+    """Module form of :func:`ctc_loss`, with the same arguments.
+
+    Example:
+        >>> criterion = CTCLoss(blank=0, logits=True)
+        >>> loss = criterion(x, targets, input_lengths, target_lengths)
+    """
+
+    def __init__(
+        self,
+        blank: int = 0,
+        reduction: str = "mean",
+        zero_infinity: bool = False,
+        *,
+        batch_first: bool = False,
+        logits: bool = False,
+        validate: bool = True,
+    ) -> None:
+        super().__init__()
+        self.blank = blank
+        self.reduction = reduction
+        self.zero_infinity = zero_infinity
+        self.batch_first = batch_first
+        self.logits = logits
+        self.validate = validate
+
+    def forward(self, log_probs, targets, input_lengths, target_lengths) -> torch.Tensor:
+        return ctc_loss(
+            log_probs, targets, input_lengths, target_lengths, self.blank, self.reduction, self.zero_infinity,
+            batch_first=self.batch_first, logits=self.logits, validate=self.validate,
+        )  # fmt: skip
+
+    def extra_repr(self) -> str:
+        return f"blank={self.blank}, reduction={self.reduction!r}, logits={self.logits}, batch_first={self.batch_first}"

@@ -1,0 +1,538 @@
+"""CTC loss kernels in Triton.
+
+Five launches per forward+backward, all deterministic (no floating-point atomics):
+
+1. ``_ctc_prepare_kernel`` (one program per sample): clamps the lengths, computes the sample's offsets into
+   the packed tables (a prefix sum over the lengths, recomputed by each program), checks the labels, and
+   sorts the sample's labels by class (``tl.sort``) so that repeated classes can be summed in a fixed order.
+2. ``_ctc_emission_kernel`` (one program per frame and sample): with ``IS_LOGITS`` the log-sum-exp of the
+   row; then the log-probabilities of the blank and of the sample's labels, in base 2, into a packed
+   table of L+1 values per frame. Reads the activations once.
+3. ``_ctc_alpha_kernel`` (one program per sample): the forward recursion over t, in log2 space, with the
+   blank states and the label states held apart in registers as two vectors of length BLOCK (label j's
+   predecessor, label j-1, comes from ``tl.gather``). Each frame the vector is shifted by its maximum and the
+   shifts are summed in float64, so that the values stay near zero and keep float32's absolute precision;
+   the loss is the sum of the shifts plus the log-sum of the two final states. It writes the pre-emission
+   alpha of every frame (2L+1 values) for the backward pass.
+4. ``_ctc_beta_kernel`` (one program per sample): the backward recursion fused with the occupancies
+   (warp-ctc's scheme: beta is never stored). At each frame gamma_t(s) is alpha_t(s) * beta_t(s) normalised to
+   sum to one over the states, so the scale factors of both passes cancel. The blank's total occupancy and
+   each label position's occupancy overwrite the emission table in place.
+5. ``_ctc_grad_kernel`` (one program per frame and sample): writes the dense gradient row,
+   g * (softmax - occupancy) with ``IS_LOGITS`` or -g * occupancy otherwise; the occupancies of repeated
+   classes are added by a segmented scan over the sorted labels, then written after a barrier. Reads the
+   activations a second time and writes the gradient once.
+
+HBM traffic, T*N rows of C classes in b bytes: 2*T*N*C*b read + T*N*C*b written, plus O(T * sum(L)) floats
+of tables. The recursions are latency-bound: one program per sample, T dependent steps each.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._utils import next_power_of_2
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+# bits of the validation flag
+BAD_INPUT_LENGTH = 1
+BAD_TARGET_LENGTH = 2
+BAD_LABEL = 4
+BLANK_LABEL = 8
+
+# meta rows (meta[row * N + n])
+# T_n (clamped), L used by the tables (0 when L > T), L (clamped), start in targets, offsets of the tables
+META_T, META_L, META_LC, META_TGT, META_LP, META_ALPHA, META_ROWS = 0, 1, 2, 3, 4, 5, 6
+
+
+@triton.jit
+def _or(a, b):
+    return a | b
+
+
+@triton.jit
+def _lae(a, b):
+    """log2(2^a + 2^b), -inf when both are -inf, NaN when either is."""
+    m = tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    return m_safe + tl.log2(tl.exp2(a - m_safe) + tl.exp2(b - m_safe))
+
+
+@triton.jit
+def _lae3(a, b, c):
+    m = tl.maximum(tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL), c, propagate_nan=tl.PropagateNan.ALL)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    return m_safe + tl.log2(tl.exp2(a - m_safe) + tl.exp2(b - m_safe) + tl.exp2(c - m_safe))
+
+
+@triton.jit
+def _pick(x, o, i):
+    """x[i] of a 1-D block as a scalar (0.0 if i is out of range); NaN and -inf pass through."""
+    return tl.sum(tl.where(o == i, x, 0.0), axis=0)
+
+
+@triton.jit
+def _seg_add(a, fa, b, fb):
+    # segmented sum: a segment restarts where the flag is set
+    return tl.where(fb, b, a + b), fa | fb
+
+
+@triton.jit
+def _ctc_prepare_kernel(
+    in_len_ptr,  # [N] int64
+    tgt_len_ptr,  # [N] int64
+    tgt_ptr,  # targets, int32/int64, padded [N, S] (row stride S) or concatenated
+    meta_ptr,  # [META_ROWS, N] int64 out
+    srt_ptr,  # like targets, int64 out: per sample, (class << 32 | position) sorted, at the sample's base
+    flag_ptr,  # [1] int32, OR of the error bits (when VALIDATE)
+    N,
+    T,
+    S,  # padded width, or the concatenated length
+    C,
+    blank,
+    PADDED: tl.constexpr,
+    VALIDATE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    i_n = tl.program_id(0)
+    o_n = tl.arange(0, BLOCK_N)
+    m_n = o_n < N
+    raw_t = tl.load(in_len_ptr + o_n, mask=m_n, other=0)
+    raw_l = tl.load(tgt_len_ptr + o_n, mask=m_n, other=0)
+    l_pos = tl.maximum(raw_l, 0)
+    if PADDED:
+        l_c = tl.minimum(l_pos, S)
+        base = o_n.to(tl.int64) * S
+    else:
+        ends = tl.cumsum(l_pos, axis=0)
+        base = tl.minimum(ends - l_pos, S)
+        l_c = tl.minimum(l_pos, S - base)
+    # a label sequence longer than T can never be aligned: it gets no table space
+    l_eff = tl.where(l_c <= T, l_c, 0)
+    w = tl.where(m_n, l_eff + 1, 0)
+    before = m_n & (o_n < i_n)
+    lp_off = T * tl.sum(tl.where(before, w, 0), axis=0)
+    al_off = T * tl.sum(tl.where(before, 2 * w - 1, 0), axis=0)
+    mine = o_n == i_n
+    my_t = tl.sum(tl.where(mine, tl.minimum(tl.maximum(raw_t, 0), T), 0), axis=0)
+    my_l = tl.sum(tl.where(mine, l_eff, 0), axis=0)
+    my_lc = tl.sum(tl.where(mine, l_c, 0), axis=0)
+    my_base = tl.sum(tl.where(mine, base, 0), axis=0)
+    tl.store(meta_ptr + META_T * N + i_n, my_t)
+    tl.store(meta_ptr + META_L * N + i_n, my_l)
+    tl.store(meta_ptr + META_LC * N + i_n, my_lc)
+    tl.store(meta_ptr + META_TGT * N + i_n, my_base)
+    tl.store(meta_ptr + META_LP * N + i_n, lp_off)
+    tl.store(meta_ptr + META_ALPHA * N + i_n, al_off)
+
+    o_j = tl.arange(0, BLOCK)
+    if VALIDATE:
+        my_raw_t = tl.sum(tl.where(mine, raw_t, 0), axis=0)
+        my_raw_l = tl.sum(tl.where(mine, raw_l, 0), axis=0)
+        bits = tl.where((my_raw_t < 0) | (my_raw_t > T), BAD_INPUT_LENGTH, 0)
+        bits |= tl.where((my_raw_l < 0) | (my_lc < my_raw_l), BAD_TARGET_LENGTH, 0)
+        for j0 in range(0, my_lc, BLOCK):
+            m_j = j0 + o_j < my_lc
+            lab = tl.load(tgt_ptr + my_base + j0 + o_j, mask=m_j, other=0).to(tl.int64)
+            bad = tl.where(m_j & ((lab < 0) | (lab >= C)), BAD_LABEL, 0)
+            bad |= tl.where(m_j & (lab == blank), BLANK_LABEL, 0)
+            bits |= tl.reduce(bad, 0, _or)
+        tl.atomic_or(flag_ptr, bits.to(tl.int32))
+
+    # sort (class, position) keys; positions past the label count sort last
+    m_l = o_j < my_l
+    lab = tl.load(tgt_ptr + my_base + o_j, mask=m_l, other=0).to(tl.int64)
+    lab = tl.minimum(tl.maximum(lab, 0), C - 1)
+    key = tl.where(m_l, (lab << 32) | o_j.to(tl.int64), 0x7FFFFFFFFFFFFFFF)
+    key = tl.sort(key, 0)
+    tl.store(srt_ptr + my_base + o_j, key, mask=m_l)
+
+
+@triton.jit
+def _ctc_emission_kernel(
+    x_ptr,  # [T, N, C] activations (any strides)
+    lse_ptr,  # [N, T] float32 out (IS_LOGITS)
+    lp_ptr,  # packed float32 out: per sample and frame, log2-prob of blank then of each label
+    tgt_ptr,
+    meta_ptr,
+    N,
+    T,
+    C,
+    stride_t,
+    stride_n,
+    stride_c,
+    blank,
+    IS_LOGITS: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+):
+    i_r = tl.program_id(0).to(tl.int64)
+    i_t = i_r // N
+    i_n = i_r % N
+    T_n = tl.load(meta_ptr + META_T * N + i_n)
+    if i_t < T_n:
+        L = tl.load(meta_ptr + META_L * N + i_n)
+        tgt_base = tl.load(meta_ptr + META_TGT * N + i_n)
+        p_x = x_ptr + i_t * stride_t + i_n * stride_n
+        lse = 0.0
+        if IS_LOGITS:
+            # online log-sum-exp, one running (max, sum) per lane, in base 2
+            o_c = tl.arange(0, BLOCK_C)
+            b_m = tl.full([BLOCK_C], float("-inf"), tl.float32)
+            b_s = tl.zeros([BLOCK_C], tl.float32)
+            for c0 in range(0, C, BLOCK_C):
+                b_x = tl.load(p_x + (c0 + o_c) * stride_c, mask=c0 + o_c < C, other=float("-inf")).to(tl.float32)
+                b_x = b_x * LOG2E
+                m_new = tl.maximum(b_m, b_x)
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                b_s = b_s * tl.exp2(b_m - m_safe) + tl.exp2(b_x - m_safe)
+                b_m = m_new
+            m_all = tl.max(b_m, axis=0)
+            m_all_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
+            lse = (m_all_safe + tl.log2(tl.sum(b_s * tl.exp2(b_m - m_all_safe), axis=0))) * LN2
+            tl.store(lse_ptr + i_n * T + i_t, lse)
+        p_lp = lp_ptr + tl.load(meta_ptr + META_LP * N + i_n) + i_t * (L + 1)
+        x_blank = tl.load(p_x + blank * stride_c).to(tl.float32)
+        tl.store(p_lp, (x_blank - lse) * LOG2E)
+        o_l = tl.arange(0, BLOCK_L)
+        for j0 in range(0, L, BLOCK_L):
+            m_l = j0 + o_l < L
+            lab = tl.load(tgt_ptr + tgt_base + j0 + o_l, mask=m_l, other=0).to(tl.int64)
+            lab = tl.minimum(tl.maximum(lab, 0), C - 1)
+            b_x = tl.load(p_x + lab * stride_c, mask=m_l, other=0.0).to(tl.float32)
+            tl.store(p_lp + 1 + j0 + o_l, (b_x - lse) * LOG2E, mask=m_l)
+
+
+@triton.jit
+def _ctc_alpha_kernel(
+    lp_ptr,  # packed emissions (log2)
+    alpha_ptr,  # packed float32 out: per frame, L+1 blank states then L label states (pre-emission, shifted)
+    loss_ptr,  # [N] float32 out
+    tgt_ptr,
+    meta_ptr,
+    N,
+    T,
+    STORE_ALPHA: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    i_n = tl.program_id(0).to(tl.int64)
+    T_n = tl.load(meta_ptr + META_T * N + i_n)
+    L = tl.load(meta_ptr + META_L * N + i_n)
+    L_c = tl.load(meta_ptr + META_LC * N + i_n)
+    tgt_base = tl.load(meta_ptr + META_TGT * N + i_n)
+    W = L + 1
+    p_lp = lp_ptr + tl.load(meta_ptr + META_LP * N + i_n)
+    p_al = alpha_ptr + tl.load(meta_ptr + META_ALPHA * N + i_n)
+    NEG = float("-inf")
+
+    o_j = tl.arange(0, BLOCK)
+    m_b = o_j <= L
+    m_l = o_j < L
+    lab = tl.load(tgt_ptr + tgt_base + o_j, mask=m_l, other=-1)
+    lab_prev = tl.load(tgt_ptr + tgt_base + o_j - 1, mask=m_l & (o_j > 0), other=-1)
+    # label j may follow label j-1 directly only if the two differ
+    can_skip = m_l & (o_j > 0) & (lab != lab_prev)
+    i_prev = tl.maximum(o_j - 1, 0)
+
+    # frame 0: paths start in the first blank or the first label
+    a_b = tl.where(o_j == 0, 0.0, NEG)
+    a_l = tl.where((o_j == 0) & m_l, 0.0, NEG)
+    if STORE_ALPHA:
+        tl.store(p_al + o_j, a_b, mask=m_b)
+        tl.store(p_al + W + o_j, a_l, mask=m_l)
+    a_b = a_b + tl.load(p_lp)
+    a_l = a_l + tl.load(p_lp + 1 + o_j, mask=m_l, other=NEG)
+    shift = tl.zeros([], tl.float64)
+    n_steps = tl.where(L_c <= T, T_n, 0)
+    for t in range(1, n_steps):
+        row = p_lp + t * W
+        e_b = tl.load(row)
+        e_l = tl.load(row + 1 + o_j, mask=m_l, other=NEG)
+        # normalise the previous frame by its maximum (kept in float64)
+        c = tl.max(tl.maximum(a_b, a_l), axis=0)
+        c = tl.where(c == NEG, 0.0, c)
+        shift += c.to(tl.float64)
+        a_b = a_b - c
+        a_l = a_l - c
+        a_l_prev = tl.where(o_j > 0, tl.gather(a_l, i_prev, 0), NEG)
+        n_b = tl.where(m_b, _lae(a_b, a_l_prev), NEG)
+        n_l = tl.where(m_l, _lae3(a_l, a_b, tl.where(can_skip, a_l_prev, NEG)), NEG)
+        if STORE_ALPHA:
+            tl.store(p_al + t * (2 * W - 1) + o_j, n_b, mask=m_b)
+            tl.store(p_al + t * (2 * W - 1) + W + o_j, n_l, mask=m_l)
+        a_b = n_b + e_b
+        a_l = n_l + e_l
+    end = _lae(_pick(a_b, o_j, L), tl.where(L > 0, _pick(a_l, o_j, L - 1), NEG))
+    logp = (shift + end.to(tl.float64)) * LN2
+    logp = tl.where(T_n == 0, tl.where(L_c == 0, 0.0, NEG), logp)
+    logp = tl.where(L_c <= T, logp, NEG)
+    tl.store(loss_ptr + i_n, (-logp).to(tl.float32))
+
+
+@triton.jit
+def _max2(a, b, c, d):
+    return tl.maximum(a, c), tl.maximum(b, d)
+
+
+@triton.jit
+def _sum2(a, b, c, d):
+    return a + c, b + d
+
+
+@triton.jit
+def _ctc_beta_kernel(
+    lp_ptr,  # packed emissions (log2) in; occupancies out, in place
+    alpha_ptr,  # packed pre-emission alpha from _ctc_alpha_kernel
+    loss_ptr,  # [N] float32
+    tgt_ptr,
+    meta_ptr,
+    N,
+    T,
+    BLOCK: tl.constexpr,
+):
+    i_n = tl.program_id(0).to(tl.int64)
+    T_n = tl.load(meta_ptr + META_T * N + i_n)
+    L = tl.load(meta_ptr + META_L * N + i_n)
+    L_c = tl.load(meta_ptr + META_LC * N + i_n)
+    tgt_base = tl.load(meta_ptr + META_TGT * N + i_n)
+    W = L + 1
+    p_lp = lp_ptr + tl.load(meta_ptr + META_LP * N + i_n)
+    p_al = alpha_ptr + tl.load(meta_ptr + META_ALPHA * N + i_n)
+    loss = tl.load(loss_ptr + i_n)
+    NEG = float("-inf")
+    # impossible samples keep no occupancy (their gradient is zero); NaN losses go on so that NaN propagates
+    n_steps = tl.where((L_c <= T) & (loss != float("inf")), T_n, 0)
+
+    o_j = tl.arange(0, BLOCK)
+    m_b = o_j <= L
+    m_l = o_j < L
+    lab = tl.load(tgt_ptr + tgt_base + o_j, mask=m_l, other=-1)
+    lab_next = tl.load(tgt_ptr + tgt_base + o_j + 1, mask=o_j + 1 < L, other=-1)
+    # label j may be followed directly by label j+1 only if the two differ
+    can_skip = (o_j + 1 < L) & (lab != lab_next)
+    has_next_blank = o_j + 1 <= L
+    i_next = tl.minimum(o_j + 1, BLOCK - 1)
+
+    b_b = tl.full([BLOCK], NEG, tl.float32)
+    b_l = tl.full([BLOCK], NEG, tl.float32)
+    for k in range(0, n_steps):
+        t = T_n - 1 - k
+        row = p_lp + t * W
+        e_b = tl.load(row)
+        e_l = tl.load(row + 1 + o_j, mask=m_l, other=NEG)
+        p_at = p_al + t * (2 * W - 1)
+        al_b = tl.load(p_at + o_j, mask=m_b, other=NEG)
+        al_l = tl.load(p_at + W + o_j, mask=m_l, other=NEG)
+        b_b_next = tl.where(has_next_blank, tl.gather(b_b, i_next, 0), NEG)
+        b_l_next = tl.where(can_skip, tl.gather(b_l, i_next, 0), NEG)
+        r_b = _lae(b_b, b_l)
+        r_l = _lae3(b_l, b_b_next, b_l_next)
+        # the last frame: paths end in the last blank or the last label
+        r_b = tl.where(k == 0, tl.where(o_j == L, 0.0, NEG), r_b)
+        r_l = tl.where(k == 0, tl.where(o_j == L - 1, 0.0, NEG), r_l)
+        n_b = tl.where(m_b, r_b + e_b, NEG)
+        n_l = tl.where(m_l, r_l + e_l, NEG)
+        # gamma_t(s) ~ alpha_t(s) beta_t(s) with alpha pre-emission, normalised over s
+        x_b = al_b + n_b
+        x_l = al_l + n_l
+        c, m = tl.reduce((tl.maximum(n_b, n_l), tl.maximum(x_b, x_l)), 0, _max2)
+        c = tl.where(c == NEG, 0.0, c)
+        m = tl.where(m == NEG, 0.0, m)
+        u_b = tl.where(m_b, tl.exp2(x_b - m), 0.0)
+        u_l = tl.where(m_l, tl.exp2(x_l - m), 0.0)
+        z_b, z_l = tl.reduce((u_b, u_l), 0, _sum2)
+        inv_z = 1.0 / (z_b + z_l)
+        tl.store(row, z_b * inv_z)
+        tl.store(row + 1 + o_j, u_l * inv_z, mask=m_l)
+        # keep beta near zero; the shift cancels in the normalised gamma
+        b_b = n_b - c
+        b_l = n_l - c
+
+
+@triton.jit
+def _ctc_grad_kernel(
+    x_ptr,  # [T, N, C] activations
+    grad_ptr,  # [T, N, C] out
+    lse_ptr,  # [N, T] float32 (IS_LOGITS)
+    occ_ptr,  # packed occupancies from _ctc_beta_kernel
+    loss_ptr,  # [N] float32
+    gloss_ptr,  # [N] float32, upstream gradient of each sample's loss
+    srt_ptr,  # sorted (class << 32 | position) keys from _ctc_prepare_kernel
+    meta_ptr,
+    N,
+    T,
+    C,
+    stride_t,
+    stride_n,
+    stride_c,
+    gstride_t,
+    gstride_n,
+    gstride_c,
+    blank,
+    IS_LOGITS: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    i_r = tl.program_id(0).to(tl.int64)
+    i_t = i_r // N
+    i_n = i_r % N
+    T_n = tl.load(meta_ptr + META_T * N + i_n)
+    L = tl.load(meta_ptr + META_L * N + i_n)
+    L_c = tl.load(meta_ptr + META_LC * N + i_n)
+    loss = tl.load(loss_ptr + i_n)
+    active = (i_t < T_n) & (L_c <= T) & (loss != float("inf"))
+    g = tl.load(gloss_ptr + i_n).to(tl.float32)
+    p_x = x_ptr + i_t * stride_t + i_n * stride_n
+    p_g = grad_ptr + i_t * gstride_t + i_n * gstride_n
+    lse = 0.0
+    if IS_LOGITS:
+        lse = tl.load(lse_ptr + i_n * T + i_t, mask=active, other=0.0)
+    o_c = tl.arange(0, BLOCK_C)
+    for c0 in range(0, C, BLOCK_C):
+        m_c = c0 + o_c < C
+        if IS_LOGITS:
+            b_x = tl.load(p_x + (c0 + o_c) * stride_c, mask=tl.where(active, m_c, False), other=0.0).to(tl.float32)
+            b_g = tl.where(active, g * tl.exp2((b_x - lse) * LOG2E), 0.0)
+        else:
+            b_g = tl.zeros([BLOCK_C], tl.float32)
+        tl.store(p_g + (c0 + o_c) * gstride_c, b_g.to(grad_ptr.dtype.element_ty), mask=m_c)
+    if active:
+        # the rows above were written by other threads of this program: order them before the corrections
+        tl.debug_barrier()
+        p_occ = occ_ptr + tl.load(meta_ptr + META_LP * N + i_n) + i_t * (L + 1)
+        srt_base = tl.load(meta_ptr + META_TGT * N + i_n)
+        occ_b = tl.load(p_occ)
+        p_b = 0.0
+        if IS_LOGITS:
+            p_b = tl.exp2((tl.load(p_x + blank * stride_c).to(tl.float32) - lse) * LOG2E)
+        tl.store(p_g + blank * gstride_c, (g * (p_b - occ_b)).to(grad_ptr.dtype.element_ty))
+        o_k = tl.arange(0, BLOCK_K)
+        carry = 0.0
+        for k0 in range(0, L, BLOCK_K):
+            m_k = k0 + o_k < L
+            key = tl.load(srt_ptr + srt_base + k0 + o_k, mask=m_k, other=-1)
+            key_prev = tl.load(srt_ptr + srt_base + k0 + o_k - 1, mask=m_k & (k0 + o_k > 0), other=-1)
+            key_next = tl.load(srt_ptr + srt_base + k0 + o_k + 1, mask=k0 + o_k + 1 < L, other=-1)
+            cls = key >> 32
+            pos = key & 0xFFFFFFFF
+            occ = tl.load(p_occ + 1 + pos, mask=m_k, other=0.0)
+            start = cls != (key_prev >> 32)
+            seg, seen = tl.associative_scan((occ, start), 0, _seg_add)
+            # positions before the chunk's first segment start continue the previous chunk's last segment
+            seg = tl.where(seen, seg, seg + carry)
+            carry = _pick(seg, o_k, tl.minimum(L - k0, BLOCK_K) - 1)
+            end = m_k & (cls != (key_next >> 32))
+            b_p = tl.zeros([BLOCK_K], tl.float32)
+            if IS_LOGITS:
+                b_x = tl.load(p_x + cls * stride_c, mask=end, other=0.0).to(tl.float32)
+                b_p = tl.exp2((b_x - lse) * LOG2E)
+            tl.store(p_g + cls * gstride_c, (g * (b_p - seg)).to(grad_ptr.dtype.element_ty), mask=end)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# launchers
+
+
+def _recursion_warps(block: int) -> int:
+    if block <= 64:
+        return 1
+    if block <= 256:
+        return 2
+    if block <= 1024:
+        return 4
+    if block <= 4096:
+        return 8
+    return 16
+
+
+def state_block(T: int, targets: torch.Tensor, padded: bool) -> int:
+    """Vector length of the recursions: room for the longest label sequence that can still align (L <= T)."""
+    longest = targets.shape[1] if padded else targets.numel()
+    return max(16, next_power_of_2(min(longest, T) + 1))
+
+
+def table_sizes(T: int, N: int, targets: torch.Tensor, padded: bool) -> tuple[int, int]:
+    """Upper bounds, from shapes alone, of the packed emission/occupancy table and the alpha table."""
+    label_total = min(targets.numel(), N * T)
+    return T * (label_total + N), T * (2 * label_total + N)
+
+
+def ctc_forward(
+    x: torch.Tensor,
+    targets: torch.Tensor,
+    input_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    blank: int,
+    padded: bool,
+    logits: bool,
+    need_grad: bool,
+    validate: bool,
+) -> tuple[torch.Tensor, ...]:
+    """Loss per sample, and with ``need_grad`` the occupancies for ``ctc_backward``.
+
+    Args:
+        x: [T, N, C] float32/float16/bfloat16, any strides.
+        targets: padded [N, S] (contiguous) or concatenated 1-D, int32/int64, on x's device.
+        input_lengths, target_lengths: [N] int64 on x's device.
+
+    Returns:
+        loss [N] float32, lse [N, T] float32 (empty unless logits), occupancy table, meta [6, N] int64,
+        sorted label keys, flags [1] int32 (the validation bits; zero unless validate).
+    """
+    T, N, C = x.shape
+    dev = x.device
+    S = targets.shape[1] if padded else targets.numel()
+    block = state_block(T, targets, padded)
+    lp_size, alpha_size = table_sizes(T, N, targets, padded)
+    meta = torch.empty((META_ROWS, N), dtype=torch.int64, device=dev)
+    srt = torch.empty(targets.numel(), dtype=torch.int64, device=dev)
+    flags = torch.zeros(1, dtype=torch.int32, device=dev)
+    _ctc_prepare_kernel[(N,)](
+        input_lengths, target_lengths, targets, meta, srt, flags, N, T, S, C, blank,
+        PADDED=padded, VALIDATE=validate, BLOCK_N=max(16, next_power_of_2(N)), BLOCK=block,
+        num_warps=_recursion_warps(block),
+    )  # fmt: skip
+    loss = torch.empty(N, dtype=torch.float32, device=dev)
+    lse = torch.empty((N, T) if logits else (0,), dtype=torch.float32, device=dev)
+    table = torch.empty(lp_size, dtype=torch.float32, device=dev)
+    if validate and int(flags.item()) != 0:
+        return loss, lse, table, meta, srt, flags
+    block_c = min(next_power_of_2(C), 2048)
+    _ctc_emission_kernel[(T * N,)](
+        x, lse, table, targets, meta, N, T, C, x.stride(0), x.stride(1), x.stride(2), blank,
+        IS_LOGITS=logits, BLOCK_C=block_c, BLOCK_L=min(block, 256), num_warps=4 if block_c >= 512 else 1,
+    )  # fmt: skip
+    alpha = torch.empty(alpha_size if need_grad else 0, dtype=torch.float32, device=dev)
+    warps = _recursion_warps(block)
+    _ctc_alpha_kernel[(N,)](table, alpha, loss, targets, meta, N, T, STORE_ALPHA=need_grad, BLOCK=block, num_warps=warps)
+    if need_grad:
+        _ctc_beta_kernel[(N,)](table, alpha, loss, targets, meta, N, T, BLOCK=block, num_warps=warps)
+    return loss, lse, table, meta, srt, flags
+
+
+def ctc_backward(
+    grad_loss: torch.Tensor,
+    x: torch.Tensor,
+    loss: torch.Tensor,
+    lse: torch.Tensor,
+    table: torch.Tensor,
+    meta: torch.Tensor,
+    srt: torch.Tensor,
+    blank: int,
+    logits: bool,
+) -> torch.Tensor:
+    """Gradient of sum(grad_loss * loss) with respect to x: [T, N, C] in x's dtype and layout."""
+    T, N, C = x.shape
+    grad = torch.empty_like(x)
+    block_c = min(next_power_of_2(C), 1024)
+    _ctc_grad_kernel[(T * N,)](
+        x, grad, lse, table, loss, grad_loss.to(torch.float32).contiguous(), srt, meta, N, T, C,
+        x.stride(0), x.stride(1), x.stride(2), grad.stride(0), grad.stride(1), grad.stride(2), blank,
+        IS_LOGITS=logits, BLOCK_C=block_c, BLOCK_K=64, num_warps=4 if block_c >= 512 else 1,
+    )  # fmt: skip
+    return grad

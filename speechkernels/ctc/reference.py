@@ -1,0 +1,170 @@
+"""CTC loss in pure PyTorch: the CPU path and the float64 oracle of the GPU kernels.
+
+The forward-backward algorithm of Graves et al. (2006) in log space, vectorised over the batch, one time
+step per loop iteration. Extended label sequence l' = (blank, l1, blank, l2, ..., lL, blank) of 2L+1 states;
+a path may stay, advance by one, or skip a blank between two different labels.
+
+    alpha_t(s) = lp_t(l'_s) + logsumexp(alpha_{t-1}(s), alpha_{t-1}(s-1), [skip] alpha_{t-1}(s-2))
+    beta_t(s)  = lp_t(l'_s) + logsumexp(beta_{t+1}(s), beta_{t+1}(s+1), [skip] beta_{t+1}(s+2))
+    loss       = -log p(l | x) = -logsumexp(alpha_{T-1}(2L), alpha_{T-1}(2L-1))
+    d loss / d lp_t(c) = -sum_{s: l'_s = c} exp(alpha_t(s) + beta_t(s) - lp_t(s) + loss)
+
+The gradient is the exact derivative with respect to the log-probabilities as given (they need not be
+normalised). Samples with no valid alignment get an infinite loss and a zero gradient.
+"""
+
+from __future__ import annotations
+
+import torch
+
+NEG_INF = float("-inf")
+
+
+def _logsumexp3(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    return torch.logsumexp(torch.stack((a, b, c)), dim=0)
+
+
+def _shift_right(x: torch.Tensor, k: int) -> torch.Tensor:
+    """x[..., s - k], -inf where s < k."""
+    return torch.nn.functional.pad(x[..., : x.shape[-1] - k], (k, 0), value=NEG_INF)
+
+
+def _shift_left(x: torch.Tensor, k: int) -> torch.Tensor:
+    """x[..., s + k], -inf where s + k is past the end."""
+    return torch.nn.functional.pad(x[..., k:], (0, k), value=NEG_INF)
+
+
+def ctc_forward_backward_reference(
+    log_probs: torch.Tensor,
+    targets: torch.Tensor,
+    input_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    blank: int = 0,
+    need_grad: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-sample CTC negative log-likelihood and its gradient with respect to ``log_probs``, in float64.
+
+    Args:
+        log_probs: [T, N, C] float, log-probabilities (or any scores treated as such).
+        targets: [N, S] integer, padded label sequences; entries past ``target_lengths`` are ignored.
+        input_lengths: [N] integer in [0, T].
+        target_lengths: [N] integer in [0, S].
+        blank: blank class index.
+        need_grad: also return d loss_n / d log_probs.
+
+    Returns:
+        loss: [N] float64, +inf where no alignment exists.
+        grad: [T, N, C] float64 or None; zero rows at t >= input_lengths[n] and for infinite losses.
+    """
+    lp = log_probs.to(torch.float64)
+    T, N, C = lp.shape
+    device = lp.device
+    S = targets.shape[1]
+    Sp = 2 * S + 1
+    tl_ = target_lengths.to(device=device, dtype=torch.int64)
+    il = input_lengths.to(device=device, dtype=torch.int64)
+
+    pos = torch.arange(S, device=device)
+    labels = torch.where(pos < tl_[:, None], targets.to(device=device, dtype=torch.int64), blank)
+    ext = torch.full((N, Sp), blank, dtype=torch.int64, device=device)
+    ext[:, 1::2] = labels
+    s = torch.arange(Sp, device=device)
+    valid = s[None, :] < (2 * tl_ + 1)[:, None]  # [N, Sp]
+    skip = torch.zeros((N, Sp), dtype=torch.bool, device=device)
+    skip[:, 3::2] = labels[:, 1:] != labels[:, :-1]  # label state may be entered from the previous label
+
+    if T == 0:
+        loss = torch.where(tl_ == 0, 0.0, float("inf")).to(torch.float64)
+        return loss, (torch.zeros_like(lp) if need_grad else None)
+
+    lpe = lp.gather(2, ext[None].expand(T, N, Sp))  # [T, N, Sp] emission of each state
+    neg = torch.full_like(lpe[0], NEG_INF)
+
+    alpha = torch.empty_like(lpe)
+    a = neg.clone()
+    a[:, 0] = lpe[0, :, 0]
+    a[:, 1] = torch.where(tl_ > 0, lpe[0, :, 1], NEG_INF)
+    a = torch.where(valid, a, neg)
+    alpha[0] = a
+    for t in range(1, T):
+        a = _logsumexp3(a, _shift_right(a, 1), torch.where(skip, _shift_right(a, 2), neg)) + lpe[t]
+        a = torch.where(valid, a, neg)
+        alpha[t] = a
+
+    last = (il - 1).clamp(min=0)
+    a_end = alpha[last, torch.arange(N, device=device)]  # [N, Sp] alpha at t = T_n - 1
+    end_blank = a_end.gather(1, (2 * tl_)[:, None])[:, 0]
+    end_label = torch.where(tl_ > 0, a_end.gather(1, (2 * tl_ - 1).clamp(min=0)[:, None])[:, 0], NEG_INF)
+    logp = torch.logaddexp(end_blank, end_label)
+    logp = torch.where(il == 0, torch.where(tl_ == 0, 0.0, NEG_INF).to(logp), logp)
+    loss = -logp
+    if not need_grad:
+        return loss, None
+
+    grad = torch.zeros_like(lp)
+    feasible = logp != NEG_INF  # NaN stays feasible so that it propagates into its own gradient
+    is_end = (s[None, :] == (2 * tl_)[:, None]) | ((s[None, :] == (2 * tl_ - 1)[:, None]) & (tl_ > 0)[:, None])
+    b = neg.clone()
+    for t in range(T - 1, -1, -1):
+        rec = _logsumexp3(b, _shift_left(b, 1), torch.where(_shift_left(skip, 2), _shift_left(b, 2), neg)) + lpe[t]
+        init = torch.where(is_end, lpe[t], neg)
+        b = torch.where((t == il - 1)[:, None], init, torch.where((t < il - 1)[:, None], rec, neg))
+        b = torch.where(valid, b, neg)
+        at = alpha[t]
+        log_gamma = torch.where((at == NEG_INF) | (b == NEG_INF), neg, at + b - lpe[t]) + loss[:, None]
+        occ = torch.where(feasible[:, None] & (t < il)[:, None], torch.exp(log_gamma), 0.0)
+        grad[t].scatter_add_(1, ext, -occ)
+    return loss, grad
+
+
+class CTCLossReferenceFunction(torch.autograd.Function):
+    """Per-sample CTC loss with the forward-backward gradient, differentiable with respect to log_probs."""
+
+    @staticmethod
+    def forward(ctx, log_probs, targets, input_lengths, target_lengths, blank):
+        loss, grad = ctc_forward_backward_reference(
+            log_probs, targets, input_lengths, target_lengths, blank, need_grad=log_probs.requires_grad
+        )
+        ctx.save_for_backward(grad)
+        ctx.in_dtype = log_probs.dtype
+        return loss.to(log_probs.dtype if log_probs.dtype == torch.float64 else torch.float32)
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        (grad,) = ctx.saved_tensors
+        g = grad * grad_loss.to(torch.float64)[None, :, None]
+        # targets, input_lengths, target_lengths, blank are not differentiable
+        return g.to(ctx.in_dtype), None, None, None, None
+
+
+def ctc_loss_reference(
+    log_probs: torch.Tensor,
+    targets: torch.Tensor,
+    input_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    blank: int = 0,
+    reduction: str = "mean",
+    zero_infinity: bool = False,
+    *,
+    logits: bool = False,
+) -> torch.Tensor:
+    """The whole loss in PyTorch, on already-checked arguments in the [T, N, C], padded-targets layout.
+
+    With ``logits=True`` the scores go through log_softmax first (so the gradient is softmax - occupancy).
+    """
+    x = torch.log_softmax(log_probs.to(torch.float64), dim=-1) if logits else log_probs
+    loss = CTCLossReferenceFunction.apply(x, targets, input_lengths, target_lengths, blank)
+    if logits and log_probs.dtype != torch.float64:
+        loss = loss.to(torch.float32)
+    return reduce_loss(loss, target_lengths, reduction, zero_infinity)
+
+
+def reduce_loss(loss: torch.Tensor, target_lengths: torch.Tensor, reduction: str, zero_infinity: bool) -> torch.Tensor:
+    """torch.nn.functional.ctc_loss's reductions: "mean" divides by the target length, then averages."""
+    if zero_infinity:
+        loss = torch.where(loss == float("inf"), torch.zeros_like(loss), loss)
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    return (loss / target_lengths.to(loss.device).clamp(min=1).to(loss.dtype)).mean()
