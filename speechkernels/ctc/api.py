@@ -187,7 +187,8 @@ def ctc_loss(
     if reduction not in ("none", "mean", "sum"):
         raise ValueError(f"reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
     if log_probs.dim() not in (2, 3):
-        raise ValueError(f"log_probs must have 3 dimensions [T, N, C] (or 2 unbatched), got shape {tuple(log_probs.shape)}")
+        shape = tuple(log_probs.shape)
+        raise ValueError(f"log_probs must have 3 dimensions [T, N, C] (or 2 unbatched), got shape {shape}")
     if not isinstance(targets, torch.Tensor):
         raise ValueError(f"targets must be a torch.Tensor, got {type(targets).__name__}")
     if targets.dtype not in INDEX_DTYPES:

@@ -386,7 +386,8 @@ def _ctc_grad_kernel(
     L_c = tl.load(meta_ptr + META_LC * N + i_n)
     loss = tl.load(loss_ptr + i_n)
     active = (i_t < T_n) & (L_c <= T) & (loss != float("inf"))
-    g = tl.load(gloss_ptr + i_n).to(tl.float32)
+    # (loss - loss) is NaN for a NaN loss: then the sample's whole gradient is NaN, as through log_softmax
+    g = tl.load(gloss_ptr + i_n).to(tl.float32) + tl.where(active, loss - loss, 0.0)
     p_x = x_ptr + i_t * stride_t + i_n * stride_n
     p_g = grad_ptr + i_t * gstride_t + i_n * gstride_n
     lse = 0.0
@@ -436,6 +437,15 @@ def _ctc_grad_kernel(
 
 # ---------------------------------------------------------------------------------------------------------------
 # launchers
+
+
+def _empty(*shape, dtype, device) -> torch.Tensor:
+    """Allocation of every kernel output (tests replace it with a NaN-filled one)."""
+    return torch.empty(*shape, dtype=dtype, device=device)
+
+
+def _empty_like(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
 
 
 def _recursion_warps(block: int) -> int:
@@ -489,17 +499,17 @@ def ctc_forward(
     S = targets.shape[1] if padded else targets.numel()
     block = state_block(T, targets, padded)
     lp_size, alpha_size = table_sizes(T, N, targets, padded)
-    meta = torch.empty((META_ROWS, N), dtype=torch.int64, device=dev)
-    srt = torch.empty(targets.numel(), dtype=torch.int64, device=dev)
+    meta = _empty((META_ROWS, N), dtype=torch.int64, device=dev)
+    srt = _empty(targets.numel(), dtype=torch.int64, device=dev)
     flags = torch.zeros(1, dtype=torch.int32, device=dev)
     _ctc_prepare_kernel[(N,)](
         input_lengths, target_lengths, targets, meta, srt, flags, N, T, S, C, blank,
         PADDED=padded, VALIDATE=validate, BLOCK_N=max(16, next_power_of_2(N)), BLOCK=block,
         num_warps=_recursion_warps(block),
     )  # fmt: skip
-    loss = torch.empty(N, dtype=torch.float32, device=dev)
-    lse = torch.empty((N, T) if logits else (0,), dtype=torch.float32, device=dev)
-    table = torch.empty(lp_size, dtype=torch.float32, device=dev)
+    loss = _empty(N, dtype=torch.float32, device=dev)
+    lse = _empty((N, T) if logits else (0,), dtype=torch.float32, device=dev)
+    table = _empty(lp_size, dtype=torch.float32, device=dev)
     if validate and int(flags.item()) != 0:
         return loss, lse, table, meta, srt, flags
     block_c = min(next_power_of_2(C), 2048)
@@ -507,9 +517,11 @@ def ctc_forward(
         x, lse, table, targets, meta, N, T, C, x.stride(0), x.stride(1), x.stride(2), blank,
         IS_LOGITS=logits, BLOCK_C=block_c, BLOCK_L=min(block, 256), num_warps=4 if block_c >= 512 else 1,
     )  # fmt: skip
-    alpha = torch.empty(alpha_size if need_grad else 0, dtype=torch.float32, device=dev)
+    alpha = _empty(alpha_size if need_grad else 0, dtype=torch.float32, device=dev)
     warps = _recursion_warps(block)
-    _ctc_alpha_kernel[(N,)](table, alpha, loss, targets, meta, N, T, STORE_ALPHA=need_grad, BLOCK=block, num_warps=warps)
+    _ctc_alpha_kernel[(N,)](
+        table, alpha, loss, targets, meta, N, T, STORE_ALPHA=need_grad, BLOCK=block, num_warps=warps
+    )  # fmt: skip
     if need_grad:
         _ctc_beta_kernel[(N,)](table, alpha, loss, targets, meta, N, T, BLOCK=block, num_warps=warps)
     return loss, lse, table, meta, srt, flags
@@ -528,7 +540,7 @@ def ctc_backward(
 ) -> torch.Tensor:
     """Gradient of sum(grad_loss * loss) with respect to x: [T, N, C] in x's dtype and layout."""
     T, N, C = x.shape
-    grad = torch.empty_like(x)
+    grad = _empty_like(x)
     block_c = min(next_power_of_2(C), 1024)
     _ctc_grad_kernel[(T * N,)](
         x, grad, lse, table, loss, grad_loss.to(torch.float32).contiguous(), srt, meta, N, T, C,

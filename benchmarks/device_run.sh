@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# On the GPU machine: GPU tests, then the CTC benchmark; logs and JSON under $OUT (or ./out).
+# usage: bash benchmarks/device_run.sh [tests|bench|all] [extra benchmark args...]
+set -uo pipefail
+what=${1:-all}; shift || true
+out=${OUT:-out}; mkdir -p "$out"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/gpu.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())" | tee -a "$out/gpu.txt"
+rc=0
+if [[ $what == tests || $what == all ]]; then
+  python3 -m pytest -m gpu -q -x tests 2>&1 | tee "$out/pytest_gpu.log" | tail -25
+  rc=${PIPESTATUS[0]}
+fi
+if [[ $what == bench || $what == all ]]; then
+  python3 -m speechkernels.bench ctc --json "$out/ctc.json" "$@" 2>&1 | tee "$out/bench_ctc.log"
+fi
+exit $rc

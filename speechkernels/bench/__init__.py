@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m speechkernels.bench ctc`` (see ``--help``)."""

@@ -1,0 +1,19 @@
+import argparse
+import sys
+
+from . import ctc
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m speechkernels.bench", description=__doc__)
+    sub = parser.add_subparsers(dest="what", required=True)
+    p = sub.add_parser("ctc", help="CTC loss: DeepBench table (T=150) and T=1500 rows")
+    ctc.add_arguments(p)
+    args = parser.parse_args(argv)
+    if args.what == "ctc":
+        return ctc.run(args)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

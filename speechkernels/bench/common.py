@@ -1,0 +1,71 @@
+"""Timing, memory and environment helpers shared by the benchmarks."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+
+def environment(device: torch.device) -> dict:
+    import triton
+
+    import speechkernels
+
+    env = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
+        "speechkernels": speechkernels.__version__,
+        "python": platform.python_version(),
+    }
+    return env
+
+
+def time_ms(fn: Callable[[], object], device: torch.device, warmup: int = 5, reps: int = 20) -> float:
+    """Median wall time of fn() in milliseconds: CUDA events around each call after warm-up, or perf_counter on CPU."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        for _ in range(reps):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+    else:
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def peak_extra_bytes(fn: Callable[[], object], device: torch.device) -> int | None:
+    """Peak GPU memory allocated during fn() above what was allocated before it (None on the CPU)."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - base
+
+
+def write_json(path: str, payload: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1)
+        f.write("\n")

@@ -1,0 +1,184 @@
+"""CTC loss benchmark: forward+backward from activations, against torch's native and cuDNN kernels.
+
+Configurations: the DeepBench CTC table (T=150, N in 1..256, C in {28, 5000}) with label lengths uniform in
+1..T and every input length T, plus T=1500 rows. Each implementation starts from the same float32 activations;
+peers that need log-probabilities get torch's log_softmax (its backward is timed too). Times are medians of
+CUDA-event-timed repetitions after warm-up; memory is the peak allocated above what existed before the call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+import torch
+
+import speechkernels as sk
+from speechkernels.ctc.reference import ctc_loss_reference
+
+from .common import environment, peak_extra_bytes, time_ms, write_json
+
+T150 = [(150, n, c) for c in (28, 5000) for n in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
+T1500 = [(1500, n, c) for c in (29, 1000) for n in (1, 32, 128)]
+CPU_DEMO = [(150, 1, 28), (150, 8, 28), (150, 8, 500)]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    p.add_argument("--json", default=None, help="write the rows and the environment to this JSON file")
+    p.add_argument("--plot", default=None, help="write a PNG of the speed-ups to this path")
+    p.add_argument("--rows", default=None, help="only these configurations, e.g. 150x256x5000,1500x128x1000")
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--no-error", action="store_true", help="skip the float64 reference comparison")
+
+
+def make_inputs(T: int, N: int, C: int, device: torch.device, seed: int = 0):
+    g = torch.Generator().manual_seed(seed * 7919 + T * 31 + N * 7 + C)
+    x = torch.randn(T, N, C, generator=g).to(device)
+    tl = torch.randint(1, T + 1, (N,), generator=g)
+    S = int(tl.max())
+    targets = torch.randint(1, C, (N, S), generator=g)
+    il = torch.full((N,), T, dtype=torch.int64)
+    return x, targets, il, tl
+
+
+def _cudnn_form(x, targets, il, tl):
+    """Arguments in the form that makes torch take its cuDNN kernel, or None when cuDNN refuses the row."""
+    flat = torch.cat([targets[n, : int(tl[n])] for n in range(targets.shape[0])]).to(torch.int32)
+    lp = x.log_softmax(-1)
+    for form in (
+        (flat, il.to(torch.int32), tl.to(torch.int32)),
+        (flat, il.tolist(), tl.tolist()),
+        (flat, il.to(torch.int32).cuda(), tl.to(torch.int32).cuda()),
+    ):
+        if torch._use_cudnn_ctc_loss(lp, *form, 0):
+            return form
+    return None
+
+
+def implementations(x, targets, il, tl, device) -> dict[str, Callable[[torch.Tensor], torch.Tensor] | None]:
+    """name -> function from activations to the mean loss (None where the peer cannot run the row)."""
+    tgt = targets.to(device)
+    il_d, tl_d = il.to(device), tl.to(device)
+    impls: dict[str, Callable | None] = {
+        "sk_logits": lambda v: sk.ctc_loss(v, tgt, il_d, tl_d, logits=True),
+        "sk_logprobs": lambda v: sk.ctc_loss(v.log_softmax(-1), tgt, il_d, tl_d),
+        "torch_native": lambda v: torch.nn.functional.ctc_loss(v.log_softmax(-1), tgt, il_d, tl_d),
+    }
+    if device.type == "cuda":
+        form = _cudnn_form(x, targets, il, tl)
+        cudnn = None if form is None else (lambda v: torch.nn.functional.ctc_loss(v.log_softmax(-1), *form))
+        impls["torch_cudnn"] = cudnn
+    return impls
+
+
+def errors(name, fn, x, targets, il, tl, ref_loss, ref_grad) -> tuple[float, float]:
+    """Max relative loss error over alignable samples and max absolute gradient error, against float64."""
+    v = x.detach().clone().requires_grad_()
+    per_sample = {
+        "sk_logits": lambda: sk.ctc_loss(v, targets, il, tl, reduction="none", logits=True),
+        "sk_logprobs": lambda: sk.ctc_loss(v.log_softmax(-1), targets, il, tl, reduction="none"),
+        "torch_native": lambda: torch.nn.functional.ctc_loss(
+            v.log_softmax(-1), targets, il, tl, reduction="none", zero_infinity=True
+        ),
+    }.get(name)
+    if per_sample is None:
+        return math.nan, math.nan
+    loss = per_sample()
+    finite = torch.isfinite(ref_loss)
+    loss.backward(finite.to(loss.dtype))
+    rel = ((loss.double() - ref_loss).abs() / ref_loss.abs().clamp(min=1e-30))[finite].max().item()
+    gerr = (v.grad.double() - ref_grad).abs().max().item()
+    return rel, gerr
+
+
+def reference(x, targets, il, tl):
+    xr = x.detach().double().requires_grad_()
+    loss = ctc_loss_reference(xr, targets, il, tl, reduction="none", logits=True)
+    finite = torch.isfinite(loss)
+    loss.backward(finite.double())
+    return loss.detach(), xr.grad
+
+
+def run(args) -> int:
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    rows = T150 + T1500 if device.type == "cuda" else CPU_DEMO
+    if args.rows:
+        wanted = {tuple(int(v) for v in r.split("x")) for r in args.rows.split(",")}
+        rows = [r for r in rows if r in wanted] or sorted(wanted)
+    env = environment(device)
+    print(f"# CTC loss, forward+backward from activations, {env['device']}, torch {env['torch']}, "
+          f"triton {env['triton']}, median of {args.reps} after warm-up")  # fmt: skip
+    results = []
+    header = (f"{'T':>5} {'N':>4} {'C':>5} | {'sk logits':>9} {'sk lp':>8} {'native':>8} {'cudnn':>8} | "
+              f"{'x best':>6} {'x(lp)':>6} | {'MB sk':>7} {'MB nat':>7} | {'loss err':>8} {'grad err':>8}")  # fmt: skip
+    print(header)
+    for T, N, C in rows:
+        x, targets, il, tl = make_inputs(T, N, C, device)
+        tgt_d, il_d, tl_d = targets.to(device), il.to(device), tl.to(device)
+        ref = None if args.no_error else reference(x, tgt_d, il_d, tl_d)
+        row = {"T": T, "N": N, "C": C}
+        for name, fn in implementations(x, targets, il, tl, device).items():
+            if fn is None:
+                row[name] = None
+                continue
+            v = x.detach().clone().requires_grad_()
+
+            def step(fn=fn, v=v):
+                v.grad = None
+                fn(v).backward()
+
+            ms = time_ms(step, device, reps=args.reps)
+            mem = peak_extra_bytes(step, device)
+            entry = {"ms": ms, "peak_extra_bytes": mem}
+            if ref is not None:
+                entry["loss_rel_err"], entry["grad_abs_err"] = errors(name, fn, x, tgt_d, il_d, tl_d, *ref)
+            row[name] = entry
+            del v
+        peers = [row[p]["ms"] for p in ("torch_native", "torch_cudnn") if row.get(p)]
+        best = min(peers)
+        row["speedup_logits"] = best / row["sk_logits"]["ms"]
+        row["speedup_logprobs"] = best / row["sk_logprobs"]["ms"]
+        results.append(row)
+
+        print_row(row)
+    if args.json:
+        write_json(args.json, {"benchmark": "ctc", "environment": env, "rows": results})
+    if args.plot:
+        plot(results, args.plot)
+    return 0
+
+
+def print_row(row: dict) -> None:
+    def ms(name):
+        return f"{row[name]['ms']:8.3f}" if row.get(name) else f"{'n/a':>8}"
+
+    def mb(name):
+        mem = row[name]["peak_extra_bytes"] if row.get(name) else None
+        return f"{mem / 2**20:7.1f}" if mem is not None else f"{'-':>7}"
+
+    err = row["sk_logits"].get("loss_rel_err", math.nan), row["sk_logits"].get("grad_abs_err", math.nan)
+    print(f"{row['T']:5d} {row['N']:4d} {row['C']:5d} | {row['sk_logits']['ms']:9.3f} {ms('sk_logprobs')} "
+          f"{ms('torch_native')} {ms('torch_cudnn')} | {row['speedup_logits']:6.2f} {row['speedup_logprobs']:6.2f} | "
+          f"{mb('sk_logits')} {mb('torch_native')} | {err[0]:8.1e} {err[1]:8.1e}", flush=True)  # fmt: skip
+
+
+def plot(results, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r['T']}/{r['N']}/{r['C']}" for r in results]
+    fig, ax = plt.subplots(figsize=(max(6, len(results) * 0.45), 4))
+    xs = range(len(results))
+    ax.bar([i - 0.2 for i in xs], [r["speedup_logits"] for r in results], width=0.4, label="logits mode")
+    ax.bar([i + 0.2 for i in xs], [r["speedup_logprobs"] for r in results], width=0.4, label="log_probs mode")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks(list(xs), labels, rotation=90, fontsize=7)
+    ax.set_ylabel("speed-up over the best torch kernel")
+    ax.set_xlabel("T/N/C")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)

@@ -1,0 +1,395 @@
+"""CTC loss: the Triton kernels against the float64 reference, the reference against torch, checks, edge cases.
+
+CPU tests run the kernels through Triton's interpreter (TRITON_INTERPRET=1); tests marked gpu run on CUDA.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import speechkernels as sk
+from speechkernels.ctc import kernels
+from speechkernels.ctc.reference import CTCLossReferenceFunction, ctc_loss_reference
+
+F32 = (torch.float32, 1e-5, 1e-5)  # dtype, loss rtol, gradient atol
+F16 = (torch.float16, 1e-2, 2e-3)
+BF16 = (torch.bfloat16, 1e-2, 1e-2)
+
+
+def make_problem(seed, T, N, C, S, *, blank=0, device="cpu", dtype=torch.float32, scale=2.0, impossible=False):
+    """Random activations, label sequences with repeats, ragged lengths; padding holds junk the loss must ignore."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(T, N, C, generator=g) * scale).to(dtype)
+    il = torch.randint(max(T // 2, 0), T + 1, (N,), generator=g)
+    il[0] = T
+    tl = torch.randint(0, S + 1, (N,), generator=g)
+    if not impossible:  # keep every sample alignable: L + repeats <= T_n
+        tl = torch.minimum(tl, il // 2)
+    classes = torch.tensor([c for c in range(C) if c != blank])
+    labels = classes[torch.randint(0, len(classes), (N, S), generator=g)]
+    rep = torch.rand(N, S, generator=g) < 0.3  # repeated labels exercise the no-skip rule
+    for j in range(1, S):
+        labels[:, j] = torch.where(rep[:, j], labels[:, j - 1], labels[:, j])
+    junk = torch.randint(-5, C + 5, (N, S), generator=g)
+    padded = torch.where(torch.arange(S)[None, :] < tl[:, None], labels, junk)
+    return x.to(device), padded.to(device), il.to(device), tl.to(device)
+
+
+def concatenated(padded, tl, extra=3):
+    parts = [padded[n, : int(tl[n])] for n in range(padded.shape[0])]
+    tail = torch.full((extra,), 1, dtype=padded.dtype, device=padded.device)  # trailing entries are ignored
+    return torch.cat(parts + [tail])
+
+
+def reference(x, padded, il, tl, blank, reduction, logits, zero_infinity=False):
+    xr = x.detach().to(torch.float64).cpu().requires_grad_()
+    out = ctc_loss_reference(xr, padded.cpu(), il.cpu(), tl.cpu(), blank, reduction, zero_infinity, logits=logits)
+    return xr, out
+
+
+@pytest.fixture
+def kernel_spy(monkeypatch):
+    """Counts launches of the Triton forward, so a test knows the kernels (not the reference) ran."""
+    calls = []
+    real = kernels.ctc_forward
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(kernels, "ctc_forward", spy)
+    return calls
+
+
+def compare(x, padded, il, tl, *, blank=0, reduction="none", logits=True, layout="padded", tol=F32,
+            zero_infinity=False, batch_first=False, seed=0):  # fmt: skip
+    dtype, rtol, atol = tol
+    targets = padded if layout == "padded" else concatenated(padded, tl)
+    xin = x.detach().transpose(0, 1).contiguous() if batch_first else x.detach().clone()
+    xin.requires_grad_()
+    out = sk.ctc_loss(xin, targets, il, tl, blank, reduction, zero_infinity, batch_first=batch_first, logits=logits)
+    xr, ref = reference(x, padded, il, tl, blank, reduction, logits, zero_infinity)
+    torch.testing.assert_close(out.detach().cpu().double(), ref.detach(), rtol=rtol, atol=1e-4, equal_nan=True)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
+    (out * g.to(out.device, out.dtype)).sum().backward()
+    (ref * g).sum().backward()
+    grad = xin.grad.transpose(0, 1) if batch_first else xin.grad
+    assert grad.dtype == dtype
+    torch.testing.assert_close(grad.cpu().double(), xr.grad, rtol=0, atol=atol, equal_nan=True)
+    return out, grad
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the reference
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_reference_matches_torch(seed):
+    T, N, C, S = 15, 4, 6, 6
+    x, padded, il, tl = make_problem(seed, T, N, C, S, dtype=torch.float64)
+    lp = x.log_softmax(-1).requires_grad_()
+    ours = CTCLossReferenceFunction.apply(lp, padded, il, tl, 0)
+    theirs = torch.nn.functional.ctc_loss(lp, padded, il, tl, reduction="none")
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+    # torch's gradient is the gradient through log_softmax (torch issue 52241): compare that way
+    xr = x.clone().requires_grad_()
+    g = torch.randn(N, dtype=torch.float64)
+    (ctc_loss_reference(xr, padded, il, tl, reduction="none", logits=True) * g).sum().backward()
+    xt = x.clone().requires_grad_()
+    (torch.nn.functional.ctc_loss(xt.log_softmax(-1), padded, il, tl, reduction="none") * g).sum().backward()
+    torch.testing.assert_close(xr.grad, xt.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_reference_gradcheck():
+    x, padded, il, tl = make_problem(7, 8, 3, 5, 4, dtype=torch.float64, scale=1.0)
+    lp = x.clone().requires_grad_()  # unnormalised scores: the gradient is still the exact derivative
+    assert torch.autograd.gradcheck(lambda v: CTCLossReferenceFunction.apply(v, padded, il, tl, 0), (lp,))
+
+
+def test_reference_is_cpu_path_for_float64():
+    x, padded, il, tl = make_problem(3, 10, 3, 5, 4, dtype=torch.float64)
+    out = sk.ctc_loss(x, padded, il, tl, reduction="sum")
+    theirs = torch.nn.functional.ctc_loss(x, padded, il, tl, reduction="sum")
+    torch.testing.assert_close(out, theirs)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the Triton kernels (interpreter on the CPU)
+
+
+@pytest.mark.parametrize("logits", [True, False])
+@pytest.mark.parametrize("layout", ["padded", "concatenated"])
+@pytest.mark.parametrize("seed", range(2))
+def test_kernels_match_reference(kernel_device, kernel_spy, logits, layout, seed):
+    g = torch.Generator().manual_seed(100 + seed)
+    T, N, C = (int(torch.randint(lo, hi, (1,), generator=g)) for lo, hi in ((1, 14), (1, 5), (2, 9)))
+    S = int(torch.randint(1, 8, (1,), generator=g))
+    blank = int(torch.randint(0, C, (1,), generator=g))
+    x, padded, il, tl = make_problem(seed, T, N, C, S, blank=blank, device=kernel_device)
+    compare(x, padded, il, tl, blank=blank, logits=logits, layout=layout, seed=seed)
+    assert kernel_spy
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_kernels_reductions(kernel_device, kernel_spy, reduction):
+    x, padded, il, tl = make_problem(11, 9, 3, 6, 4, device=kernel_device)
+    compare(x, padded, il, tl, reduction=reduction)
+    theirs = torch.nn.functional.ctc_loss(x.log_softmax(-1), padded, il, tl, reduction=reduction)
+    ours = sk.ctc_loss(x, padded, il, tl, reduction=reduction, logits=True)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+    assert kernel_spy
+
+
+def test_kernels_unnormalised_log_probs(kernel_device, kernel_spy):
+    """logits=False on scores that are not log-probabilities: the gradient is the exact derivative."""
+    x, padded, il, tl = make_problem(12, 10, 3, 5, 4, device=kernel_device, scale=3.0)
+    compare(x + 1.5, padded, il, tl, logits=False)
+    assert kernel_spy
+
+
+def test_kernels_edge_cases(kernel_device, kernel_spy):
+    # T = 1; empty labels; a label sequence of repeats that needs blanks between; input length 0
+    T, N, C = 6, 6, 4
+    x = torch.randn(T, N, C, generator=torch.Generator().manual_seed(5))
+    padded = torch.tensor([[1, 2, 3], [2, 2, 2], [1, 1, 0], [3, 0, 0], [1, 2, 1], [2, 0, 0]])
+    il = torch.tensor([6, 5, 3, 1, 0, 1])
+    tl = torch.tensor([3, 3, 2, 1, 0, 0])
+    compare(x, padded, il, tl, logits=True)
+    compare(x[:1], padded, torch.ones(N, dtype=torch.long), torch.tensor([1, 1, 0, 1, 0, 0]), logits=False)
+    assert kernel_spy
+
+
+def test_kernels_impossible_samples(kernel_device, kernel_spy):
+    """No alignment: infinite loss (or zero with zero_infinity), zero gradient, never NaN."""
+    T, N, C = 5, 4, 5
+    x = torch.randn(T, N, C, generator=torch.Generator().manual_seed(6), requires_grad=True)
+    padded = torch.tensor([[1, 1, 1, 0, 0, 0], [1, 2, 3, 4, 1, 2], [1, 2, 0, 0, 0, 0], [3, 3, 0, 0, 0, 0]])
+    il = torch.tensor([4, 5, 1, 3])  # 3 repeats need 5 frames; 6 labels > T; 2 labels in 1 frame; [3,3] fits in 3
+    tl = torch.tensor([3, 6, 2, 2])
+    for logits in (True, False):
+        loss = sk.ctc_loss(x, padded, il, tl, reduction="none", logits=logits)
+        assert torch.isinf(loss[:3]).all() and torch.isfinite(loss[3])
+        (grad,) = torch.autograd.grad(loss, x, grad_outputs=torch.ones_like(loss))
+        assert not grad.isnan().any()
+        assert (grad[:, :3] == 0).all()
+        zl = sk.ctc_loss(x, padded, il, tl, reduction="sum", zero_infinity=True, logits=logits)
+        torch.testing.assert_close(zl, loss[3])
+        (zg,) = torch.autograd.grad(zl, x)
+        assert (zg[:, :3] == 0).all() and not zg.isnan().any()
+    compare(x.detach(), padded, il, tl, zero_infinity=True, reduction="mean")
+    assert kernel_spy
+
+
+def test_kernels_nan_stays_in_its_sample(kernel_device, kernel_spy):
+    x, padded, il, tl = make_problem(8, 8, 3, 5, 3, device=kernel_device)
+    x[2, 1, 3] = math.nan
+    x.requires_grad_()
+    loss = sk.ctc_loss(x, padded, il, tl, reduction="none", logits=True)
+    assert loss[1].isnan() and torch.isfinite(loss[[0, 2]]).all()
+    loss.sum().backward()
+    assert x.grad[: int(il[1]), 1].isnan().all()
+    assert torch.isfinite(x.grad[:, [0, 2]]).all()
+    assert kernel_spy
+
+
+def test_kernels_layouts_and_argument_forms(kernel_device, kernel_spy):
+    x, padded, il, tl = make_problem(9, 9, 3, 6, 4, device=kernel_device)
+    compare(x, padded, il, tl, batch_first=True, reduction="sum")
+    ref = sk.ctc_loss(x, padded, il, tl, reduction="none", logits=True)
+    for tgt in (padded.int(), concatenated(padded, tl).int()):
+        out = sk.ctc_loss(x, tgt, il.tolist(), tl.tolist(), reduction="none", logits=True)
+        torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    module = sk.CTCLoss(reduction="none", logits=True)
+    torch.testing.assert_close(module(x, padded, il, tl), ref, rtol=0, atol=0)
+    unbatched = sk.ctc_loss(x[:, 0], padded[0, : int(tl[0])], il[0:1], tl[0:1], reduction="none", logits=True)
+    torch.testing.assert_close(unbatched, ref[0], rtol=1e-6, atol=1e-6)
+    assert kernel_spy
+
+
+def test_kernels_float16(kernel_device, kernel_spy):
+    x, padded, il, tl = make_problem(10, 10, 3, 7, 4, device=kernel_device, dtype=torch.float16)
+    compare(x, padded, il, tl, tol=F16)
+    assert kernel_spy
+
+
+def test_kernels_long_labels_chunked_scan(kernel_device, kernel_spy):
+    """More labels than one scan chunk (64), with repeated classes spread over several chunks."""
+    T, N, C, S = 150, 2, 5, 70
+    x, _, _, _ = make_problem(13, T, N, C, S, device=kernel_device)
+    padded = torch.randint(1, C, (N, S), generator=torch.Generator().manual_seed(14))
+    tl = torch.tensor([70, 66])
+    il = torch.tensor([150, 140])
+    compare(x, padded, il, tl, logits=True)
+    assert kernel_spy
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# argument checks (both paths)
+
+
+def _bad_cases(C=5):
+    T, N = 6, 2
+    x = torch.randn(T, N, C)
+    tg = torch.tensor([[1, 2, 3], [2, 3, 4]])
+    il, tl = torch.tensor([6, 6]), torch.tensor([3, 2])
+    yield "input_lengths\\[1\\]=7", (x, tg, torch.tensor([6, 7]), tl), {}
+    yield "input_lengths\\[0\\]=-1", (x, tg, torch.tensor([-1, 6]), tl), {}
+    yield "target_lengths\\[1\\]=4 exceeds", (x, tg, il, torch.tensor([3, 4])), {}
+    yield "target_lengths\\[0\\]=-2", (x, tg, il, torch.tensor([-2, 2])), {}
+    yield "sum\\(target_lengths\\)=6", (x, tg.reshape(-1)[:5], il, torch.tensor([3, 3])), {}
+    yield "label 7 of sample 1", (x, torch.tensor([[1, 2, 3], [2, 7, 4]]), il, tl), {}
+    yield "label -1 of sample 0", (x, torch.tensor([[1, -1, 3], [2, 3, 4]]), il, tl), {}
+    yield "label 0 of sample 1 \\(position 1\\) equals blank", (x, torch.tensor([[1, 2, 3], [2, 0, 4]]), il, tl), {}
+    yield "label 2 of sample 0 \\(position 1\\) equals blank", (x, tg.reshape(-1)[:5], il, tl), {"blank": 2}
+    yield "batch size", (x, tg, torch.tensor([6, 6, 6]), tl), {}
+    yield "targets has 1 rows", (x, tg[:1], il, tl), {}
+    yield "float16, bfloat16, float32 or float64", (x.long(), tg, il, tl), {}
+    yield "int32 or int64", (x, tg.float(), il, tl), {}
+    yield "blank=5", (x, tg, il, tl), {"blank": 5}
+    yield "reduction", (x, tg, il, tl), {"reduction": "avg"}
+    yield "4 dimensions|3 dimensions", (x[None], tg, il, tl), {}
+
+
+@pytest.mark.parametrize("case", list(_bad_cases()), ids=lambda c: c[0][:20])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_bad_arguments_raise_value_error(case, dtype):
+    match, (x, tg, il, tl), kwargs = case
+    if x.dtype.is_floating_point:
+        x = x.to(dtype)
+    with pytest.raises(ValueError, match=match):
+        sk.ctc_loss(x, tg, il, tl, **kwargs)
+
+
+def test_bad_arguments_raise_value_error_in_kernels(kernel_device, kernel_spy):
+    """The same content checks through the Triton path (float32 under the interpreter)."""
+    for match, (x, tg, il, tl), kwargs in _bad_cases():
+        if not x.dtype.is_floating_point:
+            continue
+        with pytest.raises(ValueError, match=match):
+            sk.ctc_loss(x, tg, il, tl, **kwargs)
+    assert kernel_spy
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPU: larger sizes, half precision, determinism, graphs, compile, 64-bit offsets
+
+
+def _gpu_problem(seed, T, N, C, S, dtype=torch.float32):
+    x, padded, il, tl = make_problem(seed, T, N, C, S, device="cuda", dtype=dtype)
+    return x, padded, il, tl
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("logits", [True, False])
+@pytest.mark.parametrize("layout", ["padded", "concatenated"])
+@pytest.mark.parametrize("shape", [(150, 16, 28, 60), (300, 8, 500, 150), (50, 64, 5000, 20), (1, 4, 7, 3)])
+def test_gpu_matches_reference(gpu, logits, layout, shape):
+    T, N, C, S = shape
+    x, padded, il, tl = _gpu_problem(sum(shape), T, N, C, S)
+    compare(x, padded, il, tl, logits=logits, layout=layout, blank=C // 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tol", [F16, BF16], ids=["float16", "bfloat16"])
+def test_gpu_half_precision(gpu, tol):
+    x, padded, il, tl = _gpu_problem(21, 120, 8, 300, 40, dtype=tol[0])
+    compare(x, padded, il, tl, logits=True, tol=tol)
+
+
+@pytest.mark.gpu
+def test_gpu_long_labels(gpu):
+    """Label sequences of 4096 (one program holds 8192 states)."""
+    T, N, C, S = 4200, 2, 40, 4096
+    x, padded, il, tl = _gpu_problem(22, T, N, C, S)
+    tl = torch.tensor([4096, 3000], device="cuda")
+    il = torch.tensor([4200, 4200], device="cuda")
+    out, _ = compare(x, padded, il, tl, logits=True)
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.gpu
+def test_gpu_deterministic(gpu):
+    x, padded, il, tl = _gpu_problem(23, 200, 32, 1000, 80)
+    results = []
+    for _ in range(3):
+        xi = x.clone().requires_grad_()
+        loss = sk.ctc_loss(xi, padded, il, tl, reduction="none", logits=True)
+        loss.sum().backward()
+        results.append((loss.detach(), xi.grad))
+    for loss, grad in results[1:]:
+        assert torch.equal(loss, results[0][0]) and torch.equal(grad, results[0][1])
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_capture(gpu):
+    x, padded, il, tl = _gpu_problem(24, 100, 8, 50, 30)
+    xs = x.clone().requires_grad_()
+
+    def step():
+        xs.grad = None
+        loss = sk.ctc_loss(xs, padded, il, tl, logits=True, validate=False)
+        loss.backward()
+        return loss
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_loss = step()
+    new = torch.randn_like(x)
+    xs.data.copy_(new)
+    graph.replay()
+    torch.cuda.synchronize()
+    xr = new.clone().requires_grad_()
+    eager = sk.ctc_loss(xr, padded, il, tl, logits=True)
+    eager.backward()
+    torch.testing.assert_close(static_loss, eager.detach())
+    torch.testing.assert_close(xs.grad, xr.grad)
+
+
+@pytest.mark.gpu
+def test_gpu_torch_compile(gpu):
+    x, padded, il, tl = _gpu_problem(25, 80, 4, 30, 20)
+
+    def f(v):
+        return sk.ctc_loss(v.log_softmax(-1), padded, il, tl, validate=False) * 2.0
+
+    compiled = torch.compile(f, fullgraph=True)
+    xa = x.clone().requires_grad_()
+    xb = x.clone().requires_grad_()
+    la, lb = compiled(xa), f(xb)
+    la.backward()
+    lb.backward()
+    torch.testing.assert_close(la, lb)
+    torch.testing.assert_close(xa.grad, xb.grad)
+
+
+@pytest.mark.gpu
+def test_gpu_more_than_2_31_elements(gpu):
+    """T*N*C > 2^31 (float16): the batch's losses equal those of its two halves computed separately."""
+    T, N, C, S = 1100, 4, 500_000, 30
+    assert T * N * C > 2**31
+    g = torch.Generator(device="cuda").manual_seed(26)
+    x = torch.randn(T, N, C, device="cuda", dtype=torch.float16, generator=g)
+    padded = torch.randint(1, C, (N, S), device="cuda", generator=g)
+    il = torch.tensor([1100, 900, 1000, 1100], device="cuda")
+    tl = torch.tensor([30, 25, 12, 30], device="cuda")
+    x.requires_grad_()
+    loss = sk.ctc_loss(x, padded, il, tl, reduction="none", logits=True)
+    loss.sum().backward()
+    grad_last = x.grad[:, 3].clone()
+    x.grad = None
+    halves = []
+    for sl in (slice(0, 2), slice(2, 4)):
+        xh = x.detach()[:, sl].clone().requires_grad_()
+        lh = sk.ctc_loss(xh, padded[sl], il[sl], tl[sl], reduction="none", logits=True)
+        lh.sum().backward()
+        halves.append((lh.detach(), xh.grad))
+    torch.testing.assert_close(loss.detach(), torch.cat([halves[0][0], halves[1][0]]), rtol=0, atol=0)
+    torch.testing.assert_close(grad_last, halves[1][1][:, 1], rtol=0, atol=0)
