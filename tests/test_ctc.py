@@ -277,8 +277,8 @@ def test_bad_arguments_raise_value_error_in_kernels(kernel_device, kernel_spy):
 # GPU: larger sizes, half precision, determinism, graphs, compile, 64-bit offsets
 
 
-def _gpu_problem(seed, T, N, C, S, dtype=torch.float32):
-    x, padded, il, tl = make_problem(seed, T, N, C, S, device="cuda", dtype=dtype)
+def _gpu_problem(seed, T, N, C, S, dtype=torch.float32, blank=0):
+    x, padded, il, tl = make_problem(seed, T, N, C, S, device="cuda", dtype=dtype, blank=blank)
     return x, padded, il, tl
 
 
@@ -288,7 +288,7 @@ def _gpu_problem(seed, T, N, C, S, dtype=torch.float32):
 @pytest.mark.parametrize("shape", [(150, 16, 28, 60), (300, 8, 500, 150), (50, 64, 5000, 20), (1, 4, 7, 3)])
 def test_gpu_matches_reference(gpu, logits, layout, shape):
     T, N, C, S = shape
-    x, padded, il, tl = _gpu_problem(sum(shape), T, N, C, S)
+    x, padded, il, tl = _gpu_problem(sum(shape), T, N, C, S, blank=C // 2)
     compare(x, padded, il, tl, logits=logits, layout=layout, blank=C // 2)
 
 

@@ -53,10 +53,16 @@ def time_ms(fn: Callable[[], object], device: torch.device, warmup: int = 5, rep
     return statistics.median(times)
 
 
-def peak_extra_bytes(fn: Callable[[], object], device: torch.device) -> int | None:
-    """Peak GPU memory allocated during fn() above what was allocated before it (None on the CPU)."""
+def peak_extra_bytes(
+    fn: Callable[[], object], device: torch.device, before: Callable[[], object] | None = None
+) -> int | None:
+    """Peak GPU memory allocated during fn() above what was allocated before it (None on the CPU).
+
+    ``before`` runs first, outside the measurement (e.g. to drop a gradient left by an earlier call)."""
     if device.type != "cuda":
         return None
+    if before is not None:
+        before()
     torch.cuda.synchronize(device)
     base = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)

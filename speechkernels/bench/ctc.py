@@ -44,17 +44,27 @@ def make_inputs(T: int, N: int, C: int, device: torch.device, seed: int = 0):
 
 
 def _cudnn_form(x, targets, il, tl):
-    """Arguments in the form that makes torch take its cuDNN kernel, or None when cuDNN refuses the row."""
+    """Arguments in a form that makes torch take its cuDNN kernel, or None when cuDNN refuses the row."""
     flat = torch.cat([targets[n, : int(tl[n])] for n in range(targets.shape[0])]).to(torch.int32)
     lp = x.log_softmax(-1)
     for form in (
-        (flat, il.to(torch.int32), tl.to(torch.int32)),
-        (flat, il.tolist(), tl.tolist()),
-        (flat, il.to(torch.int32).cuda(), tl.to(torch.int32).cuda()),
+        (flat, il.tolist(), tl.tolist()),  # lists: cuDNN's classic path, int32 targets on the CPU
+        (flat.cuda(), il.to(torch.int32).cuda(), tl.to(torch.int32).cuda()),  # tensors: int32 on the GPU
     ):
         if torch._use_cudnn_ctc_loss(lp, *form, 0):
             return form
     return None
+
+
+def kernel_names(fn, x) -> list[str]:
+    """Names of the GPU kernels one forward+backward launches (to show which peer path ran)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    v = x.detach().clone().requires_grad_()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn(v).backward()
+        torch.cuda.synchronize()
+    return sorted({e.name for e in prof.events() if e.device_type.name == "CUDA"})
 
 
 def implementations(x, targets, il, tl, device) -> dict[str, Callable[[torch.Tensor], torch.Tensor] | None]:
@@ -130,8 +140,13 @@ def run(args) -> int:
                 fn(v).backward()
 
             ms = time_ms(step, device, reps=args.reps)
-            mem = peak_extra_bytes(step, device)
+
+            mem = peak_extra_bytes(step, device, before=lambda v=v: setattr(v, "grad", None))
             entry = {"ms": ms, "peak_extra_bytes": mem}
+            if name.startswith("torch") and device.type == "cuda":
+                entry["kernels"] = kernel_names(fn, x)
+                if not results:
+                    print(f"# {name} kernels: {entry['kernels']}")
             if ref is not None:
                 entry["loss_rel_err"], entry["grad_abs_err"] = errors(name, fn, x, tgt_d, il_d, tl_d, *ref)
             row[name] = entry

@@ -32,21 +32,30 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
-from .._utils import next_power_of_2
+from .._utils import next_power_of_2, triton_interpreting
 
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
+# globals read inside kernels must be constexpr
+_INTERPRET = tl.constexpr(triton_interpreting())
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
 
 # bits of the validation flag
-BAD_INPUT_LENGTH = 1
-BAD_TARGET_LENGTH = 2
-BAD_LABEL = 4
-BLANK_LABEL = 8
+BAD_INPUT_LENGTH = tl.constexpr(1)
+BAD_TARGET_LENGTH = tl.constexpr(2)
+BAD_LABEL = tl.constexpr(4)
+BLANK_LABEL = tl.constexpr(8)
 
-# meta rows (meta[row * N + n])
-# T_n (clamped), L used by the tables (0 when L > T), L (clamped), start in targets, offsets of the tables
-META_T, META_L, META_LC, META_TGT, META_LP, META_ALPHA, META_ROWS = 0, 1, 2, 3, 4, 5, 6
+# meta rows (meta[row * N + n]): T_n (clamped), L used by the tables (0 when L > T), L (clamped), start in
+# targets, offsets of the emission and alpha tables
+META_T = tl.constexpr(0)
+META_L = tl.constexpr(1)
+META_LC = tl.constexpr(2)
+META_TGT = tl.constexpr(3)
+META_LP = tl.constexpr(4)
+META_ALPHA = tl.constexpr(5)
+META_ROWS = 6
 
 
 @triton.jit
@@ -55,18 +64,37 @@ def _or(a, b):
 
 
 @triton.jit
+def _log1p(y):
+    if _INTERPRET:  # the interpreter has no libdevice
+        return tl.log(1.0 + y)
+    else:
+        return libdevice.log1p(y)
+
+
+@triton.jit
 def _lae(a, b):
-    """log2(2^a + 2^b), -inf when both are -inf, NaN when either is."""
+    """log2(2^a + 2^b) of float64 values, -inf when both are -inf, NaN when either is NaN.
+
+    The values stay float64 (they grow to thousands over long inputs, where float32 would lose the 1e-7
+    absolute precision the occupancies need); only the correction log2(1 + 2^(lo - m)) in [0, 1] is float32.
+    """
     m = tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    return m_safe + tl.log2(tl.exp2(a - m_safe) + tl.exp2(b - m_safe))
+    lo = tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+    corr = _log1p(tl.exp2((lo - m).to(tl.float32))) * LOG2E
+    return tl.where(lo == float("-inf"), m, m + corr.to(tl.float64))
 
 
 @triton.jit
 def _lae3(a, b, c):
+    """log2(2^a + 2^b + 2^c) of float64 values, as _lae."""
     m = tl.maximum(tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL), c, propagate_nan=tl.PropagateNan.ALL)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    return m_safe + tl.log2(tl.exp2(a - m_safe) + tl.exp2(b - m_safe) + tl.exp2(c - m_safe))
+    # the two values other than the maximum
+    a_is_m = a == m
+    x1 = tl.where(a_is_m, b, a)
+    x2 = tl.where(a_is_m | (b == m), c, b)
+    y = tl.exp2((x1 - m).to(tl.float32)) + tl.exp2((x2 - m).to(tl.float32))
+    corr = _log1p(y) * LOG2E
+    return tl.where(m == float("-inf"), m, m + corr.to(tl.float64))
 
 
 @triton.jit
@@ -88,7 +116,7 @@ def _ctc_prepare_kernel(
     tgt_ptr,  # targets, int32/int64, padded [N, S] (row stride S) or concatenated
     meta_ptr,  # [META_ROWS, N] int64 out
     srt_ptr,  # like targets, int64 out: per sample, (class << 32 | position) sorted, at the sample's base
-    flag_ptr,  # [1] int32, OR of the error bits (when VALIDATE)
+    info_ptr,  # [2] int64 out: OR of the error bits (when VALIDATE), size of the alpha table
     N,
     T,
     S,  # padded width, or the concatenated length
@@ -117,7 +145,7 @@ def _ctc_prepare_kernel(
     w = tl.where(m_n, l_eff + 1, 0)
     before = m_n & (o_n < i_n)
     lp_off = T * tl.sum(tl.where(before, w, 0), axis=0)
-    al_off = T * tl.sum(tl.where(before, 2 * w - 1, 0), axis=0)
+    al_off = T * tl.sum(tl.where(before, w - 1, 0), axis=0)
     mine = o_n == i_n
     my_t = tl.sum(tl.where(mine, tl.minimum(tl.maximum(raw_t, 0), T), 0), axis=0)
     my_l = tl.sum(tl.where(mine, l_eff, 0), axis=0)
@@ -129,6 +157,8 @@ def _ctc_prepare_kernel(
     tl.store(meta_ptr + META_TGT * N + i_n, my_base)
     tl.store(meta_ptr + META_LP * N + i_n, lp_off)
     tl.store(meta_ptr + META_ALPHA * N + i_n, al_off)
+    if i_n == N - 1:
+        tl.store(info_ptr + 1, al_off + T * my_l)
 
     o_j = tl.arange(0, BLOCK)
     if VALIDATE:
@@ -142,7 +172,7 @@ def _ctc_prepare_kernel(
             bad = tl.where(m_j & ((lab < 0) | (lab >= C)), BAD_LABEL, 0)
             bad |= tl.where(m_j & (lab == blank), BLANK_LABEL, 0)
             bits |= tl.reduce(bad, 0, _or)
-        tl.atomic_or(flag_ptr, bits.to(tl.int32))
+        tl.atomic_or(info_ptr, bits.to(tl.int64))
 
     # sort (class, position) keys; positions past the label count sort last
     m_l = o_j < my_l
@@ -211,13 +241,15 @@ def _ctc_emission_kernel(
 @triton.jit
 def _ctc_alpha_kernel(
     lp_ptr,  # packed emissions (log2)
-    alpha_ptr,  # packed float32 out: per frame, L+1 blank states then L label states (pre-emission, shifted)
+    alpha_ptr,  # packed float64 out: per frame, the L label states before the frame's emission
     loss_ptr,  # [N] float32 out
+    logp_ptr,  # [N] float64 out: log2 p(labels | input)
     tgt_ptr,
     meta_ptr,
     N,
     T,
     STORE_ALPHA: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     i_n = tl.program_id(0).to(tl.int64)
@@ -240,59 +272,46 @@ def _ctc_alpha_kernel(
     i_prev = tl.maximum(o_j - 1, 0)
 
     # frame 0: paths start in the first blank or the first label
-    a_b = tl.where(o_j == 0, 0.0, NEG)
-    a_l = tl.where((o_j == 0) & m_l, 0.0, NEG)
+    a_b = tl.where(o_j == 0, 0.0, NEG).to(tl.float64)
+    a_l = tl.where((o_j == 0) & m_l, 0.0, NEG).to(tl.float64)
     if STORE_ALPHA:
-        tl.store(p_al + o_j, a_b, mask=m_b)
-        tl.store(p_al + W + o_j, a_l, mask=m_l)
-    a_b = a_b + tl.load(p_lp)
-    a_l = a_l + tl.load(p_lp + 1 + o_j, mask=m_l, other=NEG)
-    shift = tl.zeros([], tl.float64)
+        tl.store(p_al + o_j, a_l, mask=m_l)
+    a_b = a_b + tl.load(p_lp).to(tl.float64)
+    a_l = a_l + tl.load(p_lp + 1 + o_j, mask=m_l, other=NEG).to(tl.float64)
     n_steps = tl.where(L_c <= T, T_n, 0)
-    for t in range(1, n_steps):
-        row = p_lp + t * W
-        e_b = tl.load(row)
-        e_l = tl.load(row + 1 + o_j, mask=m_l, other=NEG)
-        # normalise the previous frame by its maximum (kept in float64)
-        c = tl.max(tl.maximum(a_b, a_l), axis=0)
-        c = tl.where(c == NEG, 0.0, c)
-        shift += c.to(tl.float64)
-        a_b = a_b - c
-        a_l = a_l - c
+    # the next frame's emissions are loaded one step ahead
+    e_b_nx = tl.load(p_lp + W, mask=n_steps > 1, other=0.0)
+    e_l_nx = tl.load(p_lp + W + 1 + o_j, mask=tl.where(n_steps > 1, m_l, False), other=NEG)
+    for t in tl.range(1, n_steps, num_stages=NUM_STAGES):
+        e_b = e_b_nx
+        e_l = e_l_nx
+        row_nx = p_lp + tl.minimum(t + 1, n_steps - 1) * W
+        e_b_nx = tl.load(row_nx)
+        e_l_nx = tl.load(row_nx + 1 + o_j, mask=m_l, other=NEG)
         a_l_prev = tl.where(o_j > 0, tl.gather(a_l, i_prev, 0), NEG)
         n_b = tl.where(m_b, _lae(a_b, a_l_prev), NEG)
         n_l = tl.where(m_l, _lae3(a_l, a_b, tl.where(can_skip, a_l_prev, NEG)), NEG)
         if STORE_ALPHA:
-            tl.store(p_al + t * (2 * W - 1) + o_j, n_b, mask=m_b)
-            tl.store(p_al + t * (2 * W - 1) + W + o_j, n_l, mask=m_l)
-        a_b = n_b + e_b
-        a_l = n_l + e_l
-    end = _lae(_pick(a_b, o_j, L), tl.where(L > 0, _pick(a_l, o_j, L - 1), NEG))
-    logp = (shift + end.to(tl.float64)) * LN2
+            tl.store(p_al + t * L + o_j, n_l, mask=m_l)
+        a_b = n_b + e_b.to(tl.float64)
+        a_l = n_l + e_l.to(tl.float64)
+    logp = _lae(_pick(a_b, o_j, L), tl.where(L > 0, _pick(a_l, o_j, L - 1), NEG))
     logp = tl.where(T_n == 0, tl.where(L_c == 0, 0.0, NEG), logp)
     logp = tl.where(L_c <= T, logp, NEG)
-    tl.store(loss_ptr + i_n, (-logp).to(tl.float32))
-
-
-@triton.jit
-def _max2(a, b, c, d):
-    return tl.maximum(a, c), tl.maximum(b, d)
-
-
-@triton.jit
-def _sum2(a, b, c, d):
-    return a + c, b + d
+    tl.store(logp_ptr + i_n, logp)
+    tl.store(loss_ptr + i_n, (-logp * LN2).to(tl.float32))
 
 
 @triton.jit
 def _ctc_beta_kernel(
-    lp_ptr,  # packed emissions (log2) in; occupancies out, in place
-    alpha_ptr,  # packed pre-emission alpha from _ctc_alpha_kernel
-    loss_ptr,  # [N] float32
+    lp_ptr,  # packed emissions (log2) in; label occupancies out, in place (the blank's slot is left alone)
+    alpha_ptr,  # packed float64 label-state alpha from _ctc_alpha_kernel
+    logp_ptr,  # [N] float64 log2 p from _ctc_alpha_kernel
     tgt_ptr,
     meta_ptr,
     N,
     T,
+    NUM_STAGES: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     i_n = tl.program_id(0).to(tl.int64)
@@ -303,10 +322,10 @@ def _ctc_beta_kernel(
     W = L + 1
     p_lp = lp_ptr + tl.load(meta_ptr + META_LP * N + i_n)
     p_al = alpha_ptr + tl.load(meta_ptr + META_ALPHA * N + i_n)
-    loss = tl.load(loss_ptr + i_n)
+    logp = tl.load(logp_ptr + i_n)
     NEG = float("-inf")
-    # impossible samples keep no occupancy (their gradient is zero); NaN losses go on so that NaN propagates
-    n_steps = tl.where((L_c <= T) & (loss != float("inf")), T_n, 0)
+    # impossible samples keep no occupancy (their gradient is zero); NaN goes on so that it propagates
+    n_steps = tl.where((L_c <= T) & (logp != NEG), T_n, 0)
 
     o_j = tl.arange(0, BLOCK)
     m_b = o_j <= L
@@ -318,40 +337,35 @@ def _ctc_beta_kernel(
     has_next_blank = o_j + 1 <= L
     i_next = tl.minimum(o_j + 1, BLOCK - 1)
 
-    b_b = tl.full([BLOCK], NEG, tl.float32)
-    b_l = tl.full([BLOCK], NEG, tl.float32)
-    for k in range(0, n_steps):
-        t = T_n - 1 - k
-        row = p_lp + t * W
-        e_b = tl.load(row)
-        e_l = tl.load(row + 1 + o_j, mask=m_l, other=NEG)
-        p_at = p_al + t * (2 * W - 1)
-        al_b = tl.load(p_at + o_j, mask=m_b, other=NEG)
-        al_l = tl.load(p_at + W + o_j, mask=m_l, other=NEG)
+    b_b = tl.full([BLOCK], NEG, tl.float64)
+    b_l = tl.full([BLOCK], NEG, tl.float64)
+    # frame t's emissions and alpha are loaded one step ahead
+    t_nx = tl.maximum(n_steps - 1, 0)
+    e_b_nx = tl.load(p_lp + t_nx * W, mask=n_steps > 0, other=0.0)
+    e_l_nx = tl.load(p_lp + t_nx * W + 1 + o_j, mask=tl.where(n_steps > 0, m_l, False), other=NEG)
+    al_l_nx = tl.load(p_al + t_nx * L + o_j, mask=tl.where(n_steps > 0, m_l, False), other=NEG)
+    for k in tl.range(0, n_steps, num_stages=NUM_STAGES):
+        t = n_steps - 1 - k
+        e_b = e_b_nx
+        e_l = e_l_nx
+        al_l = al_l_nx
+        t_nx = tl.maximum(t - 1, 0)
+        e_b_nx = tl.load(p_lp + t_nx * W)
+        e_l_nx = tl.load(p_lp + t_nx * W + 1 + o_j, mask=m_l, other=NEG)
+        al_l_nx = tl.load(p_al + t_nx * L + o_j, mask=m_l, other=NEG)
         b_b_next = tl.where(has_next_blank, tl.gather(b_b, i_next, 0), NEG)
         b_l_next = tl.where(can_skip, tl.gather(b_l, i_next, 0), NEG)
         r_b = _lae(b_b, b_l)
         r_l = _lae3(b_l, b_b_next, b_l_next)
         # the last frame: paths end in the last blank or the last label
-        r_b = tl.where(k == 0, tl.where(o_j == L, 0.0, NEG), r_b)
-        r_l = tl.where(k == 0, tl.where(o_j == L - 1, 0.0, NEG), r_l)
-        n_b = tl.where(m_b, r_b + e_b, NEG)
-        n_l = tl.where(m_l, r_l + e_l, NEG)
-        # gamma_t(s) ~ alpha_t(s) beta_t(s) with alpha pre-emission, normalised over s
-        x_b = al_b + n_b
-        x_l = al_l + n_l
-        c, m = tl.reduce((tl.maximum(n_b, n_l), tl.maximum(x_b, x_l)), 0, _max2)
-        c = tl.where(c == NEG, 0.0, c)
-        m = tl.where(m == NEG, 0.0, m)
-        u_b = tl.where(m_b, tl.exp2(x_b - m), 0.0)
-        u_l = tl.where(m_l, tl.exp2(x_l - m), 0.0)
-        z_b, z_l = tl.reduce((u_b, u_l), 0, _sum2)
-        inv_z = 1.0 / (z_b + z_l)
-        tl.store(row, z_b * inv_z)
-        tl.store(row + 1 + o_j, u_l * inv_z, mask=m_l)
-        # keep beta near zero; the shift cancels in the normalised gamma
-        b_b = n_b - c
-        b_l = n_l - c
+        r_b = tl.where(k == 0, tl.where(o_j == L, 0.0, NEG).to(tl.float64), r_b)
+        r_l = tl.where(k == 0, tl.where(o_j == L - 1, 0.0, NEG).to(tl.float64), r_l)
+        b_b = tl.where(m_b, r_b + e_b.to(tl.float64), NEG)
+        b_l = tl.where(m_l, r_l + e_l.to(tl.float64), NEG)
+        # gamma_t(s) = alpha_t(s) beta_t(s) / p, alpha taken before the frame's emission; the blank's total
+        # occupancy is 1 - sum of the labels' (the grad kernel takes it so), so no reduction is needed here
+        occ = tl.exp2((al_l + b_l - logp).to(tl.float32))
+        tl.store(p_lp + t * W + 1 + o_j, occ, mask=m_l)
 
 
 @triton.jit
@@ -359,7 +373,7 @@ def _ctc_grad_kernel(
     x_ptr,  # [T, N, C] activations
     grad_ptr,  # [T, N, C] out
     lse_ptr,  # [N, T] float32 (IS_LOGITS)
-    occ_ptr,  # packed occupancies from _ctc_beta_kernel
+    occ_ptr,  # packed label occupancies from _ctc_beta_kernel
     loss_ptr,  # [N] float32
     gloss_ptr,  # [N] float32, upstream gradient of each sample's loss
     srt_ptr,  # sorted (class << 32 | position) keys from _ctc_prepare_kernel
@@ -407,13 +421,9 @@ def _ctc_grad_kernel(
         tl.debug_barrier()
         p_occ = occ_ptr + tl.load(meta_ptr + META_LP * N + i_n) + i_t * (L + 1)
         srt_base = tl.load(meta_ptr + META_TGT * N + i_n)
-        occ_b = tl.load(p_occ)
-        p_b = 0.0
-        if IS_LOGITS:
-            p_b = tl.exp2((tl.load(p_x + blank * stride_c).to(tl.float32) - lse) * LOG2E)
-        tl.store(p_g + blank * gstride_c, (g * (p_b - occ_b)).to(grad_ptr.dtype.element_ty))
         o_k = tl.arange(0, BLOCK_K)
         carry = 0.0
+        occ_labels = 0.0
         for k0 in range(0, L, BLOCK_K):
             m_k = k0 + o_k < L
             key = tl.load(srt_ptr + srt_base + k0 + o_k, mask=m_k, other=-1)
@@ -433,6 +443,12 @@ def _ctc_grad_kernel(
                 b_x = tl.load(p_x + cls * stride_c, mask=end, other=0.0).to(tl.float32)
                 b_p = tl.exp2((b_x - lse) * LOG2E)
             tl.store(p_g + cls * gstride_c, (g * (b_p - seg)).to(grad_ptr.dtype.element_ty), mask=end)
+            occ_labels += tl.sum(occ, axis=0)
+        # every path is in exactly one state at each frame: the blank's occupancy is the rest
+        p_b = 0.0
+        if IS_LOGITS:
+            p_b = tl.exp2((tl.load(p_x + blank * stride_c).to(tl.float32) - lse) * LOG2E)
+        tl.store(p_g + blank * gstride_c, (g * (p_b - (1.0 - occ_labels))).to(grad_ptr.dtype.element_ty))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -469,7 +485,7 @@ def state_block(T: int, targets: torch.Tensor, padded: bool) -> int:
 def table_sizes(T: int, N: int, targets: torch.Tensor, padded: bool) -> tuple[int, int]:
     """Upper bounds, from shapes alone, of the packed emission/occupancy table and the alpha table."""
     label_total = min(targets.numel(), N * T)
-    return T * (label_total + N), T * (2 * label_total + N)
+    return T * (label_total + N), T * label_total
 
 
 def ctc_forward(
@@ -482,6 +498,7 @@ def ctc_forward(
     logits: bool,
     need_grad: bool,
     validate: bool,
+    num_stages: int = 1,
 ) -> tuple[torch.Tensor, ...]:
     """Loss per sample, and with ``need_grad`` the occupancies for ``ctc_backward``.
 
@@ -489,10 +506,12 @@ def ctc_forward(
         x: [T, N, C] float32/float16/bfloat16, any strides.
         targets: padded [N, S] (contiguous) or concatenated 1-D, int32/int64, on x's device.
         input_lengths, target_lengths: [N] int64 on x's device.
+        validate: check the lengths and labels (reads them back: one synchronisation, which also sizes the
+            alpha table exactly; without it the table is sized from the shapes).
 
     Returns:
         loss [N] float32, lse [N, T] float32 (empty unless logits), occupancy table, meta [6, N] int64,
-        sorted label keys, flags [1] int32 (the validation bits; zero unless validate).
+        sorted label keys, and the validation bits (0 when valid or not validated).
     """
     T, N, C = x.shape
     dev = x.device
@@ -501,29 +520,35 @@ def ctc_forward(
     lp_size, alpha_size = table_sizes(T, N, targets, padded)
     meta = _empty((META_ROWS, N), dtype=torch.int64, device=dev)
     srt = _empty(targets.numel(), dtype=torch.int64, device=dev)
-    flags = torch.zeros(1, dtype=torch.int32, device=dev)
+    info = torch.zeros(2, dtype=torch.int64, device=dev)
+    warps = _recursion_warps(block)
     _ctc_prepare_kernel[(N,)](
-        input_lengths, target_lengths, targets, meta, srt, flags, N, T, S, C, blank,
-        PADDED=padded, VALIDATE=validate, BLOCK_N=max(16, next_power_of_2(N)), BLOCK=block,
-        num_warps=_recursion_warps(block),
+        input_lengths, target_lengths, targets, meta, srt, info, N, T, S, C, blank,
+        PADDED=padded, VALIDATE=validate, BLOCK_N=max(16, next_power_of_2(N)), BLOCK=block, num_warps=warps,
     )  # fmt: skip
     loss = _empty(N, dtype=torch.float32, device=dev)
     lse = _empty((N, T) if logits else (0,), dtype=torch.float32, device=dev)
     table = _empty(lp_size, dtype=torch.float32, device=dev)
-    if validate and int(flags.item()) != 0:
-        return loss, lse, table, meta, srt, flags
+    flags = 0
+    if validate:
+        flags, alpha_size = info.tolist()
+        if flags != 0:
+            return loss, lse, table, meta, srt, flags
     block_c = min(next_power_of_2(C), 2048)
     _ctc_emission_kernel[(T * N,)](
         x, lse, table, targets, meta, N, T, C, x.stride(0), x.stride(1), x.stride(2), blank,
         IS_LOGITS=logits, BLOCK_C=block_c, BLOCK_L=min(block, 256), num_warps=4 if block_c >= 512 else 1,
     )  # fmt: skip
-    alpha = _empty(alpha_size if need_grad else 0, dtype=torch.float32, device=dev)
-    warps = _recursion_warps(block)
+    alpha = _empty(alpha_size if need_grad else 0, dtype=torch.float64, device=dev)
+    logp = _empty(N, dtype=torch.float64, device=dev)
     _ctc_alpha_kernel[(N,)](
-        table, alpha, loss, targets, meta, N, T, STORE_ALPHA=need_grad, BLOCK=block, num_warps=warps
+        table, alpha, loss, logp, targets, meta, N, T,
+        STORE_ALPHA=need_grad, NUM_STAGES=num_stages, BLOCK=block, num_warps=warps,
     )  # fmt: skip
     if need_grad:
-        _ctc_beta_kernel[(N,)](table, alpha, loss, targets, meta, N, T, BLOCK=block, num_warps=warps)
+        _ctc_beta_kernel[(N,)](
+            table, alpha, logp, targets, meta, N, T, NUM_STAGES=num_stages, BLOCK=block, num_warps=warps
+        )  # fmt: skip
     return loss, lse, table, meta, srt, flags
 
 
