@@ -302,10 +302,11 @@ def test_gpu_half_precision(gpu, tol):
 @pytest.mark.gpu
 def test_gpu_long_labels(gpu):
     """Label sequences of 4096 (one program holds 8192 states)."""
-    T, N, C, S = 4200, 2, 40, 4096
-    x, padded, il, tl = _gpu_problem(22, T, N, C, S)
+    T, N, C, S = 4400, 2, 40, 4096
+    x, _, _, _ = _gpu_problem(22, T, N, C, S)
+    padded = torch.randint(1, C, (N, S), device="cuda", generator=torch.Generator(device="cuda").manual_seed(22))
     tl = torch.tensor([4096, 3000], device="cuda")
-    il = torch.tensor([4200, 4200], device="cuda")
+    il = torch.tensor([4400, 4400], device="cuda")
     out, _ = compare(x, padded, il, tl, logits=True)
     assert torch.isfinite(out).all()
 

@@ -64,15 +64,15 @@ def _or(a, b):
 
 
 @triton.jit
-def _log1p(y):
-    if _INTERPRET:  # the interpreter has no libdevice
+def _log1p(y, FAST: tl.constexpr):
+    if FAST or _INTERPRET:  # the interpreter has no libdevice
         return tl.log(1.0 + y)
     else:
         return libdevice.log1p(y)
 
 
 @triton.jit
-def _lae(a, b):
+def _lae(a, b, FAST: tl.constexpr):
     """log2(2^a + 2^b) of float64 values, -inf when both are -inf, NaN when either is NaN.
 
     The values stay float64 (they grow to thousands over long inputs, where float32 would lose the 1e-7
@@ -80,12 +80,12 @@ def _lae(a, b):
     """
     m = tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
     lo = tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
-    corr = _log1p(tl.exp2((lo - m).to(tl.float32))) * LOG2E
+    corr = _log1p(tl.exp2((lo - m).to(tl.float32)), FAST) * LOG2E
     return tl.where(lo == float("-inf"), m, m + corr.to(tl.float64))
 
 
 @triton.jit
-def _lae3(a, b, c):
+def _lae3(a, b, c, FAST: tl.constexpr):
     """log2(2^a + 2^b + 2^c) of float64 values, as _lae."""
     m = tl.maximum(tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL), c, propagate_nan=tl.PropagateNan.ALL)
     # the two values other than the maximum
@@ -93,7 +93,7 @@ def _lae3(a, b, c):
     x1 = tl.where(a_is_m, b, a)
     x2 = tl.where(a_is_m | (b == m), c, b)
     y = tl.exp2((x1 - m).to(tl.float32)) + tl.exp2((x2 - m).to(tl.float32))
-    corr = _log1p(y) * LOG2E
+    corr = _log1p(y, FAST) * LOG2E
     return tl.where(m == float("-inf"), m, m + corr.to(tl.float64))
 
 
@@ -249,6 +249,7 @@ def _ctc_alpha_kernel(
     N,
     T,
     STORE_ALPHA: tl.constexpr,
+    FAST_LOG: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -289,13 +290,13 @@ def _ctc_alpha_kernel(
         e_b_nx = tl.load(row_nx)
         e_l_nx = tl.load(row_nx + 1 + o_j, mask=m_l, other=NEG)
         a_l_prev = tl.where(o_j > 0, tl.gather(a_l, i_prev, 0), NEG)
-        n_b = tl.where(m_b, _lae(a_b, a_l_prev), NEG)
-        n_l = tl.where(m_l, _lae3(a_l, a_b, tl.where(can_skip, a_l_prev, NEG)), NEG)
+        n_b = tl.where(m_b, _lae(a_b, a_l_prev, FAST_LOG), NEG)
+        n_l = tl.where(m_l, _lae3(a_l, a_b, tl.where(can_skip, a_l_prev, NEG), FAST_LOG), NEG)
         if STORE_ALPHA:
             tl.store(p_al + t * L + o_j, n_l, mask=m_l)
         a_b = n_b + e_b.to(tl.float64)
         a_l = n_l + e_l.to(tl.float64)
-    logp = _lae(_pick(a_b, o_j, L), tl.where(L > 0, _pick(a_l, o_j, L - 1), NEG))
+    logp = _lae(_pick(a_b, o_j, L), tl.where(L > 0, _pick(a_l, o_j, L - 1), NEG), FAST_LOG)
     logp = tl.where(T_n == 0, tl.where(L_c == 0, 0.0, NEG), logp)
     logp = tl.where(L_c <= T, logp, NEG)
     tl.store(logp_ptr + i_n, logp)
@@ -311,6 +312,7 @@ def _ctc_beta_kernel(
     meta_ptr,
     N,
     T,
+    FAST_LOG: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -355,8 +357,8 @@ def _ctc_beta_kernel(
         al_l_nx = tl.load(p_al + t_nx * L + o_j, mask=m_l, other=NEG)
         b_b_next = tl.where(has_next_blank, tl.gather(b_b, i_next, 0), NEG)
         b_l_next = tl.where(can_skip, tl.gather(b_l, i_next, 0), NEG)
-        r_b = _lae(b_b, b_l)
-        r_l = _lae3(b_l, b_b_next, b_l_next)
+        r_b = _lae(b_b, b_l, FAST_LOG)
+        r_l = _lae3(b_l, b_b_next, b_l_next, FAST_LOG)
         # the last frame: paths end in the last blank or the last label
         r_b = tl.where(k == 0, tl.where(o_j == L, 0.0, NEG).to(tl.float64), r_b)
         r_l = tl.where(k == 0, tl.where(o_j == L - 1, 0.0, NEG).to(tl.float64), r_l)
@@ -499,6 +501,8 @@ def ctc_forward(
     need_grad: bool,
     validate: bool,
     num_stages: int = 1,
+    fast_log: bool = False,
+    warps: int | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Loss per sample, and with ``need_grad`` the occupancies for ``ctc_backward``.
 
@@ -521,7 +525,7 @@ def ctc_forward(
     meta = _empty((META_ROWS, N), dtype=torch.int64, device=dev)
     srt = _empty(targets.numel(), dtype=torch.int64, device=dev)
     info = torch.zeros(2, dtype=torch.int64, device=dev)
-    warps = _recursion_warps(block)
+    warps = warps or _recursion_warps(block)
     _ctc_prepare_kernel[(N,)](
         input_lengths, target_lengths, targets, meta, srt, info, N, T, S, C, blank,
         PADDED=padded, VALIDATE=validate, BLOCK_N=max(16, next_power_of_2(N)), BLOCK=block, num_warps=warps,
@@ -543,11 +547,12 @@ def ctc_forward(
     logp = _empty(N, dtype=torch.float64, device=dev)
     _ctc_alpha_kernel[(N,)](
         table, alpha, loss, logp, targets, meta, N, T,
-        STORE_ALPHA=need_grad, NUM_STAGES=num_stages, BLOCK=block, num_warps=warps,
+        STORE_ALPHA=need_grad, FAST_LOG=fast_log, NUM_STAGES=num_stages, BLOCK=block, num_warps=warps,
     )  # fmt: skip
     if need_grad:
         _ctc_beta_kernel[(N,)](
-            table, alpha, logp, targets, meta, N, T, NUM_STAGES=num_stages, BLOCK=block, num_warps=warps
+            table, alpha, logp, targets, meta, N, T,
+            FAST_LOG=fast_log, NUM_STAGES=num_stages, BLOCK=block, num_warps=warps,
         )  # fmt: skip
     return loss, lse, table, meta, srt, flags
 

@@ -1,0 +1,81 @@
+"""Where the time of a CTC forward+backward goes, and how the recursion kernels' settings change it.
+
+python benchmarks/tune_ctc.py [--rows 150x1x28,...]: per-kernel GPU times (profiler) of the logits mode,
+then the forward launcher timed over num_warps and the fast/accurate log1p, with the error of each variant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+
+import torch
+
+import speechkernels as sk
+from speechkernels.bench.common import time_ms
+from speechkernels.bench.ctc import make_inputs, reference
+from speechkernels.ctc import kernels
+
+
+def profile(T, N, C):
+    dev = torch.device("cuda")
+    x, tg, il, tl = make_inputs(T, N, C, dev)
+    tg, il, tl = tg.to(dev), il.to(dev), tl.to(dev)
+    v = x.clone().requires_grad_()
+
+    def step():
+        v.grad = None
+        sk.ctc_loss(v, tg, il, tl, logits=True).backward()
+
+    total = time_ms(step, dev, reps=10)
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof
+
+    with prof(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(5):
+            step()
+        torch.cuda.synchronize()
+    per = collections.defaultdict(float)
+    for e in p.events():
+        if e.device_type.name == "CUDA":
+            per[e.name[:60]] += e.device_time / 5 / 1e3
+    print(f"{T}x{N}x{C}: total {total:.3f} ms; kernels {sum(per.values()):.3f} ms")
+    for k, ms in sorted(per.items(), key=lambda kv: -kv[1])[:8]:
+        print(f"   {ms:8.3f}  {k}")
+
+
+def sweep(T, N, C, warps_list, check):
+    dev = torch.device("cuda")
+    x, tg, il, tl = make_inputs(T, N, C, dev)
+    tg, il, tl = tg.to(dev), il.to(dev), tl.to(dev)
+    ref = reference(x, tg, il, tl) if check else None
+    for fast in (False, True):
+        for w in warps_list:
+            def fwd():
+                return kernels.ctc_forward(x, tg, il, tl, 0, True, True, True, False, fast_log=fast, warps=w)
+
+            ms = time_ms(fwd, dev, reps=10)
+            line = f"{T}x{N}x{C} fast_log={fast!s:5} warps={w:2d}: forward (alpha+beta) {ms:8.3f} ms"
+            if ref is not None:
+                loss, lse, table, meta, srt, _ = fwd()
+                fin = torch.isfinite(ref[0])
+                g = kernels.ctc_backward(fin.float(), x, loss, lse, table, meta, srt, 0, True)
+                rel = ((loss.double() - ref[0]).abs() / ref[0].abs())[fin].max().item()
+                line += f"  loss err {rel:.1e} grad err {(g.double() - ref[1]).abs().max().item():.1e}"
+            print(line, flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default="150x1x28,150x256x5000,1500x1x29,1500x128x1000")
+    ap.add_argument("--sweep", default="150x1x28:1500x1x29:1500x32x29")
+    a = ap.parse_args()
+    for r in a.rows.split(","):
+        profile(*(int(v) for v in r.split("x")))
+    for r in a.sweep.split(":"):
+        T, N, C = (int(v) for v in r.split("x"))
+        sweep(T, N, C, [1, 2, 4, 8, 16] if T <= 150 else [4, 8, 16, 32], check=True)
+
+
+if __name__ == "__main__":
+    main()
