@@ -175,7 +175,9 @@ def ctc_loss(
 
     Returns:
         The loss: a scalar, or [N] with ``reduction="none"``. float64 for float64 input, else float32.
-        A NaN in a sample's input makes that sample's loss and gradient NaN, and only that sample's.
+        A NaN among the scores a sample reads (any class with ``logits=True``; its labels' and the blank's
+        otherwise) at a frame before its input length makes that sample's loss and gradient NaN, and only
+        that sample's. -inf log-probabilities are zero probabilities.
 
     Example:
         >>> x = torch.randn(50, 4, 20, requires_grad=True)

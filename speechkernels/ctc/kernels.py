@@ -38,6 +38,8 @@ from .._utils import next_power_of_2, triton_interpreting
 
 # globals read inside kernels must be constexpr
 _INTERPRET = tl.constexpr(triton_interpreting())
+# log2-probability of impossible states inside the recursions: finite, so that no -inf - -inf appears
+NEG = tl.constexpr(-1e30)
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 
@@ -64,37 +66,20 @@ def _or(a, b):
 
 
 @triton.jit
-def _log1p(y, FAST: tl.constexpr):
-    if FAST or _INTERPRET:  # the interpreter has no libdevice
-        return tl.log(1.0 + y)
-    else:
-        return libdevice.log1p(y)
-
-
-@triton.jit
 def _lae(a, b, FAST: tl.constexpr):
-    """log2(2^a + 2^b) of float64 values, -inf when both are -inf, NaN when either is NaN.
+    """log2(2^a + 2^b) of float64 values.
 
-    The values stay float64 (they grow to thousands over long inputs, where float32 would lose the 1e-7
-    absolute precision the occupancies need); only the correction log2(1 + 2^(lo - m)) in [0, 1] is float32.
+    The values stay float64: they grow to thousands over long inputs, where float32 would lose the 1e-7
+    absolute precision the occupancies need. Only the correction log2(1 + 2^-|a-b|), in [0, 1], is float32.
+    No -inf reaches here (impossible states hold the finite NEG), so no special cases are needed.
     """
-    m = tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-    lo = tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
-    corr = _log1p(tl.exp2((lo - m).to(tl.float32)), FAST) * LOG2E
-    return tl.where(lo == float("-inf"), m, m + corr.to(tl.float64))
-
-
-@triton.jit
-def _lae3(a, b, c, FAST: tl.constexpr):
-    """log2(2^a + 2^b + 2^c) of float64 values, as _lae."""
-    m = tl.maximum(tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL), c, propagate_nan=tl.PropagateNan.ALL)
-    # the two values other than the maximum
-    a_is_m = a == m
-    x1 = tl.where(a_is_m, b, a)
-    x2 = tl.where(a_is_m | (b == m), c, b)
-    y = tl.exp2((x1 - m).to(tl.float32)) + tl.exp2((x2 - m).to(tl.float32))
-    corr = _log1p(y, FAST) * LOG2E
-    return tl.where(m == float("-inf"), m, m + corr.to(tl.float64))
+    m = tl.maximum(a, b)
+    y = tl.exp2((-tl.abs(a - b)).to(tl.float32))
+    if FAST or _INTERPRET:  # the interpreter has no libdevice
+        corr = tl.log2(1.0 + y)
+    else:
+        corr = libdevice.log1p(y) * LOG2E
+    return m + corr.to(tl.float64)
 
 
 @triton.jit
@@ -250,7 +235,6 @@ def _ctc_alpha_kernel(
     T,
     STORE_ALPHA: tl.constexpr,
     FAST_LOG: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     i_n = tl.program_id(0).to(tl.int64)
@@ -261,7 +245,6 @@ def _ctc_alpha_kernel(
     W = L + 1
     p_lp = lp_ptr + tl.load(meta_ptr + META_LP * N + i_n)
     p_al = alpha_ptr + tl.load(meta_ptr + META_ALPHA * N + i_n)
-    NEG = float("-inf")
 
     o_j = tl.arange(0, BLOCK)
     m_b = o_j <= L
@@ -273,32 +256,42 @@ def _ctc_alpha_kernel(
     i_prev = tl.maximum(o_j - 1, 0)
 
     # frame 0: paths start in the first blank or the first label
-    a_b = tl.where(o_j == 0, 0.0, NEG).to(tl.float64)
+    e_b = tl.load(p_lp)
+    e_l = tl.load(p_lp + 1 + o_j, mask=m_l, other=0.0)
+    # NaN is counted apart: the maximum that clamps the emissions would drop it
+    nan_l = tl.where(e_l != e_l, 1, 0)
+    nan_b = tl.where(e_b != e_b, 1, 0)
     a_l = tl.where((o_j == 0) & m_l, 0.0, NEG).to(tl.float64)
     if STORE_ALPHA:
         tl.store(p_al + o_j, a_l, mask=m_l)
-    a_b = a_b + tl.load(p_lp).to(tl.float64)
-    a_l = a_l + tl.load(p_lp + 1 + o_j, mask=m_l, other=NEG).to(tl.float64)
+    a_b = tl.where(o_j == 0, tl.maximum(e_b, NEG), NEG).to(tl.float64)
+    a_l = tl.where((o_j == 0) & m_l, tl.maximum(e_l, NEG), NEG).to(tl.float64)
     n_steps = tl.where(L_c <= T, T_n, 0)
     # the next frame's emissions are loaded one step ahead
     e_b_nx = tl.load(p_lp + W, mask=n_steps > 1, other=0.0)
-    e_l_nx = tl.load(p_lp + W + 1 + o_j, mask=tl.where(n_steps > 1, m_l, False), other=NEG)
-    for t in tl.range(1, n_steps, num_stages=NUM_STAGES):
+    e_l_nx = tl.load(p_lp + W + 1 + o_j, mask=tl.where(n_steps > 1, m_l, False), other=0.0)
+    for t in range(1, n_steps):
         e_b = e_b_nx
         e_l = e_l_nx
         row_nx = p_lp + tl.minimum(t + 1, n_steps - 1) * W
         e_b_nx = tl.load(row_nx)
-        e_l_nx = tl.load(row_nx + 1 + o_j, mask=m_l, other=NEG)
+        e_l_nx = tl.load(row_nx + 1 + o_j, mask=m_l, other=0.0)
+        nan_l += tl.where(e_l != e_l, 1, 0)
+        nan_b += tl.where(e_b != e_b, 1, 0)
         a_l_prev = tl.where(o_j > 0, tl.gather(a_l, i_prev, 0), NEG)
+        # blank j from blank j or label j-1; label j from label j, blank j, or label j-1 when it differs:
+        # lae3(a_l, a_b, a_l_prev) = lae(a_l, lae(a_b, a_l_prev)), so the blank's sum is reused
         n_b = tl.where(m_b, _lae(a_b, a_l_prev, FAST_LOG), NEG)
-        n_l = tl.where(m_l, _lae3(a_l, a_b, tl.where(can_skip, a_l_prev, NEG), FAST_LOG), NEG)
+        n_l = tl.where(m_l, _lae(a_l, tl.where(can_skip, n_b, a_b), FAST_LOG), NEG)
         if STORE_ALPHA:
             tl.store(p_al + t * L + o_j, n_l, mask=m_l)
-        a_b = n_b + e_b.to(tl.float64)
-        a_l = n_l + e_l.to(tl.float64)
+        a_b = n_b + tl.maximum(e_b, NEG).to(tl.float64)
+        a_l = n_l + tl.maximum(e_l, NEG).to(tl.float64)
     logp = _lae(_pick(a_b, o_j, L), tl.where(L > 0, _pick(a_l, o_j, L - 1), NEG), FAST_LOG)
-    logp = tl.where(T_n == 0, tl.where(L_c == 0, 0.0, NEG), logp)
-    logp = tl.where(L_c <= T, logp, NEG)
+    logp = tl.where(logp < 0.5 * NEG, float("-inf"), logp)
+    logp = tl.where(tl.sum(nan_l, axis=0) + nan_b > 0, float("nan"), logp)
+    logp = tl.where(T_n == 0, tl.where(L_c == 0, 0.0, float("-inf")), logp)
+    logp = tl.where(L_c <= T, logp, float("-inf"))
     tl.store(logp_ptr + i_n, logp)
     tl.store(loss_ptr + i_n, (-logp * LN2).to(tl.float32))
 
@@ -313,7 +306,6 @@ def _ctc_beta_kernel(
     N,
     T,
     FAST_LOG: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     i_n = tl.program_id(0).to(tl.int64)
@@ -325,18 +317,16 @@ def _ctc_beta_kernel(
     p_lp = lp_ptr + tl.load(meta_ptr + META_LP * N + i_n)
     p_al = alpha_ptr + tl.load(meta_ptr + META_ALPHA * N + i_n)
     logp = tl.load(logp_ptr + i_n)
-    NEG = float("-inf")
     # impossible samples keep no occupancy (their gradient is zero); NaN goes on so that it propagates
-    n_steps = tl.where((L_c <= T) & (logp != NEG), T_n, 0)
+    n_steps = tl.where((L_c <= T) & (logp != float("-inf")), T_n, 0)
 
     o_j = tl.arange(0, BLOCK)
     m_b = o_j <= L
     m_l = o_j < L
     lab = tl.load(tgt_ptr + tgt_base + o_j, mask=m_l, other=-1)
-    lab_next = tl.load(tgt_ptr + tgt_base + o_j + 1, mask=o_j + 1 < L, other=-1)
-    # label j may be followed directly by label j+1 only if the two differ
-    can_skip = (o_j + 1 < L) & (lab != lab_next)
-    has_next_blank = o_j + 1 <= L
+    lab_prev = tl.load(tgt_ptr + tgt_base + o_j - 1, mask=m_l & (o_j > 0), other=-1)
+    # label k may be entered from label k-1 directly only if the two differ
+    can_skip = m_l & (o_j > 0) & (lab != lab_prev)
     i_next = tl.minimum(o_j + 1, BLOCK - 1)
 
     b_b = tl.full([BLOCK], NEG, tl.float64)
@@ -344,26 +334,27 @@ def _ctc_beta_kernel(
     # frame t's emissions and alpha are loaded one step ahead
     t_nx = tl.maximum(n_steps - 1, 0)
     e_b_nx = tl.load(p_lp + t_nx * W, mask=n_steps > 0, other=0.0)
-    e_l_nx = tl.load(p_lp + t_nx * W + 1 + o_j, mask=tl.where(n_steps > 0, m_l, False), other=NEG)
+    e_l_nx = tl.load(p_lp + t_nx * W + 1 + o_j, mask=tl.where(n_steps > 0, m_l, False), other=0.0)
     al_l_nx = tl.load(p_al + t_nx * L + o_j, mask=tl.where(n_steps > 0, m_l, False), other=NEG)
-    for k in tl.range(0, n_steps, num_stages=NUM_STAGES):
+    for k in range(0, n_steps):
         t = n_steps - 1 - k
-        e_b = e_b_nx
-        e_l = e_l_nx
+        e_b = tl.maximum(e_b_nx, NEG).to(tl.float64)
+        e_l = tl.maximum(e_l_nx, NEG).to(tl.float64)
         al_l = al_l_nx
         t_nx = tl.maximum(t - 1, 0)
         e_b_nx = tl.load(p_lp + t_nx * W)
-        e_l_nx = tl.load(p_lp + t_nx * W + 1 + o_j, mask=m_l, other=NEG)
+        e_l_nx = tl.load(p_lp + t_nx * W + 1 + o_j, mask=m_l, other=0.0)
         al_l_nx = tl.load(p_al + t_nx * L + o_j, mask=m_l, other=NEG)
-        b_b_next = tl.where(has_next_blank, tl.gather(b_b, i_next, 0), NEG)
-        b_l_next = tl.where(can_skip, tl.gather(b_l, i_next, 0), NEG)
+        # blank j goes to blank j or label j; label j to label j, blank j+1, or label j+1 when it differs:
+        # lae3(b_l, b_b[j+1], b_l[j+1]) = lae(b_l, r_b[j+1]), so the blank's sum is reused
         r_b = _lae(b_b, b_l, FAST_LOG)
-        r_l = _lae3(b_l, b_b_next, b_l_next, FAST_LOG)
+        r_next = tl.where(o_j + 1 <= L, tl.gather(tl.where(can_skip, r_b, b_b), i_next, 0), NEG)
+        r_l = _lae(b_l, r_next, FAST_LOG)
         # the last frame: paths end in the last blank or the last label
         r_b = tl.where(k == 0, tl.where(o_j == L, 0.0, NEG).to(tl.float64), r_b)
         r_l = tl.where(k == 0, tl.where(o_j == L - 1, 0.0, NEG).to(tl.float64), r_l)
-        b_b = tl.where(m_b, r_b + e_b.to(tl.float64), NEG)
-        b_l = tl.where(m_l, r_l + e_l.to(tl.float64), NEG)
+        b_b = tl.where(m_b, r_b + e_b, NEG)
+        b_l = tl.where(m_l, r_l + e_l, NEG)
         # gamma_t(s) = alpha_t(s) beta_t(s) / p, alpha taken before the frame's emission; the blank's total
         # occupancy is 1 - sum of the labels' (the grad kernel takes it so), so no reduction is needed here
         occ = tl.exp2((al_l + b_l - logp).to(tl.float32))
@@ -500,7 +491,6 @@ def ctc_forward(
     logits: bool,
     need_grad: bool,
     validate: bool,
-    num_stages: int = 1,
     fast_log: bool = False,
     warps: int | None = None,
 ) -> tuple[torch.Tensor, ...]:
@@ -547,12 +537,12 @@ def ctc_forward(
     logp = _empty(N, dtype=torch.float64, device=dev)
     _ctc_alpha_kernel[(N,)](
         table, alpha, loss, logp, targets, meta, N, T,
-        STORE_ALPHA=need_grad, FAST_LOG=fast_log, NUM_STAGES=num_stages, BLOCK=block, num_warps=warps,
+        STORE_ALPHA=need_grad, FAST_LOG=fast_log, BLOCK=block, num_warps=warps,
     )  # fmt: skip
     if need_grad:
         _ctc_beta_kernel[(N,)](
             table, alpha, logp, targets, meta, N, T,
-            FAST_LOG=fast_log, NUM_STAGES=num_stages, BLOCK=block, num_warps=warps,
+            FAST_LOG=fast_log, BLOCK=block, num_warps=warps,
         )  # fmt: skip
     return loss, lse, table, meta, srt, flags
 
