@@ -60,6 +60,37 @@ def _check_contents(
 # Triton path, registered with torch.library so that torch.compile treats it as one opaque op
 
 
+def _forward(x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate):
+    loss, lse, table, meta, srt, flags = kernels.ctc_forward(
+        x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate
+    )
+    if flags != 0:
+        _check_contents(x.shape[0], x.shape[2], targets, input_lengths, target_lengths, blank, padded)
+        raise ValueError(f"invalid CTC arguments (flags {flags})")  # not reached: the check names the argument
+    return loss, lse, table, meta, srt
+
+
+class CTCLossFunction(torch.autograd.Function):
+    """The Triton path in eager mode (torch.compile sees the torch.library op below instead)."""
+
+    @staticmethod
+    def forward(ctx, x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate):
+        loss, lse, table, meta, srt = _forward(
+            x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate
+        )
+        ctx.save_for_backward(x, loss, lse, table, meta, srt)
+        ctx.blank = blank
+        ctx.logits = logits
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        x, loss, lse, table, meta, srt = ctx.saved_tensors
+        grad = kernels.ctc_backward(grad_loss, x, loss, lse, table, meta, srt, ctx.blank, ctx.logits)
+        # targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate
+        return grad, None, None, None, None, None, None, None, None
+
+
 @torch.library.custom_op("speechkernels::ctc_loss_forward", mutates_args=())
 def _ctc_forward_op(
     x: torch.Tensor,
@@ -72,13 +103,7 @@ def _ctc_forward_op(
     need_grad: bool,
     validate: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    loss, lse, table, meta, srt, flags = kernels.ctc_forward(
-        x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate
-    )
-    if flags != 0:
-        _check_contents(x.shape[0], x.shape[2], targets, input_lengths, target_lengths, blank, padded)
-        raise ValueError(f"invalid CTC arguments (flags {flags})")  # not reached: the check names the argument
-    return loss, lse, table, meta, srt
+    return _forward(x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate)
 
 
 @_ctc_forward_op.register_fake
@@ -227,7 +252,11 @@ def ctc_loss(
         need_grad = torch.is_grad_enabled() and x.requires_grad
         if padded:
             targets = targets.contiguous()
-        loss = _ctc_forward_op(x, targets, il, tl, blank, padded, logits, need_grad, validate)[0]
+        args = (x, targets, il, tl, blank, padded, logits, need_grad, validate)
+        if torch.compiler.is_compiling():
+            loss = _ctc_forward_op(*args)[0]
+        else:  # the same kernels without the op dispatcher's overhead
+            loss = CTCLossFunction.apply(*args)
     else:
         if validate:
             _check_contents(T, C, targets, il, tl, blank, padded)

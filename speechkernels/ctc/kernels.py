@@ -29,15 +29,16 @@ of tables. The recursions are latency-bound: one program per sample, T dependent
 
 from __future__ import annotations
 
+import functools
+import operator
+
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
-from .._utils import next_power_of_2, triton_interpreting
+from .._utils import next_power_of_2
 
 # globals read inside kernels must be constexpr
-_INTERPRET = tl.constexpr(triton_interpreting())
 # log2-probability of impossible states inside the recursions: finite, so that no -inf - -inf appears
 NEG = tl.constexpr(-1e30)
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -49,15 +50,16 @@ BAD_TARGET_LENGTH = tl.constexpr(2)
 BAD_LABEL = tl.constexpr(4)
 BLANK_LABEL = tl.constexpr(8)
 
-# meta rows (meta[row * N + n]): T_n (clamped), L used by the tables (0 when L > T), L (clamped), start in
-# targets, offsets of the emission and alpha tables
+# meta rows (meta[row * N + n]): T_n (clamped), L used by the tables (0 when L > T), the sample's validation
+# bits, L (clamped), start in targets, offsets of the emission and alpha tables
 META_T = tl.constexpr(0)
 META_L = tl.constexpr(1)
-META_LC = tl.constexpr(2)
-META_TGT = tl.constexpr(3)
-META_LP = tl.constexpr(4)
-META_ALPHA = tl.constexpr(5)
-META_ROWS = 6
+META_ERR = tl.constexpr(2)
+META_LC = tl.constexpr(3)
+META_TGT = tl.constexpr(4)
+META_LP = tl.constexpr(5)
+META_ALPHA = tl.constexpr(6)
+META_ROWS = 7
 
 
 @triton.jit
@@ -66,20 +68,31 @@ def _or(a, b):
 
 
 @triton.jit
-def _lae(a, b, FAST: tl.constexpr):
+def _log2_1p(y):
+    """log2(1 + y) for y in [0, 1] in float32: y * (degree-8 polynomial), Chebyshev fit, abs error < 1.4e-7,
+    mean error 2e-9, exactly 0 at y = 0. Ten FMAs instead of a logarithm."""
+    p = 0.0055186552926898
+    p = p * y - 0.033734794706106186
+    p = p * y + 0.09695229679346085
+    p = p * y - 0.18180975317955017
+    p = p * y + 0.2671563923358917
+    p = p * y - 0.3556952476501465
+    p = p * y + 0.4802195727825165
+    p = p * y - 0.7213010787963867
+    p = p * y + 1.4426939487457275
+    return p * y
+
+
+@triton.jit
+def _lae(a, b):
     """log2(2^a + 2^b) of float64 values.
 
     The values stay float64: they grow to thousands over long inputs, where float32 would lose the 1e-7
     absolute precision the occupancies need. Only the correction log2(1 + 2^-|a-b|), in [0, 1], is float32.
     No -inf reaches here (impossible states hold the finite NEG), so no special cases are needed.
     """
-    m = tl.maximum(a, b)
     y = tl.exp2((-tl.abs(a - b)).to(tl.float32))
-    if FAST or _INTERPRET:  # the interpreter has no libdevice
-        corr = tl.log2(1.0 + y)
-    else:
-        corr = libdevice.log1p(y) * LOG2E
-    return m + corr.to(tl.float64)
+    return tl.maximum(a, b) + _log2_1p(y).to(tl.float64)
 
 
 @triton.jit
@@ -101,7 +114,6 @@ def _ctc_prepare_kernel(
     tgt_ptr,  # targets, int32/int64, padded [N, S] (row stride S) or concatenated
     meta_ptr,  # [META_ROWS, N] int64 out
     srt_ptr,  # like targets, int64 out: per sample, (class << 32 | position) sorted, at the sample's base
-    info_ptr,  # [2] int64 out: OR of the error bits (when VALIDATE), size of the alpha table
     N,
     T,
     S,  # padded width, or the concatenated length
@@ -142,8 +154,6 @@ def _ctc_prepare_kernel(
     tl.store(meta_ptr + META_TGT * N + i_n, my_base)
     tl.store(meta_ptr + META_LP * N + i_n, lp_off)
     tl.store(meta_ptr + META_ALPHA * N + i_n, al_off)
-    if i_n == N - 1:
-        tl.store(info_ptr + 1, al_off + T * my_l)
 
     o_j = tl.arange(0, BLOCK)
     if VALIDATE:
@@ -157,7 +167,7 @@ def _ctc_prepare_kernel(
             bad = tl.where(m_j & ((lab < 0) | (lab >= C)), BAD_LABEL, 0)
             bad |= tl.where(m_j & (lab == blank), BLANK_LABEL, 0)
             bits |= tl.reduce(bad, 0, _or)
-        tl.atomic_or(info_ptr, bits.to(tl.int64))
+        tl.store(meta_ptr + META_ERR * N + i_n, bits.to(tl.int64))
 
     # sort (class, position) keys; positions past the label count sort last
     m_l = o_j < my_l
@@ -234,7 +244,6 @@ def _ctc_alpha_kernel(
     N,
     T,
     STORE_ALPHA: tl.constexpr,
-    FAST_LOG: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     i_n = tl.program_id(0).to(tl.int64)
@@ -281,13 +290,13 @@ def _ctc_alpha_kernel(
         a_l_prev = tl.where(o_j > 0, tl.gather(a_l, i_prev, 0), NEG)
         # blank j from blank j or label j-1; label j from label j, blank j, or label j-1 when it differs:
         # lae3(a_l, a_b, a_l_prev) = lae(a_l, lae(a_b, a_l_prev)), so the blank's sum is reused
-        n_b = tl.where(m_b, _lae(a_b, a_l_prev, FAST_LOG), NEG)
-        n_l = tl.where(m_l, _lae(a_l, tl.where(can_skip, n_b, a_b), FAST_LOG), NEG)
+        n_b = tl.where(m_b, _lae(a_b, a_l_prev), NEG)
+        n_l = tl.where(m_l, _lae(a_l, tl.where(can_skip, n_b, a_b)), NEG)
         if STORE_ALPHA:
             tl.store(p_al + t * L + o_j, n_l, mask=m_l)
         a_b = n_b + tl.maximum(e_b, NEG).to(tl.float64)
         a_l = n_l + tl.maximum(e_l, NEG).to(tl.float64)
-    logp = _lae(_pick(a_b, o_j, L), tl.where(L > 0, _pick(a_l, o_j, L - 1), NEG), FAST_LOG)
+    logp = _lae(_pick(a_b, o_j, L), tl.where(L > 0, _pick(a_l, o_j, L - 1), NEG))
     logp = tl.where(logp < 0.5 * NEG, float("-inf"), logp)
     logp = tl.where(tl.sum(nan_l, axis=0) + nan_b > 0, float("nan"), logp)
     logp = tl.where(T_n == 0, tl.where(L_c == 0, 0.0, float("-inf")), logp)
@@ -305,7 +314,6 @@ def _ctc_beta_kernel(
     meta_ptr,
     N,
     T,
-    FAST_LOG: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     i_n = tl.program_id(0).to(tl.int64)
@@ -347,9 +355,9 @@ def _ctc_beta_kernel(
         al_l_nx = tl.load(p_al + t_nx * L + o_j, mask=m_l, other=NEG)
         # blank j goes to blank j or label j; label j to label j, blank j+1, or label j+1 when it differs:
         # lae3(b_l, b_b[j+1], b_l[j+1]) = lae(b_l, r_b[j+1]), so the blank's sum is reused
-        r_b = _lae(b_b, b_l, FAST_LOG)
+        r_b = _lae(b_b, b_l)
         r_next = tl.where(o_j + 1 <= L, tl.gather(tl.where(can_skip, r_b, b_b), i_next, 0), NEG)
-        r_l = _lae(b_l, r_next, FAST_LOG)
+        r_l = _lae(b_l, r_next)
         # the last frame: paths end in the last blank or the last label
         r_b = tl.where(k == 0, tl.where(o_j == L, 0.0, NEG).to(tl.float64), r_b)
         r_l = tl.where(k == 0, tl.where(o_j == L - 1, 0.0, NEG).to(tl.float64), r_l)
@@ -368,7 +376,8 @@ def _ctc_grad_kernel(
     lse_ptr,  # [N, T] float32 (IS_LOGITS)
     occ_ptr,  # packed label occupancies from _ctc_beta_kernel
     loss_ptr,  # [N] float32
-    gloss_ptr,  # [N] float32, upstream gradient of each sample's loss
+    gloss_ptr,  # [N] upstream gradient of each sample's loss (any float dtype and stride)
+    gloss_stride,
     srt_ptr,  # sorted (class << 32 | position) keys from _ctc_prepare_kernel
     meta_ptr,
     N,
@@ -394,7 +403,7 @@ def _ctc_grad_kernel(
     loss = tl.load(loss_ptr + i_n)
     active = (i_t < T_n) & (L_c <= T) & (loss != float("inf"))
     # (loss - loss) is NaN for a NaN loss: then the sample's whole gradient is NaN, as through log_softmax
-    g = tl.load(gloss_ptr + i_n).to(tl.float32) + tl.where(active, loss - loss, 0.0)
+    g = tl.load(gloss_ptr + i_n * gloss_stride).to(tl.float32) + tl.where(active, loss - loss, 0.0)
     p_x = x_ptr + i_t * stride_t + i_n * stride_n
     p_g = grad_ptr + i_t * gstride_t + i_n * gstride_n
     lse = 0.0
@@ -458,15 +467,9 @@ def _empty_like(x: torch.Tensor) -> torch.Tensor:
 
 
 def _recursion_warps(block: int) -> int:
-    if block <= 64:
-        return 1
-    if block <= 256:
-        return 2
-    if block <= 1024:
-        return 4
-    if block <= 4096:
-        return 8
-    return 16
+    # measured on the H100 (benchmarks/NOTES.md): few warps for short label sequences, where the per-step
+    # exchange between warps dominates; up to 32 for long ones, where the arithmetic per step does
+    return max(1, block // 128) if block <= 512 else min(32, block // 64)
 
 
 def state_block(T: int, targets: torch.Tensor, padded: bool) -> int:
@@ -491,7 +494,6 @@ def ctc_forward(
     logits: bool,
     need_grad: bool,
     validate: bool,
-    fast_log: bool = False,
     warps: int | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Loss per sample, and with ``need_grad`` the occupancies for ``ctc_backward``.
@@ -514,20 +516,21 @@ def ctc_forward(
     lp_size, alpha_size = table_sizes(T, N, targets, padded)
     meta = _empty((META_ROWS, N), dtype=torch.int64, device=dev)
     srt = _empty(targets.numel(), dtype=torch.int64, device=dev)
-    info = torch.zeros(2, dtype=torch.int64, device=dev)
     warps = warps or _recursion_warps(block)
     _ctc_prepare_kernel[(N,)](
-        input_lengths, target_lengths, targets, meta, srt, info, N, T, S, C, blank,
+        input_lengths, target_lengths, targets, meta, srt, N, T, S, C, blank,
         PADDED=padded, VALIDATE=validate, BLOCK_N=max(16, next_power_of_2(N)), BLOCK=block, num_warps=warps,
     )  # fmt: skip
     loss = _empty(N, dtype=torch.float32, device=dev)
     lse = _empty((N, T) if logits else (0,), dtype=torch.float32, device=dev)
     table = _empty(lp_size, dtype=torch.float32, device=dev)
     flags = 0
-    if validate:
-        flags, alpha_size = info.tolist()
+    if validate:  # one read of the device: the error bits, and the label counts that size the alpha table
+        label_counts, errors = meta[1:3].tolist()  # rows META_L, META_ERR
+        flags = functools.reduce(operator.or_, errors, 0)
         if flags != 0:
             return loss, lse, table, meta, srt, flags
+        alpha_size = T * sum(label_counts)
     block_c = min(next_power_of_2(C), 2048)
     _ctc_emission_kernel[(T * N,)](
         x, lse, table, targets, meta, N, T, C, x.stride(0), x.stride(1), x.stride(2), blank,
@@ -537,12 +540,12 @@ def ctc_forward(
     logp = _empty(N, dtype=torch.float64, device=dev)
     _ctc_alpha_kernel[(N,)](
         table, alpha, loss, logp, targets, meta, N, T,
-        STORE_ALPHA=need_grad, FAST_LOG=fast_log, BLOCK=block, num_warps=warps,
+        STORE_ALPHA=need_grad, BLOCK=block, num_warps=warps,
     )  # fmt: skip
     if need_grad:
         _ctc_beta_kernel[(N,)](
             table, alpha, logp, targets, meta, N, T,
-            FAST_LOG=fast_log, BLOCK=block, num_warps=warps,
+            BLOCK=block, num_warps=warps,
         )  # fmt: skip
     return loss, lse, table, meta, srt, flags
 
@@ -563,7 +566,7 @@ def ctc_backward(
     grad = _empty_like(x)
     block_c = min(next_power_of_2(C), 1024)
     _ctc_grad_kernel[(T * N,)](
-        x, grad, lse, table, loss, grad_loss.to(torch.float32).contiguous(), srt, meta, N, T, C,
+        x, grad, lse, table, loss, grad_loss, grad_loss.stride(0), srt, meta, N, T, C,
         x.stride(0), x.stride(1), x.stride(2), grad.stride(0), grad.stride(1), grad.stride(2), blank,
         IS_LOGITS=logits, BLOCK_C=block_c, BLOCK_K=64, num_warps=4 if block_c >= 512 else 1,
     )  # fmt: skip
