@@ -43,7 +43,7 @@ def main():
     )
     fw = kernels.ctc_forward(x, tg, il, tl, 0, True, True, True, False)
     g = torch.ones(N, device=dev)
-    out["ctc_backward launcher"] = us(lambda: kernels.ctc_backward(g, x, fw[0], fw[1], fw[2], fw[3], fw[4], 0, True))
+    out["ctc_backward launcher"] = us(lambda: kernels.ctc_backward(g, x, *fw[2:7], 0, True))
     with torch.no_grad():
         out["ctc_loss no grad, validate=False, reduction none"] = us(
             lambda: sk.ctc_loss(x, tg, il, tl, reduction="none", logits=True, validate=False)

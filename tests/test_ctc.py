@@ -394,3 +394,21 @@ def test_gpu_more_than_2_31_elements(gpu):
         halves.append((lh.detach(), xh.grad))
     torch.testing.assert_close(loss.detach(), torch.cat([halves[0][0], halves[1][0]]), rtol=0, atol=0)
     torch.testing.assert_close(grad_last, halves[1][1][:, 1], rtol=0, atol=0)
+
+
+def test_kernels_through_torch_compile(kernel_device, kernel_spy):
+    """The torch.library op (fake shapes, autograd registration) under torch.compile's tracing."""
+    x, padded, il, tl = make_problem(31, 9, 3, 6, 4, device=kernel_device)
+
+    def f(v):
+        return sk.ctc_loss(v, padded, il, tl, logits=True, validate=False) * 2.0
+
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    xa = x.clone().requires_grad_()
+    xb = x.clone().requires_grad_()
+    la, lb = compiled(xa), f(xb)
+    la.backward()
+    lb.backward()
+    torch.testing.assert_close(la, lb)
+    torch.testing.assert_close(xa.grad, xb.grad)
+    assert kernel_spy

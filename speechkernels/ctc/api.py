@@ -60,35 +60,34 @@ def _check_contents(
 # Triton path, registered with torch.library so that torch.compile treats it as one opaque op
 
 
-def _forward(x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate):
-    loss, lse, table, meta, srt, flags = kernels.ctc_forward(
-        x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate
+def _forward(x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate, zero_infinity):
+    """Runs the forward kernels; returns loss, mean weights, and what the backward needs (lse, table, meta, srt)."""
+    *outputs, flags = kernels.ctc_forward(
+        x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate, zero_infinity
     )
     if flags != 0:
         _check_contents(x.shape[0], x.shape[2], targets, input_lengths, target_lengths, blank, padded)
         raise ValueError(f"invalid CTC arguments (flags {flags})")  # not reached: the check names the argument
-    return loss, lse, table, meta, srt
+    return tuple(outputs)
 
 
 class CTCLossFunction(torch.autograd.Function):
     """The Triton path in eager mode (torch.compile sees the torch.library op below instead)."""
 
     @staticmethod
-    def forward(ctx, x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate):
-        loss, lse, table, meta, srt = _forward(
-            x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate
-        )
-        ctx.save_for_backward(x, loss, lse, table, meta, srt)
-        ctx.blank = blank
-        ctx.logits = logits
-        return loss
+    def forward(ctx, x, *args):
+        # args: targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate, zero_infinity
+        loss, weights, logp, lse, table, meta, srt = _forward(x, *args)
+        ctx.save_for_backward(x, logp, lse, table, meta, srt)
+        ctx.blank, ctx.logits = args[3], args[5]
+        ctx.mark_non_differentiable(weights, logp)
+        return loss, weights, logp
 
     @staticmethod
-    def backward(ctx, grad_loss):
-        x, loss, lse, table, meta, srt = ctx.saved_tensors
-        grad = kernels.ctc_backward(grad_loss, x, loss, lse, table, meta, srt, ctx.blank, ctx.logits)
-        # targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate
-        return grad, None, None, None, None, None, None, None, None
+    def backward(ctx, grad_loss, _grad_weights, _grad_logp):
+        x, logp, lse, table, meta, srt = ctx.saved_tensors
+        grad = kernels.ctc_backward(grad_loss, x, logp, lse, table, meta, srt, ctx.blank, ctx.logits)
+        return (grad,) + (None,) * 9
 
 
 @torch.library.custom_op("speechkernels::ctc_loss_forward", mutates_args=())
@@ -102,17 +101,22 @@ def _ctc_forward_op(
     logits: bool,
     need_grad: bool,
     validate: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _forward(x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate)
+    zero_infinity: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _forward(
+        x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate, zero_infinity
+    )
 
 
 @_ctc_forward_op.register_fake
-def _(x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate):
+def _(x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate, zero_infinity):
     T, N, _ = x.shape
     lp_size, _ = kernels.table_sizes(T, N, targets, padded)
     f32 = dict(dtype=torch.float32, device=x.device)
     return (
         x.new_empty(N, **f32),
+        x.new_empty(N, **f32),
+        x.new_empty(N, dtype=torch.float64),
         x.new_empty((N, T) if logits else (0,), **f32),
         x.new_empty(lp_size, **f32),
         x.new_empty((kernels.META_ROWS, N), dtype=torch.int64),
@@ -124,7 +128,7 @@ def _(x, targets, input_lengths, target_lengths, blank, padded, logits, need_gra
 def _ctc_backward_op(
     grad_loss: torch.Tensor,
     x: torch.Tensor,
-    loss: torch.Tensor,
+    logp: torch.Tensor,
     lse: torch.Tensor,
     table: torch.Tensor,
     meta: torch.Tensor,
@@ -132,28 +136,27 @@ def _ctc_backward_op(
     blank: int,
     logits: bool,
 ) -> torch.Tensor:
-    return kernels.ctc_backward(grad_loss, x, loss, lse, table, meta, srt, blank, logits)
+    return kernels.ctc_backward(grad_loss, x, logp, lse, table, meta, srt, blank, logits)
 
 
 @_ctc_backward_op.register_fake
-def _(grad_loss, x, loss, lse, table, meta, srt, blank, logits):
+def _(grad_loss, x, logp, lse, table, meta, srt, blank, logits):
     return torch.empty_like(x)
 
 
 def _setup_context(ctx, inputs, output):
-    x, _targets, _il, _tl, blank, _padded, logits, _need_grad, _validate = inputs
-    loss, lse, table, meta, srt = output
-    ctx.save_for_backward(x, loss, lse, table, meta, srt)
+    x, blank, logits = inputs[0], inputs[4], inputs[6]
+    _loss, weights, logp, lse, table, meta, srt = output
+    ctx.save_for_backward(x, logp, lse, table, meta, srt)
     ctx.blank = blank
     ctx.logits = logits
-    ctx.mark_non_differentiable(lse, table, meta, srt)
+    ctx.mark_non_differentiable(weights, logp, lse, table, meta, srt)
 
 
-def _backward(ctx, grad_loss, _g_lse, _g_table, _g_meta, _g_srt):
-    x, loss, lse, table, meta, srt = ctx.saved_tensors
-    grad = _ctc_backward_op(grad_loss, x, loss, lse, table, meta, srt, ctx.blank, ctx.logits)
-    # targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate
-    return grad, None, None, None, None, None, None, None, None
+def _backward(ctx, grad_loss, *_grads_of_the_rest):
+    x, logp, lse, table, meta, srt = ctx.saved_tensors
+    grad = _ctc_backward_op(grad_loss, x, logp, lse, table, meta, srt, ctx.blank, ctx.logits)
+    return (grad,) + (None,) * 9
 
 
 _ctc_forward_op.register_autograd(_backward, setup_context=_setup_context)
@@ -252,16 +255,21 @@ def ctc_loss(
         need_grad = torch.is_grad_enabled() and x.requires_grad
         if padded:
             targets = targets.contiguous()
-        args = (x, targets, il, tl, blank, padded, logits, need_grad, validate)
+        args = (x, targets, il, tl, blank, padded, logits, need_grad, validate, zero_infinity)
         if torch.compiler.is_compiling():
-            loss = _ctc_forward_op(*args)[0]
+            loss, weights = _ctc_forward_op(*args)[:2]
         else:  # the same kernels without the op dispatcher's overhead
-            loss = CTCLossFunction.apply(*args)
+            loss, weights, _ = CTCLossFunction.apply(*args)
+        # the kernels zeroed infinite losses already; "mean" is one dot product with 1 / (N * max(L, 1))
+        if reduction == "mean":
+            out = torch.dot(loss, weights)
+        else:
+            out = loss.sum() if reduction == "sum" else loss
     else:
         if validate:
             _check_contents(T, C, targets, il, tl, blank, padded)
         loss = _reference_losses(x, targets, il, tl, blank, padded, logits)
-    out = reduce_loss(loss, tl, reduction, zero_infinity)
+        out = reduce_loss(loss, tl, reduction, zero_infinity)
     return out.squeeze(0) if unbatched and reduction == "none" else out
 
 

@@ -114,6 +114,7 @@ def _ctc_prepare_kernel(
     tgt_ptr,  # targets, int32/int64, padded [N, S] (row stride S) or concatenated
     meta_ptr,  # [META_ROWS, N] int64 out
     srt_ptr,  # like targets, int64 out: per sample, (class << 32 | position) sorted, at the sample's base
+    w_ptr,  # [N] float32 out: weight of the sample's loss in reduction="mean", 1 / (N * max(L, 1))
     N,
     T,
     S,  # padded width, or the concatenated length
@@ -154,11 +155,12 @@ def _ctc_prepare_kernel(
     tl.store(meta_ptr + META_TGT * N + i_n, my_base)
     tl.store(meta_ptr + META_LP * N + i_n, lp_off)
     tl.store(meta_ptr + META_ALPHA * N + i_n, al_off)
+    my_raw_l = tl.sum(tl.where(mine, raw_l, 0), axis=0)
+    tl.store(w_ptr + i_n, 1.0 / (N * tl.maximum(my_raw_l, 1).to(tl.float32)))
 
     o_j = tl.arange(0, BLOCK)
     if VALIDATE:
         my_raw_t = tl.sum(tl.where(mine, raw_t, 0), axis=0)
-        my_raw_l = tl.sum(tl.where(mine, raw_l, 0), axis=0)
         bits = tl.where((my_raw_t < 0) | (my_raw_t > T), BAD_INPUT_LENGTH, 0)
         bits |= tl.where((my_raw_l < 0) | (my_lc < my_raw_l), BAD_TARGET_LENGTH, 0)
         for j0 in range(0, my_lc, BLOCK):
@@ -244,6 +246,7 @@ def _ctc_alpha_kernel(
     N,
     T,
     STORE_ALPHA: tl.constexpr,
+    ZERO_INFINITY: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     i_n = tl.program_id(0).to(tl.int64)
@@ -302,7 +305,10 @@ def _ctc_alpha_kernel(
     logp = tl.where(T_n == 0, tl.where(L_c == 0, 0.0, float("-inf")), logp)
     logp = tl.where(L_c <= T, logp, float("-inf"))
     tl.store(logp_ptr + i_n, logp)
-    tl.store(loss_ptr + i_n, (-logp * LN2).to(tl.float32))
+    loss = -logp * LN2
+    if ZERO_INFINITY:
+        loss = tl.where(loss == float("inf"), 0.0, loss)
+    tl.store(loss_ptr + i_n, loss.to(tl.float32))
 
 
 @triton.jit
@@ -375,7 +381,7 @@ def _ctc_grad_kernel(
     grad_ptr,  # [T, N, C] out
     lse_ptr,  # [N, T] float32 (IS_LOGITS)
     occ_ptr,  # packed label occupancies from _ctc_beta_kernel
-    loss_ptr,  # [N] float32
+    logp_ptr,  # [N] float64 log2 p from _ctc_alpha_kernel
     gloss_ptr,  # [N] upstream gradient of each sample's loss (any float dtype and stride)
     gloss_stride,
     srt_ptr,  # sorted (class << 32 | position) keys from _ctc_prepare_kernel
@@ -400,10 +406,10 @@ def _ctc_grad_kernel(
     T_n = tl.load(meta_ptr + META_T * N + i_n)
     L = tl.load(meta_ptr + META_L * N + i_n)
     L_c = tl.load(meta_ptr + META_LC * N + i_n)
-    loss = tl.load(loss_ptr + i_n)
-    active = (i_t < T_n) & (L_c <= T) & (loss != float("inf"))
-    # (loss - loss) is NaN for a NaN loss: then the sample's whole gradient is NaN, as through log_softmax
-    g = tl.load(gloss_ptr + i_n * gloss_stride).to(tl.float32) + tl.where(active, loss - loss, 0.0)
+    logp = tl.load(logp_ptr + i_n)
+    active = (i_t < T_n) & (L_c <= T) & (logp != float("-inf"))
+    # (logp - logp) is NaN for a NaN loss: then the sample's whole gradient is NaN, as through log_softmax
+    g = tl.load(gloss_ptr + i_n * gloss_stride).to(tl.float32) + tl.where(active, logp - logp, 0.0).to(tl.float32)
     p_x = x_ptr + i_t * stride_t + i_n * stride_n
     p_g = grad_ptr + i_t * gstride_t + i_n * gstride_n
     lse = 0.0
@@ -494,6 +500,7 @@ def ctc_forward(
     logits: bool,
     need_grad: bool,
     validate: bool,
+    zero_infinity: bool = False,
     warps: int | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Loss per sample, and with ``need_grad`` the occupancies for ``ctc_backward``.
@@ -506,8 +513,9 @@ def ctc_forward(
             alpha table exactly; without it the table is sized from the shapes).
 
     Returns:
-        loss [N] float32, lse [N, T] float32 (empty unless logits), occupancy table, meta [6, N] int64,
-        sorted label keys, and the validation bits (0 when valid or not validated).
+        loss [N] float32 (0 for infinite losses with ``zero_infinity``), the weights of reduction="mean" [N]
+        float32, log2 p [N] float64, lse [N, T] float32 (empty unless logits), occupancy table, meta [7, N]
+        int64, sorted label keys, and the validation bits (0 when valid or not validated).
     """
     T, N, C = x.shape
     dev = x.device
@@ -516,9 +524,10 @@ def ctc_forward(
     lp_size, alpha_size = table_sizes(T, N, targets, padded)
     meta = _empty((META_ROWS, N), dtype=torch.int64, device=dev)
     srt = _empty(targets.numel(), dtype=torch.int64, device=dev)
+    weights = _empty(N, dtype=torch.float32, device=dev)
     warps = warps or _recursion_warps(block)
     _ctc_prepare_kernel[(N,)](
-        input_lengths, target_lengths, targets, meta, srt, N, T, S, C, blank,
+        input_lengths, target_lengths, targets, meta, srt, weights, N, T, S, C, blank,
         PADDED=padded, VALIDATE=validate, BLOCK_N=max(16, next_power_of_2(N)), BLOCK=block, num_warps=warps,
     )  # fmt: skip
     loss = _empty(N, dtype=torch.float32, device=dev)
@@ -529,7 +538,7 @@ def ctc_forward(
         label_counts, errors = meta[1:3].tolist()  # rows META_L, META_ERR
         flags = functools.reduce(operator.or_, errors, 0)
         if flags != 0:
-            return loss, lse, table, meta, srt, flags
+            return loss, weights, loss, lse, table, meta, srt, flags
         alpha_size = T * sum(label_counts)
     block_c = min(next_power_of_2(C), 2048)
     _ctc_emission_kernel[(T * N,)](
@@ -540,20 +549,20 @@ def ctc_forward(
     logp = _empty(N, dtype=torch.float64, device=dev)
     _ctc_alpha_kernel[(N,)](
         table, alpha, loss, logp, targets, meta, N, T,
-        STORE_ALPHA=need_grad, BLOCK=block, num_warps=warps,
+        STORE_ALPHA=need_grad, ZERO_INFINITY=zero_infinity, BLOCK=block, num_warps=warps,
     )  # fmt: skip
     if need_grad:
         _ctc_beta_kernel[(N,)](
             table, alpha, logp, targets, meta, N, T,
             BLOCK=block, num_warps=warps,
         )  # fmt: skip
-    return loss, lse, table, meta, srt, flags
+    return loss, weights, logp, lse, table, meta, srt, flags
 
 
 def ctc_backward(
     grad_loss: torch.Tensor,
     x: torch.Tensor,
-    loss: torch.Tensor,
+    logp: torch.Tensor,
     lse: torch.Tensor,
     table: torch.Tensor,
     meta: torch.Tensor,
@@ -566,7 +575,7 @@ def ctc_backward(
     grad = _empty_like(x)
     block_c = min(next_power_of_2(C), 1024)
     _ctc_grad_kernel[(T * N,)](
-        x, grad, lse, table, loss, grad_loss, grad_loss.stride(0), srt, meta, N, T, C,
+        x, grad, lse, table, logp, grad_loss, grad_loss.stride(0), srt, meta, N, T, C,
         x.stride(0), x.stride(1), x.stride(2), grad.stride(0), grad.stride(1), grad.stride(2), blank,
         IS_LOGITS=logits, BLOCK_C=block_c, BLOCK_K=64, num_warps=4 if block_c >= 512 else 1,
     )  # fmt: skip
