@@ -13,6 +13,8 @@ if [[ $what == tests || $what == all ]]; then
   rc=${PIPESTATUS[0]}
 fi
 if [[ $what == bench || $what == all ]]; then
-  python3 -m speechkernels.bench ctc --json "$out/ctc.json" "$@" 2>&1 | tee "$out/bench_ctc.log"
+  python3 benchmarks/overhead_ctc.py 2>&1 | grep -v -i warn | tee "$out/overhead_ctc.log"
+  python3 -m speechkernels.bench ctc --json "$out/ctc.json" --plot "$out/ctc.png" "$@" 2>&1 \
+    | grep -v -i "warn\|kernels:" | tee "$out/bench_ctc.log"
 fi
 exit $rc
