@@ -13,15 +13,19 @@ import torch
 
 
 def environment(device: torch.device) -> dict:
-    import triton
-
     import speechkernels
 
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
     env = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__,
-        "triton": triton.__version__,
+        "triton": triton_version,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
         "speechkernels": speechkernels.__version__,

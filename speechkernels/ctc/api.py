@@ -7,8 +7,12 @@ from collections.abc import Sequence
 import torch
 
 from .._utils import INDEX_DTYPES, as_index_tensor, check_float_input, first_index, use_triton
-from . import kernels
 from .reference import CTCLossReferenceFunction, reduce_loss
+
+try:
+    from . import kernels
+except ImportError:  # no Triton (e.g. a CPU-only machine without it): the PyTorch path serves every call
+    kernels = None
 
 Lengths = torch.Tensor | Sequence[int]
 
@@ -251,7 +255,7 @@ def ctc_loss(
         raise ValueError(f"targets must be [N, S] padded or 1-D concatenated, got shape {tuple(targets.shape)}")
     targets = targets.to(dev)
 
-    if use_triton(x) and N > 0 and T > 0:
+    if kernels is not None and use_triton(x) and N > 0 and T > 0:
         need_grad = torch.is_grad_enabled() and x.requires_grad
         if padded:
             targets = targets.contiguous()
