@@ -322,9 +322,6 @@ def test_gpu_deterministic(gpu):
         results.append((loss.detach(), xi.grad))
     for loss, grad in results[1:]:
         assert torch.equal(loss, results[0][0]) and torch.equal(grad, results[0][1])
-    # the later calls went through the compiled kernels' launchers directly (the first through Triton)
-    for launcher in (kernels._launch_prepare, kernels._launch_alpha, kernels._launch_beta, kernels._launch_grad):
-        assert launcher.direct and launcher.cache
 
 
 @pytest.mark.gpu

@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._utils import KernelLauncher, next_power_of_2
+from .._utils import next_power_of_2
 
 # globals read inside kernels must be constexpr
 # log2-probability of impossible states inside the recursions: finite, so that no -inf - -inf appears
@@ -463,13 +463,6 @@ def _ctc_grad_kernel(
 # launchers
 
 
-_launch_prepare = KernelLauncher(_ctc_prepare_kernel)
-_launch_emission = KernelLauncher(_ctc_emission_kernel)
-_launch_alpha = KernelLauncher(_ctc_alpha_kernel)
-_launch_beta = KernelLauncher(_ctc_beta_kernel)
-_launch_grad = KernelLauncher(_ctc_grad_kernel)
-
-
 def _empty(*shape, dtype, device) -> torch.Tensor:
     """Allocation of every kernel output (tests replace it with a NaN-filled one)."""
     return torch.empty(*shape, dtype=dtype, device=device)
@@ -533,7 +526,7 @@ def ctc_forward(
     srt = _empty(targets.numel(), dtype=torch.int64, device=dev)
     weights = _empty(N, dtype=torch.float32, device=dev)
     warps = warps or _recursion_warps(block)
-    _launch_prepare((N,),
+    _ctc_prepare_kernel[(N,)](
         input_lengths, target_lengths, targets, meta, srt, weights, N, T, S, C, blank,
         PADDED=padded, VALIDATE=validate, BLOCK_N=max(16, next_power_of_2(N)), BLOCK=block, num_warps=warps,
     )  # fmt: skip
@@ -548,18 +541,18 @@ def ctc_forward(
             return loss, weights, loss, lse, table, meta, srt, flags
         alpha_size = T * sum(label_counts)
     block_c = min(next_power_of_2(C), 2048)
-    _launch_emission((T * N,),
+    _ctc_emission_kernel[(T * N,)](
         x, lse, table, targets, meta, N, T, C, x.stride(0), x.stride(1), x.stride(2), blank,
         IS_LOGITS=logits, BLOCK_C=block_c, BLOCK_L=min(block, 256), num_warps=4 if block_c >= 512 else 1,
     )  # fmt: skip
     alpha = _empty(alpha_size if need_grad else 0, dtype=torch.float64, device=dev)
     logp = _empty(N, dtype=torch.float64, device=dev)
-    _launch_alpha((N,),
+    _ctc_alpha_kernel[(N,)](
         table, alpha, loss, logp, targets, meta, N, T,
         STORE_ALPHA=need_grad, ZERO_INFINITY=zero_infinity, BLOCK=block, num_warps=warps,
     )  # fmt: skip
     if need_grad:
-        _launch_beta((N,),
+        _ctc_beta_kernel[(N,)](
             table, alpha, logp, targets, meta, N, T,
             BLOCK=block, num_warps=warps,
         )  # fmt: skip
@@ -581,7 +574,7 @@ def ctc_backward(
     T, N, C = x.shape
     grad = _empty_like(x)
     block_c = min(next_power_of_2(C), 1024)
-    _launch_grad((T * N,),
+    _ctc_grad_kernel[(T * N,)](
         x, grad, lse, table, logp, grad_loss, grad_loss.stride(0), srt, meta, N, T, C,
         x.stride(0), x.stride(1), x.stride(2), grad.stride(0), grad.stride(1), grad.stride(2), blank,
         IS_LOGITS=logits, BLOCK_C=block_c, BLOCK_K=64, num_warps=4 if block_c >= 512 else 1,
