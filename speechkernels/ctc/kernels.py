@@ -236,6 +236,24 @@ def _ctc_emission_kernel(
 
 
 @triton.jit
+def _recursion_setup(lp_ptr, alpha_ptr, tgt_ptr, meta_ptr, N, i_n, BLOCK: tl.constexpr):
+    """A sample's lengths and table pointers, the label index vector, and can_skip[j]: label j may be entered
+    from label j-1 directly (the two differ)."""
+    T_n = tl.load(meta_ptr + META_T * N + i_n)
+    L = tl.load(meta_ptr + META_L * N + i_n)
+    L_c = tl.load(meta_ptr + META_LC * N + i_n)
+    tgt_base = tl.load(meta_ptr + META_TGT * N + i_n)
+    p_lp = lp_ptr + tl.load(meta_ptr + META_LP * N + i_n)
+    p_al = alpha_ptr + tl.load(meta_ptr + META_ALPHA * N + i_n)
+    o_j = tl.arange(0, BLOCK)
+    m_l = o_j < L
+    lab = tl.load(tgt_ptr + tgt_base + o_j, mask=m_l, other=-1)
+    lab_prev = tl.load(tgt_ptr + tgt_base + o_j - 1, mask=m_l & (o_j > 0), other=-1)
+    can_skip = m_l & (o_j > 0) & (lab != lab_prev)
+    return T_n, L, L_c, p_lp, p_al, o_j, can_skip
+
+
+@triton.jit
 def _ctc_alpha_kernel(
     lp_ptr,  # packed emissions (log2)
     alpha_ptr,  # packed float64 out: per frame, the L label states before the frame's emission
@@ -250,21 +268,10 @@ def _ctc_alpha_kernel(
     BLOCK: tl.constexpr,
 ):
     i_n = tl.program_id(0).to(tl.int64)
-    T_n = tl.load(meta_ptr + META_T * N + i_n)
-    L = tl.load(meta_ptr + META_L * N + i_n)
-    L_c = tl.load(meta_ptr + META_LC * N + i_n)
-    tgt_base = tl.load(meta_ptr + META_TGT * N + i_n)
+    T_n, L, L_c, p_lp, p_al, o_j, can_skip = _recursion_setup(lp_ptr, alpha_ptr, tgt_ptr, meta_ptr, N, i_n, BLOCK)
     W = L + 1
-    p_lp = lp_ptr + tl.load(meta_ptr + META_LP * N + i_n)
-    p_al = alpha_ptr + tl.load(meta_ptr + META_ALPHA * N + i_n)
-
-    o_j = tl.arange(0, BLOCK)
     m_b = o_j <= L
     m_l = o_j < L
-    lab = tl.load(tgt_ptr + tgt_base + o_j, mask=m_l, other=-1)
-    lab_prev = tl.load(tgt_ptr + tgt_base + o_j - 1, mask=m_l & (o_j > 0), other=-1)
-    # label j may follow label j-1 directly only if the two differ
-    can_skip = m_l & (o_j > 0) & (lab != lab_prev)
     i_prev = tl.maximum(o_j - 1, 0)
 
     # frame 0: paths start in the first blank or the first label
@@ -323,25 +330,14 @@ def _ctc_beta_kernel(
     BLOCK: tl.constexpr,
 ):
     i_n = tl.program_id(0).to(tl.int64)
-    T_n = tl.load(meta_ptr + META_T * N + i_n)
-    L = tl.load(meta_ptr + META_L * N + i_n)
-    L_c = tl.load(meta_ptr + META_LC * N + i_n)
-    tgt_base = tl.load(meta_ptr + META_TGT * N + i_n)
+    T_n, L, L_c, p_lp, p_al, o_j, can_skip = _recursion_setup(lp_ptr, alpha_ptr, tgt_ptr, meta_ptr, N, i_n, BLOCK)
     W = L + 1
-    p_lp = lp_ptr + tl.load(meta_ptr + META_LP * N + i_n)
-    p_al = alpha_ptr + tl.load(meta_ptr + META_ALPHA * N + i_n)
+    m_b = o_j <= L
+    m_l = o_j < L
+    i_next = tl.minimum(o_j + 1, BLOCK - 1)
     logp = tl.load(logp_ptr + i_n)
     # impossible samples keep no occupancy (their gradient is zero); NaN goes on so that it propagates
     n_steps = tl.where((L_c <= T) & (logp != float("-inf")), T_n, 0)
-
-    o_j = tl.arange(0, BLOCK)
-    m_b = o_j <= L
-    m_l = o_j < L
-    lab = tl.load(tgt_ptr + tgt_base + o_j, mask=m_l, other=-1)
-    lab_prev = tl.load(tgt_ptr + tgt_base + o_j - 1, mask=m_l & (o_j > 0), other=-1)
-    # label k may be entered from label k-1 directly only if the two differ
-    can_skip = m_l & (o_j > 0) & (lab != lab_prev)
-    i_next = tl.minimum(o_j + 1, BLOCK - 1)
 
     b_b = tl.full([BLOCK], NEG, tl.float64)
     b_l = tl.full([BLOCK], NEG, tl.float64)
