@@ -8,16 +8,18 @@ Five launches per forward+backward, all deterministic (no floating-point atomics
 2. ``_ctc_emission_kernel`` (one program per frame and sample): with ``IS_LOGITS`` the log-sum-exp of the
    row; then the log-probabilities of the blank and of the sample's labels, in base 2, into a packed
    table of L+1 values per frame. Reads the activations once.
-3. ``_ctc_alpha_kernel`` (one program per sample): the forward recursion over t, in log2 space, with the
-   blank states and the label states held apart in registers as two vectors of length BLOCK (label j's
-   predecessor, label j-1, comes from ``tl.gather``). Each frame the vector is shifted by its maximum and the
-   shifts are summed in float64, so that the values stay near zero and keep float32's absolute precision;
-   the loss is the sum of the shifts plus the log-sum of the two final states. It writes the pre-emission
-   alpha of every frame (2L+1 values) for the backward pass.
+3. ``_ctc_alpha_kernel`` (one program per sample): the forward recursion over t in log2 space, the blank
+   states and the label states held apart in registers as two vectors of length BLOCK; label j's predecessor,
+   label j-1, comes from ``tl.gather`` (one exchange between warps per step). The state values are float64:
+   they fall to thousands below zero over long inputs, and the states that carry the posterior sit far below
+   alpha's maximum, where float32 would lose the absolute precision the gradient needs; only the correction
+   log2(1 + 2^-|a-b|) is float32 (a polynomial). Each label update reuses the blank's sum, so a state costs
+   two log-add-exps. Impossible states hold a finite sentinel, and NaN emissions are counted apart. It writes
+   the label states' alpha before each frame's emission (L float64 values per frame) for the backward pass.
 4. ``_ctc_beta_kernel`` (one program per sample): the backward recursion fused with the occupancies
-   (warp-ctc's scheme: beta is never stored). At each frame gamma_t(s) is alpha_t(s) * beta_t(s) normalised to
-   sum to one over the states, so the scale factors of both passes cancel. The blank's total occupancy and
-   each label position's occupancy overwrite the emission table in place.
+   (warp-ctc's scheme: beta is never stored). gamma_t(j) = alpha_t(j) beta_t(j) / p with log p from the
+   alpha pass, so the loop has no reduction; each label position's occupancy overwrites its emission in the
+   table. The blank's total occupancy is 1 minus the labels' (every path is in one state per frame).
 5. ``_ctc_grad_kernel`` (one program per frame and sample): writes the dense gradient row,
    g * (softmax - occupancy) with ``IS_LOGITS`` or -g * occupancy otherwise; the occupancies of repeated
    classes are added by a segmented scan over the sorted labels, then written after a barrier. Reads the
