@@ -40,24 +40,22 @@ def _check_contents(
             n = first_index(tl > S)
             raise ValueError(f"target_lengths[{n}]={int(tl[n])} exceeds targets.shape[1]={S}")
         valid = torch.arange(S)[None, :] < tl[:, None]
-        rows = tg
     else:
         total = int(tl.sum())
         if total > tg.numel():
             raise ValueError(f"sum(target_lengths)={total} exceeds the {tg.numel()} concatenated targets")
         ends = tl.cumsum(0)
         valid = torch.arange(tg.numel()) < total
-        rows = tg
-    for cond, what in (((rows < 0) | (rows >= C), f"is outside [0, C={C})"), (rows == blank, "equals blank")):
+    for cond, what in (((tg < 0) | (tg >= C), f"is outside [0, C={C})"), (tg == blank, "equals blank")):
         cond = cond & valid
         if cond.any():
             flat = first_index(cond.reshape(-1))
             if padded:
-                n, j = divmod(flat, rows.shape[1])
+                n, j = divmod(flat, tg.shape[1])
             else:
                 n = int((ends <= flat).sum())
                 j = flat - (int(ends[n - 1]) if n > 0 else 0)
-            raise ValueError(f"targets: label {int(rows.reshape(-1)[flat])} of sample {n} (position {j}) {what}")
+            raise ValueError(f"targets: label {int(tg.reshape(-1)[flat])} of sample {n} (position {j}) {what}")
 
 
 # ---------------------------------------------------------------------------------------------------------------
