@@ -17,8 +17,8 @@ from speechkernels.bench.ctc import make_inputs, reference
 from speechkernels.ctc import kernels
 
 
-def profile(T, N, C):
-    dev = torch.device("cuda")
+def _step(T, N, C, dev):
+    """One logits-mode forward+backward on the benchmark's inputs for this row."""
     x, tg, il, tl = make_inputs(T, N, C, dev)
     tg, il, tl = tg.to(dev), il.to(dev), tl.to(dev)
     v = x.clone().requires_grad_()
@@ -26,6 +26,13 @@ def profile(T, N, C):
     def step():
         v.grad = None
         sk.ctc_loss(v, tg, il, tl, logits=True).backward()
+
+    return step
+
+
+def profile(T, N, C):
+    dev = torch.device("cuda")
+    step = _step(T, N, C, dev)
 
     total = time_ms(step, dev, reps=10)
     from torch.profiler import ProfilerActivity
@@ -50,13 +57,7 @@ def cpu_profile(T, N, C):
     import pstats
 
     dev = torch.device("cuda")
-    x, tg, il, tl = make_inputs(T, N, C, dev)
-    tg, il, tl = tg.to(dev), il.to(dev), tl.to(dev)
-    v = x.clone().requires_grad_()
-
-    def step():
-        v.grad = None
-        sk.ctc_loss(v, tg, il, tl, logits=True).backward()
+    step = _step(T, N, C, dev)
 
     for _ in range(5):
         step()

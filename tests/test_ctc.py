@@ -82,6 +82,18 @@ def compare(x, padded, il, tl, *, blank=0, reduction="none", logits=True, layout
     return out, grad
 
 
+def check_compiled_matches_eager(f, x, **compile_kwargs):
+    """f compiled whole-graph gives the eager loss and gradient."""
+    compiled = torch.compile(f, fullgraph=True, **compile_kwargs)
+    xa = x.clone().requires_grad_()
+    xb = x.clone().requires_grad_()
+    la, lb = compiled(xa), f(xb)
+    la.backward()
+    lb.backward()
+    torch.testing.assert_close(la, lb)
+    torch.testing.assert_close(xa.grad, xb.grad)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the reference
 
@@ -361,14 +373,7 @@ def test_gpu_torch_compile(gpu):
     def f(v):
         return sk.ctc_loss(v.log_softmax(-1), padded, il, tl, validate=False) * 2.0
 
-    compiled = torch.compile(f, fullgraph=True)
-    xa = x.clone().requires_grad_()
-    xb = x.clone().requires_grad_()
-    la, lb = compiled(xa), f(xb)
-    la.backward()
-    lb.backward()
-    torch.testing.assert_close(la, lb)
-    torch.testing.assert_close(xa.grad, xb.grad)
+    check_compiled_matches_eager(f, x)
 
 
 @pytest.mark.gpu
@@ -403,12 +408,5 @@ def test_kernels_through_torch_compile(kernel_device, kernel_spy):
     def f(v):
         return sk.ctc_loss(v, padded, il, tl, logits=True, validate=False) * 2.0
 
-    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
-    xa = x.clone().requires_grad_()
-    xb = x.clone().requires_grad_()
-    la, lb = compiled(xa), f(xb)
-    la.backward()
-    lb.backward()
-    torch.testing.assert_close(la, lb)
-    torch.testing.assert_close(xa.grad, xb.grad)
+    check_compiled_matches_eager(f, x, backend="aot_eager")
     assert kernel_spy
