@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine: GPU tests, then the CTC benchmark; logs and JSON under $OUT (or ./out).
+# On the GPU machine: GPU tests, the host-time profile, then the CTC benchmark; logs and JSON under $OUT (or ./out).
 # usage: bash benchmarks/device_run.sh [tests|bench|all] [extra benchmark args...]
 set -uo pipefail
 what=${1:-all}; shift || true
@@ -13,7 +13,7 @@ if [[ $what == tests || $what == all ]]; then
   rc=${PIPESTATUS[0]}
 fi
 if [[ $what == bench || $what == all ]]; then
-  python3 benchmarks/overhead_ctc.py 2>&1 | grep -v -i warn | tee "$out/overhead_ctc.log"
+  python3 benchmarks/host_profile_ctc.py 2>&1 | grep -v -i warn | tee "$out/host_profile_ctc.log" | head -40
   python3 -m speechkernels.bench ctc --json "$out/ctc.json" --plot "$out/ctc.png" "$@" 2>&1 \
     | grep -v -i "warn\|kernels:" | tee "$out/bench_ctc.log"
 fi

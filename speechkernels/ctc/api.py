@@ -62,15 +62,17 @@ def _check_contents(
 # Triton path, registered with torch.library so that torch.compile treats it as one opaque op
 
 
-def _forward(x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate, zero_infinity):
-    """Runs the forward kernels; returns loss, mean weights, and what the backward needs (lse, table, meta, srt)."""
-    *outputs, flags = kernels.ctc_forward(
-        x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate, zero_infinity
+def _forward(x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate, zero_infinity,
+             reduction):  # fmt: skip
+    """Runs the forward kernels; returns the output and what the backward needs (weights, logp, lse, table, meta,
+    sorted labels)."""
+    out, state, flags = kernels.ctc_forward(
+        x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate, zero_infinity, reduction
     )
     if flags != 0:
         _check_contents(x.shape[0], x.shape[2], targets, input_lengths, target_lengths, blank, padded)
         raise ValueError(f"invalid CTC arguments (flags {flags})")  # not reached: the check names the argument
-    return tuple(outputs)
+    return out, state
 
 
 class CTCLossFunction(torch.autograd.Function):
@@ -78,18 +80,17 @@ class CTCLossFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, *args):
-        # args: targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate, zero_infinity
-        loss, weights, logp, lse, table, meta, srt = _forward(x, *args)
-        ctx.save_for_backward(x, logp, lse, table, meta, srt)
+        # args: targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate, zero_infinity,
+        # reduction
+        out, state = _forward(x, *args)
+        ctx.save_for_backward(x, *state)
         ctx.blank, ctx.logits = args[3], args[5]
-        ctx.mark_non_differentiable(weights, logp)
-        return loss, weights, logp
+        return out
 
     @staticmethod
-    def backward(ctx, grad_loss, _grad_weights, _grad_logp):
-        x, logp, lse, table, meta, srt = ctx.saved_tensors
-        grad = kernels.ctc_backward(grad_loss, x, logp, lse, table, meta, srt, ctx.blank, ctx.logits)
-        return (grad,) + (None,) * 9
+    def backward(ctx, grad_out):
+        x, *state = ctx.saved_tensors
+        return (kernels.ctc_backward(grad_out, x, *state, ctx.blank, ctx.logits),) + (None,) * 10
 
 
 @torch.library.custom_op("speechkernels::ctc_loss_forward", mutates_args=())
@@ -104,32 +105,35 @@ def _ctc_forward_op(
     need_grad: bool,
     validate: bool,
     zero_infinity: bool,
+    reduction: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _forward(
-        x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate, zero_infinity
+    out, state = _forward(
+        x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate, zero_infinity, reduction
     )
+    return (out, *state)
 
 
 @_ctc_forward_op.register_fake
-def _(x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate, zero_infinity):
+def _(x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate, zero_infinity, reduction):
     T, N, _ = x.shape
     lp_size, _ = kernels.table_sizes(T, N, targets, padded)
     f32 = dict(dtype=torch.float32, device=x.device)
     return (
-        x.new_empty(N, **f32),
+        x.new_empty(N if reduction == "none" else (), **f32),
         x.new_empty(N, **f32),
         x.new_empty(N, dtype=torch.float64),
         x.new_empty((N, T) if logits else (0,), **f32),
         x.new_empty(lp_size, **f32),
-        x.new_empty((kernels.META_ROWS, N), dtype=torch.int64),
+        x.new_empty(kernels.META_ROWS * N + 1, dtype=torch.int64),
         x.new_empty(targets.numel(), dtype=torch.int64),
     )
 
 
 @torch.library.custom_op("speechkernels::ctc_loss_backward", mutates_args=())
 def _ctc_backward_op(
-    grad_loss: torch.Tensor,
+    grad_out: torch.Tensor,
     x: torch.Tensor,
+    weights: torch.Tensor,
     logp: torch.Tensor,
     lse: torch.Tensor,
     table: torch.Tensor,
@@ -138,27 +142,27 @@ def _ctc_backward_op(
     blank: int,
     logits: bool,
 ) -> torch.Tensor:
-    return kernels.ctc_backward(grad_loss, x, logp, lse, table, meta, srt, blank, logits)
+    return kernels.ctc_backward(grad_out, x, weights, logp, lse, table, meta, srt, blank, logits)
 
 
 @_ctc_backward_op.register_fake
-def _(grad_loss, x, logp, lse, table, meta, srt, blank, logits):
+def _(grad_out, x, weights, logp, lse, table, meta, srt, blank, logits):
     return torch.empty_like(x)
 
 
 def _setup_context(ctx, inputs, output):
     x, blank, logits = inputs[0], inputs[4], inputs[6]
-    _loss, weights, logp, lse, table, meta, srt = output
-    ctx.save_for_backward(x, logp, lse, table, meta, srt)
+    _out, *state = output
+    ctx.save_for_backward(x, *state)
     ctx.blank = blank
     ctx.logits = logits
-    ctx.mark_non_differentiable(weights, logp, lse, table, meta, srt)
+    ctx.mark_non_differentiable(*state)
 
 
-def _backward(ctx, grad_loss, *_grads_of_the_rest):
-    x, logp, lse, table, meta, srt = ctx.saved_tensors
-    grad = _ctc_backward_op(grad_loss, x, logp, lse, table, meta, srt, ctx.blank, ctx.logits)
-    return (grad,) + (None,) * 9
+def _backward(ctx, grad_out, *_grads_of_the_state):
+    x, *state = ctx.saved_tensors
+    grad = _ctc_backward_op(grad_out, x, *state, ctx.blank, ctx.logits)
+    return (grad,) + (None,) * 10
 
 
 _ctc_forward_op.register_autograd(_backward, setup_context=_setup_context)
@@ -257,16 +261,12 @@ def ctc_loss(
         need_grad = torch.is_grad_enabled() and x.requires_grad
         if padded:
             targets = targets.contiguous()
-        args = (x, targets, il, tl, blank, padded, logits, need_grad, validate, zero_infinity)
+        # the kernels zero infinite losses and reduce over the batch themselves
+        args = (x, targets, il, tl, blank, padded, logits, need_grad, validate, zero_infinity, reduction)
         if torch.compiler.is_compiling():
-            loss, weights = _ctc_forward_op(*args)[:2]
+            out = _ctc_forward_op(*args)[0]
         else:  # the same kernels without the op dispatcher's overhead
-            loss, weights, _ = CTCLossFunction.apply(*args)
-        # the kernels zeroed infinite losses already; "mean" is one dot product with 1 / (N * max(L, 1))
-        if reduction == "mean":
-            out = torch.dot(loss, weights)
-        else:
-            out = loss.sum() if reduction == "sum" else loss
+            out = CTCLossFunction.apply(*args)
     else:
         if validate:
             _check_contents(T, C, targets, il, tl, blank, padded)

@@ -1,6 +1,6 @@
 """CTC loss kernels in Triton.
 
-Five launches per forward+backward, all deterministic (no floating-point atomics):
+Four launches per forward+backward, all deterministic (no floating-point atomics):
 
 1. ``_ctc_prepare_kernel`` (one program per sample): clamps the lengths, computes the sample's offsets into
    the packed tables (a prefix sum over the lengths, recomputed by each program), checks the labels, and
@@ -8,25 +8,29 @@ Five launches per forward+backward, all deterministic (no floating-point atomics
 2. ``_ctc_emission_kernel`` (one program per frame and sample): with ``IS_LOGITS`` the log-sum-exp of the
    row; then the log-probabilities of the blank and of the sample's labels, in base 2, into a packed
    table of L+1 values per frame. Reads the activations once.
-3. ``_ctc_alpha_kernel`` (one program per sample): the forward recursion over t in log2 space, the blank
-   states and the label states held apart in registers as two vectors of length BLOCK; label j's predecessor,
-   label j-1, comes from ``tl.gather`` (one exchange between warps per step). The state values are float64:
-   they fall to thousands below zero over long inputs, and the states that carry the posterior sit far below
-   alpha's maximum, where float32 would lose the absolute precision the gradient needs; only the correction
-   log2(1 + 2^-|a-b|) is float32 (a polynomial). Each label update reuses the blank's sum, so a state costs
-   two log-add-exps. Impossible states hold a finite sentinel, and NaN emissions are counted apart. It writes
-   the label states' alpha before each frame's emission (L float64 values per frame) for the backward pass.
-4. ``_ctc_beta_kernel`` (one program per sample): the backward recursion fused with the occupancies
-   (warp-ctc's scheme: beta is never stored). gamma_t(j) = alpha_t(j) beta_t(j) / p with log p from the
-   alpha pass, so the loop has no reduction; each label position's occupancy overwrites its emission in the
-   table. The blank's total occupancy is 1 minus the labels' (every path is in one state per frame).
-5. ``_ctc_grad_kernel`` (one program per frame and sample): writes the dense gradient row,
+3. ``_ctc_recursion_kernel`` (one program per sample), in three parts:
+   - the forward recursion (alpha) over t in log2 space, the blank states and the label states held apart in
+     registers as two vectors of length BLOCK; label j's predecessor, label j-1, comes from ``tl.gather`` (one
+     exchange between warps per step). The state values are float64: they fall to thousands below zero over
+     long inputs, and the states that carry the posterior sit far below alpha's maximum, where float32 would
+     lose the absolute precision the gradient needs; only the correction log2(1 + 2^-|a-b|) is float32 (a
+     polynomial). Each label update reuses the blank's sum, so a state costs two log-add-exps. Impossible
+     states hold a finite sentinel, and NaN emissions are counted apart. With a gradient to compute it writes
+     the label states' alpha before each frame's emission (L float64 values per frame);
+   - then the backward recursion fused with the occupancies (warp-ctc's scheme: beta is never stored).
+     gamma_t(j) = alpha_t(j) beta_t(j) / p with log p from the alpha part, so the loop has no reduction; each
+     label position's occupancy overwrites its emission in the table. The blank's total occupancy is 1 minus
+     the labels' (every path is in one state per frame);
+   - for reduction "sum"/"mean", the last program to finish (an integer counter) sums the weighted losses in
+     a fixed order, so the public function returns the kernel's output with no further torch op.
+4. ``_ctc_grad_kernel`` (one program per frame and sample, in the backward): writes the dense gradient row,
    g * (softmax - occupancy) with ``IS_LOGITS`` or -g * occupancy otherwise; the occupancies of repeated
    classes are added by a segmented scan over the sorted labels, then written after a barrier. Reads the
    activations a second time and writes the gradient once.
 
 HBM traffic, T*N rows of C classes in b bytes: 2*T*N*C*b read + T*N*C*b written, plus O(T * sum(L)) floats
-of tables. The recursions are latency-bound: one program per sample, T dependent steps each.
+of tables. The recursions are latency-bound: one program per sample, T dependent steps each. For small
+problems the host's time per launch (tens of microseconds) dominates, hence few launches and no torch ops.
 """
 
 from __future__ import annotations
@@ -40,28 +44,69 @@ import triton.language as tl
 
 from .._utils import next_power_of_2
 
-# globals read inside kernels must be constexpr
-# log2-probability of impossible states inside the recursions: finite, so that no -inf - -inf appears
-NEG = tl.constexpr(-1e30)
-LOG2E = tl.constexpr(1.4426950408889634)
-LN2 = tl.constexpr(0.6931471805599453)
+# Constants are jit functions rather than constexpr globals: Triton re-checks every global a kernel reads at each
+# launch, which costs host time on the small problems where the host is the limit.
 
-# bits of the validation flag
-BAD_INPUT_LENGTH = tl.constexpr(1)
-BAD_TARGET_LENGTH = tl.constexpr(2)
-BAD_LABEL = tl.constexpr(4)
-BLANK_LABEL = tl.constexpr(8)
 
-# meta rows (meta[row * N + n]): T_n (clamped), L used by the tables (0 when L > T), the sample's validation
-# bits, L (clamped), start in targets, offsets of the emission and alpha tables
-META_T = tl.constexpr(0)
-META_L = tl.constexpr(1)
-META_ERR = tl.constexpr(2)
-META_LC = tl.constexpr(3)
-META_TGT = tl.constexpr(4)
-META_LP = tl.constexpr(5)
-META_ALPHA = tl.constexpr(6)
+@triton.jit
+def _neg():
+    """log2-probability of impossible states inside the recursions: finite, so that no -inf - -inf appears"""
+    return -1e30
+
+
+@triton.jit
+def _log2e():
+    return 1.4426950408889634
+
+
+@triton.jit
+def _ln2():
+    return 0.6931471805599453
+
+
+# meta (int64, flattened [META_ROWS * N + 1]): row r holds meta[r * N + n]; after the rows, the counter of
+# finished recursion programs (for the reduction)
 META_ROWS = 7
+
+
+@triton.jit
+def _row_t():  # T_n, clamped to [0, T]
+    return 0
+
+
+@triton.jit
+def _row_l():  # L used by the tables: 0 when L > T (no alignment exists)
+    return 1
+
+
+@triton.jit
+def _row_err():  # validation bits: 1 input length, 2 target length, 4 label outside [0, C), 8 label == blank
+    return 2
+
+
+@triton.jit
+def _row_lc():  # L, clamped to the targets
+    return 3
+
+
+@triton.jit
+def _row_tgt():  # start of the sample's labels in targets
+    return 4
+
+
+@triton.jit
+def _row_lp():  # offset of the sample's emission/occupancy table
+    return 5
+
+
+@triton.jit
+def _row_alpha():  # offset of the sample's alpha table
+    return 6
+
+
+@triton.jit
+def _row_counter():
+    return 7  # META_ROWS
 
 
 @triton.jit
@@ -91,7 +136,7 @@ def _lae(a, b):
 
     The values stay float64: they grow to thousands over long inputs, where float32 would lose the 1e-7
     absolute precision the occupancies need. Only the correction log2(1 + 2^-|a-b|), in [0, 1], is float32.
-    No -inf reaches here (impossible states hold the finite NEG), so no special cases are needed.
+    No -inf reaches here (impossible states hold the finite _neg()), so no special cases are needed.
     """
     y = tl.exp2((-tl.abs(a - b)).to(tl.float32))
     return tl.maximum(a, b) + _log2_1p(y).to(tl.float64)
@@ -114,9 +159,9 @@ def _ctc_prepare_kernel(
     in_len_ptr,  # [N] int64
     tgt_len_ptr,  # [N] int64
     tgt_ptr,  # targets, int32/int64, padded [N, S] (row stride S) or concatenated
-    meta_ptr,  # [META_ROWS, N] int64 out
+    meta_ptr,  # [META_ROWS * N + 1] int64 out
     srt_ptr,  # like targets, int64 out: per sample, (class << 32 | position) sorted, at the sample's base
-    w_ptr,  # [N] float32 out: weight of the sample's loss in reduction="mean", 1 / (N * max(L, 1))
+    w_ptr,  # [N] float32 out: weight of the sample's loss in the reduction: 1 / (N * max(L, 1)) for "mean", else 1
     N,
     T,
     S,  # padded width, or the concatenated length
@@ -124,10 +169,13 @@ def _ctc_prepare_kernel(
     blank,
     PADDED: tl.constexpr,
     VALIDATE: tl.constexpr,
+    MEAN: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     i_n = tl.program_id(0)
+    if i_n == 0:
+        tl.store(meta_ptr + _row_counter() * N, 0)
     o_n = tl.arange(0, BLOCK_N)
     m_n = o_n < N
     raw_t = tl.load(in_len_ptr + o_n, mask=m_n, other=0)
@@ -151,27 +199,30 @@ def _ctc_prepare_kernel(
     my_l = tl.sum(tl.where(mine, l_eff, 0), axis=0)
     my_lc = tl.sum(tl.where(mine, l_c, 0), axis=0)
     my_base = tl.sum(tl.where(mine, base, 0), axis=0)
-    tl.store(meta_ptr + META_T * N + i_n, my_t)
-    tl.store(meta_ptr + META_L * N + i_n, my_l)
-    tl.store(meta_ptr + META_LC * N + i_n, my_lc)
-    tl.store(meta_ptr + META_TGT * N + i_n, my_base)
-    tl.store(meta_ptr + META_LP * N + i_n, lp_off)
-    tl.store(meta_ptr + META_ALPHA * N + i_n, al_off)
+    tl.store(meta_ptr + _row_t() * N + i_n, my_t)
+    tl.store(meta_ptr + _row_l() * N + i_n, my_l)
+    tl.store(meta_ptr + _row_lc() * N + i_n, my_lc)
+    tl.store(meta_ptr + _row_tgt() * N + i_n, my_base)
+    tl.store(meta_ptr + _row_lp() * N + i_n, lp_off)
+    tl.store(meta_ptr + _row_alpha() * N + i_n, al_off)
     my_raw_l = tl.sum(tl.where(mine, raw_l, 0), axis=0)
-    tl.store(w_ptr + i_n, 1.0 / (N * tl.maximum(my_raw_l, 1).to(tl.float32)))
+    if MEAN:
+        tl.store(w_ptr + i_n, 1.0 / (N * tl.maximum(my_raw_l, 1).to(tl.float32)))
+    else:
+        tl.store(w_ptr + i_n, 1.0)
 
     o_j = tl.arange(0, BLOCK)
     if VALIDATE:
         my_raw_t = tl.sum(tl.where(mine, raw_t, 0), axis=0)
-        bits = tl.where((my_raw_t < 0) | (my_raw_t > T), BAD_INPUT_LENGTH, 0)
-        bits |= tl.where((my_raw_l < 0) | (my_lc < my_raw_l), BAD_TARGET_LENGTH, 0)
+        bits = tl.where((my_raw_t < 0) | (my_raw_t > T), 1, 0)
+        bits |= tl.where((my_raw_l < 0) | (my_lc < my_raw_l), 2, 0)
         for j0 in range(0, my_lc, BLOCK):
             m_j = j0 + o_j < my_lc
             lab = tl.load(tgt_ptr + my_base + j0 + o_j, mask=m_j, other=0).to(tl.int64)
-            bad = tl.where(m_j & ((lab < 0) | (lab >= C)), BAD_LABEL, 0)
-            bad |= tl.where(m_j & (lab == blank), BLANK_LABEL, 0)
+            bad = tl.where(m_j & ((lab < 0) | (lab >= C)), 4, 0)
+            bad |= tl.where(m_j & (lab == blank), 8, 0)
             bits |= tl.reduce(bad, 0, _or)
-        tl.store(meta_ptr + META_ERR * N + i_n, bits.to(tl.int64))
+        tl.store(meta_ptr + _row_err() * N + i_n, bits.to(tl.int64))
 
     # sort (class, position) keys; positions past the label count sort last
     m_l = o_j < my_l
@@ -203,10 +254,10 @@ def _ctc_emission_kernel(
     i_r = tl.program_id(0).to(tl.int64)
     i_t = i_r // N
     i_n = i_r % N
-    T_n = tl.load(meta_ptr + META_T * N + i_n)
+    T_n = tl.load(meta_ptr + _row_t() * N + i_n)
     if i_t < T_n:
-        L = tl.load(meta_ptr + META_L * N + i_n)
-        tgt_base = tl.load(meta_ptr + META_TGT * N + i_n)
+        L = tl.load(meta_ptr + _row_l() * N + i_n)
+        tgt_base = tl.load(meta_ptr + _row_tgt() * N + i_n)
         p_x = x_ptr + i_t * stride_t + i_n * stride_n
         lse = 0.0
         if IS_LOGITS:
@@ -216,37 +267,37 @@ def _ctc_emission_kernel(
             b_s = tl.zeros([BLOCK_C], tl.float32)
             for c0 in range(0, C, BLOCK_C):
                 b_x = tl.load(p_x + (c0 + o_c) * stride_c, mask=c0 + o_c < C, other=float("-inf")).to(tl.float32)
-                b_x = b_x * LOG2E
+                b_x = b_x * _log2e()
                 m_new = tl.maximum(b_m, b_x)
                 m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
                 b_s = b_s * tl.exp2(b_m - m_safe) + tl.exp2(b_x - m_safe)
                 b_m = m_new
             m_all = tl.max(b_m, axis=0)
             m_all_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
-            lse = (m_all_safe + tl.log2(tl.sum(b_s * tl.exp2(b_m - m_all_safe), axis=0))) * LN2
+            lse = (m_all_safe + tl.log2(tl.sum(b_s * tl.exp2(b_m - m_all_safe), axis=0))) * _ln2()
             tl.store(lse_ptr + i_n * T + i_t, lse)
-        p_lp = lp_ptr + tl.load(meta_ptr + META_LP * N + i_n) + i_t * (L + 1)
+        p_lp = lp_ptr + tl.load(meta_ptr + _row_lp() * N + i_n) + i_t * (L + 1)
         x_blank = tl.load(p_x + blank * stride_c).to(tl.float32)
-        tl.store(p_lp, (x_blank - lse) * LOG2E)
+        tl.store(p_lp, (x_blank - lse) * _log2e())
         o_l = tl.arange(0, BLOCK_L)
         for j0 in range(0, L, BLOCK_L):
             m_l = j0 + o_l < L
             lab = tl.load(tgt_ptr + tgt_base + j0 + o_l, mask=m_l, other=0).to(tl.int64)
             lab = tl.minimum(tl.maximum(lab, 0), C - 1)
             b_x = tl.load(p_x + lab * stride_c, mask=m_l, other=0.0).to(tl.float32)
-            tl.store(p_lp + 1 + j0 + o_l, (b_x - lse) * LOG2E, mask=m_l)
+            tl.store(p_lp + 1 + j0 + o_l, (b_x - lse) * _log2e(), mask=m_l)
 
 
 @triton.jit
 def _recursion_setup(lp_ptr, alpha_ptr, tgt_ptr, meta_ptr, N, i_n, BLOCK: tl.constexpr):
     """A sample's lengths and table pointers, the label index vector, and can_skip[j]: label j may be entered
     from label j-1 directly (the two differ)."""
-    T_n = tl.load(meta_ptr + META_T * N + i_n)
-    L = tl.load(meta_ptr + META_L * N + i_n)
-    L_c = tl.load(meta_ptr + META_LC * N + i_n)
-    tgt_base = tl.load(meta_ptr + META_TGT * N + i_n)
-    p_lp = lp_ptr + tl.load(meta_ptr + META_LP * N + i_n)
-    p_al = alpha_ptr + tl.load(meta_ptr + META_ALPHA * N + i_n)
+    T_n = tl.load(meta_ptr + _row_t() * N + i_n)
+    L = tl.load(meta_ptr + _row_l() * N + i_n)
+    L_c = tl.load(meta_ptr + _row_lc() * N + i_n)
+    tgt_base = tl.load(meta_ptr + _row_tgt() * N + i_n)
+    p_lp = lp_ptr + tl.load(meta_ptr + _row_lp() * N + i_n)
+    p_al = alpha_ptr + tl.load(meta_ptr + _row_alpha() * N + i_n)
     o_j = tl.arange(0, BLOCK)
     m_l = o_j < L
     lab = tl.load(tgt_ptr + tgt_base + o_j, mask=m_l, other=-1)
@@ -256,21 +307,9 @@ def _recursion_setup(lp_ptr, alpha_ptr, tgt_ptr, meta_ptr, N, i_n, BLOCK: tl.con
 
 
 @triton.jit
-def _ctc_alpha_kernel(
-    lp_ptr,  # packed emissions (log2)
-    alpha_ptr,  # packed float64 out: per frame, the L label states before the frame's emission
-    loss_ptr,  # [N] float32 out
-    logp_ptr,  # [N] float64 out: log2 p(labels | input)
-    tgt_ptr,
-    meta_ptr,
-    N,
-    T,
-    STORE_ALPHA: tl.constexpr,
-    ZERO_INFINITY: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    i_n = tl.program_id(0).to(tl.int64)
-    T_n, L, L_c, p_lp, p_al, o_j, can_skip = _recursion_setup(lp_ptr, alpha_ptr, tgt_ptr, meta_ptr, N, i_n, BLOCK)
+def _alpha(p_lp, p_al, T, T_n, L, L_c, o_j, can_skip, STORE_ALPHA: tl.constexpr):
+    """The forward recursion of one sample; returns log2 p(labels | input) (-inf if impossible, NaN if a NaN
+    emission was read). With STORE_ALPHA, writes the label states before each frame's emission."""
     W = L + 1
     m_b = o_j <= L
     m_l = o_j < L
@@ -282,11 +321,11 @@ def _ctc_alpha_kernel(
     # NaN is counted apart: the maximum that clamps the emissions would drop it
     nan_l = tl.where(e_l != e_l, 1, 0)
     nan_b = tl.where(e_b != e_b, 1, 0)
-    a_l = tl.where((o_j == 0) & m_l, 0.0, NEG).to(tl.float64)
+    a_l = tl.where((o_j == 0) & m_l, 0.0, _neg()).to(tl.float64)
     if STORE_ALPHA:
         tl.store(p_al + o_j, a_l, mask=m_l)
-    a_b = tl.where(o_j == 0, tl.maximum(e_b, NEG), NEG).to(tl.float64)
-    a_l = tl.where((o_j == 0) & m_l, tl.maximum(e_l, NEG), NEG).to(tl.float64)
+    a_b = tl.where(o_j == 0, tl.maximum(e_b, _neg()), _neg()).to(tl.float64)
+    a_l = tl.where((o_j == 0) & m_l, tl.maximum(e_l, _neg()), _neg()).to(tl.float64)
     n_steps = tl.where(L_c <= T, T_n, 0)
     # the next frame's emissions are loaded one step ahead
     e_b_nx = tl.load(p_lp + W, mask=n_steps > 1, other=0.0)
@@ -299,74 +338,59 @@ def _ctc_alpha_kernel(
         e_l_nx = tl.load(row_nx + 1 + o_j, mask=m_l, other=0.0)
         nan_l += tl.where(e_l != e_l, 1, 0)
         nan_b += tl.where(e_b != e_b, 1, 0)
-        a_l_prev = tl.where(o_j > 0, tl.gather(a_l, i_prev, 0), NEG)
+        a_l_prev = tl.where(o_j > 0, tl.gather(a_l, i_prev, 0), _neg())
         # blank j from blank j or label j-1; label j from label j, blank j, or label j-1 when it differs:
         # lae3(a_l, a_b, a_l_prev) = lae(a_l, lae(a_b, a_l_prev)), so the blank's sum is reused
-        n_b = tl.where(m_b, _lae(a_b, a_l_prev), NEG)
-        n_l = tl.where(m_l, _lae(a_l, tl.where(can_skip, n_b, a_b)), NEG)
+        n_b = tl.where(m_b, _lae(a_b, a_l_prev), _neg())
+        n_l = tl.where(m_l, _lae(a_l, tl.where(can_skip, n_b, a_b)), _neg())
         if STORE_ALPHA:
             tl.store(p_al + t * L + o_j, n_l, mask=m_l)
-        a_b = n_b + tl.maximum(e_b, NEG).to(tl.float64)
-        a_l = n_l + tl.maximum(e_l, NEG).to(tl.float64)
-    logp = _lae(_pick(a_b, o_j, L), tl.where(L > 0, _pick(a_l, o_j, L - 1), NEG))
-    logp = tl.where(logp < 0.5 * NEG, float("-inf"), logp)
+        a_b = n_b + tl.maximum(e_b, _neg()).to(tl.float64)
+        a_l = n_l + tl.maximum(e_l, _neg()).to(tl.float64)
+    logp = _lae(_pick(a_b, o_j, L), tl.where(L > 0, _pick(a_l, o_j, L - 1), _neg()))
+    logp = tl.where(logp < 0.5 * _neg(), float("-inf"), logp)
     logp = tl.where(tl.sum(nan_l, axis=0) + nan_b > 0, float("nan"), logp)
     logp = tl.where(T_n == 0, tl.where(L_c == 0, 0.0, float("-inf")), logp)
     logp = tl.where(L_c <= T, logp, float("-inf"))
-    tl.store(logp_ptr + i_n, logp)
-    loss = -logp * LN2
-    if ZERO_INFINITY:
-        loss = tl.where(loss == float("inf"), 0.0, loss)
-    tl.store(loss_ptr + i_n, loss.to(tl.float32))
+    return logp
 
 
 @triton.jit
-def _ctc_beta_kernel(
-    lp_ptr,  # packed emissions (log2) in; label occupancies out, in place (the blank's slot is left alone)
-    alpha_ptr,  # packed float64 label-state alpha from _ctc_alpha_kernel
-    logp_ptr,  # [N] float64 log2 p from _ctc_alpha_kernel
-    tgt_ptr,
-    meta_ptr,
-    N,
-    T,
-    BLOCK: tl.constexpr,
-):
-    i_n = tl.program_id(0).to(tl.int64)
-    T_n, L, L_c, p_lp, p_al, o_j, can_skip = _recursion_setup(lp_ptr, alpha_ptr, tgt_ptr, meta_ptr, N, i_n, BLOCK)
+def _beta(p_lp, p_al, logp, T, T_n, L, L_c, o_j, can_skip):
+    """The backward recursion of one sample fused with the occupancies, which overwrite the label emissions."""
     W = L + 1
     m_b = o_j <= L
     m_l = o_j < L
-    i_next = tl.minimum(o_j + 1, BLOCK - 1)
-    logp = tl.load(logp_ptr + i_n)
+    i_next = tl.minimum(o_j + 1, o_j.shape[0] - 1)
     # impossible samples keep no occupancy (their gradient is zero); NaN goes on so that it propagates
     n_steps = tl.where((L_c <= T) & (logp != float("-inf")), T_n, 0)
 
-    b_b = tl.full([BLOCK], NEG, tl.float64)
-    b_l = tl.full([BLOCK], NEG, tl.float64)
+    b_b = tl.full(o_j.shape, _neg(), tl.float64)
+    b_l = tl.full(o_j.shape, _neg(), tl.float64)
     # frame t's emissions and alpha are loaded one step ahead
     t_nx = tl.maximum(n_steps - 1, 0)
     e_b_nx = tl.load(p_lp + t_nx * W, mask=n_steps > 0, other=0.0)
     e_l_nx = tl.load(p_lp + t_nx * W + 1 + o_j, mask=tl.where(n_steps > 0, m_l, False), other=0.0)
-    al_l_nx = tl.load(p_al + t_nx * L + o_j, mask=tl.where(n_steps > 0, m_l, False), other=NEG)
+    al_l_nx = tl.load(p_al + t_nx * L + o_j, mask=tl.where(n_steps > 0, m_l, False), other=_neg())
     for k in range(0, n_steps):
         t = n_steps - 1 - k
-        e_b = tl.maximum(e_b_nx, NEG).to(tl.float64)
-        e_l = tl.maximum(e_l_nx, NEG).to(tl.float64)
+        e_b = tl.maximum(e_b_nx, _neg()).to(tl.float64)
+        e_l = tl.maximum(e_l_nx, _neg()).to(tl.float64)
         al_l = al_l_nx
         t_nx = tl.maximum(t - 1, 0)
         e_b_nx = tl.load(p_lp + t_nx * W)
         e_l_nx = tl.load(p_lp + t_nx * W + 1 + o_j, mask=m_l, other=0.0)
-        al_l_nx = tl.load(p_al + t_nx * L + o_j, mask=m_l, other=NEG)
+        al_l_nx = tl.load(p_al + t_nx * L + o_j, mask=m_l, other=_neg())
         # blank j goes to blank j or label j; label j to label j, blank j+1, or label j+1 when it differs:
         # lae3(b_l, b_b[j+1], b_l[j+1]) = lae(b_l, r_b[j+1]), so the blank's sum is reused
         r_b = _lae(b_b, b_l)
-        r_next = tl.where(o_j + 1 <= L, tl.gather(tl.where(can_skip, r_b, b_b), i_next, 0), NEG)
+        r_next = tl.where(o_j + 1 <= L, tl.gather(tl.where(can_skip, r_b, b_b), i_next, 0), _neg())
         r_l = _lae(b_l, r_next)
         # the last frame: paths end in the last blank or the last label
-        r_b = tl.where(k == 0, tl.where(o_j == L, 0.0, NEG).to(tl.float64), r_b)
-        r_l = tl.where(k == 0, tl.where(o_j == L - 1, 0.0, NEG).to(tl.float64), r_l)
-        b_b = tl.where(m_b, r_b + e_b, NEG)
-        b_l = tl.where(m_l, r_l + e_l, NEG)
+        r_b = tl.where(k == 0, tl.where(o_j == L, 0.0, _neg()).to(tl.float64), r_b)
+        r_l = tl.where(k == 0, tl.where(o_j == L - 1, 0.0, _neg()).to(tl.float64), r_l)
+        b_b = tl.where(m_b, r_b + e_b, _neg())
+        b_l = tl.where(m_l, r_l + e_l, _neg())
         # gamma_t(s) = alpha_t(s) beta_t(s) / p, alpha taken before the frame's emission; the blank's total
         # occupancy is 1 - sum of the labels' (the grad kernel takes it so), so no reduction is needed here
         occ = tl.exp2((al_l + b_l - logp).to(tl.float32))
@@ -374,14 +398,60 @@ def _ctc_beta_kernel(
 
 
 @triton.jit
+def _ctc_recursion_kernel(
+    lp_ptr,  # packed emissions (log2) in; with NEED_GRAD label occupancies out, in place
+    alpha_ptr,  # packed float64 scratch: per frame, the L label states before the frame's emission
+    loss_ptr,  # [N] float32 out: per-sample losses
+    logp_ptr,  # [N] float64 out: log2 p(labels | input)
+    out_ptr,  # [] float32 out with REDUCE: sum over samples of loss * weight
+    w_ptr,  # [N] float32 weights of the reduction (from _ctc_prepare_kernel)
+    tgt_ptr,
+    meta_ptr,
+    N,
+    T,
+    NEED_GRAD: tl.constexpr,
+    ZERO_INFINITY: tl.constexpr,
+    REDUCE: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    i_n = tl.program_id(0).to(tl.int64)
+    T_n, L, L_c, p_lp, p_al, o_j, can_skip = _recursion_setup(lp_ptr, alpha_ptr, tgt_ptr, meta_ptr, N, i_n, BLOCK)
+    logp = _alpha(p_lp, p_al, T, T_n, L, L_c, o_j, can_skip, STORE_ALPHA=NEED_GRAD)
+    tl.store(logp_ptr + i_n, logp)
+    loss = -logp * _ln2()
+    if ZERO_INFINITY:
+        loss = tl.where(loss == float("inf"), 0.0, loss)
+    tl.store(loss_ptr + i_n, loss.to(tl.float32))
+    if NEED_GRAD:
+        # the alpha table written above is read back by other threads of this program
+        tl.debug_barrier()
+        _beta(p_lp, p_al, logp, T, T_n, L, L_c, o_j, can_skip)
+    if REDUCE:
+        # the last program to finish sums the losses in a fixed order (deterministic, no float atomics); the
+        # counter was zeroed by _ctc_prepare_kernel, and the atomic orders this program's loss store before it
+        done = tl.atomic_add(meta_ptr + _row_counter() * N, 1, sem="acq_rel")
+        if done == N - 1:
+            o_n = tl.arange(0, BLOCK_N)
+            acc = tl.zeros([BLOCK_N], tl.float64)
+            for n0 in range(0, N, BLOCK_N):
+                m_n = n0 + o_n < N
+                b_loss = tl.load(loss_ptr + n0 + o_n, mask=m_n, other=0.0, cache_modifier=".cg")
+                b_w = tl.load(w_ptr + n0 + o_n, mask=m_n, other=0.0)
+                acc += b_loss.to(tl.float64) * b_w.to(tl.float64)
+            tl.store(out_ptr, tl.sum(acc, axis=0).to(tl.float32))
+
+
+@triton.jit
 def _ctc_grad_kernel(
     x_ptr,  # [T, N, C] activations
     grad_ptr,  # [T, N, C] out
     lse_ptr,  # [N, T] float32 (IS_LOGITS)
-    occ_ptr,  # packed label occupancies from _ctc_beta_kernel
-    logp_ptr,  # [N] float64 log2 p from _ctc_alpha_kernel
-    gloss_ptr,  # [N] upstream gradient of each sample's loss (any float dtype and stride)
+    occ_ptr,  # packed label occupancies from _ctc_recursion_kernel
+    logp_ptr,  # [N] float64 log2 p from _ctc_recursion_kernel
+    gloss_ptr,  # upstream gradient: [N] of each sample's loss (any float dtype and stride), or [] of the reduction
     gloss_stride,
+    w_ptr,  # [N] float32 weights of the reduction (REDUCED)
     srt_ptr,  # sorted (class << 32 | position) keys from _ctc_prepare_kernel
     meta_ptr,
     N,
@@ -395,19 +465,22 @@ def _ctc_grad_kernel(
     gstride_c,
     blank,
     IS_LOGITS: tl.constexpr,
+    REDUCED: tl.constexpr,
     BLOCK_C: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     i_r = tl.program_id(0).to(tl.int64)
     i_t = i_r // N
     i_n = i_r % N
-    T_n = tl.load(meta_ptr + META_T * N + i_n)
-    L = tl.load(meta_ptr + META_L * N + i_n)
-    L_c = tl.load(meta_ptr + META_LC * N + i_n)
+    T_n = tl.load(meta_ptr + _row_t() * N + i_n)
+    L = tl.load(meta_ptr + _row_l() * N + i_n)
+    L_c = tl.load(meta_ptr + _row_lc() * N + i_n)
     logp = tl.load(logp_ptr + i_n)
     active = (i_t < T_n) & (L_c <= T) & (logp != float("-inf"))
     # (logp - logp) is NaN for a NaN loss: then the sample's whole gradient is NaN, as through log_softmax
     g = tl.load(gloss_ptr + i_n * gloss_stride).to(tl.float32) + tl.where(active, logp - logp, 0.0).to(tl.float32)
+    if REDUCED:
+        g = g * tl.load(w_ptr + i_n)
     p_x = x_ptr + i_t * stride_t + i_n * stride_n
     p_g = grad_ptr + i_t * gstride_t + i_n * gstride_n
     lse = 0.0
@@ -418,15 +491,15 @@ def _ctc_grad_kernel(
         m_c = c0 + o_c < C
         if IS_LOGITS:
             b_x = tl.load(p_x + (c0 + o_c) * stride_c, mask=tl.where(active, m_c, False), other=0.0).to(tl.float32)
-            b_g = tl.where(active, g * tl.exp2((b_x - lse) * LOG2E), 0.0)
+            b_g = tl.where(active, g * tl.exp2((b_x - lse) * _log2e()), 0.0)
         else:
             b_g = tl.zeros([BLOCK_C], tl.float32)
         tl.store(p_g + (c0 + o_c) * gstride_c, b_g.to(grad_ptr.dtype.element_ty), mask=m_c)
     if active:
         # the rows above were written by other threads of this program: order them before the corrections
         tl.debug_barrier()
-        p_occ = occ_ptr + tl.load(meta_ptr + META_LP * N + i_n) + i_t * (L + 1)
-        srt_base = tl.load(meta_ptr + META_TGT * N + i_n)
+        p_occ = occ_ptr + tl.load(meta_ptr + _row_lp() * N + i_n) + i_t * (L + 1)
+        srt_base = tl.load(meta_ptr + _row_tgt() * N + i_n)
         o_k = tl.arange(0, BLOCK_K)
         carry = 0.0
         occ_labels = 0.0
@@ -447,13 +520,13 @@ def _ctc_grad_kernel(
             b_p = tl.zeros([BLOCK_K], tl.float32)
             if IS_LOGITS:
                 b_x = tl.load(p_x + cls * stride_c, mask=end, other=0.0).to(tl.float32)
-                b_p = tl.exp2((b_x - lse) * LOG2E)
+                b_p = tl.exp2((b_x - lse) * _log2e())
             tl.store(p_g + cls * gstride_c, (g * (b_p - seg)).to(grad_ptr.dtype.element_ty), mask=end)
             occ_labels += tl.sum(occ, axis=0)
         # every path is in exactly one state at each frame: the blank's occupancy is the rest
         p_b = 0.0
         if IS_LOGITS:
-            p_b = tl.exp2((tl.load(p_x + blank * stride_c).to(tl.float32) - lse) * LOG2E)
+            p_b = tl.exp2((tl.load(p_x + blank * stride_c).to(tl.float32) - lse) * _log2e())
         tl.store(p_g + blank * gstride_c, (g * (p_b - (1.0 - occ_labels))).to(grad_ptr.dtype.element_ty))
 
 
@@ -488,6 +561,9 @@ def table_sizes(T: int, N: int, targets: torch.Tensor, padded: bool) -> tuple[in
     return T * (label_total + N), T * label_total
 
 
+REDUCTIONS = ("none", "sum", "mean")
+
+
 def ctc_forward(
     x: torch.Tensor,
     targets: torch.Tensor,
@@ -499,9 +575,10 @@ def ctc_forward(
     need_grad: bool,
     validate: bool,
     zero_infinity: bool = False,
+    reduction: str = "none",
     warps: int | None = None,
-) -> tuple[torch.Tensor, ...]:
-    """Loss per sample, and with ``need_grad`` the occupancies for ``ctc_backward``.
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], int]:
+    """The loss, and with ``need_grad`` the occupancies for ``ctc_backward``.
 
     Args:
         x: [T, N, C] float32/float16/bfloat16, any strides.
@@ -509,57 +586,58 @@ def ctc_forward(
         input_lengths, target_lengths: [N] int64 on x's device.
         validate: check the lengths and labels (reads them back: one synchronisation, which also sizes the
             alpha table exactly; without it the table is sized from the shapes).
+        reduction: "none" ([N] losses), "sum" or "mean" (a scalar, reduced on the device in a fixed order).
 
     Returns:
-        loss [N] float32 (0 for infinite losses with ``zero_infinity``), the weights of reduction="mean" [N]
-        float32, log2 p [N] float64, lse [N, T] float32 (empty unless logits), occupancy table, meta [7, N]
-        int64, sorted label keys, and the validation bits (0 when valid or not validated).
+        The output (float32; infinite losses are 0 with ``zero_infinity``), the state ``ctc_backward`` takes
+        (weights of the reduction [N], log2 p [N] float64, lse [N, T] (empty unless logits), occupancy table,
+        meta, sorted label keys), and the validation bits (0 when valid or not validated).
     """
     T, N, C = x.shape
     dev = x.device
     S = targets.shape[1] if padded else targets.numel()
     block = state_block(T, targets, padded)
     lp_size, alpha_size = table_sizes(T, N, targets, padded)
-    meta = _empty((META_ROWS, N), dtype=torch.int64, device=dev)
+    reduce = REDUCTIONS.index(reduction)
+    meta = _empty(META_ROWS * N + 1, dtype=torch.int64, device=dev)
     srt = _empty(targets.numel(), dtype=torch.int64, device=dev)
     weights = _empty(N, dtype=torch.float32, device=dev)
-    warps = warps or _recursion_warps(block)
-    _ctc_prepare_kernel[(N,)](
-        input_lengths, target_lengths, targets, meta, srt, weights, N, T, S, C, blank,
-        PADDED=padded, VALIDATE=validate, BLOCK_N=max(16, next_power_of_2(N)), BLOCK=block, num_warps=warps,
-    )  # fmt: skip
-    loss = _empty(N, dtype=torch.float32, device=dev)
     lse = _empty((N, T) if logits else (0,), dtype=torch.float32, device=dev)
     table = _empty(lp_size, dtype=torch.float32, device=dev)
-    flags = 0
-    if validate:  # one read of the device: the error bits, and the label counts that size the alpha table
-        label_counts, errors = meta[1:3].tolist()  # rows META_L, META_ERR
-        flags = functools.reduce(operator.or_, errors, 0)
-        if flags != 0:
-            return loss, weights, loss, lse, table, meta, srt, flags
-        alpha_size = T * sum(label_counts)
+    warps = warps or _recursion_warps(block)
+    block_n = max(16, next_power_of_2(N))
+    _ctc_prepare_kernel[(N,)](
+        input_lengths, target_lengths, targets, meta, srt, weights, N, T, S, C, blank,
+        PADDED=padded, VALIDATE=validate, MEAN=reduce == 2, BLOCK_N=block_n, BLOCK=block, num_warps=warps,
+    )  # fmt: skip
+    # the emission kernel is safe on unchecked input (it clamps), so it runs before the validation is read
     block_c = min(next_power_of_2(C), 2048)
     _ctc_emission_kernel[(T * N,)](
         x, lse, table, targets, meta, N, T, C, x.stride(0), x.stride(1), x.stride(2), blank,
         IS_LOGITS=logits, BLOCK_C=block_c, BLOCK_L=min(block, 256), num_warps=4 if block_c >= 512 else 1,
     )  # fmt: skip
+    if validate:  # one read of the device: the error bits, and the label counts that size the alpha table
+        counts_and_errors = meta[N : 3 * N].tolist()  # rows META_L, META_ERR
+        flags = functools.reduce(operator.or_, counts_and_errors[N:], 0)
+        if flags != 0:
+            return weights, (), flags
+        alpha_size = T * sum(counts_and_errors[:N])
+    loss = _empty(N, dtype=torch.float32, device=dev)
+    out = _empty((), dtype=torch.float32, device=dev) if reduce else loss
     alpha = _empty(alpha_size if need_grad else 0, dtype=torch.float64, device=dev)
     logp = _empty(N, dtype=torch.float64, device=dev)
-    _ctc_alpha_kernel[(N,)](
-        table, alpha, loss, logp, targets, meta, N, T,
-        STORE_ALPHA=need_grad, ZERO_INFINITY=zero_infinity, BLOCK=block, num_warps=warps,
+    _ctc_recursion_kernel[(N,)](
+        table, alpha, loss, logp, out, weights, targets, meta, N, T,
+        NEED_GRAD=need_grad, ZERO_INFINITY=zero_infinity, REDUCE=reduce != 0, BLOCK=block,
+        BLOCK_N=min(block_n, 1024), num_warps=warps,
     )  # fmt: skip
-    if need_grad:
-        _ctc_beta_kernel[(N,)](
-            table, alpha, logp, targets, meta, N, T,
-            BLOCK=block, num_warps=warps,
-        )  # fmt: skip
-    return loss, weights, logp, lse, table, meta, srt, flags
+    return out, (weights, logp, lse, table, meta, srt), 0
 
 
 def ctc_backward(
-    grad_loss: torch.Tensor,
+    grad_out: torch.Tensor,
     x: torch.Tensor,
+    weights: torch.Tensor,
     logp: torch.Tensor,
     lse: torch.Tensor,
     table: torch.Tensor,
@@ -568,13 +646,15 @@ def ctc_backward(
     blank: int,
     logits: bool,
 ) -> torch.Tensor:
-    """Gradient of sum(grad_loss * loss) with respect to x: [T, N, C] in x's dtype and layout."""
+    """Gradient of the output with respect to x, given its upstream gradient ``grad_out`` ([N] for
+    reduction="none", else a scalar): [T, N, C] in x's dtype and layout."""
     T, N, C = x.shape
     grad = _empty_like(x)
+    reduced = grad_out.dim() == 0
     block_c = min(next_power_of_2(C), 1024)
     _ctc_grad_kernel[(T * N,)](
-        x, grad, lse, table, logp, grad_loss, grad_loss.stride(0), srt, meta, N, T, C,
+        x, grad, lse, table, logp, grad_out, 0 if reduced else grad_out.stride(0), weights, srt, meta, N, T, C,
         x.stride(0), x.stride(1), x.stride(2), grad.stride(0), grad.stride(1), grad.stride(2), blank,
-        IS_LOGITS=logits, BLOCK_C=block_c, BLOCK_K=64, num_warps=4 if block_c >= 512 else 1,
+        IS_LOGITS=logits, REDUCED=reduced, BLOCK_C=block_c, BLOCK_K=64, num_warps=4 if block_c >= 512 else 1,
     )  # fmt: skip
     return grad

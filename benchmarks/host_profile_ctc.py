@@ -1,0 +1,158 @@
+"""Where the host time of a small CTC step goes (run on the GPU machine).
+
+python benchmarks/host_profile_ctc.py [--rows 150x1x28]: CPU microseconds per call of the building blocks
+(a torch op, an allocation, a Triton launch, a custom autograd.Function step), of a whole speechkernels step
+and of the torch peers' steps, then a cProfile of the speechkernels step with the autograd engine kept on the
+calling thread (so that the backward's Python shows up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+
+import torch
+import triton
+import triton.language as tl
+
+import speechkernels as sk
+from speechkernels.bench.ctc import _cudnn_form, make_inputs
+
+
+@triton.jit
+def _tiny_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    o = tl.arange(0, BLOCK)
+    tl.store(y_ptr + o, tl.load(x_ptr + o, mask=o < n, other=0.0), mask=o < n)
+
+
+@triton.jit
+def _many_args_kernel(a, b, c, d, e, f, g, h, n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, BLOCK: tl.constexpr):
+    o = tl.arange(0, BLOCK)
+    tl.store(b + o, tl.load(a + o) + n0 + n1 + n2 + n3 + n4 + n5 + n6 + n7 + n8 + n9)
+
+
+def us(fn, n=400, sync_each=False):
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    best = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+            if sync_each:
+                torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        best.append((t1 - t0) / n * 1e6)
+    return min(best)
+
+
+class _OneOp(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.sum(0)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.expand(4, -1).clone()
+
+
+def profile_row(row, dev, out):
+    T, N, C = (int(s) for s in row.split("x"))
+    x, tg, il, tl_ = make_inputs(T, N, C, dev)
+    tgd, ild, tld = tg.to(dev), il.to(dev), tl_.to(dev)
+    v = x.clone().requires_grad_()
+    form = _cudnn_form(x, tg, il, tl_)
+
+    def sk_step(validate=True, logits=True, il=ild, tl=tld):
+        v.grad = None
+        xx = v if logits else v.log_softmax(-1)
+        sk.ctc_loss(xx, tgd, il, tl, logits=logits, validate=validate).backward()
+
+    def native_step():
+        v.grad = None
+        torch.nn.functional.ctc_loss(v.log_softmax(-1), tgd, ild, tld).backward()
+
+    def cudnn_step():
+        v.grad = None
+        torch.nn.functional.ctc_loss(v.log_softmax(-1), *form).backward()
+
+    print(f"# {T}x{N}x{C}")
+    res = {
+        "sk step logits validate": lambda: sk_step(),
+        "sk step logits no validate": lambda: sk_step(False),
+        "sk step logits, CPU lengths": lambda: sk_step(il=il, tl=tl_),
+        "sk step log_probs": lambda: sk_step(logits=False),
+        "torch native step": native_step,
+    }
+    if form is not None:
+        res["torch cudnn step"] = cudnn_step
+    for k, fn in res.items():
+        out[f"{row} {k}"] = us(fn, n=200)
+        out[f"{row} {k} (sync each)"] = us(fn, n=200, sync_each=True)
+    with torch.no_grad():
+        out[f"{row} sk forward only, no grad"] = us(lambda: sk.ctc_loss(v, tgd, ild, tld, logits=True), n=200)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--rows", default="150x1x28")
+    args = p.parse_args()
+    dev = torch.device("cuda")
+    a = torch.randn(1024, device=dev)
+    b = torch.empty_like(a)
+    out = {}
+    out["torch op (clamp)"] = us(lambda: a.clamp(min=1))
+    out["torch.empty(16)"] = us(lambda: torch.empty(16, device=dev))
+    out["tensor.to(same device)"] = us(lambda: a.to(dev))
+    out["triton launch, 3 args"] = us(lambda: _tiny_kernel[(1,)](a, b, 100, BLOCK=128))
+    out["triton launch, 18 args"] = us(
+        lambda: _many_args_kernel[(1,)](a, b, a, b, a, b, a, b, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, BLOCK=128)
+    )
+    out["cuda synchronize (idle)"] = us(torch.cuda.synchronize)
+    out["tiny launch + .tolist() of 2 values"] = us(lambda: (_tiny_kernel[(1,)](a, b, 100, BLOCK=128), b[:2].tolist()))
+    v4 = torch.randn(4, 16, device=dev, requires_grad=True)
+
+    def one_op_step():
+        v4.grad = None
+        _OneOp.apply(v4).sum().backward()
+
+    out["autograd.Function step (1 op each way) + sum"] = us(one_op_step)
+    with torch.autograd.set_multithreading_enabled(False):
+        out["  same, autograd on the calling thread"] = us(one_op_step)
+    for row in args.rows.split(","):
+        profile_row(row, dev, out)
+    for k, val in out.items():
+        print(f"{val:9.1f} us  {k}")
+
+    T, N, C = (int(s) for s in args.rows.split(",")[0].split("x"))
+    x, tg, il, tl_ = make_inputs(T, N, C, dev)
+    tgd, ild, tld = tg.to(dev), il.to(dev), tl_.to(dev)
+    v = x.clone().requires_grad_()
+
+    def step():
+        v.grad = None
+        sk.ctc_loss(v, tgd, ild, tld, logits=True).backward()
+
+    with torch.autograd.set_multithreading_enabled(False):
+        for _ in range(50):
+            step()
+        torch.cuda.synchronize()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(300):
+            step()
+        torch.cuda.synchronize()
+        prof.disable()
+    for key in ("tottime", "cumulative"):
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats(key).print_stats(35)
+        print(s.getvalue())
+
+
+if __name__ == "__main__":
+    main()
