@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 
 import torch
 
@@ -72,37 +73,68 @@ def cpu_profile(T, N, C):
 
 
 def sweep(T, N, C, warps_list, check):
+    """The forward launcher (emission and both recursions) over num_warps, alpha and beta fused or split, then the
+    whole step with each split choice."""
     dev = torch.device("cuda")
     x, tg, il, tl = make_inputs(T, N, C, dev)
     tg, il, tl = tg.to(dev), il.to(dev), tl.to(dev)
     ref = reference(x, tg, il, tl) if check else None
-    for w in warps_list:
+    for split in (False, True):
+        for w in warps_list:
 
-        def fwd(w=w):
-            return kernels.ctc_forward(x, tg, il, tl, 0, True, True, True, False, warps=w)
+            def fwd(w=w, split=split):
+                return kernels.ctc_forward(x, tg, il, tl, 0, True, True, True, False, warps=w, split_recursion=split)
 
-        ms = time_ms(fwd, dev, reps=10)
-        line = f"{T}x{N}x{C} warps={w:2d}: forward (emission, alpha+beta) {ms:8.3f} ms"
-        if ref is not None:
-            loss, state, _ = fwd()
-            fin = torch.isfinite(ref[0])
-            g = kernels.ctc_backward(fin.float(), x, *state, 0, True)
-            rel = ((loss.double() - ref[0]).abs() / ref[0].abs())[fin].max().item()
-            line += f"  loss err {rel:.1e} grad err {(g.double() - ref[1]).abs().max().item():.1e}"
-        print(line, flush=True)
+            ms = time_ms(fwd, dev, reps=10)
+            line = f"{T}x{N}x{C} split={split:d} warps={w:2d}: forward {ms:8.3f} ms"
+            if ref is not None:
+                loss, state, _ = fwd()
+                fin = torch.isfinite(ref[0])
+                g = kernels.ctc_backward(fin.float(), x, *state, 0, True)
+                rel = ((loss.double() - ref[0]).abs() / ref[0].abs())[fin].max().item()
+                line += f"  loss err {rel:.1e} grad err {(g.double() - ref[1]).abs().max().item():.1e}"
+            print(line, flush=True)
+    real = kernels.ctc_forward
+    for split in (False, True):
+        kernels.ctc_forward = functools.partial(real, split_recursion=split)
+        try:
+            print(f"{T}x{N}x{C} split={split:d}: step {time_ms(_step(T, N, C, dev), dev, reps=30):8.3f} ms", flush=True)
+        finally:
+            kernels.ctc_forward = real
+
+
+def grad_sweep(T, N, C):
+    """The gradient kernel alone over its row block and num_warps, with its HBM rate (x read, gradient written)."""
+    dev = torch.device("cuda")
+    x, tg, il, tl = make_inputs(T, N, C, dev)
+    tg, il, tl = tg.to(dev), il.to(dev), tl.to(dev)
+    _, state, _ = kernels.ctc_forward(x, tg, il, tl, 0, True, True, True, False)
+    g = torch.ones(N, device=dev)
+    base = kernels.ctc_backward(g, x, *state, 0, True)
+    for block_c, warps in ((1024, 4), (1024, 8), (2048, 4), (2048, 8), (4096, 8), (4096, 16)):
+        grad = kernels.ctc_backward(g, x, *state, 0, True, block_c=block_c, warps=warps)
+        same = torch.equal(grad, base)
+        ms = time_ms(lambda b=block_c, w=warps: kernels.ctc_backward(g, x, *state, 0, True, block_c=b, warps=w), dev)
+        rate = 2 * x.numel() * x.element_size() / ms / 1e9
+        print(f"{T}x{N}x{C} grad block_c={block_c:5d} warps={warps:2d}: {ms:7.3f} ms {rate:5.2f} TB/s same={same}")
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="150x1x28,150x256x5000,1500x1x29,1500x128x1000")
     ap.add_argument("--sweep", default="150x1x28:1500x1x29:1500x32x29")
+    ap.add_argument("--no-cpu-profile", action="store_true")
+    ap.add_argument("--grad-sweep", default="150x256x5000")
     a = ap.parse_args()
     for r in a.rows.split(","):
         profile(*(int(v) for v in r.split("x")))
-    cpu_profile(150, 1, 28)
+    if not a.no_cpu_profile:
+        cpu_profile(150, 1, 28)
     for r in a.sweep.split(":"):
         T, N, C = (int(v) for v in r.split("x"))
         sweep(T, N, C, [2, 4, 8] if T <= 150 else [8, 16, 32], check=True)
+    for r in a.grad_sweep.split(":") if a.grad_sweep else []:
+        grad_sweep(*(int(v) for v in r.split("x")))
 
 
 if __name__ == "__main__":

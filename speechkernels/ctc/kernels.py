@@ -412,34 +412,39 @@ def _ctc_recursion_kernel(
     NEED_GRAD: tl.constexpr,
     ZERO_INFINITY: tl.constexpr,
     REDUCE: tl.constexpr,
+    PARTS: tl.constexpr,  # 1: alpha (+ reduction), 2: beta (log p from logp_ptr), 3: both
     BLOCK: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     i_n = tl.program_id(0).to(tl.int64)
     T_n, L, L_c, p_lp, p_al, o_j, can_skip = _recursion_setup(lp_ptr, alpha_ptr, tgt_ptr, meta_ptr, N, i_n, BLOCK)
-    logp = _alpha(p_lp, p_al, T, T_n, L, L_c, o_j, can_skip, STORE_ALPHA=NEED_GRAD)
-    tl.store(logp_ptr + i_n, logp)
-    loss = -logp * _ln2()
-    if ZERO_INFINITY:
-        loss = tl.where(loss == float("inf"), 0.0, loss)
-    tl.store(loss_ptr + i_n, loss.to(tl.float32))
-    if NEED_GRAD:
-        # the alpha table written above is read back by other threads of this program
-        tl.debug_barrier()
+    if PARTS & 1:
+        logp = _alpha(p_lp, p_al, T, T_n, L, L_c, o_j, can_skip, STORE_ALPHA=NEED_GRAD)
+        tl.store(logp_ptr + i_n, logp)
+        loss = -logp * _ln2()
+        if ZERO_INFINITY:
+            loss = tl.where(loss == float("inf"), 0.0, loss)
+        tl.store(loss_ptr + i_n, loss.to(tl.float32))
+        if REDUCE:
+            # the last program to finish sums the losses in a fixed order (deterministic, no float atomics); the
+            # counter was zeroed by _ctc_prepare_kernel, and the atomic orders this program's loss store before it
+            done = tl.atomic_add(meta_ptr + _row_counter() * N, 1, sem="acq_rel")
+            if done == N - 1:
+                o_n = tl.arange(0, BLOCK_N)
+                acc = tl.zeros([BLOCK_N], tl.float64)
+                for n0 in range(0, N, BLOCK_N):
+                    m_n = n0 + o_n < N
+                    b_loss = tl.load(loss_ptr + n0 + o_n, mask=m_n, other=0.0, cache_modifier=".cg")
+                    b_w = tl.load(w_ptr + n0 + o_n, mask=m_n, other=0.0)
+                    acc += b_loss.to(tl.float64) * b_w.to(tl.float64)
+                tl.store(out_ptr, tl.sum(acc, axis=0).to(tl.float32))
+    else:
+        logp = tl.load(logp_ptr + i_n)
+    if PARTS & 2:
+        if PARTS & 1:
+            # the alpha table written above is read back by other threads of this program
+            tl.debug_barrier()
         _beta(p_lp, p_al, logp, T, T_n, L, L_c, o_j, can_skip)
-    if REDUCE:
-        # the last program to finish sums the losses in a fixed order (deterministic, no float atomics); the
-        # counter was zeroed by _ctc_prepare_kernel, and the atomic orders this program's loss store before it
-        done = tl.atomic_add(meta_ptr + _row_counter() * N, 1, sem="acq_rel")
-        if done == N - 1:
-            o_n = tl.arange(0, BLOCK_N)
-            acc = tl.zeros([BLOCK_N], tl.float64)
-            for n0 in range(0, N, BLOCK_N):
-                m_n = n0 + o_n < N
-                b_loss = tl.load(loss_ptr + n0 + o_n, mask=m_n, other=0.0, cache_modifier=".cg")
-                b_w = tl.load(w_ptr + n0 + o_n, mask=m_n, other=0.0)
-                acc += b_loss.to(tl.float64) * b_w.to(tl.float64)
-            tl.store(out_ptr, tl.sum(acc, axis=0).to(tl.float32))
 
 
 @triton.jit
@@ -577,6 +582,7 @@ def ctc_forward(
     zero_infinity: bool = False,
     reduction: str = "none",
     warps: int | None = None,
+    split_recursion: bool | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], int]:
     """The loss, and with ``need_grad`` the occupancies for ``ctc_backward``.
 
@@ -587,6 +593,8 @@ def ctc_forward(
         validate: check the lengths and labels (reads them back: one synchronisation, which also sizes the
             alpha table exactly; without it the table is sized from the shapes).
         reduction: "none" ([N] losses), "sum" or "mean" (a scalar, reduced on the device in a fixed order).
+        warps, split_recursion: the recursion kernel's num_warps, and whether alpha and beta run as two launches
+            (default: chosen from the sizes; for measurements).
 
     Returns:
         The output (float32; infinite losses are 0 with ``zero_infinity``), the state ``ctc_backward`` takes
@@ -610,27 +618,29 @@ def ctc_forward(
         input_lengths, target_lengths, targets, meta, srt, weights, N, T, S, C, blank,
         PADDED=padded, VALIDATE=validate, MEAN=reduce == 2, BLOCK_N=block_n, BLOCK=block, num_warps=warps,
     )  # fmt: skip
-    # the emission kernel is safe on unchecked input (it clamps), so it runs before the validation is read
+    if validate:  # one read of the device: the error bits, and the label counts that size the alpha table
+        counts_and_errors = meta[N : 3 * N].tolist()  # rows _row_l, _row_err
+        flags = functools.reduce(operator.or_, counts_and_errors[N:], 0)
+        if flags != 0:
+            return weights, (), flags
+        alpha_size = T * sum(counts_and_errors[:N])
     block_c = min(next_power_of_2(C), 2048)
     _ctc_emission_kernel[(T * N,)](
         x, lse, table, targets, meta, N, T, C, x.stride(0), x.stride(1), x.stride(2), blank,
         IS_LOGITS=logits, BLOCK_C=block_c, BLOCK_L=min(block, 256), num_warps=4 if block_c >= 512 else 1,
     )  # fmt: skip
-    if validate:  # one read of the device: the error bits, and the label counts that size the alpha table
-        counts_and_errors = meta[N : 3 * N].tolist()  # rows META_L, META_ERR
-        flags = functools.reduce(operator.or_, counts_and_errors[N:], 0)
-        if flags != 0:
-            return weights, (), flags
-        alpha_size = T * sum(counts_and_errors[:N])
     loss = _empty(N, dtype=torch.float32, device=dev)
     out = _empty((), dtype=torch.float32, device=dev) if reduce else loss
     alpha = _empty(alpha_size if need_grad else 0, dtype=torch.float64, device=dev)
     logp = _empty(N, dtype=torch.float64, device=dev)
-    _ctc_recursion_kernel[(N,)](
-        table, alpha, loss, logp, out, weights, targets, meta, N, T,
-        NEED_GRAD=need_grad, ZERO_INFINITY=zero_infinity, REDUCE=reduce != 0, BLOCK=block,
-        BLOCK_N=min(block_n, 1024), num_warps=warps,
-    )  # fmt: skip
+    if split_recursion is None:
+        split_recursion = False
+    args = (table, alpha, loss, logp, out, weights, targets, meta, N, T)
+    common = dict(ZERO_INFINITY=zero_infinity, REDUCE=reduce != 0, BLOCK=block, BLOCK_N=min(block_n, 1024))
+    parts = 3 if need_grad and not split_recursion else 1
+    _ctc_recursion_kernel[(N,)](*args, NEED_GRAD=need_grad, PARTS=parts, **common, num_warps=warps)
+    if need_grad and parts == 1:
+        _ctc_recursion_kernel[(N,)](*args, NEED_GRAD=True, PARTS=2, **common, num_warps=warps)
     return out, (weights, logp, lse, table, meta, srt), 0
 
 
@@ -645,16 +655,20 @@ def ctc_backward(
     srt: torch.Tensor,
     blank: int,
     logits: bool,
+    block_c: int | None = None,
+    warps: int | None = None,
 ) -> torch.Tensor:
     """Gradient of the output with respect to x, given its upstream gradient ``grad_out`` ([N] for
-    reduction="none", else a scalar): [T, N, C] in x's dtype and layout."""
+    reduction="none", else a scalar): [T, N, C] in x's dtype and layout. ``block_c``, ``warps``: the row
+    block and num_warps (default: chosen from C; for measurements)."""
     T, N, C = x.shape
     grad = _empty_like(x)
     reduced = grad_out.dim() == 0
-    block_c = min(next_power_of_2(C), 1024)
+    block_c = block_c or min(next_power_of_2(C), 1024)
+    warps = warps or (4 if block_c >= 512 else 1)
     _ctc_grad_kernel[(T * N,)](
         x, grad, lse, table, logp, grad_out, 0 if reduced else grad_out.stride(0), weights, srt, meta, N, T, C,
         x.stride(0), x.stride(1), x.stride(2), grad.stride(0), grad.stride(1), grad.stride(2), blank,
-        IS_LOGITS=logits, REDUCED=reduced, BLOCK_C=block_c, BLOCK_K=64, num_warps=4 if block_c >= 512 else 1,
+        IS_LOGITS=logits, REDUCED=reduced, BLOCK_C=block_c, BLOCK_K=64, num_warps=warps,
     )  # fmt: skip
     return grad
