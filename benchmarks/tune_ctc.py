@@ -111,12 +111,18 @@ def grad_sweep(T, N, C):
     _, state, _ = kernels.ctc_forward(x, tg, il, tl, 0, True, True, True, False)
     g = torch.ones(N, device=dev)
     base = kernels.ctc_backward(g, x, *state, 0, True)
-    for block_c, warps in ((1024, 4), (1024, 8), (2048, 4), (2048, 8), (4096, 8), (4096, 16)):
-        grad = kernels.ctc_backward(g, x, *state, 0, True, block_c=block_c, warps=warps)
+    for block_c, warps, block_k in (
+        (1024, 4, 64), (2048, 8, 64), (4096, 8, 64), (1024, 4, 256), (1024, 4, 1024), (2048, 8, 512), (32, 1, 64),
+        (32, 1, 256), (32, 1, 1024), (32, 2, 512), (32, 4, 1024),
+    ):  # fmt: skip
+        if block_c < min(C, 1024) or (block_c > 32 and C <= 32):
+            continue
+        kw = dict(block_c=block_c, warps=warps, block_k=block_k)
+        grad = kernels.ctc_backward(g, x, *state, 0, True, **kw)
         same = torch.equal(grad, base)
-        ms = time_ms(lambda b=block_c, w=warps: kernels.ctc_backward(g, x, *state, 0, True, block_c=b, warps=w), dev)
+        ms = time_ms(lambda kw=kw: kernels.ctc_backward(g, x, *state, 0, True, **kw), dev)
         rate = 2 * x.numel() * x.element_size() / ms / 1e9
-        print(f"{T}x{N}x{C} grad block_c={block_c:5d} warps={warps:2d}: {ms:7.3f} ms {rate:5.2f} TB/s same={same}")
+        print(f"{T}x{N}x{C} grad {kw}: {ms:7.3f} ms {rate:5.2f} TB/s same={same}", flush=True)
 
 
 def main():

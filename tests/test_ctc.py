@@ -227,6 +227,26 @@ def test_kernels_float16(kernel_device, kernel_spy):
     assert kernel_spy
 
 
+@pytest.mark.parametrize("reduction", ["none", "mean"])
+def test_kernels_split_recursion_and_blocks_agree(kernel_device, reduction):
+    """alpha and beta as one launch or two give the same bits; the gradient kernel's block choices agree."""
+    x, padded, il, tl = make_problem(15, 40, 3, 9, 12, device=kernel_device)
+    args = (x, padded, il, tl, 0, True, True, True, True, False, reduction)
+    out_a, state_a, _ = kernels.ctc_forward(*args, split_recursion=False)
+    out_b, state_b, _ = kernels.ctc_forward(*args, split_recursion=True)
+    assert torch.equal(out_a, out_b)
+    for a, b in zip(state_a, state_b):  # tables keep unwritten (NaN-poisoned) slots past the samples' sizes
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+    g = torch.rand(() if reduction == "mean" else 3, generator=torch.Generator().manual_seed(16))
+    base = kernels.ctc_backward(g, x, *state_a, 0, True)
+    # the row block and warps change no sum; the label block changes the order of the repeated classes' sums
+    assert torch.equal(kernels.ctc_backward(g, x, *state_a, 0, True, block_c=32, warps=2), base)
+    chunked = kernels.ctc_backward(g, x, *state_a, 0, True, block_c=16, warps=1, block_k=4)
+    torch.testing.assert_close(chunked, base, rtol=0, atol=1e-6)
+    ref = reference(x, padded, il, tl, 0, reduction, True)[1]
+    torch.testing.assert_close(out_a.double(), ref.detach(), rtol=1e-5, atol=1e-5)
+
+
 def test_kernels_long_labels_chunked_scan(kernel_device, kernel_spy):
     """More labels than one scan chunk (64), with repeated classes spread over several chunks."""
     T, N, C, S = 150, 2, 5, 70

@@ -657,10 +657,11 @@ def ctc_backward(
     logits: bool,
     block_c: int | None = None,
     warps: int | None = None,
+    block_k: int | None = None,
 ) -> torch.Tensor:
     """Gradient of the output with respect to x, given its upstream gradient ``grad_out`` ([N] for
-    reduction="none", else a scalar): [T, N, C] in x's dtype and layout. ``block_c``, ``warps``: the row
-    block and num_warps (default: chosen from C; for measurements)."""
+    reduction="none", else a scalar): [T, N, C] in x's dtype and layout. ``block_c``, ``warps``, ``block_k``:
+    the row block, num_warps and label block (default: chosen from the sizes; for measurements)."""
     T, N, C = x.shape
     grad = _empty_like(x)
     reduced = grad_out.dim() == 0
@@ -669,6 +670,6 @@ def ctc_backward(
     _ctc_grad_kernel[(T * N,)](
         x, grad, lse, table, logp, grad_out, 0 if reduced else grad_out.stride(0), weights, srt, meta, N, T, C,
         x.stride(0), x.stride(1), x.stride(2), grad.stride(0), grad.stride(1), grad.stride(2), blank,
-        IS_LOGITS=logits, REDUCED=reduced, BLOCK_C=block_c, BLOCK_K=64, num_warps=warps,
+        IS_LOGITS=logits, REDUCED=reduced, BLOCK_C=block_c, BLOCK_K=block_k or 64, num_warps=warps,
     )  # fmt: skip
     return grad
