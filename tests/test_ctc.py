@@ -235,7 +235,7 @@ def test_kernels_split_recursion_and_blocks_agree(kernel_device, reduction):
     out_a, state_a, _ = kernels.ctc_forward(*args, split_recursion=False)
     out_b, state_b, _ = kernels.ctc_forward(*args, split_recursion=True)
     assert torch.equal(out_a, out_b)
-    for a, b in zip(state_a, state_b):  # tables keep unwritten (NaN-poisoned) slots past the samples' sizes
+    for a, b in zip(state_a, state_b, strict=True):  # unwritten table slots are NaN
         torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
     g = torch.rand(() if reduction == "mean" else 3, generator=torch.Generator().manual_seed(16))
     base = kernels.ctc_backward(g, x, *state_a, 0, True)
