@@ -549,9 +549,10 @@ def _empty_like(x: torch.Tensor) -> torch.Tensor:
 
 
 def _recursion_warps(block: int) -> int:
-    # measured on the H100 (benchmarks/NOTES.md): few warps for short label sequences, where the per-step
-    # exchange between warps dominates; up to 32 for long ones, where the arithmetic per step does
-    return max(1, block // 128) if block <= 512 else min(32, block // 64)
+    # measured on the H100 (benchmarks/NOTES.md): one warp per 64 states, up to 32: few warps for short label
+    # sequences, where the per-step exchange between warps dominates; up to 32 for long ones, where the
+    # arithmetic per step does
+    return min(32, max(1, block // 64))
 
 
 def state_block(T: int, targets: torch.Tensor, padded: bool) -> int:
@@ -665,11 +666,14 @@ def ctc_backward(
     T, N, C = x.shape
     grad = _empty_like(x)
     reduced = grad_out.dim() == 0
-    block_c = block_c or min(next_power_of_2(C), 1024)
-    warps = warps or (4 if block_c >= 512 else 1)
+    # measured on the H100 (benchmarks/NOTES.md): wide rows want 8 warps; long label sequences a label block of
+    # 256 when there are 4 warps or more to scan it (one warp scans 64 faster)
+    block_c = block_c or min(next_power_of_2(C), 4096)
+    warps = warps or (8 if block_c >= 2048 else 4 if block_c >= 512 else 1)
+    block_k = block_k or (256 if warps >= 4 and srt.numel() > 256 * N else 64)
     _ctc_grad_kernel[(T * N,)](
         x, grad, lse, table, logp, grad_out, 0 if reduced else grad_out.stride(0), weights, srt, meta, N, T, C,
         x.stride(0), x.stride(1), x.stride(2), grad.stride(0), grad.stride(1), grad.stride(2), blank,
-        IS_LOGITS=logits, REDUCED=reduced, BLOCK_C=block_c, BLOCK_K=block_k or 64, num_warps=warps,
+        IS_LOGITS=logits, REDUCED=reduced, BLOCK_C=block_c, BLOCK_K=block_k, num_warps=warps,
     )  # fmt: skip
     return grad
