@@ -13,7 +13,7 @@ if [[ $what == tests || $what == all ]]; then
   rc=${PIPESTATUS[0]}
 fi
 if [[ $what == bench || $what == all ]]; then
-  python3 benchmarks/host_profile_ctc.py 2>&1 | grep -v -i warn | tee "$out/host_profile_ctc.log" | head -40
+  python3 benchmarks/host_profile_ctc.py 2>&1 | grep -v -i warn > "$out/host_profile_ctc.log"; head -40 "$out/host_profile_ctc.log"
   python3 -m speechkernels.bench ctc --json "$out/ctc.json" --plot "$out/ctc.png" "$@" 2>&1 \
     | grep -v -i "warn\|kernels:" | tee "$out/bench_ctc.log"
 fi
