@@ -36,6 +36,11 @@ def environment(device: torch.device) -> dict:
 
 def time_ms(fn: Callable[[], object], device: torch.device, warmup: int = 5, reps: int = 20) -> float:
     """Median wall time of fn() in milliseconds: CUDA events around each call after warm-up, or perf_counter on CPU."""
+    return statistics.median(times_ms(fn, device, warmup, reps))
+
+
+def times_ms(fn: Callable[[], object], device: torch.device, warmup: int = 5, reps: int = 20) -> list[float]:
+    """Wall time of each of ``reps`` calls of fn() in milliseconds, after warm-up."""
     for _ in range(warmup):
         fn()
     times = []
@@ -54,7 +59,7 @@ def time_ms(fn: Callable[[], object], device: torch.device, warmup: int = 5, rep
             t0 = time.perf_counter()
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return times
 
 
 def peak_extra_bytes(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 from collections.abc import Callable
 
 import torch
@@ -17,7 +18,7 @@ import torch
 import speechkernels as sk
 from speechkernels.ctc.reference import ctc_loss_reference
 
-from .common import environment, peak_extra_bytes, time_ms, write_json
+from .common import environment, peak_extra_bytes, times_ms, write_json
 
 T150 = [(150, n, c) for c in (28, 5000) for n in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
 T1500 = [(1500, n, c) for c in (29, 1000) for n in (1, 32, 128)]
@@ -139,10 +140,11 @@ def run(args) -> int:
                 v.grad = None
                 fn(v).backward()
 
-            ms = time_ms(step, device, reps=args.reps)
-
+            times = times_ms(step, device, reps=args.reps)
+            q1, _, q3 = statistics.quantiles(times, n=4)
             mem = peak_extra_bytes(step, device, before=lambda v=v: setattr(v, "grad", None))
-            entry = {"ms": ms, "peak_extra_bytes": mem}
+            entry = {"ms": statistics.median(times), "ms_quartiles": [q1, q3], "ms_min": min(times)}
+            entry["peak_extra_bytes"] = mem
             if name.startswith("torch") and device.type == "cuda":
                 entry["kernels"] = kernel_names(fn, x)
                 if not results:
