@@ -125,12 +125,30 @@ def grad_sweep(T, N, C):
         print(f"{T}x{N}x{C} grad {kw}: {ms:7.3f} ms {rate:5.2f} TB/s same={same}", flush=True)
 
 
+def ab_fuse(T, N, C, rounds=5):
+    """Whole step with the emission pass inside the recursion kernel or as its own grid, alternated to cancel
+    drift: the medians of each."""
+    dev = torch.device("cuda")
+    real = kernels.use_small_forward
+    times = {True: [], False: []}
+    try:
+        for _ in range(rounds):
+            for fused in (True, False):
+                kernels.use_small_forward = lambda *args, fused=fused: fused
+                times[fused].append(time_ms(_step(T, N, C, dev), dev, reps=20))
+    finally:
+        kernels.use_small_forward = real
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    print(f"{T}x{N}x{C} step: emission fused {med[True]:.3f} ms, own grid {med[False]:.3f} ms", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="150x1x28,150x256x5000,1500x1x29,1500x128x1000")
     ap.add_argument("--sweep", default="150x1x28:1500x1x29:1500x32x29")
     ap.add_argument("--no-cpu-profile", action="store_true")
     ap.add_argument("--grad-sweep", default="150x256x5000")
+    ap.add_argument("--ab-fuse", default="", help="rows for the fused/grid emission comparison")
     a = ap.parse_args()
     for r in a.rows.split(","):
         profile(*(int(v) for v in r.split("x")))
@@ -139,6 +157,8 @@ def main():
     for r in a.sweep.split(":"):
         T, N, C = (int(v) for v in r.split("x"))
         sweep(T, N, C, [2, 4, 8] if T <= 150 else [8, 16, 32], check=True)
+    for r in a.ab_fuse.split(":") if a.ab_fuse else []:
+        ab_fuse(*(int(v) for v in r.split("x")))
     for r in a.grad_sweep.split(":") if a.grad_sweep else []:
         grad_sweep(*(int(v) for v in r.split("x")))
 

@@ -64,6 +64,14 @@ def kernel_spy(monkeypatch):
     return calls
 
 
+@pytest.fixture(params=["grid", "fused"])
+def emission_path(request, monkeypatch):
+    """Both forward paths: the grid-wide emission kernel, and the emissions inside the recursion kernel."""
+    fused = request.param == "fused"
+    monkeypatch.setattr(kernels, "use_small_forward", lambda *args: fused)
+    return request.param
+
+
 def compare(x, padded, il, tl, *, blank=0, reduction="none", logits=True, layout="padded", tol=F32,
             zero_infinity=False, batch_first=False, seed=0):  # fmt: skip
     dtype, rtol, atol = tol
@@ -135,7 +143,7 @@ def test_reference_is_cpu_path_for_float64():
 @pytest.mark.parametrize("logits", [True, False])
 @pytest.mark.parametrize("layout", ["padded", "concatenated"])
 @pytest.mark.parametrize("seed", range(2))
-def test_kernels_match_reference(kernel_device, kernel_spy, logits, layout, seed):
+def test_kernels_match_reference(kernel_device, kernel_spy, emission_path, logits, layout, seed):
     g = torch.Generator().manual_seed(100 + seed)
     T, N, C = (int(torch.randint(lo, hi, (1,), generator=g)) for lo, hi in ((1, 14), (1, 5), (2, 9)))
     S = int(torch.randint(1, 8, (1,), generator=g))
@@ -155,14 +163,14 @@ def test_kernels_reductions(kernel_device, kernel_spy, reduction):
     assert kernel_spy
 
 
-def test_kernels_unnormalised_log_probs(kernel_device, kernel_spy):
+def test_kernels_unnormalised_log_probs(kernel_device, kernel_spy, emission_path):
     """logits=False on scores that are not log-probabilities: the gradient is the exact derivative."""
     x, padded, il, tl = make_problem(12, 10, 3, 5, 4, device=kernel_device, scale=3.0)
     compare(x + 1.5, padded, il, tl, logits=False)
     assert kernel_spy
 
 
-def test_kernels_edge_cases(kernel_device, kernel_spy):
+def test_kernels_edge_cases(kernel_device, kernel_spy, emission_path):
     # T = 1; empty labels; a label sequence of repeats that needs blanks between; input length 0
     T, N, C = 6, 6, 4
     x = torch.randn(T, N, C, generator=torch.Generator().manual_seed(5))
@@ -174,7 +182,7 @@ def test_kernels_edge_cases(kernel_device, kernel_spy):
     assert kernel_spy
 
 
-def test_kernels_impossible_samples(kernel_device, kernel_spy):
+def test_kernels_impossible_samples(kernel_device, kernel_spy, emission_path):
     """No alignment: infinite loss (or zero with zero_infinity), zero gradient, never NaN."""
     T, N, C = 5, 4, 5
     x = torch.randn(T, N, C, generator=torch.Generator().manual_seed(6), requires_grad=True)
@@ -195,7 +203,7 @@ def test_kernels_impossible_samples(kernel_device, kernel_spy):
     assert kernel_spy
 
 
-def test_kernels_nan_stays_in_its_sample(kernel_device, kernel_spy):
+def test_kernels_nan_stays_in_its_sample(kernel_device, kernel_spy, emission_path):
     x, padded, il, tl = make_problem(8, 8, 3, 5, 3, device=kernel_device)
     x[2, 1, 3] = math.nan
     x.requires_grad_()
@@ -207,7 +215,7 @@ def test_kernels_nan_stays_in_its_sample(kernel_device, kernel_spy):
     assert kernel_spy
 
 
-def test_kernels_layouts_and_argument_forms(kernel_device, kernel_spy):
+def test_kernels_layouts_and_argument_forms(kernel_device, kernel_spy, emission_path):
     x, padded, il, tl = make_problem(9, 9, 3, 6, 4, device=kernel_device)
     compare(x, padded, il, tl, batch_first=True, reduction="sum")
     ref = sk.ctc_loss(x, padded, il, tl, reduction="none", logits=True)
@@ -221,7 +229,7 @@ def test_kernels_layouts_and_argument_forms(kernel_device, kernel_spy):
     assert kernel_spy
 
 
-def test_kernels_float16(kernel_device, kernel_spy):
+def test_kernels_float16(kernel_device, kernel_spy, emission_path):
     x, padded, il, tl = make_problem(10, 10, 3, 7, 4, device=kernel_device, dtype=torch.float16)
     compare(x, padded, il, tl, tol=F16)
     assert kernel_spy
@@ -247,7 +255,7 @@ def test_kernels_split_recursion_and_blocks_agree(kernel_device, reduction):
     torch.testing.assert_close(out_a.double(), ref.detach(), rtol=1e-5, atol=1e-5)
 
 
-def test_kernels_long_labels_chunked_scan(kernel_device, kernel_spy):
+def test_kernels_long_labels_chunked_scan(kernel_device, kernel_spy, emission_path):
     """More labels than one scan chunk (64), with repeated classes spread over several chunks."""
     T, N, C, S = 150, 2, 5, 70
     x, _, _, _ = make_problem(13, T, N, C, S, device=kernel_device)

@@ -398,25 +398,13 @@ def _beta(p_lp, p_al, logp, T, T_n, L, L_c, o_j, can_skip):
 
 
 @triton.jit
-def _ctc_recursion_kernel(
-    lp_ptr,  # packed emissions (log2) in; with NEED_GRAD label occupancies out, in place
-    alpha_ptr,  # packed float64 scratch: per frame, the L label states before the frame's emission
-    loss_ptr,  # [N] float32 out: per-sample losses
-    logp_ptr,  # [N] float64 out: log2 p(labels | input)
-    out_ptr,  # [] float32 out with REDUCE: sum over samples of loss * weight
-    w_ptr,  # [N] float32 weights of the reduction (from _ctc_prepare_kernel)
-    tgt_ptr,
-    meta_ptr,
-    N,
-    T,
-    NEED_GRAD: tl.constexpr,
-    ZERO_INFINITY: tl.constexpr,
-    REDUCE: tl.constexpr,
-    PARTS: tl.constexpr,  # 1: alpha (+ reduction), 2: beta (log p from logp_ptr), 3: both
-    BLOCK: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    i_n = tl.program_id(0).to(tl.int64)
+def _recursions(
+    lp_ptr, alpha_ptr, loss_ptr, logp_ptr, out_ptr, w_ptr, tgt_ptr, meta_ptr, N, T, i_n,
+    NEED_GRAD: tl.constexpr, ZERO_INFINITY: tl.constexpr, REDUCE: tl.constexpr, PARTS: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Sample i_n's alpha pass (loss, log p, and with REDUCE the batch reduction by the last program) and/or
+    its beta pass (occupancies), as PARTS says."""
     T_n, L, L_c, p_lp, p_al, o_j, can_skip = _recursion_setup(lp_ptr, alpha_ptr, tgt_ptr, meta_ptr, N, i_n, BLOCK)
     if PARTS & 1:
         logp = _alpha(p_lp, p_al, T, T_n, L, L_c, o_j, can_skip, STORE_ALPHA=NEED_GRAD)
@@ -445,6 +433,99 @@ def _ctc_recursion_kernel(
             # the alpha table written above is read back by other threads of this program
             tl.debug_barrier()
         _beta(p_lp, p_al, logp, T, T_n, L, L_c, o_j, can_skip)
+
+
+@triton.jit
+def _ctc_recursion_kernel(
+    lp_ptr,  # packed emissions (log2) in; with NEED_GRAD label occupancies out, in place
+    alpha_ptr,  # packed float64 scratch: per frame, the L label states before the frame's emission
+    loss_ptr,  # [N] float32 out: per-sample losses
+    logp_ptr,  # [N] float64 out: log2 p(labels | input)
+    out_ptr,  # [] float32 out with REDUCE: sum over samples of loss * weight
+    w_ptr,  # [N] float32 weights of the reduction (from _ctc_prepare_kernel)
+    tgt_ptr,
+    meta_ptr,
+    N,
+    T,
+    NEED_GRAD: tl.constexpr,
+    ZERO_INFINITY: tl.constexpr,
+    REDUCE: tl.constexpr,
+    PARTS: tl.constexpr,  # 1: alpha (+ reduction), 2: beta (log p from logp_ptr), 3: both
+    BLOCK: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    i_n = tl.program_id(0).to(tl.int64)
+    _recursions(lp_ptr, alpha_ptr, loss_ptr, logp_ptr, out_ptr, w_ptr, tgt_ptr, meta_ptr, N, T, i_n,
+                NEED_GRAD, ZERO_INFINITY, REDUCE, PARTS, BLOCK, BLOCK_N)  # fmt: skip
+
+
+@triton.jit
+def _ctc_small_forward_kernel(
+    x_ptr,  # [T, N, C] activations (any strides), C <= BLOCK_C
+    lse_ptr,  # [N, T] float32 out (IS_LOGITS)
+    lp_ptr,
+    alpha_ptr,
+    loss_ptr,
+    logp_ptr,
+    out_ptr,
+    w_ptr,
+    tgt_ptr,
+    meta_ptr,
+    N,
+    T,
+    C,
+    stride_t,
+    stride_n,
+    stride_c,
+    blank,
+    IS_LOGITS: tl.constexpr,
+    NEED_GRAD: tl.constexpr,
+    ZERO_INFINITY: tl.constexpr,
+    REDUCE: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+):
+    """Emission pass and recursions of one sample in one program, for small problems (few classes), where a
+    launch costs more host time than the grid-wide emission pass saves: frames are taken BLOCK_T at a time
+    as [BLOCK_T, BLOCK_C] tiles, so the sample's emissions cost T / BLOCK_T dependent steps."""
+    i_n = tl.program_id(0).to(tl.int64)
+    T_n = tl.load(meta_ptr + _row_t() * N + i_n)
+    L = tl.load(meta_ptr + _row_l() * N + i_n)
+    tgt_base = tl.load(meta_ptr + _row_tgt() * N + i_n)
+    p_lp = lp_ptr + tl.load(meta_ptr + _row_lp() * N + i_n)
+    o_t = tl.arange(0, BLOCK_T)
+    o_c = tl.arange(0, BLOCK_C)
+    o_l = tl.arange(0, BLOCK_L)
+    for t0 in range(0, T_n, BLOCK_T):
+        t = t0 + o_t
+        m_t = t < T_n
+        p_x = x_ptr + t.to(tl.int64) * stride_t + i_n * stride_n
+        lse = tl.zeros([BLOCK_T], tl.float32)
+        if IS_LOGITS:
+            m_tc = m_t[:, None] & (o_c[None, :] < C)
+            b_x = tl.load(p_x[:, None] + o_c[None, :] * stride_c, mask=m_tc, other=float("-inf"))
+            b_x = b_x.to(tl.float32) * _log2e()
+            b_m = tl.max(b_x, axis=1)
+            b_m = tl.where(b_m == float("-inf"), 0.0, b_m)
+            lse = (b_m + tl.log2(tl.sum(tl.exp2(b_x - b_m[:, None]), axis=1))) * _ln2()
+            tl.store(lse_ptr + i_n * T + t, lse, mask=m_t)
+        p_row = p_lp + t * (L + 1)
+        x_blank = tl.load(p_x + blank * stride_c, mask=m_t, other=0.0).to(tl.float32)
+        tl.store(p_row, (x_blank - lse) * _log2e(), mask=m_t)
+        for j0 in range(0, L, BLOCK_L):
+            m_l = j0 + o_l < L
+            lab = tl.load(tgt_ptr + tgt_base + j0 + o_l, mask=m_l, other=0).to(tl.int64)
+            lab = tl.minimum(tl.maximum(lab, 0), C - 1)
+            m_tl = m_t[:, None] & m_l[None, :]
+            b_e = tl.load(p_x[:, None] + lab[None, :] * stride_c, mask=m_tl, other=0.0).to(tl.float32)
+            tl.store(p_row[:, None] + 1 + j0 + o_l[None, :], (b_e - lse[:, None]) * _log2e(), mask=m_tl)
+    # the table written above is read by other threads of this program
+    tl.debug_barrier()
+    _recursions(lp_ptr, alpha_ptr, loss_ptr, logp_ptr, out_ptr, w_ptr, tgt_ptr, meta_ptr, N, T, i_n,
+                NEED_GRAD, ZERO_INFINITY, REDUCE, 3 if NEED_GRAD else 1, BLOCK, BLOCK_N)  # fmt: skip
 
 
 @triton.jit
@@ -555,6 +636,17 @@ def _recursion_warps(block: int) -> int:
     return min(32, max(1, block // 64))
 
 
+SMALL_BLOCK_T = 32
+SMALL_BLOCK_L = 64
+
+
+def use_small_forward(T: int, C: int, block: int) -> bool:
+    """Whether one program per sample computes its own emissions: for few classes and few (frame tile, label
+    chunk) steps, where the launch it saves costs more host time than the serial tiles cost GPU time."""
+    tiles = -(-T // SMALL_BLOCK_T) * -(-block // SMALL_BLOCK_L)
+    return C <= 256 and tiles <= 32
+
+
 def state_block(T: int, targets: torch.Tensor, padded: bool) -> int:
     """Vector length of the recursions: room for the longest label sequence that can still align (L <= T)."""
     longest = targets.shape[1] if padded else targets.numel()
@@ -583,7 +675,8 @@ def ctc_forward(
     zero_infinity: bool = False,
     reduction: str = "none",
     warps: int | None = None,
-    split_recursion: bool | None = None,
+    split_recursion: bool = False,
+    fuse_emission: bool | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], int]:
     """The loss, and with ``need_grad`` the occupancies for ``ctc_backward``.
 
@@ -594,8 +687,9 @@ def ctc_forward(
         validate: check the lengths and labels (reads them back: one synchronisation, which also sizes the
             alpha table exactly; without it the table is sized from the shapes).
         reduction: "none" ([N] losses), "sum" or "mean" (a scalar, reduced on the device in a fixed order).
-        warps, split_recursion: the recursion kernel's num_warps, and whether alpha and beta run as two launches
-            (default: chosen from the sizes; for measurements).
+        warps, split_recursion, fuse_emission: the recursion kernel's num_warps, whether alpha and beta run as
+            two launches, whether the emission pass runs inside the recursion kernel (``_ctc_small_forward_kernel``;
+            default: for small problems, see ``use_small_forward``); for measurements and tests.
 
     Returns:
         The output (float32; infinite losses are 0 with ``zero_infinity``), the state ``ctc_backward`` takes
@@ -625,19 +719,28 @@ def ctc_forward(
         if flags != 0:
             return weights, (), flags
         alpha_size = T * sum(counts_and_errors[:N])
+    loss = _empty(N, dtype=torch.float32, device=dev)
+    out = _empty((), dtype=torch.float32, device=dev) if reduce else loss
+    alpha = _empty(alpha_size if need_grad else 0, dtype=torch.float64, device=dev)
+    logp = _empty(N, dtype=torch.float64, device=dev)
+    if fuse_emission is None:
+        fuse_emission = use_small_forward(T, C, block)
+    common = dict(ZERO_INFINITY=zero_infinity, REDUCE=reduce != 0, BLOCK=block, BLOCK_N=min(block_n, 1024))
+    if fuse_emission:
+        block_c = max(2, next_power_of_2(C))
+        _ctc_small_forward_kernel[(N,)](
+            x, lse, table, alpha, loss, logp, out, weights, targets, meta, N, T, C,
+            x.stride(0), x.stride(1), x.stride(2), blank, IS_LOGITS=logits, NEED_GRAD=need_grad, **common,
+            BLOCK_C=block_c, BLOCK_T=max(1, min(SMALL_BLOCK_T, 4096 // block_c)), BLOCK_L=SMALL_BLOCK_L,
+            num_warps=warps,
+        )  # fmt: skip
+        return out, (weights, logp, lse, table, meta, srt), 0
     block_c = min(next_power_of_2(C), 2048)
     _ctc_emission_kernel[(T * N,)](
         x, lse, table, targets, meta, N, T, C, x.stride(0), x.stride(1), x.stride(2), blank,
         IS_LOGITS=logits, BLOCK_C=block_c, BLOCK_L=min(block, 256), num_warps=4 if block_c >= 512 else 1,
     )  # fmt: skip
-    loss = _empty(N, dtype=torch.float32, device=dev)
-    out = _empty((), dtype=torch.float32, device=dev) if reduce else loss
-    alpha = _empty(alpha_size if need_grad else 0, dtype=torch.float64, device=dev)
-    logp = _empty(N, dtype=torch.float64, device=dev)
-    if split_recursion is None:
-        split_recursion = False
     args = (table, alpha, loss, logp, out, weights, targets, meta, N, T)
-    common = dict(ZERO_INFINITY=zero_infinity, REDUCE=reduce != 0, BLOCK=block, BLOCK_N=min(block_n, 1024))
     parts = 3 if need_grad and not split_recursion else 1
     _ctc_recursion_kernel[(N,)](*args, NEED_GRAD=need_grad, PARTS=parts, **common, num_warps=warps)
     if need_grad and parts == 1:
