@@ -154,7 +154,7 @@ def main():
         profile(*(int(v) for v in r.split("x")))
     if not a.no_cpu_profile:
         cpu_profile(150, 1, 28)
-    for r in a.sweep.split(":"):
+    for r in a.sweep.split(":") if a.sweep else []:
         T, N, C = (int(v) for v in r.split("x"))
         sweep(T, N, C, [2, 4, 8] if T <= 150 else [8, 16, 32], check=True)
     for r in a.ab_fuse.split(":") if a.ab_fuse else []:

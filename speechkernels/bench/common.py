@@ -62,6 +62,21 @@ def times_ms(fn: Callable[[], object], device: torch.device, warmup: int = 5, re
     return times
 
 
+def interleaved_times_ms(
+    fns: dict[str, Callable[[], object]], device: torch.device, warmup: int = 5, reps: int = 20
+) -> dict[str, list[float]]:
+    """Wall time in milliseconds of ``reps`` calls of each function, taken in rounds of one call each, after
+    warm-up: CUDA events around each call (synchronised before the next), or perf_counter on the CPU."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            times[name].append(times_ms(fn, device, warmup=0, reps=1)[0])
+    return times
+
+
 def peak_extra_bytes(
     fn: Callable[[], object], device: torch.device, before: Callable[[], object] | None = None
 ) -> int | None:

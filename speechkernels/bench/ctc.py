@@ -3,7 +3,8 @@
 Configurations: the DeepBench CTC table (T=150, N in 1..256, C in {28, 5000}) with label lengths uniform in
 1..T and every input length T, plus T=1500 rows. Each implementation starts from the same float32 activations;
 peers that need log-probabilities get torch's log_softmax (its backward is timed too). Times are medians of
-CUDA-event-timed repetitions after warm-up; memory is the peak allocated above what existed before the call.
+CUDA-event-timed repetitions after warm-up, the implementations taking turns call by call; memory is the peak
+allocated above what existed before the call.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 import speechkernels as sk
 from speechkernels.ctc.reference import ctc_loss_reference
 
-from .common import environment, peak_extra_bytes, times_ms, write_json
+from .common import environment, interleaved_times_ms, peak_extra_bytes, write_json
 
 T150 = [(150, n, c) for c in (28, 5000) for n in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
 T1500 = [(1500, n, c) for c in (29, 1000) for n in (1, 32, 128)]
@@ -130,7 +131,9 @@ def run(args) -> int:
         tgt_d, il_d, tl_d = targets.to(device), il.to(device), tl.to(device)
         ref = None if args.no_error else reference(x, tgt_d, il_d, tl_d)
         row = {"T": T, "N": N, "C": C}
-        for name, fn in implementations(x, targets, il, tl, device).items():
+        impls = implementations(x, targets, il, tl, device)
+        steps = {}
+        for name, fn in impls.items():
             if fn is None:
                 row[name] = None
                 continue
@@ -140,11 +143,17 @@ def run(args) -> int:
                 v.grad = None
                 fn(v).backward()
 
-            times = times_ms(step, device, reps=args.reps)
+            steps[name] = (step, v)
+        # the implementations take turns, one call each per round, so that a slow spell of the host (they come
+        # and go on shared machines) falls on all of them alike
+        all_times = interleaved_times_ms({k: st for k, (st, _) in steps.items()}, device, reps=args.reps)
+        for name, (step, v) in steps.items():
+            times = all_times[name]
             q1, _, q3 = statistics.quantiles(times, n=4)
             mem = peak_extra_bytes(step, device, before=lambda v=v: setattr(v, "grad", None))
             entry = {"ms": statistics.median(times), "ms_quartiles": [q1, q3], "ms_min": min(times)}
             entry["peak_extra_bytes"] = mem
+            fn = impls[name]
             if name.startswith("torch") and device.type == "cuda":
                 entry["kernels"] = kernel_names(fn, x)
                 if not results:
@@ -152,7 +161,7 @@ def run(args) -> int:
             if ref is not None:
                 entry["loss_rel_err"], entry["grad_abs_err"] = errors(name, fn, x, tgt_d, il_d, tl_d, *ref)
             row[name] = entry
-            del v
+        del steps
         peers = [row[p]["ms"] for p in ("torch_native", "torch_cudnn") if row.get(p)]
         best = min(peers)
         row["speedup_logits"] = best / row["sk_logits"]["ms"]
