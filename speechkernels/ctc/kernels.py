@@ -28,6 +28,9 @@ Four launches per forward+backward, all deterministic (no floating-point atomics
    classes are added by a segmented scan over the sorted labels, then written after a barrier. Reads the
    activations a second time and writes the gradient once.
 
+For few classes and short inputs (``use_small_forward``), ``_ctc_small_forward_kernel`` does 2 and 3 in one
+program per sample (the emissions in [32 frames, C] tiles), one launch fewer.
+
 HBM traffic, T*N rows of C classes in b bytes: 2*T*N*C*b read + T*N*C*b written, plus O(T * sum(L)) floats
 of tables. The recursions are latency-bound: one program per sample, T dependent steps each. For small
 problems the host's time per launch (tens of microseconds) dominates, hence few launches and no torch ops.
