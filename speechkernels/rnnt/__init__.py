@@ -1,0 +1,4 @@
+from .api import RNNTLoss, rnnt_loss
+from .reference import rnnt_forward_backward_reference, rnnt_loss_reference
+
+__all__ = ["RNNTLoss", "rnnt_loss", "rnnt_forward_backward_reference", "rnnt_loss_reference"]

@@ -1,0 +1,229 @@
+"""RNN-T loss: the float64 reference against brute-force path enumeration and gradcheck, FastEmit and clamp on
+hand-checked cases, the public function's argument checks and edge cases, torchaudio where importable."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+import speechkernels as sk
+from speechkernels.rnnt.reference import RNNTLossReferenceFunction, rnnt_forward_backward_reference
+
+
+def make_problem(seed, N, T, U, V, *, blank=None, dtype=torch.float64, device="cpu"):
+    """Random scores, ragged lengths (the first sample uses the full lattice), labels avoiding the blank."""
+    g = torch.Generator().manual_seed(seed)
+    blank = V - 1 if blank is None else blank
+    x = torch.randn(N, T, U + 1, V, generator=g, dtype=torch.float64).to(dtype)
+    il = torch.randint(1, T + 1, (N,), generator=g)
+    il[0] = T
+    tl = torch.randint(0, U + 1, (N,), generator=g)
+    tl[0] = U
+    classes = torch.tensor([c for c in range(V) if c != blank])
+    targets = classes[torch.randint(0, len(classes), (N, U), generator=g)]
+    return x.to(device), targets.to(device), il.to(device), tl.to(device), blank
+
+
+def brute_force_nll(lp, targets, il, tl, blank, rnnt_type):
+    """-log p(y | x) by enumerating every path of one sample (lp: [T, U+1, V] log-probabilities)."""
+    T_n, U_n = int(il), int(tl)
+    steps = T_n + U_n if rnnt_type == "rnnt" else T_n
+    paths = []
+    for labels_at in itertools.combinations(range(steps), U_n):
+        t = u = 0
+        score = torch.zeros((), dtype=torch.float64)
+        ok = True
+        for k in range(steps):
+            if t >= T_n:
+                ok = False
+                break
+            if k in labels_at:
+                score = score + lp[t, u, targets[u]]
+                u += 1
+                t += rnnt_type == "rna"
+            else:
+                score = score + lp[t, u, blank]
+                t += 1
+        if ok and t == T_n and u == U_n:
+            paths.append(score)
+    return -torch.logsumexp(torch.stack(paths), 0) if paths else torch.tensor(math.inf, dtype=torch.float64)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the reference
+
+
+@pytest.mark.parametrize("rnnt_type", ["rnnt", "rna"])
+@pytest.mark.parametrize("seed", range(3))
+def test_reference_matches_brute_force(rnnt_type, seed):
+    g = torch.Generator().manual_seed(seed)
+    N, T, U, V = (int(torch.randint(lo, hi, (1,), generator=g)) for lo, hi in ((1, 5), (1, 6), (0, 4), (2, 7)))
+    x, targets, il, tl, blank = make_problem(seed, N, T, U, V, blank=int(torch.randint(0, V, (1,), generator=g)))
+    loss, _ = rnnt_forward_backward_reference(x, targets, il, tl, blank, rnnt_type=rnnt_type, need_grad=False)
+    lp = x.log_softmax(-1)
+    expected = torch.stack([brute_force_nll(lp[n], targets[n], il[n], tl[n], blank, rnnt_type) for n in range(N)])
+    torch.testing.assert_close(loss, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("rnnt_type", ["rnnt", "rna"])
+@pytest.mark.parametrize("fused", [True, False])
+def test_reference_gradcheck(rnnt_type, fused):
+    x, targets, il, tl, blank = make_problem(3, 3, 4, 2, 5)
+    if rnnt_type == "rna":
+        il = torch.maximum(il, tl)  # keep every sample possible (finite differences of +inf are meaningless)
+    x = (x if fused else x.log_softmax(-1)).detach().requires_grad_()
+
+    def f(v):
+        return RNNTLossReferenceFunction.apply(v, targets, il, tl, blank, fused, 0.0, -1.0, rnnt_type)
+
+    assert torch.autograd.gradcheck(f, (x,))
+
+
+def test_fastemit_and_clamp_by_hand():
+    """T=1, one label: the only path emits the label at (0, 0), then the blank at (0, 1)."""
+    V, blank, y, lam = 4, 3, 1, 0.25
+    x = torch.randn(1, 1, 2, V, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    targets, il, tl = torch.tensor([[y]]), torch.tensor([1]), torch.tensor([1])
+    lp = x.log_softmax(-1)
+    nll = -(lp[0, 0, 0, y] + lp[0, 0, 1, blank])
+    # log-prob input: the gradient is -1 on the two edges the path takes; FastEmit scales the label edge's
+    loss, grad = rnnt_forward_backward_reference(lp, targets, il, tl, blank, False, fastemit_lambda=lam)
+    torch.testing.assert_close(loss, (1 + lam) * nll[None])
+    expected = torch.zeros_like(lp)
+    expected[0, 0, 0, y] = -(1 + lam)
+    expected[0, 0, 1, blank] = -1.0
+    torch.testing.assert_close(grad, expected)
+    # fused log_softmax: softmax times the node's total gradient minus the edges' (here each node has one edge)
+    _, grad = rnnt_forward_backward_reference(x, targets, il, tl, blank, True, fastemit_lambda=lam)
+    p = x.softmax(-1)
+    expected_logits = torch.stack([(1 + lam) * p[0, 0, 0], p[0, 0, 1]])[None, None]
+    expected_logits[0, 0, 0, y] -= 1 + lam
+    expected_logits[0, 0, 1, blank] -= 1.0
+    torch.testing.assert_close(grad, expected_logits)
+    _, clamped = rnnt_forward_backward_reference(x, targets, il, tl, blank, True, fastemit_lambda=lam, clamp=0.2)
+    torch.testing.assert_close(clamped, expected_logits.clamp(-0.2, 0.2))
+    assert (clamped.abs() == 0.2).any()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the public function
+
+
+@pytest.mark.parametrize("rnnt_type", ["rnnt", "rna"])
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_rnnt_loss_matches_reference_float32(rnnt_type, reduction):
+    x, targets, il, tl, blank = make_problem(5, 4, 7, 3, 6, dtype=torch.float32)
+    xs = x.clone().requires_grad_()
+    out = sk.rnnt_loss(xs, targets, il, tl, blank=blank, reduction=reduction, rnnt_type=rnnt_type)
+    assert out.dtype == torch.float32
+    ref, ref_grad = rnnt_forward_backward_reference(x, targets, il, tl, blank, rnnt_type=rnnt_type)
+    finite = torch.isfinite(ref)
+    g = torch.rand(ref.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(6)) * finite
+    if reduction == "none":
+        torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+        out.backward(g.float())
+        expected_grad = (ref_grad * g[:, None, None, None]).float()
+    else:
+        expected = ref.sum() if reduction == "sum" else ref.mean()
+        torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+        out.backward()
+        expected_grad = (ref_grad / (1 if reduction == "sum" else len(ref))).float()
+    assert xs.grad.dtype == torch.float32
+    torch.testing.assert_close(xs.grad, expected_grad, rtol=0, atol=1e-6)
+
+
+def test_rnnt_loss_edge_cases():
+    """U = 0 (blanks only), T = 1, no frames, RNA with more labels than frames; blank given as any index."""
+    V = 5
+    x = torch.randn(5, 3, 3, V, dtype=torch.float64, generator=torch.Generator().manual_seed(7), requires_grad=True)
+    targets = torch.tensor([[1, 2], [1, 1], [3, 0], [2, 3], [1, 2]])
+    il = torch.tensor([3, 1, 0, 0, 2])
+    tl = torch.tensor([0, 2, 1, 0, 2])
+    loss = sk.rnnt_loss(x, targets, il, tl, blank=0, reduction="none")
+    lp = x.detach().log_softmax(-1)
+    torch.testing.assert_close(loss[0], -lp[0, :, 0, 0].sum())  # three blanks
+    torch.testing.assert_close(loss[1], -(lp[1, 0, 0, 1] + lp[1, 0, 1, 1] + lp[1, 0, 2, 0]))  # both labels at t=0
+    assert torch.isinf(loss[2]) and loss[3] == 0  # no frames: impossible with labels, empty without
+    (grad,) = torch.autograd.grad(loss[torch.isfinite(loss)].sum(), x)
+    assert (grad[2:4] == 0).all() and torch.isfinite(grad).all()
+    rna = sk.rnnt_loss(x, targets, il, tl, blank=0, reduction="none", rnnt_type="rna")
+    assert torch.isinf(rna[1]) and torch.isfinite(rna[4])  # 2 labels in 1 frame; 2 labels in 2 frames
+    same = sk.rnnt_loss(x, targets, il, tl, blank=-V, reduction="none")
+    torch.testing.assert_close(same, loss, rtol=0, atol=0)
+
+
+def test_rnnt_loss_nan_stays_in_its_sample():
+    x, targets, il, tl, blank = make_problem(8, 3, 5, 2, 4)
+    x[1, 0, 0, 2] = math.nan
+    x.requires_grad_()
+    loss = sk.rnnt_loss(x, targets, il, tl, blank=blank, reduction="none")
+    assert loss[1].isnan() and torch.isfinite(loss[[0, 2]]).all()
+    loss.sum().backward()
+    assert x.grad[1].isnan().any() and torch.isfinite(x.grad[[0, 2]]).all()
+
+
+def test_rnnt_module_and_argument_forms():
+    x, targets, il, tl, blank = make_problem(9, 3, 5, 2, 4, dtype=torch.float32)
+    ref = sk.rnnt_loss(x, targets, il, tl, blank=blank, reduction="none")
+    torch.testing.assert_close(sk.rnnt_loss(x, targets.int(), il.tolist(), tl.tolist(), blank, reduction="none"), ref)
+    torch.testing.assert_close(sk.RNNTLoss(blank=blank, reduction="none")(x, targets, il, tl), ref)
+
+
+def _bad_cases():
+    x = torch.randn(2, 4, 3, 5)
+    tg = torch.tensor([[1, 2], [2, 3]])
+    il, tl = torch.tensor([4, 3]), torch.tensor([2, 1])
+    return [
+        ((x, tg, torch.tensor([5, 3]), tl), {}, "logit_lengths\\[0\\]=5"),
+        ((x, tg, torch.tensor([4, -1]), tl), {}, "logit_lengths\\[1\\]=-1"),
+        ((x, tg, il, torch.tensor([3, 1])), {}, "target_lengths\\[0\\]=3"),
+        ((x, tg, il, torch.tensor([2, -2])), {}, "target_lengths\\[1\\]=-2"),
+        ((x, torch.tensor([[1, 5], [2, 3]]), il, tl), {}, "targets\\[0, 1\\]=5 is outside"),
+        ((x, torch.tensor([[1, 2], [4, 3]]), il, tl), {}, "targets\\[1, 0\\]=4 equals blank"),
+        ((x, tg[:, :1], il, tl), {}, "logits.shape\\[2\\]=3"),
+        ((x.long(), tg, il, tl), {}, "logits must be"),
+        ((x[0], tg, il, tl), {}, "4 dimensions"),
+        ((x, tg.float(), il, tl), {}, "targets must be int32"),
+        ((x, tg[:1], il, tl), {}, "targets has 1 rows"),
+        ((x, tg, il[:1], tl), {}, "logit_lengths has 1 entries"),
+        ((x, tg, il, tl), {"blank": 5}, "blank=5"),
+        ((x, tg, il, tl), {"reduction": "avg"}, "reduction"),
+        ((x, tg, il, tl), {"rnnt_type": "ctc"}, "rnnt_type"),
+        ((x, tg, il, tl), {"fastemit_lambda": -0.5}, "fastemit_lambda"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_bad_cases())))
+def test_rnnt_bad_arguments_raise_value_error(case):
+    args, kwargs, match = _bad_cases()[case]
+    with pytest.raises(ValueError, match=match):
+        sk.rnnt_loss(*args, **kwargs)
+
+
+def test_rnnt_loss_matches_torchaudio_cpu():
+    torchaudio = pytest.importorskip("torchaudio")
+    x, targets, il, tl, blank = make_problem(10, 4, 9, 4, 7, dtype=torch.float32)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    theirs = torchaudio.functional.rnnt_loss(xa, targets.int(), il.int(), tl.int(), blank=blank, reduction="sum")
+    ours = sk.rnnt_loss(xb, targets, il, tl, blank=blank, reduction="sum")
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+    theirs.backward()
+    ours.backward()
+    torch.testing.assert_close(xb.grad, xa.grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_gpu_rnnt_loss_matches_torchaudio(gpu):
+    torchaudio = pytest.importorskip("torchaudio")
+    x, targets, il, tl, blank = make_problem(11, 8, 30, 10, 29, dtype=torch.float32, device=gpu)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    theirs = torchaudio.functional.rnnt_loss(xa, targets.int(), il.int(), tl.int(), blank=blank, reduction="none")
+    ours = sk.rnnt_loss(xb, targets, il, tl, blank=blank, reduction="none")
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+    g = torch.rand(8, device=gpu)
+    theirs.backward(g)
+    ours.backward(g)
+    torch.testing.assert_close(xb.grad, xa.grad, rtol=1e-4, atol=1e-5)
