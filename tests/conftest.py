@@ -30,6 +30,7 @@ def gpu() -> torch.device:
 def poison_kernel_outputs(monkeypatch):
     """Every buffer a kernel writes starts as NaN (floats) or garbage (integers): unwritten elements show."""
     from speechkernels.ctc import kernels
+    from speechkernels.rnnt import kernels as rnnt_kernels
 
     def empty(*shape, dtype, device):
         t = torch.empty(*shape, dtype=dtype, device=device)
@@ -38,5 +39,6 @@ def poison_kernel_outputs(monkeypatch):
     def empty_like(x):
         return torch.empty_like(x).fill_(math.nan)
 
-    monkeypatch.setattr(kernels, "_empty", empty)
-    monkeypatch.setattr(kernels, "_empty_like", empty_like)
+    for module in (kernels, rnnt_kernels):
+        monkeypatch.setattr(module, "_empty", empty)
+        monkeypatch.setattr(module, "_empty_like", empty_like)

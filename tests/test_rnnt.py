@@ -10,7 +10,25 @@ import pytest
 import torch
 
 import speechkernels as sk
+from speechkernels.rnnt import kernels
 from speechkernels.rnnt.reference import RNNTLossReferenceFunction, rnnt_forward_backward_reference
+
+F32 = (torch.float32, 1e-5, 1e-5)  # dtype, loss rtol, gradient atol
+F16 = (torch.float16, 1e-2, 2e-3)
+
+
+@pytest.fixture
+def kernel_spy(monkeypatch):
+    """Counts launches of the Triton forward, so a test knows the kernels (not the reference) ran."""
+    calls = []
+    real = kernels.rnnt_forward
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(kernels, "rnnt_forward", spy)
+    return calls
 
 
 def make_problem(seed, N, T, U, V, *, blank=None, dtype=torch.float64, device="cpu"):
@@ -227,3 +245,73 @@ def test_gpu_rnnt_loss_matches_torchaudio(gpu):
     theirs.backward(g)
     ours.backward(g)
     torch.testing.assert_close(xb.grad, xa.grad, rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the Triton kernels (interpreter on the CPU)
+
+
+def compare_kernels(x, targets, il, tl, blank, *, tol=F32, reduction="none", seed=0, **kwargs):
+    """Kernels (x in tol's dtype) against the float64 reference, loss and gradient under a random upstream
+    gradient."""
+    dtype, rtol, atol = tol
+    xin = x.detach().to(dtype).requires_grad_()
+    out = sk.rnnt_loss(xin, targets, il, tl, blank=blank, reduction=reduction, **kwargs)
+    xr = x.detach().to(dtype).double().requires_grad_()
+    ref = sk.rnnt.rnnt_loss_reference(xr, targets, il, tl, blank=blank, reduction=reduction, **kwargs)
+    torch.testing.assert_close(out.double(), ref.detach(), rtol=rtol, atol=1e-4, equal_nan=True)
+    finite = torch.isfinite(ref.detach())
+    g = torch.rand(out.shape, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64) * finite
+    out.backward(g.to(out.dtype))
+    ref.backward(g)
+    assert xin.grad.dtype == dtype
+    torch.testing.assert_close(xin.grad.double(), xr.grad, rtol=0, atol=atol, equal_nan=True)
+    return out, xin.grad
+
+
+@pytest.mark.parametrize("rnnt_type", ["rnnt", "rna"])
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("seed", range(2))
+def test_kernels_match_reference(kernel_device, kernel_spy, rnnt_type, fused, seed):
+    g = torch.Generator().manual_seed(200 + seed)
+    N, T, U, V = (int(torch.randint(lo, hi, (1,), generator=g)) for lo, hi in ((1, 5), (1, 9), (0, 6), (2, 40)))
+    blank = int(torch.randint(0, V, (1,), generator=g))
+    x, targets, il, tl, blank = make_problem(seed, N, T, U, V, blank=blank)
+    if not fused:
+        x = x.log_softmax(-1) + 0.3 * torch.randn(x.shape, generator=g, dtype=x.dtype)  # not normalised
+    lam = [0.0, 0.3][seed]
+    compare_kernels(x, targets, il, tl, blank, fused_log_softmax=fused, rnnt_type=rnnt_type, fastemit_lambda=lam)
+    assert kernel_spy
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_kernels_reductions_and_clamp(kernel_device, kernel_spy, reduction):
+    x, targets, il, tl, blank = make_problem(12, 3, 6, 3, 9)
+    compare_kernels(x * 3, targets, il, tl, blank, reduction=reduction, clamp=0.05)
+    assert kernel_spy
+
+
+def test_kernels_edge_cases(kernel_device, kernel_spy):
+    """U = 0, T = 1, no frames (impossible with labels), RNA with more labels than frames, a NaN."""
+    V = 6
+    x = torch.randn(6, 4, 4, V, dtype=torch.float64, generator=torch.Generator().manual_seed(13))
+    targets = torch.tensor([[1, 2, 3], [1, 1, 2], [3, 0, 1], [2, 3, 4], [1, 2, 1], [4, 4, 4]])
+    il = torch.tensor([4, 1, 0, 0, 2, 3])
+    tl = torch.tensor([0, 3, 1, 0, 3, 2])
+    for rnnt_type in ("rnnt", "rna"):
+        out, grad = compare_kernels(x, targets, il, tl, 5, rnnt_type=rnnt_type)
+        assert torch.isinf(out[2]) and (grad[2] == 0).all()
+    x[5, 1, 0, 2] = math.nan
+    out, grad = compare_kernels(x, targets, il, tl, 5)
+    assert out[5].isnan() and torch.isfinite(out[[0, 1, 3, 4]]).all()
+    assert grad[5].isnan().any() and torch.isfinite(grad[:5]).all()
+    assert kernel_spy
+
+
+def test_kernels_strided_logits_and_float16(kernel_device, kernel_spy):
+    x, targets, il, tl, blank = make_problem(14, 3, 7, 4, 10)
+    strided = x.transpose(1, 2).contiguous().transpose(1, 2)  # same values, T and U strides swapped
+    assert not strided.is_contiguous()
+    compare_kernels(strided, targets, il, tl, blank)
+    compare_kernels(x, targets, il, tl, blank, tol=F16)
+    assert kernel_spy

@@ -1,8 +1,5 @@
-"""Public RNN-Transducer loss: argument checks and dispatch.
-
-Every device runs the PyTorch implementation of ``reference.py`` for now (float64 arithmetic); the Triton
-kernels will take CUDA float32/float16/bfloat16 inputs.
-"""
+"""Public RNN-Transducer loss: argument checks, dispatch to the Triton kernels or the PyTorch reference,
+autograd."""
 
 from __future__ import annotations
 
@@ -10,8 +7,13 @@ from collections.abc import Sequence
 
 import torch
 
-from .._utils import INDEX_DTYPES, as_index_tensor, check_float_input, first_index
+from .._utils import INDEX_DTYPES, as_index_tensor, check_float_input, first_index, use_triton
 from .reference import RNNT_TYPES, RNNTLossReferenceFunction, reduce_loss
+
+try:
+    from . import kernels
+except ImportError:  # no Triton: the PyTorch path serves every call
+    kernels = None
 
 Lengths = torch.Tensor | Sequence[int]
 
@@ -38,6 +40,26 @@ def _check_contents(
             raise ValueError(f"targets[{n}, {j}]={int(tg[n, j])} {what}")
 
 
+class RNNTLossFunction(torch.autograd.Function):
+    """The Triton path: per-sample losses, gradient from the stored edge occupancies."""
+
+    @staticmethod
+    def forward(ctx, x, targets, il, tl, blank, fused, fastemit_lambda, clamp, rna, need_grad):
+        loss, state = kernels.rnnt_forward(x, targets, il, tl, blank, fused, fastemit_lambda, rna, need_grad)
+        ctx.save_for_backward(x, targets, il, tl, *state)
+        ctx.args = (blank, fused, fastemit_lambda, clamp)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        x, targets, il, tl, lse, occ, logp = ctx.saved_tensors
+        blank, fused, fastemit_lambda, clamp = ctx.args
+        grad = kernels.rnnt_backward(
+            grad_loss, x, targets, il, tl, lse, occ, logp, blank, fused, fastemit_lambda, clamp, "none"
+        )
+        return (grad,) + (None,) * 9
+
+
 def rnnt_loss(
     logits: torch.Tensor,
     targets: torch.Tensor,
@@ -50,6 +72,7 @@ def rnnt_loss(
     *,
     fastemit_lambda: float = 0.0,
     rnnt_type: str = "rnnt",
+    validate: bool = True,
 ) -> torch.Tensor:
     """RNN-Transducer loss with torchaudio.functional.rnnt_loss's signature and semantics.
 
@@ -67,6 +90,9 @@ def rnnt_loss(
             gradient is scaled by 1 + lambda, and so is the loss.
         rnnt_type: "rnnt" (Graves' transducer) or "rna" (Recurrent Neural Aligner: at most one label per frame,
             and emitting it consumes the frame).
+        validate: check lengths and labels against the tensors' contents (on the GPU this reads device memory,
+            one synchronisation); pass False inside CUDA graphs. Unchecked bad values cannot cause a memory
+            fault (the kernels clamp them) but give meaningless numbers.
 
     Returns:
         The loss: [N] with ``reduction="none"``, else a scalar. +inf for a sample with no path through its
@@ -110,10 +136,18 @@ def rnnt_loss(
     if tl.numel() != N:
         raise ValueError(f"target_lengths has {tl.numel()} entries but the batch size is {N}")
     targets = targets.to(dev)
-    _check_contents(T, U1 - 1, V, targets, il, tl, blank)
-    loss = RNNTLossReferenceFunction.apply(
-        logits, targets, il, tl, blank, fused_log_softmax, float(fastemit_lambda), float(clamp), rnnt_type
-    )
+    if validate:
+        _check_contents(T, U1 - 1, V, targets, il, tl, blank)
+    if kernels is not None and use_triton(logits) and N > 0 and T > 0:
+        need_grad = torch.is_grad_enabled() and logits.requires_grad
+        loss = RNNTLossFunction.apply(
+            logits, targets.contiguous(), il, tl, blank, fused_log_softmax, float(fastemit_lambda), float(clamp),
+            rnnt_type == "rna", need_grad,
+        )  # fmt: skip
+    else:
+        loss = RNNTLossReferenceFunction.apply(
+            logits, targets, il, tl, blank, fused_log_softmax, float(fastemit_lambda), float(clamp), rnnt_type
+        )
     return reduce_loss(loss, reduction)
 
 
@@ -134,6 +168,7 @@ class RNNTLoss(torch.nn.Module):
         *,
         fastemit_lambda: float = 0.0,
         rnnt_type: str = "rnnt",
+        validate: bool = True,
     ) -> None:
         super().__init__()
         self.blank = blank
@@ -142,11 +177,13 @@ class RNNTLoss(torch.nn.Module):
         self.fused_log_softmax = fused_log_softmax
         self.fastemit_lambda = fastemit_lambda
         self.rnnt_type = rnnt_type
+        self.validate = validate
 
     def forward(self, logits, targets, logit_lengths, target_lengths) -> torch.Tensor:
         return rnnt_loss(
             logits, targets, logit_lengths, target_lengths, self.blank, self.clamp, self.reduction,
             self.fused_log_softmax, fastemit_lambda=self.fastemit_lambda, rnnt_type=self.rnnt_type,
+            validate=self.validate,
         )  # fmt: skip
 
     def extra_repr(self) -> str:

@@ -160,9 +160,10 @@ def rnnt_forward_backward_reference(
     beta_emit = torch.nn.functional.pad(beta_emit[..., 1:], (0, 1), value=NEG_INF)  # node (t or t + 1, u + 1)
     occ_b = torch.where(possible, torch.exp(alpha[:, :T] + wb + beta_next - lp_), 0.0)
     occ_e = torch.where(possible, torch.exp(alpha[:, :T] + we + beta_emit - lp_), 0.0)
-    # NaN anywhere in the sample: the whole sample's gradient is NaN (log p is NaN then)
-    occ_b = torch.where(torch.isnan(lp_), float("nan"), occ_b)
-    occ_e = torch.where(torch.isnan(lp_), float("nan"), occ_e)
+    # NaN anywhere in the sample: its gradient is NaN on every cell of its lattice (log p is NaN then)
+    nan = torch.isnan(lp_) & has_edges[:, :T]
+    occ_b = torch.where(nan, float("nan"), occ_b)
+    occ_e = torch.where(nan, float("nan"), occ_e)
     g_lp = torch.zeros_like(x)
     g_lp[..., blank] -= occ_b
     g_lp.scatter_add_(3, tg[:, None, :, None].expand(N, T, U1 - 1, 1), -(1.0 + fastemit_lambda) * occ_e[..., :-1, None])

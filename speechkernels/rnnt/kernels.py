@@ -1,0 +1,374 @@
+"""RNN-Transducer loss kernels in Triton.
+
+Four launches per forward+backward, deterministic (no floating-point atomics):
+
+1. ``_rnnt_lattice_kernel`` (a block of lattice cells per program): per cell (n, t, u) the log-sum-exp of the
+   V scores (with a fused log_softmax), and the log2-probabilities of the blank and of the next label into an
+   [N, T, U+1, 2] float32 lattice. Reads the logits once.
+2. ``_rnnt_alpha_kernel`` (one program per sample): the forward variables over the nodes (t, u), t in
+   [0, T_n], u in [0, U_n], as a vector over u. RNN-T steps along anti-diagonals (t + u = d: both
+   predecessors of a node lie on diagonal d - 1), RNA along rows t. Either way a step is
+   new[u] = lae(prev[u] + blank edge, prev[u - 1] + label edge), one exchange between lanes (``tl.gather``)
+   and two log-add-exps. State values are float64 with a float32 correction (see ``.._logspace``). Writes
+   alpha [N, T+1, U+1] float64 and the loss.
+3. ``_rnnt_beta_kernel`` (one program per sample): the backward recursion in the same order reversed, fused
+   with the edge occupancies exp(alpha + w + beta - log p), which overwrite the lattice's two log-probs;
+   beta is never stored.
+4. ``_rnnt_grad_kernel`` (a block of cells per program): the dense gradient, g * (softmax * (occ_blank +
+   (1 + lambda) occ_label) - occ_blank [v = blank] - (1 + lambda) occ_label [v = y_u]) with a fused
+   log_softmax, without the softmax term otherwise; clamped. Reads the logits a second time, writes the
+   gradient once.
+
+Memory beyond the gradient: lattice 2 + log-sum-exp 1 + alpha 2 (float64) = 5 float32 values per node.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._logspace import _lae, _ln2, _log2e, _neg
+from .._utils import next_power_of_2
+
+
+@triton.jit
+def _cell_coords(o_r, T, U1):
+    """Cell index (n * T + t) * (U + 1) + u -> n, t, u."""
+    u = o_r % U1
+    nt = o_r // U1
+    return nt // T, nt % T, u
+
+
+@triton.jit
+def _rnnt_lattice_kernel(
+    x_ptr,  # [N, T, U+1, V] scores or log-probs (any strides)
+    lse_ptr,  # [N * T * (U+1)] float32 out: natural-log log-sum-exp per cell (FUSED)
+    lat_ptr,  # [N * T * (U+1), 2] float32 out: log2 p(blank), log2 p(next label)
+    tgt_ptr,  # [N, U] labels
+    il_ptr,  # [N] int64 frames per sample
+    tl_ptr,  # [N] int64 labels per sample
+    n_cells,
+    T,
+    U1,
+    V,
+    stride_n,
+    stride_t,
+    stride_u,
+    stride_v,
+    stride_tg,
+    blank,
+    FUSED: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    o_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    n, t, u = _cell_coords(o_r, T, U1)
+    m_r = o_r < n_cells
+    T_n = tl.minimum(tl.maximum(tl.load(il_ptr + n, mask=m_r, other=0), 0), T)
+    U_n = tl.minimum(tl.maximum(tl.load(tl_ptr + n, mask=m_r, other=0), 0), U1 - 1)
+    # only cells with edges are read: t < T_n and u <= U_n
+    m_r = m_r & (t < T_n) & (u <= U_n)
+    p_x = x_ptr + n * stride_n + t * stride_t + u * stride_u
+    lse = tl.zeros([BLOCK_R], tl.float32)
+    if FUSED:
+        o_v = tl.arange(0, BLOCK_V)
+        b_m = tl.full([BLOCK_R, BLOCK_V], float("-inf"), tl.float32)
+        b_s = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)
+        for v0 in range(0, V, BLOCK_V):
+            m_v = v0 + o_v < V
+            b_x = tl.load(p_x[:, None] + (v0 + o_v)[None, :] * stride_v, mask=m_r[:, None] & m_v[None, :],
+                          other=float("-inf")).to(tl.float32) * _log2e()  # fmt: skip
+            m_new = tl.maximum(b_m, b_x)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            b_s = b_s * tl.exp2(b_m - m_safe) + tl.exp2(b_x - m_safe)
+            b_m = m_new
+        m_all = tl.max(b_m, axis=1)
+        m_all_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
+        lse = (m_all_safe + tl.log2(tl.sum(b_s * tl.exp2(b_m - m_all_safe[:, None]), axis=1))) * _ln2()
+        tl.store(lse_ptr + o_r, lse, mask=m_r)
+    x_blank = tl.load(p_x + blank * stride_v, mask=m_r, other=0.0).to(tl.float32)
+    has_label = m_r & (u < U_n)
+    lab = tl.load(tgt_ptr + n * stride_tg + u, mask=has_label, other=0).to(tl.int64)
+    lab = tl.minimum(tl.maximum(lab, 0), V - 1)
+    x_label = tl.load(p_x + lab * stride_v, mask=has_label, other=0.0).to(tl.float32)
+    tl.store(lat_ptr + 2 * o_r, (x_blank - lse) * _log2e(), mask=m_r)
+    tl.store(lat_ptr + 2 * o_r + 1, tl.where(has_label, (x_label - lse) * _log2e(), _neg()), mask=m_r)
+
+
+@triton.jit
+def _edge_rows(d, o_u, RNA: tl.constexpr):
+    """Step d's node row per lane, and the rows of the blank edge into it and of the label edge into it."""
+    if RNA:
+        t = tl.zeros_like(o_u) + d
+        return t, t - 1, t - 1
+    else:
+        t = d - o_u
+        return t, t - 1, t
+
+
+@triton.jit
+def _rnnt_alpha_kernel(
+    lat_ptr,  # [N, T, U+1, 2] float32 log2 lattice
+    alpha_ptr,  # [N, T+1, U+1] float64 out
+    loss_ptr,  # [N] float32 out
+    logp_ptr,  # [N] float64 out: log2 p(y | x)
+    il_ptr,
+    tl_ptr,
+    T,
+    U1,
+    fastemit_scale,  # 1 + lambda
+    STORE_ALPHA: tl.constexpr,
+    RNA: tl.constexpr,
+    BLOCK_U: tl.constexpr,
+):
+    i_n = tl.program_id(0).to(tl.int64)
+    T_n = tl.minimum(tl.maximum(tl.load(il_ptr + i_n), 0), T)
+    U_n = tl.minimum(tl.maximum(tl.load(tl_ptr + i_n), 0), U1 - 1)
+    o_u = tl.arange(0, BLOCK_U)
+    i_prev = tl.maximum(o_u - 1, 0)
+    p_lat = lat_ptr + i_n * T * U1 * 2
+    p_al = alpha_ptr + i_n * (T + 1) * U1
+    a = tl.where(o_u == 0, 0.0, _neg()).to(tl.float64)
+    if STORE_ALPHA:  # row t = 0: only (0, 0) for RNA; RNN-T's later steps overwrite the rest of the row
+        tl.store(p_al + o_u, a, mask=o_u <= U_n)
+    # NaN is counted apart: the maximum that clamps -inf log-probs would drop it
+    nan = tl.zeros([BLOCK_U], tl.int32)
+    n_steps = T_n if RNA else T_n + U_n
+    for d in range(1, n_steps + 1):
+        t, t_b, t_e = _edge_rows(d, o_u, RNA)
+        node = (t >= 0) & (t <= T_n) & (o_u <= U_n)
+        m_b = node & (t_b >= 0) & (t_b < T_n)
+        m_e = node & (o_u > 0) & (t_e >= 0) & (t_e < T_n)
+        w_b = tl.load(p_lat + (t_b * U1 + o_u) * 2, mask=m_b, other=_neg())
+        w_e = tl.load(p_lat + (t_e * U1 + o_u - 1) * 2 + 1, mask=m_e, other=_neg())
+        nan += tl.where((w_b != w_b) | (w_e != w_e), 1, 0)
+        a_prev = tl.where(o_u > 0, tl.gather(a, i_prev, 0), _neg())
+        from_b = tl.where(m_b, a + tl.maximum(w_b, _neg()).to(tl.float64), _neg())
+        from_e = tl.where(m_e, a_prev + tl.maximum(w_e, _neg()).to(tl.float64), _neg())
+        a = tl.where(node, _lae(from_b, from_e), _neg())
+        if STORE_ALPHA:
+            tl.store(p_al + t * U1 + o_u, a, mask=node)
+    # the last step's lane U_n holds the end node (T_n, U_n); with T_n = 0 and U_n = 0 no step ran
+    logp = tl.sum(tl.where(o_u == U_n, a, 0.0), axis=0)
+    logp = tl.where(logp < 0.5 * _neg(), float("-inf"), logp)
+    logp = tl.where(tl.sum(nan, axis=0) > 0, float("nan"), logp)
+    tl.store(logp_ptr + i_n, logp)
+    tl.store(loss_ptr + i_n, (-fastemit_scale * logp * _ln2()).to(tl.float32))
+
+
+@triton.jit
+def _rnnt_beta_kernel(
+    lat_ptr,  # log2 lattice in; edge occupancies out, in place
+    alpha_ptr,
+    logp_ptr,
+    il_ptr,
+    tl_ptr,
+    T,
+    U1,
+    RNA: tl.constexpr,
+    BLOCK_U: tl.constexpr,
+):
+    i_n = tl.program_id(0).to(tl.int64)
+    T_n = tl.minimum(tl.maximum(tl.load(il_ptr + i_n), 0), T)
+    U_n = tl.minimum(tl.maximum(tl.load(tl_ptr + i_n), 0), U1 - 1)
+    logp = tl.load(logp_ptr + i_n)
+    o_u = tl.arange(0, BLOCK_U)
+    i_next = tl.minimum(o_u + 1, BLOCK_U - 1)
+    p_lat = lat_ptr + i_n * T * U1 * 2
+    p_al = alpha_ptr + i_n * (T + 1) * U1
+    # impossible samples keep no occupancy (zero gradient); NaN goes on so that it propagates
+    n_steps = tl.where(logp != float("-inf"), T_n if RNA else T_n + U_n, 0)
+    # beta of the step after the current one; at the end node 0
+    b = tl.where(o_u == U_n, 0.0, _neg()).to(tl.float64)
+    for k in range(1, n_steps + 1):
+        d = n_steps - k
+        t, t_b, t_e = _edge_rows(d, o_u, RNA)
+        node = (t >= 0) & (t <= T_n) & (o_u <= U_n)
+        has_b = node & (t < T_n)
+        has_e = has_b & (o_u < U_n)
+        p_cell = p_lat + (t * U1 + o_u) * 2
+        w_b = tl.load(p_cell, mask=has_b, other=_neg())
+        w_e = tl.load(p_cell + 1, mask=has_e, other=_neg())
+        al = tl.load(p_al + t * U1 + o_u, mask=has_b, other=_neg())
+        # the blank edge leads to (t + 1, u), lane u of the next step; the label edge to (t or t + 1, u + 1),
+        # lane u + 1 of the next step
+        to_b = tl.where(has_b, tl.maximum(w_b, _neg()).to(tl.float64) + b, _neg())
+        b_next = tl.where(o_u + 1 < BLOCK_U, tl.gather(b, i_next, 0), _neg())
+        to_e = tl.where(has_e, tl.maximum(w_e, _neg()).to(tl.float64) + b_next, _neg())
+        occ_b = tl.exp2((al + to_b - logp).to(tl.float32))
+        occ_e = tl.exp2((al + to_e - logp).to(tl.float32))
+        tl.store(p_cell, tl.where(has_b, occ_b, 0.0), mask=has_b)
+        tl.store(p_cell + 1, tl.where(has_e, occ_e, 0.0), mask=has_b)
+        b = tl.where(node, _lae(to_b, to_e), _neg())
+        b = tl.where(node & (t == T_n) & (o_u == U_n), 0.0, b)
+
+
+@triton.jit
+def _rnnt_grad_kernel(
+    x_ptr,
+    grad_ptr,  # [N, T, U+1, V] out
+    lse_ptr,
+    occ_ptr,  # [N * T * (U+1), 2] edge occupancies
+    logp_ptr,
+    gloss_ptr,  # upstream gradient per sample (stride gloss_stride; 0 for a reduced loss)
+    gloss_stride,
+    tgt_ptr,
+    il_ptr,
+    tl_ptr,
+    n_cells,
+    T,
+    U1,
+    V,
+    stride_n,
+    stride_t,
+    stride_u,
+    stride_v,
+    gstride_n,
+    gstride_t,
+    gstride_u,
+    gstride_v,
+    stride_tg,
+    blank,
+    gscale,  # multiplies the upstream gradient (1 / N for a batch mean)
+    fastemit_scale,
+    clamp,
+    FUSED: tl.constexpr,
+    CLAMP: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    o_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    n, t, u = _cell_coords(o_r, T, U1)
+    in_range = o_r < n_cells
+    T_n = tl.minimum(tl.maximum(tl.load(il_ptr + n, mask=in_range, other=0), 0), T)
+    U_n = tl.minimum(tl.maximum(tl.load(tl_ptr + n, mask=in_range, other=0), 0), U1 - 1)
+    logp = tl.load(logp_ptr + n, mask=in_range, other=0.0)
+    active = in_range & (t < T_n) & (u <= U_n) & (logp != float("-inf"))
+    has_label = active & (u < U_n)
+    # (logp - logp) is NaN for a NaN loss: then the sample's whole gradient is NaN
+    g = tl.load(gloss_ptr + n * gloss_stride, mask=in_range, other=0.0).to(tl.float32) * gscale
+    g = g + tl.where(active, logp - logp, 0.0).to(tl.float32)
+    occ_b = tl.load(occ_ptr + 2 * o_r, mask=active, other=0.0)
+    occ_e = tl.load(occ_ptr + 2 * o_r + 1, mask=has_label, other=0.0) * fastemit_scale
+    lse = tl.load(lse_ptr + o_r, mask=active, other=0.0) if FUSED else tl.zeros([BLOCK_R], tl.float32)
+    lab = tl.load(tgt_ptr + n * stride_tg + u, mask=has_label, other=-1).to(tl.int64)
+    lab = tl.where(has_label, lab, -1)
+    p_x = x_ptr + n * stride_n + t * stride_t + u * stride_u
+    p_g = grad_ptr + n * gstride_n + t * gstride_t + u * gstride_u
+    o_v = tl.arange(0, BLOCK_V)
+    for v0 in range(0, V, BLOCK_V):
+        v = v0 + o_v
+        m = in_range[:, None] & (v < V)[None, :]
+        b_g = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)
+        if FUSED:
+            b_x = tl.load(p_x[:, None] + v[None, :] * stride_v, mask=m & active[:, None], other=0.0).to(tl.float32)
+            b_g = tl.exp2((b_x - lse[:, None]) * _log2e()) * (occ_b + occ_e)[:, None]
+        b_g -= tl.where(v[None, :] == blank, occ_b[:, None], 0.0)
+        b_g -= tl.where(v[None, :] == lab[:, None], occ_e[:, None], 0.0)
+        # clamped before the upstream gradient scales it, as torchaudio does
+        if CLAMP:
+            b_g = tl.minimum(tl.maximum(b_g, -clamp), clamp)
+        b_g = tl.where(active[:, None], g[:, None] * b_g, 0.0)
+        tl.store(p_g[:, None] + v[None, :] * gstride_v, b_g.to(grad_ptr.dtype.element_ty), mask=m)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# launchers
+
+
+def _empty(*shape, dtype, device) -> torch.Tensor:
+    """Allocation of every kernel output (tests replace it with a NaN-filled one)."""
+    return torch.empty(*shape, dtype=dtype, device=device)
+
+
+def _empty_like(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def _row_blocks(V: int) -> tuple[int, int, int]:
+    """(cells per program, classes per chunk, warps) for the two passes over the logits."""
+    block_v = min(next_power_of_2(V), 1024)
+    block_r = max(1, min(64, 2048 // block_v))
+    return block_r, block_v, 4 if block_r * block_v >= 1024 else 1
+
+
+def _recursion_warps(block: int) -> int:
+    return min(32, max(1, block // 64))
+
+
+def rnnt_forward(
+    x: torch.Tensor,
+    targets: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    blank: int,
+    fused: bool,
+    fastemit_lambda: float,
+    rnna: bool,
+    need_grad: bool,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """Per-sample losses [N] float32, and the state ``rnnt_backward`` takes (lse, occupancies, log p).
+
+    Args:
+        x: [N, T, U+1, V] float32/float16/bfloat16, any strides.
+        targets: [N, U] int32/int64 on x's device (unit stride along U).
+        logit_lengths, target_lengths: [N] int64 on x's device.
+    """
+    N, T, U1, V = x.shape
+    dev = x.device
+    n_cells = N * T * U1
+    lse = _empty(n_cells if fused else 0, dtype=torch.float32, device=dev)
+    lat = _empty(2 * n_cells, dtype=torch.float32, device=dev)
+    block_r, block_v, warps = _row_blocks(V)
+    _rnnt_lattice_kernel[(triton.cdiv(n_cells, block_r),)](
+        x, lse, lat, targets, logit_lengths, target_lengths, n_cells, T, U1, V,
+        x.stride(0), x.stride(1), x.stride(2), x.stride(3), targets.stride(0), blank,
+        FUSED=fused, BLOCK_R=block_r, BLOCK_V=block_v, num_warps=warps,
+    )  # fmt: skip
+    loss = _empty(N, dtype=torch.float32, device=dev)
+    logp = _empty(N, dtype=torch.float64, device=dev)
+    alpha = _empty(N * (T + 1) * U1 if need_grad else 0, dtype=torch.float64, device=dev)
+    block_u = max(16, next_power_of_2(U1))
+    rec = dict(RNA=rnna, BLOCK_U=block_u, num_warps=_recursion_warps(block_u))
+    _rnnt_alpha_kernel[(N,)](
+        lat, alpha, loss, logp, logit_lengths, target_lengths, T, U1, 1.0 + fastemit_lambda,
+        STORE_ALPHA=need_grad, **rec,
+    )  # fmt: skip
+    if need_grad:
+        _rnnt_beta_kernel[(N,)](lat, alpha, logp, logit_lengths, target_lengths, T, U1, **rec)
+    return loss, (lse, lat, logp)
+
+
+def rnnt_backward(
+    grad_out: torch.Tensor,
+    x: torch.Tensor,
+    targets: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    lse: torch.Tensor,
+    occ: torch.Tensor,
+    logp: torch.Tensor,
+    blank: int,
+    fused: bool,
+    fastemit_lambda: float,
+    clamp: float,
+    reduction: str,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Gradient of the (reduced) loss with respect to x, in x's dtype (into ``out`` when given, which may be x's
+    own storage: each cell's logits are read before its gradient is written)."""
+    N, T, U1, V = x.shape
+    grad = out if out is not None else _empty_like(x)
+    n_cells = N * T * U1
+    block_r, block_v, warps = _row_blocks(V)
+    gscale = 1.0 / N if reduction == "mean" else 1.0
+    gstride = 0 if grad_out.dim() == 0 else grad_out.stride(0)
+    _rnnt_grad_kernel[(triton.cdiv(n_cells, block_r),)](
+        x, grad, lse, occ, logp, grad_out, gstride, targets, logit_lengths, target_lengths, n_cells, T, U1, V,
+        x.stride(0), x.stride(1), x.stride(2), x.stride(3),
+        grad.stride(0), grad.stride(1), grad.stride(2), grad.stride(3), targets.stride(0), blank,
+        gscale, 1.0 + fastemit_lambda, max(clamp, 0.0),
+        FUSED=fused, CLAMP=clamp > 0, BLOCK_R=block_r, BLOCK_V=block_v, num_warps=warps,
+    )  # fmt: skip
+    return grad
