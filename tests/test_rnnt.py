@@ -315,3 +315,41 @@ def test_kernels_strided_logits_and_float16(kernel_device, kernel_spy):
     compare_kernels(strided, targets, il, tl, blank)
     compare_kernels(x, targets, il, tl, blank, tol=F16)
     assert kernel_spy
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rnnt_type", ["rnnt", "rna"])
+@pytest.mark.parametrize("fused", [True, False])
+def test_gpu_matches_reference(gpu, rnnt_type, fused):
+    x, targets, il, tl, blank = make_problem(20, 6, 60, 25, 300, device=gpu)
+    if rnnt_type == "rna":
+        tl = torch.minimum(tl, il)
+    if not fused:
+        x = x.log_softmax(-1)
+    compare_kernels(x, targets, il, tl, blank, fused_log_softmax=fused, rnnt_type=rnnt_type, fastemit_lambda=0.1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_half_precision(gpu, dtype):
+    x, targets, il, tl, blank = make_problem(21, 4, 40, 12, 100, device=gpu)
+    out = sk.rnnt_loss(x.to(dtype).requires_grad_(), targets, il, tl, blank=blank, reduction="none")
+    ref = sk.rnnt.rnnt_loss_reference(x.to(dtype).double(), targets, il, tl, blank=blank, reduction="none")
+    torch.testing.assert_close(out.double(), ref, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.gpu
+def test_gpu_deterministic(gpu):
+    x, targets, il, tl, blank = make_problem(22, 8, 80, 20, 500, dtype=torch.float32, device=gpu)
+    results = []
+    for _ in range(3):
+        xi = x.clone().requires_grad_()
+        loss = sk.rnnt_loss(xi, targets, il, tl, blank=blank, reduction="none")
+        loss.sum().backward()
+        results.append((loss.detach(), xi.grad))
+    for loss, grad in results[1:]:
+        assert torch.equal(loss, results[0][0]) and torch.equal(grad, results[0][1])

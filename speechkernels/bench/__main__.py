@@ -1,7 +1,7 @@
 import argparse
 import sys
 
-from . import ctc
+from . import ctc, rnnt
 
 
 def main(argv=None) -> int:
@@ -9,9 +9,13 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="what", required=True)
     p = sub.add_parser("ctc", help="CTC loss: DeepBench table (T=150) and T=1500 rows")
     ctc.add_arguments(p)
+    p = sub.add_parser("rnnt", help="RNN-T loss: warp-rnnt's benchmark table")
+    rnnt.add_arguments(p)
     args = parser.parse_args(argv)
     if args.what == "ctc":
         return ctc.run(args)
+    if args.what == "rnnt":
+        return rnnt.run(args)
     return 1
 
 

@@ -1,0 +1,154 @@
+"""RNN-T loss benchmark: forward+backward from logits, against torchaudio (and warp-rnnt when importable).
+
+Configurations: warp-rnnt's benchmark table, (T, U, V) in {(150, 40, 28), (150, 20, 5000), (1500, 300, 50)}
+where U counts the blank row (U - 1 labels per sample, logits [N, T, U, V]), N in {1, 16, 32, 64, 128}; every
+sample uses the whole lattice. Times are medians of CUDA-event-timed calls after warm-up, the implementations
+taking turns call by call; memory is the peak allocated above what existed before the call. The error columns
+compare against the float64 reference: the loss on every row (sample by sample), the gradient where it fits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+from collections.abc import Callable
+
+import torch
+
+import speechkernels as sk
+from speechkernels.rnnt.reference import rnnt_forward_backward_reference
+
+from .common import environment, interleaved_times_ms, peak_extra_bytes, write_json
+
+SHAPES = [(150, 40, 28), (150, 20, 5000), (1500, 300, 50)]
+ROWS = [(T, U, V, N) for T, U, V in SHAPES for N in (1, 16, 32, 64, 128)]
+CPU_DEMO = [(50, 10, 28, 2), (50, 10, 500, 2)]
+GRAD_CHECK_LIMIT = 2**26  # logits elements up to which the float64 gradient is compared too
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    p.add_argument("--json", default=None, help="write the rows and the environment to this JSON file")
+    p.add_argument("--rows", default=None, help="only these configurations as TxUxVxN, e.g. 150x40x28x128")
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--no-error", action="store_true", help="skip the float64 reference comparison")
+
+
+def make_inputs(T: int, U: int, V: int, N: int, device: torch.device, seed: int = 0):
+    g = torch.Generator(device=device).manual_seed(seed * 7919 + T * 31 + U * 17 + V * 7 + N)
+    logits = torch.randn(N, T, U, V, device=device, generator=g)
+    targets = torch.randint(1, V, (N, U - 1), device=device, generator=g, dtype=torch.int32)
+    il = torch.full((N,), T, dtype=torch.int32, device=device)
+    tl = torch.full((N,), U - 1, dtype=torch.int32, device=device)
+    return logits, targets, il, tl
+
+
+def implementations(logits, targets, il, tl) -> dict[str, Callable[[torch.Tensor], torch.Tensor] | None]:
+    """name -> function from logits to the mean loss (None where the peer cannot run the row). blank = 0."""
+    impls: dict[str, Callable | None] = {
+        "sk": lambda v: sk.rnnt_loss(v, targets, il, tl, blank=0),
+    }
+    try:
+        import torchaudio.functional as taf
+
+        # torchaudio indexes the logits with 32-bit offsets: past 2^31 elements it faults (and the fault
+        # poisons the CUDA context for everything after it)
+        fits = logits.numel() < 2**31
+        impls["torchaudio"] = (lambda v: taf.rnnt_loss(v, targets, il, tl, blank=0)) if fits else None
+    except ImportError:
+        pass
+    try:
+        import warp_rnnt
+
+        impls["warp_rnnt"] = lambda v: warp_rnnt.rnnt_loss(
+            v.log_softmax(-1), targets, il, tl, blank=0, reduction="mean", gather=True
+        )
+    except ImportError:
+        pass
+    return impls
+
+
+def reference_errors(fn, logits, targets, il, tl) -> tuple[float, float]:
+    """Max relative loss error against float64 (sample by sample) and, for small rows, max absolute gradient
+    error of the batch-mean loss."""
+    N = logits.shape[0]
+    per_sample = torch.empty(N, dtype=torch.float64, device=logits.device)
+    chunk = max(1, int(2**27 // max(1, logits[0].numel())))
+    for n0 in range(0, N, chunk):
+        sl = slice(n0, n0 + chunk)
+        per_sample[sl], _ = rnnt_forward_backward_reference(logits[sl], targets[sl], il[sl], tl[sl], 0, need_grad=False)
+    ours = sk.rnnt_loss(logits, targets, il, tl, blank=0, reduction="none")
+    rel = ((ours.double() - per_sample).abs() / per_sample.abs()).max().item()
+    if logits.numel() > GRAD_CHECK_LIMIT:
+        return rel, math.nan
+    v = logits.detach().clone().requires_grad_()
+    fn(v).backward()
+    _, ref_grad = rnnt_forward_backward_reference(logits, targets, il, tl, 0)
+    return rel, (v.grad.double() - ref_grad / N).abs().max().item()
+
+
+def run(args) -> int:
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    rows = ROWS if device.type == "cuda" else CPU_DEMO
+    if args.rows:
+        wanted = {tuple(int(v) for v in r.split("x")) for r in args.rows.split(",")}
+        rows = [r for r in rows if r in wanted] or sorted(wanted)
+    env = environment(device)
+    print(f"# RNN-T loss, forward+backward from logits, {env['device']}, torch {env['torch']}, "
+          f"triton {env['triton']}, median of {args.reps} after warm-up")  # fmt: skip
+    print(f"{'T':>5} {'U':>4} {'V':>5} {'N':>4} | {'sk ms':>8} {'taudio':>8} {'warp':>8} | {'x best':>6} | "
+          f"{'MB sk':>8} {'MB ta':>8} | {'loss err':>8} {'grad err':>8}")  # fmt: skip
+    results = []
+    for T, U, V, N in rows:
+        logits, targets, il, tl = make_inputs(T, U, V, N, device)
+        row = {"T": T, "U": U, "V": V, "N": N, "logits_bytes": logits.numel() * logits.element_size()}
+        impls = implementations(logits, targets, il, tl)
+        steps = {}
+        for name, fn in impls.items():
+            if fn is None:
+                row[name] = None
+                continue
+            v = logits.detach().clone().requires_grad_()
+
+            def step(fn=fn, v=v):
+                v.grad = None
+                fn(v).backward()
+
+            steps[name] = (step, v)
+        times = interleaved_times_ms({k: st for k, (st, _) in steps.items()}, device, warmup=3, reps=args.reps)
+        for name, (step, v) in steps.items():
+            q1, _, q3 = statistics.quantiles(times[name], n=4) if len(times[name]) > 1 else (math.nan,) * 3
+            mem = peak_extra_bytes(step, device, before=lambda v=v: setattr(v, "grad", None))
+            v.grad = None
+            row[name] = {"ms": statistics.median(times[name]), "ms_quartiles": [q1, q3], "peak_extra_bytes": mem}
+        del steps
+        if not args.no_error:
+            row["sk"]["loss_rel_err"], row["sk"]["grad_abs_err"] = reference_errors(
+                impls["sk"], logits, targets, il, tl
+            )
+        peers = [row[p]["ms"] for p in ("torchaudio", "warp_rnnt") if row.get(p)]
+        row["speedup"] = min(peers) / row["sk"]["ms"] if peers else None
+        results.append(row)
+        print_row(row)
+        del logits
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if args.json:
+        write_json(args.json, {"benchmark": "rnnt", "environment": env, "rows": results})
+    return 0
+
+
+def print_row(row: dict) -> None:
+    def ms(name):
+        return f"{row[name]['ms']:8.3f}" if row.get(name) else f"{'n/a':>8}"
+
+    def mb(name):
+        mem = row[name]["peak_extra_bytes"] if row.get(name) else None
+        return f"{mem / 2**20:8.0f}" if mem is not None else f"{'-':>8}"
+
+    sp = f"{row['speedup']:6.2f}" if row["speedup"] else f"{'-':>6}"
+    err = row["sk"].get("loss_rel_err", math.nan), row["sk"].get("grad_abs_err", math.nan)
+    print(f"{row['T']:5d} {row['U']:4d} {row['V']:5d} {row['N']:4d} | {ms('sk')} {ms('torchaudio')} "
+          f"{ms('warp_rnnt')} | {sp} | {mb('sk')} {mb('torchaudio')} | {err[0]:8.1e} {err[1]:8.1e}",
+          flush=True)  # fmt: skip
