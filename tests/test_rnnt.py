@@ -357,3 +357,37 @@ def test_gpu_deterministic(gpu):
         results.append((loss.detach(), xi.grad))
     for loss, grad in results[1:]:
         assert torch.equal(loss, results[0][0]) and torch.equal(grad, results[0][1])
+
+
+def test_kernels_reuse_logits_for_grad(kernel_device, kernel_spy):
+    """The gradient lands in the logits' storage and equals the ordinary one."""
+    x, targets, il, tl, blank = make_problem(15, 3, 6, 3, 7, dtype=torch.float32)
+    xa = x.clone().requires_grad_()
+    sk.rnnt_loss(xa, targets, il, tl, blank=blank, fastemit_lambda=0.2, clamp=0.3).backward()
+    joint = x.clone().requires_grad_()
+    logits = joint * 1.0  # a non-leaf, as a joint network's output is; Mul's backward does not read it
+    storage = logits.data_ptr()
+    sk.rnnt_loss(
+        logits, targets, il, tl, blank=blank, fastemit_lambda=0.2, clamp=0.3, reuse_logits_for_grad=True
+    ).backward()
+    torch.testing.assert_close(joint.grad, xa.grad, rtol=0, atol=0)
+    torch.testing.assert_close(logits.detach(), xa.grad, rtol=0, atol=0)  # consumed: it holds the gradient now
+    assert logits.data_ptr() == storage
+    assert kernel_spy
+
+
+def test_kernels_through_torch_compile(kernel_device, kernel_spy):
+    """The torch.library op (fake shapes, autograd registration) under torch.compile's tracing."""
+    x, targets, il, tl, blank = make_problem(16, 2, 5, 3, 6, dtype=torch.float32)
+
+    def f(v):
+        return sk.rnnt_loss(v, targets, il, tl, blank=blank, validate=False) * 2.0
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    la, lb = compiled(xa), f(xb)
+    la.backward()
+    lb.backward()
+    torch.testing.assert_close(la, lb)
+    torch.testing.assert_close(xa.grad, xb.grad)
+    assert kernel_spy

@@ -41,23 +41,94 @@ def _check_contents(
 
 
 class RNNTLossFunction(torch.autograd.Function):
-    """The Triton path: per-sample losses, gradient from the stored edge occupancies."""
+    """The Triton path in eager mode: per-sample losses, gradient from the stored edge occupancies."""
 
     @staticmethod
-    def forward(ctx, x, targets, il, tl, blank, fused, fastemit_lambda, clamp, rna, need_grad):
+    def forward(ctx, x, targets, il, tl, blank, fused, fastemit_lambda, clamp, rna, need_grad, reuse_logits):
         loss, state = kernels.rnnt_forward(x, targets, il, tl, blank, fused, fastemit_lambda, rna, need_grad)
         ctx.save_for_backward(x, targets, il, tl, *state)
         ctx.args = (blank, fused, fastemit_lambda, clamp)
+        ctx.reuse_logits = reuse_logits
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss):
         x, targets, il, tl, lse, occ, logp = ctx.saved_tensors
-        blank, fused, fastemit_lambda, clamp = ctx.args
-        grad = kernels.rnnt_backward(
-            grad_loss, x, targets, il, tl, lse, occ, logp, blank, fused, fastemit_lambda, clamp, "none"
-        )
-        return (grad,) + (None,) * 9
+        out = x if ctx.reuse_logits else None  # each cell's logits are read before its gradient is written
+        grad = kernels.rnnt_backward(grad_loss, x, targets, il, tl, lse, occ, logp, *ctx.args, "none", out=out)
+        return (grad,) + (None,) * 10
+
+
+@torch.library.custom_op("speechkernels::rnnt_loss_forward", mutates_args=())
+def _rnnt_forward_op(
+    x: torch.Tensor,
+    targets: torch.Tensor,
+    il: torch.Tensor,
+    tl: torch.Tensor,
+    blank: int,
+    fused: bool,
+    fastemit_lambda: float,
+    clamp: float,
+    rna: bool,
+    need_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    loss, state = kernels.rnnt_forward(x, targets, il, tl, blank, fused, fastemit_lambda, rna, need_grad)
+    return (loss, *state)
+
+
+@_rnnt_forward_op.register_fake
+def _(x, targets, il, tl, blank, fused, fastemit_lambda, clamp, rna, need_grad):
+    N, T, U1, _ = x.shape
+    cells = N * T * U1
+    f32 = dict(dtype=torch.float32)
+    return (
+        x.new_empty(N, **f32),
+        x.new_empty(cells if fused else 0, **f32),
+        x.new_empty(2 * cells, **f32),
+        x.new_empty(N, dtype=torch.float64),
+    )
+
+
+@torch.library.custom_op("speechkernels::rnnt_loss_backward", mutates_args=())
+def _rnnt_backward_op(
+    grad_loss: torch.Tensor,
+    x: torch.Tensor,
+    targets: torch.Tensor,
+    il: torch.Tensor,
+    tl: torch.Tensor,
+    lse: torch.Tensor,
+    occ: torch.Tensor,
+    logp: torch.Tensor,
+    blank: int,
+    fused: bool,
+    fastemit_lambda: float,
+    clamp: float,
+) -> torch.Tensor:
+    return kernels.rnnt_backward(
+        grad_loss, x, targets, il, tl, lse, occ, logp, blank, fused, fastemit_lambda, clamp, "none"
+    )
+
+
+@_rnnt_backward_op.register_fake
+def _(grad_loss, x, targets, il, tl, lse, occ, logp, blank, fused, fastemit_lambda, clamp):
+    return torch.empty_like(x)
+
+
+def _setup_context(ctx, inputs, output):
+    x, targets, il, tl, blank, fused, fastemit_lambda, clamp = inputs[:8]
+    _loss, *state = output
+    ctx.save_for_backward(x, targets, il, tl, *state)
+    ctx.args = (blank, fused, fastemit_lambda, clamp)
+    ctx.mark_non_differentiable(*state)
+
+
+def _backward(ctx, grad_loss, *_grads_of_the_state):
+    x, targets, il, tl, lse, occ, logp = ctx.saved_tensors
+    grad = _rnnt_backward_op(grad_loss, x, targets, il, tl, lse, occ, logp, *ctx.args)
+    return (grad,) + (None,) * 9
+
+
+_rnnt_forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def rnnt_loss(
@@ -73,6 +144,7 @@ def rnnt_loss(
     fastemit_lambda: float = 0.0,
     rnnt_type: str = "rnnt",
     validate: bool = True,
+    reuse_logits_for_grad: bool = False,
 ) -> torch.Tensor:
     """RNN-Transducer loss with torchaudio.functional.rnnt_loss's signature and semantics.
 
@@ -93,6 +165,10 @@ def rnnt_loss(
         validate: check lengths and labels against the tensors' contents (on the GPU this reads device memory,
             one synchronisation); pass False inside CUDA graphs. Unchecked bad values cannot cause a memory
             fault (the kernels clamp them) but give meaningless numbers.
+        reuse_logits_for_grad: the backward writes the gradient into the logits' own storage (GPU kernels, eager
+            mode): the logits are consumed, so nothing may read them after ``backward()`` (neither the caller nor
+            the backward of the op that produced them, e.g. a log_softmax or an activation). Saves a tensor
+            the size of the logits.
 
     Returns:
         The loss: [N] with ``reduction="none"``, else a scalar. +inf for a sample with no path through its
@@ -140,10 +216,14 @@ def rnnt_loss(
         _check_contents(T, U1 - 1, V, targets, il, tl, blank)
     if kernels is not None and use_triton(logits) and N > 0 and T > 0:
         need_grad = torch.is_grad_enabled() and logits.requires_grad
-        loss = RNNTLossFunction.apply(
-            logits, targets.contiguous(), il, tl, blank, fused_log_softmax, float(fastemit_lambda), float(clamp),
-            rnnt_type == "rna", need_grad,
-        )  # fmt: skip
+        args = (logits, targets.contiguous(), il, tl, blank, fused_log_softmax, float(fastemit_lambda), float(clamp),
+                rnnt_type == "rna", need_grad)  # fmt: skip
+        if torch.compiler.is_compiling():
+            if reuse_logits_for_grad:
+                raise ValueError("reuse_logits_for_grad=True is not supported under torch.compile")
+            loss = _rnnt_forward_op(*args)[0]
+        else:
+            loss = RNNTLossFunction.apply(*args, reuse_logits_for_grad)
     else:
         loss = RNNTLossReferenceFunction.apply(
             logits, targets, il, tl, blank, fused_log_softmax, float(fastemit_lambda), float(clamp), rnnt_type
@@ -169,6 +249,7 @@ class RNNTLoss(torch.nn.Module):
         fastemit_lambda: float = 0.0,
         rnnt_type: str = "rnnt",
         validate: bool = True,
+        reuse_logits_for_grad: bool = False,
     ) -> None:
         super().__init__()
         self.blank = blank
@@ -178,12 +259,13 @@ class RNNTLoss(torch.nn.Module):
         self.fastemit_lambda = fastemit_lambda
         self.rnnt_type = rnnt_type
         self.validate = validate
+        self.reuse_logits_for_grad = reuse_logits_for_grad
 
     def forward(self, logits, targets, logit_lengths, target_lengths) -> torch.Tensor:
         return rnnt_loss(
             logits, targets, logit_lengths, target_lengths, self.blank, self.clamp, self.reduction,
             self.fused_log_softmax, fastemit_lambda=self.fastemit_lambda, rnnt_type=self.rnnt_type,
-            validate=self.validate,
+            validate=self.validate, reuse_logits_for_grad=self.reuse_logits_for_grad,
         )  # fmt: skip
 
     def extra_repr(self) -> str:
