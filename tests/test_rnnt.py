@@ -391,3 +391,74 @@ def test_kernels_through_torch_compile(kernel_device, kernel_spy):
     torch.testing.assert_close(la, lb)
     torch.testing.assert_close(xa.grad, xb.grad)
     assert kernel_spy
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_capture(gpu):
+    x, targets, il, tl, blank = make_problem(23, 4, 30, 8, 40, dtype=torch.float32, device=gpu)
+    xs = x.clone().requires_grad_()
+
+    def step():
+        xs.grad = None
+        loss = sk.rnnt_loss(xs, targets, il, tl, blank=blank, validate=False)
+        loss.backward()
+        return loss
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_loss = step()
+    new = torch.randn_like(x)
+    xs.data.copy_(new)
+    graph.replay()
+    torch.cuda.synchronize()
+    xr = new.clone().requires_grad_()
+    eager = sk.rnnt_loss(xr, targets, il, tl, blank=blank)
+    eager.backward()
+    torch.testing.assert_close(static_loss, eager.detach())
+    torch.testing.assert_close(xs.grad, xr.grad)
+
+
+@pytest.mark.gpu
+def test_gpu_torch_compile(gpu):
+    x, targets, il, tl, blank = make_problem(24, 3, 20, 6, 30, dtype=torch.float32, device=gpu)
+
+    def f(v):
+        return sk.rnnt_loss(v, targets, il, tl, blank=blank, validate=False) * 2.0
+
+    compiled = torch.compile(f, fullgraph=True)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    la, lb = compiled(xa), f(xb)
+    la.backward()
+    lb.backward()
+    torch.testing.assert_close(la, lb)
+    torch.testing.assert_close(xa.grad, xb.grad)
+
+
+@pytest.mark.gpu
+def test_gpu_more_than_2_31_logits(gpu):
+    """N*T*(U+1)*V > 2^31 (float16): the batch's losses equal those of its two halves computed separately."""
+    N, T, U, V = 4, 400, 100, 14000
+    assert N * T * (U + 1) * V > 2**31
+    g = torch.Generator(device="cuda").manual_seed(25)
+    x = torch.randn(N, T, U + 1, V, device="cuda", dtype=torch.float16, generator=g)
+    targets = torch.randint(0, V - 1, (N, U), device="cuda", generator=g)
+    il = torch.tensor([400, 350, 380, 400], device="cuda")
+    tl = torch.tensor([100, 90, 60, 100], device="cuda")
+    x.requires_grad_()
+    loss = sk.rnnt_loss(x, targets, il, tl, reduction="none")
+    loss.sum().backward()
+    grad_last = x.grad[3].clone()
+    x.grad = None
+    halves = []
+    for sl in (slice(0, 2), slice(2, 4)):
+        xh = x.detach()[sl].clone().requires_grad_()
+        lh = sk.rnnt_loss(xh, targets[sl], il[sl], tl[sl], reduction="none")
+        lh.sum().backward()
+        halves.append((lh.detach(), xh.grad))
+    torch.testing.assert_close(loss.detach(), torch.cat([halves[0][0], halves[1][0]]), rtol=0, atol=0)
+    torch.testing.assert_close(grad_last, halves[1][1][1], rtol=0, atol=0)
