@@ -190,8 +190,8 @@ def test_rnnt_module_and_argument_forms():
     torch.testing.assert_close(sk.RNNTLoss(blank=blank, reduction="none")(x, targets, il, tl), ref)
 
 
-def _bad_cases():
-    x = torch.randn(2, 4, 3, 5)
+def _bad_cases(dtype=torch.float32):
+    x = torch.randn(2, 4, 3, 5, dtype=dtype)
     tg = torch.tensor([[1, 2], [2, 3]])
     il, tl = torch.tensor([4, 3]), torch.tensor([2, 1])
     return [
@@ -214,9 +214,10 @@ def _bad_cases():
     ]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])  # kernels (under the interpreter), reference
 @pytest.mark.parametrize("case", range(len(_bad_cases())))
-def test_rnnt_bad_arguments_raise_value_error(case):
-    args, kwargs, match = _bad_cases()[case]
+def test_rnnt_bad_arguments_raise_value_error(case, dtype):
+    args, kwargs, match = _bad_cases(dtype)[case]
     with pytest.raises(ValueError, match=match):
         sk.rnnt_loss(*args, **kwargs)
 

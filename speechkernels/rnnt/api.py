@@ -40,12 +40,21 @@ def _check_contents(
             raise ValueError(f"targets[{n}, {j}]={int(tg[n, j])} {what}")
 
 
+def _forward(x, targets, il, tl, blank, fused, fastemit_lambda, rna, need_grad, validate):
+    """The forward kernels, after the device-side check of lengths and labels (one value read back)."""
+    N, T, U1, V = x.shape
+    if validate and not kernels.rnnt_validate(targets, il, tl, T, V, blank):
+        _check_contents(T, U1 - 1, V, targets, il, tl, blank)
+        raise ValueError("invalid RNN-T arguments")  # not reached: the check above names the argument
+    return kernels.rnnt_forward(x, targets, il, tl, blank, fused, fastemit_lambda, rna, need_grad)
+
+
 class RNNTLossFunction(torch.autograd.Function):
     """The Triton path in eager mode: per-sample losses, gradient from the stored edge occupancies."""
 
     @staticmethod
-    def forward(ctx, x, targets, il, tl, blank, fused, fastemit_lambda, clamp, rna, need_grad, reuse_logits):
-        loss, state = kernels.rnnt_forward(x, targets, il, tl, blank, fused, fastemit_lambda, rna, need_grad)
+    def forward(ctx, x, targets, il, tl, blank, fused, fastemit_lambda, clamp, rna, need_grad, validate, reuse_logits):
+        loss, state = _forward(x, targets, il, tl, blank, fused, fastemit_lambda, rna, need_grad, validate)
         ctx.save_for_backward(x, targets, il, tl, *state)
         ctx.args = (blank, fused, fastemit_lambda, clamp)
         ctx.reuse_logits = reuse_logits
@@ -56,7 +65,7 @@ class RNNTLossFunction(torch.autograd.Function):
         x, targets, il, tl, lse, occ, logp = ctx.saved_tensors
         out = x if ctx.reuse_logits else None  # each cell's logits are read before its gradient is written
         grad = kernels.rnnt_backward(grad_loss, x, targets, il, tl, lse, occ, logp, *ctx.args, "none", out=out)
-        return (grad,) + (None,) * 10
+        return (grad,) + (None,) * 11
 
 
 @torch.library.custom_op("speechkernels::rnnt_loss_forward", mutates_args=())
@@ -71,13 +80,14 @@ def _rnnt_forward_op(
     clamp: float,
     rna: bool,
     need_grad: bool,
+    validate: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    loss, state = kernels.rnnt_forward(x, targets, il, tl, blank, fused, fastemit_lambda, rna, need_grad)
+    loss, state = _forward(x, targets, il, tl, blank, fused, fastemit_lambda, rna, need_grad, validate)
     return (loss, *state)
 
 
 @_rnnt_forward_op.register_fake
-def _(x, targets, il, tl, blank, fused, fastemit_lambda, clamp, rna, need_grad):
+def _(x, targets, il, tl, blank, fused, fastemit_lambda, clamp, rna, need_grad, validate):
     N, T, U1, _ = x.shape
     cells = N * T * U1
     f32 = dict(dtype=torch.float32)
@@ -125,7 +135,7 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_loss, *_grads_of_the_state):
     x, targets, il, tl, lse, occ, logp = ctx.saved_tensors
     grad = _rnnt_backward_op(grad_loss, x, targets, il, tl, lse, occ, logp, *ctx.args)
-    return (grad,) + (None,) * 9
+    return (grad,) + (None,) * 10
 
 
 _rnnt_forward_op.register_autograd(_backward, setup_context=_setup_context)
@@ -212,12 +222,10 @@ def rnnt_loss(
     if tl.numel() != N:
         raise ValueError(f"target_lengths has {tl.numel()} entries but the batch size is {N}")
     targets = targets.to(dev)
-    if validate:
-        _check_contents(T, U1 - 1, V, targets, il, tl, blank)
     if kernels is not None and use_triton(logits) and N > 0 and T > 0:
         need_grad = torch.is_grad_enabled() and logits.requires_grad
         args = (logits, targets.contiguous(), il, tl, blank, fused_log_softmax, float(fastemit_lambda), float(clamp),
-                rnnt_type == "rna", need_grad)  # fmt: skip
+                rnnt_type == "rna", need_grad, validate)  # fmt: skip
         if torch.compiler.is_compiling():
             if reuse_logits_for_grad:
                 raise ValueError("reuse_logits_for_grad=True is not supported under torch.compile")
@@ -225,6 +233,8 @@ def rnnt_loss(
         else:
             loss = RNNTLossFunction.apply(*args, reuse_logits_for_grad)
     else:
+        if validate:
+            _check_contents(T, U1 - 1, V, targets, il, tl, blank)
         loss = RNNTLossReferenceFunction.apply(
             logits, targets, il, tl, blank, fused_log_softmax, float(fastemit_lambda), float(clamp), rnnt_type
         )

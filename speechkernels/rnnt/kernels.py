@@ -97,6 +97,32 @@ def _rnnt_lattice_kernel(
 
 
 @triton.jit
+def _rnnt_validate_kernel(
+    tgt_ptr,  # [N, U] labels
+    il_ptr,  # [N] int64
+    tl_ptr,  # [N] int64
+    bits_ptr,  # [N] int32 out: 1 frames, 2 labels count, 4 label outside [0, V), 8 label == blank
+    T,
+    U,
+    V,
+    stride_tg,
+    blank,
+    BLOCK: tl.constexpr,
+):
+    i_n = tl.program_id(0).to(tl.int64)
+    T_n = tl.load(il_ptr + i_n)
+    U_n = tl.load(tl_ptr + i_n)
+    bits = tl.where((T_n < 0) | (T_n > T), 1, 0) | tl.where((U_n < 0) | (U_n > U), 2, 0)
+    o_j = tl.arange(0, BLOCK)
+    for j0 in range(0, tl.minimum(tl.maximum(U_n, 0), U), BLOCK):
+        m = j0 + o_j < U_n
+        lab = tl.load(tgt_ptr + i_n * stride_tg + j0 + o_j, mask=m, other=0).to(tl.int64)
+        bad = tl.where(m & ((lab < 0) | (lab >= V)), 4, 0) | tl.where(m & (lab == blank), 8, 0)
+        bits |= tl.max(bad, axis=0)
+    tl.store(bits_ptr + i_n, bits)
+
+
+@triton.jit
 def _edge_rows(d, o_u, RNA: tl.constexpr):
     """Step d's node row per lane, and the rows of the blank edge into it and of the label edge into it."""
     if RNA:
@@ -284,6 +310,19 @@ def _empty(*shape, dtype, device) -> torch.Tensor:
 
 def _empty_like(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
+
+
+def rnnt_validate(
+    targets: torch.Tensor, logit_lengths: torch.Tensor, target_lengths: torch.Tensor, T: int, V: int, blank: int
+) -> bool:
+    """Whether every length and label is valid, checked on the device with one read back (a synchronisation)."""
+    N, U = targets.shape
+    bits = _empty(N, dtype=torch.int32, device=targets.device)
+    block = max(16, min(next_power_of_2(max(U, 1)), 1024))
+    _rnnt_validate_kernel[(N,)](
+        targets, logit_lengths, target_lengths, bits, T, U, V, targets.stride(0), blank, BLOCK=block
+    )
+    return not bool(bits.any())
 
 
 def _row_blocks(V: int) -> tuple[int, int, int]:
