@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from helpers import check_compiled_matches_eager, check_graph_replay_matches_eager
 
 import speechkernels as sk
 from speechkernels.ctc import kernels
@@ -88,18 +89,6 @@ def compare(x, padded, il, tl, *, blank=0, reduction="none", logits=True, layout
     assert grad.dtype == dtype
     torch.testing.assert_close(grad.cpu().double(), xr.grad, rtol=0, atol=atol, equal_nan=True)
     return out, grad
-
-
-def check_compiled_matches_eager(f, x, **compile_kwargs):
-    """f compiled whole-graph gives the eager loss and gradient."""
-    compiled = torch.compile(f, fullgraph=True, **compile_kwargs)
-    xa = x.clone().requires_grad_()
-    xb = x.clone().requires_grad_()
-    la, lb = compiled(xa), f(xb)
-    la.backward()
-    lb.backward()
-    torch.testing.assert_close(la, lb)
-    torch.testing.assert_close(xa.grad, xb.grad)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -367,31 +356,7 @@ def test_gpu_deterministic(gpu):
 @pytest.mark.gpu
 def test_gpu_cuda_graph_capture(gpu):
     x, padded, il, tl = _gpu_problem(24, 100, 8, 50, 30)
-    xs = x.clone().requires_grad_()
-
-    def step():
-        xs.grad = None
-        loss = sk.ctc_loss(xs, padded, il, tl, logits=True, validate=False)
-        loss.backward()
-        return loss
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_loss = step()
-    new = torch.randn_like(x)
-    xs.data.copy_(new)
-    graph.replay()
-    torch.cuda.synchronize()
-    xr = new.clone().requires_grad_()
-    eager = sk.ctc_loss(xr, padded, il, tl, logits=True)
-    eager.backward()
-    torch.testing.assert_close(static_loss, eager.detach())
-    torch.testing.assert_close(xs.grad, xr.grad)
+    check_graph_replay_matches_eager(lambda v: sk.ctc_loss(v, padded, il, tl, logits=True, validate=False), x)
 
 
 @pytest.mark.gpu

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from helpers import check_compiled_matches_eager, check_graph_replay_matches_eager
 
 import speechkernels as sk
 from speechkernels.rnnt import kernels
@@ -384,60 +385,20 @@ def test_kernels_through_torch_compile(kernel_device, kernel_spy):
     def f(v):
         return sk.rnnt_loss(v, targets, il, tl, blank=blank, validate=False) * 2.0
 
-    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
-    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
-    la, lb = compiled(xa), f(xb)
-    la.backward()
-    lb.backward()
-    torch.testing.assert_close(la, lb)
-    torch.testing.assert_close(xa.grad, xb.grad)
+    check_compiled_matches_eager(f, x, backend="aot_eager")
     assert kernel_spy
 
 
 @pytest.mark.gpu
 def test_gpu_cuda_graph_capture(gpu):
     x, targets, il, tl, blank = make_problem(23, 4, 30, 8, 40, dtype=torch.float32, device=gpu)
-    xs = x.clone().requires_grad_()
-
-    def step():
-        xs.grad = None
-        loss = sk.rnnt_loss(xs, targets, il, tl, blank=blank, validate=False)
-        loss.backward()
-        return loss
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_loss = step()
-    new = torch.randn_like(x)
-    xs.data.copy_(new)
-    graph.replay()
-    torch.cuda.synchronize()
-    xr = new.clone().requires_grad_()
-    eager = sk.rnnt_loss(xr, targets, il, tl, blank=blank)
-    eager.backward()
-    torch.testing.assert_close(static_loss, eager.detach())
-    torch.testing.assert_close(xs.grad, xr.grad)
+    check_graph_replay_matches_eager(lambda v: sk.rnnt_loss(v, targets, il, tl, blank=blank, validate=False), x)
 
 
 @pytest.mark.gpu
 def test_gpu_torch_compile(gpu):
     x, targets, il, tl, blank = make_problem(24, 3, 20, 6, 30, dtype=torch.float32, device=gpu)
-
-    def f(v):
-        return sk.rnnt_loss(v, targets, il, tl, blank=blank, validate=False) * 2.0
-
-    compiled = torch.compile(f, fullgraph=True)
-    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
-    la, lb = compiled(xa), f(xb)
-    la.backward()
-    lb.backward()
-    torch.testing.assert_close(la, lb)
-    torch.testing.assert_close(xa.grad, xb.grad)
+    check_compiled_matches_eager(lambda v: sk.rnnt_loss(v, targets, il, tl, blank=blank, validate=False) * 2.0, x)
 
 
 @pytest.mark.gpu

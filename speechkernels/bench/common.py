@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import platform
 import statistics
 import time
@@ -75,6 +76,42 @@ def interleaved_times_ms(
         for name, fn in fns.items():
             times[name].append(times_ms(fn, device, warmup=0, reps=1)[0])
     return times
+
+
+def time_forward_backward(
+    impls: dict[str, Callable[[torch.Tensor], torch.Tensor] | None],
+    x: torch.Tensor,
+    device: torch.device,
+    reps: int,
+    warmup: int = 5,
+) -> dict[str, dict | None]:
+    """Forward+backward of each implementation (fn(v) -> loss) from its own leaf copy of ``x``: the median
+    time, its quartiles and minimum, and the peak extra memory; None where fn is None.
+
+    The implementations take turns, one call each per round, so that a slow spell of the host (they come and
+    go on shared machines) falls on all of them alike."""
+    steps = {}
+    for name, fn in impls.items():
+        if fn is None:
+            continue
+        v = x.detach().clone().requires_grad_()
+
+        def step(fn=fn, v=v):
+            v.grad = None
+            fn(v).backward()
+
+        steps[name] = (step, v)
+    times = interleaved_times_ms({k: st for k, (st, _) in steps.items()}, device, warmup=warmup, reps=reps)
+    out: dict[str, dict | None] = {name: None for name in impls}
+    for name, (step, v) in steps.items():
+        q1, _, q3 = statistics.quantiles(times[name], n=4) if reps > 1 else (math.nan,) * 3
+        mem = peak_extra_bytes(step, device, before=lambda v=v: setattr(v, "grad", None))
+        v.grad = None
+        out[name] = {
+            "ms": statistics.median(times[name]), "ms_quartiles": [q1, q3], "ms_min": min(times[name]),
+            "peak_extra_bytes": mem,
+        }  # fmt: skip
+    return out
 
 
 def peak_extra_bytes(

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 from collections.abc import Callable
 
 import torch
@@ -19,7 +18,7 @@ import torch
 import speechkernels as sk
 from speechkernels.ctc.reference import ctc_loss_reference
 
-from .common import environment, interleaved_times_ms, peak_extra_bytes, write_json
+from .common import environment, time_forward_backward, write_json
 
 T150 = [(150, n, c) for c in (28, 5000) for n in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
 T1500 = [(1500, n, c) for c in (29, 1000) for n in (1, 32, 128)]
@@ -132,36 +131,16 @@ def run(args) -> int:
         ref = None if args.no_error else reference(x, tgt_d, il_d, tl_d)
         row = {"T": T, "N": N, "C": C}
         impls = implementations(x, targets, il, tl, device)
-        steps = {}
-        for name, fn in impls.items():
-            if fn is None:
-                row[name] = None
-                continue
-            v = x.detach().clone().requires_grad_()
-
-            def step(fn=fn, v=v):
-                v.grad = None
-                fn(v).backward()
-
-            steps[name] = (step, v)
-        # the implementations take turns, one call each per round, so that a slow spell of the host (they come
-        # and go on shared machines) falls on all of them alike
-        all_times = interleaved_times_ms({k: st for k, (st, _) in steps.items()}, device, reps=args.reps)
-        for name, (step, v) in steps.items():
-            times = all_times[name]
-            q1, _, q3 = statistics.quantiles(times, n=4)
-            mem = peak_extra_bytes(step, device, before=lambda v=v: setattr(v, "grad", None))
-            entry = {"ms": statistics.median(times), "ms_quartiles": [q1, q3], "ms_min": min(times)}
-            entry["peak_extra_bytes"] = mem
-            fn = impls[name]
-            if name.startswith("torch") and device.type == "cuda":
-                entry["kernels"] = kernel_names(fn, x)
-                if not results:
-                    print(f"# {name} kernels: {entry['kernels']}")
-            if ref is not None:
-                entry["loss_rel_err"], entry["grad_abs_err"] = errors(name, fn, x, tgt_d, il_d, tl_d, *ref)
+        for name, entry in time_forward_backward(impls, x, device, reps=args.reps).items():
+            if entry is not None:
+                fn = impls[name]
+                if name.startswith("torch") and device.type == "cuda":
+                    entry["kernels"] = kernel_names(fn, x)
+                    if not results:
+                        print(f"# {name} kernels: {entry['kernels']}")
+                if ref is not None:
+                    entry["loss_rel_err"], entry["grad_abs_err"] = errors(name, fn, x, tgt_d, il_d, tl_d, *ref)
             row[name] = entry
-        del steps
         peers = [row[p]["ms"] for p in ("torch_native", "torch_cudnn") if row.get(p)]
         best = min(peers)
         row["speedup_logits"] = best / row["sk_logits"]["ms"]

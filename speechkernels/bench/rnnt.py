@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 from collections.abc import Callable
 
 import torch
@@ -19,7 +18,7 @@ import torch
 import speechkernels as sk
 from speechkernels.rnnt.reference import rnnt_forward_backward_reference
 
-from .common import environment, interleaved_times_ms, peak_extra_bytes, write_json
+from .common import environment, time_forward_backward, write_json
 
 SHAPES = [(150, 40, 28), (150, 20, 5000), (1500, 300, 50)]
 ROWS = [(T, U, V, N) for T, U, V in SHAPES for N in (1, 16, 32, 64, 128)]
@@ -104,25 +103,7 @@ def run(args) -> int:
         logits, targets, il, tl = make_inputs(T, U, V, N, device)
         row = {"T": T, "U": U, "V": V, "N": N, "logits_bytes": logits.numel() * logits.element_size()}
         impls = implementations(logits, targets, il, tl)
-        steps = {}
-        for name, fn in impls.items():
-            if fn is None:
-                row[name] = None
-                continue
-            v = logits.detach().clone().requires_grad_()
-
-            def step(fn=fn, v=v):
-                v.grad = None
-                fn(v).backward()
-
-            steps[name] = (step, v)
-        times = interleaved_times_ms({k: st for k, (st, _) in steps.items()}, device, warmup=3, reps=args.reps)
-        for name, (step, v) in steps.items():
-            q1, _, q3 = statistics.quantiles(times[name], n=4) if len(times[name]) > 1 else (math.nan,) * 3
-            mem = peak_extra_bytes(step, device, before=lambda v=v: setattr(v, "grad", None))
-            v.grad = None
-            row[name] = {"ms": statistics.median(times[name]), "ms_quartiles": [q1, q3], "peak_extra_bytes": mem}
-        del steps
+        row.update(time_forward_backward(impls, logits, device, reps=args.reps, warmup=3))
         if not args.no_error:
             row["sk"]["loss_rel_err"], row["sk"]["grad_abs_err"] = reference_errors(
                 impls["sk"], logits, targets, il, tl

@@ -33,11 +33,24 @@ from .._utils import next_power_of_2
 
 
 @triton.jit
-def _cell_coords(o_r, T, U1):
-    """Cell index (n * T + t) * (U + 1) + u -> n, t, u."""
+def _lengths(il_ptr, tl_ptr, n, mask, T, U1):
+    """Sample n's frames and labels, clamped to the tensor (unchecked input cannot index out of bounds)."""
+    T_n = tl.minimum(tl.maximum(tl.load(il_ptr + n, mask=mask, other=0), 0), T)
+    U_n = tl.minimum(tl.maximum(tl.load(tl_ptr + n, mask=mask, other=0), 0), U1 - 1)
+    return T_n, U_n
+
+
+@triton.jit
+def _cells(il_ptr, tl_ptr, n_cells, T, U1, BLOCK_R: tl.constexpr):
+    """This program's BLOCK_R cells (n * T + t) * (U + 1) + u: their indices, n, t, u, which exist, and their
+    samples' lengths."""
+    o_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     u = o_r % U1
     nt = o_r // U1
-    return nt // T, nt % T, u
+    n = nt // T
+    in_range = o_r < n_cells
+    T_n, U_n = _lengths(il_ptr, tl_ptr, n, in_range, T, U1)
+    return o_r, n, nt % T, u, in_range, T_n, U_n
 
 
 @triton.jit
@@ -62,11 +75,7 @@ def _rnnt_lattice_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
-    o_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    n, t, u = _cell_coords(o_r, T, U1)
-    m_r = o_r < n_cells
-    T_n = tl.minimum(tl.maximum(tl.load(il_ptr + n, mask=m_r, other=0), 0), T)
-    U_n = tl.minimum(tl.maximum(tl.load(tl_ptr + n, mask=m_r, other=0), 0), U1 - 1)
+    o_r, n, t, u, m_r, T_n, U_n = _cells(il_ptr, tl_ptr, n_cells, T, U1, BLOCK_R)
     # only cells with edges are read: t < T_n and u <= U_n
     m_r = m_r & (t < T_n) & (u <= U_n)
     p_x = x_ptr + n * stride_n + t * stride_t + u * stride_u
@@ -149,8 +158,7 @@ def _rnnt_alpha_kernel(
     BLOCK_U: tl.constexpr,
 ):
     i_n = tl.program_id(0).to(tl.int64)
-    T_n = tl.minimum(tl.maximum(tl.load(il_ptr + i_n), 0), T)
-    U_n = tl.minimum(tl.maximum(tl.load(tl_ptr + i_n), 0), U1 - 1)
+    T_n, U_n = _lengths(il_ptr, tl_ptr, i_n, True, T, U1)
     o_u = tl.arange(0, BLOCK_U)
     i_prev = tl.maximum(o_u - 1, 0)
     p_lat = lat_ptr + i_n * T * U1 * 2
@@ -196,8 +204,7 @@ def _rnnt_beta_kernel(
     BLOCK_U: tl.constexpr,
 ):
     i_n = tl.program_id(0).to(tl.int64)
-    T_n = tl.minimum(tl.maximum(tl.load(il_ptr + i_n), 0), T)
-    U_n = tl.minimum(tl.maximum(tl.load(tl_ptr + i_n), 0), U1 - 1)
+    T_n, U_n = _lengths(il_ptr, tl_ptr, i_n, True, T, U1)
     logp = tl.load(logp_ptr + i_n)
     o_u = tl.arange(0, BLOCK_U)
     i_next = tl.minimum(o_u + 1, BLOCK_U - 1)
@@ -264,11 +271,7 @@ def _rnnt_grad_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
-    o_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    n, t, u = _cell_coords(o_r, T, U1)
-    in_range = o_r < n_cells
-    T_n = tl.minimum(tl.maximum(tl.load(il_ptr + n, mask=in_range, other=0), 0), T)
-    U_n = tl.minimum(tl.maximum(tl.load(tl_ptr + n, mask=in_range, other=0), 0), U1 - 1)
+    o_r, n, t, u, in_range, T_n, U_n = _cells(il_ptr, tl_ptr, n_cells, T, U1, BLOCK_R)
     logp = tl.load(logp_ptr + n, mask=in_range, other=0.0)
     active = in_range & (t < T_n) & (u <= U_n) & (logp != float("-inf"))
     has_label = active & (u < U_n)
