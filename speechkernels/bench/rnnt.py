@@ -51,8 +51,8 @@ def implementations(logits, targets, il, tl) -> dict[str, Callable[[torch.Tensor
     try:
         import torchaudio.functional as taf
 
-        # torchaudio indexes the logits with 32-bit offsets: past 2^31 elements it faults (and the fault
-        # poisons the CUDA context for everything after it)
+        # not run past 2^31 logits: torchaudio is reported to fault there with an illegal memory access, which
+        # would poison the CUDA context for every row after it
         fits = logits.numel() < 2**31
         impls["torchaudio"] = (lambda v: taf.rnnt_loss(v, targets, il, tl, blank=0)) if fits else None
     except ImportError:
