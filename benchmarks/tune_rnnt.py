@@ -1,0 +1,73 @@
+"""Where the time of an RNN-T forward+backward goes, per kernel, and how the recursion kernels' warps change it.
+
+python benchmarks/tune_rnnt.py [--rows 1500x300x50x16,...]: per-kernel GPU times (profiler) of one
+forward+backward (fused log_softmax, batch mean) on the benchmark's inputs, then the forward over num_warps of
+the recursions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+
+import torch
+
+import speechkernels as sk
+from speechkernels.bench.common import time_ms
+from speechkernels.bench.rnnt import make_inputs
+from speechkernels.rnnt import kernels
+
+
+def profile(T, U, V, N):
+    dev = torch.device("cuda")
+    logits, targets, il, tl = make_inputs(T, U, V, N, dev)
+    v = logits.clone().requires_grad_()
+
+    def step():
+        v.grad = None
+        sk.rnnt_loss(v, targets, il, tl, blank=0).backward()
+
+    total = time_ms(step, dev, reps=5)
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof
+
+    with prof(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+    per = collections.defaultdict(float)
+    for e in p.events():
+        if e.device_type.name == "CUDA":
+            per[e.name[:60]] += e.device_time / 3 / 1e3
+    print(f"{T}x{U}x{V}x{N}: step {total:.3f} ms; kernels {sum(per.values()):.3f} ms", flush=True)
+    for k, ms in sorted(per.items(), key=lambda kv: -kv[1])[:8]:
+        print(f"   {ms:8.3f}  {k}", flush=True)
+
+
+def warps_sweep(T, U, V, N, warps_list):
+    dev = torch.device("cuda")
+    logits, targets, il, tl = make_inputs(T, U, V, N, dev)
+    il, tl = il.long(), tl.long()
+    real = kernels._recursion_warps
+    try:
+        for w in warps_list:
+            kernels._recursion_warps = lambda block, w=w: w
+            ms = time_ms(lambda: kernels.rnnt_forward(logits, targets, il, tl, 0, True, 0.0, False, True), dev, reps=5)
+            print(f"{T}x{U}x{V}x{N} recursion warps={w:2d}: forward {ms:8.3f} ms", flush=True)
+    finally:
+        kernels._recursion_warps = real
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default="150x40x28x128,150x20x5000x128,1500x300x50x1,1500x300x50x16")
+    ap.add_argument("--sweep", default="1500x300x50x1:1500x300x50x16")
+    a = ap.parse_args()
+    for r in a.rows.split(",") if a.rows else []:
+        profile(*(int(v) for v in r.split("x")))
+    for r in a.sweep.split(":") if a.sweep else []:
+        warps_sweep(*(int(v) for v in r.split("x")), [2, 4, 8, 16])
+
+
+if __name__ == "__main__":
+    main()
