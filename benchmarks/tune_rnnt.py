@@ -1,8 +1,8 @@
-"""Where the time of an RNN-T forward+backward goes, per kernel, and how the recursion kernels' warps change it.
+"""Where the time of an RNN-T forward+backward goes, per kernel, and which recursion settings win.
 
 python benchmarks/tune_rnnt.py [--rows 1500x300x50x16,...]: per-kernel GPU times (profiler) of one
-forward+backward (fused log_softmax, batch mean) on the benchmark's inputs, then the forward over num_warps of
-the recursions.
+forward+backward (fused log_softmax, batch mean) on the benchmark's inputs, then the forward with the
+anti-diagonal and the row-scan recursions over num_warps, with the loss of each against the first.
 """
 
 from __future__ import annotations
@@ -49,11 +49,21 @@ def warps_sweep(T, U, V, N, warps_list):
     logits, targets, il, tl = make_inputs(T, U, V, N, dev)
     il, tl = il.long(), tl.long()
     real = kernels._recursion_warps
+    base = None
     try:
-        for w in warps_list:
-            kernels._recursion_warps = lambda block, w=w: w
-            ms = time_ms(lambda: kernels.rnnt_forward(logits, targets, il, tl, 0, True, 0.0, False, True), dev, reps=5)
-            print(f"{T}x{U}x{V}x{N} recursion warps={w:2d}: forward {ms:8.3f} ms", flush=True)
+        for recursion in ("diagonal", "scan"):
+            for w in warps_list:
+                kernels._recursion_warps = lambda block, w=w: w
+
+                def fwd(recursion=recursion):
+                    return kernels.rnnt_forward(logits, targets, il, tl, 0, True, 0.0, False, True, recursion)
+
+                ms = time_ms(fwd, dev, reps=5)
+                loss = fwd()[0]
+                base = loss if base is None else base
+                diff = ((loss - base).abs() / base.abs()).max().item()
+                print(f"{T}x{U}x{V}x{N} {recursion:8s} warps={w:2d}: forward {ms:8.3f} ms, loss vs first {diff:.1e}",
+                      flush=True)  # fmt: skip
     finally:
         kernels._recursion_warps = real
 

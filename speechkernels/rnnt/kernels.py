@@ -238,6 +238,99 @@ def _rnnt_beta_kernel(
 
 
 @triton.jit
+def _compose(a1, b1, a2, b2):
+    """Maps x -> lae(b, x + a) composed, (a1, b1) applied first: the log-semiring recurrence
+    x_u = lae(c_u, x_{u-1} + w_{u-1}) as an associative scan."""
+    return a1 + a2, _lae(b2, b1 + a2)
+
+
+@triton.jit
+def _rnnt_alpha_scan_kernel(
+    lat_ptr,
+    alpha_ptr,
+    loss_ptr,
+    logp_ptr,
+    il_ptr,
+    tl_ptr,
+    T,
+    U1,
+    fastemit_scale,
+    STORE_ALPHA: tl.constexpr,
+    BLOCK_U: tl.constexpr,
+):
+    """RNN-T alpha row by row: row t's blank edges come from row t-1 (known), its label edges run along the
+    row, so the row is an associative scan over u (log2(BLOCK_U) levels) and each row's loads are contiguous."""
+    i_n = tl.program_id(0).to(tl.int64)
+    T_n, U_n = _lengths(il_ptr, tl_ptr, i_n, True, T, U1)
+    o_u = tl.arange(0, BLOCK_U)
+    m_u = o_u <= U_n
+    p_lat = lat_ptr + i_n * T * U1 * 2
+    p_al = alpha_ptr + i_n * (T + 1) * U1
+    a = tl.full([BLOCK_U], _neg(), tl.float64)
+    nan = tl.zeros([BLOCK_U], tl.int32)
+    for t in range(0, T_n + 1):
+        # (a block mask and a scalar condition combine through where: the interpreter rejects block & scalar)
+        m_b = tl.where(t >= 1, m_u, False)
+        w_b = tl.load(p_lat + ((t - 1) * U1 + o_u) * 2, mask=m_b, other=_neg())
+        m_e = tl.where(t < T_n, m_u & (o_u >= 1), False)
+        w_e = tl.load(p_lat + (t * U1 + o_u - 1) * 2 + 1, mask=m_e, other=_neg())
+        nan += tl.where((w_b != w_b) | (w_e != w_e), 1, 0)
+        c = tl.where(m_b, a + tl.maximum(w_b, _neg()).to(tl.float64), _neg())
+        c = tl.where((t == 0) & (o_u == 0), 0.0, c)
+        _, a = tl.associative_scan((tl.maximum(w_e, _neg()).to(tl.float64), c), 0, _compose)
+        a = tl.where(m_u, a, _neg())
+        if STORE_ALPHA:
+            tl.store(p_al + t * U1 + o_u, a, mask=m_u)
+    logp = tl.sum(tl.where(o_u == U_n, a, 0.0), axis=0)
+    logp = tl.where(logp < 0.5 * _neg(), float("-inf"), logp)
+    logp = tl.where(tl.sum(nan, axis=0) > 0, float("nan"), logp)
+    tl.store(logp_ptr + i_n, logp)
+    tl.store(loss_ptr + i_n, (-fastemit_scale * logp * _ln2()).to(tl.float32))
+
+
+@triton.jit
+def _rnnt_beta_scan_kernel(
+    lat_ptr,
+    alpha_ptr,
+    logp_ptr,
+    il_ptr,
+    tl_ptr,
+    T,
+    U1,
+    BLOCK_U: tl.constexpr,
+):
+    """RNN-T beta row by row (a reverse scan over u per row), fused with the edge occupancies."""
+    i_n = tl.program_id(0).to(tl.int64)
+    T_n, U_n = _lengths(il_ptr, tl_ptr, i_n, True, T, U1)
+    logp = tl.load(logp_ptr + i_n)
+    o_u = tl.arange(0, BLOCK_U)
+    i_next = tl.minimum(o_u + 1, BLOCK_U - 1)
+    m_u = o_u <= U_n
+    p_lat = lat_ptr + i_n * T * U1 * 2
+    p_al = alpha_ptr + i_n * (T + 1) * U1
+    n_rows = tl.where(logp != float("-inf"), T_n, 0)
+    # beta of row t + 1; row T_n has no edges: 0 at the end node
+    b = tl.where(o_u == U_n, 0.0, _neg()).to(tl.float64)
+    for k in range(1, n_rows + 1):
+        t = n_rows - k
+        p_cell = p_lat + (t * U1 + o_u) * 2
+        w_b = tl.load(p_cell, mask=m_u, other=_neg())
+        w_e = tl.load(p_cell + 1, mask=m_u & (o_u < U_n), other=_neg())
+        al = tl.load(p_al + t * U1 + o_u, mask=m_u, other=_neg())
+        to_b = tl.where(m_u, tl.maximum(w_b, _neg()).to(tl.float64) + b, _neg())
+        w_e64 = tl.where(m_u & (o_u < U_n), tl.maximum(w_e, _neg()).to(tl.float64), _neg())
+        # beta[t, u] = lae(to_b[u], beta[t, u + 1] + w_e[u]): a scan from the row's end
+        _, row = tl.associative_scan((w_e64, to_b), 0, _compose, reverse=True)
+        row = tl.where(m_u, row, _neg())
+        to_e = tl.where(o_u + 1 < BLOCK_U, tl.gather(row, i_next, 0), _neg()) + w_e64
+        occ_b = tl.exp2((al + to_b - logp).to(tl.float32))
+        occ_e = tl.exp2((al + to_e - logp).to(tl.float32))
+        tl.store(p_cell, tl.where(m_u, occ_b, 0.0), mask=m_u)
+        tl.store(p_cell + 1, tl.where(m_u & (o_u < U_n), occ_e, 0.0), mask=m_u)
+        b = row
+
+
+@triton.jit
 def _rnnt_grad_kernel(
     x_ptr,
     grad_ptr,  # [N, T, U+1, V] out
@@ -349,6 +442,7 @@ def rnnt_forward(
     fastemit_lambda: float,
     rnna: bool,
     need_grad: bool,
+    recursion: str = "diagonal",
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """Per-sample losses [N] float32, and the state ``rnnt_backward`` takes (lse, occupancies, log p).
 
@@ -356,6 +450,8 @@ def rnnt_forward(
         x: [N, T, U+1, V] float32/float16/bfloat16, any strides.
         targets: [N, U] int32/int64 on x's device (unit stride along U).
         logit_lengths, target_lengths: [N] int64 on x's device.
+        recursion: for RNN-T, "diagonal" (anti-diagonal steps) or "scan" (rows, each an associative scan over
+            u); RNA always steps by rows.
     """
     N, T, U1, V = x.shape
     dev = x.device
@@ -372,7 +468,18 @@ def rnnt_forward(
     logp = _empty(N, dtype=torch.float64, device=dev)
     alpha = _empty(N * (T + 1) * U1 if need_grad else 0, dtype=torch.float64, device=dev)
     block_u = max(16, next_power_of_2(U1))
-    rec = dict(RNA=rnna, BLOCK_U=block_u, num_warps=_recursion_warps(block_u))
+    warps = _recursion_warps(block_u)
+    if recursion == "scan" and not rnna:
+        _rnnt_alpha_scan_kernel[(N,)](
+            lat, alpha, loss, logp, logit_lengths, target_lengths, T, U1, 1.0 + fastemit_lambda,
+            STORE_ALPHA=need_grad, BLOCK_U=block_u, num_warps=warps,
+        )  # fmt: skip
+        if need_grad:
+            _rnnt_beta_scan_kernel[(N,)](
+                lat, alpha, logp, logit_lengths, target_lengths, T, U1, BLOCK_U=block_u, num_warps=warps
+            )
+        return loss, (lse, lat, logp)
+    rec = dict(RNA=rnna, BLOCK_U=block_u, num_warps=warps)
     _rnnt_alpha_kernel[(N,)](
         lat, alpha, loss, logp, logit_lengths, target_lengths, T, U1, 1.0 + fastemit_lambda,
         STORE_ALPHA=need_grad, **rec,
