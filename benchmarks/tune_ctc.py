@@ -7,13 +7,12 @@ then the forward launcher timed over num_warps and the fast/accurate log1p, with
 from __future__ import annotations
 
 import argparse
-import collections
 import functools
 
 import torch
 
 import speechkernels as sk
-from speechkernels.bench.common import time_ms
+from speechkernels.bench.common import kernel_times_ms, time_ms
 from speechkernels.bench.ctc import make_inputs, reference
 from speechkernels.ctc import kernels
 
@@ -36,19 +35,9 @@ def profile(T, N, C):
     step = _step(T, N, C, dev)
 
     total = time_ms(step, dev, reps=10)
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as prof
-
-    with prof(activities=[ProfilerActivity.CUDA]) as p:
-        for _ in range(5):
-            step()
-        torch.cuda.synchronize()
-    per = collections.defaultdict(float)
-    for e in p.events():
-        if e.device_type.name == "CUDA":
-            per[e.name[:60]] += e.device_time / 5 / 1e3
+    per = kernel_times_ms(step)
     print(f"{T}x{N}x{C}: total {total:.3f} ms; kernels {sum(per.values()):.3f} ms")
-    for k, ms in sorted(per.items(), key=lambda kv: -kv[1])[:8]:
+    for k, ms in list(per.items())[:8]:
         print(f"   {ms:8.3f}  {k}")
 
 

@@ -8,12 +8,11 @@ anti-diagonal and the row-scan recursions over num_warps, with the loss of each 
 from __future__ import annotations
 
 import argparse
-import collections
 
 import torch
 
 import speechkernels as sk
-from speechkernels.bench.common import time_ms
+from speechkernels.bench.common import kernel_times_ms, time_ms
 from speechkernels.bench.rnnt import make_inputs
 from speechkernels.rnnt import kernels
 
@@ -28,19 +27,9 @@ def profile(T, U, V, N):
         sk.rnnt_loss(v, targets, il, tl, blank=0).backward()
 
     total = time_ms(step, dev, reps=5)
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as prof
-
-    with prof(activities=[ProfilerActivity.CUDA]) as p:
-        for _ in range(3):
-            step()
-        torch.cuda.synchronize()
-    per = collections.defaultdict(float)
-    for e in p.events():
-        if e.device_type.name == "CUDA":
-            per[e.name[:60]] += e.device_time / 3 / 1e3
+    per = kernel_times_ms(step, calls=3)
     print(f"{T}x{U}x{V}x{N}: step {total:.3f} ms; kernels {sum(per.values()):.3f} ms", flush=True)
-    for k, ms in sorted(per.items(), key=lambda kv: -kv[1])[:8]:
+    for k, ms in list(per.items())[:8]:
         print(f"   {ms:8.3f}  {k}", flush=True)
 
 

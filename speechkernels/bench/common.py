@@ -136,3 +136,29 @@ def write_json(path: str, payload: dict) -> None:
     with open(path, "w") as f:
         json.dump(payload, f, indent=1)
         f.write("\n")
+
+
+def fmt_ms(entry: dict | None, width: int = 8) -> str:
+    """A table cell: the entry's median milliseconds, or n/a where the implementation could not run."""
+    return f"{entry['ms']:{width}.3f}" if entry else f"{'n/a':>{width}}"
+
+
+def fmt_mb(entry: dict | None, width: int = 8, decimals: int = 0) -> str:
+    """A table cell: the entry's peak extra memory in MiB, or - where there is none (CPU, or not run)."""
+    mem = entry["peak_extra_bytes"] if entry else None
+    return f"{mem / 2**20:{width}.{decimals}f}" if mem is not None else f"{'-':>{width}}"
+
+
+def kernel_times_ms(fn: Callable[[], object], calls: int = 5) -> dict[str, float]:
+    """GPU milliseconds per call of fn(), by kernel name (the CUDA profiler over ``calls`` calls)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    per: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            per[e.name[:60]] = per.get(e.name[:60], 0.0) + e.device_time / calls / 1e3
+    return dict(sorted(per.items(), key=lambda kv: -kv[1]))

@@ -18,7 +18,7 @@ import torch
 import speechkernels as sk
 from speechkernels.ctc.reference import ctc_loss_reference
 
-from .common import environment, time_forward_backward, write_json
+from .common import environment, fmt_mb, fmt_ms, time_forward_backward, write_json
 
 T150 = [(150, n, c) for c in (28, 5000) for n in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
 T1500 = [(1500, n, c) for c in (29, 1000) for n in (1, 32, 128)]
@@ -157,11 +157,10 @@ def run(args) -> int:
 
 def print_row(row: dict) -> None:
     def ms(name):
-        return f"{row[name]['ms']:8.3f}" if row.get(name) else f"{'n/a':>8}"
+        return fmt_ms(row.get(name))
 
     def mb(name):
-        mem = row[name]["peak_extra_bytes"] if row.get(name) else None
-        return f"{mem / 2**20:7.1f}" if mem is not None else f"{'-':>7}"
+        return fmt_mb(row.get(name), width=7, decimals=1)
 
     err = row["sk_logits"].get("loss_rel_err", math.nan), row["sk_logits"].get("grad_abs_err", math.nan)
     print(f"{row['T']:5d} {row['N']:4d} {row['C']:5d} | {row['sk_logits']['ms']:9.3f} {ms('sk_logprobs')} "

@@ -18,7 +18,7 @@ import torch
 import speechkernels as sk
 from speechkernels.rnnt.reference import rnnt_forward_backward_reference
 
-from .common import environment, time_forward_backward, write_json
+from .common import environment, fmt_mb, fmt_ms, time_forward_backward, write_json
 
 SHAPES = [(150, 40, 28), (150, 20, 5000), (1500, 300, 50)]
 ROWS = [(T, U, V, N) for T, U, V in SHAPES for N in (1, 16, 32, 64, 128)]
@@ -122,11 +122,10 @@ def run(args) -> int:
 
 def print_row(row: dict) -> None:
     def ms(name):
-        return f"{row[name]['ms']:8.3f}" if row.get(name) else f"{'n/a':>8}"
+        return fmt_ms(row.get(name))
 
     def mb(name):
-        mem = row[name]["peak_extra_bytes"] if row.get(name) else None
-        return f"{mem / 2**20:8.0f}" if mem is not None else f"{'-':>8}"
+        return fmt_mb(row.get(name))
 
     sp = f"{row['speedup']:6.2f}" if row["speedup"] else f"{'-':>6}"
     err = row["sk"].get("loss_rel_err", math.nan), row["sk"].get("grad_abs_err", math.nan)

@@ -64,7 +64,7 @@ class RNNTLossFunction(torch.autograd.Function):
     def backward(ctx, grad_loss):
         x, targets, il, tl, lse, occ, logp = ctx.saved_tensors
         out = x if ctx.reuse_logits else None  # each cell's logits are read before its gradient is written
-        grad = kernels.rnnt_backward(grad_loss, x, targets, il, tl, lse, occ, logp, *ctx.args, "none", out=out)
+        grad = kernels.rnnt_backward(grad_loss, x, targets, il, tl, lse, occ, logp, *ctx.args, out=out)
         return (grad,) + (None,) * 11
 
 
@@ -114,9 +114,7 @@ def _rnnt_backward_op(
     fastemit_lambda: float,
     clamp: float,
 ) -> torch.Tensor:
-    return kernels.rnnt_backward(
-        grad_loss, x, targets, il, tl, lse, occ, logp, blank, fused, fastemit_lambda, clamp, "none"
-    )
+    return kernels.rnnt_backward(grad_loss, x, targets, il, tl, lse, occ, logp, blank, fused, fastemit_lambda, clamp)
 
 
 @_rnnt_backward_op.register_fake

@@ -143,6 +143,17 @@ def _edge_rows(d, o_u, RNA: tl.constexpr):
 
 
 @triton.jit
+def _store_loss(a, o_u, U_n, nan, logp_ptr, loss_ptr, i_n, fastemit_scale):
+    """log2 p from the end node's lane of the last alpha step (-inf below the sentinel's range, NaN if a NaN
+    log-prob was read), and the loss -(1 + lambda) ln p."""
+    logp = tl.sum(tl.where(o_u == U_n, a, 0.0), axis=0)
+    logp = tl.where(logp < 0.5 * _neg(), float("-inf"), logp)
+    logp = tl.where(tl.sum(nan, axis=0) > 0, float("nan"), logp)
+    tl.store(logp_ptr + i_n, logp)
+    tl.store(loss_ptr + i_n, (-fastemit_scale * logp * _ln2()).to(tl.float32))
+
+
+@triton.jit
 def _rnnt_alpha_kernel(
     lat_ptr,  # [N, T, U+1, 2] float32 log2 lattice
     alpha_ptr,  # [N, T+1, U+1] float64 out
@@ -184,11 +195,7 @@ def _rnnt_alpha_kernel(
         if STORE_ALPHA:
             tl.store(p_al + t * U1 + o_u, a, mask=node)
     # the last step's lane U_n holds the end node (T_n, U_n); with T_n = 0 and U_n = 0 no step ran
-    logp = tl.sum(tl.where(o_u == U_n, a, 0.0), axis=0)
-    logp = tl.where(logp < 0.5 * _neg(), float("-inf"), logp)
-    logp = tl.where(tl.sum(nan, axis=0) > 0, float("nan"), logp)
-    tl.store(logp_ptr + i_n, logp)
-    tl.store(loss_ptr + i_n, (-fastemit_scale * logp * _ln2()).to(tl.float32))
+    _store_loss(a, o_u, U_n, nan, logp_ptr, loss_ptr, i_n, fastemit_scale)
 
 
 @triton.jit
@@ -281,11 +288,7 @@ def _rnnt_alpha_scan_kernel(
         a = tl.where(m_u, a, _neg())
         if STORE_ALPHA:
             tl.store(p_al + t * U1 + o_u, a, mask=m_u)
-    logp = tl.sum(tl.where(o_u == U_n, a, 0.0), axis=0)
-    logp = tl.where(logp < 0.5 * _neg(), float("-inf"), logp)
-    logp = tl.where(tl.sum(nan, axis=0) > 0, float("nan"), logp)
-    tl.store(logp_ptr + i_n, logp)
-    tl.store(loss_ptr + i_n, (-fastemit_scale * logp * _ln2()).to(tl.float32))
+    _store_loss(a, o_u, U_n, nan, logp_ptr, loss_ptr, i_n, fastemit_scale)
 
 
 @triton.jit
@@ -337,7 +340,7 @@ def _rnnt_grad_kernel(
     lse_ptr,
     occ_ptr,  # [N * T * (U+1), 2] edge occupancies
     logp_ptr,
-    gloss_ptr,  # upstream gradient per sample (stride gloss_stride; 0 for a reduced loss)
+    gloss_ptr,  # upstream gradient per sample
     gloss_stride,
     tgt_ptr,
     il_ptr,
@@ -356,7 +359,6 @@ def _rnnt_grad_kernel(
     gstride_v,
     stride_tg,
     blank,
-    gscale,  # multiplies the upstream gradient (1 / N for a batch mean)
     fastemit_scale,
     clamp,
     FUSED: tl.constexpr,
@@ -369,7 +371,7 @@ def _rnnt_grad_kernel(
     active = in_range & (t < T_n) & (u <= U_n) & (logp != float("-inf"))
     has_label = active & (u < U_n)
     # (logp - logp) is NaN for a NaN loss: then the sample's whole gradient is NaN
-    g = tl.load(gloss_ptr + n * gloss_stride, mask=in_range, other=0.0).to(tl.float32) * gscale
+    g = tl.load(gloss_ptr + n * gloss_stride, mask=in_range, other=0.0).to(tl.float32)
     g = g + tl.where(active, logp - logp, 0.0).to(tl.float32)
     occ_b = tl.load(occ_ptr + 2 * o_r, mask=active, other=0.0)
     occ_e = tl.load(occ_ptr + 2 * o_r + 1, mask=has_label, other=0.0) * fastemit_scale
@@ -502,22 +504,20 @@ def rnnt_backward(
     fused: bool,
     fastemit_lambda: float,
     clamp: float,
-    reduction: str,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Gradient of the (reduced) loss with respect to x, in x's dtype (into ``out`` when given, which may be x's
-    own storage: each cell's logits are read before its gradient is written)."""
+    """Gradient of sum(grad_out * loss) with respect to x (grad_out: [N]), in x's dtype; into ``out`` when
+    given, which may be x's own storage (each cell's logits are read before its gradient is written)."""
     N, T, U1, V = x.shape
     grad = out if out is not None else _empty_like(x)
     n_cells = N * T * U1
     block_r, block_v, warps = _row_blocks(V)
-    gscale = 1.0 / N if reduction == "mean" else 1.0
-    gstride = 0 if grad_out.dim() == 0 else grad_out.stride(0)
     _rnnt_grad_kernel[(triton.cdiv(n_cells, block_r),)](
-        x, grad, lse, occ, logp, grad_out, gstride, targets, logit_lengths, target_lengths, n_cells, T, U1, V,
+        x, grad, lse, occ, logp, grad_out, grad_out.stride(0), targets, logit_lengths, target_lengths,
+        n_cells, T, U1, V,
         x.stride(0), x.stride(1), x.stride(2), x.stride(3),
         grad.stride(0), grad.stride(1), grad.stride(2), grad.stride(3), targets.stride(0), blank,
-        gscale, 1.0 + fastemit_lambda, max(clamp, 0.0),
+        1.0 + fastemit_lambda, max(clamp, 0.0),
         FUSED=fused, CLAMP=clamp > 0, BLOCK_R=block_r, BLOCK_V=block_v, num_warps=warps,
     )  # fmt: skip
     return grad
