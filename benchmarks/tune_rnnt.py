@@ -2,7 +2,8 @@
 
 python benchmarks/tune_rnnt.py [--rows 1500x300x50x16,...]: per-kernel GPU times (profiler) of one
 forward+backward (fused log_softmax, batch mean) on the benchmark's inputs, then the forward with the
-anti-diagonal and the row-scan recursions over num_warps, with the loss of each against the first.
+anti-diagonal and the row-scan recursions over num_warps, with the loss of each against the first, then the
+lattice and gradient passes over their block sizes and warps.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 import torch
+import triton
 
 import speechkernels as sk
 from speechkernels.bench.common import kernel_times_ms, time_ms
@@ -57,15 +59,45 @@ def warps_sweep(T, U, V, N, warps_list):
         kernels._recursion_warps = real
 
 
+def blocks_sweep(T, U, V, N):
+    """Lattice and gradient kernel times over (cells per program, classes per chunk, warps)."""
+    dev = torch.device("cuda")
+    logits, targets, il, tl = make_inputs(T, U, V, N, dev)
+    v = logits.clone().requires_grad_()
+    real = kernels._row_blocks
+    bv0 = min(triton.next_power_of_2(V), 1024)
+    configs = [(br, bv, w) for bv in sorted({bv0, min(bv0, 512), min(2 * bv0, 2048)})
+               for br in (1, 2, 4, 8, 16, 32, 64) if 256 <= br * bv <= 4096 and br <= triton.next_power_of_2(U)
+               for w in (1, 2, 4, 8, 16) if 32 * w <= br * bv]  # fmt: skip
+    try:
+        for cfg in configs:
+            kernels._row_blocks = lambda U1, V, cfg=cfg: cfg
+
+            def step():
+                v.grad = None
+                sk.rnnt_loss(v, targets, il, tl, blank=0).backward()
+
+            per = kernel_times_ms(step, calls=3)
+            lat = sum(ms for k, ms in per.items() if "lattice" in k)
+            grad = sum(ms for k, ms in per.items() if "grad" in k)
+            print(f"{T}x{U}x{V}x{N} blocks r={cfg[0]:3d} v={cfg[1]:5d} warps={cfg[2]:2d}: lattice {lat:7.3f} ms,"
+                  f" grad {grad:7.3f} ms", flush=True)  # fmt: skip
+    finally:
+        kernels._row_blocks = real
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="150x40x28x128,150x20x5000x128,1500x300x50x1,1500x300x50x16")
     ap.add_argument("--sweep", default="1500x300x50x1:1500x300x50x16")
+    ap.add_argument("--blocks", default="150x40x28x128:150x20x5000x128:1500x300x50x16")
     a = ap.parse_args()
     for r in a.rows.split(",") if a.rows else []:
         profile(*(int(v) for v in r.split("x")))
     for r in a.sweep.split(":") if a.sweep else []:
         warps_sweep(*(int(v) for v in r.split("x")), [2, 4, 8, 16])
+    for r in a.blocks.split(":") if a.blocks else []:
+        blocks_sweep(*(int(v) for v in r.split("x")))
 
 
 if __name__ == "__main__":

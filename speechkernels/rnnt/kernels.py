@@ -41,16 +41,15 @@ def _lengths(il_ptr, tl_ptr, n, mask, T, U1):
 
 
 @triton.jit
-def _cells(il_ptr, tl_ptr, n_cells, T, U1, BLOCK_R: tl.constexpr):
-    """This program's BLOCK_R cells (n * T + t) * (U + 1) + u: their indices, n, t, u, which exist, and their
-    samples' lengths."""
-    o_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    u = o_r % U1
-    nt = o_r // U1
+def _row_cells(il_ptr, tl_ptr, T, U1, BLOCK_R: tl.constexpr):
+    """This program's BLOCK_R cells: row (n, t) = program_id(0) (one scalar division), u from program_id(1).
+    Returns the cells' indices (n * T + t) * (U + 1) + u, n, t, u, which exist, and sample n's lengths."""
+    nt = tl.program_id(0)
     n = nt // T
-    in_range = o_r < n_cells
-    T_n, U_n = _lengths(il_ptr, tl_ptr, n, in_range, T, U1)
-    return o_r, n, nt % T, u, in_range, T_n, U_n
+    t = nt - n * T
+    u = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    T_n, U_n = _lengths(il_ptr, tl_ptr, n, True, T, U1)
+    return nt.to(tl.int64) * U1 + u, n.to(tl.int64), t.to(tl.int64), u, u < U1, T_n, U_n
 
 
 @triton.jit
@@ -61,7 +60,6 @@ def _rnnt_lattice_kernel(
     tgt_ptr,  # [N, U] labels
     il_ptr,  # [N] int64 frames per sample
     tl_ptr,  # [N] int64 labels per sample
-    n_cells,
     T,
     U1,
     V,
@@ -75,10 +73,11 @@ def _rnnt_lattice_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
-    o_r, n, t, u, m_r, T_n, U_n = _cells(il_ptr, tl_ptr, n_cells, T, U1, BLOCK_R)
+    o_r, n, t, u, m_r, T_n, U_n = _row_cells(il_ptr, tl_ptr, T, U1, BLOCK_R)
     # only cells with edges are read: t < T_n and u <= U_n
-    m_r = m_r & (t < T_n) & (u <= U_n)
-    p_x = x_ptr + n * stride_n + t * stride_t + u * stride_u
+    # (a block mask and a scalar condition combine through where: the interpreter rejects block & scalar)
+    m_r = tl.where(t < T_n, m_r & (u <= U_n), False)
+    p_x = x_ptr + n * stride_n + t * stride_t + u.to(tl.int64) * stride_u
     lse = tl.zeros([BLOCK_R], tl.float32)
     if FUSED:
         o_v = tl.arange(0, BLOCK_V)
@@ -154,6 +153,18 @@ def _store_loss(a, o_u, U_n, nan, logp_ptr, loss_ptr, i_n, fastemit_scale):
 
 
 @triton.jit
+def _alpha_loads(p_lat, d, o_u, T_n, U_n, U1, RNA: tl.constexpr):
+    """Step d's edge log-probs into its nodes: the blank edge's and the label edge's, per lane (NaN kept)."""
+    t, t_b, t_e = _edge_rows(d, o_u, RNA)
+    node = (t >= 0) & (t <= T_n) & (o_u <= U_n)
+    m_b = node & (t_b >= 0) & (t_b < T_n)
+    m_e = node & (o_u > 0) & (t_e >= 0) & (t_e < T_n)
+    w_b = tl.load(p_lat + (t_b * U1 + o_u) * 2, mask=m_b, other=_neg())
+    w_e = tl.load(p_lat + (t_e * U1 + o_u - 1) * 2 + 1, mask=m_e, other=_neg())
+    return w_b, w_e
+
+
+@triton.jit
 def _rnnt_alpha_kernel(
     lat_ptr,  # [N, T, U+1, 2] float32 log2 lattice
     alpha_ptr,  # [N, T+1, U+1] float64 out
@@ -180,22 +191,38 @@ def _rnnt_alpha_kernel(
     # NaN is counted apart: the maximum that clamps -inf log-probs would drop it
     nan = tl.zeros([BLOCK_U], tl.int32)
     n_steps = T_n if RNA else T_n + U_n
+    # the loads run two steps ahead of the recursion (their latency is most of a step otherwise); past the last
+    # step every lane is masked off
+    w_b, w_e = _alpha_loads(p_lat, 1, o_u, T_n, U_n, U1, RNA)
+    w_b2, w_e2 = _alpha_loads(p_lat, 2, o_u, T_n, U_n, U1, RNA)
     for d in range(1, n_steps + 1):
+        w_b3, w_e3 = _alpha_loads(p_lat, d + 2, o_u, T_n, U_n, U1, RNA)
         t, t_b, t_e = _edge_rows(d, o_u, RNA)
         node = (t >= 0) & (t <= T_n) & (o_u <= U_n)
-        m_b = node & (t_b >= 0) & (t_b < T_n)
-        m_e = node & (o_u > 0) & (t_e >= 0) & (t_e < T_n)
-        w_b = tl.load(p_lat + (t_b * U1 + o_u) * 2, mask=m_b, other=_neg())
-        w_e = tl.load(p_lat + (t_e * U1 + o_u - 1) * 2 + 1, mask=m_e, other=_neg())
         nan += tl.where((w_b != w_b) | (w_e != w_e), 1, 0)
         a_prev = tl.where(o_u > 0, tl.gather(a, i_prev, 0), _neg())
-        from_b = tl.where(m_b, a + tl.maximum(w_b, _neg()).to(tl.float64), _neg())
-        from_e = tl.where(m_e, a_prev + tl.maximum(w_e, _neg()).to(tl.float64), _neg())
+        from_b = a + tl.maximum(w_b, _neg()).to(tl.float64)
+        from_e = a_prev + tl.maximum(w_e, _neg()).to(tl.float64)
         a = tl.where(node, _lae(from_b, from_e), _neg())
         if STORE_ALPHA:
             tl.store(p_al + t * U1 + o_u, a, mask=node)
+        w_b, w_e, w_b2, w_e2 = w_b2, w_e2, w_b3, w_e3
     # the last step's lane U_n holds the end node (T_n, U_n); with T_n = 0 and U_n = 0 no step ran
     _store_loss(a, o_u, U_n, nan, logp_ptr, loss_ptr, i_n, fastemit_scale)
+
+
+@triton.jit
+def _beta_loads(p_lat, p_al, d, o_u, T_n, U_n, U1, RNA: tl.constexpr):
+    """Step d's node log-probs (blank, label) and alpha, per lane."""
+    t, t_b, t_e = _edge_rows(d, o_u, RNA)
+    node = (t >= 0) & (t <= T_n) & (o_u <= U_n)
+    has_b = node & (t < T_n)
+    has_e = has_b & (o_u < U_n)
+    p_cell = p_lat + (t * U1 + o_u) * 2
+    w_b = tl.load(p_cell, mask=has_b, other=_neg())
+    w_e = tl.load(p_cell + 1, mask=has_e, other=_neg())
+    al = tl.load(p_al + t * U1 + o_u, mask=has_b, other=_neg())
+    return w_b, w_e, al
 
 
 @triton.jit
@@ -221,16 +248,16 @@ def _rnnt_beta_kernel(
     n_steps = tl.where(logp != float("-inf"), T_n if RNA else T_n + U_n, 0)
     # beta of the step after the current one; at the end node 0
     b = tl.where(o_u == U_n, 0.0, _neg()).to(tl.float64)
+    # loads two steps ahead, as in the alpha kernel (step -1 and below have no nodes)
+    w_b, w_e, al = _beta_loads(p_lat, p_al, n_steps - 1, o_u, T_n, U_n, U1, RNA)
+    w_b2, w_e2, al2 = _beta_loads(p_lat, p_al, n_steps - 2, o_u, T_n, U_n, U1, RNA)
     for k in range(1, n_steps + 1):
         d = n_steps - k
+        w_b3, w_e3, al3 = _beta_loads(p_lat, p_al, d - 2, o_u, T_n, U_n, U1, RNA)
         t, t_b, t_e = _edge_rows(d, o_u, RNA)
         node = (t >= 0) & (t <= T_n) & (o_u <= U_n)
         has_b = node & (t < T_n)
         has_e = has_b & (o_u < U_n)
-        p_cell = p_lat + (t * U1 + o_u) * 2
-        w_b = tl.load(p_cell, mask=has_b, other=_neg())
-        w_e = tl.load(p_cell + 1, mask=has_e, other=_neg())
-        al = tl.load(p_al + t * U1 + o_u, mask=has_b, other=_neg())
         # the blank edge leads to (t + 1, u), lane u of the next step; the label edge to (t or t + 1, u + 1),
         # lane u + 1 of the next step
         to_b = tl.where(has_b, tl.maximum(w_b, _neg()).to(tl.float64) + b, _neg())
@@ -238,10 +265,12 @@ def _rnnt_beta_kernel(
         to_e = tl.where(has_e, tl.maximum(w_e, _neg()).to(tl.float64) + b_next, _neg())
         occ_b = tl.exp2((al + to_b - logp).to(tl.float32))
         occ_e = tl.exp2((al + to_e - logp).to(tl.float32))
+        p_cell = p_lat + (t * U1 + o_u) * 2
         tl.store(p_cell, tl.where(has_b, occ_b, 0.0), mask=has_b)
         tl.store(p_cell + 1, tl.where(has_e, occ_e, 0.0), mask=has_b)
         b = tl.where(node, _lae(to_b, to_e), _neg())
         b = tl.where(node & (t == T_n) & (o_u == U_n), 0.0, b)
+        w_b, w_e, al, w_b2, w_e2, al2 = w_b2, w_e2, al2, w_b3, w_e3, al3
 
 
 @triton.jit
@@ -345,7 +374,6 @@ def _rnnt_grad_kernel(
     tgt_ptr,
     il_ptr,
     tl_ptr,
-    n_cells,
     T,
     U1,
     V,
@@ -366,20 +394,20 @@ def _rnnt_grad_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
-    o_r, n, t, u, in_range, T_n, U_n = _cells(il_ptr, tl_ptr, n_cells, T, U1, BLOCK_R)
-    logp = tl.load(logp_ptr + n, mask=in_range, other=0.0)
-    active = in_range & (t < T_n) & (u <= U_n) & (logp != float("-inf"))
+    o_r, n, t, u, in_range, T_n, U_n = _row_cells(il_ptr, tl_ptr, T, U1, BLOCK_R)
+    logp = tl.load(logp_ptr + n)
+    active = tl.where((t < T_n) & (logp != float("-inf")), in_range & (u <= U_n), False)
     has_label = active & (u < U_n)
     # (logp - logp) is NaN for a NaN loss: then the sample's whole gradient is NaN
-    g = tl.load(gloss_ptr + n * gloss_stride, mask=in_range, other=0.0).to(tl.float32)
+    g = tl.load(gloss_ptr + n * gloss_stride).to(tl.float32)
     g = g + tl.where(active, logp - logp, 0.0).to(tl.float32)
     occ_b = tl.load(occ_ptr + 2 * o_r, mask=active, other=0.0)
     occ_e = tl.load(occ_ptr + 2 * o_r + 1, mask=has_label, other=0.0) * fastemit_scale
     lse = tl.load(lse_ptr + o_r, mask=active, other=0.0) if FUSED else tl.zeros([BLOCK_R], tl.float32)
     lab = tl.load(tgt_ptr + n * stride_tg + u, mask=has_label, other=-1).to(tl.int64)
     lab = tl.where(has_label, lab, -1)
-    p_x = x_ptr + n * stride_n + t * stride_t + u * stride_u
-    p_g = grad_ptr + n * gstride_n + t * gstride_t + u * gstride_u
+    p_x = x_ptr + n * stride_n + t * stride_t + u.to(tl.int64) * stride_u
+    p_g = grad_ptr + n * gstride_n + t * gstride_t + u.to(tl.int64) * gstride_u
     o_v = tl.arange(0, BLOCK_V)
     for v0 in range(0, V, BLOCK_V):
         v = v0 + o_v
@@ -423,11 +451,12 @@ def rnnt_validate(
     return not bool(bits.any())
 
 
-def _row_blocks(V: int) -> tuple[int, int, int]:
-    """(cells per program, classes per chunk, warps) for the two passes over the logits."""
+def _row_blocks(U1: int, V: int) -> tuple[int, int, int]:
+    """(cells per program, classes per chunk, warps) for the two passes over the logits: a program takes up to
+    BLOCK_R cells of one row (n, t)."""
     block_v = min(next_power_of_2(V), 1024)
-    block_r = max(1, min(64, 2048 // block_v))
-    return block_r, block_v, 4 if block_r * block_v >= 1024 else 1
+    block_r = max(1, min(next_power_of_2(U1), 1024 // block_v))
+    return block_r, block_v, 4 if block_r * block_v >= 512 else 2
 
 
 def _recursion_warps(block: int) -> int:
@@ -460,9 +489,9 @@ def rnnt_forward(
     n_cells = N * T * U1
     lse = _empty(n_cells if fused else 0, dtype=torch.float32, device=dev)
     lat = _empty(2 * n_cells, dtype=torch.float32, device=dev)
-    block_r, block_v, warps = _row_blocks(V)
-    _rnnt_lattice_kernel[(triton.cdiv(n_cells, block_r),)](
-        x, lse, lat, targets, logit_lengths, target_lengths, n_cells, T, U1, V,
+    block_r, block_v, warps = _row_blocks(U1, V)
+    _rnnt_lattice_kernel[(N * T, triton.cdiv(U1, block_r))](
+        x, lse, lat, targets, logit_lengths, target_lengths, T, U1, V,
         x.stride(0), x.stride(1), x.stride(2), x.stride(3), targets.stride(0), blank,
         FUSED=fused, BLOCK_R=block_r, BLOCK_V=block_v, num_warps=warps,
     )  # fmt: skip
@@ -510,11 +539,10 @@ def rnnt_backward(
     given, which may be x's own storage (each cell's logits are read before its gradient is written)."""
     N, T, U1, V = x.shape
     grad = out if out is not None else _empty_like(x)
-    n_cells = N * T * U1
-    block_r, block_v, warps = _row_blocks(V)
-    _rnnt_grad_kernel[(triton.cdiv(n_cells, block_r),)](
+    block_r, block_v, warps = _row_blocks(U1, V)
+    _rnnt_grad_kernel[(N * T, triton.cdiv(U1, block_r))](
         x, grad, lse, occ, logp, grad_out, grad_out.stride(0), targets, logit_lengths, target_lengths,
-        n_cells, T, U1, V,
+        T, U1, V,
         x.stride(0), x.stride(1), x.stride(2), x.stride(3),
         grad.stride(0), grad.stride(1), grad.stride(2), grad.stride(3), targets.stride(0), blank,
         1.0 + fastemit_lambda, max(clamp, 0.0),
