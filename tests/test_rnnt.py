@@ -322,6 +322,16 @@ def test_kernels_edge_cases(kernel_device, kernel_spy, recursion):
     assert kernel_spy
 
 
+@pytest.mark.parametrize("blocks", [(2, 8, 1), (4, 16, 2)])
+def test_kernels_several_chunks_and_u_blocks(kernel_device, kernel_spy, monkeypatch, blocks):
+    """Blocks smaller than a row: the log-sum-exp runs online over several chunks of classes, and a row's cells
+    spread over several programs (the tuned blocks cover whole rows at these sizes)."""
+    monkeypatch.setattr(kernels, "_row_blocks", lambda U1, V: blocks)
+    x, targets, il, tl, blank = make_problem(15, 3, 5, 6, 37)
+    compare_kernels(x, targets, il, tl, blank, fastemit_lambda=0.2, clamp=0.3)
+    assert kernel_spy
+
+
 def test_kernels_strided_logits_and_float16(kernel_device, kernel_spy):
     x, targets, il, tl, blank = make_problem(14, 3, 7, 4, 10)
     strided = x.transpose(1, 2).contiguous().transpose(1, 2)  # same values, T and U strides swapped

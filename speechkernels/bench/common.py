@@ -85,18 +85,20 @@ def time_forward_backward(
     reps: int,
     warmup: int = 5,
 ) -> dict[str, dict | None]:
-    """Forward+backward of each implementation (fn(v) -> loss) from its own leaf copy of ``x``: the median
+    """Forward+backward of each implementation (fn(v) -> loss) from a leaf that shares ``x``'s storage: the median
     time, its quartiles and minimum, and the peak extra memory; None where fn is None.
 
     The implementations take turns, one call each per round, so that a slow spell of the host (they come and
     go on shared machines) falls on all of them alike."""
     steps = {}
+    # one leaf on x's own storage for all (no copies: the largest rows fill most of the GPU's memory); none of
+    # the implementations writes into its input
+    v = x.detach().requires_grad_()
     for name, fn in impls.items():
         if fn is None:
             continue
-        v = x.detach().clone().requires_grad_()
 
-        def step(fn=fn, v=v):
+        def step(fn=fn):
             v.grad = None
             fn(v).backward()
 

@@ -34,9 +34,9 @@ from .._utils import next_power_of_2
 
 @triton.jit
 def _lengths(il_ptr, tl_ptr, n, mask, T, U1):
-    """Sample n's frames and labels, clamped to the tensor (unchecked input cannot index out of bounds)."""
-    T_n = tl.minimum(tl.maximum(tl.load(il_ptr + n, mask=mask, other=0), 0), T)
-    U_n = tl.minimum(tl.maximum(tl.load(tl_ptr + n, mask=mask, other=0), 0), U1 - 1)
+    """Sample n's frames and labels (int32), clamped to the tensor (unchecked input cannot index out of bounds)."""
+    T_n = tl.minimum(tl.maximum(tl.load(il_ptr + n, mask=mask, other=0), 0), T).to(tl.int32)
+    U_n = tl.minimum(tl.maximum(tl.load(tl_ptr + n, mask=mask, other=0), 0), U1 - 1).to(tl.int32)
     return T_n, U_n
 
 
@@ -70,6 +70,7 @@ def _rnnt_lattice_kernel(
     stride_tg,
     blank,
     FUSED: tl.constexpr,
+    ONE_CHUNK: tl.constexpr,  # V <= BLOCK_V
     BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
@@ -81,19 +82,26 @@ def _rnnt_lattice_kernel(
     lse = tl.zeros([BLOCK_R], tl.float32)
     if FUSED:
         o_v = tl.arange(0, BLOCK_V)
-        b_m = tl.full([BLOCK_R, BLOCK_V], float("-inf"), tl.float32)
-        b_s = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)
-        for v0 in range(0, V, BLOCK_V):
-            m_v = v0 + o_v < V
-            b_x = tl.load(p_x[:, None] + (v0 + o_v)[None, :] * stride_v, mask=m_r[:, None] & m_v[None, :],
+        if ONE_CHUNK:  # V <= BLOCK_V: one exponential per score
+            b_x = tl.load(p_x[:, None] + o_v[None, :] * stride_v, mask=m_r[:, None] & (o_v < V)[None, :],
                           other=float("-inf")).to(tl.float32) * _log2e()  # fmt: skip
-            m_new = tl.maximum(b_m, b_x)
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            b_s = b_s * tl.exp2(b_m - m_safe) + tl.exp2(b_x - m_safe)
-            b_m = m_new
-        m_all = tl.max(b_m, axis=1)
-        m_all_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
-        lse = (m_all_safe + tl.log2(tl.sum(b_s * tl.exp2(b_m - m_all_safe[:, None]), axis=1))) * _ln2()
+            m_all = tl.max(b_x, axis=1)
+            m_all_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
+            lse = (m_all_safe + tl.log2(tl.sum(tl.exp2(b_x - m_all_safe[:, None]), axis=1))) * _ln2()
+        else:  # online over chunks of BLOCK_V
+            b_m = tl.full([BLOCK_R, BLOCK_V], float("-inf"), tl.float32)
+            b_s = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)
+            for v0 in range(0, V, BLOCK_V):
+                m_v = v0 + o_v < V
+                b_x = tl.load(p_x[:, None] + (v0 + o_v)[None, :] * stride_v, mask=m_r[:, None] & m_v[None, :],
+                              other=float("-inf")).to(tl.float32) * _log2e()  # fmt: skip
+                m_new = tl.maximum(b_m, b_x)
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                b_s = b_s * tl.exp2(b_m - m_safe) + tl.exp2(b_x - m_safe)
+                b_m = m_new
+            m_all = tl.max(b_m, axis=1)
+            m_all_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
+            lse = (m_all_safe + tl.log2(tl.sum(b_s * tl.exp2(b_m - m_all_safe[:, None]), axis=1))) * _ln2()
         tl.store(lse_ptr + o_r, lse, mask=m_r)
     x_blank = tl.load(p_x + blank * stride_v, mask=m_r, other=0.0).to(tl.float32)
     has_label = m_r & (u < U_n)
@@ -453,10 +461,11 @@ def rnnt_validate(
 
 def _row_blocks(U1: int, V: int) -> tuple[int, int, int]:
     """(cells per program, classes per chunk, warps) for the two passes over the logits: a program takes up to
-    BLOCK_R cells of one row (n, t)."""
+    BLOCK_R cells of one row (n, t). From sweeps on an H100 (benchmarks/tune_rnnt.py): one warp, 256-1024
+    scores per chunk."""
     block_v = min(next_power_of_2(V), 1024)
-    block_r = max(1, min(next_power_of_2(U1), 1024 // block_v))
-    return block_r, block_v, 4 if block_r * block_v >= 512 else 2
+    block_r = max(1, min(next_power_of_2(U1), 8, 1024 // block_v))
+    return block_r, block_v, 1
 
 
 def _recursion_warps(block: int) -> int:
@@ -493,7 +502,7 @@ def rnnt_forward(
     _rnnt_lattice_kernel[(N * T, triton.cdiv(U1, block_r))](
         x, lse, lat, targets, logit_lengths, target_lengths, T, U1, V,
         x.stride(0), x.stride(1), x.stride(2), x.stride(3), targets.stride(0), blank,
-        FUSED=fused, BLOCK_R=block_r, BLOCK_V=block_v, num_warps=warps,
+        FUSED=fused, ONE_CHUNK=V <= block_v, BLOCK_R=block_r, BLOCK_V=block_v, num_warps=warps,
     )  # fmt: skip
     loss = _empty(N, dtype=torch.float32, device=dev)
     logp = _empty(N, dtype=torch.float64, device=dev)
