@@ -14,7 +14,7 @@ T, U, V, N = (int(v) for v in sys.argv[1].split("x"))
 recursion = sys.argv[2] if len(sys.argv) > 2 else "diagonal"
 logits, targets, il, tl = make_inputs(T, U, V, N, torch.device("cuda"))
 il, tl = il.long(), tl.long()
-loss, (lse, occ, logp) = kernels.rnnt_forward(logits, targets, il, tl, 0, True, 0.0, False, True, recursion)
+loss, (lse, occ, logp) = kernels.rnnt_forward(logits, targets, il, tl, 0, True, 0.0, False, True, recursion=recursion)
 g = kernels.rnnt_backward(torch.ones_like(loss), logits, targets, il, tl, lse, occ, logp, 0, True, 0.0, -1.0)
 torch.cuda.synchronize()
 print("loss", loss.sum().item())

@@ -47,7 +47,7 @@ def warps_sweep(T, U, V, N, warps_list):
                 kernels._recursion_warps = lambda block, w=w: w
 
                 def fwd(recursion=recursion):
-                    return kernels.rnnt_forward(logits, targets, il, tl, 0, True, 0.0, False, True, recursion)
+                    return kernels.rnnt_forward(logits, targets, il, tl, 0, True, 0.0, False, True, recursion=recursion)
 
                 ms = time_ms(fwd, dev, reps=5)
                 loss = fwd()[0]

@@ -30,12 +30,19 @@ def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 
 
-def as_index_tensor(value: torch.Tensor | Sequence[int] | int, name: str, device: torch.device) -> torch.Tensor:
-    """Lengths given as a tensor (any device, integer dtype), a list or a scalar, as an int64 tensor on ``device``."""
+def as_index_tensor(
+    value: torch.Tensor | Sequence[int] | int,
+    name: str,
+    device: torch.device,
+    keep: tuple[torch.dtype, ...] = (torch.int64,),
+) -> torch.Tensor:
+    """Lengths given as a tensor (any device, integer dtype), a list or a scalar, as a 1-D tensor on ``device``:
+    of its own dtype if that is in ``keep`` (no conversion launch), else int64."""
     if isinstance(value, torch.Tensor):
         if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
             raise ValueError(f"{name} must hold integers, got dtype {value.dtype}")
-        return value.to(device=device, dtype=torch.int64, non_blocking=True).reshape(-1)
+        dtype = value.dtype if value.dtype in keep else torch.int64
+        return value.to(device=device, dtype=dtype, non_blocking=True).reshape(-1)
     if isinstance(value, int):
         value = [value]
     try:

@@ -302,6 +302,8 @@ def test_kernels_match_reference(kernel_device, kernel_spy, rnnt_type, fused, se
 def test_kernels_reductions_and_clamp(kernel_device, kernel_spy, reduction):
     x, targets, il, tl, blank = make_problem(12, 3, 6, 3, 9)
     compare_kernels(x * 3, targets, il, tl, blank, reduction=reduction, clamp=0.05)
+    # int32 lengths and labels go to the kernels as they are
+    compare_kernels(x, targets.int(), il.int(), tl.int(), blank, reduction=reduction)
     assert kernel_spy
 
 
@@ -315,10 +317,16 @@ def test_kernels_edge_cases(kernel_device, kernel_spy, recursion):
     for rnnt_type in ("rnnt", "rna"):
         out, grad = compare_kernels(x, targets, il, tl, 5, rnnt_type=rnnt_type)
         assert torch.isinf(out[2]) and (grad[2] == 0).all()
+        # the kernels' batch reduction: an impossible sample makes the mean inf
+        out, _ = compare_kernels(x, targets, il, tl, 5, rnnt_type=rnnt_type, reduction="mean")
+        assert torch.isinf(out)
     x[5, 1, 0, 2] = math.nan
     out, grad = compare_kernels(x, targets, il, tl, 5)
     assert out[5].isnan() and torch.isfinite(out[[0, 1, 3, 4]]).all()
     assert grad[5].isnan().any() and torch.isfinite(grad[:5]).all()
+    out, _ = compare_kernels(x[[0, 1, 3, 4, 5]], targets[[0, 1, 3, 4, 5]], il[[0, 1, 3, 4, 5]],
+                             tl[[0, 1, 3, 4, 5]], 5, reduction="sum")  # fmt: skip
+    assert out.isnan()
     assert kernel_spy
 
 

@@ -40,23 +40,27 @@ def _check_contents(
             raise ValueError(f"targets[{n}, {j}]={int(tg[n, j])} {what}")
 
 
-def _forward(x, targets, il, tl, blank, fused, fastemit_lambda, rna, need_grad, validate):
+def _forward(x, targets, il, tl, blank, fused, fastemit_lambda, rna, need_grad, validate, reduction="none"):
     """The forward kernels, after the device-side check of lengths and labels (one value read back)."""
     N, T, U1, V = x.shape
     if validate and not kernels.rnnt_validate(targets, il, tl, T, V, blank):
         _check_contents(T, U1 - 1, V, targets, il, tl, blank)
         raise ValueError("invalid RNN-T arguments")  # not reached: the check above names the argument
-    return kernels.rnnt_forward(x, targets, il, tl, blank, fused, fastemit_lambda, rna, need_grad)
+    return kernels.rnnt_forward(x, targets, il, tl, blank, fused, fastemit_lambda, rna, need_grad, reduction)
 
 
 class RNNTLossFunction(torch.autograd.Function):
-    """The Triton path in eager mode: per-sample losses, gradient from the stored edge occupancies."""
+    """The Triton path in eager mode: the loss with its batch reduction done by the kernels, the gradient from
+    the stored edge occupancies."""
 
     @staticmethod
-    def forward(ctx, x, targets, il, tl, blank, fused, fastemit_lambda, clamp, rna, need_grad, validate, reuse_logits):
-        loss, state = _forward(x, targets, il, tl, blank, fused, fastemit_lambda, rna, need_grad, validate)
+    def forward(
+        ctx, x, targets, il, tl, blank, fused, fastemit_lambda, clamp, rna, need_grad, validate, reuse_logits,
+        reduction,
+    ):  # fmt: skip
+        loss, state = _forward(x, targets, il, tl, blank, fused, fastemit_lambda, rna, need_grad, validate, reduction)
         ctx.save_for_backward(x, targets, il, tl, *state)
-        ctx.args = (blank, fused, fastemit_lambda, clamp)
+        ctx.args = (blank, fused, fastemit_lambda, clamp, reduction)
         ctx.reuse_logits = reuse_logits
         return loss
 
@@ -65,7 +69,7 @@ class RNNTLossFunction(torch.autograd.Function):
         x, targets, il, tl, lse, occ, logp = ctx.saved_tensors
         out = x if ctx.reuse_logits else None  # each cell's logits are read before its gradient is written
         grad = kernels.rnnt_backward(grad_loss, x, targets, il, tl, lse, occ, logp, *ctx.args, out=out)
-        return (grad,) + (None,) * 11
+        return (grad,) + (None,) * 12
 
 
 @torch.library.custom_op("speechkernels::rnnt_loss_forward", mutates_args=())
@@ -213,8 +217,8 @@ def rnnt_loss(
     if not fastemit_lambda >= 0.0:
         raise ValueError(f"fastemit_lambda must be >= 0, got {fastemit_lambda}")
     dev = logits.device
-    il = as_index_tensor(logit_lengths, "logit_lengths", dev)
-    tl = as_index_tensor(target_lengths, "target_lengths", dev)
+    il = as_index_tensor(logit_lengths, "logit_lengths", dev, keep=INDEX_DTYPES)
+    tl = as_index_tensor(target_lengths, "target_lengths", dev, keep=INDEX_DTYPES)
     if il.numel() != N:
         raise ValueError(f"logit_lengths has {il.numel()} entries but the batch size is {N}")
     if tl.numel() != N:
@@ -227,15 +231,14 @@ def rnnt_loss(
         if torch.compiler.is_compiling():
             if reuse_logits_for_grad:
                 raise ValueError("reuse_logits_for_grad=True is not supported under torch.compile")
-            loss = _rnnt_forward_op(*args)[0]
-        else:
-            loss = RNNTLossFunction.apply(*args, reuse_logits_for_grad)
-    else:
-        if validate:
-            _check_contents(T, U1 - 1, V, targets, il, tl, blank)
-        loss = RNNTLossReferenceFunction.apply(
-            logits, targets, il, tl, blank, fused_log_softmax, float(fastemit_lambda), float(clamp), rnnt_type
-        )
+            return reduce_loss(_rnnt_forward_op(*args)[0], reduction)
+        return RNNTLossFunction.apply(*args, reuse_logits_for_grad, reduction)
+    il, tl = il.long(), tl.long()
+    if validate:
+        _check_contents(T, U1 - 1, V, targets, il, tl, blank)
+    loss = RNNTLossReferenceFunction.apply(
+        logits, targets, il, tl, blank, fused_log_softmax, float(fastemit_lambda), float(clamp), rnnt_type
+    )
     return reduce_loss(loss, reduction)
 
 

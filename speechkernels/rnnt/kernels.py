@@ -1,20 +1,21 @@
 """RNN-Transducer loss kernels in Triton.
 
-Four launches per forward+backward, deterministic (no floating-point atomics):
+Four launches per forward+backward (five with the validation), deterministic (no floating-point atomics):
 
-1. ``_rnnt_lattice_kernel`` (a block of lattice cells per program): per cell (n, t, u) the log-sum-exp of the
-   V scores (with a fused log_softmax), and the log2-probabilities of the blank and of the next label into an
-   [N, T, U+1, 2] float32 lattice. Reads the logits once.
-2. ``_rnnt_alpha_kernel`` (one program per sample): the forward variables over the nodes (t, u), t in
-   [0, T_n], u in [0, U_n], as a vector over u. RNN-T steps along anti-diagonals (t + u = d: both
-   predecessors of a node lie on diagonal d - 1), RNA along rows t. Either way a step is
-   new[u] = lae(prev[u] + blank edge, prev[u - 1] + label edge), one exchange between lanes (``tl.gather``)
-   and two log-add-exps. State values are float64 with a float32 correction (see ``.._logspace``). Writes
-   alpha [N, T+1, U+1] float64 and the loss.
-3. ``_rnnt_beta_kernel`` (one program per sample): the backward recursion in the same order reversed, fused
-   with the edge occupancies exp(alpha + w + beta - log p), which overwrite the lattice's two log-probs;
-   beta is never stored.
-4. ``_rnnt_grad_kernel`` (a block of cells per program): the dense gradient, g * (softmax * (occ_blank +
+0. ``_rnnt_validate_kernel`` (one program): lengths and labels checked against the tensors; one flag read back.
+1. ``_rnnt_lattice_kernel`` (a block of cells of one row (n, t) per program): per cell (n, t, u) the
+   log-sum-exp of the V scores (with a fused log_softmax), and the log2-probabilities of the blank and of the
+   next label into an [N, T, U+1, 2] float32 lattice. Reads the logits once.
+2. ``_rnnt_recursion_kernel`` (one program per sample), both recursions in one launch:
+   - alpha, the forward variables over the nodes (t, u), t in [0, T_n], u in [0, U_n], as a vector over u.
+     RNN-T steps along anti-diagonals (t + u = d: both predecessors of a node lie on diagonal d - 1), RNA along
+     rows t. Either way a step is new[u] = lae(prev[u] + blank edge, prev[u - 1] + label edge), one exchange
+     between lanes (``tl.gather``) and two log-add-exps; the lattice loads run two steps ahead. State values
+     are float64 with a float32 correction (see ``.._logspace``). Writes alpha [N, T+1, U+1] float64 and the
+     loss; the last program to finish writes the batch sum or mean.
+   - beta, in the same order reversed, fused with the edge occupancies exp(alpha + w + beta - log p), which
+     overwrite the lattice's two log-probs; beta is never stored.
+3. ``_rnnt_grad_kernel`` (a block of cells per program): the dense gradient, g * (softmax * (occ_blank +
    (1 + lambda) occ_label) - occ_blank [v = blank] - (1 + lambda) occ_label [v = y_u]) with a fused
    log_softmax, without the softmax term otherwise; clamped. Reads the logits a second time, writes the
    gradient once.
@@ -58,8 +59,9 @@ def _rnnt_lattice_kernel(
     lse_ptr,  # [N * T * (U+1)] float32 out: natural-log log-sum-exp per cell (FUSED)
     lat_ptr,  # [N * T * (U+1), 2] float32 out: log2 p(blank), log2 p(next label)
     tgt_ptr,  # [N, U] labels
-    il_ptr,  # [N] int64 frames per sample
-    tl_ptr,  # [N] int64 labels per sample
+    il_ptr,  # [N] int32/int64 frames per sample
+    tl_ptr,  # [N] int32/int64 labels per sample
+    cnt_ptr,  # int32: zeroed here for the recursion kernel's batch reduction
     T,
     U1,
     V,
@@ -75,6 +77,8 @@ def _rnnt_lattice_kernel(
     BLOCK_V: tl.constexpr,
 ):
     o_r, n, t, u, m_r, T_n, U_n = _row_cells(il_ptr, tl_ptr, T, U1, BLOCK_R)
+    if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+        tl.store(cnt_ptr, 0)
     # only cells with edges are read: t < T_n and u <= U_n
     # (a block mask and a scalar condition combine through where: the interpreter rejects block & scalar)
     m_r = tl.where(t < T_n, m_r & (u <= U_n), False)
@@ -115,27 +119,36 @@ def _rnnt_lattice_kernel(
 @triton.jit
 def _rnnt_validate_kernel(
     tgt_ptr,  # [N, U] labels
-    il_ptr,  # [N] int64
-    tl_ptr,  # [N] int64
-    bits_ptr,  # [N] int32 out: 1 frames, 2 labels count, 4 label outside [0, V), 8 label == blank
+    il_ptr,  # [N] int32/int64
+    tl_ptr,  # [N] int32/int64
+    flag_ptr,  # int32 out: 1 frames, 2 labels count, 4 label outside [0, V), 8 label == blank (any sample)
+    N,
     T,
     U,
     V,
     stride_tg,
     blank,
-    BLOCK: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_J: tl.constexpr,
 ):
-    i_n = tl.program_id(0).to(tl.int64)
-    T_n = tl.load(il_ptr + i_n)
-    U_n = tl.load(tl_ptr + i_n)
-    bits = tl.where((T_n < 0) | (T_n > T), 1, 0) | tl.where((U_n < 0) | (U_n > U), 2, 0)
-    o_j = tl.arange(0, BLOCK)
-    for j0 in range(0, tl.minimum(tl.maximum(U_n, 0), U), BLOCK):
-        m = j0 + o_j < U_n
-        lab = tl.load(tgt_ptr + i_n * stride_tg + j0 + o_j, mask=m, other=0).to(tl.int64)
-        bad = tl.where(m & ((lab < 0) | (lab >= V)), 4, 0) | tl.where(m & (lab == blank), 8, 0)
-        bits |= tl.max(bad, axis=0)
-    tl.store(bits_ptr + i_n, bits)
+    """One program over the whole batch, so that one value is read back (no reduction launch)."""
+    o_n = tl.arange(0, BLOCK_N)
+    o_j = tl.arange(0, BLOCK_J)
+    bits = tl.zeros([BLOCK_N], tl.int32)
+    for n0 in range(0, N, BLOCK_N):
+        n = n0 + o_n
+        m_n = n < N
+        T_n = tl.load(il_ptr + n, mask=m_n, other=0)
+        U_n = tl.load(tl_ptr + n, mask=m_n, other=0)
+        bits |= tl.where(m_n & ((T_n < 0) | (T_n > T)), 1, 0) | tl.where(m_n & ((U_n < 0) | (U_n > U)), 2, 0)
+        U_c = tl.minimum(tl.maximum(U_n, 0), U)
+        for j0 in range(0, U, BLOCK_J):
+            j = j0 + o_j
+            m = m_n[:, None] & (j[None, :] < U_c[:, None])
+            lab = tl.load(tgt_ptr + n[:, None].to(tl.int64) * stride_tg + j[None, :], mask=m, other=0).to(tl.int64)
+            bad = tl.where(m & ((lab < 0) | (lab >= V)), 4, 0) | tl.where(m & (lab == blank), 8, 0)
+            bits |= tl.max(bad, axis=1)
+    tl.store(flag_ptr, tl.max(bits, axis=0))
 
 
 @triton.jit
@@ -152,12 +165,27 @@ def _edge_rows(d, o_u, RNA: tl.constexpr):
 @triton.jit
 def _store_loss(a, o_u, U_n, nan, logp_ptr, loss_ptr, i_n, fastemit_scale):
     """log2 p from the end node's lane of the last alpha step (-inf below the sentinel's range, NaN if a NaN
-    log-prob was read), and the loss -(1 + lambda) ln p."""
+    log-prob was read), and the loss -(1 + lambda) ln p. Returns log2 p."""
     logp = tl.sum(tl.where(o_u == U_n, a, 0.0), axis=0)
     logp = tl.where(logp < 0.5 * _neg(), float("-inf"), logp)
     logp = tl.where(tl.sum(nan, axis=0) > 0, float("nan"), logp)
     tl.store(logp_ptr + i_n, logp)
     tl.store(loss_ptr + i_n, (-fastemit_scale * logp * _ln2()).to(tl.float32))
+    return logp
+
+
+@triton.jit
+def _reduce_losses(loss_ptr, cnt_ptr, N, scale, BLOCK_N: tl.constexpr):
+    """Batch reduction by the last program to finish: loss[N] = scale * sum(loss[:N]), summed in a fixed order
+    (deterministic, no floating-point atomics). The counter was zeroed by the lattice kernel; the atomic orders
+    this program's loss store before it, and the others' before the last one's reads."""
+    done = tl.atomic_add(cnt_ptr, 1, sem="acq_rel")
+    if done == N - 1:
+        o_n = tl.arange(0, BLOCK_N)
+        acc = tl.zeros([BLOCK_N], tl.float64)
+        for n0 in range(0, N, BLOCK_N):
+            acc += tl.load(loss_ptr + n0 + o_n, mask=n0 + o_n < N, other=0.0, volatile=True).to(tl.float64)
+        tl.store(loss_ptr + N, (tl.sum(acc, axis=0) * scale).to(tl.float32))
 
 
 @triton.jit
@@ -173,26 +201,11 @@ def _alpha_loads(p_lat, d, o_u, T_n, U_n, U1, RNA: tl.constexpr):
 
 
 @triton.jit
-def _rnnt_alpha_kernel(
-    lat_ptr,  # [N, T, U+1, 2] float32 log2 lattice
-    alpha_ptr,  # [N, T+1, U+1] float64 out
-    loss_ptr,  # [N] float32 out
-    logp_ptr,  # [N] float64 out: log2 p(y | x)
-    il_ptr,
-    tl_ptr,
-    T,
-    U1,
-    fastemit_scale,  # 1 + lambda
-    STORE_ALPHA: tl.constexpr,
-    RNA: tl.constexpr,
-    BLOCK_U: tl.constexpr,
-):
-    i_n = tl.program_id(0).to(tl.int64)
-    T_n, U_n = _lengths(il_ptr, tl_ptr, i_n, True, T, U1)
+def _alpha_pass(p_lat, p_al, T_n, U_n, U1, STORE_ALPHA: tl.constexpr, RNA: tl.constexpr, BLOCK_U: tl.constexpr):
+    """One sample's forward recursion; returns the last step's alpha (lane U_n: the end node) and the count of
+    NaN log-probs read per lane."""
     o_u = tl.arange(0, BLOCK_U)
     i_prev = tl.maximum(o_u - 1, 0)
-    p_lat = lat_ptr + i_n * T * U1 * 2
-    p_al = alpha_ptr + i_n * (T + 1) * U1
     a = tl.where(o_u == 0, 0.0, _neg()).to(tl.float64)
     if STORE_ALPHA:  # row t = 0: only (0, 0) for RNA; RNN-T's later steps overwrite the rest of the row
         tl.store(p_al + o_u, a, mask=o_u <= U_n)
@@ -215,8 +228,7 @@ def _rnnt_alpha_kernel(
         if STORE_ALPHA:
             tl.store(p_al + t * U1 + o_u, a, mask=node)
         w_b, w_e, w_b2, w_e2 = w_b2, w_e2, w_b3, w_e3
-    # the last step's lane U_n holds the end node (T_n, U_n); with T_n = 0 and U_n = 0 no step ran
-    _store_loss(a, o_u, U_n, nan, logp_ptr, loss_ptr, i_n, fastemit_scale)
+    return a, nan
 
 
 @triton.jit
@@ -234,29 +246,17 @@ def _beta_loads(p_lat, p_al, d, o_u, T_n, U_n, U1, RNA: tl.constexpr):
 
 
 @triton.jit
-def _rnnt_beta_kernel(
-    lat_ptr,  # log2 lattice in; edge occupancies out, in place
-    alpha_ptr,
-    logp_ptr,
-    il_ptr,
-    tl_ptr,
-    T,
-    U1,
-    RNA: tl.constexpr,
-    BLOCK_U: tl.constexpr,
-):
-    i_n = tl.program_id(0).to(tl.int64)
-    T_n, U_n = _lengths(il_ptr, tl_ptr, i_n, True, T, U1)
-    logp = tl.load(logp_ptr + i_n)
+def _beta_pass(p_lat, p_al, logp, T_n, U_n, U1, RNA: tl.constexpr, BLOCK_U: tl.constexpr):
+    """One sample's backward recursion in the forward's order reversed, fused with the edge occupancies
+    exp(alpha + w + beta - log p), which overwrite the lattice's two log-probs; beta is never stored."""
     o_u = tl.arange(0, BLOCK_U)
     i_next = tl.minimum(o_u + 1, BLOCK_U - 1)
-    p_lat = lat_ptr + i_n * T * U1 * 2
-    p_al = alpha_ptr + i_n * (T + 1) * U1
     # impossible samples keep no occupancy (zero gradient); NaN goes on so that it propagates
     n_steps = tl.where(logp != float("-inf"), T_n if RNA else T_n + U_n, 0)
     # beta of the step after the current one; at the end node 0
     b = tl.where(o_u == U_n, 0.0, _neg()).to(tl.float64)
-    # loads two steps ahead, as in the alpha kernel (step -1 and below have no nodes)
+    # loads two steps ahead, as in the alpha pass (step -1 and below have no nodes); a step writes only its own
+    # cells, which no later load reads
     w_b, w_e, al = _beta_loads(p_lat, p_al, n_steps - 1, o_u, T_n, U_n, U1, RNA)
     w_b2, w_e2, al2 = _beta_loads(p_lat, p_al, n_steps - 2, o_u, T_n, U_n, U1, RNA)
     for k in range(1, n_steps + 1):
@@ -279,6 +279,43 @@ def _rnnt_beta_kernel(
         b = tl.where(node, _lae(to_b, to_e), _neg())
         b = tl.where(node & (t == T_n) & (o_u == U_n), 0.0, b)
         w_b, w_e, al, w_b2, w_e2, al2 = w_b2, w_e2, al2, w_b3, w_e3, al3
+
+
+@triton.jit
+def _rnnt_recursion_kernel(
+    lat_ptr,  # [N, T, U+1, 2] float32 log2 lattice in; edge occupancies out (NEED_GRAD)
+    alpha_ptr,  # [N, T+1, U+1] float64 workspace (NEED_GRAD)
+    loss_ptr,  # [N + 1] float32 out: per-sample losses, then the batch reduction (REDUCE)
+    logp_ptr,  # [N] float64 out: log2 p(y | x)
+    cnt_ptr,  # int32 counter, zeroed by the lattice kernel (REDUCE)
+    il_ptr,
+    tl_ptr,
+    N,
+    T,
+    U1,
+    fastemit_scale,  # 1 + lambda
+    reduce_scale,  # 1 (sum) or 1 / N (mean)
+    NEED_GRAD: tl.constexpr,
+    REDUCE: tl.constexpr,
+    RNA: tl.constexpr,
+    BLOCK_U: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """One program per sample: alpha (the loss), the batch reduction by the last program, then beta with the
+    occupancies. One launch for both recursions: the alpha values this program stored are read back after a
+    barrier."""
+    i_n = tl.program_id(0).to(tl.int64)
+    T_n, U_n = _lengths(il_ptr, tl_ptr, i_n, True, T, U1)
+    p_lat = lat_ptr + i_n * T * U1 * 2
+    p_al = alpha_ptr + i_n * (T + 1) * U1
+    a, nan = _alpha_pass(p_lat, p_al, T_n, U_n, U1, NEED_GRAD, RNA, BLOCK_U)
+    # the last step's lane U_n holds the end node (T_n, U_n); with T_n = 0 and U_n = 0 no step ran
+    logp = _store_loss(a, tl.arange(0, BLOCK_U), U_n, nan, logp_ptr, loss_ptr, i_n, fastemit_scale)
+    if REDUCE:
+        _reduce_losses(loss_ptr, cnt_ptr, N, reduce_scale, BLOCK_N)
+    if NEED_GRAD:
+        tl.debug_barrier()  # this program's alpha stores before its loads
+        _beta_pass(p_lat, p_al, logp, T_n, U_n, U1, RNA, BLOCK_U)
 
 
 @triton.jit
@@ -377,8 +414,9 @@ def _rnnt_grad_kernel(
     lse_ptr,
     occ_ptr,  # [N * T * (U+1), 2] edge occupancies
     logp_ptr,
-    gloss_ptr,  # upstream gradient per sample
+    gloss_ptr,  # upstream gradient per sample (stride 0: one for the batch)
     gloss_stride,
+    gscale,  # 1, or 1 / N for a batch mean
     tgt_ptr,
     il_ptr,
     tl_ptr,
@@ -407,7 +445,7 @@ def _rnnt_grad_kernel(
     active = tl.where((t < T_n) & (logp != float("-inf")), in_range & (u <= U_n), False)
     has_label = active & (u < U_n)
     # (logp - logp) is NaN for a NaN loss: then the sample's whole gradient is NaN
-    g = tl.load(gloss_ptr + n * gloss_stride).to(tl.float32)
+    g = tl.load(gloss_ptr + n * gloss_stride).to(tl.float32) * gscale
     g = g + tl.where(active, logp - logp, 0.0).to(tl.float32)
     occ_b = tl.load(occ_ptr + 2 * o_r, mask=active, other=0.0)
     occ_e = tl.load(occ_ptr + 2 * o_r + 1, mask=has_label, other=0.0) * fastemit_scale
@@ -449,14 +487,17 @@ def _empty_like(x: torch.Tensor) -> torch.Tensor:
 def rnnt_validate(
     targets: torch.Tensor, logit_lengths: torch.Tensor, target_lengths: torch.Tensor, T: int, V: int, blank: int
 ) -> bool:
-    """Whether every length and label is valid, checked on the device with one read back (a synchronisation)."""
+    """Whether every length and label is valid, checked on the device with one value read back (a
+    synchronisation)."""
     N, U = targets.shape
-    bits = _empty(N, dtype=torch.int32, device=targets.device)
-    block = max(16, min(next_power_of_2(max(U, 1)), 1024))
-    _rnnt_validate_kernel[(N,)](
-        targets, logit_lengths, target_lengths, bits, T, U, V, targets.stride(0), blank, BLOCK=block
-    )
-    return not bool(bits.any())
+    flag = _empty(1, dtype=torch.int32, device=targets.device)
+    block_j = max(16, min(next_power_of_2(max(U, 1)), 1024))
+    block_n = max(1, min(next_power_of_2(N), 1024 // block_j))
+    _rnnt_validate_kernel[(1,)](
+        targets, logit_lengths, target_lengths, flag, N, T, U, V, targets.stride(0), blank,
+        BLOCK_N=block_n, BLOCK_J=block_j, num_warps=4,
+    )  # fmt: skip
+    return flag.item() == 0
 
 
 def _row_blocks(U1: int, V: int) -> tuple[int, int, int]:
@@ -469,7 +510,9 @@ def _row_blocks(U1: int, V: int) -> tuple[int, int, int]:
 
 
 def _recursion_warps(block: int) -> int:
-    return min(32, max(1, block // 64))
+    """Warps of the recursion kernels (one lane per thread up to 16 warps: from a sweep on an H100,
+    benchmarks/tune_rnnt.py)."""
+    return min(16, max(1, block // 32))
 
 
 def rnnt_forward(
@@ -482,14 +525,16 @@ def rnnt_forward(
     fastemit_lambda: float,
     rnna: bool,
     need_grad: bool,
+    reduction: str = "none",
     recursion: str = "diagonal",
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-    """Per-sample losses [N] float32, and the state ``rnnt_backward`` takes (lse, occupancies, log p).
+    """The loss (per-sample [N] float32 for reduction "none", else a 0-dim sum or batch mean), and the state
+    ``rnnt_backward`` takes (lse, occupancies, log p).
 
     Args:
         x: [N, T, U+1, V] float32/float16/bfloat16, any strides.
         targets: [N, U] int32/int64 on x's device (unit stride along U).
-        logit_lengths, target_lengths: [N] int64 on x's device.
+        logit_lengths, target_lengths: [N] int32/int64 on x's device.
         recursion: for RNN-T, "diagonal" (anti-diagonal steps) or "scan" (rows, each an associative scan over
             u); RNA always steps by rows.
     """
@@ -498,17 +543,19 @@ def rnnt_forward(
     n_cells = N * T * U1
     lse = _empty(n_cells if fused else 0, dtype=torch.float32, device=dev)
     lat = _empty(2 * n_cells, dtype=torch.float32, device=dev)
+    cnt = _empty(1, dtype=torch.int32, device=dev)
     block_r, block_v, warps = _row_blocks(U1, V)
     _rnnt_lattice_kernel[(N * T, triton.cdiv(U1, block_r))](
-        x, lse, lat, targets, logit_lengths, target_lengths, T, U1, V,
+        x, lse, lat, targets, logit_lengths, target_lengths, cnt, T, U1, V,
         x.stride(0), x.stride(1), x.stride(2), x.stride(3), targets.stride(0), blank,
         FUSED=fused, ONE_CHUNK=V <= block_v, BLOCK_R=block_r, BLOCK_V=block_v, num_warps=warps,
     )  # fmt: skip
-    loss = _empty(N, dtype=torch.float32, device=dev)
+    loss = _empty(N + 1, dtype=torch.float32, device=dev)  # per sample, then the batch reduction
     logp = _empty(N, dtype=torch.float64, device=dev)
     alpha = _empty(N * (T + 1) * U1 if need_grad else 0, dtype=torch.float64, device=dev)
     block_u = max(16, next_power_of_2(U1))
     warps = _recursion_warps(block_u)
+    reduce = reduction != "none"
     if recursion == "scan" and not rnna:
         _rnnt_alpha_scan_kernel[(N,)](
             lat, alpha, loss, logp, logit_lengths, target_lengths, T, U1, 1.0 + fastemit_lambda,
@@ -518,15 +565,16 @@ def rnnt_forward(
             _rnnt_beta_scan_kernel[(N,)](
                 lat, alpha, logp, logit_lengths, target_lengths, T, U1, BLOCK_U=block_u, num_warps=warps
             )
-        return loss, (lse, lat, logp)
-    rec = dict(RNA=rnna, BLOCK_U=block_u, num_warps=warps)
-    _rnnt_alpha_kernel[(N,)](
-        lat, alpha, loss, logp, logit_lengths, target_lengths, T, U1, 1.0 + fastemit_lambda,
-        STORE_ALPHA=need_grad, **rec,
-    )  # fmt: skip
-    if need_grad:
-        _rnnt_beta_kernel[(N,)](lat, alpha, logp, logit_lengths, target_lengths, T, U1, **rec)
-    return loss, (lse, lat, logp)
+        if reduce:
+            loss[N] = loss[:N].double().sum() / (N if reduction == "mean" else 1)
+    else:
+        _rnnt_recursion_kernel[(N,)](
+            lat, alpha, loss, logp, cnt, logit_lengths, target_lengths, N, T, U1, 1.0 + fastemit_lambda,
+            1.0 / N if reduction == "mean" else 1.0,
+            NEED_GRAD=need_grad, REDUCE=reduce, RNA=rnna, BLOCK_U=block_u,
+            BLOCK_N=min(1024, next_power_of_2(N)), num_warps=warps,
+        )  # fmt: skip
+    return (loss[N] if reduce else loss[:N]), (lse, lat, logp)
 
 
 def rnnt_backward(
@@ -542,15 +590,18 @@ def rnnt_backward(
     fused: bool,
     fastemit_lambda: float,
     clamp: float,
+    reduction: str = "none",
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Gradient of sum(grad_out * loss) with respect to x (grad_out: [N]), in x's dtype; into ``out`` when
-    given, which may be x's own storage (each cell's logits are read before its gradient is written)."""
+    """Gradient of the loss with respect to x, in x's dtype: of sum(grad_out * loss) for reduction "none"
+    (grad_out: [N]), else of grad_out * the sum or batch mean (grad_out: 0-dim). Into ``out`` when given, which
+    may be x's own storage (each cell's logits are read before its gradient is written)."""
     N, T, U1, V = x.shape
     grad = out if out is not None else _empty_like(x)
     block_r, block_v, warps = _row_blocks(U1, V)
     _rnnt_grad_kernel[(N * T, triton.cdiv(U1, block_r))](
-        x, grad, lse, occ, logp, grad_out, grad_out.stride(0), targets, logit_lengths, target_lengths,
+        x, grad, lse, occ, logp, grad_out, grad_out.stride(0) if reduction == "none" else 0,
+        1.0 / N if reduction == "mean" else 1.0, targets, logit_lengths, target_lengths,
         T, U1, V,
         x.stride(0), x.stride(1), x.stride(2), x.stride(3),
         grad.stride(0), grad.stride(1), grad.stride(2), grad.stride(3), targets.stride(0), blank,
