@@ -6,7 +6,7 @@ Four launches per forward+backward (five with the validation), deterministic (no
 1. ``_rnnt_lattice_kernel`` (a block of cells of one row (n, t) per program): per cell (n, t, u) the
    log-sum-exp of the V scores (with a fused log_softmax), and the log2-probabilities of the blank and of the
    next label into an [N, T, U+1, 2] float32 lattice. Reads the logits once.
-2. ``_rnnt_recursion_kernel`` (one program per sample), both recursions in one launch:
+2. ``_rnnt_halves_kernel`` and ``_rnnt_join_kernel`` (two programs per sample), the recursions:
    - alpha, the forward variables over the nodes (t, u), t in [0, T_n], u in [0, U_n], as a vector over u.
      RNN-T steps along anti-diagonals (t + u = d: both predecessors of a node lie on diagonal d - 1), RNA along
      rows t. Either way a step is new[u] = lae(prev[u] + blank edge, prev[u - 1] + label edge), one exchange
@@ -189,6 +189,13 @@ def _reduce_losses(loss_ptr, cnt_ptr, N, scale, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def _nodes(d, o_u, T_n, U_n, RNA: tl.constexpr):
+    """Step d's node row per lane and which lanes hold a node."""
+    t, _, _ = _edge_rows(d, o_u, RNA)
+    return t, (t >= 0) & (t <= T_n) & (o_u <= U_n)
+
+
+@triton.jit
 def _alpha_loads(p_lat, d, o_u, T_n, U_n, U1, RNA: tl.constexpr):
     """Step d's edge log-probs into its nodes: the blank edge's and the label edge's, per lane (NaN kept)."""
     t, t_b, t_e = _edge_rows(d, o_u, RNA)
@@ -201,93 +208,57 @@ def _alpha_loads(p_lat, d, o_u, T_n, U_n, U1, RNA: tl.constexpr):
 
 
 @triton.jit
-def _alpha_pass(p_lat, p_al, T_n, U_n, U1, STORE_ALPHA: tl.constexpr, RNA: tl.constexpr, BLOCK_U: tl.constexpr):
-    """One sample's forward recursion; returns the last step's alpha (lane U_n: the end node) and the count of
-    NaN log-probs read per lane."""
-    o_u = tl.arange(0, BLOCK_U)
-    i_prev = tl.maximum(o_u - 1, 0)
-    a = tl.where(o_u == 0, 0.0, _neg()).to(tl.float64)
-    if STORE_ALPHA:  # row t = 0: only (0, 0) for RNA; RNN-T's later steps overwrite the rest of the row
-        tl.store(p_al + o_u, a, mask=o_u <= U_n)
-    # NaN is counted apart: the maximum that clamps -inf log-probs would drop it
-    nan = tl.zeros([BLOCK_U], tl.int32)
-    n_steps = T_n if RNA else T_n + U_n
-    # the loads run two steps ahead of the recursion (their latency is most of a step otherwise); past the last
-    # step every lane is masked off
-    w_b, w_e = _alpha_loads(p_lat, 1, o_u, T_n, U_n, U1, RNA)
-    w_b2, w_e2 = _alpha_loads(p_lat, 2, o_u, T_n, U_n, U1, RNA)
-    for d in range(1, n_steps + 1):
-        w_b3, w_e3 = _alpha_loads(p_lat, d + 2, o_u, T_n, U_n, U1, RNA)
-        t, t_b, t_e = _edge_rows(d, o_u, RNA)
-        node = (t >= 0) & (t <= T_n) & (o_u <= U_n)
-        nan += tl.where((w_b != w_b) | (w_e != w_e), 1, 0)
-        a_prev = tl.where(o_u > 0, tl.gather(a, i_prev, 0), _neg())
-        from_b = a + tl.maximum(w_b, _neg()).to(tl.float64)
-        from_e = a_prev + tl.maximum(w_e, _neg()).to(tl.float64)
-        a = tl.where(node, _lae(from_b, from_e), _neg())
-        if STORE_ALPHA:
-            tl.store(p_al + t * U1 + o_u, a, mask=node)
-        w_b, w_e, w_b2, w_e2 = w_b2, w_e2, w_b3, w_e3
-    return a, nan
+def _alpha_step(a, w_b, w_e, d, o_u, i_prev, T_n, U_n, RNA: tl.constexpr):
+    """alpha of step d from alpha of step d - 1 and the edges into step d's nodes."""
+    t, node = _nodes(d, o_u, T_n, U_n, RNA)
+    a_prev = tl.where(o_u > 0, tl.gather(a, i_prev, 0), _neg())
+    from_b = a + tl.maximum(w_b, _neg()).to(tl.float64)
+    from_e = a_prev + tl.maximum(w_e, _neg()).to(tl.float64)
+    return tl.where(node, _lae(from_b, from_e), _neg()), t, node
 
 
 @triton.jit
-def _beta_loads(p_lat, p_al, d, o_u, T_n, U_n, U1, RNA: tl.constexpr):
-    """Step d's node log-probs (blank, label) and alpha, per lane."""
-    t, t_b, t_e = _edge_rows(d, o_u, RNA)
-    node = (t >= 0) & (t <= T_n) & (o_u <= U_n)
+def _cell_loads(p_lat, d, o_u, T_n, U_n, U1, RNA: tl.constexpr):
+    """The log-probs (blank, label) of the edges out of step d's nodes, per lane."""
+    t, node = _nodes(d, o_u, T_n, U_n, RNA)
     has_b = node & (t < T_n)
-    has_e = has_b & (o_u < U_n)
     p_cell = p_lat + (t * U1 + o_u) * 2
     w_b = tl.load(p_cell, mask=has_b, other=_neg())
-    w_e = tl.load(p_cell + 1, mask=has_e, other=_neg())
-    al = tl.load(p_al + t * U1 + o_u, mask=has_b, other=_neg())
-    return w_b, w_e, al
+    w_e = tl.load(p_cell + 1, mask=has_b & (o_u < U_n), other=_neg())
+    return w_b, w_e
 
 
 @triton.jit
-def _beta_pass(p_lat, p_al, logp, T_n, U_n, U1, RNA: tl.constexpr, BLOCK_U: tl.constexpr):
-    """One sample's backward recursion in the forward's order reversed, fused with the edge occupancies
-    exp(alpha + w + beta - log p), which overwrite the lattice's two log-probs; beta is never stored."""
-    o_u = tl.arange(0, BLOCK_U)
-    i_next = tl.minimum(o_u + 1, BLOCK_U - 1)
-    # impossible samples keep no occupancy (zero gradient); NaN goes on so that it propagates
-    n_steps = tl.where(logp != float("-inf"), T_n if RNA else T_n + U_n, 0)
-    # beta of the step after the current one; at the end node 0
-    b = tl.where(o_u == U_n, 0.0, _neg()).to(tl.float64)
-    # loads two steps ahead, as in the alpha pass (step -1 and below have no nodes); a step writes only its own
-    # cells, which no later load reads
-    w_b, w_e, al = _beta_loads(p_lat, p_al, n_steps - 1, o_u, T_n, U_n, U1, RNA)
-    w_b2, w_e2, al2 = _beta_loads(p_lat, p_al, n_steps - 2, o_u, T_n, U_n, U1, RNA)
-    for k in range(1, n_steps + 1):
-        d = n_steps - k
-        w_b3, w_e3, al3 = _beta_loads(p_lat, p_al, d - 2, o_u, T_n, U_n, U1, RNA)
-        t, t_b, t_e = _edge_rows(d, o_u, RNA)
-        node = (t >= 0) & (t <= T_n) & (o_u <= U_n)
-        has_b = node & (t < T_n)
-        has_e = has_b & (o_u < U_n)
-        # the blank edge leads to (t + 1, u), lane u of the next step; the label edge to (t or t + 1, u + 1),
-        # lane u + 1 of the next step
-        to_b = tl.where(has_b, tl.maximum(w_b, _neg()).to(tl.float64) + b, _neg())
-        b_next = tl.where(o_u + 1 < BLOCK_U, tl.gather(b, i_next, 0), _neg())
-        to_e = tl.where(has_e, tl.maximum(w_e, _neg()).to(tl.float64) + b_next, _neg())
-        occ_b = tl.exp2((al + to_b - logp).to(tl.float32))
-        occ_e = tl.exp2((al + to_e - logp).to(tl.float32))
-        p_cell = p_lat + (t * U1 + o_u) * 2
-        tl.store(p_cell, tl.where(has_b, occ_b, 0.0), mask=has_b)
-        tl.store(p_cell + 1, tl.where(has_e, occ_e, 0.0), mask=has_b)
-        b = tl.where(node, _lae(to_b, to_e), _neg())
-        b = tl.where(node & (t == T_n) & (o_u == U_n), 0.0, b)
-        w_b, w_e, al, w_b2, w_e2, al2 = w_b2, w_e2, al2, w_b3, w_e3, al3
+def _beta_step(b, w_b, w_e, d, o_u, i_next, T_n, U_n, RNA: tl.constexpr, BLOCK_U: tl.constexpr):
+    """beta of step d from beta of step d + 1 and the edges out of step d's nodes: the blank edge leads to
+    (t + 1, u), lane u of the next step; the label edge to (t or t + 1, u + 1), lane u + 1. Returns the new beta,
+    the two edges' log2 (edge + beta of its end) and their masks."""
+    t, node = _nodes(d, o_u, T_n, U_n, RNA)
+    has_b = node & (t < T_n)
+    has_e = has_b & (o_u < U_n)
+    to_b = tl.where(has_b, tl.maximum(w_b, _neg()).to(tl.float64) + b, _neg())
+    b_next = tl.where(o_u + 1 < BLOCK_U, tl.gather(b, i_next, 0), _neg())
+    to_e = tl.where(has_e, tl.maximum(w_e, _neg()).to(tl.float64) + b_next, _neg())
+    return tl.where(node, _lae(to_b, to_e), _neg()), to_b, to_e, t, has_b, has_e
 
 
 @triton.jit
-def _rnnt_recursion_kernel(
-    lat_ptr,  # [N, T, U+1, 2] float32 log2 lattice in; edge occupancies out (NEED_GRAD)
-    alpha_ptr,  # [N, T+1, U+1] float64 workspace (NEED_GRAD)
-    loss_ptr,  # [N + 1] float32 out: per-sample losses, then the batch reduction (REDUCE)
-    logp_ptr,  # [N] float64 out: log2 p(y | x)
-    cnt_ptr,  # int32 counter, zeroed by the lattice kernel (REDUCE)
+def _store_occupancies(p_lat, t, o_u, U1, al, to_b, to_e, logp, has_b, has_e):
+    """exp(alpha + edge + beta of its end - log p) of the two edges out of each lane's node, over the node's
+    lattice cell."""
+    p_cell = p_lat + (t * U1 + o_u) * 2
+    tl.store(p_cell, tl.where(has_b, tl.exp2((al + to_b - logp).to(tl.float32)), 0.0), mask=has_b)
+    tl.store(p_cell + 1, tl.where(has_e, tl.exp2((al + to_e - logp).to(tl.float32)), 0.0), mask=has_b)
+
+
+@triton.jit
+def _rnnt_halves_kernel(
+    lat_ptr,  # [N, T, U+1, 2] float32 log2 lattice
+    state_ptr,  # [N, T+1, U+1] float64 out (SPLIT): alpha on steps 0..M, beta on steps M+1..D
+    mid_ptr,  # [N, BLOCK_U] float64 out (SPLIT): beta on step M
+    aux_ptr,  # int32 [1 + 2N]: the batch reduction's counter (zeroed by the lattice kernel), NaN counts
+    loss_ptr,  # [N + 1] float32 out (not SPLIT): per-sample losses, then the batch reduction (REDUCE)
+    logp_ptr,  # [N] float64 out (not SPLIT): log2 p(y | x)
     il_ptr,
     tl_ptr,
     N,
@@ -295,27 +266,167 @@ def _rnnt_recursion_kernel(
     U1,
     fastemit_scale,  # 1 + lambda
     reduce_scale,  # 1 (sum) or 1 / N (mean)
-    NEED_GRAD: tl.constexpr,
+    SPLIT: tl.constexpr,
     REDUCE: tl.constexpr,
     RNA: tl.constexpr,
     BLOCK_U: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """One program per sample: alpha (the loss), the batch reduction by the last program, then beta with the
-    occupancies. One launch for both recursions: the alpha values this program stored are read back after a
-    barrier."""
+    """SPLIT (for the gradient): sample n's steps 0..D (D = T_n + U_n, T_n for RNA) cut at M = D // 2; program
+    (n, 0) runs alpha over steps 0..M, program (n, 1) beta over steps D..M, each storing its values at its
+    steps' nodes (disjoint; beta on step M apart), concurrently: the serial chain is half of alpha-then-beta.
+    Not SPLIT (loss only):
+    program (n, 0) runs alpha over all steps and writes the loss."""
     i_n = tl.program_id(0).to(tl.int64)
+    side = tl.program_id(1)
     T_n, U_n = _lengths(il_ptr, tl_ptr, i_n, True, T, U1)
+    D = T_n if RNA else T_n + U_n
+    M = D // 2
+    o_u = tl.arange(0, BLOCK_U)
     p_lat = lat_ptr + i_n * T * U1 * 2
-    p_al = alpha_ptr + i_n * (T + 1) * U1
-    a, nan = _alpha_pass(p_lat, p_al, T_n, U_n, U1, NEED_GRAD, RNA, BLOCK_U)
-    # the last step's lane U_n holds the end node (T_n, U_n); with T_n = 0 and U_n = 0 no step ran
-    logp = _store_loss(a, tl.arange(0, BLOCK_U), U_n, nan, logp_ptr, loss_ptr, i_n, fastemit_scale)
-    if REDUCE:
-        _reduce_losses(loss_ptr, cnt_ptr, N, reduce_scale, BLOCK_N)
-    if NEED_GRAD:
-        tl.debug_barrier()  # this program's alpha stores before its loads
-        _beta_pass(p_lat, p_al, logp, T_n, U_n, U1, RNA, BLOCK_U)
+    p_st = state_ptr + i_n * (T + 1) * U1
+    # NaN is counted apart: the maximum that clamps -inf log-probs would drop it
+    nan = tl.zeros([BLOCK_U], tl.int32)
+    if side == 0:
+        i_prev = tl.maximum(o_u - 1, 0)
+        a = tl.where(o_u == 0, 0.0, _neg()).to(tl.float64)
+        last = M if SPLIT else D
+        if SPLIT:
+            t, node = _nodes(0, o_u, T_n, U_n, RNA)
+            tl.store(p_st + t * U1 + o_u, a, mask=node)
+        # the loads run two steps ahead of the recursion (their latency is most of a step otherwise); past
+        # the last step every lane is masked off
+        w_b, w_e = _alpha_loads(p_lat, 1, o_u, T_n, U_n, U1, RNA)
+        w_b2, w_e2 = _alpha_loads(p_lat, 2, o_u, T_n, U_n, U1, RNA)
+        for d in range(1, last + 1):
+            w_b3, w_e3 = _alpha_loads(p_lat, d + 2, o_u, T_n, U_n, U1, RNA)
+            nan += tl.where((w_b != w_b) | (w_e != w_e), 1, 0)
+            a, t, node = _alpha_step(a, w_b, w_e, d, o_u, i_prev, T_n, U_n, RNA)
+            if SPLIT:
+                tl.store(p_st + t * U1 + o_u, a, mask=node)
+            w_b, w_e, w_b2, w_e2 = w_b2, w_e2, w_b3, w_e3
+        if not SPLIT:
+            # the last step's lane U_n holds the end node (T_n, U_n); with D = 0 no step ran
+            _store_loss(a, o_u, U_n, nan, logp_ptr, loss_ptr, i_n, fastemit_scale)
+            if REDUCE:
+                _reduce_losses(loss_ptr, aux_ptr, N, reduce_scale, BLOCK_N)
+    else:
+        i_next = tl.minimum(o_u + 1, BLOCK_U - 1)
+        # beta at step D: 0 at the end node (T_n, U_n)
+        b = tl.where(o_u == U_n, 0.0, _neg()).to(tl.float64)
+        if D > M:
+            t, node = _nodes(D, o_u, T_n, U_n, RNA)
+            tl.store(p_st + t * U1 + o_u, b, mask=node)
+        w_b, w_e = _cell_loads(p_lat, D - 1, o_u, T_n, U_n, U1, RNA)
+        w_b2, w_e2 = _cell_loads(p_lat, D - 2, o_u, T_n, U_n, U1, RNA)
+        for k in range(1, D - M + 1):
+            d = D - k
+            w_b3, w_e3 = _cell_loads(p_lat, d - 2, o_u, T_n, U_n, U1, RNA)
+            nan += tl.where((w_b != w_b) | (w_e != w_e), 1, 0)
+            b, _, _, t, _, _ = _beta_step(b, w_b, w_e, d, o_u, i_next, T_n, U_n, RNA, BLOCK_U)
+            _, node = _nodes(d, o_u, T_n, U_n, RNA)
+            tl.store(p_st + t * U1 + o_u, b, mask=tl.where(d > M, node, False))
+            w_b, w_e, w_b2, w_e2 = w_b2, w_e2, w_b3, w_e3
+        # beta on step M (with D = 0 the end node's), where the join kernel takes it
+        tl.store(mid_ptr + i_n * BLOCK_U + o_u, b)
+    if SPLIT:
+        tl.store(aux_ptr + 1 + 2 * i_n + side, tl.sum(nan, axis=0))
+
+
+@triton.jit
+def _join_loads(p_lat, p_st, d, o_u, T_n, U_n, U1, RNA: tl.constexpr):
+    """What the join kernel's alpha side reads for step d: the edges into step d's nodes (blank, label), the
+    label edge out of step d - 1's node of the same lane, and beta of step d at lanes u and u + 1 (the ends of
+    the edges out of that node)."""
+    w_b, w_e = _alpha_loads(p_lat, d, o_u, T_n, U_n, U1, RNA)
+    _, c_e = _cell_loads(p_lat, d - 1, o_u, T_n, U_n, U1, RNA)
+    t, node = _nodes(d, o_u, T_n, U_n, RNA)
+    be_b = tl.load(p_st + t * U1 + o_u, mask=node, other=_neg())
+    t_r, node_r = _nodes(d, o_u + 1, T_n, U_n, RNA)
+    be_e = tl.load(p_st + t_r * U1 + o_u + 1, mask=node_r, other=_neg())
+    return w_b, w_e, c_e, be_b, be_e
+
+
+@triton.jit
+def _rnnt_join_kernel(
+    lat_ptr,  # log2 lattice in; edge occupancies out, in place
+    state_ptr,  # alpha on steps 0..M, beta on steps M+1..D (the halves kernel's)
+    mid_ptr,  # beta on step M
+    aux_ptr,
+    loss_ptr,
+    logp_ptr,
+    il_ptr,
+    tl_ptr,
+    N,
+    T,
+    U1,
+    fastemit_scale,
+    reduce_scale,
+    REDUCE: tl.constexpr,
+    RNA: tl.constexpr,
+    BLOCK_U: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """After the halves kernel: log p from the cut (sum over step M's nodes of alpha * beta), then program
+    (n, 0) runs alpha on over steps M+1..D with the occupancies of the edges out of steps M..D-1, program
+    (n, 1) beta on over steps M-1..0 with those out of steps M-1..0 (disjoint lattice cells)."""
+    i_n = tl.program_id(0).to(tl.int64)
+    side = tl.program_id(1)
+    T_n, U_n = _lengths(il_ptr, tl_ptr, i_n, True, T, U1)
+    D = T_n if RNA else T_n + U_n
+    M = D // 2
+    o_u = tl.arange(0, BLOCK_U)
+    i_prev = tl.maximum(o_u - 1, 0)
+    i_next = tl.minimum(o_u + 1, BLOCK_U - 1)
+    p_lat = lat_ptr + i_n * T * U1 * 2
+    p_st = state_ptr + i_n * (T + 1) * U1
+    # log p = log sum_u alpha(M, u) beta(M, u)
+    t, node = _nodes(M, o_u, T_n, U_n, RNA)
+    a = tl.load(p_st + t * U1 + o_u, mask=node, other=_neg())
+    b = tl.load(mid_ptr + i_n * BLOCK_U + o_u)
+    nan = tl.load(aux_ptr + 1 + 2 * i_n) + tl.load(aux_ptr + 2 + 2 * i_n)
+    ab = tl.where(node, a + b, _neg())
+    top = tl.max(ab, axis=0)
+    logp = top + tl.log2(tl.sum(tl.exp2((ab - top).to(tl.float32)), axis=0)).to(tl.float64)
+    logp = tl.where(top < 0.5 * _neg(), float("-inf"), logp)
+    logp = tl.where(nan > 0, float("nan"), logp)
+    # impossible samples keep no occupancy (zero gradient); NaN goes on so that it propagates
+    live = logp != float("-inf")
+    if side == 0:
+        tl.store(logp_ptr + i_n, logp)
+        tl.store(loss_ptr + i_n, (-fastemit_scale * logp * _ln2()).to(tl.float32))
+        if REDUCE:
+            _reduce_losses(loss_ptr, aux_ptr, N, reduce_scale, BLOCK_N)
+        # step d's alpha from step d - 1's (in a), and the occupancies of the edges out of step d - 1's nodes:
+        # their cells' log-probs, beta of the edges' ends (step d, lanes u and u + 1, stored by the halves
+        # kernel). This side reads and writes the cells of steps M..D-1 only, the other side those of 0..M-1.
+        last = tl.where(live, D, M)
+        w_b, w_e, c_e, be_b, be_e = _join_loads(p_lat, p_st, M + 1, o_u, T_n, U_n, U1, RNA)
+        for d in range(M + 1, last + 1):
+            # the next step's loads first (one step ahead of the recursion)
+            w_b_n, w_e_n, c_e_n, be_b_n, be_e_n = _join_loads(p_lat, p_st, d + 1, o_u, T_n, U_n, U1, RNA)
+            t_x, node_x = _nodes(d - 1, o_u, T_n, U_n, RNA)
+            has_b = node_x & (t_x < T_n)
+            has_e = has_b & (o_u < U_n)
+            to_b = tl.where(has_b, tl.maximum(w_b, _neg()).to(tl.float64) + be_b, _neg())
+            to_e = tl.where(has_e, tl.maximum(c_e, _neg()).to(tl.float64) + be_e, _neg())
+            _store_occupancies(p_lat, t_x, o_u, U1, a, to_b, to_e, logp, has_b, has_e)
+            a, _, _ = _alpha_step(a, w_b, w_e, d, o_u, i_prev, T_n, U_n, RNA)
+            w_b, w_e, c_e, be_b, be_e = w_b_n, w_e_n, c_e_n, be_b_n, be_e_n
+    else:
+        # beta on from step M's, with the occupancies of the edges out of each step's nodes
+        first = tl.where(live, M, 0)
+        w_b, w_e = _cell_loads(p_lat, first - 1, o_u, T_n, U_n, U1, RNA)
+        t, node = _nodes(first - 1, o_u, T_n, U_n, RNA)
+        al = tl.load(p_st + t * U1 + o_u, mask=node, other=_neg())
+        for k in range(1, first + 1):
+            d = first - k
+            w_b_n, w_e_n = _cell_loads(p_lat, d - 1, o_u, T_n, U_n, U1, RNA)
+            t_n, node_n = _nodes(d - 1, o_u, T_n, U_n, RNA)
+            al_n = tl.load(p_st + t_n * U1 + o_u, mask=node_n, other=_neg())
+            b, to_b, to_e, t, has_b, has_e = _beta_step(b, w_b, w_e, d, o_u, i_next, T_n, U_n, RNA, BLOCK_U)
+            _store_occupancies(p_lat, t, o_u, U1, al, to_b, to_e, logp, has_b, has_e)
+            w_b, w_e, al = w_b_n, w_e_n, al_n
 
 
 @triton.jit
@@ -543,37 +654,39 @@ def rnnt_forward(
     n_cells = N * T * U1
     lse = _empty(n_cells if fused else 0, dtype=torch.float32, device=dev)
     lat = _empty(2 * n_cells, dtype=torch.float32, device=dev)
-    cnt = _empty(1, dtype=torch.int32, device=dev)
+    aux = _empty(1 + 2 * N, dtype=torch.int32, device=dev)  # reduction counter, NaN counts of the halves
     block_r, block_v, warps = _row_blocks(U1, V)
     _rnnt_lattice_kernel[(N * T, triton.cdiv(U1, block_r))](
-        x, lse, lat, targets, logit_lengths, target_lengths, cnt, T, U1, V,
+        x, lse, lat, targets, logit_lengths, target_lengths, aux, T, U1, V,
         x.stride(0), x.stride(1), x.stride(2), x.stride(3), targets.stride(0), blank,
         FUSED=fused, ONE_CHUNK=V <= block_v, BLOCK_R=block_r, BLOCK_V=block_v, num_warps=warps,
     )  # fmt: skip
     loss = _empty(N + 1, dtype=torch.float32, device=dev)  # per sample, then the batch reduction
     logp = _empty(N, dtype=torch.float64, device=dev)
-    alpha = _empty(N * (T + 1) * U1 if need_grad else 0, dtype=torch.float64, device=dev)
+    state = _empty(N * (T + 1) * U1 if need_grad else 0, dtype=torch.float64, device=dev)
     block_u = max(16, next_power_of_2(U1))
     warps = _recursion_warps(block_u)
     reduce = reduction != "none"
+    reduce_scale = 1.0 / N if reduction == "mean" else 1.0
     if recursion == "scan" and not rnna:
         _rnnt_alpha_scan_kernel[(N,)](
-            lat, alpha, loss, logp, logit_lengths, target_lengths, T, U1, 1.0 + fastemit_lambda,
+            lat, state, loss, logp, logit_lengths, target_lengths, T, U1, 1.0 + fastemit_lambda,
             STORE_ALPHA=need_grad, BLOCK_U=block_u, num_warps=warps,
         )  # fmt: skip
         if need_grad:
             _rnnt_beta_scan_kernel[(N,)](
-                lat, alpha, logp, logit_lengths, target_lengths, T, U1, BLOCK_U=block_u, num_warps=warps
+                lat, state, logp, logit_lengths, target_lengths, T, U1, BLOCK_U=block_u, num_warps=warps
             )
         if reduce:
-            loss[N] = loss[:N].double().sum() / (N if reduction == "mean" else 1)
+            loss[N] = loss[:N].double().sum() * reduce_scale
     else:
-        _rnnt_recursion_kernel[(N,)](
-            lat, alpha, loss, logp, cnt, logit_lengths, target_lengths, N, T, U1, 1.0 + fastemit_lambda,
-            1.0 / N if reduction == "mean" else 1.0,
-            NEED_GRAD=need_grad, REDUCE=reduce, RNA=rnna, BLOCK_U=block_u,
-            BLOCK_N=min(1024, next_power_of_2(N)), num_warps=warps,
-        )  # fmt: skip
+        mid = _empty(N * block_u if need_grad else 0, dtype=torch.float64, device=dev)
+        args = (lat, state, mid, aux, loss, logp, logit_lengths, target_lengths, N, T, U1, 1.0 + fastemit_lambda,
+                reduce_scale)  # fmt: skip
+        meta = dict(REDUCE=reduce, RNA=rnna, BLOCK_U=block_u, BLOCK_N=min(1024, next_power_of_2(N)), num_warps=warps)
+        _rnnt_halves_kernel[(N, 2 if need_grad else 1)](*args, SPLIT=need_grad, **meta)
+        if need_grad:
+            _rnnt_join_kernel[(N, 2)](*args, **meta)
     return (loss[N] if reduce else loss[:N]), (lse, lat, logp)
 
 
