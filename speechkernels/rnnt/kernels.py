@@ -348,6 +348,14 @@ def _join_loads(p_lat, p_st, d, o_u, T_n, U_n, U1, RNA: tl.constexpr):
 
 
 @triton.jit
+def _beta_loads(p_lat, p_st, d, o_u, T_n, U_n, U1, RNA: tl.constexpr):
+    """What the join kernel's beta side reads for step d: the edges out of its nodes, and their alpha."""
+    w_b, w_e = _cell_loads(p_lat, d, o_u, T_n, U_n, U1, RNA)
+    t, node = _nodes(d, o_u, T_n, U_n, RNA)
+    return w_b, w_e, tl.load(p_st + t * U1 + o_u, mask=node, other=_neg())
+
+
+@triton.jit
 def _rnnt_join_kernel(
     lat_ptr,  # log2 lattice in; edge occupancies out, in place
     state_ptr,  # alpha on steps 0..M, beta on steps M+1..D (the halves kernel's)
@@ -402,9 +410,10 @@ def _rnnt_join_kernel(
         # kernel). This side reads and writes the cells of steps M..D-1 only, the other side those of 0..M-1.
         last = tl.where(live, D, M)
         w_b, w_e, c_e, be_b, be_e = _join_loads(p_lat, p_st, M + 1, o_u, T_n, U_n, U1, RNA)
+        w_b2, w_e2, c_e2, be_b2, be_e2 = _join_loads(p_lat, p_st, M + 2, o_u, T_n, U_n, U1, RNA)
         for d in range(M + 1, last + 1):
-            # the next step's loads first (one step ahead of the recursion)
-            w_b_n, w_e_n, c_e_n, be_b_n, be_e_n = _join_loads(p_lat, p_st, d + 1, o_u, T_n, U_n, U1, RNA)
+            # loads two steps ahead of the recursion
+            w_b3, w_e3, c_e3, be_b3, be_e3 = _join_loads(p_lat, p_st, d + 2, o_u, T_n, U_n, U1, RNA)
             t_x, node_x = _nodes(d - 1, o_u, T_n, U_n, RNA)
             has_b = node_x & (t_x < T_n)
             has_e = has_b & (o_u < U_n)
@@ -412,21 +421,19 @@ def _rnnt_join_kernel(
             to_e = tl.where(has_e, tl.maximum(c_e, _neg()).to(tl.float64) + be_e, _neg())
             _store_occupancies(p_lat, t_x, o_u, U1, a, to_b, to_e, logp, has_b, has_e)
             a, _, _ = _alpha_step(a, w_b, w_e, d, o_u, i_prev, T_n, U_n, RNA)
-            w_b, w_e, c_e, be_b, be_e = w_b_n, w_e_n, c_e_n, be_b_n, be_e_n
+            w_b, w_e, c_e, be_b, be_e = w_b2, w_e2, c_e2, be_b2, be_e2
+            w_b2, w_e2, c_e2, be_b2, be_e2 = w_b3, w_e3, c_e3, be_b3, be_e3
     else:
         # beta on from step M's, with the occupancies of the edges out of each step's nodes
         first = tl.where(live, M, 0)
-        w_b, w_e = _cell_loads(p_lat, first - 1, o_u, T_n, U_n, U1, RNA)
-        t, node = _nodes(first - 1, o_u, T_n, U_n, RNA)
-        al = tl.load(p_st + t * U1 + o_u, mask=node, other=_neg())
+        w_b, w_e, al = _beta_loads(p_lat, p_st, first - 1, o_u, T_n, U_n, U1, RNA)
+        w_b2, w_e2, al2 = _beta_loads(p_lat, p_st, first - 2, o_u, T_n, U_n, U1, RNA)
         for k in range(1, first + 1):
             d = first - k
-            w_b_n, w_e_n = _cell_loads(p_lat, d - 1, o_u, T_n, U_n, U1, RNA)
-            t_n, node_n = _nodes(d - 1, o_u, T_n, U_n, RNA)
-            al_n = tl.load(p_st + t_n * U1 + o_u, mask=node_n, other=_neg())
+            w_b3, w_e3, al3 = _beta_loads(p_lat, p_st, d - 2, o_u, T_n, U_n, U1, RNA)
             b, to_b, to_e, t, has_b, has_e = _beta_step(b, w_b, w_e, d, o_u, i_next, T_n, U_n, RNA, BLOCK_U)
             _store_occupancies(p_lat, t, o_u, U1, al, to_b, to_e, logp, has_b, has_e)
-            w_b, w_e, al = w_b_n, w_e_n, al_n
+            w_b, w_e, al, w_b2, w_e2, al2 = w_b2, w_e2, al2, w_b3, w_e3, al3
 
 
 @triton.jit
