@@ -1,9 +1,9 @@
-"""Where the time of an RNN-T forward+backward goes, per kernel, and which recursion settings win.
+"""Where the time of an RNN-T forward+backward goes, per kernel, and which kernel settings win.
 
 python benchmarks/tune_rnnt.py [--rows 1500x300x50x16,...]: per-kernel GPU times (profiler) of one
-forward+backward (fused log_softmax, batch mean) on the benchmark's inputs, then the forward with the
-anti-diagonal and the row-scan recursions over num_warps, with the loss of each against the first, then the
-lattice and gradient passes over their block sizes and warps.
+forward+backward (fused log_softmax, batch mean) on the benchmark's inputs, then the forward over the recursion
+kernels' num_warps, with the loss of each against the first, then the lattice and gradient passes over their
+block sizes and warps.
 """
 
 from __future__ import annotations
@@ -36,25 +36,23 @@ def profile(T, U, V, N):
 
 
 def warps_sweep(T, U, V, N, warps_list):
+    """Forward (lattice and both recursion kernels) over the recursion kernels' num_warps."""
     dev = torch.device("cuda")
     logits, targets, il, tl = make_inputs(T, U, V, N, dev)
-    il, tl = il.long(), tl.long()
     real = kernels._recursion_warps
     base = None
     try:
-        for recursion in ("diagonal", "scan"):
-            for w in warps_list:
-                kernels._recursion_warps = lambda block, w=w: w
+        for w in warps_list:
+            kernels._recursion_warps = lambda block, N, w=w: w
 
-                def fwd(recursion=recursion):
-                    return kernels.rnnt_forward(logits, targets, il, tl, 0, True, 0.0, False, True, recursion=recursion)
+            def fwd():
+                return kernels.rnnt_forward(logits, targets, il, tl, 0, True, 0.0, False, True)
 
-                ms = time_ms(fwd, dev, reps=5)
-                loss = fwd()[0]
-                base = loss if base is None else base
-                diff = ((loss - base).abs() / base.abs()).max().item()
-                print(f"{T}x{U}x{V}x{N} {recursion:8s} warps={w:2d}: forward {ms:8.3f} ms, loss vs first {diff:.1e}",
-                      flush=True)  # fmt: skip
+            ms = time_ms(fwd, dev, reps=5)
+            loss = fwd()[0]
+            base = loss if base is None else base
+            diff = ((loss - base).abs() / base.abs()).max().item()
+            print(f"{T}x{U}x{V}x{N} warps={w:2d}: forward {ms:8.3f} ms, loss vs first {diff:.1e}", flush=True)
     finally:
         kernels._recursion_warps = real
 

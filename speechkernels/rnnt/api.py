@@ -60,7 +60,7 @@ class RNNTLossFunction(torch.autograd.Function):
     ):  # fmt: skip
         loss, state = _forward(x, targets, il, tl, blank, fused, fastemit_lambda, rna, need_grad, validate, reduction)
         ctx.save_for_backward(x, targets, il, tl, *state)
-        ctx.args = (blank, fused, fastemit_lambda, clamp, reduction)
+        ctx.args = (blank, fused, fastemit_lambda, clamp, rna, reduction)
         ctx.reuse_logits = reuse_logits
         return loss
 
@@ -117,20 +117,23 @@ def _rnnt_backward_op(
     fused: bool,
     fastemit_lambda: float,
     clamp: float,
+    rna: bool,
 ) -> torch.Tensor:
-    return kernels.rnnt_backward(grad_loss, x, targets, il, tl, lse, occ, logp, blank, fused, fastemit_lambda, clamp)
+    return kernels.rnnt_backward(
+        grad_loss, x, targets, il, tl, lse, occ, logp, blank, fused, fastemit_lambda, clamp, rna
+    )
 
 
 @_rnnt_backward_op.register_fake
-def _(grad_loss, x, targets, il, tl, lse, occ, logp, blank, fused, fastemit_lambda, clamp):
+def _(grad_loss, x, targets, il, tl, lse, occ, logp, blank, fused, fastemit_lambda, clamp, rna):
     return torch.empty_like(x)
 
 
 def _setup_context(ctx, inputs, output):
-    x, targets, il, tl, blank, fused, fastemit_lambda, clamp = inputs[:8]
+    x, targets, il, tl, blank, fused, fastemit_lambda, clamp, rna = inputs[:9]
     _loss, *state = output
     ctx.save_for_backward(x, targets, il, tl, *state)
-    ctx.args = (blank, fused, fastemit_lambda, clamp)
+    ctx.args = (blank, fused, fastemit_lambda, clamp, rna)
     ctx.mark_non_differentiable(*state)
 
 

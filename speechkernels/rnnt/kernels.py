@@ -54,6 +54,16 @@ def _row_cells(il_ptr, tl_ptr, T, U1, BLOCK_R: tl.constexpr):
 
 
 @triton.jit
+def _cell_offsets(n, t, u, T, U1, RNA: tl.constexpr):
+    """Offsets of cells (n, t, u) in the [N, T, U+1, 2] lattice: RNN-T's rows are skewed (see _lat_row)."""
+    if RNA:
+        row = t
+    else:
+        row = (t + u) % T
+    return ((n * T + row) * U1 + u) * 2
+
+
+@triton.jit
 def _rnnt_lattice_kernel(
     x_ptr,  # [N, T, U+1, V] scores or log-probs (any strides)
     lse_ptr,  # [N * T * (U+1)] float32 out: natural-log log-sum-exp per cell (FUSED)
@@ -73,6 +83,7 @@ def _rnnt_lattice_kernel(
     blank,
     FUSED: tl.constexpr,
     ONE_CHUNK: tl.constexpr,  # V <= BLOCK_V
+    RNA: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
@@ -112,8 +123,9 @@ def _rnnt_lattice_kernel(
     lab = tl.load(tgt_ptr + n * stride_tg + u, mask=has_label, other=0).to(tl.int64)
     lab = tl.minimum(tl.maximum(lab, 0), V - 1)
     x_label = tl.load(p_x + lab * stride_v, mask=has_label, other=0.0).to(tl.float32)
-    tl.store(lat_ptr + 2 * o_r, (x_blank - lse) * _log2e(), mask=m_r)
-    tl.store(lat_ptr + 2 * o_r + 1, tl.where(has_label, (x_label - lse) * _log2e(), _neg()), mask=m_r)
+    p_cell = lat_ptr + _cell_offsets(n, t, u, T, U1, RNA)
+    tl.store(p_cell, (x_blank - lse) * _log2e(), mask=m_r)
+    tl.store(p_cell + 1, tl.where(has_label, (x_label - lse) * _log2e(), _neg()), mask=m_r)
 
 
 @triton.jit
@@ -163,6 +175,43 @@ def _edge_rows(d, o_u, RNA: tl.constexpr):
 
 
 @triton.jit
+def _lat_row(step, T, RNA: tl.constexpr):
+    """The lattice row that holds the cells of a step's nodes. RNA steps are frames: row t. RNN-T's cell (t, u)
+    lives at row (t + u) mod T, column u (a permutation within each column), so that the cells of an
+    anti-diagonal t + u = d share row d mod T: a step's loads and stores are contiguous."""
+    if RNA:
+        return step
+    else:
+        return tl.maximum(step, 0) % T
+
+
+@triton.jit
+def _next_row(r, m, RNA: tl.constexpr):
+    """The row of the next step from this step's, for a table of m rows (no division in the loops)."""
+    if RNA:
+        return r + 1
+    else:
+        return tl.where(r + 1 == m, 0, r + 1)
+
+
+@triton.jit
+def _prev_row(r, m, RNA: tl.constexpr):
+    if RNA:
+        return r - 1
+    else:
+        return tl.where(r == 0, m - 1, r - 1)
+
+
+@triton.jit
+def _state_row(step, T, RNA: tl.constexpr):
+    """The same for the recursion state, [T+1, U+1] per sample: node (t, u) at row (t + u) mod (T + 1)."""
+    if RNA:
+        return step
+    else:
+        return tl.maximum(step, 0) % (T + 1)
+
+
+@triton.jit
 def _store_loss(a, o_u, U_n, nan, logp_ptr, loss_ptr, i_n, fastemit_scale):
     """log2 p from the end node's lane of the last alpha step (-inf below the sentinel's range, NaN if a NaN
     log-prob was read), and the loss -(1 + lambda) ln p. Returns log2 p."""
@@ -196,14 +245,16 @@ def _nodes(d, o_u, T_n, U_n, RNA: tl.constexpr):
 
 
 @triton.jit
-def _alpha_loads(p_lat, d, o_u, T_n, U_n, U1, RNA: tl.constexpr):
-    """Step d's edge log-probs into its nodes: the blank edge's and the label edge's, per lane (NaN kept)."""
+def _alpha_loads(p_lat, d, r, o_u, T_n, U_n, U1, RNA: tl.constexpr):
+    """Step d's edge log-probs into its nodes: the blank edge's (from lane u's cell of step d - 1) and the
+    label edge's (from lane u - 1's), per lane (NaN kept). r: the lattice row of step d - 1."""
     t, t_b, t_e = _edge_rows(d, o_u, RNA)
     node = (t >= 0) & (t <= T_n) & (o_u <= U_n)
     m_b = node & (t_b >= 0) & (t_b < T_n)
     m_e = node & (o_u > 0) & (t_e >= 0) & (t_e < T_n)
-    w_b = tl.load(p_lat + (t_b * U1 + o_u) * 2, mask=m_b, other=_neg())
-    w_e = tl.load(p_lat + (t_e * U1 + o_u - 1) * 2 + 1, mask=m_e, other=_neg())
+    p_row = p_lat + r * U1 * 2
+    w_b = tl.load(p_row + o_u * 2, mask=m_b, other=_neg())
+    w_e = tl.load(p_row + o_u * 2 - 1, mask=m_e, other=_neg())
     return w_b, w_e
 
 
@@ -218,11 +269,11 @@ def _alpha_step(a, w_b, w_e, d, o_u, i_prev, T_n, U_n, RNA: tl.constexpr):
 
 
 @triton.jit
-def _cell_loads(p_lat, d, o_u, T_n, U_n, U1, RNA: tl.constexpr):
-    """The log-probs (blank, label) of the edges out of step d's nodes, per lane."""
+def _cell_loads(p_lat, d, r, o_u, T_n, U_n, U1, RNA: tl.constexpr):
+    """The log-probs (blank, label) of the edges out of step d's nodes (lattice row r), per lane."""
     t, node = _nodes(d, o_u, T_n, U_n, RNA)
     has_b = node & (t < T_n)
-    p_cell = p_lat + (t * U1 + o_u) * 2
+    p_cell = p_lat + (r * U1 + o_u) * 2
     w_b = tl.load(p_cell, mask=has_b, other=_neg())
     w_e = tl.load(p_cell + 1, mask=has_b & (o_u < U_n), other=_neg())
     return w_b, w_e
@@ -243,10 +294,10 @@ def _beta_step(b, w_b, w_e, d, o_u, i_next, T_n, U_n, RNA: tl.constexpr, BLOCK_U
 
 
 @triton.jit
-def _store_occupancies(p_lat, t, o_u, U1, al, to_b, to_e, logp, has_b, has_e):
+def _store_occupancies(p_lat, row, o_u, U1, al, to_b, to_e, logp, has_b, has_e):
     """exp(alpha + edge + beta of its end - log p) of the two edges out of each lane's node, over the node's
-    lattice cell."""
-    p_cell = p_lat + (t * U1 + o_u) * 2
+    lattice cell (``row``: the step's lattice row)."""
+    p_cell = p_lat + (row * U1 + o_u) * 2
     tl.store(p_cell, tl.where(has_b, tl.exp2((al + to_b - logp).to(tl.float32)), 0.0), mask=has_b)
     tl.store(p_cell + 1, tl.where(has_e, tl.exp2((al + to_e - logp).to(tl.float32)), 0.0), mask=has_b)
 
@@ -292,19 +343,23 @@ def _rnnt_halves_kernel(
         a = tl.where(o_u == 0, 0.0, _neg()).to(tl.float64)
         last = M if SPLIT else D
         if SPLIT:
-            t, node = _nodes(0, o_u, T_n, U_n, RNA)
-            tl.store(p_st + t * U1 + o_u, a, mask=node)
+            _, node = _nodes(0, o_u, T_n, U_n, RNA)
+            tl.store(p_st + o_u, a, mask=node)
         # the loads run two steps ahead of the recursion (their latency is most of a step otherwise); past
         # the last step every lane is masked off
-        w_b, w_e = _alpha_loads(p_lat, 1, o_u, T_n, U_n, U1, RNA)
-        w_b2, w_e2 = _alpha_loads(p_lat, 2, o_u, T_n, U_n, U1, RNA)
+        w_b, w_e = _alpha_loads(p_lat, 1, _lat_row(0, T, RNA), o_u, T_n, U_n, U1, RNA)
+        w_b2, w_e2 = _alpha_loads(p_lat, 2, _lat_row(1, T, RNA), o_u, T_n, U_n, U1, RNA)
+        r3 = _lat_row(2, T, RNA)  # the lattice row of step d + 1 (loads for step d + 2)
+        rs = _state_row(1, T, RNA)  # the state row of step d
         for d in range(1, last + 1):
-            w_b3, w_e3 = _alpha_loads(p_lat, d + 2, o_u, T_n, U_n, U1, RNA)
+            w_b3, w_e3 = _alpha_loads(p_lat, d + 2, r3, o_u, T_n, U_n, U1, RNA)
             nan += tl.where((w_b != w_b) | (w_e != w_e), 1, 0)
-            a, t, node = _alpha_step(a, w_b, w_e, d, o_u, i_prev, T_n, U_n, RNA)
+            a, t_a, node_a = _alpha_step(a, w_b, w_e, d, o_u, i_prev, T_n, U_n, RNA)
             if SPLIT:
-                tl.store(p_st + t * U1 + o_u, a, mask=node)
+                tl.store(p_st + rs * U1 + o_u, a, mask=node_a)
             w_b, w_e, w_b2, w_e2 = w_b2, w_e2, w_b3, w_e3
+            r3 = _next_row(r3, T, RNA)
+            rs = _next_row(rs, T + 1, RNA)
         if not SPLIT:
             # the last step's lane U_n holds the end node (T_n, U_n); with D = 0 no step ran
             _store_loss(a, o_u, U_n, nan, logp_ptr, loss_ptr, i_n, fastemit_scale)
@@ -315,18 +370,22 @@ def _rnnt_halves_kernel(
         # beta at step D: 0 at the end node (T_n, U_n)
         b = tl.where(o_u == U_n, 0.0, _neg()).to(tl.float64)
         if D > M:
-            t, node = _nodes(D, o_u, T_n, U_n, RNA)
-            tl.store(p_st + t * U1 + o_u, b, mask=node)
-        w_b, w_e = _cell_loads(p_lat, D - 1, o_u, T_n, U_n, U1, RNA)
-        w_b2, w_e2 = _cell_loads(p_lat, D - 2, o_u, T_n, U_n, U1, RNA)
+            _, node = _nodes(D, o_u, T_n, U_n, RNA)
+            tl.store(p_st + _state_row(D, T, RNA) * U1 + o_u, b, mask=node)
+        w_b, w_e = _cell_loads(p_lat, D - 1, _lat_row(D - 1, T, RNA), o_u, T_n, U_n, U1, RNA)
+        w_b2, w_e2 = _cell_loads(p_lat, D - 2, _lat_row(D - 2, T, RNA), o_u, T_n, U_n, U1, RNA)
+        r3 = _lat_row(D - 3, T, RNA)  # the lattice row of step d - 2 (a negative step's is masked off)
+        rs = _state_row(D - 1, T, RNA)  # the state row of step d
         for k in range(1, D - M + 1):
             d = D - k
-            w_b3, w_e3 = _cell_loads(p_lat, d - 2, o_u, T_n, U_n, U1, RNA)
+            w_b3, w_e3 = _cell_loads(p_lat, d - 2, r3, o_u, T_n, U_n, U1, RNA)
             nan += tl.where((w_b != w_b) | (w_e != w_e), 1, 0)
-            b, _, _, t, _, _ = _beta_step(b, w_b, w_e, d, o_u, i_next, T_n, U_n, RNA, BLOCK_U)
-            _, node = _nodes(d, o_u, T_n, U_n, RNA)
-            tl.store(p_st + t * U1 + o_u, b, mask=tl.where(d > M, node, False))
+            b, to_b, to_e, t_b, has_b, has_e = _beta_step(b, w_b, w_e, d, o_u, i_next, T_n, U_n, RNA, BLOCK_U)
+            t_b, node_b = _nodes(d, o_u, T_n, U_n, RNA)
+            tl.store(p_st + rs * U1 + o_u, b, mask=tl.where(d > M, node_b, False))
             w_b, w_e, w_b2, w_e2 = w_b2, w_e2, w_b3, w_e3
+            r3 = _prev_row(r3, T, RNA)
+            rs = _prev_row(rs, T + 1, RNA)
         # beta on step M (with D = 0 the end node's), where the join kernel takes it
         tl.store(mid_ptr + i_n * BLOCK_U + o_u, b)
     if SPLIT:
@@ -334,25 +393,27 @@ def _rnnt_halves_kernel(
 
 
 @triton.jit
-def _join_loads(p_lat, p_st, d, o_u, T_n, U_n, U1, RNA: tl.constexpr):
+def _join_loads(p_lat, p_st, d, r, rs, o_u, T_n, U_n, U1, RNA: tl.constexpr):
     """What the join kernel's alpha side reads for step d: the edges into step d's nodes (blank, label), the
     label edge out of step d - 1's node of the same lane, and beta of step d at lanes u and u + 1 (the ends of
-    the edges out of that node)."""
-    w_b, w_e = _alpha_loads(p_lat, d, o_u, T_n, U_n, U1, RNA)
-    _, c_e = _cell_loads(p_lat, d - 1, o_u, T_n, U_n, U1, RNA)
-    t, node = _nodes(d, o_u, T_n, U_n, RNA)
-    be_b = tl.load(p_st + t * U1 + o_u, mask=node, other=_neg())
-    t_r, node_r = _nodes(d, o_u + 1, T_n, U_n, RNA)
-    be_e = tl.load(p_st + t_r * U1 + o_u + 1, mask=node_r, other=_neg())
+    the edges out of that node). r: the lattice row of step d - 1, rs: the state row of step d."""
+    w_b, w_e = _alpha_loads(p_lat, d, r, o_u, T_n, U_n, U1, RNA)
+    _, c_e = _cell_loads(p_lat, d - 1, r, o_u, T_n, U_n, U1, RNA)
+    _, node = _nodes(d, o_u, T_n, U_n, RNA)
+    _, node_r = _nodes(d, o_u + 1, T_n, U_n, RNA)
+    p_row = p_st + rs * U1
+    be_b = tl.load(p_row + o_u, mask=node, other=_neg())
+    be_e = tl.load(p_row + o_u + 1, mask=node_r, other=_neg())
     return w_b, w_e, c_e, be_b, be_e
 
 
 @triton.jit
-def _beta_loads(p_lat, p_st, d, o_u, T_n, U_n, U1, RNA: tl.constexpr):
-    """What the join kernel's beta side reads for step d: the edges out of its nodes, and their alpha."""
-    w_b, w_e = _cell_loads(p_lat, d, o_u, T_n, U_n, U1, RNA)
-    t, node = _nodes(d, o_u, T_n, U_n, RNA)
-    return w_b, w_e, tl.load(p_st + t * U1 + o_u, mask=node, other=_neg())
+def _beta_loads(p_lat, p_st, d, r, rs, o_u, T_n, U_n, U1, RNA: tl.constexpr):
+    """What the join kernel's beta side reads for step d: the edges out of its nodes, and their alpha (r, rs:
+    step d's lattice and state rows)."""
+    w_b, w_e = _cell_loads(p_lat, d, r, o_u, T_n, U_n, U1, RNA)
+    _, node = _nodes(d, o_u, T_n, U_n, RNA)
+    return w_b, w_e, tl.load(p_st + rs * U1 + o_u, mask=node, other=_neg())
 
 
 @triton.jit
@@ -389,11 +450,11 @@ def _rnnt_join_kernel(
     p_lat = lat_ptr + i_n * T * U1 * 2
     p_st = state_ptr + i_n * (T + 1) * U1
     # log p = log sum_u alpha(M, u) beta(M, u)
-    t, node = _nodes(M, o_u, T_n, U_n, RNA)
-    a = tl.load(p_st + t * U1 + o_u, mask=node, other=_neg())
+    t_m, node_m = _nodes(M, o_u, T_n, U_n, RNA)
+    a = tl.load(p_st + _state_row(M, T, RNA) * U1 + o_u, mask=node_m, other=_neg())
     b = tl.load(mid_ptr + i_n * BLOCK_U + o_u)
     nan = tl.load(aux_ptr + 1 + 2 * i_n) + tl.load(aux_ptr + 2 + 2 * i_n)
-    ab = tl.where(node, a + b, _neg())
+    ab = tl.where(node_m, a + b, _neg())
     top = tl.max(ab, axis=0)
     logp = top + tl.log2(tl.sum(tl.exp2((ab - top).to(tl.float32)), axis=0)).to(tl.float64)
     logp = tl.where(top < 0.5 * _neg(), float("-inf"), logp)
@@ -409,120 +470,47 @@ def _rnnt_join_kernel(
         # their cells' log-probs, beta of the edges' ends (step d, lanes u and u + 1, stored by the halves
         # kernel). This side reads and writes the cells of steps M..D-1 only, the other side those of 0..M-1.
         last = tl.where(live, D, M)
-        w_b, w_e, c_e, be_b, be_e = _join_loads(p_lat, p_st, M + 1, o_u, T_n, U_n, U1, RNA)
-        w_b2, w_e2, c_e2, be_b2, be_e2 = _join_loads(p_lat, p_st, M + 2, o_u, T_n, U_n, U1, RNA)
+        r_x = _lat_row(M, T, RNA)  # the lattice row of step d - 1
+        w_b, w_e, c_e, be_b, be_e = _join_loads(p_lat, p_st, M + 1, r_x, _state_row(M + 1, T, RNA), o_u, T_n,
+                                                U_n, U1, RNA)  # fmt: skip
+        w_b2, w_e2, c_e2, be_b2, be_e2 = _join_loads(p_lat, p_st, M + 2, _lat_row(M + 1, T, RNA),
+                                                     _state_row(M + 2, T, RNA), o_u, T_n, U_n, U1, RNA)  # fmt: skip
+        r3 = _lat_row(M + 2, T, RNA)  # rows for the loads of step d + 2
+        rs3 = _state_row(M + 3, T, RNA)
         for d in range(M + 1, last + 1):
             # loads two steps ahead of the recursion
-            w_b3, w_e3, c_e3, be_b3, be_e3 = _join_loads(p_lat, p_st, d + 2, o_u, T_n, U_n, U1, RNA)
+            w_b3, w_e3, c_e3, be_b3, be_e3 = _join_loads(p_lat, p_st, d + 2, r3, rs3, o_u, T_n, U_n, U1, RNA)
             t_x, node_x = _nodes(d - 1, o_u, T_n, U_n, RNA)
             has_b = node_x & (t_x < T_n)
             has_e = has_b & (o_u < U_n)
             to_b = tl.where(has_b, tl.maximum(w_b, _neg()).to(tl.float64) + be_b, _neg())
             to_e = tl.where(has_e, tl.maximum(c_e, _neg()).to(tl.float64) + be_e, _neg())
-            _store_occupancies(p_lat, t_x, o_u, U1, a, to_b, to_e, logp, has_b, has_e)
-            a, _, _ = _alpha_step(a, w_b, w_e, d, o_u, i_prev, T_n, U_n, RNA)
+            _store_occupancies(p_lat, r_x, o_u, U1, a, to_b, to_e, logp, has_b, has_e)
+            a, t_a, node_a = _alpha_step(a, w_b, w_e, d, o_u, i_prev, T_n, U_n, RNA)
             w_b, w_e, c_e, be_b, be_e = w_b2, w_e2, c_e2, be_b2, be_e2
             w_b2, w_e2, c_e2, be_b2, be_e2 = w_b3, w_e3, c_e3, be_b3, be_e3
+            r_x = _next_row(r_x, T, RNA)
+            r3 = _next_row(r3, T, RNA)
+            rs3 = _next_row(rs3, T + 1, RNA)
     else:
         # beta on from step M's, with the occupancies of the edges out of each step's nodes
         first = tl.where(live, M, 0)
-        w_b, w_e, al = _beta_loads(p_lat, p_st, first - 1, o_u, T_n, U_n, U1, RNA)
-        w_b2, w_e2, al2 = _beta_loads(p_lat, p_st, first - 2, o_u, T_n, U_n, U1, RNA)
+        r_x = _lat_row(first - 1, T, RNA)  # the lattice row of step d
+        w_b, w_e, al = _beta_loads(p_lat, p_st, first - 1, r_x, _state_row(first - 1, T, RNA), o_u, T_n, U_n, U1,
+                                   RNA)  # fmt: skip
+        w_b2, w_e2, al2 = _beta_loads(p_lat, p_st, first - 2, _lat_row(first - 2, T, RNA),
+                                      _state_row(first - 2, T, RNA), o_u, T_n, U_n, U1, RNA)  # fmt: skip
+        r3 = _lat_row(first - 3, T, RNA)  # rows for the loads of step d - 2 (a negative step's are masked off)
+        rs3 = _state_row(first - 3, T, RNA)
         for k in range(1, first + 1):
             d = first - k
-            w_b3, w_e3, al3 = _beta_loads(p_lat, p_st, d - 2, o_u, T_n, U_n, U1, RNA)
+            w_b3, w_e3, al3 = _beta_loads(p_lat, p_st, d - 2, r3, rs3, o_u, T_n, U_n, U1, RNA)
             b, to_b, to_e, t, has_b, has_e = _beta_step(b, w_b, w_e, d, o_u, i_next, T_n, U_n, RNA, BLOCK_U)
-            _store_occupancies(p_lat, t, o_u, U1, al, to_b, to_e, logp, has_b, has_e)
+            _store_occupancies(p_lat, r_x, o_u, U1, al, to_b, to_e, logp, has_b, has_e)
             w_b, w_e, al, w_b2, w_e2, al2 = w_b2, w_e2, al2, w_b3, w_e3, al3
-
-
-@triton.jit
-def _compose(a1, b1, a2, b2):
-    """Maps x -> lae(b, x + a) composed, (a1, b1) applied first: the log-semiring recurrence
-    x_u = lae(c_u, x_{u-1} + w_{u-1}) as an associative scan."""
-    return a1 + a2, _lae(b2, b1 + a2)
-
-
-@triton.jit
-def _rnnt_alpha_scan_kernel(
-    lat_ptr,
-    alpha_ptr,
-    loss_ptr,
-    logp_ptr,
-    il_ptr,
-    tl_ptr,
-    T,
-    U1,
-    fastemit_scale,
-    STORE_ALPHA: tl.constexpr,
-    BLOCK_U: tl.constexpr,
-):
-    """RNN-T alpha row by row: row t's blank edges come from row t-1 (known), its label edges run along the
-    row, so the row is an associative scan over u (log2(BLOCK_U) levels) and each row's loads are contiguous."""
-    i_n = tl.program_id(0).to(tl.int64)
-    T_n, U_n = _lengths(il_ptr, tl_ptr, i_n, True, T, U1)
-    o_u = tl.arange(0, BLOCK_U)
-    m_u = o_u <= U_n
-    p_lat = lat_ptr + i_n * T * U1 * 2
-    p_al = alpha_ptr + i_n * (T + 1) * U1
-    a = tl.full([BLOCK_U], _neg(), tl.float64)
-    nan = tl.zeros([BLOCK_U], tl.int32)
-    for t in range(0, T_n + 1):
-        # (a block mask and a scalar condition combine through where: the interpreter rejects block & scalar)
-        m_b = tl.where(t >= 1, m_u, False)
-        w_b = tl.load(p_lat + ((t - 1) * U1 + o_u) * 2, mask=m_b, other=_neg())
-        m_e = tl.where(t < T_n, m_u & (o_u >= 1), False)
-        w_e = tl.load(p_lat + (t * U1 + o_u - 1) * 2 + 1, mask=m_e, other=_neg())
-        nan += tl.where((w_b != w_b) | (w_e != w_e), 1, 0)
-        c = tl.where(m_b, a + tl.maximum(w_b, _neg()).to(tl.float64), _neg())
-        c = tl.where((t == 0) & (o_u == 0), 0.0, c)
-        _, a = tl.associative_scan((tl.maximum(w_e, _neg()).to(tl.float64), c), 0, _compose)
-        a = tl.where(m_u, a, _neg())
-        if STORE_ALPHA:
-            tl.store(p_al + t * U1 + o_u, a, mask=m_u)
-    _store_loss(a, o_u, U_n, nan, logp_ptr, loss_ptr, i_n, fastemit_scale)
-
-
-@triton.jit
-def _rnnt_beta_scan_kernel(
-    lat_ptr,
-    alpha_ptr,
-    logp_ptr,
-    il_ptr,
-    tl_ptr,
-    T,
-    U1,
-    BLOCK_U: tl.constexpr,
-):
-    """RNN-T beta row by row (a reverse scan over u per row), fused with the edge occupancies."""
-    i_n = tl.program_id(0).to(tl.int64)
-    T_n, U_n = _lengths(il_ptr, tl_ptr, i_n, True, T, U1)
-    logp = tl.load(logp_ptr + i_n)
-    o_u = tl.arange(0, BLOCK_U)
-    i_next = tl.minimum(o_u + 1, BLOCK_U - 1)
-    m_u = o_u <= U_n
-    p_lat = lat_ptr + i_n * T * U1 * 2
-    p_al = alpha_ptr + i_n * (T + 1) * U1
-    n_rows = tl.where(logp != float("-inf"), T_n, 0)
-    # beta of row t + 1; row T_n has no edges: 0 at the end node
-    b = tl.where(o_u == U_n, 0.0, _neg()).to(tl.float64)
-    for k in range(1, n_rows + 1):
-        t = n_rows - k
-        p_cell = p_lat + (t * U1 + o_u) * 2
-        w_b = tl.load(p_cell, mask=m_u, other=_neg())
-        w_e = tl.load(p_cell + 1, mask=m_u & (o_u < U_n), other=_neg())
-        al = tl.load(p_al + t * U1 + o_u, mask=m_u, other=_neg())
-        to_b = tl.where(m_u, tl.maximum(w_b, _neg()).to(tl.float64) + b, _neg())
-        w_e64 = tl.where(m_u & (o_u < U_n), tl.maximum(w_e, _neg()).to(tl.float64), _neg())
-        # beta[t, u] = lae(to_b[u], beta[t, u + 1] + w_e[u]): a scan from the row's end
-        _, row = tl.associative_scan((w_e64, to_b), 0, _compose, reverse=True)
-        row = tl.where(m_u, row, _neg())
-        to_e = tl.where(o_u + 1 < BLOCK_U, tl.gather(row, i_next, 0), _neg()) + w_e64
-        occ_b = tl.exp2((al + to_b - logp).to(tl.float32))
-        occ_e = tl.exp2((al + to_e - logp).to(tl.float32))
-        tl.store(p_cell, tl.where(m_u, occ_b, 0.0), mask=m_u)
-        tl.store(p_cell + 1, tl.where(m_u & (o_u < U_n), occ_e, 0.0), mask=m_u)
-        b = row
+            r_x = _prev_row(r_x, T, RNA)
+            r3 = _prev_row(r3, T, RNA)
+            rs3 = _prev_row(rs3, T + 1, RNA)
 
 
 @triton.jit
@@ -555,6 +543,7 @@ def _rnnt_grad_kernel(
     clamp,
     FUSED: tl.constexpr,
     CLAMP: tl.constexpr,
+    RNA: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
@@ -565,8 +554,9 @@ def _rnnt_grad_kernel(
     # (logp - logp) is NaN for a NaN loss: then the sample's whole gradient is NaN
     g = tl.load(gloss_ptr + n * gloss_stride).to(tl.float32) * gscale
     g = g + tl.where(active, logp - logp, 0.0).to(tl.float32)
-    occ_b = tl.load(occ_ptr + 2 * o_r, mask=active, other=0.0)
-    occ_e = tl.load(occ_ptr + 2 * o_r + 1, mask=has_label, other=0.0) * fastemit_scale
+    p_cell = occ_ptr + _cell_offsets(n, t, u, T, U1, RNA)
+    occ_b = tl.load(p_cell, mask=active, other=0.0)
+    occ_e = tl.load(p_cell + 1, mask=has_label, other=0.0) * fastemit_scale
     lse = tl.load(lse_ptr + o_r, mask=active, other=0.0) if FUSED else tl.zeros([BLOCK_R], tl.float32)
     lab = tl.load(tgt_ptr + n * stride_tg + u, mask=has_label, other=-1).to(tl.int64)
     lab = tl.where(has_label, lab, -1)
@@ -627,10 +617,10 @@ def _row_blocks(U1: int, V: int) -> tuple[int, int, int]:
     return block_r, block_v, 1
 
 
-def _recursion_warps(block: int) -> int:
-    """Warps of the recursion kernels (one lane per thread up to 16 warps: from a sweep on an H100,
-    benchmarks/tune_rnnt.py)."""
-    return min(16, max(1, block // 32))
+def _recursion_warps(block: int, N: int) -> int:
+    """Warps of the recursion kernels (two programs per sample): one lane per thread up to 16 warps while the
+    programs are few, 4 warps once they fill the GPU (from sweeps on an H100, benchmarks/tune_rnnt.py)."""
+    return min(16, max(4, block // 32)) if 2 * N <= 32 else 4
 
 
 def rnnt_forward(
@@ -644,7 +634,6 @@ def rnnt_forward(
     rnna: bool,
     need_grad: bool,
     reduction: str = "none",
-    recursion: str = "diagonal",
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """The loss (per-sample [N] float32 for reduction "none", else a 0-dim sum or batch mean), and the state
     ``rnnt_backward`` takes (lse, occupancies, log p).
@@ -653,8 +642,6 @@ def rnnt_forward(
         x: [N, T, U+1, V] float32/float16/bfloat16, any strides.
         targets: [N, U] int32/int64 on x's device (unit stride along U).
         logit_lengths, target_lengths: [N] int32/int64 on x's device.
-        recursion: for RNN-T, "diagonal" (anti-diagonal steps) or "scan" (rows, each an associative scan over
-            u); RNA always steps by rows.
     """
     N, T, U1, V = x.shape
     dev = x.device
@@ -666,34 +653,21 @@ def rnnt_forward(
     _rnnt_lattice_kernel[(N * T, triton.cdiv(U1, block_r))](
         x, lse, lat, targets, logit_lengths, target_lengths, aux, T, U1, V,
         x.stride(0), x.stride(1), x.stride(2), x.stride(3), targets.stride(0), blank,
-        FUSED=fused, ONE_CHUNK=V <= block_v, BLOCK_R=block_r, BLOCK_V=block_v, num_warps=warps,
+        FUSED=fused, ONE_CHUNK=V <= block_v, RNA=rnna, BLOCK_R=block_r, BLOCK_V=block_v, num_warps=warps,
     )  # fmt: skip
     loss = _empty(N + 1, dtype=torch.float32, device=dev)  # per sample, then the batch reduction
     logp = _empty(N, dtype=torch.float64, device=dev)
-    state = _empty(N * (T + 1) * U1 if need_grad else 0, dtype=torch.float64, device=dev)
     block_u = max(16, next_power_of_2(U1))
-    warps = _recursion_warps(block_u)
+    state = _empty(N * (T + 1) * U1 if need_grad else 0, dtype=torch.float64, device=dev)
+    mid = _empty(N * block_u if need_grad else 0, dtype=torch.float64, device=dev)
     reduce = reduction != "none"
-    reduce_scale = 1.0 / N if reduction == "mean" else 1.0
-    if recursion == "scan" and not rnna:
-        _rnnt_alpha_scan_kernel[(N,)](
-            lat, state, loss, logp, logit_lengths, target_lengths, T, U1, 1.0 + fastemit_lambda,
-            STORE_ALPHA=need_grad, BLOCK_U=block_u, num_warps=warps,
-        )  # fmt: skip
-        if need_grad:
-            _rnnt_beta_scan_kernel[(N,)](
-                lat, state, logp, logit_lengths, target_lengths, T, U1, BLOCK_U=block_u, num_warps=warps
-            )
-        if reduce:
-            loss[N] = loss[:N].double().sum() * reduce_scale
-    else:
-        mid = _empty(N * block_u if need_grad else 0, dtype=torch.float64, device=dev)
-        args = (lat, state, mid, aux, loss, logp, logit_lengths, target_lengths, N, T, U1, 1.0 + fastemit_lambda,
-                reduce_scale)  # fmt: skip
-        meta = dict(REDUCE=reduce, RNA=rnna, BLOCK_U=block_u, BLOCK_N=min(1024, next_power_of_2(N)), num_warps=warps)
-        _rnnt_halves_kernel[(N, 2 if need_grad else 1)](*args, SPLIT=need_grad, **meta)
-        if need_grad:
-            _rnnt_join_kernel[(N, 2)](*args, **meta)
+    args = (lat, state, mid, aux, loss, logp, logit_lengths, target_lengths, N, T, U1, 1.0 + fastemit_lambda,
+            1.0 / N if reduction == "mean" else 1.0)  # fmt: skip
+    meta = dict(REDUCE=reduce, RNA=rnna, BLOCK_U=block_u, BLOCK_N=min(1024, next_power_of_2(N)),
+                num_warps=_recursion_warps(block_u, N))  # fmt: skip
+    _rnnt_halves_kernel[(N, 2 if need_grad else 1)](*args, SPLIT=need_grad, **meta)
+    if need_grad:
+        _rnnt_join_kernel[(N, 2)](*args, **meta)
     return (loss[N] if reduce else loss[:N]), (lse, lat, logp)
 
 
@@ -710,6 +684,7 @@ def rnnt_backward(
     fused: bool,
     fastemit_lambda: float,
     clamp: float,
+    rnna: bool,
     reduction: str = "none",
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -726,6 +701,6 @@ def rnnt_backward(
         x.stride(0), x.stride(1), x.stride(2), x.stride(3),
         grad.stride(0), grad.stride(1), grad.stride(2), grad.stride(3), targets.stride(0), blank,
         1.0 + fastemit_lambda, max(clamp, 0.0),
-        FUSED=fused, CLAMP=clamp > 0, BLOCK_R=block_r, BLOCK_V=block_v, num_warps=warps,
+        FUSED=fused, CLAMP=clamp > 0, RNA=rnna, BLOCK_R=block_r, BLOCK_V=block_v, num_warps=warps,
     )  # fmt: skip
     return grad
