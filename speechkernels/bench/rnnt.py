@@ -4,7 +4,7 @@ Configurations: warp-rnnt's benchmark table, (T, U, V) in {(150, 40, 28), (150, 
 where U counts the blank row (U - 1 labels per sample, logits [N, T, U, V]), N in {1, 16, 32, 64, 128}; every
 sample uses the whole lattice. Times are medians of CUDA-event-timed calls after warm-up, the implementations
 taking turns call by call; memory is the peak allocated above what existed before the call. The error columns
-compare against the float64 reference: the loss on every row (sample by sample), the gradient where it fits.
+compare against the float64 reference: the loss on every row (sample by sample), the gradient where it fits. "reuse": peak extra memory with reuse_logits_for_grad=True.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 import speechkernels as sk
 from speechkernels.rnnt.reference import rnnt_forward_backward_reference
 
-from .common import environment, fmt_mb, fmt_ms, time_forward_backward, write_json
+from .common import environment, fmt_mb, fmt_ms, peak_extra_bytes, time_forward_backward, write_json
 
 SHAPES = [(150, 40, 28), (150, 20, 5000), (1500, 300, 50)]
 ROWS = [(T, U, V, N) for T, U, V in SHAPES for N in (1, 16, 32, 64, 128)]
@@ -90,6 +90,22 @@ def reference_errors(fn, logits, targets, il, tl) -> tuple[float, float]:
     return rel, (v.grad.double() - ref_grad / N).abs().max().item()
 
 
+def reuse_memory(logits, targets, il, tl, device) -> int | None:
+    """Peak extra GPU memory of a step with reuse_logits_for_grad=True (on a copy of the logits, which the step
+    consumes; the copy is not counted)."""
+    if device.type != "cuda":
+        return None
+    v = logits.detach().clone().requires_grad_()
+
+    def step():
+        sk.rnnt_loss(v, targets, il, tl, blank=0, reuse_logits_for_grad=True).backward()
+
+    mem = peak_extra_bytes(step, device)
+    v.grad = None
+    del v
+    return mem
+
+
 def run(args) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     rows = ROWS if device.type == "cuda" else CPU_DEMO
@@ -100,13 +116,15 @@ def run(args) -> int:
     print(f"# RNN-T loss, forward+backward from logits, {env['device']}, torch {env['torch']}, "
           f"triton {env['triton']}, median of {args.reps} after warm-up")  # fmt: skip
     print(f"{'T':>5} {'U':>4} {'V':>5} {'N':>4} | {'sk ms':>8} {'taudio':>8} {'warp':>8} | {'x best':>6} | "
-          f"{'MB sk':>8} {'MB ta':>8} | {'loss err':>8} {'grad err':>8}")  # fmt: skip
+          f"{'MB sk':>8} {'reuse':>6} {'MB ta':>8} | {'loss err':>8} {'grad err':>8}")  # fmt: skip
     results = []
     for T, U, V, N in rows:
         logits, targets, il, tl = make_inputs(T, U, V, N, device)
-        row = {"T": T, "U": U, "V": V, "N": N, "logits_bytes": logits.numel() * logits.element_size()}
+        row = {"T": T, "U": U, "V": V, "N": N, "logits_bytes": logits.numel() * logits.element_size(),
+               "cells": N * T * U}  # fmt: skip
         impls = implementations(logits, targets, il, tl)
         row.update(time_forward_backward(impls, logits, device, reps=args.reps, warmup=3))
+        row["sk"]["reuse_peak_extra_bytes"] = reuse_memory(logits, targets, il, tl, device)
         if not args.no_error:
             row["sk"]["loss_rel_err"], row["sk"]["grad_abs_err"] = reference_errors(
                 impls["sk"], logits, targets, il, tl
@@ -133,7 +151,9 @@ def print_row(row: dict) -> None:
     warp = [row[p] for p in ("warp_rnnt", "warp_rnnt_gather") if row.get(p)]
     warp_best = min(warp, key=lambda e: e["ms"]) if warp else None
     sp = f"{row['speedup']:6.2f}" if row["speedup"] else f"{'-':>6}"
+    r = row["sk"].get("reuse_peak_extra_bytes")
+    reuse = f"{r / 2**20:6.0f}" if r is not None else f"{'-':>6}"
     err = row["sk"].get("loss_rel_err", math.nan), row["sk"].get("grad_abs_err", math.nan)
     print(f"{row['T']:5d} {row['U']:4d} {row['V']:5d} {row['N']:4d} | {ms('sk')} {ms('torchaudio')} "
-          f"{fmt_ms(warp_best)} | {sp} | {mb('sk')} {mb('torchaudio')} | {err[0]:8.1e} {err[1]:8.1e}",
+          f"{fmt_ms(warp_best)} | {sp} | {mb('sk')} {reuse} {mb('torchaudio')} | {err[0]:8.1e} {err[1]:8.1e}",
           flush=True)  # fmt: skip
