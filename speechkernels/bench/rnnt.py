@@ -91,18 +91,22 @@ def reference_errors(fn, logits, targets, il, tl) -> tuple[float, float]:
 
 
 def reuse_memory(logits, targets, il, tl, device) -> int | None:
-    """Peak extra GPU memory of a step with reuse_logits_for_grad=True (on a copy of the logits, which the step
-    consumes; the copy is not counted)."""
+    """Peak extra GPU memory of a forward+backward with reuse_logits_for_grad=True, on a copy of the logits
+    (consumed; not counted). The gradient is taken with torch.autograd.grad, as it flows into the layer that made
+    the logits in training: a leaf's .grad would be a copy (autograd does not store a leaf's own storage as its
+    gradient)."""
     if device.type != "cuda":
         return None
     v = logits.detach().clone().requires_grad_()
+    out = []
 
     def step():
-        sk.rnnt_loss(v, targets, il, tl, blank=0, reuse_logits_for_grad=True).backward()
+        loss = sk.rnnt_loss(v, targets, il, tl, blank=0, reuse_logits_for_grad=True)
+        out.append(torch.autograd.grad(loss, v)[0])
 
     mem = peak_extra_bytes(step, device)
-    v.grad = None
-    del v
+    assert out[0].data_ptr() == v.data_ptr()  # the gradient is in the logits' storage
+    del v, out
     return mem
 
 
