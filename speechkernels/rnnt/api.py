@@ -41,18 +41,13 @@ def _check_contents(
 
 
 def _forward(x, targets, il, tl, blank, fused, fastemit_lambda, rna, need_grad, validate, reduction="none"):
-    """The forward kernels, with the device-side check of lengths and labels (one value read back) after the
-    lattice pass is launched (so that the wait overlaps with it); nothing is returned from invalid input."""
+    """The forward kernels, after the device-side check of lengths and labels (one value read back: with the
+    device idle, so that afterwards the host queues every kernel ahead of it)."""
     N, T, U1, V = x.shape
-
-    def check():
-        if not kernels.rnnt_validate(targets, il, tl, T, V, blank):
-            _check_contents(T, U1 - 1, V, targets, il, tl, blank)
-            raise ValueError("invalid RNN-T arguments")  # not reached: the check above names the argument
-
-    return kernels.rnnt_forward(
-        x, targets, il, tl, blank, fused, fastemit_lambda, rna, need_grad, reduction, check if validate else None
-    )
+    if validate and not kernels.rnnt_validate(targets, il, tl, T, V, blank):
+        _check_contents(T, U1 - 1, V, targets, il, tl, blank)
+        raise ValueError("invalid RNN-T arguments")  # not reached: the check above names the argument
+    return kernels.rnnt_forward(x, targets, il, tl, blank, fused, fastemit_lambda, rna, need_grad, reduction)
 
 
 class RNNTLossFunction(torch.autograd.Function):

@@ -25,8 +25,6 @@ Memory beyond the gradient: lattice 2 + log-sum-exp 1 + alpha 2 (float64) = 5 fl
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import triton
 import triton.language as tl
@@ -637,12 +635,10 @@ def rnnt_forward(
     rnna: bool,
     need_grad: bool,
     reduction: str = "none",
-    check: Callable[[], None] | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """The loss (per-sample [N] float32 for reduction "none", else a 0-dim sum or batch mean), and the state
-    ``rnnt_backward`` takes (lse, occupancies, log p). ``check`` runs after the lattice kernel is launched (a
-    validation that waits for the device then overlaps with the lattice pass; the kernels clamp lengths and
-    labels, so unchecked values cannot fault).
+    ``rnnt_backward`` takes (lse, occupancies, log p). The kernels clamp lengths and labels: unchecked values
+    cannot fault.
 
     Args:
         x: [N, T, U+1, V] float32/float16/bfloat16, any strides.
@@ -661,8 +657,6 @@ def rnnt_forward(
         x.stride(0), x.stride(1), x.stride(2), x.stride(3), targets.stride(0), blank,
         FUSED=fused, ONE_CHUNK=V <= block_v, RNA=rnna, BLOCK_R=block_r, BLOCK_V=block_v, num_warps=warps,
     )  # fmt: skip
-    if check is not None:
-        check()
     loss = _empty(N + 1, dtype=torch.float32, device=dev)  # per sample, then the batch reduction
     logp = _empty(N, dtype=torch.float64, device=dev)
     block_u = max(16, next_power_of_2(U1))
