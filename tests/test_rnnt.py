@@ -329,6 +329,13 @@ def test_kernels_several_chunks_and_u_blocks(kernel_device, kernel_spy, monkeypa
     monkeypatch.setattr(kernels, "_row_blocks", lambda U1, V: blocks)
     x, targets, il, tl, blank = make_problem(15, 3, 5, 6, 37)
     compare_kernels(x, targets, il, tl, blank, fastemit_lambda=0.2, clamp=0.3)
+    # consuming the logits, the backward computes the log-sum-exps again, chunk by chunk, before writing
+    kw = dict(blank=blank, reduction="sum", fastemit_lambda=0.2, clamp=0.3)
+    plain = x.float().requires_grad_()
+    sk.rnnt_loss(plain, targets, il, tl, **kw).backward()
+    logits = x.float().requires_grad_() * 1.0
+    sk.rnnt_loss(logits, targets, il, tl, **kw, reuse_logits_for_grad=True).backward()
+    torch.testing.assert_close(logits.detach(), plain.grad, rtol=0, atol=1e-6)
     assert kernel_spy
 
 

@@ -107,11 +107,11 @@ def time_forward_backward(
     out: dict[str, dict | None] = {name: None for name in impls}
     for name, (step, v) in steps.items():
         q1, _, q3 = statistics.quantiles(times[name], n=4) if reps > 1 else (math.nan,) * 3
-        mem = peak_extra_bytes(step, device, before=lambda v=v: setattr(v, "grad", None))
+        mem = peak_extra_memory(step, device, before=lambda v=v: setattr(v, "grad", None)) or {}
         v.grad = None
         out[name] = {
             "ms": statistics.median(times[name]), "ms_quartiles": [q1, q3], "ms_min": min(times[name]),
-            "peak_extra_bytes": mem,
+            "peak_extra_bytes": mem.get("allocated"), "peak_extra_requested_bytes": mem.get("requested"),
         }  # fmt: skip
     return out
 
@@ -122,16 +122,30 @@ def peak_extra_bytes(
     """Peak GPU memory allocated during fn() above what was allocated before it (None on the CPU).
 
     ``before`` runs first, outside the measurement (e.g. to drop a gradient left by an earlier call)."""
+    mem = peak_extra_memory(fn, device, before)
+    return mem["allocated"] if mem else None
+
+
+def peak_extra_memory(
+    fn: Callable[[], object], device: torch.device, before: Callable[[], object] | None = None
+) -> dict[str, int] | None:
+    """Peak extra GPU memory during fn() (None on the CPU), two ways: "allocated", the caching allocator's blocks
+    (sizes rounded up: a block of more than 1 MiB may keep up to 2 MiB more than asked for), and "requested", the
+    sizes the tensors asked for."""
     if device.type != "cuda":
         return None
     if before is not None:
         before()
     torch.cuda.synchronize(device)
-    base = torch.cuda.memory_allocated(device)
+    base = torch.cuda.memory_stats(device)
     torch.cuda.reset_peak_memory_stats(device)
     fn()
     torch.cuda.synchronize(device)
-    return torch.cuda.max_memory_allocated(device) - base
+    after = torch.cuda.memory_stats(device)
+    return {
+        "allocated": after["allocated_bytes.all.peak"] - base["allocated_bytes.all.current"],
+        "requested": after["requested_bytes.all.peak"] - base["requested_bytes.all.current"],
+    }
 
 
 def write_json(path: str, payload: dict) -> None:

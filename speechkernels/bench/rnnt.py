@@ -18,7 +18,7 @@ import torch
 import speechkernels as sk
 from speechkernels.rnnt.reference import rnnt_forward_backward_reference
 
-from .common import environment, fmt_mb, fmt_ms, peak_extra_bytes, time_forward_backward, write_json
+from .common import environment, fmt_mb, fmt_ms, peak_extra_memory, time_forward_backward, write_json
 
 SHAPES = [(150, 40, 28), (150, 20, 5000), (1500, 300, 50)]
 ROWS = [(T, U, V, N) for T, U, V in SHAPES for N in (1, 16, 32, 64, 128)]
@@ -90,7 +90,7 @@ def reference_errors(fn, logits, targets, il, tl) -> tuple[float, float]:
     return rel, (v.grad.double() - ref_grad / N).abs().max().item()
 
 
-def reuse_memory(logits, targets, il, tl, device) -> int | None:
+def reuse_memory(logits, targets, il, tl, device) -> dict[str, int] | None:
     """Peak extra GPU memory of a forward+backward with reuse_logits_for_grad=True, on a copy of the logits
     (consumed; not counted). The gradient is taken with torch.autograd.grad, as it flows into the layer that made
     the logits in training: a leaf's .grad would be a copy (autograd does not store a leaf's own storage as its
@@ -104,7 +104,7 @@ def reuse_memory(logits, targets, il, tl, device) -> int | None:
         loss = sk.rnnt_loss(v, targets, il, tl, blank=0, reuse_logits_for_grad=True)
         out.append(torch.autograd.grad(loss, v)[0])
 
-    mem = peak_extra_bytes(step, device)
+    mem = peak_extra_memory(step, device)
     assert out[0].data_ptr() == v.data_ptr()  # the gradient is in the logits' storage
     del v, out
     return mem
@@ -128,7 +128,9 @@ def run(args) -> int:
                "cells": N * T * U}  # fmt: skip
         impls = implementations(logits, targets, il, tl)
         row.update(time_forward_backward(impls, logits, device, reps=args.reps, warmup=3))
-        row["sk"]["reuse_peak_extra_bytes"] = reuse_memory(logits, targets, il, tl, device)
+        reuse = reuse_memory(logits, targets, il, tl, device) or {}
+        row["sk"]["reuse_peak_extra_bytes"] = reuse.get("allocated")
+        row["sk"]["reuse_peak_extra_requested_bytes"] = reuse.get("requested")
         if not args.no_error:
             row["sk"]["loss_rel_err"], row["sk"]["grad_abs_err"] = reference_errors(
                 impls["sk"], logits, targets, il, tl

@@ -40,14 +40,18 @@ def _check_contents(
             raise ValueError(f"targets[{n}, {j}]={int(tg[n, j])} {what}")
 
 
-def _forward(x, targets, il, tl, blank, fused, fastemit_lambda, rna, need_grad, validate, reduction="none"):
+def _forward(
+    x, targets, il, tl, blank, fused, fastemit_lambda, rna, need_grad, validate, reduction="none", store_lse=True
+):
     """The forward kernels, after the device-side check of lengths and labels (one value read back: with the
     device idle, so that afterwards the host queues every kernel ahead of it)."""
     N, T, U1, V = x.shape
     if validate and not kernels.rnnt_validate(targets, il, tl, T, V, blank):
         _check_contents(T, U1 - 1, V, targets, il, tl, blank)
         raise ValueError("invalid RNN-T arguments")  # not reached: the check above names the argument
-    return kernels.rnnt_forward(x, targets, il, tl, blank, fused, fastemit_lambda, rna, need_grad, reduction)
+    return kernels.rnnt_forward(
+        x, targets, il, tl, blank, fused, fastemit_lambda, rna, need_grad, reduction, store_lse
+    )
 
 
 class RNNTLossFunction(torch.autograd.Function):
@@ -59,7 +63,10 @@ class RNNTLossFunction(torch.autograd.Function):
         ctx, x, targets, il, tl, blank, fused, fastemit_lambda, clamp, rna, need_grad, validate, reuse_logits,
         reduction,
     ):  # fmt: skip
-        loss, state = _forward(x, targets, il, tl, blank, fused, fastemit_lambda, rna, need_grad, validate, reduction)
+        # consuming the logits, the backward computes the log-sum-exps again rather than keep them (memory)
+        loss, state = _forward(
+            x, targets, il, tl, blank, fused, fastemit_lambda, rna, need_grad, validate, reduction, not reuse_logits
+        )
         ctx.save_for_backward(x, targets, il, tl, *state)
         ctx.args = (blank, fused, fastemit_lambda, clamp, rna, reduction)
         ctx.reuse_logits = reuse_logits
@@ -69,7 +76,9 @@ class RNNTLossFunction(torch.autograd.Function):
     def backward(ctx, grad_loss):
         x, targets, il, tl, lse, occ, logp = ctx.saved_tensors
         out = x if ctx.reuse_logits else None  # each cell's logits are read before its gradient is written
-        grad = kernels.rnnt_backward(grad_loss, x, targets, il, tl, lse, occ, logp, *ctx.args, out=out)
+        grad = kernels.rnnt_backward(
+            grad_loss, x, targets, il, tl, lse, occ, logp, *ctx.args, out=out, recompute_lse=ctx.reuse_logits
+        )
         return (grad,) + (None,) * 12
 
 

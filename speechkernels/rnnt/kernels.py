@@ -65,9 +65,37 @@ def _cell_offsets(n, t, u, T, U1, RNA: tl.constexpr):
 
 
 @triton.jit
+def _row_lse(p_x, m_r, stride_v, V, ONE_CHUNK: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Natural-log log-sum-exp of the V scores of each of BLOCK_R cells (p_x: their first scores; 0 where m_r
+    is False)."""
+    o_v = tl.arange(0, BLOCK_V)
+    if ONE_CHUNK:  # V <= BLOCK_V: one exponential per score
+        b_x = tl.load(p_x[:, None] + o_v[None, :] * stride_v, mask=m_r[:, None] & (o_v < V)[None, :],
+                      other=float("-inf")).to(tl.float32) * _log2e()  # fmt: skip
+        m_all = tl.max(b_x, axis=1)
+        m_all_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
+        lse = (m_all_safe + tl.log2(tl.sum(tl.exp2(b_x - m_all_safe[:, None]), axis=1))) * _ln2()
+    else:  # online over chunks of BLOCK_V
+        b_m = tl.full([BLOCK_R, BLOCK_V], float("-inf"), tl.float32)
+        b_s = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)
+        for v0 in range(0, V, BLOCK_V):
+            m_v = v0 + o_v < V
+            b_x = tl.load(p_x[:, None] + (v0 + o_v)[None, :] * stride_v, mask=m_r[:, None] & m_v[None, :],
+                          other=float("-inf")).to(tl.float32) * _log2e()  # fmt: skip
+            m_new = tl.maximum(b_m, b_x)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            b_s = b_s * tl.exp2(b_m - m_safe) + tl.exp2(b_x - m_safe)
+            b_m = m_new
+        m_all = tl.max(b_m, axis=1)
+        m_all_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
+        lse = (m_all_safe + tl.log2(tl.sum(b_s * tl.exp2(b_m - m_all_safe[:, None]), axis=1))) * _ln2()
+    return tl.where(m_r, lse, 0.0)
+
+
+@triton.jit
 def _rnnt_lattice_kernel(
     x_ptr,  # [N, T, U+1, V] scores or log-probs (any strides)
-    lse_ptr,  # [N * T * (U+1)] float32 out: natural-log log-sum-exp per cell (FUSED)
+    lse_ptr,  # [N * T * (U+1)] float32 out: natural-log log-sum-exp per cell (FUSED and STORE_LSE)
     lat_ptr,  # [N * T * (U+1), 2] float32 out: log2 p(blank), log2 p(next label)
     tgt_ptr,  # [N, U] labels
     il_ptr,  # [N] int32/int64 frames per sample
@@ -83,6 +111,7 @@ def _rnnt_lattice_kernel(
     stride_tg,
     blank,
     FUSED: tl.constexpr,
+    STORE_LSE: tl.constexpr,  # else the gradient kernel computes it again (saves a float per cell)
     ONE_CHUNK: tl.constexpr,  # V <= BLOCK_V
     RNA: tl.constexpr,
     BLOCK_R: tl.constexpr,
@@ -97,28 +126,9 @@ def _rnnt_lattice_kernel(
     p_x = x_ptr + n * stride_n + t * stride_t + u.to(tl.int64) * stride_u
     lse = tl.zeros([BLOCK_R], tl.float32)
     if FUSED:
-        o_v = tl.arange(0, BLOCK_V)
-        if ONE_CHUNK:  # V <= BLOCK_V: one exponential per score
-            b_x = tl.load(p_x[:, None] + o_v[None, :] * stride_v, mask=m_r[:, None] & (o_v < V)[None, :],
-                          other=float("-inf")).to(tl.float32) * _log2e()  # fmt: skip
-            m_all = tl.max(b_x, axis=1)
-            m_all_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
-            lse = (m_all_safe + tl.log2(tl.sum(tl.exp2(b_x - m_all_safe[:, None]), axis=1))) * _ln2()
-        else:  # online over chunks of BLOCK_V
-            b_m = tl.full([BLOCK_R, BLOCK_V], float("-inf"), tl.float32)
-            b_s = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)
-            for v0 in range(0, V, BLOCK_V):
-                m_v = v0 + o_v < V
-                b_x = tl.load(p_x[:, None] + (v0 + o_v)[None, :] * stride_v, mask=m_r[:, None] & m_v[None, :],
-                              other=float("-inf")).to(tl.float32) * _log2e()  # fmt: skip
-                m_new = tl.maximum(b_m, b_x)
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                b_s = b_s * tl.exp2(b_m - m_safe) + tl.exp2(b_x - m_safe)
-                b_m = m_new
-            m_all = tl.max(b_m, axis=1)
-            m_all_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
-            lse = (m_all_safe + tl.log2(tl.sum(b_s * tl.exp2(b_m - m_all_safe[:, None]), axis=1))) * _ln2()
-        tl.store(lse_ptr + o_r, lse, mask=m_r)
+        lse = _row_lse(p_x, m_r, stride_v, V, ONE_CHUNK, BLOCK_R, BLOCK_V)
+        if STORE_LSE:
+            tl.store(lse_ptr + o_r, lse, mask=m_r)
     x_blank = tl.load(p_x + blank * stride_v, mask=m_r, other=0.0).to(tl.float32)
     has_label = m_r & (u < U_n)
     lab = tl.load(tgt_ptr + n * stride_tg + u, mask=has_label, other=0).to(tl.int64)
@@ -307,7 +317,7 @@ def _store_occupancies(p_lat, row, o_u, U1, al, to_b, to_e, logp, has_b, has_e):
 def _rnnt_halves_kernel(
     lat_ptr,  # [N, T, U+1, 2] float32 log2 lattice
     state_ptr,  # [N, T+1, U+1] float64 out (SPLIT): alpha on steps 0..M, beta on steps M+1..D
-    mid_ptr,  # [N, BLOCK_U] float64 out (SPLIT): beta on step M
+    mid_ptr,  # [N, U+1] float64 out (SPLIT): beta on step M
     aux_ptr,  # int32 [1 + 2N]: the batch reduction's counter (zeroed by the lattice kernel), NaN counts
     loss_ptr,  # [N + 1] float32 out (not SPLIT): per-sample losses, then the batch reduction (REDUCE)
     logp_ptr,  # [N] float64 out (not SPLIT): log2 p(y | x)
@@ -388,7 +398,7 @@ def _rnnt_halves_kernel(
             r3 = _prev_row(r3, T, RNA)
             rs = _prev_row(rs, T + 1, RNA)
         # beta on step M (with D = 0 the end node's), where the join kernel takes it
-        tl.store(mid_ptr + i_n * BLOCK_U + o_u, b)
+        tl.store(mid_ptr + i_n * U1 + o_u, b, mask=o_u < U1)
     if SPLIT:
         tl.store(aux_ptr + 1 + 2 * i_n + side, tl.sum(nan, axis=0))
 
@@ -453,7 +463,7 @@ def _rnnt_join_kernel(
     # log p = log sum_u alpha(M, u) beta(M, u)
     t_m, node_m = _nodes(M, o_u, T_n, U_n, RNA)
     a = tl.load(p_st + _state_row(M, T, RNA) * U1 + o_u, mask=node_m, other=_neg())
-    b = tl.load(mid_ptr + i_n * BLOCK_U + o_u)
+    b = tl.load(mid_ptr + i_n * U1 + o_u, mask=o_u < U1, other=_neg())
     nan = tl.load(aux_ptr + 1 + 2 * i_n) + tl.load(aux_ptr + 2 + 2 * i_n)
     ab = tl.where(node_m, a + b, _neg())
     top = tl.max(ab, axis=0)
@@ -543,6 +553,8 @@ def _rnnt_grad_kernel(
     fastemit_scale,
     clamp,
     FUSED: tl.constexpr,
+    LOAD_LSE: tl.constexpr,  # else computed here
+    ONE_CHUNK: tl.constexpr,
     CLAMP: tl.constexpr,
     RNA: tl.constexpr,
     BLOCK_R: tl.constexpr,
@@ -558,10 +570,15 @@ def _rnnt_grad_kernel(
     p_cell = occ_ptr + _cell_offsets(n, t, u, T, U1, RNA)
     occ_b = tl.load(p_cell, mask=active, other=0.0)
     occ_e = tl.load(p_cell + 1, mask=has_label, other=0.0) * fastemit_scale
-    lse = tl.load(lse_ptr + o_r, mask=active, other=0.0) if FUSED else tl.zeros([BLOCK_R], tl.float32)
     lab = tl.load(tgt_ptr + n * stride_tg + u, mask=has_label, other=-1).to(tl.int64)
     lab = tl.where(has_label, lab, -1)
     p_x = x_ptr + n * stride_n + t * stride_t + u.to(tl.int64) * stride_u
+    lse = tl.zeros([BLOCK_R], tl.float32)
+    if FUSED:
+        if LOAD_LSE:
+            lse = tl.load(lse_ptr + o_r, mask=active, other=0.0)
+        else:  # a pass over the cells' scores first (they are read before any gradient is written)
+            lse = _row_lse(p_x, active, stride_v, V, ONE_CHUNK, BLOCK_R, BLOCK_V)
     p_g = grad_ptr + n * gstride_n + t * gstride_t + u.to(tl.int64) * gstride_u
     o_v = tl.arange(0, BLOCK_V)
     for v0 in range(0, V, BLOCK_V):
@@ -635,10 +652,12 @@ def rnnt_forward(
     rnna: bool,
     need_grad: bool,
     reduction: str = "none",
+    store_lse: bool = True,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """The loss (per-sample [N] float32 for reduction "none", else a 0-dim sum or batch mean), and the state
     ``rnnt_backward`` takes (lse, occupancies, log p). The kernels clamp lengths and labels: unchecked values
-    cannot fault.
+    cannot fault. ``store_lse=False``: the log-sum-exps are not kept (the backward then computes them again,
+    with ``recompute_lse=True``).
 
     Args:
         x: [N, T, U+1, V] float32/float16/bfloat16, any strides.
@@ -648,20 +667,21 @@ def rnnt_forward(
     N, T, U1, V = x.shape
     dev = x.device
     n_cells = N * T * U1
-    lse = _empty(n_cells if fused else 0, dtype=torch.float32, device=dev)
+    lse = _empty(n_cells if fused and store_lse else 0, dtype=torch.float32, device=dev)
     lat = _empty(2 * n_cells, dtype=torch.float32, device=dev)
     aux = _empty(1 + 2 * N, dtype=torch.int32, device=dev)  # reduction counter, NaN counts of the halves
     block_r, block_v, warps = _row_blocks(U1, V)
     _rnnt_lattice_kernel[(N * T, triton.cdiv(U1, block_r))](
         x, lse, lat, targets, logit_lengths, target_lengths, aux, T, U1, V,
         x.stride(0), x.stride(1), x.stride(2), x.stride(3), targets.stride(0), blank,
-        FUSED=fused, ONE_CHUNK=V <= block_v, RNA=rnna, BLOCK_R=block_r, BLOCK_V=block_v, num_warps=warps,
+        FUSED=fused, STORE_LSE=store_lse, ONE_CHUNK=V <= block_v, RNA=rnna, BLOCK_R=block_r, BLOCK_V=block_v,
+        num_warps=warps,
     )  # fmt: skip
     loss = _empty(N + 1, dtype=torch.float32, device=dev)  # per sample, then the batch reduction
     logp = _empty(N, dtype=torch.float64, device=dev)
     block_u = max(16, next_power_of_2(U1))
     state = _empty(N * (T + 1) * U1 if need_grad else 0, dtype=torch.float64, device=dev)
-    mid = _empty(N * block_u if need_grad else 0, dtype=torch.float64, device=dev)
+    mid = _empty(N * U1 if need_grad else 0, dtype=torch.float64, device=dev)
     reduce = reduction != "none"
     args = (lat, state, mid, aux, loss, logp, logit_lengths, target_lengths, N, T, U1, 1.0 + fastemit_lambda,
             1.0 / N if reduction == "mean" else 1.0)  # fmt: skip
@@ -689,6 +709,7 @@ def rnnt_backward(
     rnna: bool,
     reduction: str = "none",
     out: torch.Tensor | None = None,
+    recompute_lse: bool = False,
 ) -> torch.Tensor:
     """Gradient of the loss with respect to x, in x's dtype: of sum(grad_out * loss) for reduction "none"
     (grad_out: [N]), else of grad_out * the sum or batch mean (grad_out: 0-dim). Into ``out`` when given, which
@@ -703,6 +724,7 @@ def rnnt_backward(
         x.stride(0), x.stride(1), x.stride(2), x.stride(3),
         grad.stride(0), grad.stride(1), grad.stride(2), grad.stride(3), targets.stride(0), blank,
         1.0 + fastemit_lambda, max(clamp, 0.0),
-        FUSED=fused, CLAMP=clamp > 0, RNA=rnna, BLOCK_R=block_r, BLOCK_V=block_v, num_warps=warps,
+        FUSED=fused, LOAD_LSE=not recompute_lse, ONE_CHUNK=V <= block_v, CLAMP=clamp > 0, RNA=rnna,
+        BLOCK_R=block_r, BLOCK_V=block_v, num_warps=warps,
     )  # fmt: skip
     return grad
