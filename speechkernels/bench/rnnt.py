@@ -3,13 +3,15 @@
 Configurations: warp-rnnt's benchmark table, (T, U, V) in {(150, 40, 28), (150, 20, 5000), (1500, 300, 50)}
 where U counts the blank row (U - 1 labels per sample, logits [N, T, U, V]), N in {1, 16, 32, 64, 128}; every
 sample uses the whole lattice. Times are medians of CUDA-event-timed calls after warm-up, the implementations
-taking turns call by call; memory is the peak allocated above what existed before the call. The error columns
-compare against the float64 reference: the loss on every row (sample by sample), the gradient where it fits. "reuse": peak extra memory with reuse_logits_for_grad=True.
+taking turns call by call; memory is the peak allocated above what existed before the call ("reuse": with
+reuse_logits_for_grad=True; the JSON has the requested bytes too). The error columns compare against the float64
+reference: the loss on every row (sample by sample), the gradient where it fits.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 from collections.abc import Callable
 
@@ -62,10 +64,12 @@ def implementations(logits, targets, il, tl) -> dict[str, Callable[[torch.Tensor
         import warp_rnnt
 
         # both of its modes: log-probs over the whole vocabulary, and gathered to (blank, label) first
+        def warp(v, gather):
+            lp = v.log_softmax(-1)
+            return warp_rnnt.rnnt_loss(lp, targets, il, tl, blank=0, reduction="mean", gather=gather)
+
         for name, gather in (("warp_rnnt", False), ("warp_rnnt_gather", True)):
-            impls[name] = (lambda v, gather=gather: warp_rnnt.rnnt_loss(
-                v.log_softmax(-1), targets, il, tl, blank=0, reduction="mean", gather=gather
-            )) if fits else None
+            impls[name] = functools.partial(warp, gather=gather) if fits else None
     except ImportError:
         pass
     return impls
@@ -106,7 +110,6 @@ def reuse_memory(logits, targets, il, tl, device) -> dict[str, int] | None:
 
     mem = peak_extra_memory(step, device)
     assert out[0].data_ptr() == v.data_ptr()  # the gradient is in the logits' storage
-    del v, out
     return mem
 
 

@@ -49,9 +49,7 @@ def _forward(
     if validate and not kernels.rnnt_validate(targets, il, tl, T, V, blank):
         _check_contents(T, U1 - 1, V, targets, il, tl, blank)
         raise ValueError("invalid RNN-T arguments")  # not reached: the check above names the argument
-    return kernels.rnnt_forward(
-        x, targets, il, tl, blank, fused, fastemit_lambda, rna, need_grad, reduction, store_lse
-    )
+    return kernels.rnnt_forward(x, targets, il, tl, blank, fused, fastemit_lambda, rna, need_grad, reduction, store_lse)
 
 
 class RNNTLossFunction(torch.autograd.Function):
