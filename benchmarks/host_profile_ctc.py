@@ -51,6 +51,25 @@ def us(fn, n=400, sync_each=False):
     return min(best)
 
 
+def print_cprofile(step, keys=("tottime",), lines=30, warmup=50, n=300):
+    """cProfile of n calls of step() after warm-up, the autograd engine kept on the calling thread (so that the
+    backward's Python shows up), printed sorted by each of ``keys``."""
+    with torch.autograd.set_multithreading_enabled(False):
+        for _ in range(warmup):
+            step()
+        torch.cuda.synchronize()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(n):
+            step()
+        torch.cuda.synchronize()
+        prof.disable()
+    for key in keys:
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats(key).print_stats(lines)
+        print(s.getvalue())
+
+
 class _OneOp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
@@ -138,20 +157,7 @@ def main():
         v.grad = None
         sk.ctc_loss(v, tgd, ild, tld, logits=True).backward()
 
-    with torch.autograd.set_multithreading_enabled(False):
-        for _ in range(50):
-            step()
-        torch.cuda.synchronize()
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(300):
-            step()
-        torch.cuda.synchronize()
-        prof.disable()
-    for key in ("tottime", "cumulative"):
-        s = io.StringIO()
-        pstats.Stats(prof, stream=s).sort_stats(key).print_stats(35)
-        print(s.getvalue())
+    print_cprofile(step, ("tottime", "cumulative"), 35)
 
 
 if __name__ == "__main__":

@@ -9,12 +9,9 @@ kept on the calling thread (so that the backward's Python shows up).
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
-import pstats
 
 import torch
-from host_profile_ctc import us
+from host_profile_ctc import print_cprofile, us
 
 import speechkernels as sk
 from speechkernels.bench.rnnt import implementations, make_inputs
@@ -55,19 +52,7 @@ def main():
         v.grad = None
         sk.rnnt_loss(v, targets, il, tl, blank=0).backward()
 
-    with torch.autograd.set_multithreading_enabled(False):
-        for _ in range(50):
-            step()
-        torch.cuda.synchronize()
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(300):
-            step()
-        torch.cuda.synchronize()
-        prof.disable()
-    s = io.StringIO()
-    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(30)
-    print(s.getvalue())
+    print_cprofile(step)
 
 
 if __name__ == "__main__":
