@@ -6,21 +6,25 @@ Four launches per forward+backward (five with the validation), deterministic (no
 1. ``_rnnt_lattice_kernel`` (a block of cells of one row (n, t) per program): per cell (n, t, u) the
    log-sum-exp of the V scores (with a fused log_softmax), and the log2-probabilities of the blank and of the
    next label into an [N, T, U+1, 2] float32 lattice. Reads the logits once.
-2. ``_rnnt_halves_kernel`` and ``_rnnt_join_kernel`` (two programs per sample), the recursions:
-   - alpha, the forward variables over the nodes (t, u), t in [0, T_n], u in [0, U_n], as a vector over u.
-     RNN-T steps along anti-diagonals (t + u = d: both predecessors of a node lie on diagonal d - 1), RNA along
-     rows t. Either way a step is new[u] = lae(prev[u] + blank edge, prev[u - 1] + label edge), one exchange
-     between lanes (``tl.gather``) and two log-add-exps; the lattice loads run two steps ahead. State values
-     are float64 with a float32 correction (see ``.._logspace``). Writes alpha [N, T+1, U+1] float64 and the
-     loss; the last program to finish writes the batch sum or mean.
-   - beta, in the same order reversed, fused with the edge occupancies exp(alpha + w + beta - log p), which
-     overwrite the lattice's two log-probs; beta is never stored.
+2. ``_rnnt_halves_kernel`` and ``_rnnt_join_kernel`` (two programs per sample), the recursions. A step is a
+   vector over u: RNN-T steps along anti-diagonals (t + u = d: both predecessors of a node lie on diagonal
+   d - 1), RNA along rows t; either way new[u] = lae(prev[u] + blank edge, prev[u - 1] + label edge), one
+   exchange between lanes (``tl.gather``) and two log-add-exps, with the loads two steps ahead. RNN-T's
+   lattice and state rows are skewed (cell (t, u) at row (t + u) mod T) so that a step's accesses are
+   contiguous. State values are float64 with a float32 correction (see ``.._logspace``).
+   - halves: a sample's D steps are cut at M = D // 2; alpha runs over steps 0..M and beta over D..M in two
+     programs at once, each storing its values at its nodes of one [T+1, U+1] float64 state.
+   - join: log p = lae over step M's nodes of alpha + beta, the loss, and the batch sum or mean by the last
+     program to finish; then alpha runs on over steps M+1..D and beta over M-1..0, each writing the edge
+     occupancies exp(alpha + w + beta - log p) of its half over the lattice's log-probs.
 3. ``_rnnt_grad_kernel`` (a block of cells per program): the dense gradient, g * (softmax * (occ_blank +
    (1 + lambda) occ_label) - occ_blank [v = blank] - (1 + lambda) occ_label [v = y_u]) with a fused
    log_softmax, without the softmax term otherwise; clamped. Reads the logits a second time, writes the
    gradient once.
 
-Memory beyond the gradient: lattice 2 + log-sum-exp 1 + alpha 2 (float64) = 5 float32 values per node.
+Memory beyond the gradient: lattice 2 + log-sum-exp 1 + state 2 (float64) = 5 float32 values per node in the
+forward, 3 kept for the backward; 4 and 2 with ``store_lse=False`` (the gradient pass computes the log-sum-exps
+again).
 """
 
 from __future__ import annotations
@@ -100,7 +104,7 @@ def _rnnt_lattice_kernel(
     tgt_ptr,  # [N, U] labels
     il_ptr,  # [N] int32/int64 frames per sample
     tl_ptr,  # [N] int32/int64 labels per sample
-    cnt_ptr,  # int32: zeroed here for the recursion kernel's batch reduction
+    cnt_ptr,  # int32: zeroed here for the batch reduction of the join kernel (or the halves kernel, loss only)
     T,
     U1,
     V,
