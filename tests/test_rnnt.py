@@ -339,6 +339,24 @@ def test_kernels_several_chunks_and_u_blocks(kernel_device, kernel_spy, monkeypa
     assert kernel_spy
 
 
+def test_kernels_batch_reduction_and_validation_in_several_tiles(kernel_device, kernel_spy, monkeypatch):
+    """The last program's batch sum and the validation loop over more samples than one tile holds."""
+    monkeypatch.setattr(kernels, "_batch_block", lambda N: 4)
+    monkeypatch.setattr(kernels, "_validate_blocks", lambda N, U: (4, 16))
+    x, targets, il, tl, blank = make_problem(16, 11, 3, 2, 5)
+    with torch.no_grad():  # loss only: the halves kernel sums
+        out = sk.rnnt_loss(x.float(), targets, il, tl, blank=blank, reduction="sum")
+    torch.testing.assert_close(out.double(), sk.rnnt.rnnt_loss_reference(x, targets, il, tl, blank, reduction="sum"))
+    xg = x.float().requires_grad_()  # with the gradient: the join kernel averages
+    out = sk.rnnt_loss(xg, targets, il, tl, blank=blank, reduction="mean")
+    torch.testing.assert_close(out.double(), sk.rnnt.rnnt_loss_reference(x, targets, il, tl, blank))
+    bad = tl.clone()
+    bad[10] = 3  # past targets.shape[1] = 2: found in the last tile
+    with pytest.raises(ValueError, match=r"target_lengths\[10\]"):
+        sk.rnnt_loss(x.float(), targets, il, bad, blank=blank)
+    assert kernel_spy
+
+
 def test_kernels_strided_logits_and_float16(kernel_device, kernel_spy):
     x, targets, il, tl, blank = make_problem(14, 3, 7, 4, 10)
     strided = x.transpose(1, 2).contiguous().transpose(1, 2)  # same values, T and U strides swapped

@@ -621,13 +621,23 @@ def rnnt_validate(
     synchronisation)."""
     N, U = targets.shape
     flag = _empty(1, dtype=torch.int32, device=targets.device)
-    block_j = max(16, min(next_power_of_2(max(U, 1)), 1024))
-    block_n = max(1, min(next_power_of_2(N), 1024 // block_j))
+    block_n, block_j = _validate_blocks(N, U)
     _rnnt_validate_kernel[(1,)](
         targets, logit_lengths, target_lengths, flag, N, T, U, V, targets.stride(0), blank,
         BLOCK_N=block_n, BLOCK_J=block_j, num_warps=4,
     )  # fmt: skip
     return flag.item() == 0
+
+
+def _validate_blocks(N: int, U: int) -> tuple[int, int]:
+    """(samples, labels) per tile of the validation kernel's loops."""
+    block_j = max(16, min(next_power_of_2(max(U, 1)), 1024))
+    return max(1, min(next_power_of_2(N), 1024 // block_j)), block_j
+
+
+def _batch_block(N: int) -> int:
+    """Losses per tile of the last program's batch sum."""
+    return min(1024, next_power_of_2(N))
 
 
 def _row_blocks(U1: int, V: int) -> tuple[int, int, int]:
@@ -689,7 +699,7 @@ def rnnt_forward(
     reduce = reduction != "none"
     args = (lat, state, mid, aux, loss, logp, logit_lengths, target_lengths, N, T, U1, 1.0 + fastemit_lambda,
             1.0 / N if reduction == "mean" else 1.0)  # fmt: skip
-    meta = dict(REDUCE=reduce, RNA=rnna, BLOCK_U=block_u, BLOCK_N=min(1024, next_power_of_2(N)),
+    meta = dict(REDUCE=reduce, RNA=rnna, BLOCK_U=block_u, BLOCK_N=_batch_block(N),
                 num_warps=_recursion_warps(block_u, N))  # fmt: skip
     _rnnt_halves_kernel[(N, 2 if need_grad else 1)](*args, SPLIT=need_grad, **meta)
     if need_grad:
