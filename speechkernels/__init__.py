@@ -1,7 +1,8 @@
 """speechkernels: GPU kernels for speech models, in Triton."""
 
+from . import wavenet
 from .ctc import CTCLoss, ctc_loss
 from .rnnt import RNNTLoss, rnnt_loss
 
 __version__ = "0.1.0"
-__all__ = ["CTCLoss", "ctc_loss", "RNNTLoss", "rnnt_loss", "__version__"]
+__all__ = ["CTCLoss", "ctc_loss", "RNNTLoss", "rnnt_loss", "wavenet", "__version__"]

@@ -1,0 +1,55 @@
+"""The serial-chain proxy of autoregressive WaveNet inference ("(Why you shouldn't try) Implementing WaveNet on
+a GPU"): per sample, a vector through L matrices in turn, each output feeding the next; B independent streams.
+This is the PyTorch path (CPU, or GPU one launch per matrix); it fixes the semantics the GPU kernels follow."""
+
+from __future__ import annotations
+
+import torch
+
+from .reference import ACTIVATIONS, activation_fn
+
+
+def serial_chain(weights: torch.Tensor, x0: torch.Tensor, n_samples: int, activation: str = "tanh") -> torch.Tensor:
+    """Runs the chain for ``n_samples`` samples and returns the last vector of each stream.
+
+    Args:
+        weights: [L, H, H] float32 or bfloat16: layer i computes x <- act(weights[i] @ x).
+        x0: [B, H] the streams' starting vectors (float32 arithmetic).
+        n_samples: samples to generate (>= 1); each passes through all L layers.
+        activation: "tanh" or "relu".
+
+    Returns:
+        [B, H] float32.
+
+    Example:
+        >>> w = torch.randn(80, 128, 128) / 128**0.5
+        >>> x = serial_chain(w, torch.randn(4, 128), n_samples=10)
+    """
+    if not isinstance(weights, torch.Tensor) or weights.dim() != 3 or weights.shape[1] != weights.shape[2]:
+        shape = tuple(weights.shape) if isinstance(weights, torch.Tensor) else type(weights).__name__
+        raise ValueError(f"weights must be [L, H, H], got {shape}")
+    if weights.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"weights must be float32 or bfloat16, got {weights.dtype}")
+    L, H, _ = weights.shape
+    if L < 1 or H < 1:
+        raise ValueError(f"weights must have L >= 1 layers of H >= 1, got {tuple(weights.shape)}")
+    if not isinstance(x0, torch.Tensor) or x0.dim() != 2 or x0.shape[1] != H:
+        shape = tuple(x0.shape) if isinstance(x0, torch.Tensor) else type(x0).__name__
+        raise ValueError(f"x0 must be [B, H={H}], got {shape}")
+    if x0.shape[0] == 0:
+        raise ValueError("x0 has B = 0 streams")
+    if not x0.is_floating_point():
+        raise ValueError(f"x0 must be a float tensor, got {x0.dtype}")
+    if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
+        raise ValueError(f"n_samples must be an integer >= 1, got {n_samples!r}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if x0.device != weights.device:
+        raise ValueError(f"x0 is on {x0.device} but weights on {weights.device}")
+    act = activation_fn(activation)
+    w_t = weights.float().transpose(1, 2).contiguous()  # x @ W^T, one matrix per layer
+    x = x0.float()
+    for _ in range(n_samples):
+        for i in range(L):
+            x = act(x @ w_t[i])
+    return x
