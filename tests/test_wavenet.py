@@ -44,6 +44,36 @@ def test_serial_chain_matches_float64_loop(activation, dtype):
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("H", [16, 13])
+def test_serial_chain_stream_kernel_matches_float64_loop(kernel_device, activation, dtype, H):
+    """The one-program-per-stream Triton kernel under the interpreter (no bfloat16 there: float16 stands in for a
+    16-bit weight format, the GPU test covers bfloat16)."""
+    g = torch.Generator().manual_seed(2)
+    L, B = 4, 3
+    w = torch.randn(L, H, H, generator=g) * 0.5 / math.sqrt(H)
+    x0 = torch.randn(B, H, generator=g)
+    from speechkernels.wavenet.kernels import serial_chain_stream
+
+    out = serial_chain_stream(w.to(dtype), x0, 5, relu=activation == "relu")
+    ref = serial_chain_reference(w.to(dtype).float(), x0, n_samples=5, activation=activation)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(serial_chain(w, x0, 5, activation, design="stream"), out)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_serial_chain_stream_kernel(gpu, dtype):
+    g = torch.Generator().manual_seed(3)
+    L, H, B = 80, 128, 5
+    w = (torch.randn(L, H, H, generator=g) * 0.5 / math.sqrt(H)).to(dtype)
+    x0 = torch.randn(B, H, generator=g)
+    out = serial_chain(w.to(gpu), x0.to(gpu), 20, design="stream")
+    ref = serial_chain_reference(w.float(), x0, n_samples=20)
+    torch.testing.assert_close(out.cpu().double(), ref, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize(
     "args, match",
     [
@@ -59,6 +89,8 @@ def test_serial_chain_bad_arguments(args, match):
         serial_chain(*args)
     with pytest.raises(ValueError, match="activation"):
         serial_chain(torch.zeros(2, 3, 3), torch.zeros(1, 3), 1, activation="gelu")
+    with pytest.raises(ValueError, match="design"):
+        serial_chain(torch.zeros(2, 3, 3), torch.zeros(1, 3), 1, design="uber")
 
 
 def small_model(seed=0, **kw):

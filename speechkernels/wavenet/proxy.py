@@ -6,10 +6,15 @@ from __future__ import annotations
 
 import torch
 
+from .._utils import triton_interpreting
 from .reference import ACTIVATIONS, activation_fn
 
+DESIGNS = ("torch", "stream")
 
-def serial_chain(weights: torch.Tensor, x0: torch.Tensor, n_samples: int, activation: str = "tanh") -> torch.Tensor:
+
+def serial_chain(
+    weights: torch.Tensor, x0: torch.Tensor, n_samples: int, activation: str = "tanh", design: str = "torch"
+) -> torch.Tensor:
     """Runs the chain for ``n_samples`` samples and returns the last vector of each stream.
 
     Args:
@@ -17,6 +22,8 @@ def serial_chain(weights: torch.Tensor, x0: torch.Tensor, n_samples: int, activa
         x0: [B, H] the streams' starting vectors (float32 arithmetic).
         n_samples: samples to generate (>= 1); each passes through all L layers.
         activation: "tanh" or "relu".
+        design: "torch" (a matrix product per layer in PyTorch), or "stream" (Triton, one program per stream
+            streaming the weights; on CUDA tensors, or on the CPU under TRITON_INTERPRET=1).
 
     Returns:
         [B, H] float32.
@@ -46,6 +53,14 @@ def serial_chain(weights: torch.Tensor, x0: torch.Tensor, n_samples: int, activa
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     if x0.device != weights.device:
         raise ValueError(f"x0 is on {x0.device} but weights on {weights.device}")
+    if design not in DESIGNS:
+        raise ValueError(f"design must be one of {DESIGNS}, got {design!r}")
+    if design == "stream":
+        if not (x0.is_cuda or triton_interpreting()):
+            raise ValueError("design='stream' runs on CUDA tensors (or on the CPU under TRITON_INTERPRET=1)")
+        from .kernels import serial_chain_stream
+
+        return serial_chain_stream(weights, x0.float(), n_samples, relu=activation == "relu")
     act = activation_fn(activation)
     w_t = weights.float().transpose(1, 2).contiguous()  # x @ W^T, one matrix per layer
     x = x0.float()
