@@ -118,6 +118,17 @@ def test_incremental_generation_matches_teacher_forced_forward(kw):
     assert torch.equal(greedy, glogits.argmax(dim=1))
 
 
+@pytest.mark.gpu
+def test_gpu_cuda_graph_generation_matches_eager(gpu):
+    from speechkernels.wavenet.generate import generate_cuda_graph
+
+    net = small_model().to(gpu)
+    cond, spk = torch.randn(2, 5, 10, device=gpu), torch.tensor([2, 0], device=gpu)
+    u = torch.rand(33, 2, generator=torch.Generator().manual_seed(7)).to(gpu)
+    eager, _ = generate_incremental(net, cond, 33, 0.8, None, spk, uniforms=u)
+    torch.testing.assert_close(generate_cuda_graph(net, cond, 33, 0.8, None, spk, uniforms=u), eager, rtol=0, atol=0)
+
+
 def test_generation_is_seeded():
     net = small_model()
     cond = torch.randn(2, 5, 10)

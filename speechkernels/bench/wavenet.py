@@ -4,7 +4,8 @@ in samples per second per stream and in total, and as a multiple of real time at
 Proxy rows: float32 and bfloat16 weights, B in {1, 8, 132, 1024} streams; implementations: PyTorch eager (a
 matrix product per layer), PyTorch with one CUDA graph per sample, and the Triton designs of
 ``speechkernels.wavenet.serial_chain``. Vocoder rows: 20 and 30 layers (residual 64, gate 128, skip 256, 256
-classes, 80 mel bins, hop 256), PyTorch incremental generation (eager), sampling included. Each rate is the
+classes, 80 mel bins, hop 256), PyTorch incremental generation, eager and with one step in a CUDA graph,
+sampling included. Each rate is the
 median over repetitions of a timed run of ``--samples`` samples after a warm-up run.
 """
 
@@ -18,6 +19,7 @@ import time
 import torch
 
 from speechkernels.wavenet import WaveNet, serial_chain
+from speechkernels.wavenet.generate import generate_cuda_graph
 from speechkernels.wavenet.reference import activation_fn
 
 from .common import environment, write_json
@@ -89,6 +91,16 @@ def proxy_implementations(w: torch.Tensor, x0: torch.Tensor, n: int, designs: st
     return out
 
 
+def vocoder_implementations(net: WaveNet, cond: torch.Tensor, n: int):
+    """(name, function generating n samples per stream, sampling included): PyTorch incremental generation,
+    eager and (on the GPU) one step captured in a CUDA graph."""
+    gen = torch.Generator(device=cond.device).manual_seed(0)
+    out = [("torch eager", lambda: net.generate(cond, n, generator=gen))]
+    if cond.is_cuda:
+        out.append(("torch graph", lambda: generate_cuda_graph(net, cond, n, generator=gen)))
+    return out
+
+
 def rates(seconds: float, n: int, B: int) -> dict:
     per_stream = n / seconds
     return {"s": seconds, "samples_per_s_per_stream": per_stream, "samples_per_s_total": per_stream * B,
@@ -122,12 +134,10 @@ def run(args) -> int:
     for layers, B in VOCODER if cuda else CPU_VOCODER:
         torch.manual_seed(0)
         net = WaveNet(layers=layers, cycle=10).to(device).eval()
-        frames = math.ceil(n / net.hop_length)
-        cond = torch.randn(B, net.cond_channels, frames, generator=g).to(device)
-        gen = torch.Generator(device=device).manual_seed(0)
-        fn = lambda net=net, cond=cond, gen=gen: net.generate(cond, n, generator=gen)  # noqa: E731
-        report(f"vocoder {layers} layers torch eager", B, rates(timed(fn, device, args.reps), n, B),
-               {"kind": "vocoder", "layers": layers})  # fmt: skip
+        cond = torch.randn(B, net.cond_channels, math.ceil(n / net.hop_length), generator=g).to(device)
+        extra = {"kind": "vocoder", "layers": layers}
+        for name, fn in vocoder_implementations(net, cond, n):
+            report(f"vocoder {layers} layers {name}", B, rates(timed(fn, device, args.reps), n, B), extra)
     if args.json:
         write_json(args.json, {"benchmark": "wavenet", "environment": env, "samples": n, "rows": results})
     return 0

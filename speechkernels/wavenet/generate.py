@@ -1,11 +1,84 @@
 """Incremental WaveNet generation in PyTorch (Fast WaveNet): each layer keeps a queue of its last d_i inputs,
 so a sample costs O(layers) work instead of a pass over the receptive field. Sampling draws one uniform number
 per stream and sample and inverts the softmax's cumulative distribution (a GPU kernel given the same numbers
-draws the same classes)."""
+draws the same classes). The step keeps its position as a device tensor, so that one step can be captured in a
+CUDA graph and replayed (the PyTorch CUDA-graph baseline)."""
 
 from __future__ import annotations
 
 import torch
+
+
+class IncrementalState:
+    """The queues, the previous samples and the position of a batch of streams; ``step()`` makes one sample.
+
+    Args:
+        model: a WaveNet.
+        cond_up: [B, n_samples, cond_channels] upsampled local conditioning, or None.
+        g: [B, speaker_channels] speaker embeddings, or None.
+        uniforms: [n_samples, B] numbers in [0, 1) to sample with.
+        temperature: > 0 samples from softmax(logits / temperature), 0 takes the most likely class.
+    """
+
+    def __init__(self, model, cond_up, g, uniforms: torch.Tensor, temperature: float) -> None:
+        self.model, self.uniforms, self.temperature = model, uniforms, temperature
+        B = uniforms.shape[1]
+        dev = uniforms.device
+        # per layer: its inputs of the last d steps, a ring indexed by t mod d (zeros before the start)
+        self.queues = [torch.zeros(B, d, model.residual_channels, device=dev) for d in model.dilations]
+        # the conditioning terms do not depend on the samples: per layer [B, n_samples or 1, gate], or None
+        self.bias = [model.layer_bias(i, cond_up, g) for i in range(model.layers)]
+        self.bias = [None if isinstance(b, float) else b for b in self.bias]
+        self.prev = torch.full((B,), model.start_class(), dtype=torch.long, device=dev)
+        self.t = torch.zeros(1, dtype=torch.long, device=dev)
+        self.logits = torch.empty(B, model.classes, device=dev)
+
+    def step(self) -> torch.Tensor:
+        """One sample per stream ([B] int64, also kept as the next step's input); self.logits holds its logits."""
+        m = self.model
+        half = m.gate_channels // 2
+        x = m.embed(self.prev)
+        skips = 0.0
+        for i, d in enumerate(m.dilations):
+            slot = self.t % d
+            q = self.queues[i]
+            a = m.w_past[i](q.index_select(1, slot).squeeze(1)) + m.w_cur[i](x)
+            b = self.bias[i]
+            if b is not None:  # local conditioning varies over time, global does not
+                a = a + (b.index_select(1, self.t).squeeze(1) if b.shape[1] > 1 else b[:, 0])
+            z = torch.tanh(a[:, :half]) * torch.sigmoid(a[:, half:])
+            q.index_copy_(1, slot, x.unsqueeze(1))
+            skips = skips + m.w_skip[i](z)
+            x = x + m.w_res[i](z)
+        logits = m.head2(torch.relu(m.head1(torch.relu(skips))))
+        self.logits.copy_(logits)
+        if self.temperature == 0:
+            sample = logits.argmax(dim=1)
+        else:
+            u = self.uniforms.index_select(0, self.t).squeeze(0).double()
+            cdf = torch.softmax(logits.double() / self.temperature, dim=1).cumsum(dim=1)
+            sample = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).squeeze(1).clamp(max=m.classes - 1)
+        self.prev.copy_(sample)
+        self.t += 1
+        return self.prev
+
+
+def prepare(model, cond, n_samples, temperature, generator, speaker, batch, uniforms) -> IncrementalState:
+    """Argument checks and the state of a generation run."""
+    if not temperature >= 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    B = cond.shape[0] if cond is not None else (speaker.shape[0] if speaker is not None else batch)
+    if B is None or B < 1:
+        raise ValueError(f"the number of streams must be >= 1 (from cond, speaker or batch), got {B}")
+    cond_up = model.check_inputs(cond, speaker, B, n_samples)
+    dev = model.embed.weight.device
+    if uniforms is None:
+        uniforms = torch.rand(n_samples, B, generator=generator, device=generator.device if generator else dev)
+    uniforms = uniforms.to(dev)
+    if uniforms.shape != (n_samples, B):
+        raise ValueError(f"uniforms must be [n_samples={n_samples}, B={B}], got {tuple(uniforms.shape)}")
+    g = model.speaker_embed(speaker.to(dev)) if model.speakers else None
+    return IncrementalState(model, cond_up, g, uniforms, temperature)
 
 
 @torch.no_grad()
@@ -24,49 +97,48 @@ def generate_incremental(
 
     uniforms: [n_samples, B] numbers in [0, 1) to sample with (default: drawn from ``generator``).
     """
-    if not temperature >= 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    B = cond.shape[0] if cond is not None else (speaker.shape[0] if speaker is not None else batch)
-    if B is None or B < 1:
-        raise ValueError(f"the number of streams must be >= 1 (from cond, speaker or batch), got {B}")
-    cond_up = model.check_inputs(cond, speaker, B, n_samples)
-    dev = model.embed.weight.device
-    if uniforms is None:
-        uniforms = torch.rand(n_samples, B, generator=generator, device=generator.device if generator else dev)
-    uniforms = uniforms.to(dev)
-    if uniforms.shape != (n_samples, B):
-        raise ValueError(f"uniforms must be [n_samples={n_samples}, B={B}], got {tuple(uniforms.shape)}")
-    g = model.speaker_embed(speaker.to(dev)) if model.speakers else None
-    half = model.gate_channels // 2
-    # per layer: its inputs of the last d steps, a ring indexed by t mod d (zeros before the start)
-    queues = [torch.zeros(B, d, model.residual_channels, device=dev) for d in model.dilations]
-    # the conditioning terms per layer and sample do not depend on the samples: computed once
-    bias = [model.layer_bias(i, cond_up, g) for i in range(model.layers)]
-    prev = torch.full((B,), model.start_class(), dtype=torch.long, device=dev)
-    out = torch.empty(B, n_samples, dtype=torch.long, device=dev)
-    all_logits = torch.empty(B, model.classes, n_samples, device=dev) if return_logits else None
+    state = prepare(model, cond, n_samples, temperature, generator, speaker, batch, uniforms)
+    B = state.prev.shape[0]
+    out = torch.empty(B, n_samples, dtype=torch.long, device=state.prev.device)
+    all_logits = torch.empty(B, model.classes, n_samples, device=out.device) if return_logits else None
     for t in range(n_samples):
-        x = model.embed(prev)
-        skips = 0.0
-        for i, d in enumerate(model.dilations):
-            slot = t % d
-            past = queues[i][:, slot]
-            a = model.w_past[i](past) + model.w_cur[i](x)
-            b = bias[i]
-            if not isinstance(b, float):  # [B, T or 1, gate]: local conditioning varies over time, global does not
-                a = a + b[:, min(t, b.shape[1] - 1)]
-            z = torch.tanh(a[:, :half]) * torch.sigmoid(a[:, half:])
-            queues[i][:, slot] = x
-            skips = skips + model.w_skip[i](z)
-            x = x + model.w_res[i](z)
-        logits = model.head2(torch.relu(model.head1(torch.relu(skips))))
+        out[:, t] = state.step()
         if all_logits is not None:
-            all_logits[:, :, t] = logits
-        if temperature == 0:
-            prev = logits.argmax(dim=1)
-        else:
-            cdf = torch.softmax(logits.double() / temperature, dim=1).cumsum(dim=1)
-            prev = torch.searchsorted(cdf, uniforms[t].double()[:, None] * cdf[:, -1:]).squeeze(1)
-            prev = prev.clamp(max=model.classes - 1)
-        out[:, t] = prev
+            all_logits[:, :, t] = state.logits
     return out, all_logits
+
+
+@torch.no_grad()
+def generate_cuda_graph(
+    model,
+    cond: torch.Tensor | None,
+    n_samples: int,
+    temperature: float = 1.0,
+    generator: torch.Generator | None = None,
+    speaker: torch.Tensor | None = None,
+    batch: int | None = None,
+    uniforms: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The same samples as ``generate_incremental``, one step captured in a CUDA graph and replayed per sample
+    (the PyTorch CUDA-graph baseline of the benchmark; CUDA tensors only)."""
+    state = prepare(model, cond, n_samples, temperature, generator, speaker, batch, uniforms)
+    B = state.prev.shape[0]
+    out = torch.empty(n_samples, B, dtype=torch.long, device=state.prev.device)
+    # warm-up step on a side stream (CUDA graphs need it), then rewind
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        state.step()
+    torch.cuda.current_stream().wait_stream(side)
+    for q in state.queues:
+        q.zero_()
+    state.prev.fill_(model.start_class())
+    state.t.zero_()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        t = state.t.clone()  # the step advances state.t
+        out.index_copy_(0, t, state.step().unsqueeze(0))
+    # capturing recorded the step without running it; the position is still 0
+    for _ in range(n_samples):
+        graph.replay()
+    return out.T.contiguous()
