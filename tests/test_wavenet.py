@@ -60,6 +60,8 @@ def test_serial_chain_stream_kernel_matches_float64_loop(kernel_device, activati
     ref = serial_chain_reference(w.to(dtype).float(), x0, n_samples=5, activation=activation)
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(serial_chain(w, x0, 5, activation, design="stream"), out)
+    x0_t = x0.T.contiguous().T  # same values, not contiguous
+    torch.testing.assert_close(serial_chain(w, x0_t, 5, activation, design="stream"), out)
 
 
 @pytest.mark.gpu

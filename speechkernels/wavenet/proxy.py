@@ -60,7 +60,7 @@ def serial_chain(
             raise ValueError("design='stream' runs on CUDA tensors (or on the CPU under TRITON_INTERPRET=1)")
         from .kernels import serial_chain_stream
 
-        return serial_chain_stream(weights, x0.float(), n_samples, relu=activation == "relu")
+        return serial_chain_stream(weights, x0.float().contiguous(), n_samples, relu=activation == "relu")
     act = activation_fn(activation)
     w_t = weights.float().transpose(1, 2).contiguous()  # x @ W^T, one matrix per layer
     x = x0.float()
