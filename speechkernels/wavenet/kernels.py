@@ -1,9 +1,15 @@
-"""WaveNet-inference kernels in Triton.
+"""WaveNet-inference kernels in Triton (first versions: correct against the PyTorch paths under the interpreter,
+not yet timed on a GPU).
 
 ``_serial_chain_stream_kernel``: the proxy with one program per stream. Each program keeps its vector in
 registers and streams the L weight matrices from L2, one per layer, the next layer's tile loaded before this
 layer's product is reduced (so the load overlaps the arithmetic); no barrier between programs. Its floor for one
 stream is the weights' bytes per sample over one SM's share of L2 bandwidth (benchmarks/NOTES.md).
+
+``_wavenet_generate_kernel``: the vocoder, one program per stream for all samples in one launch: per sample
+every layer (dilation queues in global memory), the head and the sampling (inverse CDF of the softmax at a given
+uniform, as ``generate_incremental``); conditioning precomputed per frame. Compiled for sm_90 with Triton 3.6 it
+spills heavily (the head's 256x256 tiles held whole): a baseline to measure, not the design to keep.
 """
 
 from __future__ import annotations
@@ -69,4 +75,147 @@ def serial_chain_stream(weights: torch.Tensor, x0: torch.Tensor, n_samples: int,
     _serial_chain_stream_kernel[(B,)](
         w, x0, out, L, H, n_samples, x0.stride(0), RELU=relu, BLOCK_H=block, num_warps=_stream_warps(block)
     )
+    return out
+
+
+@triton.jit
+def _matvec(p_w, o_out, o_in, n_out, n_in, x):
+    """W @ x for a row-major [n_out, n_in] matrix at p_w (float32 arithmetic): rows o_out, columns o_in."""
+    m = (o_out < n_out)[:, None] & (o_in < n_in)[None, :]
+    b_w = tl.load(p_w + o_out[:, None] * n_in + o_in[None, :], mask=m, other=0.0).to(tl.float32)
+    return tl.sum(b_w * x[None, :], axis=1)
+
+
+@triton.jit
+def _wavenet_generate_kernel(
+    embed_ptr,  # [C, R]
+    w_past_ptr,  # [L, G, R]
+    w_cur_ptr,  # [L, G, R]
+    cbias_ptr,  # [B, F, L, G] float32: conditioning and the current-input bias, per frame
+    w_res_ptr,  # [L, R, G/2]
+    b_res_ptr,  # [L, R]
+    w_skip_ptr,  # [L, S, G/2]
+    b_skip_ptr,  # [L, S]
+    w_h1_ptr,  # [S, S]
+    b_h1_ptr,
+    w_h2_ptr,  # [C, S]
+    b_h2_ptr,
+    dil_ptr,  # [L] int32 dilations
+    qoff_ptr,  # [L] int32 offsets of the layers' queues (rows of R) in a stream's queue block
+    queue_ptr,  # [B, sum(dilations), R] float32 zeros
+    u_ptr,  # [n_samples, B] uniforms
+    out_ptr,  # [B, n_samples] int64 out
+    B,
+    L,
+    R,
+    G2,
+    S,
+    C,
+    F,
+    Q,
+    hop,
+    n_samples,
+    start,
+    inv_temp,
+    GREEDY: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_G2: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """One program per stream runs all n_samples samples: per sample every layer (dilation queues in global
+    memory), the head, and inverse-CDF sampling with the given uniform; weights are read from L2 each sample."""
+    i_b = tl.program_id(0).to(tl.int64)
+    o_r = tl.arange(0, BLOCK_R)
+    o_g = tl.arange(0, BLOCK_G2)
+    o_s = tl.arange(0, BLOCK_S)
+    o_c = tl.arange(0, BLOCK_C)
+    G = 2 * G2
+    p_q = queue_ptr + i_b * Q * R
+    prev = start
+    for t in range(0, n_samples):
+        x = tl.load(embed_ptr + prev * R + o_r, mask=o_r < R, other=0.0).to(tl.float32)
+        skip = tl.zeros([BLOCK_S], tl.float32)
+        p_cb = cbias_ptr + (i_b * F + tl.minimum(t // hop, F - 1)) * L * G
+        for i in range(0, L):
+            d = tl.load(dil_ptr + i)
+            p_slot = p_q + (tl.load(qoff_ptr + i) + t % d) * R
+            past = tl.load(p_slot + o_r, mask=o_r < R, other=0.0)
+            wp = w_past_ptr + i * G * R
+            wc = w_cur_ptr + i * G * R
+            # the gate's two halves as separate products (rows 0..G/2-1: tanh, G/2..G-1: sigmoid)
+            a_t = _matvec(wp, o_g, o_r, G2, R, past) + _matvec(wc, o_g, o_r, G2, R, x)
+            a_s = _matvec(wp + G2 * R, o_g, o_r, G2, R, past) + _matvec(wc + G2 * R, o_g, o_r, G2, R, x)
+            a_t += tl.load(p_cb + i * G + o_g, mask=o_g < G2, other=0.0)
+            a_s += tl.load(p_cb + i * G + G2 + o_g, mask=o_g < G2, other=0.0)
+            z = (2.0 * tl.sigmoid(2.0 * a_t) - 1.0) * tl.sigmoid(a_s)
+            tl.debug_barrier()  # every lane has read the slot before it is overwritten
+            tl.store(p_slot + o_r, x, mask=o_r < R)
+            skip += _matvec(w_skip_ptr + i * S * G2, o_s, o_g, S, G2, z)
+            skip += tl.load(b_skip_ptr + i * S + o_s, mask=o_s < S, other=0.0)
+            x += _matvec(w_res_ptr + i * R * G2, o_r, o_g, R, G2, z)
+            x += tl.load(b_res_ptr + i * R + o_r, mask=o_r < R, other=0.0)
+        h = tl.maximum(skip, 0.0)
+        h = tl.maximum(_matvec(w_h1_ptr, o_s, o_s, S, S, h) + tl.load(b_h1_ptr + o_s, mask=o_s < S, other=0.0), 0.0)
+        logits = _matvec(w_h2_ptr, o_c, o_s, C, S, h) + tl.load(b_h2_ptr + o_c, mask=o_c < C, other=0.0)
+        logits = tl.where(o_c < C, logits, float("-inf"))
+        if GREEDY:
+            top = tl.max(logits, axis=0)
+            sample = tl.min(tl.where(logits == top, o_c, BLOCK_C), axis=0)
+        else:
+            p = tl.exp((logits - tl.max(logits, axis=0)) * inv_temp)
+            cdf = tl.cumsum(p, axis=0)
+            u = tl.load(u_ptr + t * B + i_b) * tl.sum(p, axis=0)
+            # the first class whose cumulative mass exceeds u (as torch.searchsorted on the CDF)
+            sample = tl.minimum(tl.sum(tl.where(cdf < u, 1, 0), axis=0), C - 1)
+        tl.store(out_ptr + i_b * n_samples + t, sample.to(tl.int64))
+        prev = sample
+
+
+def wavenet_generate(
+    model, cond: torch.Tensor | None, g: torch.Tensor | None, uniforms: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """Launcher of ``_wavenet_generate_kernel``: one program per stream, all samples in one launch.
+
+    Args:
+        model: a WaveNet (its weights are packed per kind of matrix, float32).
+        cond: [B, cond_channels, frames] or None; g: [B, speaker_channels] speaker embeddings or None.
+        uniforms: [n_samples, B] numbers in [0, 1).
+
+    Returns:
+        [B, n_samples] int64 classes.
+    """
+    n, B = uniforms.shape
+    dev = uniforms.device
+    L, R, G, S, C = model.layers, model.residual_channels, model.gate_channels, model.skip_channels, model.classes
+
+    def stack(mods, attr="weight"):
+        return torch.stack([getattr(m, attr) for m in mods]).float().contiguous()
+
+    # conditioning per frame and layer (it changes once per hop), with the current input's bias folded in
+    cb = stack(model.w_cur, "bias")[None, None]  # [1, 1, L, G]
+    hop = 1 << 30
+    if cond is not None:
+        frames = cond.transpose(1, 2).float()
+        cb = cb + torch.stack([model.w_cond[i](frames) for i in range(L)], dim=2)
+        hop = model.hop_length
+    if g is not None:
+        cb = cb + torch.stack([model.w_speaker[i](g) for i in range(L)], dim=1)[:, None]
+    cb = cb.expand(B, cb.shape[1], L, G).contiguous()
+    dil = torch.tensor(model.dilations, dtype=torch.int32, device=dev)
+    qoff = torch.tensor([sum(model.dilations[:i]) for i in range(L)], dtype=torch.int32, device=dev)
+    Q = sum(model.dilations)
+    queue = torch.zeros(B, Q, R, device=dev)
+    out = torch.empty(B, n, dtype=torch.long, device=dev)
+    _wavenet_generate_kernel[(B,)](
+        model.embed.weight.float().contiguous(), stack(model.w_past), stack(model.w_cur), cb,
+        stack(model.w_res), stack(model.w_res, "bias"), stack(model.w_skip), stack(model.w_skip, "bias"),
+        model.head1.weight.float().contiguous(), model.head1.bias.float().contiguous(),
+        model.head2.weight.float().contiguous(), model.head2.bias.float().contiguous(),
+        dil, qoff, queue, uniforms.float().contiguous(), out,
+        B, L, R, G // 2, S, C, cb.shape[1], Q, hop, n, model.start_class(),
+        1.0 / temperature if temperature > 0 else 0.0,
+        GREEDY=temperature == 0, BLOCK_R=next_power_of_2(R), BLOCK_G2=next_power_of_2(G // 2),
+        BLOCK_S=next_power_of_2(S), BLOCK_C=next_power_of_2(C), num_warps=8,
+    )  # fmt: skip
     return out
