@@ -36,21 +36,21 @@ class IncrementalState:
     def step(self) -> torch.Tensor:
         """One sample per stream ([B] int64, also kept as the next step's input); self.logits holds its logits."""
         m = self.model
-        half = m.gate_channels // 2
         x = m.embed(self.prev)
         skips = 0.0
         for i, d in enumerate(m.dilations):
             slot = self.t % d
             q = self.queues[i]
-            a = m.w_past[i](q.index_select(1, slot).squeeze(1)) + m.w_cur[i](x)
             b = self.bias[i]
-            if b is not None:  # local conditioning varies over time, global does not
-                a = a + (b.index_select(1, self.t).squeeze(1) if b.shape[1] > 1 else b[:, 0])
-            z = torch.tanh(a[:, :half]) * torch.sigmoid(a[:, half:])
+            if b is None:
+                b = 0.0
+            else:  # local conditioning varies over time, global does not
+                b = b.index_select(1, self.t).squeeze(1) if b.shape[1] > 1 else b[:, 0]
+            skip, x_next = m.layer(i, q.index_select(1, slot).squeeze(1), x, b)
             q.index_copy_(1, slot, x.unsqueeze(1))
-            skips = skips + m.w_skip[i](z)
-            x = x + m.w_res[i](z)
-        logits = m.head2(torch.relu(m.head1(torch.relu(skips))))
+            skips = skips + skip
+            x = x_next
+        logits = m.head(skips)
         self.logits.copy_(logits)
         if self.temperature == 0:
             sample = logits.argmax(dim=1)

@@ -145,14 +145,23 @@ class WaveNet(nn.Module):
         prev = torch.cat([torch.full_like(audio[:, :1], self.start_class()), audio[:, :-1]], dim=1)
         x = self.embed(prev.long())  # [B, T, R]
         skips = 0.0
-        half = self.gate_channels // 2
         for i, d in enumerate(self.dilations):
             past = F.pad(x, (0, 0, d, 0))[:, :T]  # x[t - d], zeros before the start
-            a = self.w_past[i](past) + self.w_cur[i](x) + self.layer_bias(i, cond_up, g)
-            z = torch.tanh(a[..., :half]) * torch.sigmoid(a[..., half:])
-            skips = skips + self.w_skip[i](z)
-            x = x + self.w_res[i](z)
-        return self.head2(torch.relu(self.head1(torch.relu(skips)))).transpose(1, 2)
+            skip, x = self.layer(i, past, x, self.layer_bias(i, cond_up, g))
+            skips = skips + skip
+        return self.head(skips).transpose(1, 2)
+
+    def layer(self, i: int, past: torch.Tensor, x: torch.Tensor, bias) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer i on inputs [..., residual] (its input d_i steps back and now) and its conditioning term:
+        returns (its skip output, the next layer's input)."""
+        half = self.gate_channels // 2
+        a = self.w_past[i](past) + self.w_cur[i](x) + bias
+        z = torch.tanh(a[..., :half]) * torch.sigmoid(a[..., half:])
+        return self.w_skip[i](z), x + self.w_res[i](z)
+
+    def head(self, skips: torch.Tensor) -> torch.Tensor:
+        """Logits [..., classes] from the sum of the skips."""
+        return self.head2(torch.relu(self.head1(torch.relu(skips))))
 
     def generate(
         self,
