@@ -64,15 +64,53 @@ def test_serial_chain_stream_kernel_matches_float64_loop(kernel_device, activati
     torch.testing.assert_close(serial_chain(w, x0_t, 5, activation, design="stream"), out)
 
 
+def test_serial_chain_barrier_kernel_matches_float64_loop(kernel_device):
+    """The post's design under the interpreter: one program (programs run one after another there, so the grid
+    barrier can only be passed alone); the GPU test runs it with H / 16 programs."""
+    g = torch.Generator().manual_seed(4)
+    L, H, B = 3, 24, 19  # B over one 16-stream block
+    w = torch.randn(L, H, H, generator=g) * 0.5 / math.sqrt(H)
+    x0 = torch.randn(B, H, generator=g)
+    out = serial_chain(w, x0, 4, "tanh", design="barrier")
+    torch.testing.assert_close(out.double(), serial_chain_reference(w, x0, n_samples=4), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("design", ["stream", "barrier", "cluster"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gpu_serial_chain_stream_kernel(gpu, dtype):
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+def test_gpu_serial_chain_designs(gpu, design, dtype, activation):
+    if design == "cluster":
+        from speechkernels.wavenet import cluster
+
+        if not cluster.available():
+            pytest.skip("cuda-core or a GPU of compute capability 9.0 missing")
     g = torch.Generator().manual_seed(3)
     L, H, B = 80, 128, 5
     w = (torch.randn(L, H, H, generator=g) * 0.5 / math.sqrt(H)).to(dtype)
     x0 = torch.randn(B, H, generator=g)
-    out = serial_chain(w.to(gpu), x0.to(gpu), 20, design="stream")
-    ref = serial_chain_reference(w.float(), x0, n_samples=20)
+    out = serial_chain(w.to(gpu), x0.to(gpu), 20, activation, design=design)
+    ref = serial_chain_reference(w.float(), x0, n_samples=20, activation=activation)
+    torch.testing.assert_close(out.cpu().double(), ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "H, C, S", [(128, 1, 1), (128, 2, 3), (128, 4, 2), (128, 8, 1), (128, 8, 4), (64, 2, 1), (64, 8, 2), (256, 4, 1)]
+)
+def test_gpu_serial_chain_cluster_configs(gpu, H, C, S):
+    """Cluster sizes, streams per cluster (B not a multiple of S), widths, a sample count that is not a multiple
+    of the prefetch depth."""
+    from speechkernels.wavenet import cluster
+
+    if not cluster.available():
+        pytest.skip("cuda-core or a GPU of compute capability 9.0 missing")
+    g = torch.Generator().manual_seed(5)
+    L, B, n = 7, 5, 3
+    w = torch.randn(L, H, H, generator=g) * 0.5 / math.sqrt(H)
+    x0 = torch.randn(B, H, generator=g)
+    out = cluster.serial_chain_cluster(w.to(gpu), x0.to(gpu), n, relu=False, C=C, S=S)
+    ref = serial_chain_reference(w, x0, n_samples=n)
     torch.testing.assert_close(out.cpu().double(), ref, rtol=1e-4, atol=1e-5)
 
 

@@ -5,8 +5,9 @@ Proxy rows: float32 and bfloat16 weights, B in {1, 8, 132, 1024} streams; implem
 matrix product per layer), PyTorch with one CUDA graph per sample, and the Triton designs of
 ``speechkernels.wavenet.serial_chain``. Vocoder rows: 20 and 30 layers (residual 64, gate 128, skip 256, 256
 classes, 80 mel bins, hop 256), PyTorch incremental generation, eager and with one step in a CUDA graph,
-sampling included. Each rate is the
-median over repetitions of a timed run of ``--samples`` samples after a warm-up run.
+sampling included (the Triton generation kernel beside them on the GPU). Each rate is the median over
+repetitions of a timed run after warm-up runs; a run has up to ``--samples`` samples, fewer for an
+implementation so slow that it would take much longer than ``--seconds``.
 """
 
 from __future__ import annotations
@@ -33,29 +34,37 @@ CPU_VOCODER = [(20, 1)]
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--json", default=None, help="write the rows and the environment to this JSON file")
-    p.add_argument("--samples", type=int, default=None, help="samples per timed run (default: 2000 GPU, 20 CPU)")
+    p.add_argument("--samples", type=int, default=None, help="most samples per timed run (default: 4000 GPU, 20 CPU)")
+    p.add_argument("--seconds", type=float, default=0.25, help="aim of a timed run's length (fewer samples if slow)")
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--designs", default="stream", help="Triton designs of the proxy to run on the GPU")
+    p.add_argument("--designs", default="stream,barrier,cluster", help="kernel designs of the proxy (GPU)")
+    p.add_argument("--only", default="proxy,vocoder", help="which parts to run")
 
 
-def timed(fn, device: torch.device, reps: int) -> float:
-    """Median seconds of fn() over reps runs after one warm-up run."""
-    fn()
-    out = []
-    for _ in range(reps):
+def timed(fn, n_max: int, device: torch.device, reps: int, seconds: float) -> tuple[float, int]:
+    """(median seconds, samples) of fn(n) over reps runs: n up to n_max, fewer where a run of n_max would take
+    much longer than ``seconds`` (a first run of a few samples, which also warms up, sets it)."""
+
+    def once(n):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t0 = time.perf_counter()
-        fn()
+        fn(n)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out)
+        return time.perf_counter() - t0
+
+    n0 = min(n_max, 16)
+    once(n0)
+    t = once(n0)
+    n = max(n0, min(n_max, int(n0 * seconds / max(t, 1e-9))))
+    once(n)
+    return statistics.median(once(n) for _ in range(reps)), n
 
 
-def proxy_graph(w: torch.Tensor, x0: torch.Tensor, n: int, activation: str = "tanh"):
-    """The PyTorch baseline with one CUDA graph per sample (L matrix products and the copy back), replayed n
-    times; returns a function that runs it."""
+def proxy_graph(w: torch.Tensor, x0: torch.Tensor, activation: str = "tanh"):
+    """The PyTorch baseline with one CUDA graph per sample (L matrix products and the copy back); returns a
+    function that replays it n times."""
     act = activation_fn(activation)
     w_t = w.float().transpose(1, 2).contiguous()
     x = x0.float().clone()
@@ -73,31 +82,43 @@ def proxy_graph(w: torch.Tensor, x0: torch.Tensor, n: int, activation: str = "ta
             y = act(y @ w_t[i])
         x.copy_(y)
 
-    def run():
+    def run(n):
         for _ in range(n):
             graph.replay()
 
     return run
 
 
-def proxy_implementations(w: torch.Tensor, x0: torch.Tensor, n: int, designs: str):
+def proxy_implementations(w: torch.Tensor, x0: torch.Tensor, designs: str):
     """(name, function running n samples) of the proxy: PyTorch eager, and on the GPU PyTorch with a CUDA graph
-    per sample and the Triton designs."""
-    out = [("torch eager", lambda: serial_chain(w, x0, n))]
+    per sample and the kernel designs (the cluster design where cuda-core and the GPU allow it)."""
+    out = [("torch eager", lambda n: serial_chain(w, x0, n))]
     if w.is_cuda:
-        out.append(("torch graph", proxy_graph(w, x0, n)))
+        from speechkernels.wavenet import cluster
+
+        out.append(("torch graph", proxy_graph(w, x0)))
         for design in designs.split(",") if designs else []:
-            out.append((design, lambda design=design: serial_chain(w, x0, n, design=design)))
+            if design == "cluster" and not cluster.available():
+                continue
+            out.append((design, lambda n, design=design: serial_chain(w, x0, n, design=design)))
     return out
 
 
-def vocoder_implementations(net: WaveNet, cond: torch.Tensor, n: int):
+def vocoder_implementations(net: WaveNet, cond: torch.Tensor):
     """(name, function generating n samples per stream, sampling included): PyTorch incremental generation,
-    eager and (on the GPU) one step captured in a CUDA graph."""
+    eager and (on the GPU) one step captured in a CUDA graph, and the Triton generation kernel."""
     gen = torch.Generator(device=cond.device).manual_seed(0)
-    out = [("torch eager", lambda: net.generate(cond, n, generator=gen))]
+    out = [("torch eager", lambda n: net.generate(cond, n, generator=gen))]
     if cond.is_cuda:
-        out.append(("torch graph", lambda: generate_cuda_graph(net, cond, n, generator=gen)))
+        from speechkernels.wavenet.kernels import wavenet_generate
+
+        out.append(("torch graph", lambda n: generate_cuda_graph(net, cond, n, generator=gen)))
+
+        def triton_kernel(n):
+            u = torch.rand(n, cond.shape[0], generator=gen, device=cond.device)
+            return wavenet_generate(net, cond, None, u, 1.0)
+
+        out.append(("triton", triton_kernel))
     return out
 
 
@@ -110,34 +131,40 @@ def rates(seconds: float, n: int, B: int) -> dict:
 def run(args) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     cuda = device.type == "cuda"
-    n = args.samples or (2000 if cuda else 20)
+    n_max = args.samples or (4000 if cuda else 20)
     env = environment(device)
-    print(f"# WaveNet inference, {env['device']}, torch {env['torch']}, triton {env['triton']}, {n} samples per "
-          f"run, median of {args.reps}")  # fmt: skip
-    print(f"{'what':>28} {'B':>5} | {'kHz/stream':>10} {'x16k':>6} {'x24k':>6} | {'MS/s total':>10}")
+    print(f"# WaveNet inference, {env['device']}, torch {env['torch']}, triton {env['triton']}, up to {n_max} "
+          f"samples per run (about {args.seconds} s), median of {args.reps}")  # fmt: skip
+    print(f"{'what':>32} {'B':>5} {'n':>6} | {'kHz/stream':>10} {'x16k':>6} {'x24k':>6} | {'MS/s total':>10}")
     results = []
 
-    def report(what, B, r, extra):
-        row = {"what": what, "B": B, **extra, **r}
-        results.append(row)
-        print(f"{what:>28} {B:5d} | {r['samples_per_s_per_stream'] / 1e3:10.2f} {r['x_realtime_16k']:6.2f} "
+    def report(what, B, fn, extra):
+        try:
+            seconds, n = timed(fn, n_max, device, args.reps, args.seconds)
+        except Exception as err:  # a design that cannot run here (shape, resources): recorded, not fatal
+            print(f"{what:>32} {B:5d} failed: {type(err).__name__}: {err}", flush=True)
+            results.append({"what": what, "B": B, **extra, "error": f"{type(err).__name__}: {err}"})
+            return
+        r = rates(seconds, n, B)
+        results.append({"what": what, "B": B, "n": n, **extra, **r})
+        print(f"{what:>32} {B:5d} {n:6d} | {r['samples_per_s_per_stream'] / 1e3:10.2f} {r['x_realtime_16k']:6.2f} "
               f"{r['x_realtime_24k']:6.2f} | {r['samples_per_s_total'] / 1e6:10.3f}", flush=True)  # fmt: skip
 
     g = torch.Generator().manual_seed(0)
-    for dtype, B in PROXY if cuda else CPU_PROXY:
+    for dtype, B in (PROXY if cuda else CPU_PROXY) if "proxy" in args.only else []:
         L, H = 80, 128
         w = (torch.randn(L, H, H, generator=g) / math.sqrt(H)).to(getattr(torch, dtype)).to(device)
         x0 = torch.randn(B, H, generator=g).to(device)
         extra = {"kind": "proxy", "L": L, "H": H, "weights": dtype}
-        for name, fn in proxy_implementations(w, x0, n, args.designs if cuda else ""):
-            report(f"proxy {dtype} {name}", B, rates(timed(fn, device, args.reps), n, B), extra)
-    for layers, B in VOCODER if cuda else CPU_VOCODER:
+        for name, fn in proxy_implementations(w, x0, args.designs if cuda else ""):
+            report(f"proxy {dtype} {name}", B, fn, extra)
+    for layers, B in (VOCODER if cuda else CPU_VOCODER) if "vocoder" in args.only else []:
         torch.manual_seed(0)
         net = WaveNet(layers=layers, cycle=10).to(device).eval()
-        cond = torch.randn(B, net.cond_channels, math.ceil(n / net.hop_length), generator=g).to(device)
+        cond = torch.randn(B, net.cond_channels, math.ceil(n_max / net.hop_length), generator=g).to(device)
         extra = {"kind": "vocoder", "layers": layers}
-        for name, fn in vocoder_implementations(net, cond, n):
-            report(f"vocoder {layers} layers {name}", B, rates(timed(fn, device, args.reps), n, B), extra)
+        for name, fn in vocoder_implementations(net, cond):
+            report(f"vocoder {layers} layers {name}", B, fn, extra)
     if args.json:
-        write_json(args.json, {"benchmark": "wavenet", "environment": env, "samples": n, "rows": results})
+        write_json(args.json, {"benchmark": "wavenet", "environment": env, "rows": results})
     return 0

@@ -9,7 +9,7 @@ import torch
 from .._utils import triton_interpreting
 from .reference import ACTIVATIONS, activation_fn
 
-DESIGNS = ("torch", "stream")
+DESIGNS = ("torch", "stream", "barrier", "cluster")
 
 
 def serial_chain(
@@ -22,8 +22,11 @@ def serial_chain(
         x0: [B, H] the streams' starting vectors (float32 arithmetic).
         n_samples: samples to generate (>= 1); each passes through all L layers.
         activation: "tanh" or "relu".
-        design: "torch" (a matrix product per layer in PyTorch), or "stream" (Triton, one program per stream
-            streaming the weights; on CUDA tensors, or on the CPU under TRITON_INTERPRET=1).
+        design: "torch" (a matrix product per layer in PyTorch); "stream" (Triton, one program per stream
+            streaming the weights); "barrier" (Triton, the post's design: rows split across programs, a grid
+            barrier per layer); both on CUDA tensors, or on the CPU under TRITON_INTERPRET=1; "cluster" (CUDA
+            C++ through cuda.core on Hopper or newer: rows split across a thread-block cluster exchanging
+            through distributed shared memory; ``speechkernels.wavenet.cluster``).
 
     Returns:
         [B, H] float32.
@@ -55,12 +58,20 @@ def serial_chain(
         raise ValueError(f"x0 is on {x0.device} but weights on {weights.device}")
     if design not in DESIGNS:
         raise ValueError(f"design must be one of {DESIGNS}, got {design!r}")
-    if design == "stream":
-        if not (x0.is_cuda or triton_interpreting()):
-            raise ValueError("design='stream' runs on CUDA tensors (or on the CPU under TRITON_INTERPRET=1)")
-        from .kernels import serial_chain_stream
+    relu = activation == "relu"
+    if design == "cluster":
+        from . import cluster
 
-        return serial_chain_stream(weights, x0.float().contiguous(), n_samples, relu=activation == "relu")
+        if not (x0.is_cuda and cluster.available()):
+            raise ValueError("design='cluster' needs CUDA tensors on a GPU of compute capability >= 9.0 and cuda-core")
+        return cluster.serial_chain_cluster(weights, x0, n_samples, relu)
+    if design in ("stream", "barrier"):
+        if not (x0.is_cuda or triton_interpreting()):
+            raise ValueError(f"design={design!r} runs on CUDA tensors (or on the CPU under TRITON_INTERPRET=1)")
+        from .kernels import serial_chain_barrier, serial_chain_stream
+
+        launcher = serial_chain_stream if design == "stream" else serial_chain_barrier
+        return launcher(weights, x0.float().contiguous(), n_samples, relu=relu)
     act = activation_fn(activation)
     w_t = weights.float().transpose(1, 2).contiguous()  # x @ W^T, one matrix per layer
     x = x0.float()

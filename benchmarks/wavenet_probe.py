@@ -1,0 +1,159 @@
+"""Design-space probe for the WaveNet proxy on the GPU (not part of the benchmark's table): one SM's L2 read
+bandwidth and the whole GPU's, the Triton stream kernel's warps, and the cluster kernel's cluster size C,
+streams per cluster S, lanes per row LPR and prefetch depth D. One JSON object per line on stdout.
+
+    PYTHONPATH=$PWD python benchmarks/wavenet_probe.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import numpy as np
+import torch
+
+from speechkernels.wavenet import cluster, serial_chain_reference
+from speechkernels.wavenet.kernels import serial_chain_barrier, serial_chain_stream
+
+READ_SRC = r"""
+extern "C" __global__ void read_l2(const float4* __restrict__ p, long long n4, int reps, float* out) {
+  float a = 0.f, b = 0.f, c = 0.f, d = 0.f;
+  for (int r = 0; r < reps; r++) {
+#pragma unroll 8
+    for (long long i = threadIdx.x; i < n4; i += blockDim.x) {
+      float4 v = __ldg(p + i);
+      a += v.x; b += v.y; c += v.z; d += v.w;
+    }
+  }
+  if (a + b + c + d == 1234.5f) out[blockIdx.x] = a;
+}
+"""
+
+
+def event_time(fn, reps=5):
+    fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        fn()
+        e1.record()
+        torch.cuda.synchronize()
+        ts.append(e0.elapsed_time(e1) / 1e3)
+    return sorted(ts)[len(ts) // 2]
+
+
+def emit(**row):
+    print(json.dumps(row), flush=True)
+
+
+def l2_bandwidth():
+    core = cluster._core()
+    major, minor = torch.cuda.get_device_capability()
+    core.Device(0).set_current()
+    prog = core.Program(READ_SRC, "c++", core.ProgramOptions(arch=f"sm_{major}{minor}", std="c++17"))
+    kern = prog.compile("cubin").get_kernel("read_l2")
+    stream = cluster._TorchStream(torch.cuda.current_stream().cuda_stream)
+    out = torch.zeros(1024, device="cuda")
+    for mb in (2.62, 5.24):
+        buf = torch.randn(int(mb * 1e6 / 4), device="cuda")
+        n4 = buf.numel() // 4
+        for blocks, threads in ((1, 256), (1, 512), (1, 1024), (132, 1024), (264, 512)):
+            reps = 20 if blocks == 1 else 5
+            cfg = core.LaunchConfig(grid=blocks, block=threads)
+            args = (np.uint64(buf.data_ptr()), np.int64(n4), np.int32(reps), np.uint64(out.data_ptr()))
+            t = event_time(lambda cfg=cfg, args=args: core.launch(stream, cfg, kern, *args))
+            gbs = blocks * reps * n4 * 16 / t / 1e9
+            emit(probe="l2_read", MB=mb, blocks=blocks, threads=threads, GBps=gbs, GBps_per_block=gbs / blocks)
+
+
+def rate(fn, n):
+    t = event_time(lambda: fn(n), reps=3)
+    return n / t
+
+
+def proxy_sweeps(quick):
+    g = torch.Generator().manual_seed(0)
+    L, H = 80, 128
+    w32 = (torch.randn(L, H, H, generator=g) / math.sqrt(H)).cuda()
+    for dtype in ("float32", "bfloat16"):
+        w = w32.to(getattr(torch, dtype))
+        x1 = torch.randn(1, H, generator=g).cuda()
+        ref = serial_chain_reference(w.float().cpu(), x1.cpu(), n_samples=50)
+        for nw in (4, 8, 16, 32):
+            khz = rate(lambda n, nw=nw, w=w, x1=x1: serial_chain_stream(w, x1, n, False, num_warps=nw), 2000) / 1e3
+            emit(probe="stream", weights=dtype, B=1, num_warps=nw, kHz=khz)
+        khz = rate(lambda n, w=w, x1=x1: serial_chain_barrier(w, x1, n, False), 500) / 1e3
+        emit(probe="barrier", weights=dtype, B=1, kHz=khz)
+        for C in (1, 2, 4, 8):
+            base = cluster.config(H, C, 1, dtype == "bfloat16")
+            variants = [(8, d) for d in sorted({2, 4, 8, base["D"]})] + [(4, base["D"]), (16, base["D"])]
+            for lpr, d in variants:
+                if True:
+                    over = {"LPR": lpr, "D": d}
+                    try:
+                        cluster.check_config({**base, **over})
+                        out = cluster.serial_chain_cluster(w, x1, 50, False, C=C, **over)
+                        err = (out.cpu().double() - ref).abs().max().item()
+                        fn = lambda n, C=C, over=over, w=w, x1=x1: cluster.serial_chain_cluster(  # noqa: E731
+                            w, x1, n, False, C=C, **over
+                        )
+                        khz = rate(fn, 4000) / 1e3
+                        emit(
+                            probe="cluster",
+                            weights=dtype,
+                            B=1,
+                            C=C,
+                            LPR=lpr,
+                            D=d,
+                            kHz=khz,
+                            max_err=err,
+                            default=over == {"LPR": base["LPR"], "D": base["D"]},
+                        )
+                    except Exception as e:  # noqa: BLE001
+                        emit(probe="cluster", weights=dtype, B=1, C=C, LPR=lpr, D=d, error=str(e)[:300])
+                if quick:
+                    break
+        for B in (132, 1024):
+            xb = torch.randn(B, H, generator=g).cuda()
+            for C in (2, 4):
+                for S in (1, 2, 4, 8):
+                    try:
+                        hz = rate(
+                            lambda n, C=C, S=S, w=w, xb=xb: cluster.serial_chain_cluster(w, xb, n, False, C=C, S=S), 400
+                        )
+                        emit(
+                            probe="cluster_many",
+                            weights=dtype,
+                            B=B,
+                            C=C,
+                            S=S,
+                            kHz_per_stream=hz / 1e3,
+                            MSps_total=hz * B / 1e6,
+                        )
+                    except Exception as e:  # noqa: BLE001
+                        emit(probe="cluster_many", weights=dtype, B=B, C=C, S=S, error=str(e)[:300])
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    emit(device=torch.cuda.get_device_name(), torch=torch.__version__)
+    try:
+        import cuda.core
+
+        emit(cuda_core=getattr(cuda.core, "__version__", "?"))
+    except ImportError as e:
+        emit(cuda_core_error=str(e))
+    for part in (l2_bandwidth, lambda: proxy_sweeps(a.quick)):
+        try:
+            part()
+        except Exception as e:  # noqa: BLE001
+            import traceback
+
+            traceback.print_exc()
+            emit(part_error=str(e)[:500])

@@ -1,0 +1,262 @@
+"""The serial-chain proxy on a thread-block cluster (CUDA C++ compiled at run time through ``cuda.core``;
+optional: ``pip install speechkernels[cuda]``, Hopper or newer).
+
+Why not Triton: one SM streams the weights from L2 at most at its own L2 bandwidth, and the per-layer exchange
+between SMs that spreading a stream over several SMs needs costs 0.7-1.0 us through global memory (a grid
+barrier), 80 times per sample. A thread-block cluster exchanges through distributed shared memory instead, which
+Triton cannot express (benchmarks/NOTES.md has the measurements).
+
+Design: one cluster of ``C`` CTAs per group of ``S`` streams. CTA r owns rows [r H/C, (r+1) H/C) of every
+matrix; a group of ``LPR`` lanes owns one row and keeps the next ``D`` layers' weights of that row in registers
+(loaded D layers ahead, straight from L2). Per layer each CTA waits on its own mbarrier until the whole input
+vector has arrived in its shared memory, computes its rows, and writes each result into every CTA's next
+buffer with ``st.async`` that completes bytes on that CTA's mbarrier: point-to-point, no cluster-wide barrier.
+Two buffers alternate by layer parity (a CTA can only write buffer b for layer k+2 after every CTA has sent its
+layer-k+1 rows, which each sends only after reading buffer b for layer k).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+_SOURCE = r"""
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define CPL (H / LPR)
+#define RPW (32 / LPR)
+#define RC (H / C)
+#define NW (RC / RPW)
+#define NT (NW * 32)
+
+__device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ u32 cluster_rank() {
+  u32 r; asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r)); return r;
+}
+__device__ __forceinline__ u32 mapa(u32 addr, u32 rank) {
+  u32 r; asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank)); return r;
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ u32 mbar_try_wait(u32 bar, u32 parity) {
+  u32 ok;
+  asm volatile("{\n\t.reg .pred p;\n\t"
+               "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
+               "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
+  return ok;
+}
+__device__ __forceinline__ void st_async(u32 addr, float v, u32 bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+               :: "r"(addr), "r"(__float_as_uint(v)), "r"(bar) : "memory");
+}
+
+#if WBF16
+typedef uint2 wvec;  // 4 bfloat16
+__device__ __forceinline__ wvec wload(const unsigned short* p) { return __ldg((const uint2*)p); }
+__device__ __forceinline__ float4 wfloat(wvec v) {
+  return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u),
+                     __uint_as_float(v.y << 16), __uint_as_float(v.y & 0xffff0000u));
+}
+typedef unsigned short wtype;
+#else
+typedef float4 wvec;
+__device__ __forceinline__ wvec wload(const float* p) { return __ldg((const float4*)p); }
+__device__ __forceinline__ float4 wfloat(wvec v) { return v; }
+typedef float wtype;
+#endif
+
+__device__ __forceinline__ float act(float y) {
+#if RELU
+  return fmaxf(y, 0.0f);
+#else
+  return 1.0f - __fdividef(2.0f, __expf(2.0f * y) + 1.0f);  // tanh
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(NT, 1)
+serial_chain_cluster(const wtype* __restrict__ w, const float* __restrict__ x0, float* __restrict__ out,
+                     int L, long long K, int B) {
+  __shared__ __align__(16) float xs[2][S][H];
+  __shared__ __align__(8) u64 bars[2];
+  const u32 rank = cluster_rank();
+  const int s0 = (blockIdx.x / C) * S;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int l = lane % LPR;
+  const int row = rank * RC + warp * RPW + lane / LPR;
+  const int col0 = l * CPL;
+  const u32 bar[2] = {smem_addr(&bars[0]), smem_addr(&bars[1])};
+  if (threadIdx.x == 0) {
+    mbar_init(bar[0], 1);
+    mbar_init(bar[1], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  for (int i = threadIdx.x; i < S * H; i += NT) {
+    const int s = i / H;
+    xs[0][s][i % H] = (s0 + s < B) ? x0[(long long)(s0 + s) * H + i % H] : 0.0f;
+  }
+  cluster_sync();  // barriers initialised and inputs loaded in every CTA before anyone writes remotely
+
+  // this lane's sends: pairs p = l, l + LPR, ... < C * S of (stream p / C, destination CTA p % C)
+  wvec wr[D][CPL / 4];
+  int li = 0;  // layer of the next prefetch
+#pragma unroll
+  for (int d = 0; d < D; d++) {
+#pragma unroll
+    for (int j = 0; j < CPL / 4; j++) wr[d][j] = wload(w + ((long long)li * H + row) * H + col0 + 4 * j);
+    li = (li + 1 == L) ? 0 : li + 1;
+  }
+  for (long long k0 = 0; k0 < K; k0 += D) {
+#pragma unroll
+    for (int d = 0; d < D; d++) {
+      const long long k = k0 + d;
+      if (k < K) {
+        const int b = (int)(k & 1);
+        if (k > 0) {
+          const u32 parity = (u32)(((k - 1) >> 1) & 1);
+          while (!mbar_try_wait(bar[b], parity)) {}
+        }
+        if (threadIdx.x == 0) mbar_arrive_expect(bar[b ^ 1], S * H * 4);
+        float acc[S];
+#pragma unroll
+        for (int s = 0; s < S; s++) {
+          float a0 = 0.0f, a1 = 0.0f;
+#pragma unroll
+          for (int j = 0; j < CPL / 4; j++) {
+            const float4 xv = *(const float4*)&xs[b][s][col0 + 4 * j];
+            const float4 wv = wfloat(wr[d][j]);
+            a0 = fmaf(wv.x, xv.x, a0);
+            a1 = fmaf(wv.y, xv.y, a1);
+            a0 = fmaf(wv.z, xv.z, a0);
+            a1 = fmaf(wv.w, xv.w, a1);
+          }
+          acc[s] = a0 + a1;
+        }
+        // the layer D ahead into the registers just used
+#pragma unroll
+        for (int j = 0; j < CPL / 4; j++) wr[d][j] = wload(w + ((long long)li * H + row) * H + col0 + 4 * j);
+        li = (li + 1 == L) ? 0 : li + 1;
+#pragma unroll
+        for (int s = 0; s < S; s++) {
+#pragma unroll
+          for (int o = LPR / 2; o > 0; o >>= 1) acc[s] += __shfl_xor_sync(0xffffffffu, acc[s], o);
+          acc[s] = act(acc[s]);
+        }
+        if (k + 1 < K) {
+#pragma unroll
+          for (int p0 = 0; p0 < C * S; p0 += LPR) {
+            const int p = p0 + l;
+            if (p < C * S) {
+              const int s = p / C, dst = p % C;
+              float v = acc[0];
+#pragma unroll
+              for (int q = 1; q < S; q++) v = (s == q) ? acc[q] : v;
+              st_async(mapa(smem_addr(&xs[b ^ 1][s][row]), dst), v, mapa(bar[b ^ 1], dst));
+            }
+          }
+        } else if (l == 0) {
+#pragma unroll
+          for (int s = 0; s < S; s++)
+            if (s0 + s < B) out[(long long)(s0 + s) * H + row] = acc[s];
+        }
+      }
+    }
+  }
+  cluster_sync();  // no CTA leaves while another may still write into its shared memory
+}
+"""
+
+
+def available() -> bool:
+    """Whether the cluster kernels can run here: cuda.core importable and a CUDA GPU of compute capability 9.0
+    or newer."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
+        return False
+    try:
+        import cuda.core  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _core():
+    try:
+        import cuda.core as core
+    except ImportError:  # cuda-core < 0.4 kept the API under experimental
+        import cuda.core.experimental as core
+    return core
+
+
+def config(H: int, C: int, S: int, bf16: bool) -> dict:
+    """Launch parameters for H rows over C CTAs and S streams per cluster: lanes per row LPR (a power of 2
+    dividing 32; each lane holds H / LPR columns of its row; fewer when a CTA would need more than 32 warps) and
+    the prefetch depth D (layers, even) that fits the registers left per thread."""
+    lpr = 8
+    while lpr > 1 and ((H // lpr) % 4 or (H // C) * lpr // 32 > 32):
+        lpr //= 2
+    threads = max(32, (H // C) * lpr)
+    per_layer = (H // lpr) // (2 if bf16 else 1)  # registers per prefetched layer
+    d = max(2, min(8, (min(255, 65536 // threads) - 40 - 8 * S) // max(1, per_layer)))
+    d -= d % 2  # even: the buffer parity of an unrolled step is then known at compile time
+    return {"H": H, "C": C, "S": S, "LPR": lpr, "D": d, "WBF16": int(bf16)}
+
+
+def check_config(cfg: dict) -> None:
+    H, C, lpr = cfg["H"], cfg["C"], cfg["LPR"]
+    rpw = 32 // lpr
+    if H % C or (H // C) % rpw or (H // lpr) % 4 or (H // C) // rpw > 32 or C > 8 or cfg["D"] % 2:
+        raise ValueError(f"the cluster design cannot split H={H} over C={C} CTAs with {lpr} lanes per row")
+
+
+@functools.cache
+def _kernel(H: int, C: int, S: int, LPR: int, D: int, WBF16: int, RELU: int, arch: str):
+    core = _core()
+    defines = f"#define H {H}\n#define C {C}\n#define S {S}\n#define LPR {LPR}\n#define D {D}\n"
+    defines += f"#define WBF16 {WBF16}\n#define RELU {RELU}\n"
+    opts = core.ProgramOptions(arch=arch, std="c++17", name="serial_chain_cluster")
+    mod = core.Program(defines + _SOURCE, "c++", opts).compile("cubin")
+    return mod.get_kernel("serial_chain_cluster")
+
+
+class _TorchStream:
+    """The current PyTorch stream in the __cuda_stream__ protocol that cuda.core accepts."""
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
+def serial_chain_cluster(
+    weights: torch.Tensor, x0: torch.Tensor, n_samples: int, relu: bool, C: int = 4, S: int = 1, **over
+) -> torch.Tensor:
+    """Launcher: ceil(B / S) clusters of C CTAs ([B, H] float32 out); ``over`` overrides LPR or D."""
+    import numpy as np
+
+    core = _core()
+    L, H, _ = weights.shape
+    B = x0.shape[0]
+    cfg = {**config(H, C, S, weights.dtype == torch.bfloat16), **over}
+    check_config(cfg)
+    w = weights.contiguous()
+    x = x0.float().contiguous()
+    out = torch.empty(B, H, dtype=torch.float32, device=x0.device)
+    major, minor = torch.cuda.get_device_capability(x0.device)
+    kernel = _kernel(**cfg, RELU=int(relu), arch=f"sm_{major}{minor}")
+    core.Device(x0.device.index or 0).set_current()
+    nw = (H // C) // (32 // cfg["LPR"])
+    launch_cfg = core.LaunchConfig(grid=(B + S - 1) // S, cluster=C, block=32 * nw)
+    stream = _TorchStream(torch.cuda.current_stream(x0.device).cuda_stream)
+    args = (np.uint64(w.data_ptr()), np.uint64(x.data_ptr()), np.uint64(out.data_ptr()), np.int32(L),
+            np.int64(n_samples * L), np.int32(B))  # fmt: skip
+    core.launch(stream, launch_cfg, kernel, *args)
+    return out
