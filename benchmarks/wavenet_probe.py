@@ -75,7 +75,7 @@ def rate(fn, n):
     return n / t
 
 
-def proxy_sweeps(quick):
+def proxy_sweeps(quick, parts=("stream", "cluster", "many"), cs=(1, 2, 4, 8)):
     g = torch.Generator().manual_seed(0)
     L, H = 80, 128
     w32 = (torch.randn(L, H, H, generator=g) / math.sqrt(H)).cuda()
@@ -83,14 +83,15 @@ def proxy_sweeps(quick):
         w = w32.to(getattr(torch, dtype))
         x1 = torch.randn(1, H, generator=g).cuda()
         ref = serial_chain_reference(w.float().cpu(), x1.cpu(), n_samples=50)
-        for nw in (4, 8, 16, 32):
+        for nw in (4, 8, 16, 32) if "stream" in parts else ():
             khz = rate(lambda n, nw=nw, w=w, x1=x1: serial_chain_stream(w, x1, n, False, num_warps=nw), 2000) / 1e3
             emit(probe="stream", weights=dtype, B=1, num_warps=nw, kHz=khz)
-        khz = rate(lambda n, w=w, x1=x1: serial_chain_barrier(w, x1, n, False), 500) / 1e3
-        emit(probe="barrier", weights=dtype, B=1, kHz=khz)
-        for C in (1, 2, 4, 8):
+        if "stream" in parts:
+            khz = rate(lambda n, w=w, x1=x1: serial_chain_barrier(w, x1, n, False), 500) / 1e3
+            emit(probe="barrier", weights=dtype, B=1, kHz=khz)
+        for C in cs if "cluster" in parts else ():
             base = cluster.config(H, C, 1, dtype == "bfloat16")
-            variants = [(8, d) for d in sorted({2, 4, 8, base["D"]})] + [(4, base["D"]), (16, base["D"])]
+            variants = [(8, d) for d in sorted({2, 4, 8, base["D"]})] + [(lpr, base["D"]) for lpr in (4, 16, 32)]
             for lpr, d in variants:
                 if True:
                     over = {"LPR": lpr, "D": d}
@@ -117,7 +118,7 @@ def proxy_sweeps(quick):
                         emit(probe="cluster", weights=dtype, B=1, C=C, LPR=lpr, D=d, error=str(e)[:300])
                 if quick:
                     break
-        for B in (132, 1024):
+        for B in (132, 1024) if "many" in parts else ():
             xb = torch.randn(B, H, generator=g).cuda()
             for C in (2, 4):
                 for S in (1, 2, 4, 8):
@@ -141,7 +142,11 @@ def proxy_sweeps(quick):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--parts", default="l2,stream,cluster,many")
+    ap.add_argument("--C", default="1,2,4,8,16")
     a = ap.parse_args()
+    parts = a.parts.split(",")
+    cs = tuple(int(c) for c in a.C.split(","))
     emit(device=torch.cuda.get_device_name(), torch=torch.__version__)
     try:
         import cuda.core
@@ -149,7 +154,7 @@ if __name__ == "__main__":
         emit(cuda_core=getattr(cuda.core, "__version__", "?"))
     except ImportError as e:
         emit(cuda_core_error=str(e))
-    for part in (l2_bandwidth, lambda: proxy_sweeps(a.quick)):
+    for part in ([l2_bandwidth] if "l2" in parts else []) + [lambda: proxy_sweeps(a.quick, parts, cs)]:
         try:
             part()
         except Exception as e:  # noqa: BLE001

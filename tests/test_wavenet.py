@@ -96,7 +96,7 @@ def test_gpu_serial_chain_designs(gpu, design, dtype, activation):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "H, C, S", [(128, 1, 1), (128, 2, 3), (128, 4, 2), (128, 8, 1), (128, 8, 4), (64, 2, 1), (64, 8, 2), (256, 4, 1)]
+    "H, C, S", [(128, 1, 1), (128, 2, 3), (128, 4, 2), (128, 8, 1), (128, 8, 4), (128, 16, 1), (128, 16, 2), (64, 2, 1), (64, 8, 2), (256, 4, 1)]
 )
 def test_gpu_serial_chain_cluster_configs(gpu, H, C, S):
     """Cluster sizes, streams per cluster (B not a multiple of S), widths, a sample count that is not a multiple

@@ -30,6 +30,7 @@ typedef unsigned long long u64;
 #define RC (H / C)
 #define NW (RC / RPW)
 #define NT (NW * 32)
+#define PK (RPW < 4 ? RPW : 4)  // consecutive rows packed into one message
 
 __device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ u32 cluster_rank() {
@@ -54,9 +55,19 @@ __device__ __forceinline__ u32 mbar_try_wait(u32 bar, u32 parity) {
                "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
   return ok;
 }
-__device__ __forceinline__ void st_async(u32 addr, float v, u32 bar) {
+// PK consecutive floats into another CTA's shared memory, completing their bytes on its mbarrier
+__device__ __forceinline__ void st_async(u32 addr, const float* v, u32 bar) {
+#if PK == 4
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];"
+               :: "r"(addr), "r"(__float_as_uint(v[0])), "r"(__float_as_uint(v[1])), "r"(__float_as_uint(v[2])),
+                  "r"(__float_as_uint(v[3])), "r"(bar) : "memory");
+#elif PK == 2
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];"
+               :: "r"(addr), "r"(__float_as_uint(v[0])), "r"(__float_as_uint(v[1])), "r"(bar) : "memory");
+#else
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
-               :: "r"(addr), "r"(__float_as_uint(v)), "r"(bar) : "memory");
+               :: "r"(addr), "r"(__float_as_uint(v[0])), "r"(bar) : "memory");
+#endif
 }
 
 #if WBF16
@@ -151,15 +162,28 @@ serial_chain_cluster(const wtype* __restrict__ w, const float* __restrict__ x0, 
           acc[s] = act(acc[s]);
         }
         if (k + 1 < K) {
+          // the first group of each PK groups gathers their rows and sends them as one message per (stream,
+          // destination) pair: pairs p = l, l + LPR, ... < C * S of (stream p / C, destination p % C)
+          float pk[S][PK];
 #pragma unroll
-          for (int p0 = 0; p0 < C * S; p0 += LPR) {
-            const int p = p0 + l;
-            if (p < C * S) {
-              const int s = p / C, dst = p % C;
-              float v = acc[0];
+          for (int s = 0; s < S; s++)
 #pragma unroll
-              for (int q = 1; q < S; q++) v = (s == q) ? acc[q] : v;
-              st_async(mapa(smem_addr(&xs[b ^ 1][s][row]), dst), v, mapa(bar[b ^ 1], dst));
+            for (int q = 0; q < PK; q++) pk[s][q] = __shfl_sync(0xffffffffu, acc[s], (lane + q * LPR) & 31);
+          if ((lane / LPR) % PK == 0) {
+#pragma unroll
+            for (int p0 = 0; p0 < C * S; p0 += LPR) {
+              const int p = p0 + l;
+              if (p < C * S) {
+                const int s = p / C, dst = p % C;
+                float v[PK];
+#pragma unroll
+                for (int q = 0; q < PK; q++) {
+                  v[q] = pk[0][q];
+#pragma unroll
+                  for (int t = 1; t < S; t++) v[q] = (s == t) ? pk[t][q] : v[q];
+                }
+                st_async(mapa(smem_addr(&xs[b ^ 1][s][row]), dst), v, mapa(bar[b ^ 1], dst));
+              }
             }
           }
         } else if (l == 0) {
@@ -212,7 +236,7 @@ def config(H: int, C: int, S: int, bf16: bool) -> dict:
 def check_config(cfg: dict) -> None:
     H, C, lpr = cfg["H"], cfg["C"], cfg["LPR"]
     rpw = 32 // lpr
-    if H % C or (H // C) % rpw or (H // lpr) % 4 or (H // C) // rpw > 32 or C > 8 or cfg["D"] % 2:
+    if H % C or (H // C) % rpw or (H // lpr) % 4 or (H // C) // rpw > 32 or C > 16 or cfg["D"] % 2:
         raise ValueError(f"the cluster design cannot split H={H} over C={C} CTAs with {lpr} lanes per row")
 
 
@@ -223,7 +247,16 @@ def _kernel(H: int, C: int, S: int, LPR: int, D: int, WBF16: int, RELU: int, arc
     defines += f"#define WBF16 {WBF16}\n#define RELU {RELU}\n"
     opts = core.ProgramOptions(arch=arch, std="c++17", name="serial_chain_cluster")
     mod = core.Program(defines + _SOURCE, "c++", opts).compile("cubin")
-    return mod.get_kernel("serial_chain_cluster")
+    kernel = mod.get_kernel("serial_chain_cluster")
+    if C > 8:  # clusters of more than 8 CTAs are opt-in (Hopper allows 16)
+        from cuda.bindings import driver
+
+        attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+        dev = driver.CUdevice(torch.cuda.current_device())
+        (err,) = driver.cuKernelSetAttribute(attr, 1, kernel.handle, dev)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise ValueError(f"clusters of C={C} CTAs are not available here ({err})")
+    return kernel
 
 
 class _TorchStream:
