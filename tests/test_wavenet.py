@@ -96,7 +96,19 @@ def test_gpu_serial_chain_designs(gpu, design, dtype, activation):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "H, C, S", [(128, 1, 1), (128, 2, 3), (128, 4, 2), (128, 8, 1), (128, 8, 4), (128, 16, 1), (128, 16, 2), (64, 2, 1), (64, 8, 2), (256, 4, 1)]
+    "H, C, S",
+    [
+        (128, 1, 1),
+        (128, 2, 3),
+        (128, 4, 2),
+        (128, 8, 1),
+        (128, 8, 4),
+        (128, 16, 1),
+        (128, 16, 2),
+        (64, 2, 1),
+        (64, 8, 2),
+        (256, 4, 1),
+    ],
 )
 def test_gpu_serial_chain_cluster_configs(gpu, H, C, S):
     """Cluster sizes, streams per cluster (B not a multiple of S), widths, a sample count that is not a multiple
@@ -257,7 +269,9 @@ def test_generate_kernel_matches_incremental_path(kernel_device, kw, temperature
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_gpu_generate_kernel_matches_incremental_path(gpu, temperature):
+@pytest.mark.parametrize("kernel", ["triton", "cluster", "cluster bf16", "cluster C=4"])
+def test_gpu_generate_kernel_matches_incremental_path(gpu, temperature, kernel):
+    from speechkernels.wavenet import cluster_vocoder
     from speechkernels.wavenet.kernels import wavenet_generate
 
     net = small_model(residual_channels=64, gate_channels=128, skip_channels=256, classes=256).to(gpu)
@@ -265,8 +279,20 @@ def test_gpu_generate_kernel_matches_incremental_path(gpu, temperature):
     cond = torch.randn(B, 5, 50, device=gpu)
     speaker = torch.tensor([0, 1, 2, 1], device=gpu)
     u = torch.rand(n, B, device=gpu)
+    if kernel.startswith("cluster") and not cluster_vocoder.available(net):
+        pytest.skip("cuda-core or a GPU of compute capability 9.0 missing")
     with torch.no_grad():
-        out = wavenet_generate(net, cond, net.speaker_embed(speaker), u, temperature)
+        g = net.speaker_embed(speaker)
+        if kernel == "triton":
+            out = wavenet_generate(net, cond, g, u, temperature)
+        else:
+            wd = torch.bfloat16 if "bf16" in kernel else torch.float32
+            C = 4 if "C=4" in kernel else 8
+            out = cluster_vocoder.wavenet_generate_cluster(net, cond, g, u, temperature, wd, C)
+            if wd == torch.bfloat16:  # the same model with its matrices rounded as the kernel reads them
+                for name, prm in net.named_parameters():
+                    if prm.dim() == 2 and not name.startswith(("embed", "speaker", "w_cond", "w_speaker")):
+                        prm.copy_(prm.to(torch.bfloat16).float())
         logits = net(out, cond, speaker)  # teacher-forced on the kernel's own samples
     # each step against the PyTorch logits and the same uniform (a different sum order may move a sample across
     # a CDF boundary only when u lies within ~1e-6 of it; a wrong step would not feed back here)

@@ -119,6 +119,16 @@ def vocoder_implementations(net: WaveNet, cond: torch.Tensor):
             return wavenet_generate(net, cond, None, u, 1.0)
 
         out.append(("triton", triton_kernel))
+        from speechkernels.wavenet import cluster_vocoder
+
+        if cluster_vocoder.available(net):
+            for wd in (torch.float32, torch.bfloat16):
+
+                def cluster_kernel(n, wd=wd):
+                    u = torch.rand(n, cond.shape[0], generator=gen, device=cond.device)
+                    return cluster_vocoder.wavenet_generate_cluster(net, cond, None, u, 1.0, wd)
+
+                out.append((f"cluster {str(wd)[6:]}", cluster_kernel))
     return out
 
 

@@ -21,16 +21,10 @@ import functools
 
 import torch
 
-_SOURCE = r"""
+# cluster helpers shared with cluster_vocoder.py
+COMMON = r"""
 typedef unsigned int u32;
 typedef unsigned long long u64;
-
-#define CPL (H / LPR)
-#define RPW (32 / LPR)
-#define RC (H / C)
-#define NW (RC / RPW)
-#define NT (NW * 32)
-#define PK (RPW < 4 ? RPW : 4)  // consecutive rows packed into one message
 
 __device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ u32 cluster_rank() {
@@ -55,6 +49,16 @@ __device__ __forceinline__ u32 mbar_try_wait(u32 bar, u32 parity) {
                "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
   return ok;
 }
+"""
+
+_SOURCE = r"""
+#define CPL (H / LPR)
+#define RPW (32 / LPR)
+#define RC (H / C)
+#define NW (RC / RPW)
+#define NT (NW * 32)
+#define PK (RPW < 4 ? RPW : 4)  // consecutive rows packed into one message
+
 // PK consecutive floats into another CTA's shared memory, completing their bytes on its mbarrier
 __device__ __forceinline__ void st_async(u32 addr, const float* v, u32 bar) {
 #if PK == 4
@@ -246,7 +250,7 @@ def _kernel(H: int, C: int, S: int, LPR: int, D: int, WBF16: int, RELU: int, arc
     defines = f"#define H {H}\n#define C {C}\n#define S {S}\n#define LPR {LPR}\n#define D {D}\n"
     defines += f"#define WBF16 {WBF16}\n#define RELU {RELU}\n"
     opts = core.ProgramOptions(arch=arch, std="c++17", name="serial_chain_cluster")
-    mod = core.Program(defines + _SOURCE, "c++", opts).compile("cubin")
+    mod = core.Program(defines + COMMON + _SOURCE, "c++", opts).compile("cubin")
     kernel = mod.get_kernel("serial_chain_cluster")
     if C > 8:  # clusters of more than 8 CTAs are opt-in (Hopper allows 16)
         from cuda.bindings import driver
@@ -270,9 +274,18 @@ class _TorchStream:
 
 
 def serial_chain_cluster(
-    weights: torch.Tensor, x0: torch.Tensor, n_samples: int, relu: bool, C: int = 4, S: int = 1, **over
+    weights: torch.Tensor, x0: torch.Tensor, n_samples: int, relu: bool, C: int | None = None, S: int = 1, **over
 ) -> torch.Tensor:
-    """Launcher: ceil(B / S) clusters of C CTAs ([B, H] float32 out); ``over`` overrides LPR or D."""
+    """Launcher: ceil(B / S) clusters of C CTAs ([B, H] float32 out); ``over`` overrides LPR or D. C defaults to
+    16 CTAs with 8 lanes per row where the GPU allows clusters of 16, else 8 (benchmarks/NOTES.md)."""
+    if C is None:
+        H = weights.shape[1]
+        try:
+            if H % 16:
+                raise ValueError("H")
+            return serial_chain_cluster(weights, x0, n_samples, relu, 16, S, **{"LPR": 8, **over})
+        except ValueError:
+            C = 8
     import numpy as np
 
     core = _core()

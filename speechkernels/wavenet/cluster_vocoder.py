@@ -1,0 +1,398 @@
+"""WaveNet vocoder generation on a thread-block cluster (CUDA C++ through ``cuda.core``; optional, Hopper or
+newer; the Triton kernel in ``kernels.py`` is the fallback).
+
+One cluster of ``C`` CTAs per stream, all samples in one launch. Per layer one exchange through distributed
+shared memory (``st.async`` completing bytes on each CTA's mbarrier, as ``cluster.py``):
+
+- CTA r computes gate units j in [r G2/C, (r+1) G2/C), one per warp: four lane groups hold the rows
+  tanh/sigmoid of the current-input matrix and of the past-input matrix. The past product W_past x is computed
+  when x is produced and queued (per CTA, in global memory, read one layer ahead), so the dilation queue holds
+  G-vectors of this CTA's rows rather than inputs.
+- z_j goes to every CTA; each CTA then has the whole z and computes the whole residual update itself (no second
+  exchange) and its rows of the skip sum (kept un-reduced per lane until the head).
+- Head: relu(skip) rows, head1 rows and the logits' rows are exchanged in turn; every CTA samples the same class
+  from the same logits and uniform (inverse CDF, as ``generate_incremental``).
+Weights stream from L2, each layer's loaded one layer ahead into registers; the head's rows stay in registers.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .cluster import COMMON, _core, _TorchStream
+
+_SOURCE = r"""
+#define ZC (G2 / C)
+#define NW ZC
+#define NT (NW * 32)
+#define NG (NW * 4)
+#define RCL (R / 8)
+#define ZCL (G2 / 8)
+#define HCL (SK / 8)
+#define RR (R / NG)
+#define SR (SK / C / NG)
+#define H2R (NC / C / NG)
+#define EXMAX (G2 > SK ? (G2 > NC ? G2 : NC) : (SK > NC ? SK : NC))
+#define VPL (NC / 32)
+
+__device__ __forceinline__ void st_async1(u32 addr, float v, u32 bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+               :: "r"(addr), "r"(__float_as_uint(v)), "r"(bar) : "memory");
+}
+
+#if WBF16
+typedef uint4 wv;  // 8 bfloat16
+#define WPV 8
+typedef unsigned short wtype;
+__device__ __forceinline__ float dotv(const wv* w, const float* x, int nv) {
+  float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+  for (int k = 0; k < nv; k++) {
+    const float4 x0 = *(const float4*)(x + 8 * k), x1 = *(const float4*)(x + 8 * k + 4);
+    a0 = fmaf(__uint_as_float(w[k].x << 16), x0.x, a0); a1 = fmaf(__uint_as_float(w[k].x & 0xffff0000u), x0.y, a1);
+    a0 = fmaf(__uint_as_float(w[k].y << 16), x0.z, a0); a1 = fmaf(__uint_as_float(w[k].y & 0xffff0000u), x0.w, a1);
+    a0 = fmaf(__uint_as_float(w[k].z << 16), x1.x, a0); a1 = fmaf(__uint_as_float(w[k].z & 0xffff0000u), x1.y, a1);
+    a0 = fmaf(__uint_as_float(w[k].w << 16), x1.z, a0); a1 = fmaf(__uint_as_float(w[k].w & 0xffff0000u), x1.w, a1);
+  }
+  return a0 + a1;
+}
+#else
+typedef float4 wv;
+#define WPV 4
+typedef float wtype;
+__device__ __forceinline__ float dotv(const wv* w, const float* x, int nv) {
+  float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+  for (int k = 0; k < nv; k++) {
+    const float4 xv = *(const float4*)(x + 4 * k);
+    a0 = fmaf(w[k].x, xv.x, a0); a1 = fmaf(w[k].y, xv.y, a1);
+    a0 = fmaf(w[k].z, xv.z, a0); a1 = fmaf(w[k].w, xv.w, a1);
+  }
+  return a0 + a1;
+}
+#endif
+__device__ __forceinline__ void ldw(wv* dst, const wtype* p, int nv) {
+#pragma unroll
+  for (int k = 0; k < nv; k++) dst[k] = __ldg((const wv*)(p + WPV * k));
+}
+__device__ __forceinline__ float red8(float a) {
+  a += __shfl_xor_sync(0xffffffffu, a, 4);
+  a += __shfl_xor_sync(0xffffffffu, a, 2);
+  return a + __shfl_xor_sync(0xffffffffu, a, 1);
+}
+__device__ __forceinline__ float sigm(float a) { return 1.0f / (1.0f + expf(-a)); }
+
+// one layer's weights of this lane: its gate row (8 lanes x RCL), its residual rows and skip rows (ZCL each)
+struct LW {
+  wv g[RCL / WPV];
+  wv r[RR][ZCL / WPV];
+  wv s[SR][ZCL / WPV];
+  float cb;  // conditioning + bias of the gate row (groups 0 and 1)
+  float q;   // the queued past product for this step (groups 2 and 3)
+};
+
+extern "C" __global__ void __launch_bounds__(NT, 1)
+wavenet_cluster(const wtype* __restrict__ wg,  // [L][C][NW][4][R]: rows cur_t, cur_s, past_t, past_s of unit j
+                const wtype* __restrict__ wr, const float* __restrict__ br,  // [L][R][G2], [L][R]
+                const wtype* __restrict__ ws, const float* __restrict__ bs,  // [L][SK][G2], [SK] (summed)
+                const wtype* __restrict__ w1, const float* __restrict__ b1,  // [SK][SK], [SK]
+                const wtype* __restrict__ w2, const float* __restrict__ b2,  // [NC][SK], [NC]
+                const float* __restrict__ embed,  // [NC][R]
+                const float* __restrict__ cb,  // [B][F][L][2 G2]: conditioning and current-input bias
+                const int* __restrict__ dil, const int* __restrict__ qoff,  // [L]
+                float* __restrict__ queue,  // [B][C][Q][NW][2] zeros
+                const float* __restrict__ uni,  // [n][B]
+                long long* __restrict__ out,  // [B][n]
+                int B, int L, int F, int Q, int hop, int n, int start, float inv_temp) {
+  __shared__ __align__(16) float xs[2][R];
+  __shared__ __align__(16) float ex[2][EXMAX];
+  __shared__ __align__(8) u64 bars[2];
+  __shared__ int s_sample;
+  const u32 rank = cluster_rank();
+  const int b = blockIdx.x / C;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 3, l = lane & 7;
+  const int gi = warp * 4 + grp;
+  const int j = rank * ZC + warp;
+  const u32 bar[2] = {smem_addr(&bars[0]), smem_addr(&bars[1])};
+  float* qb = queue + ((long long)b * C + rank) * Q * NW * 2 + warp * 2 + (grp & 1);
+  if (threadIdx.x == 0) {
+    mbar_init(bar[0], 1);
+    mbar_init(bar[1], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  for (int i = threadIdx.x; i < R; i += NT) xs[0][i] = embed[(long long)start * R + i];
+  cluster_sync();
+  if (threadIdx.x == 0) mbar_arrive_expect(bar[0], G2 * 4);  // event 0: layer 0's z
+
+  // head rows of this lane, kept in registers
+  wv h1w[SR][HCL / WPV], h2w[H2R][HCL / WPV];
+#pragma unroll
+  for (int k = 0; k < SR; k++) ldw(h1w[k], w1 + (long long)(rank * (SK / C) + gi * SR + k) * SK + l * HCL, HCL / WPV);
+#pragma unroll
+  for (int k = 0; k < H2R; k++) ldw(h2w[k], w2 + (long long)(rank * (NC / C) + gi * H2R + k) * SK + l * HCL, HCL / WPV);
+
+  auto load_layer = [&](LW& w, int t, int i) {
+    ldw(w.g, wg + ((((long long)i * C + rank) * NW + warp) * 4 + grp) * R + l * RCL, RCL / WPV);
+#pragma unroll
+    for (int k = 0; k < RR; k++) ldw(w.r[k], wr + ((long long)i * R + gi * RR + k) * G2 + l * ZCL, ZCL / WPV);
+#pragma unroll
+    for (int k = 0; k < SR; k++)
+      ldw(w.s[k], ws + ((long long)i * SK + rank * (SK / C) + gi * SR + k) * G2 + l * ZCL, ZCL / WPV);
+    const int frame = min(t / hop, F - 1);
+    w.cb = (grp < 2) ? __ldg(cb + (((long long)b * F + frame) * L + i) * 2 * G2 + grp * G2 + j) : 0.0f;
+    w.q = (grp >= 2 && t < n) ? qb[(long long)(__ldg(qoff + i) + t % __ldg(dil + i)) * NW * 2] : 0.0f;
+  };
+  long long e = 0;  // exchange events so far: L per sample (z), then relu(skip), head1, logits
+  int xb = 0, t = 0, i = 0;
+  float sk[SR];
+#pragma unroll
+  for (int k = 0; k < SR; k++) sk[k] = 0.0f;
+  float u = GREEDY ? 0.0f : __ldg(uni + b);
+
+  // one layer (and the head after the last): weights in cur, the next layer's loaded into nxt meanwhile
+  auto step = [&](LW& cur, LW& nxt) {
+    // ---- gate unit j of layer i on x = xs[xb]
+    const float a = red8(dotv(cur.g, &xs[xb][l * RCL], RCL / WPV));
+    const float a_s = __shfl_sync(0xffffffffu, a, (lane + 8) & 31);
+    const float q_t = __shfl_sync(0xffffffffu, cur.q, (lane + 16) & 31);
+    const float q_s = __shfl_sync(0xffffffffu, cur.q, (lane + 24) & 31);
+    const float cb_s = __shfl_sync(0xffffffffu, cur.cb, (lane + 8) & 31);
+    if (grp >= 2 && l == 0) qb[(long long)(__ldg(qoff + i) + t % __ldg(dil + i)) * NW * 2] = a;  // W_past x
+    if (i + 1 == L) load_layer(nxt, t + 1, 0); else load_layer(nxt, t, i + 1);
+    u32 eb = (u32)(e & 1);
+    if (grp == 0 && l < C) {
+      const float at = a + q_t + cur.cb, as = a_s + q_s + cb_s;
+      const float z = (1.0f - 2.0f / (expf(2.0f * at) + 1.0f)) * sigm(as);
+      st_async1(mapa(smem_addr(&ex[eb][j]), l), z, mapa(bar[eb], l));
+    }
+    // ---- the whole z: the residual update and this CTA's skip rows
+    while (!mbar_try_wait(bar[eb], (u32)((e >> 1) & 1))) {}
+    if (threadIdx.x == 0) mbar_arrive_expect(bar[eb ^ 1], (i + 1 == L ? SK : G2) * 4);
+    e++;
+    float zc[ZCL];
+#pragma unroll
+    for (int k = 0; k < ZCL; k += 4) *(float4*)&zc[k] = *(const float4*)&ex[eb][l * ZCL + k];
+#pragma unroll
+    for (int k = 0; k < SR; k++) sk[k] += dotv(cur.s[k], zc, ZCL / WPV);
+    if (i + 1 < L) {
+#pragma unroll
+      for (int k = 0; k < RR; k++) {
+        const int row = gi * RR + k;
+        const float y = red8(dotv(cur.r[k], zc, ZCL / WPV));
+        if (l == 0) xs[xb ^ 1][row] = xs[xb][row] + y + __ldg(br + (long long)i * R + row);
+      }
+    }
+    __syncthreads();
+    xb ^= 1;
+    if (++i < L) return;
+    // ---- head: relu(skip) rows -> all, head1 rows -> all, logit rows -> all, then sampling
+    eb = (u32)(e & 1);
+#pragma unroll
+    for (int k = 0; k < SR; k++) {
+      const int row = rank * (SK / C) + gi * SR + k;
+      const float h = fmaxf(red8(sk[k]) + __ldg(bs + row), 0.0f);
+      sk[k] = 0.0f;
+      for (int d = l; d < C; d += 8) st_async1(mapa(smem_addr(&ex[eb][row]), d), h, mapa(bar[eb], d));
+    }
+    while (!mbar_try_wait(bar[eb], (u32)((e >> 1) & 1))) {}
+    if (threadIdx.x == 0) mbar_arrive_expect(bar[eb ^ 1], SK * 4);
+    e++;
+    float hc[HCL];
+#pragma unroll
+    for (int k = 0; k < HCL; k += 4) *(float4*)&hc[k] = *(const float4*)&ex[eb][l * HCL + k];
+    eb ^= 1;
+#pragma unroll
+    for (int k = 0; k < SR; k++) {
+      const int row = rank * (SK / C) + gi * SR + k;
+      const float h = fmaxf(red8(dotv(h1w[k], hc, HCL / WPV)) + __ldg(b1 + row), 0.0f);
+      for (int d = l; d < C; d += 8) st_async1(mapa(smem_addr(&ex[eb][row]), d), h, mapa(bar[eb], d));
+    }
+    while (!mbar_try_wait(bar[eb], (u32)((e >> 1) & 1))) {}
+    if (threadIdx.x == 0) mbar_arrive_expect(bar[eb ^ 1], NC * 4);
+    e++;
+#pragma unroll
+    for (int k = 0; k < HCL; k += 4) *(float4*)&hc[k] = *(const float4*)&ex[eb][l * HCL + k];
+    eb ^= 1;
+#pragma unroll
+    for (int k = 0; k < H2R; k++) {
+      const int row = rank * (NC / C) + gi * H2R + k;
+      const float y = red8(dotv(h2w[k], hc, HCL / WPV)) + __ldg(b2 + row);
+      for (int d = l; d < C; d += 8) st_async1(mapa(smem_addr(&ex[eb][row]), d), y, mapa(bar[eb], d));
+    }
+    while (!mbar_try_wait(bar[eb], (u32)((e >> 1) & 1))) {}
+    if (threadIdx.x == 0) mbar_arrive_expect(bar[eb ^ 1], G2 * 4);
+    e++;
+    if (warp == 0) {  // sampling: lane owns classes [lane VPL, (lane + 1) VPL)
+      float v[VPL];
+#pragma unroll
+      for (int k = 0; k < VPL; k++) v[k] = ex[eb][lane * VPL + k];
+      float m = v[0];
+#pragma unroll
+      for (int k = 1; k < VPL; k++) m = fmaxf(m, v[k]);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+      int cnt = 0;
+#if GREEDY
+      int first = NC;
+#pragma unroll
+      for (int k = VPL - 1; k >= 0; k--) first = (v[k] == m) ? lane * VPL + k : first;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) first = min(first, __shfl_xor_sync(0xffffffffu, first, o));
+      cnt = first;
+#else
+      float c[VPL], run = 0.0f;
+#pragma unroll
+      for (int k = 0; k < VPL; k++) { run += expf((v[k] - m) * inv_temp); c[k] = run; }
+      float incl = run;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const float y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += y;
+      }
+      const float total = __shfl_sync(0xffffffffu, incl, 31), before = incl - run;
+      const float target = u * total;
+#pragma unroll
+      for (int k = 0; k < VPL; k++) cnt += (before + c[k] < target) ? 1 : 0;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
+#endif
+      if (lane == 0) {
+        cnt = min(cnt, NC - 1);
+        s_sample = cnt;
+        if (rank == 0) out[(long long)b * n + t] = cnt;
+      }
+    }
+    __syncthreads();
+    const int smp = s_sample;
+    for (int r = threadIdx.x; r < R; r += NT) xs[xb][r] = embed[(long long)smp * R + r];
+    __syncthreads();
+    i = 0;
+    t++;
+    if (!GREEDY && t < n) u = __ldg(uni + (long long)t * B + b);
+  };
+
+  LW wa, wb;
+  load_layer(wa, 0, 0);
+  const long long steps = (long long)n * L;
+  for (long long k = 0; k < steps; k += 2) {
+    step(wa, wb);
+    if (k + 1 < steps) step(wb, wa);
+  }
+  cluster_sync();
+}
+"""
+
+
+def config(model, C: int = 8) -> dict:
+    """Compile-time sizes of the cluster kernel for ``model``; raises ValueError when the shapes do not split."""
+    R, G2, SK, NC = model.residual_channels, model.gate_channels // 2, model.skip_channels, model.classes
+    cfg = {"R": R, "G2": G2, "SK": SK, "NC": NC, "C": C}
+    ok = C <= 8 and G2 % C == 0 and 1 <= G2 // C <= 32 and R % 32 == 0 and G2 % 32 == 0 and SK % 64 == 0
+    if ok:
+        ng = 4 * (G2 // C)
+        ok = R % ng == 0 and SK % (C * ng) == 0 and NC % (C * ng) == 0 and NC % 32 == 0
+    if not ok:
+        raise ValueError(f"the cluster vocoder kernel does not split {cfg}")
+    return cfg
+
+
+def available(model, C: int = 8) -> bool:
+    from . import cluster
+
+    if not cluster.available():
+        return False
+    try:
+        config(model, C)
+    except ValueError:
+        return False
+    return True
+
+
+@functools.cache
+def _kernel(R: int, G2: int, SK: int, NC: int, C: int, WBF16: int, GREEDY: int, arch: str):
+    core = _core()
+    defines = "".join(f"#define {k} {v}\n" for k, v in dict(R=R, G2=G2, SK=SK, NC=NC, C=C).items())
+    defines += f"#define WBF16 {WBF16}\n#define GREEDY {GREEDY}\n"
+    opts = core.ProgramOptions(arch=arch, std="c++17", name="wavenet_cluster")
+    mod = core.Program(defines + COMMON + _SOURCE, "c++", opts).compile("cubin")
+    return mod.get_kernel("wavenet_cluster")
+
+
+def pack(model, cond, g, weights_dtype: torch.dtype, C: int) -> dict:
+    """The model's weights in the kernel's layouts (``weights_dtype``: float32 or bfloat16) and the conditioning
+    per frame [B, F, L, G] (the current-input bias folded in)."""
+    L, R, G, SK = model.layers, model.residual_channels, model.gate_channels, model.skip_channels
+    G2 = G // 2
+    dev = model.embed.weight.device
+
+    def stack(mods, attr="weight"):
+        return torch.stack([getattr(m, attr) for m in mods]).float()
+
+    wc, wp = stack(model.w_cur), stack(model.w_past)  # [L, G, R]
+    # rows of unit j: cur tanh, cur sigmoid, past tanh, past sigmoid; units of CTA r, warp w: j = r G2/C + w
+    wg = torch.stack([wc[:, :G2], wc[:, G2:], wp[:, :G2], wp[:, G2:]], dim=2)  # [L, G2, 4, R]
+    wg = wg.reshape(L, C, G2 // C, 4, R)
+    cb = stack(model.w_cur, "bias")[None, None]  # [1, 1, L, G]
+    if cond is not None:
+        frames = cond.transpose(1, 2).float()
+        cb = cb + torch.stack([model.w_cond[i](frames) for i in range(L)], dim=2)
+    if g is not None:
+        cb = cb + torch.stack([model.w_speaker[i](g) for i in range(L)], dim=1)[:, None]
+    wt = weights_dtype
+    return {
+        "wg": wg.to(wt).contiguous(),
+        "wr": stack(model.w_res).to(wt).contiguous(),  # [L, R, G2]
+        "br": stack(model.w_res, "bias").contiguous(),
+        "ws": stack(model.w_skip).to(wt).contiguous(),  # [L, SK, G2]
+        "bs": stack(model.w_skip, "bias").sum(0).contiguous(),
+        "w1": model.head1.weight.to(wt).contiguous(),
+        "b1": model.head1.bias.float().contiguous(),
+        "w2": model.head2.weight.to(wt).contiguous(),
+        "b2": model.head2.bias.float().contiguous(),
+        "embed": model.embed.weight.float().contiguous(),
+        "cb": cb.contiguous(),
+        "dil": torch.tensor(model.dilations, dtype=torch.int32, device=dev),
+        "qoff": torch.tensor([sum(model.dilations[:i]) for i in range(L)], dtype=torch.int32, device=dev),
+        "SK": SK,
+    }
+
+
+def wavenet_generate_cluster(
+    model,
+    cond: torch.Tensor | None,
+    g: torch.Tensor | None,
+    uniforms: torch.Tensor,
+    temperature: float,
+    weights_dtype: torch.dtype = torch.float32,
+    C: int = 8,
+) -> torch.Tensor:
+    """Launcher: one cluster of C CTAs per stream, all samples in one launch ([B, n_samples] int64)."""
+    import numpy as np
+
+    core = _core()
+    cfg = config(model, C)
+    n, B = uniforms.shape
+    dev = uniforms.device
+    p = pack(model, cond, g, weights_dtype, C)
+    cb = p["cb"].expand(B, p["cb"].shape[1], model.layers, model.gate_channels).contiguous()
+    Q = sum(model.dilations)
+    queue = torch.zeros(B, C, Q, model.gate_channels // 2 // C, 2, device=dev)
+    out = torch.empty(B, n, dtype=torch.long, device=dev)
+    u = uniforms.float().contiguous()
+    major, minor = torch.cuda.get_device_capability(dev)
+    kernel = _kernel(**cfg, WBF16=int(weights_dtype == torch.bfloat16), GREEDY=int(temperature == 0),
+                     arch=f"sm_{major}{minor}")  # fmt: skip
+    core.Device(dev.index or 0).set_current()
+    nt = 32 * (cfg["G2"] // C)
+    hop = model.hop_length if cond is not None else 1 << 30
+    tensors = (p["wg"], p["wr"], p["br"], p["ws"], p["bs"], p["w1"], p["b1"], p["w2"], p["b2"], p["embed"], cb,
+               p["dil"], p["qoff"], queue, u, out)  # fmt: skip
+    inv_temp = 1.0 / temperature if temperature > 0 else 0.0
+    args = [np.uint64(x.data_ptr()) for x in tensors]
+    args += [np.int32(v) for v in (B, model.layers, cb.shape[1], Q, hop, n, model.start_class())]
+    args.append(np.float32(inv_temp))
+    stream = _TorchStream(torch.cuda.current_stream(dev).cuda_stream)
+    core.launch(stream, core.LaunchConfig(grid=B, cluster=C, block=nt), kernel, *args)
+    return out
