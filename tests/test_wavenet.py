@@ -213,6 +213,33 @@ def test_wavenet_bad_arguments():
         net.generate(cond, 8, temperature=-1.0, speaker=spk)
 
 
+def test_generate_kernel_choice_and_bad_arguments(kernel_device):
+    net = small_model()
+    cond, spk = torch.randn(2, 5, 10), torch.tensor([2, 0])
+    a = net.generate(cond, 9, generator=torch.Generator().manual_seed(5), speaker=spk)  # CPU: the PyTorch path
+    b = net.generate(cond, 9, generator=torch.Generator().manual_seed(5), speaker=spk, kernel="triton")
+    assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="kernel must be"):
+        net.generate(cond, 9, speaker=spk, kernel="cuda")
+    with pytest.raises(ValueError, match="weights_dtype"):
+        net.generate(cond, 9, speaker=spk, weights_dtype=torch.float16)
+    with pytest.raises(ValueError, match="needs kernel='cluster'"):
+        net.generate(cond, 9, speaker=spk, kernel="torch", weights_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="CUDA device"):
+        net.generate(cond, 9, speaker=spk, kernel="cluster")
+
+
+@pytest.mark.gpu
+def test_gpu_generate_auto_kernel_matches_explicit(gpu):
+    net = small_model(residual_channels=64, gate_channels=128, skip_channels=256, classes=256).to(gpu)
+    cond, spk = torch.randn(3, 5, 20, device=gpu), torch.tensor([2, 0, 1], device=gpu)
+    runs = {k: net.generate(cond, 50, generator=torch.Generator(gpu).manual_seed(1), speaker=spk, kernel=k)
+            for k in ("auto", "triton", "cluster", "torch")}  # fmt: skip
+    assert torch.equal(runs["auto"], runs["cluster"])
+    for k in ("triton", "torch"):  # same uniforms: the same classes but for a rare float32 boundary case
+        assert (runs[k] == runs["cluster"]).float().mean() > 0.95
+
+
 def test_save_wav(tmp_path):
     audio = torch.sin(torch.arange(800) * 0.1) * 0.5
     path = str(tmp_path / "tone.wav")

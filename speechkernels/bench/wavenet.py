@@ -106,29 +106,22 @@ def proxy_implementations(w: torch.Tensor, x0: torch.Tensor, designs: str):
 
 def vocoder_implementations(net: WaveNet, cond: torch.Tensor):
     """(name, function generating n samples per stream, sampling included): PyTorch incremental generation,
-    eager and (on the GPU) one step captured in a CUDA graph, and the Triton generation kernel."""
+    eager and (on the GPU) one step captured in a CUDA graph, and the GPU kernels through ``WaveNet.generate``
+    (the Triton kernel; the cluster kernel with float32 and bfloat16 weights where cuda-core and the GPU allow)."""
     gen = torch.Generator(device=cond.device).manual_seed(0)
-    out = [("torch eager", lambda n: net.generate(cond, n, generator=gen))]
+    out = [("torch eager", lambda n: net.generate(cond, n, generator=gen, kernel="torch"))]
     if cond.is_cuda:
-        from speechkernels.wavenet.kernels import wavenet_generate
-
-        out.append(("torch graph", lambda n: generate_cuda_graph(net, cond, n, generator=gen)))
-
-        def triton_kernel(n):
-            u = torch.rand(n, cond.shape[0], generator=gen, device=cond.device)
-            return wavenet_generate(net, cond, None, u, 1.0)
-
-        out.append(("triton", triton_kernel))
         from speechkernels.wavenet import cluster_vocoder
 
+        out.append(("torch graph", lambda n: generate_cuda_graph(net, cond, n, generator=gen)))
+        out.append(("triton", lambda n: net.generate(cond, n, generator=gen, kernel="triton")))
         if cluster_vocoder.available(net):
             for wd in (torch.float32, torch.bfloat16):
 
-                def cluster_kernel(n, wd=wd):
-                    u = torch.rand(n, cond.shape[0], generator=gen, device=cond.device)
-                    return cluster_vocoder.wavenet_generate_cluster(net, cond, None, u, 1.0, wd)
+                def cluster(n, wd=wd):
+                    return net.generate(cond, n, generator=gen, kernel="cluster", weights_dtype=wd)
 
-                out.append((f"cluster {str(wd)[6:]}", cluster_kernel))
+                out.append((f"cluster {str(wd)[6:]}", cluster))
     return out
 
 

@@ -36,6 +36,7 @@ _SOURCE = r"""
 #define H2R (NC / C / NG)
 #define EXMAX (G2 > SK ? (G2 > NC ? G2 : NC) : (SK > NC ? SK : NC))
 #define VPL (NC / 32)
+#define MAXL 512
 
 __device__ __forceinline__ void st_async1(u32 addr, float v, u32 bar) {
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
@@ -89,8 +90,10 @@ struct LW {
   wv g[RCL / WPV];
   wv r[RR][ZCL / WPV];
   wv s[SR][ZCL / WPV];
+  float br[RR];  // residual biases of the rows
   float cb;  // conditioning + bias of the gate row (groups 0 and 1)
   float q;   // the queued past product for this step (groups 2 and 3)
+  int slot;  // its place in the queue (the product of this step replaces it)
 };
 
 extern "C" __global__ void __launch_bounds__(NT, 1)
@@ -110,6 +113,8 @@ wavenet_cluster(const wtype* __restrict__ wg,  // [L][C][NW][4][R]: rows cur_t, 
   __shared__ __align__(16) float ex[2][EXMAX];
   __shared__ __align__(8) u64 bars[2];
   __shared__ int s_sample;
+  __shared__ int s_dil[MAXL], s_qoff[MAXL];
+  extern __shared__ __align__(16) float s_embed[];  // [NC][R]: the next sample's input without a trip to L2
   const u32 rank = cluster_rank();
   const int b = blockIdx.x / C;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 3, l = lane & 7;
@@ -123,6 +128,20 @@ wavenet_cluster(const wtype* __restrict__ wg,  // [L][C][NW][4][R]: rows cur_t, 
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   for (int i = threadIdx.x; i < R; i += NT) xs[0][i] = embed[(long long)start * R + i];
+  for (int i = threadIdx.x; i < NC * R; i += NT) s_embed[i] = embed[i];
+  for (int i = threadIdx.x; i < L; i += NT) {
+    s_dil[i] = dil[i];
+    s_qoff[i] = qoff[i];
+  }
+  // biases of this lane's skip, head1 and logit rows (constants: off the critical path)
+  float bsk[SR], bh1[SR], bh2[H2R];
+#pragma unroll
+  for (int k = 0; k < SR; k++) {
+    bsk[k] = bs[rank * (SK / C) + gi * SR + k];
+    bh1[k] = b1[rank * (SK / C) + gi * SR + k];
+  }
+#pragma unroll
+  for (int k = 0; k < H2R; k++) bh2[k] = b2[rank * (NC / C) + gi * H2R + k];
   cluster_sync();
   if (threadIdx.x == 0) mbar_arrive_expect(bar[0], G2 * 4);  // event 0: layer 0's z
 
@@ -140,9 +159,12 @@ wavenet_cluster(const wtype* __restrict__ wg,  // [L][C][NW][4][R]: rows cur_t, 
 #pragma unroll
     for (int k = 0; k < SR; k++)
       ldw(w.s[k], ws + ((long long)i * SK + rank * (SK / C) + gi * SR + k) * G2 + l * ZCL, ZCL / WPV);
+#pragma unroll
+    for (int k = 0; k < RR; k++) w.br[k] = __ldg(br + (long long)i * R + gi * RR + k);
     const int frame = min(t / hop, F - 1);
     w.cb = (grp < 2) ? __ldg(cb + (((long long)b * F + frame) * L + i) * 2 * G2 + grp * G2 + j) : 0.0f;
-    w.q = (grp >= 2 && t < n) ? qb[(long long)(__ldg(qoff + i) + t % __ldg(dil + i)) * NW * 2] : 0.0f;
+    w.slot = (s_qoff[i] + t % s_dil[i]) * NW * 2;
+    w.q = (grp >= 2 && t < n) ? qb[w.slot] : 0.0f;
   };
   long long e = 0;  // exchange events so far: L per sample (z), then relu(skip), head1, logits
   int xb = 0, t = 0, i = 0;
@@ -159,7 +181,7 @@ wavenet_cluster(const wtype* __restrict__ wg,  // [L][C][NW][4][R]: rows cur_t, 
     const float q_t = __shfl_sync(0xffffffffu, cur.q, (lane + 16) & 31);
     const float q_s = __shfl_sync(0xffffffffu, cur.q, (lane + 24) & 31);
     const float cb_s = __shfl_sync(0xffffffffu, cur.cb, (lane + 8) & 31);
-    if (grp >= 2 && l == 0) qb[(long long)(__ldg(qoff + i) + t % __ldg(dil + i)) * NW * 2] = a;  // W_past x
+    if (grp >= 2 && l == 0) qb[cur.slot] = a;  // W_past x, for d_i steps later
     if (i + 1 == L) load_layer(nxt, t + 1, 0); else load_layer(nxt, t, i + 1);
     u32 eb = (u32)(e & 1);
     if (grp == 0 && l < C) {
@@ -181,7 +203,7 @@ wavenet_cluster(const wtype* __restrict__ wg,  // [L][C][NW][4][R]: rows cur_t, 
       for (int k = 0; k < RR; k++) {
         const int row = gi * RR + k;
         const float y = red8(dotv(cur.r[k], zc, ZCL / WPV));
-        if (l == 0) xs[xb ^ 1][row] = xs[xb][row] + y + __ldg(br + (long long)i * R + row);
+        if (l == 0) xs[xb ^ 1][row] = xs[xb][row] + y + cur.br[k];
       }
     }
     __syncthreads();
@@ -192,7 +214,7 @@ wavenet_cluster(const wtype* __restrict__ wg,  // [L][C][NW][4][R]: rows cur_t, 
 #pragma unroll
     for (int k = 0; k < SR; k++) {
       const int row = rank * (SK / C) + gi * SR + k;
-      const float h = fmaxf(red8(sk[k]) + __ldg(bs + row), 0.0f);
+      const float h = fmaxf(red8(sk[k]) + bsk[k], 0.0f);
       sk[k] = 0.0f;
       for (int d = l; d < C; d += 8) st_async1(mapa(smem_addr(&ex[eb][row]), d), h, mapa(bar[eb], d));
     }
@@ -206,7 +228,7 @@ wavenet_cluster(const wtype* __restrict__ wg,  // [L][C][NW][4][R]: rows cur_t, 
 #pragma unroll
     for (int k = 0; k < SR; k++) {
       const int row = rank * (SK / C) + gi * SR + k;
-      const float h = fmaxf(red8(dotv(h1w[k], hc, HCL / WPV)) + __ldg(b1 + row), 0.0f);
+      const float h = fmaxf(red8(dotv(h1w[k], hc, HCL / WPV)) + bh1[k], 0.0f);
       for (int d = l; d < C; d += 8) st_async1(mapa(smem_addr(&ex[eb][row]), d), h, mapa(bar[eb], d));
     }
     while (!mbar_try_wait(bar[eb], (u32)((e >> 1) & 1))) {}
@@ -218,7 +240,7 @@ wavenet_cluster(const wtype* __restrict__ wg,  // [L][C][NW][4][R]: rows cur_t, 
 #pragma unroll
     for (int k = 0; k < H2R; k++) {
       const int row = rank * (NC / C) + gi * H2R + k;
-      const float y = red8(dotv(h2w[k], hc, HCL / WPV)) + __ldg(b2 + row);
+      const float y = red8(dotv(h2w[k], hc, HCL / WPV)) + bh2[k];
       for (int d = l; d < C; d += 8) st_async1(mapa(smem_addr(&ex[eb][row]), d), y, mapa(bar[eb], d));
     }
     while (!mbar_try_wait(bar[eb], (u32)((e >> 1) & 1))) {}
@@ -266,7 +288,7 @@ wavenet_cluster(const wtype* __restrict__ wg,  // [L][C][NW][4][R]: rows cur_t, 
     }
     __syncthreads();
     const int smp = s_sample;
-    for (int r = threadIdx.x; r < R; r += NT) xs[xb][r] = embed[(long long)smp * R + r];
+    for (int r = threadIdx.x; r < R; r += NT) xs[xb][r] = s_embed[smp * R + r];
     __syncthreads();
     i = 0;
     t++;
@@ -289,7 +311,16 @@ def config(model, C: int = 8) -> dict:
     """Compile-time sizes of the cluster kernel for ``model``; raises ValueError when the shapes do not split."""
     R, G2, SK, NC = model.residual_channels, model.gate_channels // 2, model.skip_channels, model.classes
     cfg = {"R": R, "G2": G2, "SK": SK, "NC": NC, "C": C}
-    ok = C <= 8 and G2 % C == 0 and 1 <= G2 // C <= 32 and R % 32 == 0 and G2 % 32 == 0 and SK % 64 == 0
+    ok = (
+        model.layers <= 512
+        and C <= 8
+        and G2 % C == 0
+        and _embed_bytes(R, NC) <= 160 * 1024
+        and 1 <= G2 // C <= 32
+        and R % 32 == 0
+        and G2 % 32 == 0
+        and SK % 64 == 0
+    )
     if ok:
         ng = 4 * (G2 // C)
         ok = R % ng == 0 and SK % (C * ng) == 0 and NC % (C * ng) == 0 and NC % 32 == 0
@@ -317,7 +348,19 @@ def _kernel(R: int, G2: int, SK: int, NC: int, C: int, WBF16: int, GREEDY: int, 
     defines += f"#define WBF16 {WBF16}\n#define GREEDY {GREEDY}\n"
     opts = core.ProgramOptions(arch=arch, std="c++17", name="wavenet_cluster")
     mod = core.Program(defines + COMMON + _SOURCE, "c++", opts).compile("cubin")
-    return mod.get_kernel("wavenet_cluster")
+    kernel = mod.get_kernel("wavenet_cluster")
+    from cuda.bindings import driver
+
+    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    dev = driver.CUdevice(torch.cuda.current_device())
+    (err,) = driver.cuKernelSetAttribute(attr, _embed_bytes(R, NC), kernel.handle, dev)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise ValueError(f"the cluster vocoder kernel cannot have {_embed_bytes(R, NC)} B of shared memory ({err})")
+    return kernel
+
+
+def _embed_bytes(R: int, NC: int) -> int:
+    return NC * R * 4
 
 
 def pack(model, cond, g, weights_dtype: torch.dtype, C: int) -> dict:
@@ -394,5 +437,10 @@ def wavenet_generate_cluster(
     args += [np.int32(v) for v in (B, model.layers, cb.shape[1], Q, hop, n, model.start_class())]
     args.append(np.float32(inv_temp))
     stream = _TorchStream(torch.cuda.current_stream(dev).cuda_stream)
-    core.launch(stream, core.LaunchConfig(grid=B, cluster=C, block=nt), kernel, *args)
+    core.launch(
+        stream,
+        core.LaunchConfig(grid=B, cluster=C, block=nt, shmem_size=_embed_bytes(cfg["R"], cfg["NC"])),
+        kernel,
+        *args,
+    )
     return out

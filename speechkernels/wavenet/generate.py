@@ -142,3 +142,43 @@ def generate_cuda_graph(
     for _ in range(n_samples):
         graph.replay()
     return out.T.contiguous()
+
+
+@torch.no_grad()
+def generate_kernel(
+    model,
+    cond: torch.Tensor | None,
+    n_samples: int,
+    temperature: float,
+    generator: torch.Generator | None,
+    speaker: torch.Tensor | None,
+    batch: int | None,
+    kernel: str,
+    weights_dtype: torch.dtype,
+    uniforms: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Generation by one of the GPU kernels ("triton", "cluster", or "kernel": the cluster kernel for up to 16
+    streams where it is available, else the Triton kernel); [B, n_samples] int64."""
+    from .._utils import triton_interpreting
+    from . import cluster_vocoder
+    from .kernels import wavenet_generate
+
+    state = prepare(model, cond, n_samples, temperature, generator, speaker, batch, uniforms)
+    dev = state.uniforms.device
+    if not (dev.type == "cuda" or (kernel == "triton" and triton_interpreting())):
+        raise ValueError(f"kernel={kernel!r} needs the model on a CUDA device")
+    g = model.speaker_embed(speaker.to(dev)) if model.speakers else None
+    cond = cond.to(dev) if cond is not None else None
+    B = state.uniforms.shape[1]
+    if kernel == "kernel":
+        kernel = "cluster" if B <= 16 and cluster_vocoder.available(model) else "triton"
+    if kernel == "cluster":
+        if not cluster_vocoder.available(model):
+            raise ValueError(
+                "kernel='cluster' needs cuda-core, a GPU of compute capability >= 9.0 and a model whose widths "
+                "split over the cluster (speechkernels.wavenet.cluster_vocoder.config)"
+            )
+        return cluster_vocoder.wavenet_generate_cluster(model, cond, g, state.uniforms, temperature, weights_dtype)
+    if weights_dtype != torch.float32:
+        raise ValueError("weights_dtype=torch.bfloat16 needs kernel='cluster'")
+    return wavenet_generate(model, cond, g, state.uniforms, temperature)

@@ -171,12 +171,34 @@ class WaveNet(nn.Module):
         generator: torch.Generator | None = None,
         speaker: torch.Tensor | None = None,
         batch: int | None = None,
+        kernel: str = "auto",
+        weights_dtype: torch.dtype = torch.float32,
     ) -> torch.Tensor:
         """Samples n_samples mu-law classes per stream, one at a time ([B, n_samples] int64).
 
-        The PyTorch incremental path (per-layer dilation queues: O(layers) work per sample). ``temperature`` 0
-        takes the most likely class; ``generator`` seeds the sampling. Without conditioning, ``batch`` gives B.
-        """
-        from .generate import generate_incremental
+        ``temperature`` 0 takes the most likely class; ``generator`` seeds the sampling (one uniform number per
+        stream and sample, drawn on the model's device up front: no host synchronisation per sample). Without
+        conditioning, ``batch`` gives B.
 
-        return generate_incremental(self, cond, n_samples, temperature, generator, speaker, batch)[0]
+        ``kernel``: "torch" (the PyTorch incremental path: per-layer dilation queues, O(layers) work per sample;
+        the CPU's), "triton" (one program per stream, all samples in one launch), "cluster" (one thread-block
+        cluster per stream, CUDA C++ through cuda-core on Hopper or newer), or "auto": on CUDA the cluster kernel
+        for up to 16 streams where it is available, else the Triton kernel; on the CPU the PyTorch path. Every
+        path draws the same classes from the same uniform numbers (up to float32 rounding at a class boundary).
+        ``weights_dtype``: torch.bfloat16 lets the cluster kernel read bfloat16 copies of the matrices (float32
+        arithmetic).
+        """
+        from .generate import generate_incremental, generate_kernel
+
+        if kernel not in ("auto", "torch", "triton", "cluster"):
+            raise ValueError(f"kernel must be 'auto', 'torch', 'triton' or 'cluster', got {kernel!r}")
+        if weights_dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"weights_dtype must be torch.float32 or torch.bfloat16, got {weights_dtype}")
+        on_cuda = self.embed.weight.is_cuda
+        if kernel == "auto":
+            kernel = "kernel" if on_cuda else "torch"
+        if kernel == "torch":
+            if weights_dtype != torch.float32:
+                raise ValueError("weights_dtype=torch.bfloat16 needs kernel='cluster'")
+            return generate_incremental(self, cond, n_samples, temperature, generator, speaker, batch)[0]
+        return generate_kernel(self, cond, n_samples, temperature, generator, speaker, batch, kernel, weights_dtype)
