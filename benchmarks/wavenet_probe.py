@@ -91,10 +91,11 @@ def proxy_sweeps(quick, parts=("stream", "cluster", "many"), cs=(1, 2, 4, 8)):
             emit(probe="barrier", weights=dtype, B=1, kHz=khz)
         for C in cs if "cluster" in parts else ():
             base = cluster.config(H, C, 1, dtype == "bfloat16")
-            variants = [(8, d) for d in sorted({2, 4, 8, base["D"]})] + [(lpr, base["D"]) for lpr in (4, 16, 32)]
-            for lpr, d in variants:
+            variants = [(8, d, 0) for d in sorted({2, 4, 8, base["D"]})] + [(lpr, base["D"], 0) for lpr in (4, 16, 32)]
+            variants += [(lpr, 4, 1) for lpr in (8, 16)]  # mbarrier.test_wait spinning instead of try_wait
+            for lpr, d, tw in variants:
                 if True:
-                    over = {"LPR": lpr, "D": d}
+                    over = {"LPR": lpr, "D": d, "TW": tw}
                     try:
                         cluster.check_config({**base, **over})
                         out = cluster.serial_chain_cluster(w, x1, 50, False, C=C, **over)

@@ -33,6 +33,13 @@ __device__ __forceinline__ u32 cluster_rank() {
 __device__ __forceinline__ u32 mapa(u32 addr, u32 rank) {
   u32 r; asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank)); return r;
 }
+__device__ __forceinline__ u32 mbar_test_wait(u32 bar, u32 parity) {
+  u32 ok;
+  asm volatile("{\n\t.reg .pred p;\n\t"
+               "mbarrier.test_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
+               "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
+  return ok;
+}
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
@@ -137,7 +144,11 @@ serial_chain_cluster(const wtype* __restrict__ w, const float* __restrict__ x0, 
         const int b = (int)(k & 1);
         if (k > 0) {
           const u32 parity = (u32)(((k - 1) >> 1) & 1);
+#if TW
+          while (!mbar_test_wait(bar[b], parity)) {}
+#else
           while (!mbar_try_wait(bar[b], parity)) {}
+#endif
         }
         if (threadIdx.x == 0) mbar_arrive_expect(bar[b ^ 1], S * H * 4);
         float acc[S];
@@ -234,7 +245,7 @@ def config(H: int, C: int, S: int, bf16: bool) -> dict:
     per_layer = (H // lpr) // (2 if bf16 else 1)  # registers per prefetched layer
     d = max(2, min(8, (min(255, 65536 // threads) - 40 - 8 * S) // max(1, per_layer)))
     d -= d % 2  # even: the buffer parity of an unrolled step is then known at compile time
-    return {"H": H, "C": C, "S": S, "LPR": lpr, "D": d, "WBF16": int(bf16)}
+    return {"H": H, "C": C, "S": S, "LPR": lpr, "D": d, "WBF16": int(bf16), "TW": 0}
 
 
 def check_config(cfg: dict) -> None:
@@ -245,10 +256,10 @@ def check_config(cfg: dict) -> None:
 
 
 @functools.cache
-def _kernel(H: int, C: int, S: int, LPR: int, D: int, WBF16: int, RELU: int, arch: str):
+def _kernel(H: int, C: int, S: int, LPR: int, D: int, WBF16: int, TW: int, RELU: int, arch: str):
     core = _core()
     defines = f"#define H {H}\n#define C {C}\n#define S {S}\n#define LPR {LPR}\n#define D {D}\n"
-    defines += f"#define WBF16 {WBF16}\n#define RELU {RELU}\n"
+    defines += f"#define WBF16 {WBF16}\n#define RELU {RELU}\n#define TW {TW}\n"
     opts = core.ProgramOptions(arch=arch, std="c++17", name="serial_chain_cluster")
     mod = core.Program(defines + COMMON + _SOURCE, "c++", opts).compile("cubin")
     kernel = mod.get_kernel("serial_chain_cluster")

@@ -172,6 +172,7 @@ wavenet_cluster(const wtype* __restrict__ wg,  // [L][C][NW][4][R]: rows cur_t, 
 #pragma unroll
   for (int k = 0; k < SR; k++) sk[k] = 0.0f;
   float u = GREEDY ? 0.0f : __ldg(uni + b);
+  float zprev[ZCL];  // the last z seen by this lane (its ZCL columns), for the skip rows one layer late
 
   // one layer (and the head after the last): weights in cur, the next layer's loaded into nxt meanwhile
   auto step = [&](LW& cur, LW& nxt) {
@@ -181,23 +182,31 @@ wavenet_cluster(const wtype* __restrict__ wg,  // [L][C][NW][4][R]: rows cur_t, 
     const float q_t = __shfl_sync(0xffffffffu, cur.q, (lane + 16) & 31);
     const float q_s = __shfl_sync(0xffffffffu, cur.q, (lane + 24) & 31);
     const float cb_s = __shfl_sync(0xffffffffu, cur.cb, (lane + 8) & 31);
-    if (grp >= 2 && l == 0) qb[cur.slot] = a;  // W_past x, for d_i steps later
-    if (i + 1 == L) load_layer(nxt, t + 1, 0); else load_layer(nxt, t, i + 1);
     u32 eb = (u32)(e & 1);
     if (grp == 0 && l < C) {
       const float at = a + q_t + cur.cb, as = a_s + q_s + cb_s;
       const float z = (1.0f - 2.0f / (expf(2.0f * at) + 1.0f)) * sigm(as);
       st_async1(mapa(smem_addr(&ex[eb][j]), l), z, mapa(bar[eb], l));
     }
+    // off the critical path while z travels: queue W_past x, the previous layer's skip rows (its weights are
+    // still in nxt), then the next layer's weights into nxt
+    if (grp >= 2 && l == 0) qb[cur.slot] = a;
+    if (i > 0) {
+#pragma unroll
+      for (int k = 0; k < SR; k++) sk[k] += dotv(nxt.s[k], zprev, ZCL / WPV);
+    }
+    if (i + 1 == L) load_layer(nxt, t + 1, 0); else load_layer(nxt, t, i + 1);
     // ---- the whole z: the residual update and this CTA's skip rows
     while (!mbar_try_wait(bar[eb], (u32)((e >> 1) & 1))) {}
     if (threadIdx.x == 0) mbar_arrive_expect(bar[eb ^ 1], (i + 1 == L ? SK : G2) * 4);
     e++;
-    float zc[ZCL];
+    float* zc = zprev;
 #pragma unroll
     for (int k = 0; k < ZCL; k += 4) *(float4*)&zc[k] = *(const float4*)&ex[eb][l * ZCL + k];
+    if (i + 1 == L) {  // the last layer's skip rows now: the head needs them
 #pragma unroll
-    for (int k = 0; k < SR; k++) sk[k] += dotv(cur.s[k], zc, ZCL / WPV);
+      for (int k = 0; k < SR; k++) sk[k] += dotv(cur.s[k], zc, ZCL / WPV);
+    }
     if (i + 1 < L) {
 #pragma unroll
       for (int k = 0; k < RR; k++) {
