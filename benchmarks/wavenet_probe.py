@@ -113,7 +113,7 @@ def proxy_sweeps(quick, parts=("stream", "cluster", "many"), cs=(1, 2, 4, 8)):
                             D=d,
                             kHz=khz,
                             max_err=err,
-                            default=over == {"LPR": base["LPR"], "D": base["D"]},
+                            default=over == {"LPR": base["LPR"], "D": base["D"], "TW": 0},
                         )
                     except Exception as e:  # noqa: BLE001
                         emit(probe="cluster", weights=dtype, B=1, C=C, LPR=lpr, D=d, error=str(e)[:300])
