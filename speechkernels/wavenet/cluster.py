@@ -150,7 +150,6 @@ serial_chain_cluster(const wtype* __restrict__ w, const float* __restrict__ x0, 
           while (!mbar_try_wait(bar[b], parity)) {}
 #endif
         }
-        if (threadIdx.x == 0) mbar_arrive_expect(bar[b ^ 1], S * H * 4);
         float acc[S];
 #pragma unroll
         for (int s = 0; s < S; s++) {
@@ -166,10 +165,6 @@ serial_chain_cluster(const wtype* __restrict__ w, const float* __restrict__ x0, 
           }
           acc[s] = a0 + a1;
         }
-        // the layer D ahead into the registers just used
-#pragma unroll
-        for (int j = 0; j < CPL / 4; j++) wr[d][j] = wload(w + ((long long)li * H + row) * H + col0 + 4 * j);
-        li = (li + 1 == L) ? 0 : li + 1;
 #pragma unroll
         for (int s = 0; s < S; s++) {
 #pragma unroll
@@ -201,7 +196,13 @@ serial_chain_cluster(const wtype* __restrict__ w, const float* __restrict__ x0, 
               }
             }
           }
-        } else if (l == 0) {
+        }
+        // off the critical path: the next layer's mbarrier arrival, the layer D ahead into the registers just used
+        if (threadIdx.x == 0) mbar_arrive_expect(bar[b ^ 1], S * H * 4);
+#pragma unroll
+        for (int j = 0; j < CPL / 4; j++) wr[d][j] = wload(w + ((long long)li * H + row) * H + col0 + 4 * j);
+        li = (li + 1 == L) ? 0 : li + 1;
+        if (k + 1 == K && l == 0) {
 #pragma unroll
           for (int s = 0; s < S; s++)
             if (s0 + s < B) out[(long long)(s0 + s) * H + row] = acc[s];
