@@ -1,15 +1,17 @@
-"""WaveNet-inference kernels in Triton (first versions: correct against the PyTorch paths under the interpreter,
-not yet timed on a GPU).
+"""WaveNet-inference kernels in Triton: the proxy's "stream" and "barrier" designs and the vocoder's generation
+kernel (the fallback of the cluster kernels in ``cluster.py`` and ``cluster_vocoder.py``, and the many-stream
+path). Measurements: benchmarks/NOTES.md.
 
 ``_serial_chain_stream_kernel``: the proxy with one program per stream. Each program keeps its vector in
 registers and streams the L weight matrices from L2, one per layer, the next layer's tile loaded before this
-layer's product is reduced (so the load overlaps the arithmetic); no barrier between programs. Its floor for one
-stream is the weights' bytes per sample over one SM's share of L2 bandwidth (benchmarks/NOTES.md).
+layer's product is reduced; no barrier between programs. Bound by one SM's L2 read rate.
+
+``_serial_chain_barrier_kernel``: the post's design (rows split across programs, a grid barrier per layer).
 
 ``_wavenet_generate_kernel``: the vocoder, one program per stream for all samples in one launch: per sample
 every layer (dilation queues in global memory), the head and the sampling (inverse CDF of the softmax at a given
-uniform, as ``generate_incremental``); conditioning precomputed per frame. Compiled for sm_90 with Triton 3.6 it
-spills heavily (the head's 256x256 tiles held whole): a baseline to measure, not the design to keep.
+uniform, as ``generate_incremental``); conditioning precomputed per frame. It spills (the head's 256x256 tiles
+held whole) but keeps its rate over 132 streams.
 """
 
 from __future__ import annotations
