@@ -33,13 +33,6 @@ __device__ __forceinline__ u32 cluster_rank() {
 __device__ __forceinline__ u32 mapa(u32 addr, u32 rank) {
   u32 r; asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank)); return r;
 }
-__device__ __forceinline__ u32 mbar_test_wait(u32 bar, u32 parity) {
-  u32 ok;
-  asm volatile("{\n\t.reg .pred p;\n\t"
-               "mbarrier.test_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
-               "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
-  return ok;
-}
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
@@ -49,13 +42,18 @@ __device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
 __device__ __forceinline__ void mbar_arrive_expect(u32 bar, u32 bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
 }
-__device__ __forceinline__ u32 mbar_try_wait(u32 bar, u32 parity) {
-  u32 ok;
-  asm volatile("{\n\t.reg .pred p;\n\t"
-               "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
-               "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
-  return ok;
-}
+// 1 once the mbarrier's phase of this parity has completed (try_wait may suspend the thread a while, test_wait
+// returns at once); acquire at cluster scope: the bytes that completed it are visible
+#define MBAR_POLL(NAME, OP)                                                                        \
+  __device__ __forceinline__ u32 NAME(u32 bar, u32 parity) {                                       \
+    u32 ok;                                                                                        \
+    asm volatile("{\n\t.reg .pred p;\n\t"                                                       \
+                 "mbarrier." OP ".parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"        \
+                 "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(ok) : "r"(bar), "r"(parity) : "memory");    \
+    return ok;                                                                                     \
+  }
+MBAR_POLL(mbar_try_wait, "try_wait")
+MBAR_POLL(mbar_test_wait, "test_wait")
 """
 
 _SOURCE = r"""
