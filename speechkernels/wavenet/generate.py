@@ -63,14 +63,15 @@ class IncrementalState:
         return self.prev
 
 
-def prepare(model, cond, n_samples, temperature, generator, speaker, batch, uniforms) -> IncrementalState:
-    """Argument checks and the state of a generation run."""
+def check_generation(model, cond, n_samples, temperature, generator, speaker, batch, uniforms, upsample=True):
+    """Argument checks of a generation run: (upsampled conditioning or None (also with upsample=False), speaker
+    embeddings or None, uniforms [n_samples, B] on the model's device)."""
     if not temperature >= 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     B = cond.shape[0] if cond is not None else (speaker.shape[0] if speaker is not None else batch)
     if B is None or B < 1:
         raise ValueError(f"the number of streams must be >= 1 (from cond, speaker or batch), got {B}")
-    cond_up = model.check_inputs(cond, speaker, B, n_samples)
+    cond_up = model.check_inputs(cond, speaker, B, n_samples, upsample)
     dev = model.embed.weight.device
     if uniforms is None:
         uniforms = torch.rand(n_samples, B, generator=generator, device=generator.device if generator else dev)
@@ -78,6 +79,12 @@ def prepare(model, cond, n_samples, temperature, generator, speaker, batch, unif
     if uniforms.shape != (n_samples, B):
         raise ValueError(f"uniforms must be [n_samples={n_samples}, B={B}], got {tuple(uniforms.shape)}")
     g = model.speaker_embed(speaker.to(dev)) if model.speakers else None
+    return cond_up, g, uniforms
+
+
+def prepare(model, cond, n_samples, temperature, generator, speaker, batch, uniforms) -> IncrementalState:
+    """Argument checks and the state of a generation run."""
+    cond_up, g, uniforms = check_generation(model, cond, n_samples, temperature, generator, speaker, batch, uniforms)
     return IncrementalState(model, cond_up, g, uniforms, temperature)
 
 
@@ -163,13 +170,13 @@ def generate_kernel(
     from . import cluster_vocoder
     from .kernels import wavenet_generate
 
-    state = prepare(model, cond, n_samples, temperature, generator, speaker, batch, uniforms)
-    dev = state.uniforms.device
+    # the kernels read the conditioning per frame: no upsampled copy
+    _, g, uniforms = check_generation(model, cond, n_samples, temperature, generator, speaker, batch, uniforms, False)
+    dev = uniforms.device
     if not (dev.type == "cuda" or (kernel == "triton" and triton_interpreting())):
         raise ValueError(f"kernel={kernel!r} needs the model on a CUDA device")
-    g = model.speaker_embed(speaker.to(dev)) if model.speakers else None
     cond = cond.to(dev) if cond is not None else None
-    B = state.uniforms.shape[1]
+    B = uniforms.shape[1]
     if kernel == "kernel":
         kernel = "cluster" if B <= 16 and cluster_vocoder.available(model) else "triton"
     if kernel == "cluster":
@@ -178,7 +185,7 @@ def generate_kernel(
                 "kernel='cluster' needs cuda-core, a GPU of compute capability >= 9.0 and a model whose widths "
                 "split over the cluster (speechkernels.wavenet.cluster_vocoder.config)"
             )
-        return cluster_vocoder.wavenet_generate_cluster(model, cond, g, state.uniforms, temperature, weights_dtype)
+        return cluster_vocoder.wavenet_generate_cluster(model, cond, g, uniforms, temperature, weights_dtype)
     if weights_dtype != torch.float32:
         raise ValueError("weights_dtype=torch.bfloat16 needs kernel='cluster'")
-    return wavenet_generate(model, cond, g, state.uniforms, temperature)
+    return wavenet_generate(model, cond, g, uniforms, temperature)

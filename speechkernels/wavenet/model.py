@@ -84,9 +84,11 @@ class WaveNet(nn.Module):
         """The input before the first sample: mu-law silence."""
         return self.classes // 2
 
-    def check_inputs(self, cond, speaker, batch: int | None, n_samples: int) -> torch.Tensor | None:
-        """Upsampled local conditioning [B, n_samples, cond_channels] (None without), after the argument
-        checks."""
+    def check_inputs(
+        self, cond, speaker, batch: int | None, n_samples: int, upsample: bool = True
+    ) -> torch.Tensor | None:
+        """Upsampled local conditioning [B, n_samples, cond_channels] (None without, or with upsample=False),
+        after the argument checks."""
         if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
             raise ValueError(f"n_samples must be an integer >= 1, got {n_samples!r}")
         if self.speakers:
@@ -110,6 +112,8 @@ class WaveNet(nn.Module):
                 f"cond's {cond.shape[2]} frames x hop_length {self.hop_length} = "
                 f"{cond.shape[2] * self.hop_length} samples do not cover n_samples={n_samples}"
             )
+        if not upsample:
+            return None
         up = cond.transpose(1, 2).repeat_interleave(self.hop_length, dim=1)
         return up[:, :n_samples]
 
