@@ -375,23 +375,17 @@ def _embed_bytes(R: int, NC: int) -> int:
 def pack(model, cond, g, weights_dtype: torch.dtype, C: int) -> dict:
     """The model's weights in the kernel's layouts (``weights_dtype``: float32 or bfloat16) and the conditioning
     per frame [B, F, L, G] (the current-input bias folded in)."""
-    L, R, G, SK = model.layers, model.residual_channels, model.gate_channels, model.skip_channels
+    L, R, G = model.layers, model.residual_channels, model.gate_channels
     G2 = G // 2
     dev = model.embed.weight.device
 
-    def stack(mods, attr="weight"):
-        return torch.stack([getattr(m, attr) for m in mods]).float()
+    from .model import stack_layers as stack
 
     wc, wp = stack(model.w_cur), stack(model.w_past)  # [L, G, R]
     # rows of unit j: cur tanh, cur sigmoid, past tanh, past sigmoid; units of CTA r, warp w: j = r G2/C + w
     wg = torch.stack([wc[:, :G2], wc[:, G2:], wp[:, :G2], wp[:, G2:]], dim=2)  # [L, G2, 4, R]
     wg = wg.reshape(L, C, G2 // C, 4, R)
-    cb = stack(model.w_cur, "bias")[None, None]  # [1, 1, L, G]
-    if cond is not None:
-        frames = cond.transpose(1, 2).float()
-        cb = cb + torch.stack([model.w_cond[i](frames) for i in range(L)], dim=2)
-    if g is not None:
-        cb = cb + torch.stack([model.w_speaker[i](g) for i in range(L)], dim=1)[:, None]
+    dil, qoff, _ = model.queue_layout(dev)
     wt = weights_dtype
     return {
         "wg": wg.to(wt).contiguous(),
@@ -404,10 +398,9 @@ def pack(model, cond, g, weights_dtype: torch.dtype, C: int) -> dict:
         "w2": model.head2.weight.to(wt).contiguous(),
         "b2": model.head2.bias.float().contiguous(),
         "embed": model.embed.weight.float().contiguous(),
-        "cb": cb.contiguous(),
-        "dil": torch.tensor(model.dilations, dtype=torch.int32, device=dev),
-        "qoff": torch.tensor([sum(model.dilations[:i]) for i in range(L)], dtype=torch.int32, device=dev),
-        "SK": SK,
+        "cb": model.frame_bias(cond, g).contiguous(),
+        "dil": dil,
+        "qoff": qoff,
     }
 
 

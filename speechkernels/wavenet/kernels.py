@@ -265,22 +265,13 @@ def wavenet_generate(
     dev = uniforms.device
     L, R, G, S, C = model.layers, model.residual_channels, model.gate_channels, model.skip_channels, model.classes
 
-    def stack(mods, attr="weight"):
-        return torch.stack([getattr(m, attr) for m in mods]).float().contiguous()
+    from .model import stack_layers as stack
 
     # conditioning per frame and layer (it changes once per hop), with the current input's bias folded in
-    cb = stack(model.w_cur, "bias")[None, None]  # [1, 1, L, G]
-    hop = 1 << 30
-    if cond is not None:
-        frames = cond.transpose(1, 2).float()
-        cb = cb + torch.stack([model.w_cond[i](frames) for i in range(L)], dim=2)
-        hop = model.hop_length
-    if g is not None:
-        cb = cb + torch.stack([model.w_speaker[i](g) for i in range(L)], dim=1)[:, None]
+    cb = model.frame_bias(cond, g)
+    hop = model.hop_length if cond is not None else 1 << 30
     cb = cb.expand(B, cb.shape[1], L, G).contiguous()
-    dil = torch.tensor(model.dilations, dtype=torch.int32, device=dev)
-    qoff = torch.tensor([sum(model.dilations[:i]) for i in range(L)], dtype=torch.int32, device=dev)
-    Q = sum(model.dilations)
+    dil, qoff, Q = model.queue_layout(dev)
     queue = torch.zeros(B, Q, R, device=dev)
     out = torch.empty(B, n, dtype=torch.long, device=dev)
     _wavenet_generate_kernel[(B,)](

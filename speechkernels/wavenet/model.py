@@ -14,6 +14,11 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def stack_layers(mods, attr: str = "weight") -> torch.Tensor:
+    """A per-layer parameter of a ModuleList stacked into one [L, ...] float32 tensor."""
+    return torch.stack([getattr(m, attr) for m in mods]).float()
+
+
 class WaveNet(nn.Module):
     """WaveNet vocoder with mu-law softmax output.
 
@@ -116,6 +121,25 @@ class WaveNet(nn.Module):
             return None
         up = cond.transpose(1, 2).repeat_interleave(self.hop_length, dim=1)
         return up[:, :n_samples]
+
+    def frame_bias(self, cond: torch.Tensor | None, g: torch.Tensor | None) -> torch.Tensor:
+        """Each layer's gate bias per conditioning frame, [B or 1, frames or 1, L, gate] float32: the current
+        input's bias plus the conditioning terms (``layer_bias`` per frame instead of per sample; the kernels
+        read it once per hop)."""
+        out = stack_layers(self.w_cur, "bias")[None, None]
+        if cond is not None:
+            frames = cond.transpose(1, 2).float()
+            out = out + torch.stack([self.w_cond[i](frames) for i in range(self.layers)], dim=2)
+        if g is not None:
+            out = out + torch.stack([self.w_speaker[i](g) for i in range(self.layers)], dim=1)[:, None]
+        return out
+
+    def queue_layout(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The dilation queues laid end to end, as the kernels keep them: (dilations [L] int32, each layer's
+        first slot [L] int32, slots in all)."""
+        dil = torch.tensor(self.dilations, dtype=torch.int32, device=device)
+        first = torch.tensor([sum(self.dilations[:i]) for i in range(self.layers)], dtype=torch.int32, device=device)
+        return dil, first, sum(self.dilations)
 
     def layer_bias(self, i: int, cond_up: torch.Tensor | None, g: torch.Tensor | None) -> torch.Tensor | float:
         """Layer i's conditioning term [B, T, gate] (or 0)."""
