@@ -75,6 +75,82 @@ def rate(fn, n):
     return n / t
 
 
+def pipeline_probe():
+    """The layer-split design: time against the number of layers (one CTA per 5 layers, so the hops grow with
+    L), the wait (try_wait or test_wait spinning), several streams, and the compiled kernel's resources."""
+    from speechkernels.wavenet import cluster_pipeline as cp
+
+    H, n = 128, 2000
+    g = torch.Generator().manual_seed(0)
+    for L, C in ((5, None), (40, None), (80, None), (80, 16)):
+        w = (torch.randn(L, H, H, generator=g) / math.sqrt(H)).to(torch.bfloat16).cuda()
+        for B in (1, 2, 8, 132) if L == 80 else (1,):
+            x0 = torch.randn(B, H, generator=g).cuda()
+            for tw, nacc in ((0, 4), (1, 4), (0, 2)) if B == 1 else ((0, 4),):
+                r = rate(lambda k, w=w, x0=x0, C=C, tw=tw, nacc=nacc: cp.serial_chain_pipeline(
+                    w, x0, k, False, C=C, TW=tw, NACC=nacc), n)  # fmt: skip
+                emit(part="pipe", L=L, B=B, TW=tw, NACC=nacc, C=cp.config(L, H, C=C)["C"], khz=r / 1e3,
+                     ns_per_layer=1e9 / r / L, total_msps=r * B / 1e6)  # fmt: skip
+    major, minor = torch.cuda.get_device_capability()
+    k = cp._kernel(**cp.config(80, H), RELU=0, arch=f"sm_{major}{minor}")
+    a = k.attributes
+    emit(part="pipe_kernel", regs=a.num_regs, local_bytes=a.local_size_bytes, smem=a.shared_size_bytes)
+
+
+def pipeline_profile():
+    """SM clocks inside the layer-split design (thread 0 of each CTA, samples 100-103): per layer the B loads
+    and tensor-core products (0-1), reduction, activation, split and stores (1-2), the block barrier (2-3); per
+    CTA its span from the end of its wait to its send, and the sample period; the hop is what the period leaves
+    after the CTAs' spans."""
+    from speechkernels.wavenet import cluster_pipeline as cp
+
+    H, n, P = 128, 400, 100
+    g = torch.Generator().manual_seed(0)
+    for L, C in ((5, 1), (40, 8), (80, 16)):
+        cfg = cp.config(L, H, C=C)
+        C, LPC = cfg["C"], cfg["LPC"]
+        w = (torch.randn(L, H, H, generator=g) / math.sqrt(H)).to(torch.bfloat16).cuda()
+        x0 = torch.randn(1, H, generator=g).cuda()
+        prof = torch.zeros(C * (4 * (LPC + 1) * 4 + 2048), dtype=torch.int64, device="cuda")
+        wall = event_time(lambda w=w, x0=x0, C=C, prof=prof: cp.serial_chain_pipeline(
+            w, x0, n, False, C=C, PROF=P, prof=prof), reps=3)  # fmt: skip
+        allp = prof.cpu().numpy().astype(np.int64)
+        q = allp[: C * 4 * (LPC + 1) * 4].reshape(C, 4, LPC + 1, 4)
+        gt = allp[C * 4 * (LPC + 1) * 4 :].reshape(C, 1024, 2)[:, :n]  # ns: start, end of each CTA's part
+        gstart = gt[0, 1:, 0] - gt[0, :-1, 0]  # CTA 0's sample period
+        gspan = gt[:, 10:, 1] - gt[:, 10:, 0]  # each CTA's part
+        timeline = {
+            "period_ns": np.percentile(gstart[10:], [10, 50, 90, 99]).tolist(),
+            "max_period_ns": int(gstart.max()),
+            "span_ns_median_per_cta": np.median(gspan, axis=1).astype(int).tolist(),
+        }
+        if C > 1:
+            hops = gt[1:, 10:, 0] - gt[:-1, 10:, 1]  # CTA c+1 starts after CTA c ends, same sample
+            timeline["hop_ns_median_per_cta"] = np.median(hops, axis=1).astype(int).tolist()
+        seg = {k: [] for k in ("mma", "tail", "sync", "layer")}
+        span, period = [], []
+        for c in range(C):
+            for s in range(4):
+                for j in range(LPC):
+                    a = q[c, s, j]
+                    seg["mma"].append(a[1] - a[0])
+                    seg["tail"].append(a[2] - a[1])
+                    seg["sync"].append(a[3] - a[2])
+                    if j + 1 < LPC:
+                        seg["layer"].append(q[c, s, j + 1, 0] - a[0])
+                if c > 0 or s > 0:
+                    span.append(q[c, s, LPC - 1, 2] - q[c, s, LPC, 0])
+                if s > 0 and (c > 0 or s > 1):
+                    period.append(q[c, s, LPC, 0] - q[c, s - 1, LPC, 0])
+        row = {k: float(np.median(v)) for k, v in seg.items() if v}
+        row.update(span=float(np.median(span)), period=float(np.median(period)) if period else None)
+        if row["period"]:
+            row["hop"] = (row["period"] - C * row["span"]) / C
+        # SM clock: the sample period in clocks over its wall time (the whole run's, per sample)
+        emit(part="pipe_profile", L=L, C=C, LPC=LPC, clocks=row, us_per_sample=wall / n * 1e6,
+             ghz=(row["period"] or 0) / (wall / n) / 1e9, timeline=timeline)  # fmt: skip
+
+
 def proxy_sweeps(quick, parts=("stream", "cluster", "many"), cs=(1, 2, 4, 8)):
     g = torch.Generator().manual_seed(0)
     L, H = 80, 128
@@ -155,7 +231,12 @@ if __name__ == "__main__":
         emit(cuda_core=getattr(cuda.core, "__version__", "?"))
     except ImportError as e:
         emit(cuda_core_error=str(e))
-    for part in ([l2_bandwidth] if "l2" in parts else []) + [lambda: proxy_sweeps(a.quick, parts, cs)]:
+    for part in (
+        ([l2_bandwidth] if "l2" in parts else [])
+        + ([pipeline_probe] if "pipe" in parts else [])
+        + ([pipeline_profile] if "pipeprof" in parts else [])
+        + [lambda: proxy_sweeps(a.quick, parts, cs)]
+    ):
         try:
             part()
         except Exception as e:  # noqa: BLE001

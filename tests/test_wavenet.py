@@ -20,6 +20,21 @@ from speechkernels.wavenet import (
 from speechkernels.wavenet.generate import generate_incremental
 
 
+def chain_case(L, H, B, activation, dtype=torch.float32, seed=0):
+    """Weights at a gain (1.2 for tanh, 1.4 for relu) where the vector neither dies out nor blows up over a few
+    samples of the chain, so that the comparisons below are of outputs of order one, not of zeros."""
+    g = torch.Generator().manual_seed(seed)
+    gain = 1.2 if activation == "tanh" else 1.4
+    w = (torch.randn(L, H, H, generator=g) * gain / math.sqrt(H)).to(dtype)
+    return w, torch.randn(B, H, generator=g)
+
+
+def assert_chain_close(out, ref, rtol=1e-4):
+    scale = ref.abs().max().item()
+    assert 1e-2 < scale < 1e3, f"the chain's output is of size {scale:.1e}: a comparison would test little"
+    torch.testing.assert_close(out.cpu().double(), ref, rtol=rtol, atol=rtol * scale)
+
+
 def test_mu_law_round_trip():
     x = torch.linspace(-1, 1, 1001)
     q = mu_law_encode(x)
@@ -34,14 +49,12 @@ def test_mu_law_round_trip():
 @pytest.mark.parametrize("activation", ["tanh", "relu"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_serial_chain_matches_float64_loop(activation, dtype):
-    g = torch.Generator().manual_seed(1)
     L, H, B = 5, 16, 3
-    w = (torch.randn(L, H, H, generator=g) * 0.5 / math.sqrt(H)).to(dtype)  # contracting: errors do not grow
-    x0 = torch.randn(B, H, generator=g)
+    w, x0 = chain_case(L, H, B, activation, dtype, seed=1)
     out = serial_chain(w, x0, n_samples=7, activation=activation)
     ref = serial_chain_reference(w.float(), x0, n_samples=7, activation=activation)
     assert out.dtype == torch.float32 and out.shape == (B, H)
-    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-6)
+    assert_chain_close(out, ref, rtol=1e-5)
 
 
 @pytest.mark.parametrize("activation", ["tanh", "relu"])
@@ -50,48 +63,46 @@ def test_serial_chain_matches_float64_loop(activation, dtype):
 def test_serial_chain_stream_kernel_matches_float64_loop(kernel_device, activation, dtype, H):
     """The one-program-per-stream Triton kernel under the interpreter (no bfloat16 there: float16 stands in for a
     16-bit weight format, the GPU test covers bfloat16)."""
-    g = torch.Generator().manual_seed(2)
     L, B = 4, 3
-    w = torch.randn(L, H, H, generator=g) * 0.5 / math.sqrt(H)
-    x0 = torch.randn(B, H, generator=g)
+    w, x0 = chain_case(L, H, B, activation, seed=2)
     from speechkernels.wavenet.kernels import serial_chain_stream
 
     out = serial_chain_stream(w.to(dtype), x0, 5, relu=activation == "relu")
     ref = serial_chain_reference(w.to(dtype).float(), x0, n_samples=5, activation=activation)
-    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(serial_chain(w, x0, 5, activation, design="stream"), out)
-    x0_t = x0.T.contiguous().T  # same values, not contiguous
-    torch.testing.assert_close(serial_chain(w, x0_t, 5, activation, design="stream"), out)
+    assert_chain_close(out, ref, rtol=1e-5)
+    if dtype == torch.float32:  # the public function (float32 or bfloat16 weights) runs the same kernel
+        torch.testing.assert_close(serial_chain(w, x0, 5, activation, design="stream"), out)
+        x0_t = x0.T.contiguous().T  # same values, not contiguous
+        torch.testing.assert_close(serial_chain(w, x0_t, 5, activation, design="stream"), out)
 
 
 def test_serial_chain_barrier_kernel_matches_float64_loop(kernel_device):
     """The post's design under the interpreter: one program (programs run one after another there, so the grid
     barrier can only be passed alone); the GPU test runs it with H / 16 programs."""
-    g = torch.Generator().manual_seed(4)
     L, H, B = 3, 24, 19  # B over one 16-stream block
-    w = torch.randn(L, H, H, generator=g) * 0.5 / math.sqrt(H)
-    x0 = torch.randn(B, H, generator=g)
+    w, x0 = chain_case(L, H, B, "tanh", seed=4)
     out = serial_chain(w, x0, 4, "tanh", design="barrier")
-    torch.testing.assert_close(out.double(), serial_chain_reference(w, x0, n_samples=4), rtol=1e-5, atol=1e-6)
+    assert_chain_close(out, serial_chain_reference(w, x0, n_samples=4), rtol=1e-5)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("design", ["stream", "barrier", "cluster"])
+@pytest.mark.parametrize("design", ["stream", "barrier", "cluster", "pipeline"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("activation", ["tanh", "relu"])
 def test_gpu_serial_chain_designs(gpu, design, dtype, activation):
-    if design == "cluster":
+    """The benchmark's shape (80 layers of 128), two or three samples: 160 or 240 matrices in a row."""
+    if design in ("cluster", "pipeline"):
         from speechkernels.wavenet import cluster
 
         if not cluster.available():
             pytest.skip("cuda-core or a GPU of compute capability 9.0 missing")
-    g = torch.Generator().manual_seed(3)
+    if design == "pipeline" and dtype != torch.bfloat16:
+        pytest.skip("the pipeline design takes bfloat16 weights")
     L, H, B = 80, 128, 5
-    w = (torch.randn(L, H, H, generator=g) * 0.5 / math.sqrt(H)).to(dtype)
-    x0 = torch.randn(B, H, generator=g)
-    out = serial_chain(w.to(gpu), x0.to(gpu), 20, activation, design=design)
-    ref = serial_chain_reference(w.float(), x0, n_samples=20, activation=activation)
-    torch.testing.assert_close(out.cpu().double(), ref, rtol=1e-4, atol=1e-5)
+    w, x0 = chain_case(L, H, B, activation, dtype, seed=3)
+    n = 3 if activation == "tanh" else 2
+    out = serial_chain(w.to(gpu), x0.to(gpu), n, activation, design=design)
+    assert_chain_close(out, serial_chain_reference(w.float(), x0, n_samples=n, activation=activation))
 
 
 @pytest.mark.gpu
@@ -117,13 +128,53 @@ def test_gpu_serial_chain_cluster_configs(gpu, H, C, S):
 
     if not cluster.available():
         pytest.skip("cuda-core or a GPU of compute capability 9.0 missing")
-    g = torch.Generator().manual_seed(5)
     L, B, n = 7, 5, 3
-    w = torch.randn(L, H, H, generator=g) * 0.5 / math.sqrt(H)
-    x0 = torch.randn(B, H, generator=g)
+    w, x0 = chain_case(L, H, B, "tanh", seed=5)
     out = cluster.serial_chain_cluster(w.to(gpu), x0.to(gpu), n, relu=False, C=C, S=S)
-    ref = serial_chain_reference(w, x0, n_samples=n)
-    torch.testing.assert_close(out.cpu().double(), ref, rtol=1e-4, atol=1e-5)
+    assert_chain_close(out, serial_chain_reference(w, x0, n_samples=n))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "L, H, B, n, activation",
+    [
+        (80, 128, 3, 3, "tanh"),  # 16 CTAs of 5 layers
+        (80, 128, 2, 2, "relu"),
+        (7, 128, 2, 3, "tanh"),  # 2 CTAs of 3 and 4 layers
+        (5, 128, 1, 4, "tanh"),  # one CTA
+        (8, 128, 3, 4, "relu"),
+        (13, 64, 5, 4, "tanh"),
+        (3, 32, 1, 5, "relu"),  # one CTA of two warps
+        (50, 32, 2, 6, "tanh"),
+    ],
+)
+def test_gpu_serial_chain_pipeline(gpu, L, H, B, n, activation):
+    """The layer-split cluster design against float64 (bfloat16 weights; the vector split in three bfloat16
+    pieces must keep float32 accuracy)."""
+    from speechkernels.wavenet import cluster
+
+    if not cluster.available():
+        pytest.skip("cuda-core or a GPU of compute capability 9.0 missing")
+    w, x0 = chain_case(L, H, B, activation, torch.bfloat16, seed=6)
+    out = serial_chain(w.to(gpu), x0.to(gpu), n, activation, design="pipeline")
+    assert_chain_close(out, serial_chain_reference(w.float(), x0, n_samples=n, activation=activation))
+    again = serial_chain(w.to(gpu), x0.to(gpu), n, activation, design="pipeline")
+    assert torch.equal(out, again)  # no race: the same bits every run
+
+
+@pytest.mark.gpu
+def test_gpu_serial_chain_pipeline_rejects(gpu):
+    from speechkernels.wavenet import cluster
+
+    if not cluster.available():
+        pytest.skip("cuda-core or a GPU of compute capability 9.0 missing")
+    x0 = torch.zeros(1, 128, device=gpu)
+    with pytest.raises(ValueError, match="bfloat16"):
+        serial_chain(torch.zeros(4, 128, 128, device=gpu), x0, 1, design="pipeline")
+    with pytest.raises(ValueError, match="cannot hold L=81"):
+        serial_chain(torch.zeros(81, 128, 128, device=gpu, dtype=torch.bfloat16), x0, 1, design="pipeline")
+    with pytest.raises(ValueError, match="cannot hold"):
+        serial_chain(torch.zeros(2, 48, 48, device=gpu, dtype=torch.bfloat16), x0[:, :48], 1, design="pipeline")
 
 
 @pytest.mark.parametrize(
@@ -143,6 +194,9 @@ def test_serial_chain_bad_arguments(args, match):
         serial_chain(torch.zeros(2, 3, 3), torch.zeros(1, 3), 1, activation="gelu")
     with pytest.raises(ValueError, match="design"):
         serial_chain(torch.zeros(2, 3, 3), torch.zeros(1, 3), 1, design="uber")
+    for design in ("cluster", "pipeline"):
+        with pytest.raises(ValueError, match="needs CUDA"):
+            serial_chain(torch.zeros(2, 3, 3), torch.zeros(1, 3), 1, design=design)
 
 
 def small_model(seed=0, **kw):

@@ -262,7 +262,13 @@ def _kernel(H: int, C: int, S: int, LPR: int, D: int, WBF16: int, TW: int, RELU:
     opts = core.ProgramOptions(arch=arch, std="c++17", name="serial_chain_cluster")
     mod = core.Program(defines + COMMON + _SOURCE, "c++", opts).compile("cubin")
     kernel = mod.get_kernel("serial_chain_cluster")
-    if C > 8:  # clusters of more than 8 CTAs are opt-in (Hopper allows 16)
+    _kernel_attributes(kernel, C)
+    return kernel
+
+
+def _kernel_attributes(kernel, C: int) -> None:
+    """Clusters of more than 8 CTAs are opt-in (Hopper allows 16)."""
+    if C > 8:
         from cuda.bindings import driver
 
         attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
@@ -270,7 +276,6 @@ def _kernel(H: int, C: int, S: int, LPR: int, D: int, WBF16: int, TW: int, RELU:
         (err,) = driver.cuKernelSetAttribute(attr, 1, kernel.handle, dev)
         if err != driver.CUresult.CUDA_SUCCESS:
             raise ValueError(f"clusters of C={C} CTAs are not available here ({err})")
-    return kernel
 
 
 class _TorchStream:
