@@ -1,7 +1,8 @@
 """Dependent-chain latencies of the instructions on the WaveNet proxy's critical path, in SM clocks (one warp, or
 a CTA of 8 warps for the barrier): tensor-core mma (m16n8k16 bfloat16, float32 accumulation), warp shuffle with
 an add, the tanh of the kernels (exp and a division), the three-piece bfloat16 split, a shared-memory load, the
-block barrier. One JSON object per line.
+block barrier; and the tensor-core issue rate with 8 independent accumulators per warp. One JSON object per
+line. (The tanh and fma chains fold away at compile time: their columns read about 0.)
 
     PYTHONPATH=$PWD python benchmarks/latency_probe.py
 """
@@ -96,11 +97,31 @@ extern "C" __global__ void lat(float* out, long long* t, float seed) {
 #pragma unroll
   for (int i = 0; i < N; i++) y = fmaf(y, 0.999f, 0.001f);
   t1 = clk(); if (threadIdx.x == 0) t[8] = t1 - t0; acc += y;
-  out[blockIdx.x * blockDim.x + threadIdx.x] = acc + v;
+  // 9: mma throughput: 8 independent accumulators, 16 rounds (128 mma per warp)
+  float d[8][4];
+#pragma unroll
+  for (int q = 0; q < 8; q++) d[q][0] = d[q][1] = d[q][2] = d[q][3] = acc + q;
+  __syncthreads();
+  t0 = clk();
+  for (int r = 0; r < 16; r++) {
+#pragma unroll
+    for (int q = 0; q < 8; q++)
+      asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                   "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                   : "+f"(d[q][0]), "+f"(d[q][1]), "+f"(d[q][2]), "+f"(d[q][3])
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  float dd = 0.f;
+#pragma unroll
+  for (int q = 0; q < 8; q++) dd += d[q][0] + d[q][3];
+  t1 = clk();
+  if (threadIdx.x == 0) t[9] = t1 - t0;
+  out[blockIdx.x * blockDim.x + threadIdx.x] = acc + v + dd;
 }
 """
 
-NAMES = ["mma", "shfl_add", "tanh_exp_div", "split3", "lds", "bar_sync", "sts_bar_lds_bar", "tanh_approx", "fma"]
+NAMES = ["mma", "shfl_add", "tanh_exp_div", "split3", "lds", "bar_sync", "sts_bar_lds_bar", "tanh_approx", "fma",
+         "mma_issue"]  # fmt: skip
 
 
 def main():
@@ -118,7 +139,9 @@ def main():
                         np.uint64(t.data_ptr()), np.float32(0.5))  # fmt: skip
         torch.cuda.synchronize()
         tt = t.cpu().tolist()
-        print(json.dumps({"threads": threads, **{n: tt[i] / 64 for i, n in enumerate(NAMES)}}), flush=True)
+        row = {n: tt[i] / 64 for i, n in enumerate(NAMES[:-1])}
+        row["mma_clocks_each_per_warp"] = tt[9] / 128  # 128 independent-ish mma per warp; warps share 4 SMSPs
+        print(json.dumps({"threads": threads, **row}), flush=True)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples", type=int, default=None, help="most samples per timed run (default: 4000 GPU, 20 CPU)")
     p.add_argument("--seconds", type=float, default=0.25, help="aim of a timed run's length (fewer samples if slow)")
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--designs", default="stream,barrier,cluster,pipeline", help="kernel designs of the proxy (GPU)")
+    p.add_argument(
+        "--designs", default="stream,barrier,cluster,partials,pipeline", help="kernel designs of the proxy (GPU)"
+    )
     p.add_argument("--only", default="proxy,vocoder", help="which parts to run")
 
 
@@ -98,7 +100,7 @@ def proxy_implementations(w: torch.Tensor, x0: torch.Tensor, designs: str):
 
         out.append(("torch graph", proxy_graph(w, x0)))
         for design in designs.split(",") if designs else []:
-            if design in ("cluster", "pipeline") and not cluster.available():
+            if design in ("cluster", "partials", "pipeline") and not cluster.available():
                 continue
             if design == "pipeline" and w.dtype != torch.bfloat16:  # bfloat16 weights only
                 continue

@@ -56,7 +56,7 @@ __device__ __forceinline__ float act(float y) {
 #if RELU
   return fmaxf(y, 0.0f);
 #else
-  return 1.0f - __fdividef(2.0f, __expf(2.0f * y) + 1.0f);  // tanh
+  return tanh_fast(y);
 #endif
 }
 

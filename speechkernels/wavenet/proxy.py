@@ -9,7 +9,7 @@ import torch
 from .._utils import triton_interpreting
 from .reference import ACTIVATIONS, activation_fn
 
-DESIGNS = ("torch", "stream", "barrier", "cluster", "pipeline")
+DESIGNS = ("torch", "stream", "barrier", "cluster", "partials", "pipeline")
 
 
 def serial_chain(
@@ -26,7 +26,9 @@ def serial_chain(
             streaming the weights); "barrier" (Triton, the post's design: rows split across programs, a grid
             barrier per layer); both on CUDA tensors, or on the CPU under TRITON_INTERPRET=1; "cluster" (CUDA
             C++ through cuda.core on Hopper or newer: rows split across a thread-block cluster exchanging
-            through distributed shared memory; ``speechkernels.wavenet.cluster``); "pipeline" (likewise, bfloat16
+            through distributed shared memory; ``speechkernels.wavenet.cluster``); "partials" (likewise with the
+            columns split: each CTA sends partial sums to the owners of the rows; ``cluster_partials``);
+            "pipeline" (likewise, bfloat16
             weights: the layers split across the cluster's CTAs and held in their registers, the vector passed
             from CTA to CTA; ``speechkernels.wavenet.cluster_pipeline``).
 
@@ -61,7 +63,7 @@ def serial_chain(
     if design not in DESIGNS:
         raise ValueError(f"design must be one of {DESIGNS}, got {design!r}")
     relu = activation == "relu"
-    if design in ("cluster", "pipeline"):
+    if design in ("cluster", "partials", "pipeline"):
         from . import cluster
 
         if not (x0.is_cuda and cluster.available()):
@@ -72,6 +74,10 @@ def serial_chain(
             from .cluster_pipeline import serial_chain_pipeline
 
             return serial_chain_pipeline(weights, x0, n_samples, relu)
+        if design == "partials":
+            from .cluster_partials import serial_chain_partials
+
+            return serial_chain_partials(weights, x0, n_samples, relu)
         return cluster.serial_chain_cluster(weights, x0, n_samples, relu)
     if design in ("stream", "barrier"):
         if not (x0.is_cuda or triton_interpreting()):
