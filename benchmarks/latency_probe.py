@@ -130,7 +130,7 @@ def main():
     core.Device(0).set_current()
     prog = core.Program(SRC, "c++", core.ProgramOptions(arch=f"sm_{major}{minor}", std="c++17"))
     kern = prog.compile("cubin").get_kernel("lat")
-    stream = cluster._TorchStream(torch.cuda.current_stream().cuda_stream)
+    stream = cluster._current_stream()
     for threads in (32, 256):
         out = torch.zeros(threads, device="cuda")
         t = torch.zeros(16, dtype=torch.int64, device="cuda")

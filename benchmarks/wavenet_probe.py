@@ -56,7 +56,7 @@ def l2_bandwidth():
     core.Device(0).set_current()
     prog = core.Program(READ_SRC, "c++", core.ProgramOptions(arch=f"sm_{major}{minor}", std="c++17"))
     kern = prog.compile("cubin").get_kernel("read_l2")
-    stream = cluster._TorchStream(torch.cuda.current_stream().cuda_stream)
+    stream = cluster._current_stream()
     out = torch.zeros(1024, device="cuda")
     for mb in (2.62, 5.24):
         buf = torch.randn(int(mb * 1e6 / 4), device="cuda")

@@ -288,13 +288,22 @@ def _kernel_attributes(kernel, C: int) -> None:
 
 
 class _TorchStream:
-    """The current PyTorch stream in the __cuda_stream__ protocol that cuda.core accepts."""
+    """A stream handle in the __cuda_stream__ protocol (cuda-core releases without Stream.from_handle)."""
 
     def __init__(self, handle: int):
         self.handle = handle
 
     def __cuda_stream__(self):
         return (0, self.handle)
+
+
+def _current_stream(device=None):
+    """PyTorch's current stream on ``device`` as a cuda.core stream, for ``cuda.core.launch``."""
+    handle = torch.cuda.current_stream(device).cuda_stream
+    stream_cls = getattr(_core(), "Stream", None)
+    if hasattr(stream_cls, "from_handle"):
+        return stream_cls.from_handle(handle)
+    return _TorchStream(handle)
 
 
 def serial_chain_cluster(
@@ -325,7 +334,7 @@ def serial_chain_cluster(
     core.Device(x0.device.index or 0).set_current()
     nw = (H // C) // (32 // cfg["LPR"])
     launch_cfg = core.LaunchConfig(grid=(B + S - 1) // S, cluster=C, block=32 * nw)
-    stream = _TorchStream(torch.cuda.current_stream(x0.device).cuda_stream)
+    stream = _current_stream(x0.device)
     args = (np.uint64(w.data_ptr()), np.uint64(x.data_ptr()), np.uint64(out.data_ptr()), np.int32(L),
             np.int64(n_samples * L), np.int32(B))  # fmt: skip
     core.launch(stream, launch_cfg, kernel, *args)

@@ -21,7 +21,7 @@ import functools
 
 import torch
 
-from .cluster import COMMON, _core, _kernel_attributes, _TorchStream
+from .cluster import COMMON, _core, _current_stream, _kernel_attributes
 
 _SOURCE = r"""
 #define KS (H / C)      // vector elements per CTA
@@ -196,7 +196,7 @@ def serial_chain_partials(
     kernel = _kernel(**cfg, RELU=int(relu), arch=f"sm_{major}{minor}")
     core.Device(x0.device.index or 0).set_current()
     launch_cfg = core.LaunchConfig(grid=B, cluster=C, block=H)  # grid in clusters
-    stream = _TorchStream(torch.cuda.current_stream(x0.device).cuda_stream)
+    stream = _current_stream(x0.device)
     args = (np.uint64(w.data_ptr()), np.uint64(x.data_ptr()), np.uint64(out.data_ptr()), np.int32(L),
             np.int64(n_samples * L))  # fmt: skip
     core.launch(stream, launch_cfg, kernel, *args)

@@ -24,7 +24,7 @@ import functools
 
 import torch
 
-from .cluster import COMMON, _core, _kernel_attributes, _TorchStream
+from .cluster import COMMON, _core, _current_stream, _kernel_attributes
 
 _SOURCE = r"""
 #define KT (H / 16)      // k tiles of 16 columns; also row tiles = warps
@@ -287,7 +287,7 @@ def serial_chain_pipeline(
     kernel = _kernel(**cfg, RELU=int(relu), arch=f"sm_{major}{minor}", TW=TW, PROF=PROF, NACC=NACC)
     core.Device(x0.device.index or 0).set_current()
     launch_cfg = core.LaunchConfig(grid=B, cluster=cfg["C"], block=32 * (H // 16))  # grid in clusters
-    stream = _TorchStream(torch.cuda.current_stream(x0.device).cuda_stream)
+    stream = _current_stream(x0.device)
     args = (np.uint64(w.data_ptr()), np.uint64(x.data_ptr()), np.uint64(out.data_ptr()), np.int32(L),
             np.int32(n_samples))  # fmt: skip
     if PROF:

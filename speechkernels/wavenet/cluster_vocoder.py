@@ -21,7 +21,7 @@ import functools
 
 import torch
 
-from .cluster import COMMON, _core, _TorchStream
+from .cluster import COMMON, _core, _current_stream
 
 _SOURCE = r"""
 #define ZC (G2 / C)
@@ -438,7 +438,7 @@ def wavenet_generate_cluster(
     args = [np.uint64(x.data_ptr()) for x in tensors]
     args += [np.int32(v) for v in (B, model.layers, cb.shape[1], Q, hop, n, model.start_class())]
     args.append(np.float32(inv_temp))
-    stream = _TorchStream(torch.cuda.current_stream(dev).cuda_stream)
+    stream = _current_stream(dev)
     core.launch(
         stream,
         core.LaunchConfig(grid=B, cluster=C, block=nt, shmem_size=_embed_bytes(cfg["R"], cfg["NC"])),
