@@ -125,18 +125,13 @@ NAMES = ["mma", "shfl_add", "tanh_exp_div", "split3", "lds", "bar_sync", "sts_ba
 
 
 def main():
-    core = cluster._core()
-    major, minor = torch.cuda.get_device_capability()
-    core.Device(0).set_current()
-    prog = core.Program(SRC, "c++", core.ProgramOptions(arch=f"sm_{major}{minor}", std="c++17"))
-    kern = prog.compile("cubin").get_kernel("lat")
-    stream = cluster._current_stream()
+    kern = cluster._compile("lat", SRC, cluster._arch(), 1, {}, common=False)
     for threads in (32, 256):
         out = torch.zeros(threads, device="cuda")
         t = torch.zeros(16, dtype=torch.int64, device="cuda")
         for _ in range(3):
-            core.launch(stream, core.LaunchConfig(grid=1, block=threads), kern, np.uint64(out.data_ptr()),
-                        np.uint64(t.data_ptr()), np.float32(0.5))  # fmt: skip
+            args = (np.uint64(out.data_ptr()), np.uint64(t.data_ptr()), np.float32(0.5))
+            cluster._launch(kern, out.device, 1, threads, args)
         torch.cuda.synchronize()
         tt = t.cpu().tolist()
         row = {n: tt[i] / 64 for i, n in enumerate(NAMES[:-1])}

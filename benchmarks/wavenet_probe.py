@@ -52,10 +52,8 @@ def emit(**row):
 
 def l2_bandwidth():
     core = cluster._core()
-    major, minor = torch.cuda.get_device_capability()
+    kern = cluster._compile("read_l2", READ_SRC, cluster._arch(), 1, {}, common=False)
     core.Device(0).set_current()
-    prog = core.Program(READ_SRC, "c++", core.ProgramOptions(arch=f"sm_{major}{minor}", std="c++17"))
-    kern = prog.compile("cubin").get_kernel("read_l2")
     stream = cluster._current_stream()
     out = torch.zeros(1024, device="cuda")
     for mb in (2.62, 5.24):
@@ -91,8 +89,7 @@ def pipeline_probe():
                     w, x0, k, False, C=C, TW=tw, NACC=nacc), n)  # fmt: skip
                 emit(part="pipe", L=L, B=B, TW=tw, NACC=nacc, C=cp.config(L, H, C=C)["C"], khz=r / 1e3,
                      ns_per_layer=1e9 / r / L, total_msps=r * B / 1e6)  # fmt: skip
-    major, minor = torch.cuda.get_device_capability()
-    k = cp._kernel(**cp.config(80, H), RELU=0, arch=f"sm_{major}{minor}")
+    k = cp._kernel(**cp.config(80, H), RELU=0, arch=cluster._arch())
     a = k.attributes
     emit(part="pipe_kernel", regs=a.num_regs, local_bytes=a.local_size_bytes, smem=a.shared_size_bytes)
 

@@ -265,14 +265,34 @@ def check_config(cfg: dict) -> None:
 
 @functools.cache
 def _kernel(H: int, C: int, S: int, LPR: int, D: int, WBF16: int, TW: int, RELU: int, arch: str):
+    defines = dict(H=H, C=C, S=S, LPR=LPR, D=D, WBF16=WBF16, RELU=RELU, TW=TW)
+    return _compile("serial_chain_cluster", _SOURCE, arch, C, defines)
+
+
+def _arch(device=None) -> str:
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}"
+
+
+def _compile(name: str, source: str, arch: str, C: int, defines: dict, common: bool = True):
+    """Kernel ``name`` compiled by NVRTC for ``arch``: integer ``#define``s, the cluster helpers above (``common``)
+    and ``source``; clusters of more than 8 CTAs allowed where C asks for them."""
     core = _core()
-    defines = f"#define H {H}\n#define C {C}\n#define S {S}\n#define LPR {LPR}\n#define D {D}\n"
-    defines += f"#define WBF16 {WBF16}\n#define RELU {RELU}\n#define TW {TW}\n"
-    opts = core.ProgramOptions(arch=arch, std="c++17", name="serial_chain_cluster")
-    mod = core.Program(defines + COMMON + _SOURCE, "c++", opts).compile("cubin")
-    kernel = mod.get_kernel("serial_chain_cluster")
+    text = "".join(f"#define {k} {int(v)}\n" for k, v in defines.items()) + (COMMON if common else "") + source
+    opts = core.ProgramOptions(arch=arch, std="c++17", name=name)
+    kernel = core.Program(text, "c++", opts).compile("cubin").get_kernel(name)
     _kernel_attributes(kernel, C)
     return kernel
+
+
+def _launch(kernel, device, grid: int, block: int, args, cluster: int = 0, shmem: int = 0) -> None:
+    """One launch on PyTorch's current stream of ``device``; with ``cluster``, ``grid`` counts clusters."""
+    core = _core()
+    core.Device(device.index or 0).set_current()
+    extra = {"cluster": cluster} if cluster else {}
+    if shmem:
+        extra["shmem_size"] = shmem
+    core.launch(_current_stream(device), core.LaunchConfig(grid=grid, block=block, **extra), kernel, *args)
 
 
 def _kernel_attributes(kernel, C: int) -> None:
@@ -321,7 +341,6 @@ def serial_chain_cluster(
             C = 8
     import numpy as np
 
-    core = _core()
     L, H, _ = weights.shape
     B = x0.shape[0]
     cfg = {**config(H, C, S, weights.dtype == torch.bfloat16), **over}
@@ -329,13 +348,9 @@ def serial_chain_cluster(
     w = weights.contiguous()
     x = x0.float().contiguous()
     out = torch.empty(B, H, dtype=torch.float32, device=x0.device)
-    major, minor = torch.cuda.get_device_capability(x0.device)
-    kernel = _kernel(**cfg, RELU=int(relu), arch=f"sm_{major}{minor}")
-    core.Device(x0.device.index or 0).set_current()
+    kernel = _kernel(**cfg, RELU=int(relu), arch=_arch(x0.device))
     nw = (H // C) // (32 // cfg["LPR"])
-    launch_cfg = core.LaunchConfig(grid=(B + S - 1) // S, cluster=C, block=32 * nw)
-    stream = _current_stream(x0.device)
     args = (np.uint64(w.data_ptr()), np.uint64(x.data_ptr()), np.uint64(out.data_ptr()), np.int32(L),
             np.int64(n_samples * L), np.int32(B))  # fmt: skip
-    core.launch(stream, launch_cfg, kernel, *args)
+    _launch(kernel, x0.device, (B + S - 1) // S, 32 * nw, args, cluster=C)
     return out

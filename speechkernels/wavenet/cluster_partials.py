@@ -21,7 +21,7 @@ import functools
 
 import torch
 
-from .cluster import COMMON, _core, _current_stream, _kernel_attributes
+from .cluster import _arch, _compile, _launch
 
 _SOURCE = r"""
 #define KS (H / C)      // vector elements per CTA
@@ -157,13 +157,7 @@ def config(H: int, C: int, bf16: bool) -> dict | None:
 
 @functools.cache
 def _kernel(H: int, C: int, D: int, WBF16: int, RELU: int, arch: str):
-    core = _core()
-    defines = f"#define H {H}\n#define C {C}\n#define D {D}\n#define WBF16 {WBF16}\n#define RELU {RELU}\n"
-    opts = core.ProgramOptions(arch=arch, std="c++17", name="serial_chain_partials")
-    mod = core.Program(defines + COMMON + _SOURCE, "c++", opts).compile("cubin")
-    kernel = mod.get_kernel("serial_chain_partials")
-    _kernel_attributes(kernel, C)
-    return kernel
+    return _compile("serial_chain_partials", _SOURCE, arch, C, dict(H=H, C=C, D=D, WBF16=WBF16, RELU=RELU))
 
 
 def serial_chain_partials(
@@ -187,17 +181,12 @@ def serial_chain_partials(
     if cfg is None:
         raise ValueError(f"the partials design cannot split H={H} over C={C} CTAs")
     cfg.update(over)
-    core = _core()
     B = x0.shape[0]
     w = weights.contiguous()
     x = x0.float().contiguous()
     out = torch.empty(B, H, dtype=torch.float32, device=x0.device)
-    major, minor = torch.cuda.get_device_capability(x0.device)
-    kernel = _kernel(**cfg, RELU=int(relu), arch=f"sm_{major}{minor}")
-    core.Device(x0.device.index or 0).set_current()
-    launch_cfg = core.LaunchConfig(grid=B, cluster=C, block=H)  # grid in clusters
-    stream = _current_stream(x0.device)
+    kernel = _kernel(**cfg, RELU=int(relu), arch=_arch(x0.device))
     args = (np.uint64(w.data_ptr()), np.uint64(x.data_ptr()), np.uint64(out.data_ptr()), np.int32(L),
             np.int64(n_samples * L))  # fmt: skip
-    core.launch(stream, launch_cfg, kernel, *args)
+    _launch(kernel, x0.device, B, H, args, cluster=C)
     return out

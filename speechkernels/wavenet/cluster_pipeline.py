@@ -24,7 +24,7 @@ import functools
 
 import torch
 
-from .cluster import COMMON, _core, _current_stream, _kernel_attributes
+from .cluster import _arch, _compile, _launch
 
 _SOURCE = r"""
 #define KT (H / 16)      // k tiles of 16 columns; also row tiles = warps
@@ -244,14 +244,8 @@ def config(L: int, H: int, max_cluster: int = 16, C: int | None = None) -> dict 
 
 @functools.cache
 def _kernel(H: int, C: int, LPC: int, RELU: int, arch: str, TW: int = 0, PROF: int = 0, NACC: int = 4):
-    core = _core()
-    defines = f"#define H {H}\n#define C {C}\n#define LPC {LPC}\n#define RELU {RELU}\n#define TW {TW}\n"
-    defines += f"#define PROF {PROF}\n#define NACC {NACC}\n"
-    opts = core.ProgramOptions(arch=arch, std="c++17", name="serial_chain_pipeline")
-    mod = core.Program(defines + COMMON + _SOURCE, "c++", opts).compile("cubin")
-    kernel = mod.get_kernel("serial_chain_pipeline")
-    _kernel_attributes(kernel, C)
-    return kernel
+    defines = dict(H=H, C=C, LPC=LPC, RELU=RELU, TW=TW, PROF=PROF, NACC=NACC)
+    return _compile("serial_chain_pipeline", _SOURCE, arch, C, defines)
 
 
 def serial_chain_pipeline(
@@ -278,20 +272,15 @@ def serial_chain_pipeline(
     cfg = config(L, H, C=C)
     if cfg is None:
         raise ValueError(f"the pipeline design cannot hold L={L} layers of H={H} in one cluster's registers")
-    core = _core()
     B = x0.shape[0]
     w = weights.contiguous()
     x = x0.float().contiguous()
     out = torch.empty(B, H, dtype=torch.float32, device=x0.device)
-    major, minor = torch.cuda.get_device_capability(x0.device)
-    kernel = _kernel(**cfg, RELU=int(relu), arch=f"sm_{major}{minor}", TW=TW, PROF=PROF, NACC=NACC)
-    core.Device(x0.device.index or 0).set_current()
-    launch_cfg = core.LaunchConfig(grid=B, cluster=cfg["C"], block=32 * (H // 16))  # grid in clusters
-    stream = _current_stream(x0.device)
+    kernel = _kernel(**cfg, RELU=int(relu), arch=_arch(x0.device), TW=TW, PROF=PROF, NACC=NACC)
     args = (np.uint64(w.data_ptr()), np.uint64(x.data_ptr()), np.uint64(out.data_ptr()), np.int32(L),
             np.int32(n_samples))  # fmt: skip
     if PROF:
         assert prof is not None and prof.numel() >= B * cfg["C"] * (4 * (cfg["LPC"] + 1) * 4 + 2048)
         args += (np.uint64(prof.data_ptr()),)
-    core.launch(stream, launch_cfg, kernel, *args)
+    _launch(kernel, x0.device, B, 32 * (H // 16), args, cluster=cfg["C"])
     return out

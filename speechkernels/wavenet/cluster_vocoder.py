@@ -21,7 +21,7 @@ import functools
 
 import torch
 
-from .cluster import COMMON, _core, _current_stream
+from .cluster import _arch, _compile, _launch
 
 _SOURCE = r"""
 #define ZC (G2 / C)
@@ -352,12 +352,8 @@ def available(model, C: int = 8) -> bool:
 
 @functools.cache
 def _kernel(R: int, G2: int, SK: int, NC: int, C: int, WBF16: int, GREEDY: int, arch: str):
-    core = _core()
-    defines = "".join(f"#define {k} {v}\n" for k, v in dict(R=R, G2=G2, SK=SK, NC=NC, C=C).items())
-    defines += f"#define WBF16 {WBF16}\n#define GREEDY {GREEDY}\n"
-    opts = core.ProgramOptions(arch=arch, std="c++17", name="wavenet_cluster")
-    mod = core.Program(defines + COMMON + _SOURCE, "c++", opts).compile("cubin")
-    kernel = mod.get_kernel("wavenet_cluster")
+    defines = dict(R=R, G2=G2, SK=SK, NC=NC, C=C, WBF16=WBF16, GREEDY=GREEDY)
+    kernel = _compile("wavenet_cluster", _SOURCE, arch, C, defines)
     from cuda.bindings import driver
 
     attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
@@ -416,7 +412,6 @@ def wavenet_generate_cluster(
     """Launcher: one cluster of C CTAs per stream, all samples in one launch ([B, n_samples] int64)."""
     import numpy as np
 
-    core = _core()
     cfg = config(model, C)
     n, B = uniforms.shape
     dev = uniforms.device
@@ -426,10 +421,8 @@ def wavenet_generate_cluster(
     queue = torch.zeros(B, C, Q, model.gate_channels // 2 // C, 2, device=dev)
     out = torch.empty(B, n, dtype=torch.long, device=dev)
     u = uniforms.float().contiguous()
-    major, minor = torch.cuda.get_device_capability(dev)
     kernel = _kernel(**cfg, WBF16=int(weights_dtype == torch.bfloat16), GREEDY=int(temperature == 0),
-                     arch=f"sm_{major}{minor}")  # fmt: skip
-    core.Device(dev.index or 0).set_current()
+                     arch=_arch(dev))  # fmt: skip
     nt = 32 * (cfg["G2"] // C)
     hop = model.hop_length if cond is not None else 1 << 30
     tensors = (p["wg"], p["wr"], p["br"], p["ws"], p["bs"], p["w1"], p["b1"], p["w2"], p["b2"], p["embed"], cb,
@@ -438,11 +431,5 @@ def wavenet_generate_cluster(
     args = [np.uint64(x.data_ptr()) for x in tensors]
     args += [np.int32(v) for v in (B, model.layers, cb.shape[1], Q, hop, n, model.start_class())]
     args.append(np.float32(inv_temp))
-    stream = _current_stream(dev)
-    core.launch(
-        stream,
-        core.LaunchConfig(grid=B, cluster=C, block=nt, shmem_size=_embed_bytes(cfg["R"], cfg["NC"])),
-        kernel,
-        *args,
-    )
+    _launch(kernel, dev, B, nt, args, cluster=C, shmem=_embed_bytes(cfg["R"], cfg["NC"]))
     return out
