@@ -1,8 +1,10 @@
 """Design-space probe for the WaveNet proxy on the GPU (not part of the benchmark's table): one SM's L2 read
-bandwidth and the whole GPU's, the Triton stream kernel's warps, and the cluster kernel's cluster size C,
-streams per cluster S, lanes per row LPR and prefetch depth D. One JSON object per line on stdout.
+bandwidth and the whole GPU's (part l2), the Triton stream kernel's warps (stream), the cluster kernel's cluster
+size C, streams per cluster S, lanes per row LPR and prefetch depth D (cluster, many), the layer-split pipeline
+kernel's rate against layers, waits, accumulators and streams (pipe) and its SM-clock profile with the global
+timer's hops (pipeprof). One JSON object per line on stdout.
 
-    PYTHONPATH=$PWD python benchmarks/wavenet_probe.py [--quick]
+    PYTHONPATH=$PWD python benchmarks/wavenet_probe.py [--quick] [--parts l2,stream,cluster,many,pipe,pipeprof]
 """
 
 from __future__ import annotations
