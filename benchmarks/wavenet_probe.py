@@ -2,9 +2,10 @@
 bandwidth and the whole GPU's (part l2), the Triton stream kernel's warps (stream), the cluster kernel's cluster
 size C, streams per cluster S, lanes per row LPR and prefetch depth D (cluster, many), the layer-split pipeline
 kernel's rate against layers, waits, accumulators and streams (pipe) and its SM-clock profile with the global
-timer's hops (pipeprof). One JSON object per line on stdout.
+timer's hops (pipeprof), tanh against relu and lanes per row in the cluster kernel (ablate), its prefetch depth
+(depth). One JSON object per line on stdout.
 
-    PYTHONPATH=$PWD python benchmarks/wavenet_probe.py [--quick] [--parts l2,stream,cluster,many,pipe,pipeprof]
+    PYTHONPATH=$PWD python benchmarks/wavenet_probe.py [--quick] [--parts l2,stream,...,ablate,depth]
 """
 
 from __future__ import annotations
@@ -94,6 +95,43 @@ def pipeline_probe():
     k = cp._kernel(**cp.config(80, H), RELU=0, arch=cluster._arch())
     a = k.attributes
     emit(part="pipe_kernel", regs=a.num_regs, local_bytes=a.local_size_bytes, smem=a.shared_size_bytes)
+
+
+def cluster_ablation():
+    """What parts of the row-split cluster layer cost: tanh against relu (the activation's share), lanes per row
+    (shuffle rounds against columns per lane; prefetch depth 4 throughout, which the sweeps found not to matter), and
+    the partials design beside it; one stream, 80 layers."""
+    from speechkernels.wavenet.cluster_partials import serial_chain_partials
+
+    g = torch.Generator().manual_seed(0)
+    L, H, n = 80, 128, 4000
+    for dtype in (torch.float32, torch.bfloat16):
+        w = (torch.randn(L, H, H, generator=g) / math.sqrt(H)).to(dtype).cuda()
+        x1 = torch.randn(1, H, generator=g).cuda()
+        for relu in (False, True):
+            for lpr in (4, 8, 16):
+                fn = lambda k, w=w, x1=x1, relu=relu, lpr=lpr: cluster.serial_chain_cluster(  # noqa: E731
+                    w, x1, k, relu, C=16, LPR=lpr, D=4
+                )
+                r = rate(fn, n)
+                emit(part="ablate", design="cluster", weights=str(dtype)[6:], relu=relu, LPR=lpr, khz=r / 1e3,
+                     ns_per_layer=1e9 / r / L)  # fmt: skip
+            r = rate(lambda k, w=w, x1=x1, relu=relu: serial_chain_partials(w, x1, k, relu), n)
+            emit(part="ablate", design="partials", weights=str(dtype)[6:], relu=relu, khz=r / 1e3,
+                 ns_per_layer=1e9 / r / L)  # fmt: skip
+
+
+def cluster_depth():
+    """The row-split cluster kernel's prefetch depth D at 8 lanes per row, C = 16, one stream, tanh."""
+    g = torch.Generator().manual_seed(0)
+    L, H, n = 80, 128, 4000
+    for dtype in (torch.float32, torch.bfloat16):
+        w = (torch.randn(L, H, H, generator=g) / math.sqrt(H)).to(dtype).cuda()
+        x1 = torch.randn(1, H, generator=g).cuda()
+        for rep in range(2):
+            for d in (2, 4, 6, 8):
+                r = rate(lambda k, w=w, x1=x1, d=d: cluster.serial_chain_cluster(w, x1, k, False, C=16, D=d), n)
+                emit(part="depth", weights=str(dtype)[6:], D=d, rep=rep, khz=r / 1e3, ns_per_layer=1e9 / r / L)
 
 
 def pipeline_profile():
@@ -234,6 +272,8 @@ if __name__ == "__main__":
         ([l2_bandwidth] if "l2" in parts else [])
         + ([pipeline_probe] if "pipe" in parts else [])
         + ([pipeline_profile] if "pipeprof" in parts else [])
+        + ([cluster_ablation] if "ablate" in parts else [])
+        + ([cluster_depth] if "depth" in parts else [])
         + [lambda: proxy_sweeps(a.quick, parts, cs)]
     ):
         try:

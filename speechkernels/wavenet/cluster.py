@@ -245,13 +245,14 @@ def _core():
 def config(H: int, C: int, S: int, bf16: bool) -> dict:
     """Launch parameters for H rows over C CTAs and S streams per cluster: lanes per row LPR (a power of 2
     dividing 32; each lane holds H / LPR columns of its row; fewer when a CTA would need more than 32 warps) and
-    the prefetch depth D (layers, even) that fits the registers left per thread."""
+    the prefetch depth D (layers, even): 4, or fewer where the registers left per thread do not hold 4 (at
+    H = 128, C = 16 on the H100 depth 4 ran 3-5 % faster than 8 and 2, benchmarks/NOTES.md)."""
     lpr = 8
     while lpr > 1 and ((H // lpr) % 4 or (H // C) * lpr // 32 > 32):
         lpr //= 2
     threads = max(32, (H // C) * lpr)
     per_layer = (H // lpr) // (2 if bf16 else 1)  # registers per prefetched layer
-    d = max(2, min(8, (min(255, 65536 // threads) - 40 - 8 * S) // max(1, per_layer)))
+    d = max(2, min(4, (min(255, 65536 // threads) - 40 - 8 * S) // max(1, per_layer)))
     d -= d % 2  # even: the buffer parity of an unrolled step is then known at compile time
     return {"H": H, "C": C, "S": S, "LPR": lpr, "D": d, "WBF16": int(bf16), "TW": 0}
 
