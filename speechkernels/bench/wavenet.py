@@ -45,7 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def timed(fn, n_max: int, device: torch.device, reps: int, seconds: float) -> tuple[float, int]:
     """(median seconds, samples) of fn(n) over reps runs: n up to n_max, fewer where a run of n_max would take
-    much longer than ``seconds`` (a first run of a few samples, which also warms up, sets it)."""
+    much longer than ``seconds``. n grows from a first run of a few samples (which also warms up) until a run
+    takes at least a quarter of ``seconds``, so that a fixed cost per call does not set n."""
 
     def once(n):
         if device.type == "cuda":
@@ -56,11 +57,12 @@ def timed(fn, n_max: int, device: torch.device, reps: int, seconds: float) -> tu
             torch.cuda.synchronize(device)
         return time.perf_counter() - t0
 
-    n0 = min(n_max, 16)
-    once(n0)
-    t = once(n0)
-    n = max(n0, min(n_max, int(n0 * seconds / max(t, 1e-9))))
+    n = min(n_max, 16)
     once(n)
+    t = once(n)
+    while n < n_max and t < seconds / 4:
+        n = min(n_max, max(2 * n, int(n * seconds / max(t, 1e-9))))
+        t = once(n)
     return statistics.median(once(n) for _ in range(reps)), n
 
 
