@@ -3,7 +3,7 @@ bandwidth and the whole GPU's (part l2), the Triton stream kernel's warps (strea
 size C, streams per cluster S, lanes per row LPR and prefetch depth D (cluster, many), the layer-split pipeline
 kernel's rate against layers, waits, accumulators and streams (pipe) and its SM-clock profile with the global
 timer's hops (pipeprof), tanh against relu and lanes per row in the cluster kernel (ablate), its prefetch depth
-(depth). One JSON object per line on stdout.
+(depth), the partials design's cluster size and depth (partials). One JSON object per line on stdout.
 
     PYTHONPATH=$PWD python benchmarks/wavenet_probe.py [--quick] [--parts l2,stream,...,ablate,depth]
 """
@@ -132,6 +132,21 @@ def cluster_depth():
             for d in (2, 4, 6, 8):
                 r = rate(lambda k, w=w, x1=x1, d=d: cluster.serial_chain_cluster(w, x1, k, False, C=16, D=d), n)
                 emit(part="depth", weights=str(dtype)[6:], D=d, rep=rep, khz=r / 1e3, ns_per_layer=1e9 / r / L)
+
+
+def partials_sweep():
+    """The column-split (partials) design's cluster size C and prefetch depth D, one stream, tanh."""
+    from speechkernels.wavenet.cluster_partials import serial_chain_partials
+
+    g = torch.Generator().manual_seed(0)
+    L, H, n = 80, 128, 4000
+    for dtype in (torch.float32, torch.bfloat16):
+        w = (torch.randn(L, H, H, generator=g) / math.sqrt(H)).to(dtype).cuda()
+        x1 = torch.randn(1, H, generator=g).cuda()
+        for C in (4, 8, 16):
+            for d in (2, 4, 8):
+                r = rate(lambda k, w=w, x1=x1, C=C, d=d: serial_chain_partials(w, x1, k, False, C=C, D=d), n)
+                emit(part="partials", weights=str(dtype)[6:], C=C, D=d, khz=r / 1e3, ns_per_layer=1e9 / r / L)
 
 
 def pipeline_profile():
@@ -274,6 +289,7 @@ if __name__ == "__main__":
         + ([pipeline_profile] if "pipeprof" in parts else [])
         + ([cluster_ablation] if "ablate" in parts else [])
         + ([cluster_depth] if "depth" in parts else [])
+        + ([partials_sweep] if "partials" in parts else [])
         + [lambda: proxy_sweeps(a.quick, parts, cs)]
     ):
         try:
