@@ -3,7 +3,8 @@ bandwidth and the whole GPU's (part l2), the Triton stream kernel's warps (strea
 size C, streams per cluster S, lanes per row LPR and prefetch depth D (cluster, many), the layer-split pipeline
 kernel's rate against layers, waits, accumulators and streams (pipe) and its SM-clock profile with the global
 timer's hops (pipeprof), tanh against relu and lanes per row in the cluster kernel (ablate), its prefetch depth
-(depth), the partials design's cluster size and depth (partials). One JSON object per line on stdout.
+(depth), the partials design's cluster size and depth (partials), the cluster kernel's critical-path options
+(variants). One JSON object per line on stdout.
 
     PYTHONPATH=$PWD python benchmarks/wavenet_probe.py [--quick] [--parts l2,stream,...,ablate,depth]
 """
@@ -132,6 +133,41 @@ def cluster_depth():
             for d in (2, 4, 6, 8):
                 r = rate(lambda k, w=w, x1=x1, d=d: cluster.serial_chain_cluster(w, x1, k, False, C=16, D=d), n)
                 emit(part="depth", weights=str(dtype)[6:], D=d, rep=rep, khz=r / 1e3, ns_per_layer=1e9 / r / L)
+
+
+VARIANTS = (  # the row-split kernel's critical-path options (v15-v17 ran other sets; each row names its options)
+    dict(ACQ=1, RED=1, FCH=2, LIW=0, D=4),
+    dict(ACQ=1, RED=1, FCH=2, LIW=0, D=4, WAIT_HINT=500),
+    dict(ACQ=1, RED=1, FCH=2, LIW=0, D=4, WAIT_HINT=5000),
+    dict(ACQ=1, RED=1, FCH=2, LIW=0, D=4, WAIT_HINT=100000),
+    dict(ACQ=1, RED=1, FCH=4, LIW=1, WIL=1, D=4),
+    dict(ACQ=1, RED=1, FCH=4, LIW=1, WIL=1, D=4, WAIT_HINT=500),
+    dict(ACQ=1, RED=1, FCH=4, LIW=1, WIL=1, D=4, WAIT_HINT=5000),
+    dict(ACQ=1, RED=1, FCH=4, LIW=1, WIL=1, D=4, WAIT_HINT=100000),
+)
+
+
+def cluster_variants():
+    """The row-split cluster kernel's critical-path options, one stream, tanh: ACQ the wait's acquire (0:
+    acquire.cluster on the poll, which adds an L1 invalidation; 1: relaxed poll and a fence restricted to
+    shared::cluster), RED the row reduction (0: log2(LPR) dependent xor shuffles; 1: one round of LPR indexed
+    shuffles), FCH independent FMA chains per lane, LIW the input loads inside the polling loop, WIL the bfloat16
+    conversion inside it too (before the poll), TW test_wait instead of try_wait, WAIT_HINT try_wait's suspend-time
+    hint (ns), D the prefetch depth, LPR lanes per row, C the cluster size (16 unless given). Options with WIL run
+    with bfloat16 weights only."""
+    g = torch.Generator().manual_seed(0)
+    L, H, n = 80, 128, 4000
+    for dtype in (torch.float32, torch.bfloat16):
+        w = (torch.randn(L, H, H, generator=g) / math.sqrt(H)).to(dtype).cuda()
+        x0 = torch.randn(1, H, generator=g).cuda()
+        for rep in range(2):
+            for o in VARIANTS:
+                if o.get("WIL") and dtype != torch.bfloat16:
+                    continue
+                kw = {"C": 16, **o}
+                r = rate(lambda k, w=w, x0=x0, kw=kw: cluster.serial_chain_cluster(w, x0, k, False, **kw), n)
+                emit(part="variants", weights=str(dtype)[6:], B=1, S=1, **kw, rep=rep, khz=r / 1e3,
+                     ns_per_layer=1e9 / r / L)  # fmt: skip
 
 
 def partials_sweep():
@@ -290,6 +326,7 @@ if __name__ == "__main__":
         + ([cluster_ablation] if "ablate" in parts else [])
         + ([cluster_depth] if "depth" in parts else [])
         + ([partials_sweep] if "partials" in parts else [])
+        + ([cluster_variants] if "variants" in parts else [])
         + [lambda: proxy_sweeps(a.quick, parts, cs)]
     ):
         try:

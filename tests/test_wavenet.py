@@ -3,6 +3,7 @@ teacher-forced forward pass, argument checks, WAV output, and a tiny model that 
 
 from __future__ import annotations
 
+import itertools
 import math
 import wave
 
@@ -134,6 +135,32 @@ def test_gpu_serial_chain_cluster_configs(gpu, H, C, S):
     w, x0 = chain_case(L, H, B, "tanh", seed=5)
     out = cluster.serial_chain_cluster(w.to(gpu), x0.to(gpu), n, relu=False, C=C, S=S)
     assert_chain_close(out, serial_chain_reference(w, x0, n_samples=n))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("S", [1, 2])
+def test_gpu_serial_chain_cluster_variants(gpu, dtype, S):
+    """The row-split kernel's critical-path options (wait semantics, reduction, FMA chains, loads in the polling
+    loop) against float64, and bitwise: the indexed reduction adds in the butterfly's order, the wait and load
+    placement change no arithmetic."""
+    from speechkernels.wavenet import cluster
+
+    if not cluster.available():
+        pytest.skip("cuda-core or a GPU of compute capability 9.0 missing")
+    L, H, B, n = 80, 128, 3, 2
+    w, x0 = chain_case(L, H, B, "tanh", dtype=dtype, seed=11)
+    ref = serial_chain_reference(w, x0, n_samples=n)
+    runs = {}
+    for acq, red, fch, liw, wil in itertools.product((0, 1), (0, 1), (2, 4), (0, 1), (0, 1)):
+        if wil and not liw:
+            continue
+        o = dict(ACQ=acq, RED=red, FCH=fch, LIW=liw, WIL=wil)
+        out = cluster.serial_chain_cluster(w.to(gpu), x0.to(gpu), n, relu=False, C=16, S=S, **o)
+        assert_chain_close(out, ref)
+        runs[(acq, red, fch, liw, wil)] = out
+    for key, out in runs.items():
+        assert torch.equal(out, runs[(0, 0, key[2], 0, 0)]), key
 
 
 @pytest.mark.gpu

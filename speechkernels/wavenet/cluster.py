@@ -43,17 +43,49 @@ __device__ __forceinline__ void mbar_arrive_expect(u32 bar, u32 bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
 }
 // 1 once the mbarrier's phase of this parity has completed (try_wait may suspend the thread a while, test_wait
-// returns at once); acquire at cluster scope: the bytes that completed it are visible
+// returns at once), with the bytes that completed it visible. ACQ 1: a relaxed poll and, once it succeeds, an
+// acquire fence restricted to shared::cluster (PTX 8.6), which costs nothing; ACQ 0: the poll acquires at cluster
+// scope, which also invalidates the L1 cache (CCTL.IVALL) on the critical path. The kernels read nothing but
+// shared memory from their peers, so the restricted fence suffices.
+#if ACQ
+#define MBAR_SEM "relaxed"
+#define MBAR_ACQUIRE() asm volatile("fence.acquire.sync_restrict::shared::cluster.cluster;" ::: "memory")
+#else
+#define MBAR_SEM "acquire"
+#define MBAR_ACQUIRE() {}
+#endif
 #define MBAR_POLL(NAME, OP)                                                                        \
   __device__ __forceinline__ u32 NAME(u32 bar, u32 parity) {                                       \
     u32 ok;                                                                                        \
     asm volatile("{\n\t.reg .pred p;\n\t"                                                       \
-                 "mbarrier." OP ".parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"        \
+                 "mbarrier." OP ".parity." MBAR_SEM ".cluster.shared::cta.b64 p, [%1], %2;\n\t"   \
                  "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(ok) : "r"(bar), "r"(parity) : "memory");    \
     return ok;                                                                                     \
   }
-MBAR_POLL(mbar_try_wait, "try_wait")
-MBAR_POLL(mbar_test_wait, "test_wait")
+MBAR_POLL(mbar_test_poll, "test_wait")
+#ifndef WAIT_HINT
+#define WAIT_HINT 0  // try_wait's suspend-time hint in ns (0: the system's default)
+#endif
+#if WAIT_HINT
+__device__ __forceinline__ u32 mbar_try_poll(u32 bar, u32 parity) {
+  u32 ok;
+  asm volatile("{\n\t.reg .pred p;\n\t"
+               "mbarrier.try_wait.parity." MBAR_SEM ".cluster.shared::cta.b64 p, [%1], %2, %3;\n\t"
+               "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(ok) : "r"(bar), "r"(parity), "r"(WAIT_HINT) : "memory");
+  return ok;
+}
+#else
+MBAR_POLL(mbar_try_poll, "try_wait")
+#endif
+// spin until the phase of this parity has completed, then acquire what completed it
+__device__ __forceinline__ void mbar_try_wait(u32 bar, u32 parity) {
+  while (!mbar_try_poll(bar, parity)) {}
+  MBAR_ACQUIRE();
+}
+__device__ __forceinline__ void mbar_test_wait(u32 bar, u32 parity) {
+  while (!mbar_test_poll(bar, parity)) {}
+  MBAR_ACQUIRE();
+}
 
 // tanh(y) = 1 - 2 / (exp(2 y) + 1) with the approximate exp2 and reciprocal (relative errors about 2^-22),
 // flushing subnormals so that no range fix-ups sit on the critical path; +-1 at the ends, 0 at 0
@@ -88,17 +120,34 @@ __device__ __forceinline__ void st_async(u32 addr, const float* v, u32 bar) {
 #endif
 }
 
+// weight loads as volatile asm: they stay where the source puts them (after the layer's sends), never between
+// the wait and the layer's shared-memory reads
 #if WBF16
 typedef uint2 wvec;  // 4 bfloat16
-__device__ __forceinline__ wvec wload(const unsigned short* p) { return __ldg((const uint2*)p); }
+__device__ __forceinline__ wvec wload(const unsigned short* p) {
+  wvec v;
+  asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
 __device__ __forceinline__ float4 wfloat(wvec v) {
   return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u),
                      __uint_as_float(v.y << 16), __uint_as_float(v.y & 0xffff0000u));
 }
+__device__ __forceinline__ float4 wfloat_v(wvec v) {
+  u32 a, b, c, e;
+  asm volatile("shl.b32 %0, %4, 16;\n\tand.b32 %1, %4, 0xffff0000;\n\t"
+               "shl.b32 %2, %5, 16;\n\tand.b32 %3, %5, 0xffff0000;"
+               : "=r"(a), "=r"(b), "=r"(c), "=r"(e) : "r"(v.x), "r"(v.y));
+  return make_float4(__uint_as_float(a), __uint_as_float(b), __uint_as_float(c), __uint_as_float(e));
+}
 typedef unsigned short wtype;
 #else
 typedef float4 wvec;
-__device__ __forceinline__ wvec wload(const float* p) { return __ldg((const float4*)p); }
+__device__ __forceinline__ wvec wload(const float* p) {
+  wvec v;
+  asm volatile("ld.global.nc.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+  return v;
+}
 __device__ __forceinline__ float4 wfloat(wvec v) { return v; }
 typedef float wtype;
 #endif
@@ -122,6 +171,7 @@ serial_chain_cluster(const wtype* __restrict__ w, const float* __restrict__ x0, 
   const int l = lane % LPR;
   const int row = rank * RC + warp * RPW + lane / LPR;
   const int col0 = l * CPL;
+  const bool sender = (lane / LPR) % PK == 0;  // the first row group of each PK sends their rows
   const u32 bar[2] = {smem_addr(&bars[0]), smem_addr(&bars[1])};
   if (threadIdx.x == 0) {
     mbar_init(bar[0], 1);
@@ -149,34 +199,95 @@ serial_chain_cluster(const wtype* __restrict__ w, const float* __restrict__ x0, 
       const long long k = k0 + d;
       if (k < K) {
         const int b = (int)(k & 1);
+        // this layer's weights as floats
+        float4 wf[CPL / 4];
+#if !(WIL && WBF16 && LIW)
+#pragma unroll
+        for (int j = 0; j < CPL / 4; j++) wf[j] = wfloat(wr[d][j]);
+#endif
+        float4 xr[S][CPL / 4];  // this lane's columns of the input vector
+#if LIW
+        // the loads inside the polling loop (volatile, after each poll): they issue right after the poll that
+        // succeeds, ahead of anything else the scheduler would put first; the failed polls' loads are discarded
+        {
+          const u32 parity = (u32)(((k - 1) >> 1) & 1);
+          u32 ok = (k == 0);
+          do {
+#if WIL && WBF16
+            // bfloat16 to float inside the loop, before the poll (volatile: it stays there, where it costs
+            // nothing once the poll waits)
+#pragma unroll
+            for (int j = 0; j < CPL / 4; j++) wf[j] = wfloat_v(wr[d][j]);
+#endif
+#if TW
+            if (!ok) ok = mbar_test_poll(bar[b], parity);
+#else
+            if (!ok) ok = mbar_try_poll(bar[b], parity);
+#endif
+            MBAR_ACQUIRE();
+#pragma unroll
+            for (int s = 0; s < S; s++)
+#pragma unroll
+              for (int j = 0; j < CPL / 4; j++)
+                asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                             : "=f"(xr[s][j].x), "=f"(xr[s][j].y), "=f"(xr[s][j].z), "=f"(xr[s][j].w)
+                             : "r"(smem_addr(&xs[b][s][col0 + 4 * j])) : "memory");
+          } while (!ok);
+        }
+#else
         if (k > 0) {
           const u32 parity = (u32)(((k - 1) >> 1) & 1);
 #if TW
-          while (!mbar_test_wait(bar[b], parity)) {}
+          mbar_test_wait(bar[b], parity);
 #else
-          while (!mbar_try_wait(bar[b], parity)) {}
+          mbar_try_wait(bar[b], parity);
 #endif
         }
+#pragma unroll
+        for (int s = 0; s < S; s++)
+#pragma unroll
+          for (int j = 0; j < CPL / 4; j++) xr[s][j] = *(const float4*)&xs[b][s][col0 + 4 * j];
+#endif
         float acc[S];
 #pragma unroll
         for (int s = 0; s < S; s++) {
-          float a0 = 0.0f, a1 = 0.0f;
+          float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;  // FCH independent chains (2 or 4)
 #pragma unroll
           for (int j = 0; j < CPL / 4; j++) {
-            const float4 xv = *(const float4*)&xs[b][s][col0 + 4 * j];
-            const float4 wv = wfloat(wr[d][j]);
+            const float4 xv = xr[s][j];
+            const float4 wv = wf[j];
+#if FCH == 4
+            a0 = fmaf(wv.x, xv.x, a0);
+            a1 = fmaf(wv.y, xv.y, a1);
+            a2 = fmaf(wv.z, xv.z, a2);
+            a3 = fmaf(wv.w, xv.w, a3);
+#else
             a0 = fmaf(wv.x, xv.x, a0);
             a1 = fmaf(wv.y, xv.y, a1);
             a0 = fmaf(wv.z, xv.z, a0);
             a1 = fmaf(wv.w, xv.w, a1);
+#endif
           }
-          acc[s] = a0 + a1;
+          acc[s] = (a0 + a1) + (a2 + a3);
         }
 #pragma unroll
         for (int s = 0; s < S; s++) {
+#if RED
+          // every lane of a row fetches the row's LPR partial sums at once (one round of independent shuffles
+          // instead of log2(LPR) dependent ones) and adds them in the butterfly's order: the same bits
+          float v[LPR];
+#pragma unroll
+          for (int j = 0; j < LPR; j++) v[j] = __shfl_sync(0xffffffffu, acc[s], j, LPR);
+#pragma unroll
+          for (int o = LPR / 2; o > 0; o >>= 1)
+#pragma unroll
+            for (int j = 0; j < o; j++) v[j] += v[j + o];
+          acc[s] = act(v[0]);
+#else
 #pragma unroll
           for (int o = LPR / 2; o > 0; o >>= 1) acc[s] += __shfl_xor_sync(0xffffffffu, acc[s], o);
           acc[s] = act(acc[s]);
+#endif
         }
         if (k + 1 < K) {
           // the first group of each PK groups gathers their rows and sends them as one message per (stream,
@@ -185,8 +296,8 @@ serial_chain_cluster(const wtype* __restrict__ w, const float* __restrict__ x0, 
 #pragma unroll
           for (int s = 0; s < S; s++)
 #pragma unroll
-            for (int q = 0; q < PK; q++) pk[s][q] = __shfl_sync(0xffffffffu, acc[s], (lane + q * LPR) & 31);
-          if ((lane / LPR) % PK == 0) {
+            for (int q = 0; q < PK; q++) pk[s][q] = q ? __shfl_down_sync(0xffffffffu, acc[s], q * LPR) : acc[s];
+          if (sender) {
 #pragma unroll
             for (int p0 = 0; p0 < C * S; p0 += LPR) {
               const int p = p0 + l;
@@ -254,7 +365,10 @@ def config(H: int, C: int, S: int, bf16: bool) -> dict:
     per_layer = (H // lpr) // (2 if bf16 else 1)  # registers per prefetched layer
     d = max(2, min(4, (min(255, 65536 // threads) - 40 - 8 * S) // max(1, per_layer)))
     d -= d % 2  # even: the buffer parity of an unrolled step is then known at compile time
-    return {"H": H, "C": C, "S": S, "LPR": lpr, "D": d, "WBF16": int(bf16), "TW": 0}
+    # the critical path's options (benchmarks/NOTES.md, v15-v17): the indexed reduction at one or two streams per
+    # cluster; with bfloat16 weights four FMA chains and the loads (and conversions) placed in the polling loop
+    opts = dict(TW=0, RED=int(S <= 2), FCH=4 if bf16 else 2, LIW=int(bf16), WIL=int(bf16), WAIT_HINT=0)
+    return dict(H=H, C=C, S=S, LPR=lpr, D=d, WBF16=int(bf16), **opts)
 
 
 def check_config(cfg: dict) -> None:
@@ -265,9 +379,9 @@ def check_config(cfg: dict) -> None:
 
 
 @functools.cache
-def _kernel(H: int, C: int, S: int, LPR: int, D: int, WBF16: int, TW: int, RELU: int, arch: str):
-    defines = dict(H=H, C=C, S=S, LPR=LPR, D=D, WBF16=WBF16, RELU=RELU, TW=TW)
-    return _compile("serial_chain_cluster", _SOURCE, arch, C, defines)
+def _kernel(arch: str, **defines):
+    """The row-split kernel for ``config()``'s parameters plus RELU (and ACQ to force the wait's semantics)."""
+    return _compile("serial_chain_cluster", _SOURCE, arch, defines["C"], defines)
 
 
 def _arch(device=None) -> str:
@@ -279,6 +393,11 @@ def _compile(name: str, source: str, arch: str, C: int, defines: dict, common: b
     """Kernel ``name`` compiled by NVRTC for ``arch``: integer ``#define``s, the cluster helpers above (``common``)
     and ``source``; clusters of more than 8 CTAs allowed where C asks for them."""
     core = _core()
+    if common and "ACQ" not in defines:  # the restricted acquire fence needs PTX 8.6 (NVRTC 12.8 or newer)
+        try:
+            return _compile(name, source, arch, C, {**defines, "ACQ": 1})
+        except Exception:  # noqa: BLE001 - older NVRTC: the cluster-scope acquire on the poll
+            return _compile(name, source, arch, C, {**defines, "ACQ": 0})
     text = "".join(f"#define {k} {int(v)}\n" for k, v in defines.items()) + (COMMON if common else "") + source
     opts = core.ProgramOptions(arch=arch, std="c++17", name=name)
     kernel = core.Program(text, "c++", opts).compile("cubin").get_kernel(name)

@@ -116,7 +116,7 @@ serial_chain_partials(const wtype* __restrict__ w, const float* __restrict__ x0,
         asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
                      :: "r"(dst[b]), "r"(__float_as_uint(p)), "r"(dbar[b]) : "memory");
         // the C partial sums of this lane's element
-        while (!mbar_try_wait(bar[b], (u32)((k >> 1) & 1))) {}
+        mbar_try_wait(bar[b], (u32)((k >> 1) & 1));
         float4 v[C / 4];
 #pragma unroll
         for (int r = 0; r < C / 4; r++) v[r] = *(const float4*)&part[b][xi][4 * r];

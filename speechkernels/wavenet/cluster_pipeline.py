@@ -154,9 +154,9 @@ serial_chain_pipeline(const unsigned short* __restrict__ w, const float* __restr
     GMARK(0)
     if (rank != 0 || n != 0) {
 #if TW
-      while (!mbar_test_wait(bar, phase)) {}
+      mbar_test_wait(bar, phase);
 #else
-      while (!mbar_try_wait(bar, phase)) {}
+      mbar_try_wait(bar, phase);
 #endif
       phase ^= 1;
       MARK(LPC, 0)

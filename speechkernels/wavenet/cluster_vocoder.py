@@ -197,7 +197,7 @@ wavenet_cluster(const wtype* __restrict__ wg,  // [L][C][NW][4][R]: rows cur_t, 
     }
     if (i + 1 == L) load_layer(nxt, t + 1, 0); else load_layer(nxt, t, i + 1);
     // ---- the whole z: the residual update and this CTA's skip rows
-    while (!mbar_try_wait(bar[eb], (u32)((e >> 1) & 1))) {}
+    mbar_try_wait(bar[eb], (u32)((e >> 1) & 1));
     if (threadIdx.x == 0) mbar_arrive_expect(bar[eb ^ 1], (i + 1 == L ? SK : G2) * 4);
     e++;
     float* zc = zprev;
@@ -227,7 +227,7 @@ wavenet_cluster(const wtype* __restrict__ wg,  // [L][C][NW][4][R]: rows cur_t, 
       sk[k] = 0.0f;
       for (int d = l; d < C; d += 8) st_async1(mapa(smem_addr(&ex[eb][row]), d), h, mapa(bar[eb], d));
     }
-    while (!mbar_try_wait(bar[eb], (u32)((e >> 1) & 1))) {}
+    mbar_try_wait(bar[eb], (u32)((e >> 1) & 1));
     if (threadIdx.x == 0) mbar_arrive_expect(bar[eb ^ 1], SK * 4);
     e++;
     float hc[HCL];
@@ -240,7 +240,7 @@ wavenet_cluster(const wtype* __restrict__ wg,  // [L][C][NW][4][R]: rows cur_t, 
       const float h = fmaxf(red8(dotv(h1w[k], hc, HCL / WPV)) + bh1[k], 0.0f);
       for (int d = l; d < C; d += 8) st_async1(mapa(smem_addr(&ex[eb][row]), d), h, mapa(bar[eb], d));
     }
-    while (!mbar_try_wait(bar[eb], (u32)((e >> 1) & 1))) {}
+    mbar_try_wait(bar[eb], (u32)((e >> 1) & 1));
     if (threadIdx.x == 0) mbar_arrive_expect(bar[eb ^ 1], NC * 4);
     e++;
 #pragma unroll
@@ -252,7 +252,7 @@ wavenet_cluster(const wtype* __restrict__ wg,  // [L][C][NW][4][R]: rows cur_t, 
       const float y = red8(dotv(h2w[k], hc, HCL / WPV)) + bh2[k];
       for (int d = l; d < C; d += 8) st_async1(mapa(smem_addr(&ex[eb][row]), d), y, mapa(bar[eb], d));
     }
-    while (!mbar_try_wait(bar[eb], (u32)((e >> 1) & 1))) {}
+    mbar_try_wait(bar[eb], (u32)((e >> 1) & 1));
     if (threadIdx.x == 0) mbar_arrive_expect(bar[eb ^ 1], G2 * 4);
     e++;
     if (warp == 0) {  // sampling: lane owns classes [lane VPL, (lane + 1) VPL)
