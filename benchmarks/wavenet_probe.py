@@ -135,15 +135,15 @@ def cluster_depth():
                 emit(part="depth", weights=str(dtype)[6:], D=d, rep=rep, khz=r / 1e3, ns_per_layer=1e9 / r / L)
 
 
-VARIANTS = (  # the row-split kernel's critical-path options (v15-v17 ran other sets; each row names its options)
+VARIANTS = (  # the row-split kernel's critical-path options (v15-v20 ran other sets; each row names its options)
     dict(ACQ=1, RED=1, FCH=2, LIW=0, D=4),
-    dict(ACQ=1, RED=1, FCH=2, LIW=0, D=4, WAIT_HINT=500),
-    dict(ACQ=1, RED=1, FCH=2, LIW=0, D=4, WAIT_HINT=5000),
-    dict(ACQ=1, RED=1, FCH=2, LIW=0, D=4, WAIT_HINT=100000),
+    dict(ACQ=1, RED=1, FCH=2, LIW=0, D=4, CIL=1),
+    dict(ACQ=1, RED=1, FCH=4, LIW=0, D=4, CIL=1),
+    dict(ACQ=1, RED=1, FCH=2, LIW=1, D=4, CIL=1),
     dict(ACQ=1, RED=1, FCH=4, LIW=1, WIL=1, D=4),
-    dict(ACQ=1, RED=1, FCH=4, LIW=1, WIL=1, D=4, WAIT_HINT=500),
-    dict(ACQ=1, RED=1, FCH=4, LIW=1, WIL=1, D=4, WAIT_HINT=5000),
-    dict(ACQ=1, RED=1, FCH=4, LIW=1, WIL=1, D=4, WAIT_HINT=100000),
+    dict(ACQ=1, RED=1, FCH=4, LIW=1, WIL=1, D=4, CIL=1),
+    dict(ACQ=1, RED=1, FCH=2, LIW=1, WIL=1, D=4, CIL=1),
+    dict(ACQ=1, RED=1, FCH=4, LIW=1, WIL=1, D=2, CIL=1),
 )
 
 
@@ -153,8 +153,10 @@ def cluster_variants():
     shared::cluster), RED the row reduction (0: log2(LPR) dependent xor shuffles; 1: one round of LPR indexed
     shuffles), FCH independent FMA chains per lane, LIW the input loads inside the polling loop, WIL the bfloat16
     conversion inside it too (before the poll), TW test_wait instead of try_wait, WAIT_HINT try_wait's suspend-time
-    hint (ns), D the prefetch depth, LPR lanes per row, C the cluster size (16 unless given). Options with WIL run
-    with bfloat16 weights only."""
+    hint (ns), POLL relaxed stores and spinning on the data (three buffers, no mbarriers), CIL interleaved columns
+    (lane l of a row: columns 4 (l + LPR j) + 0..3), D the prefetch depth, LPR lanes per row, C the cluster size (16
+    unless given). Options with WIL run with bfloat16 weights only; WAIT_HINT and POLL were removed after v18 and
+    v20 (slower or equal)."""
     g = torch.Generator().manual_seed(0)
     L, H, n = 80, 128, 4000
     for dtype in (torch.float32, torch.bfloat16):

@@ -7,10 +7,12 @@ barrier), 80 times per sample. A thread-block cluster exchanges through distribu
 Triton cannot express (benchmarks/NOTES.md has the measurements).
 
 Design: one cluster of ``C`` CTAs per group of ``S`` streams. CTA r owns rows [r H/C, (r+1) H/C) of every
-matrix; a group of ``LPR`` lanes owns one row and keeps the next ``D`` layers' weights of that row in registers
-(loaded D layers ahead, straight from L2). Per layer each CTA waits on its own mbarrier until the whole input
-vector has arrived in its shared memory, computes its rows, and writes each result into every CTA's next
-buffer with ``st.async`` that completes bytes on that CTA's mbarrier: point-to-point, no cluster-wide barrier.
+matrix; a group of ``LPR`` lanes owns one row (lane l the columns 4 (l + LPR j) + 0..3: the group reads
+contiguous bytes of the vector, free of shared-memory bank conflicts) and keeps the next ``D`` layers' weights of
+that row in registers (loaded D layers ahead, straight from L2). Per layer each CTA waits on its own mbarrier until
+the whole input vector has arrived in its shared memory, computes its rows (the row's partial sums fetched in one
+round of shuffles), and writes each result into every CTA's next buffer with ``st.async`` that completes bytes on
+that CTA's mbarrier: point-to-point, no cluster-wide barrier.
 Two buffers alternate by layer parity (a CTA can only write buffer b for layer k+2 after every CTA has sent its
 layer-k+1 rows, which each sends only after reading buffer b for layer k).
 """
@@ -63,20 +65,7 @@ __device__ __forceinline__ void mbar_arrive_expect(u32 bar, u32 bytes) {
     return ok;                                                                                     \
   }
 MBAR_POLL(mbar_test_poll, "test_wait")
-#ifndef WAIT_HINT
-#define WAIT_HINT 0  // try_wait's suspend-time hint in ns (0: the system's default)
-#endif
-#if WAIT_HINT
-__device__ __forceinline__ u32 mbar_try_poll(u32 bar, u32 parity) {
-  u32 ok;
-  asm volatile("{\n\t.reg .pred p;\n\t"
-               "mbarrier.try_wait.parity." MBAR_SEM ".cluster.shared::cta.b64 p, [%1], %2, %3;\n\t"
-               "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(ok) : "r"(bar), "r"(parity), "r"(WAIT_HINT) : "memory");
-  return ok;
-}
-#else
 MBAR_POLL(mbar_try_poll, "try_wait")
-#endif
 // spin until the phase of this parity has completed, then acquire what completed it
 __device__ __forceinline__ void mbar_try_wait(u32 bar, u32 parity) {
   while (!mbar_try_poll(bar, parity)) {}
@@ -170,7 +159,14 @@ serial_chain_cluster(const wtype* __restrict__ w, const float* __restrict__ x0, 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int l = lane % LPR;
   const int row = rank * RC + warp * RPW + lane / LPR;
+  // this lane's j-th group of 4 columns: CIL 1 interleaves the lanes of a row (lane l: 4 (l + LPR j)), so that
+  // the row's LPR lanes read 16 LPR contiguous bytes of the vector (no bank conflicts) and of the weights
   const int col0 = l * CPL;
+#if CIL
+#define COL(j) (4 * (l + LPR * (j)))
+#else
+#define COL(j) (col0 + 4 * (j))
+#endif
   const bool sender = (lane / LPR) % PK == 0;  // the first row group of each PK sends their rows
   const u32 bar[2] = {smem_addr(&bars[0]), smem_addr(&bars[1])};
   if (threadIdx.x == 0) {
@@ -190,7 +186,7 @@ serial_chain_cluster(const wtype* __restrict__ w, const float* __restrict__ x0, 
 #pragma unroll
   for (int d = 0; d < D; d++) {
 #pragma unroll
-    for (int j = 0; j < CPL / 4; j++) wr[d][j] = wload(w + ((long long)li * H + row) * H + col0 + 4 * j);
+    for (int j = 0; j < CPL / 4; j++) wr[d][j] = wload(w + ((long long)li * H + row) * H + COL(j));
     li = (li + 1 == L) ? 0 : li + 1;
   }
   for (long long k0 = 0; k0 < K; k0 += D) {
@@ -231,7 +227,7 @@ serial_chain_cluster(const wtype* __restrict__ w, const float* __restrict__ x0, 
               for (int j = 0; j < CPL / 4; j++)
                 asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
                              : "=f"(xr[s][j].x), "=f"(xr[s][j].y), "=f"(xr[s][j].z), "=f"(xr[s][j].w)
-                             : "r"(smem_addr(&xs[b][s][col0 + 4 * j])) : "memory");
+                             : "r"(smem_addr(&xs[b][s][COL(j)])) : "memory");
           } while (!ok);
         }
 #else
@@ -246,7 +242,7 @@ serial_chain_cluster(const wtype* __restrict__ w, const float* __restrict__ x0, 
 #pragma unroll
         for (int s = 0; s < S; s++)
 #pragma unroll
-          for (int j = 0; j < CPL / 4; j++) xr[s][j] = *(const float4*)&xs[b][s][col0 + 4 * j];
+          for (int j = 0; j < CPL / 4; j++) xr[s][j] = *(const float4*)&xs[b][s][COL(j)];
 #endif
         float acc[S];
 #pragma unroll
@@ -318,7 +314,7 @@ serial_chain_cluster(const wtype* __restrict__ w, const float* __restrict__ x0, 
         // off the critical path: the next layer's mbarrier arrival, the layer D ahead into the registers just used
         if (threadIdx.x == 0) mbar_arrive_expect(bar[b ^ 1], S * H * 4);
 #pragma unroll
-        for (int j = 0; j < CPL / 4; j++) wr[d][j] = wload(w + ((long long)li * H + row) * H + col0 + 4 * j);
+        for (int j = 0; j < CPL / 4; j++) wr[d][j] = wload(w + ((long long)li * H + row) * H + COL(j));
         li = (li + 1 == L) ? 0 : li + 1;
         if (k + 1 == K && l == 0) {
 #pragma unroll
@@ -365,9 +361,10 @@ def config(H: int, C: int, S: int, bf16: bool) -> dict:
     per_layer = (H // lpr) // (2 if bf16 else 1)  # registers per prefetched layer
     d = max(2, min(4, (min(255, 65536 // threads) - 40 - 8 * S) // max(1, per_layer)))
     d -= d % 2  # even: the buffer parity of an unrolled step is then known at compile time
-    # the critical path's options (benchmarks/NOTES.md, v15-v17): the indexed reduction at one or two streams per
-    # cluster; with bfloat16 weights four FMA chains and the loads (and conversions) placed in the polling loop
-    opts = dict(TW=0, RED=int(S <= 2), FCH=4 if bf16 else 2, LIW=int(bf16), WIL=int(bf16), WAIT_HINT=0)
+    # the critical path's options (benchmarks/NOTES.md, v15-v21): interleaved columns (no bank conflicts on the
+    # vector's reads), four FMA chains, the indexed reduction at one or two streams per cluster; with bfloat16
+    # weights the loads (and conversions) placed in the polling loop
+    opts = dict(TW=0, RED=int(S <= 2), FCH=4, LIW=int(bf16), WIL=int(bf16), CIL=1)
     return dict(H=H, C=C, S=S, LPR=lpr, D=d, WBF16=int(bf16), **opts)
 
 
