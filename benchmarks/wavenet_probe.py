@@ -4,7 +4,7 @@ size C, streams per cluster S, lanes per row LPR and prefetch depth D (cluster, 
 kernel's rate against layers, waits, accumulators and streams (pipe) and its SM-clock profile with the global
 timer's hops (pipeprof), tanh against relu and lanes per row in the cluster kernel (ablate), its prefetch depth
 (depth), the partials design's cluster size and depth (partials), the cluster kernel's critical-path options
-(variants). One JSON object per line on stdout.
+(variants), the cluster vocoder's wait semantics (vocacq). One JSON object per line on stdout.
 
     PYTHONPATH=$PWD python benchmarks/wavenet_probe.py [--quick] [--parts l2,stream,...,ablate,depth]
 """
@@ -172,6 +172,29 @@ def cluster_variants():
                      ns_per_layer=1e9 / r / L)  # fmt: skip
 
 
+def vocoder_acq():
+    """The cluster vocoder (20 layers, one stream, sampling included) with the wait's two semantics (cluster.COMMON's
+    ACQ: 0 acquire.cluster on the poll, 1 relaxed poll and a restricted fence), both weight types."""
+    from speechkernels.wavenet import WaveNet, cluster_vocoder
+
+    orig = cluster_vocoder._kernel
+    torch.manual_seed(0)
+    net = WaveNet(layers=20, cycle=10).cuda().eval()
+    n = 4000
+    cond = torch.randn(1, net.cond_channels, math.ceil(n / net.hop_length)).cuda()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    try:
+        for rep in range(2):
+            for acq in (0, 1):
+                cluster_vocoder._kernel = lambda acq=acq, **kw: orig(**kw, ACQ=acq)
+                for wd in (torch.float32, torch.bfloat16):
+                    fn = lambda k, wd=wd: net.generate(cond, k, generator=gen, kernel="cluster", weights_dtype=wd)  # noqa: E731
+                    r = rate(fn, n)
+                    emit(part="vocoder_acq", layers=20, weights=str(wd)[6:], ACQ=acq, rep=rep, khz=r / 1e3)
+    finally:
+        cluster_vocoder._kernel = orig
+
+
 def partials_sweep():
     """The column-split (partials) design's cluster size C and prefetch depth D, one stream, tanh."""
     from speechkernels.wavenet.cluster_partials import serial_chain_partials
@@ -329,6 +352,7 @@ if __name__ == "__main__":
         + ([cluster_depth] if "depth" in parts else [])
         + ([partials_sweep] if "partials" in parts else [])
         + ([cluster_variants] if "variants" in parts else [])
+        + ([vocoder_acq] if "vocacq" in parts else [])
         + [lambda: proxy_sweeps(a.quick, parts, cs)]
     ):
         try:

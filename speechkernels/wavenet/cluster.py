@@ -48,7 +48,8 @@ __device__ __forceinline__ void mbar_arrive_expect(u32 bar, u32 bytes) {
 // returns at once), with the bytes that completed it visible. ACQ 1: a relaxed poll and, once it succeeds, an
 // acquire fence restricted to shared::cluster (PTX 8.6), which costs nothing; ACQ 0: the poll acquires at cluster
 // scope, which also invalidates the L1 cache (CCTL.IVALL) on the critical path. The kernels read nothing but
-// shared memory from their peers, so the restricted fence suffices.
+// shared memory from their peers, so the restricted fence suffices; _compile defaults to 0, the row-split proxy
+// kernel asks for 1.
 #if ACQ
 #define MBAR_SEM "relaxed"
 #define MBAR_ACQUIRE() asm volatile("fence.acquire.sync_restrict::shared::cluster.cluster;" ::: "memory")
@@ -376,9 +377,17 @@ def check_config(cfg: dict) -> None:
 
 
 @functools.cache
-def _kernel(arch: str, **defines):
-    """The row-split kernel for ``config()``'s parameters plus RELU (and ACQ to force the wait's semantics)."""
-    return _compile("serial_chain_cluster", _SOURCE, arch, defines["C"], defines)
+def _kernel(arch: str, ACQ: int | None = None, **defines):
+    """The row-split kernel for ``config()``'s parameters plus RELU; ACQ the wait's semantics (COMMON), by default
+    the relaxed poll with the restricted fence where this NVRTC compiles it (PTX 8.6, NVRTC 12.8 or newer). The
+    other cluster kernels keep the acquiring poll: with the fence the compiler schedules them 2-5 % slower
+    (benchmarks/NOTES.md)."""
+    if ACQ is None:
+        try:
+            return _kernel(arch, 1, **defines)
+        except Exception:  # noqa: BLE001 - older NVRTC
+            return _kernel(arch, 0, **defines)
+    return _compile("serial_chain_cluster", _SOURCE, arch, defines["C"], {**defines, "ACQ": ACQ})
 
 
 def _arch(device=None) -> str:
@@ -390,11 +399,8 @@ def _compile(name: str, source: str, arch: str, C: int, defines: dict, common: b
     """Kernel ``name`` compiled by NVRTC for ``arch``: integer ``#define``s, the cluster helpers above (``common``)
     and ``source``; clusters of more than 8 CTAs allowed where C asks for them."""
     core = _core()
-    if common and "ACQ" not in defines:  # the restricted acquire fence needs PTX 8.6 (NVRTC 12.8 or newer)
-        try:
-            return _compile(name, source, arch, C, {**defines, "ACQ": 1})
-        except Exception:  # noqa: BLE001 - older NVRTC: the cluster-scope acquire on the poll
-            return _compile(name, source, arch, C, {**defines, "ACQ": 0})
+    if common and "ACQ" not in defines:
+        defines = {**defines, "ACQ": 0}
     text = "".join(f"#define {k} {int(v)}\n" for k, v in defines.items()) + (COMMON if common else "") + source
     opts = core.ProgramOptions(arch=arch, std="c++17", name=name)
     kernel = core.Program(text, "c++", opts).compile("cubin").get_kernel(name)

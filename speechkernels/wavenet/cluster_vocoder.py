@@ -351,8 +351,10 @@ def available(model, C: int = 8) -> bool:
 
 
 @functools.cache
-def _kernel(R: int, G2: int, SK: int, NC: int, C: int, WBF16: int, GREEDY: int, arch: str):
+def _kernel(R: int, G2: int, SK: int, NC: int, C: int, WBF16: int, GREEDY: int, arch: str, ACQ: int | None = None):
     defines = dict(R=R, G2=G2, SK=SK, NC=NC, C=C, WBF16=WBF16, GREEDY=GREEDY)
+    if ACQ is not None:  # the wait's semantics (cluster.COMMON; 0 unless given: measured faster here)
+        defines["ACQ"] = ACQ
     kernel = _compile("wavenet_cluster", _SOURCE, arch, C, defines)
     from cuda.bindings import driver
 
