@@ -8,7 +8,7 @@ threads multiplies one row's KS columns by the slice and sends that partial sum 
 the row (``st.async`` completing bytes on that CTA's mbarrier). The owner adds the C partials of each of its
 elements (a few adds from shared memory, no shuffle reduction), applies the activation, and passes its KS new
 elements to its threads with KS independent shuffles; then the next layer's partial sums. One exchange per
-layer as before, with a shorter path around it; measured slower all the same (22-24 against 37-38 kHz on the
+layer as before, with a shorter path around it; measured slower all the same (22-24 against 46 kHz on the
 H100, benchmarks/NOTES.md): 128 four-byte messages arrive at each CTA per layer instead of 32 sixteen-byte ones.
 
 Thread t = 32 w + l handles row NW l + w (NW warps), so that every warp sends to every CTA: a CTA's partial
