@@ -122,28 +122,39 @@ def cluster_ablation():
                  ns_per_layer=1e9 / r / L)  # fmt: skip
 
 
-def cluster_depth():
-    """The row-split cluster kernel's prefetch depth D at 8 lanes per row, C = 16, one stream, tanh."""
+def cluster_sweep(part, options, reps=2):
+    """One stream, tanh, 80 layers of 128x128: the row-split cluster kernel with each of ``options`` (keyword
+    overrides of its configuration; C = 16 unless given), float32 and bfloat16 weights (options with WIL: bfloat16
+    only), ``reps`` times in turn."""
     g = torch.Generator().manual_seed(0)
     L, H, n = 80, 128, 4000
     for dtype in (torch.float32, torch.bfloat16):
         w = (torch.randn(L, H, H, generator=g) / math.sqrt(H)).to(dtype).cuda()
-        x1 = torch.randn(1, H, generator=g).cuda()
-        for rep in range(2):
-            for d in (2, 4, 6, 8):
-                r = rate(lambda k, w=w, x1=x1, d=d: cluster.serial_chain_cluster(w, x1, k, False, C=16, D=d), n)
-                emit(part="depth", weights=str(dtype)[6:], D=d, rep=rep, khz=r / 1e3, ns_per_layer=1e9 / r / L)
+        x0 = torch.randn(1, H, generator=g).cuda()
+        for rep in range(reps):
+            for o in options:
+                if o.get("WIL") and dtype != torch.bfloat16:
+                    continue
+                kw = {"C": 16, **o}
+                r = rate(lambda k, w=w, x0=x0, kw=kw: cluster.serial_chain_cluster(w, x0, k, False, **kw), n)
+                cfg = {"ACQ": "default", **cluster.config(H, kw["C"], 1, dtype == torch.bfloat16), **kw}  # as run
+                emit(part=part, weights=str(dtype)[6:], B=1, **cfg, rep=rep, khz=r / 1e3,
+                     ns_per_layer=1e9 / r / L)  # fmt: skip
 
 
-VARIANTS = (  # the row-split kernel's critical-path options (v15-v20 ran other sets; each row names its options)
-    dict(ACQ=1, RED=1, FCH=2, LIW=0, D=4),
-    dict(ACQ=1, RED=1, FCH=2, LIW=0, D=4, CIL=1),
-    dict(ACQ=1, RED=1, FCH=4, LIW=0, D=4, CIL=1),
-    dict(ACQ=1, RED=1, FCH=2, LIW=1, D=4, CIL=1),
-    dict(ACQ=1, RED=1, FCH=4, LIW=1, WIL=1, D=4),
-    dict(ACQ=1, RED=1, FCH=4, LIW=1, WIL=1, D=4, CIL=1),
-    dict(ACQ=1, RED=1, FCH=2, LIW=1, WIL=1, D=4, CIL=1),
-    dict(ACQ=1, RED=1, FCH=4, LIW=1, WIL=1, D=2, CIL=1),
+def cluster_depth():
+    """The row-split cluster kernel's prefetch depth D."""
+    cluster_sweep("depth", [dict(D=d) for d in (2, 4, 6, 8)])
+
+
+VARIANTS = (  # the row-split kernel's critical-path options (v15-v20 ran other sets)
+    dict(ACQ=0, RED=0, FCH=2, LIW=0, WIL=0, CIL=0),
+    dict(ACQ=1, RED=1, FCH=2, LIW=0, WIL=0, CIL=0),
+    dict(ACQ=1, RED=1, FCH=2, LIW=0, WIL=0, CIL=1),
+    dict(ACQ=1, RED=1, FCH=4, LIW=0, WIL=0, CIL=1),
+    dict(ACQ=1, RED=1, FCH=4, LIW=1, WIL=1, CIL=0),
+    dict(ACQ=1, RED=1, FCH=4, LIW=1, WIL=1, CIL=1),
+    dict(ACQ=1, RED=1, FCH=2, LIW=1, WIL=1, CIL=1),
 )
 
 
@@ -156,20 +167,9 @@ def cluster_variants():
     hint (ns), POLL relaxed stores and spinning on the data (three buffers, no mbarriers), CIL interleaved columns
     (lane l of a row: columns 4 (l + LPR j) + 0..3), D the prefetch depth, LPR lanes per row, C the cluster size (16
     unless given). Options with WIL run with bfloat16 weights only; WAIT_HINT and POLL were removed after v18 and
-    v20 (slower or equal)."""
-    g = torch.Generator().manual_seed(0)
-    L, H, n = 80, 128, 4000
-    for dtype in (torch.float32, torch.bfloat16):
-        w = (torch.randn(L, H, H, generator=g) / math.sqrt(H)).to(dtype).cuda()
-        x0 = torch.randn(1, H, generator=g).cuda()
-        for rep in range(2):
-            for o in VARIANTS:
-                if o.get("WIL") and dtype != torch.bfloat16:
-                    continue
-                kw = {"C": 16, **o}
-                r = rate(lambda k, w=w, x0=x0, kw=kw: cluster.serial_chain_cluster(w, x0, k, False, **kw), n)
-                emit(part="variants", weights=str(dtype)[6:], B=1, S=1, **kw, rep=rep, khz=r / 1e3,
-                     ns_per_layer=1e9 / r / L)  # fmt: skip
+    v20 (slower or equal). Each row names every option as run (v15-v21 named only those set; the others were off,
+    D = 4 and LPR = 8; v25 named only those set, the others the final defaults)."""
+    cluster_sweep("variants", VARIANTS)
 
 
 def vocoder_acq():
