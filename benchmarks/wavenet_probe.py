@@ -4,7 +4,7 @@ size C, streams per cluster S, lanes per row LPR and prefetch depth D (cluster, 
 kernel's rate against layers, waits, accumulators and streams (pipe) and its SM-clock profile with the global
 timer's hops (pipeprof), tanh against relu and lanes per row in the cluster kernel (ablate), its prefetch depth
 (depth), the partials design's cluster size and depth (partials), the cluster kernel's critical-path options
-(variants), the cluster vocoder's wait semantics (vocacq). One JSON object per line on stdout.
+(variants), the cluster vocoder's wait semantics and column layout (vocacq). One JSON object per line on stdout.
 
     PYTHONPATH=$PWD python benchmarks/wavenet_probe.py [--quick] [--parts l2,stream,...,ablate,depth]
 """
@@ -174,7 +174,8 @@ def cluster_variants():
 
 def vocoder_acq():
     """The cluster vocoder (20 layers, one stream, sampling included) with the wait's two semantics (cluster.COMMON's
-    ACQ: 0 acquire.cluster on the poll, 1 relaxed poll and a restricted fence), both weight types."""
+    ACQ: 0 acquire.cluster on the poll, 1 relaxed poll and a restricted fence) and the lanes' columns contiguous or
+    interleaved (VIL 0 / 1; v23 ran before VIL, as VIL 0), both weight types."""
     from speechkernels.wavenet import WaveNet, cluster_vocoder
 
     orig = cluster_vocoder._kernel
@@ -185,12 +186,12 @@ def vocoder_acq():
     gen = torch.Generator(device="cuda").manual_seed(0)
     try:
         for rep in range(2):
-            for acq in (0, 1):
-                cluster_vocoder._kernel = lambda acq=acq, **kw: orig(**kw, ACQ=acq)
+            for acq, vil in ((0, 0), (0, 1), (1, 1)):
+                cluster_vocoder._kernel = lambda acq=acq, vil=vil, **kw: orig(**kw, ACQ=acq, VIL=vil)
                 for wd in (torch.float32, torch.bfloat16):
                     fn = lambda k, wd=wd: net.generate(cond, k, generator=gen, kernel="cluster", weights_dtype=wd)  # noqa: E731
                     r = rate(fn, n)
-                    emit(part="vocoder_acq", layers=20, weights=str(wd)[6:], ACQ=acq, rep=rep, khz=r / 1e3)
+                    emit(part="vocoder_acq", layers=20, weights=str(wd)[6:], ACQ=acq, VIL=vil, rep=rep, khz=r / 1e3)
     finally:
         cluster_vocoder._kernel = orig
 

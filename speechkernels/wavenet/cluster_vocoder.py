@@ -43,15 +43,34 @@ __device__ __forceinline__ void st_async1(u32 addr, float v, u32 bar) {
                :: "r"(addr), "r"(__float_as_uint(v)), "r"(bar) : "memory");
 }
 
-#if WBF16
-typedef uint4 wv;  // 8 bfloat16
-#define WPV 8
+// A lane's columns of a vector come in chunks of WPV: with VIL chunk k of lane l holds columns (l + 8 k) WPV + ..,
+// so that the 8 lanes of a group read 16 contiguous bytes each (no shared-memory bank conflicts); without, lane l
+// holds a contiguous run. dotv's x: chunk k at x + XS k (CSTEP in shared memory, WPV in a register copy).
+#if WBF16 && VIL
+typedef uint2 wv;  // 4 bfloat16
+#define WPV 4
 typedef unsigned short wtype;
+template <int XS>
 __device__ __forceinline__ float dotv(const wv* w, const float* x, int nv) {
   float a0 = 0.f, a1 = 0.f;
 #pragma unroll
   for (int k = 0; k < nv; k++) {
-    const float4 x0 = *(const float4*)(x + 8 * k), x1 = *(const float4*)(x + 8 * k + 4);
+    const float4 xv = *(const float4*)(x + XS * k);
+    a0 = fmaf(__uint_as_float(w[k].x << 16), xv.x, a0); a1 = fmaf(__uint_as_float(w[k].x & 0xffff0000u), xv.y, a1);
+    a0 = fmaf(__uint_as_float(w[k].y << 16), xv.z, a0); a1 = fmaf(__uint_as_float(w[k].y & 0xffff0000u), xv.w, a1);
+  }
+  return a0 + a1;
+}
+#elif WBF16
+typedef uint4 wv;  // 8 bfloat16
+#define WPV 8
+typedef unsigned short wtype;
+template <int XS>
+__device__ __forceinline__ float dotv(const wv* w, const float* x, int nv) {
+  float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+  for (int k = 0; k < nv; k++) {
+    const float4 x0 = *(const float4*)(x + XS * k), x1 = *(const float4*)(x + XS * k + 4);
     a0 = fmaf(__uint_as_float(w[k].x << 16), x0.x, a0); a1 = fmaf(__uint_as_float(w[k].x & 0xffff0000u), x0.y, a1);
     a0 = fmaf(__uint_as_float(w[k].y << 16), x0.z, a0); a1 = fmaf(__uint_as_float(w[k].y & 0xffff0000u), x0.w, a1);
     a0 = fmaf(__uint_as_float(w[k].z << 16), x1.x, a0); a1 = fmaf(__uint_as_float(w[k].z & 0xffff0000u), x1.y, a1);
@@ -63,20 +82,34 @@ __device__ __forceinline__ float dotv(const wv* w, const float* x, int nv) {
 typedef float4 wv;
 #define WPV 4
 typedef float wtype;
+template <int XS>
 __device__ __forceinline__ float dotv(const wv* w, const float* x, int nv) {
   float a0 = 0.f, a1 = 0.f;
 #pragma unroll
   for (int k = 0; k < nv; k++) {
-    const float4 xv = *(const float4*)(x + 4 * k);
+    const float4 xv = *(const float4*)(x + XS * k);
     a0 = fmaf(w[k].x, xv.x, a0); a1 = fmaf(w[k].y, xv.y, a1);
     a0 = fmaf(w[k].z, xv.z, a0); a1 = fmaf(w[k].w, xv.w, a1);
   }
   return a0 + a1;
 }
 #endif
+#if VIL
+#define CSTEP (8 * WPV)      // from one chunk of a lane to its next, in a row or a vector
+#define LOFF(N) (l * WPV)    // a lane's first column (N: its column count)
+#else
+#define CSTEP WPV
+#define LOFF(N) (l * (N))
+#endif
 __device__ __forceinline__ void ldw(wv* dst, const wtype* p, int nv) {
 #pragma unroll
-  for (int k = 0; k < nv; k++) dst[k] = __ldg((const wv*)(p + WPV * k));
+  for (int k = 0; k < nv; k++) dst[k] = __ldg((const wv*)(p + CSTEP * k));
+}
+// this lane's N columns of a shared vector into registers, chunk after chunk
+template <int N>
+__device__ __forceinline__ void ldx(float* dst, const float* v, int l) {
+#pragma unroll
+  for (int k = 0; k < N; k += 4) *(float4*)&dst[k] = *(const float4*)&v[LOFF(N) + CSTEP * (k / WPV) + k % WPV];
 }
 __device__ __forceinline__ float red8(float a) {
   a += __shfl_xor_sync(0xffffffffu, a, 4);
@@ -148,17 +181,19 @@ wavenet_cluster(const wtype* __restrict__ wg,  // [L][C][NW][4][R]: rows cur_t, 
   // head rows of this lane, kept in registers
   wv h1w[SR][HCL / WPV], h2w[H2R][HCL / WPV];
 #pragma unroll
-  for (int k = 0; k < SR; k++) ldw(h1w[k], w1 + (long long)(rank * (SK / C) + gi * SR + k) * SK + l * HCL, HCL / WPV);
+  for (int k = 0; k < SR; k++)
+    ldw(h1w[k], w1 + (long long)(rank * (SK / C) + gi * SR + k) * SK + LOFF(HCL), HCL / WPV);
 #pragma unroll
-  for (int k = 0; k < H2R; k++) ldw(h2w[k], w2 + (long long)(rank * (NC / C) + gi * H2R + k) * SK + l * HCL, HCL / WPV);
+  for (int k = 0; k < H2R; k++)
+    ldw(h2w[k], w2 + (long long)(rank * (NC / C) + gi * H2R + k) * SK + LOFF(HCL), HCL / WPV);
 
   auto load_layer = [&](LW& w, int t, int i) {
-    ldw(w.g, wg + ((((long long)i * C + rank) * NW + warp) * 4 + grp) * R + l * RCL, RCL / WPV);
+    ldw(w.g, wg + ((((long long)i * C + rank) * NW + warp) * 4 + grp) * R + LOFF(RCL), RCL / WPV);
 #pragma unroll
-    for (int k = 0; k < RR; k++) ldw(w.r[k], wr + ((long long)i * R + gi * RR + k) * G2 + l * ZCL, ZCL / WPV);
+    for (int k = 0; k < RR; k++) ldw(w.r[k], wr + ((long long)i * R + gi * RR + k) * G2 + LOFF(ZCL), ZCL / WPV);
 #pragma unroll
     for (int k = 0; k < SR; k++)
-      ldw(w.s[k], ws + ((long long)i * SK + rank * (SK / C) + gi * SR + k) * G2 + l * ZCL, ZCL / WPV);
+      ldw(w.s[k], ws + ((long long)i * SK + rank * (SK / C) + gi * SR + k) * G2 + LOFF(ZCL), ZCL / WPV);
 #pragma unroll
     for (int k = 0; k < RR; k++) w.br[k] = __ldg(br + (long long)i * R + gi * RR + k);
     const int frame = min(t / hop, F - 1);
@@ -177,7 +212,7 @@ wavenet_cluster(const wtype* __restrict__ wg,  // [L][C][NW][4][R]: rows cur_t, 
   // one layer (and the head after the last): weights in cur, the next layer's loaded into nxt meanwhile
   auto step = [&](LW& cur, LW& nxt) {
     // ---- gate unit j of layer i on x = xs[xb]
-    const float a = red8(dotv(cur.g, &xs[xb][l * RCL], RCL / WPV));
+    const float a = red8(dotv<CSTEP>(cur.g, &xs[xb][LOFF(RCL)], RCL / WPV));
     const float a_s = __shfl_sync(0xffffffffu, a, (lane + 8) & 31);
     const float q_t = __shfl_sync(0xffffffffu, cur.q, (lane + 16) & 31);
     const float q_s = __shfl_sync(0xffffffffu, cur.q, (lane + 24) & 31);
@@ -193,7 +228,7 @@ wavenet_cluster(const wtype* __restrict__ wg,  // [L][C][NW][4][R]: rows cur_t, 
     if (grp >= 2 && l == 0) qb[cur.slot] = a;
     if (i > 0) {
 #pragma unroll
-      for (int k = 0; k < SR; k++) sk[k] += dotv(nxt.s[k], zprev, ZCL / WPV);
+      for (int k = 0; k < SR; k++) sk[k] += dotv<WPV>(nxt.s[k], zprev, ZCL / WPV);
     }
     if (i + 1 == L) load_layer(nxt, t + 1, 0); else load_layer(nxt, t, i + 1);
     // ---- the whole z: the residual update and this CTA's skip rows
@@ -201,17 +236,16 @@ wavenet_cluster(const wtype* __restrict__ wg,  // [L][C][NW][4][R]: rows cur_t, 
     if (threadIdx.x == 0) mbar_arrive_expect(bar[eb ^ 1], (i + 1 == L ? SK : G2) * 4);
     e++;
     float* zc = zprev;
-#pragma unroll
-    for (int k = 0; k < ZCL; k += 4) *(float4*)&zc[k] = *(const float4*)&ex[eb][l * ZCL + k];
+    ldx<ZCL>(zc, ex[eb], l);
     if (i + 1 == L) {  // the last layer's skip rows now: the head needs them
 #pragma unroll
-      for (int k = 0; k < SR; k++) sk[k] += dotv(cur.s[k], zc, ZCL / WPV);
+      for (int k = 0; k < SR; k++) sk[k] += dotv<WPV>(cur.s[k], zc, ZCL / WPV);
     }
     if (i + 1 < L) {
 #pragma unroll
       for (int k = 0; k < RR; k++) {
         const int row = gi * RR + k;
-        const float y = red8(dotv(cur.r[k], zc, ZCL / WPV));
+        const float y = red8(dotv<WPV>(cur.r[k], zc, ZCL / WPV));
         if (l == 0) xs[xb ^ 1][row] = xs[xb][row] + y + cur.br[k];
       }
     }
@@ -231,25 +265,23 @@ wavenet_cluster(const wtype* __restrict__ wg,  // [L][C][NW][4][R]: rows cur_t, 
     if (threadIdx.x == 0) mbar_arrive_expect(bar[eb ^ 1], SK * 4);
     e++;
     float hc[HCL];
-#pragma unroll
-    for (int k = 0; k < HCL; k += 4) *(float4*)&hc[k] = *(const float4*)&ex[eb][l * HCL + k];
+    ldx<HCL>(hc, ex[eb], l);
     eb ^= 1;
 #pragma unroll
     for (int k = 0; k < SR; k++) {
       const int row = rank * (SK / C) + gi * SR + k;
-      const float h = fmaxf(red8(dotv(h1w[k], hc, HCL / WPV)) + bh1[k], 0.0f);
+      const float h = fmaxf(red8(dotv<WPV>(h1w[k], hc, HCL / WPV)) + bh1[k], 0.0f);
       for (int d = l; d < C; d += 8) st_async1(mapa(smem_addr(&ex[eb][row]), d), h, mapa(bar[eb], d));
     }
     mbar_try_wait(bar[eb], (u32)((e >> 1) & 1));
     if (threadIdx.x == 0) mbar_arrive_expect(bar[eb ^ 1], NC * 4);
     e++;
-#pragma unroll
-    for (int k = 0; k < HCL; k += 4) *(float4*)&hc[k] = *(const float4*)&ex[eb][l * HCL + k];
+    ldx<HCL>(hc, ex[eb], l);
     eb ^= 1;
 #pragma unroll
     for (int k = 0; k < H2R; k++) {
       const int row = rank * (NC / C) + gi * H2R + k;
-      const float y = red8(dotv(h2w[k], hc, HCL / WPV)) + bh2[k];
+      const float y = red8(dotv<WPV>(h2w[k], hc, HCL / WPV)) + bh2[k];
       for (int d = l; d < C; d += 8) st_async1(mapa(smem_addr(&ex[eb][row]), d), y, mapa(bar[eb], d));
     }
     mbar_try_wait(bar[eb], (u32)((e >> 1) & 1));
@@ -351,8 +383,11 @@ def available(model, C: int = 8) -> bool:
 
 
 @functools.cache
-def _kernel(R: int, G2: int, SK: int, NC: int, C: int, WBF16: int, GREEDY: int, arch: str, ACQ: int | None = None):
-    defines = dict(R=R, G2=G2, SK=SK, NC=NC, C=C, WBF16=WBF16, GREEDY=GREEDY)
+def _kernel(
+    R: int, G2: int, SK: int, NC: int, C: int, WBF16: int, GREEDY: int, arch: str, ACQ: int | None = None, VIL: int = 1
+):
+    """VIL 1: the lanes of a group take interleaved 16-byte chunks of each vector (no bank conflicts)."""
+    defines = dict(R=R, G2=G2, SK=SK, NC=NC, C=C, WBF16=WBF16, GREEDY=GREEDY, VIL=VIL)
     if ACQ is not None:  # the wait's semantics (cluster.COMMON; 0 unless given: measured faster here)
         defines["ACQ"] = ACQ
     kernel = _compile("wavenet_cluster", _SOURCE, arch, C, defines)
