@@ -13,6 +13,7 @@ shared memory (``st.async`` completing bytes on each CTA's mbarrier, as ``cluste
 - Head: relu(skip) rows, head1 rows and the logits' rows are exchanged in turn; every CTA samples the same class
   from the same logits and uniform (inverse CDF, as ``generate_incremental``).
 Weights stream from L2, each layer's loaded one layer ahead into registers; the head's rows stay in registers.
+The 8 lanes of a group take interleaved 16-byte chunks of every vector (free of shared-memory bank conflicts).
 """
 
 from __future__ import annotations
