@@ -44,10 +44,10 @@ __device__ __forceinline__ void st_async1(u32 addr, float v, u32 bar) {
                :: "r"(addr), "r"(__float_as_uint(v)), "r"(bar) : "memory");
 }
 
-// A lane's columns of a vector come in chunks of WPV: with VIL chunk k of lane l holds columns (l + 8 k) WPV + ..,
+// A lane's columns of a vector come in chunks of WPV = 4: with VIL chunk k of lane l holds columns (l + 8 k) 4 + ..,
 // so that the 8 lanes of a group read 16 contiguous bytes each (no shared-memory bank conflicts); without, lane l
 // holds a contiguous run. dotv's x: chunk k at x + XS k (CSTEP in shared memory, WPV in a register copy).
-#if WBF16 && VIL
+#if WBF16
 typedef uint2 wv;  // 4 bfloat16
 #define WPV 4
 typedef unsigned short wtype;
@@ -59,23 +59,6 @@ __device__ __forceinline__ float dotv(const wv* w, const float* x, int nv) {
     const float4 xv = *(const float4*)(x + XS * k);
     a0 = fmaf(__uint_as_float(w[k].x << 16), xv.x, a0); a1 = fmaf(__uint_as_float(w[k].x & 0xffff0000u), xv.y, a1);
     a0 = fmaf(__uint_as_float(w[k].y << 16), xv.z, a0); a1 = fmaf(__uint_as_float(w[k].y & 0xffff0000u), xv.w, a1);
-  }
-  return a0 + a1;
-}
-#elif WBF16
-typedef uint4 wv;  // 8 bfloat16
-#define WPV 8
-typedef unsigned short wtype;
-template <int XS>
-__device__ __forceinline__ float dotv(const wv* w, const float* x, int nv) {
-  float a0 = 0.f, a1 = 0.f;
-#pragma unroll
-  for (int k = 0; k < nv; k++) {
-    const float4 x0 = *(const float4*)(x + XS * k), x1 = *(const float4*)(x + XS * k + 4);
-    a0 = fmaf(__uint_as_float(w[k].x << 16), x0.x, a0); a1 = fmaf(__uint_as_float(w[k].x & 0xffff0000u), x0.y, a1);
-    a0 = fmaf(__uint_as_float(w[k].y << 16), x0.z, a0); a1 = fmaf(__uint_as_float(w[k].y & 0xffff0000u), x0.w, a1);
-    a0 = fmaf(__uint_as_float(w[k].z << 16), x1.x, a0); a1 = fmaf(__uint_as_float(w[k].z & 0xffff0000u), x1.y, a1);
-    a0 = fmaf(__uint_as_float(w[k].w << 16), x1.z, a0); a1 = fmaf(__uint_as_float(w[k].w & 0xffff0000u), x1.w, a1);
   }
   return a0 + a1;
 }
