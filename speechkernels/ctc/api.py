@@ -6,7 +6,16 @@ from collections.abc import Sequence
 
 import torch
 
-from .._utils import INDEX_DTYPES, as_index_tensor, check_float_input, first_index, use_triton
+from .._utils import (
+    INDEX_DTYPES,
+    as_bool,
+    as_choice,
+    as_index_tensor,
+    as_int,
+    check_float_input,
+    first_index,
+    use_triton,
+)
 from .reference import CTCLossReferenceFunction, reduce_loss
 
 try:
@@ -15,6 +24,7 @@ except ImportError:  # no Triton (e.g. a CPU-only machine without it): the PyTor
     kernels = None
 
 Lengths = torch.Tensor | Sequence[int]
+REDUCTIONS = ("none", "mean", "sum")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -220,8 +230,11 @@ def ctc_loss(
         >>> loss.backward()
     """
     check_float_input(log_probs, "log_probs")
-    if reduction not in ("none", "mean", "sum"):
-        raise ValueError(f"reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
+    reduction = as_choice(reduction, "reduction", REDUCTIONS)
+    blank = as_int(blank, "blank")
+    zero_infinity = as_bool(zero_infinity, "zero_infinity")
+    batch_first, logits = as_bool(batch_first, "batch_first"), as_bool(logits, "logits")
+    validate = as_bool(validate, "validate")
     if log_probs.dim() not in (2, 3):
         shape = tuple(log_probs.shape)
         raise ValueError(f"log_probs must have 3 dimensions [T, N, C] (or 2 unbatched), got shape {shape}")
@@ -238,8 +251,10 @@ def ctc_loss(
     else:
         x = log_probs.transpose(0, 1) if batch_first else log_probs
     T, N, C = x.shape
-    if not isinstance(blank, int) or not 0 <= blank < C:
+    if not 0 <= blank < C:
         raise ValueError(f"blank={blank} is outside [0, C={C})")
+    if N == 0 and reduction == "mean":
+        raise ValueError("reduction='mean' over an empty batch (N=0) is undefined: use 'sum' or 'none'")
     dev = x.device
     il = as_index_tensor(input_lengths, "input_lengths", dev)
     tl = as_index_tensor(target_lengths, "target_lengths", dev)
@@ -276,15 +291,27 @@ def ctc_loss(
 
 
 def _reference_losses(x, targets, il, tl, blank, padded, logits):
-    if not padded:  # the reference takes padded targets
-        tl = tl.clamp(min=0)
-        S = int(tl.max()) if tl.numel() else 0
-        starts = tl.cumsum(0) - tl
+    """The PyTorch path: lengths and labels clamped as the kernels clamp them (so that unchecked input gives the
+    kernels' numbers), targets padded, the scores of frames past each input length masked out (a NaN there is
+    not read and must not reach the gradient through log_softmax)."""
+    T, N, C = x.shape
+    out_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    il = il.clamp(0, T)
+    lt = tl.clamp(min=0)
+    if padded:
+        lt = lt.clamp(max=targets.shape[1])
+    else:  # the kernels' layout: sample n's labels follow sample n-1's, cut at the end of the tensor
+        ends = lt.cumsum(0).clamp(max=targets.numel())
+        starts = torch.cat([ends.new_zeros(1), ends[:-1]])
+        lt = ends - starts
+        S = int(lt.max()) if N else 0
         idx = starts[:, None] + torch.arange(S, device=targets.device)[None, :]
         targets = targets[idx.clamp(max=max(targets.numel() - 1, 0))] if targets.numel() else idx
-    lp = torch.log_softmax(x.to(torch.float64), dim=-1) if logits else x
-    loss = CTCLossReferenceFunction.apply(lp, targets, il, tl, blank)
-    return loss.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
+    targets = targets.clamp(0, C - 1)
+    if logits:
+        frames = torch.arange(T, device=x.device)[:, None, None] < il.to(x.device)[None, :, None]
+        x = torch.log_softmax(torch.where(frames, x.to(torch.float64), 0.0), dim=-1)
+    return CTCLossReferenceFunction.apply(x, targets, il, lt, blank).to(out_dtype)
 
 
 class CTCLoss(torch.nn.Module):

@@ -7,7 +7,17 @@ from collections.abc import Sequence
 
 import torch
 
-from .._utils import INDEX_DTYPES, as_index_tensor, check_float_input, first_index, use_triton
+from .._utils import (
+    INDEX_DTYPES,
+    as_bool,
+    as_choice,
+    as_float,
+    as_index_tensor,
+    as_int,
+    check_float_input,
+    first_index,
+    use_triton,
+)
 from .reference import RNNT_TYPES, RNNTLossReferenceFunction, reduce_loss
 
 try:
@@ -16,6 +26,7 @@ except ImportError:  # no Triton: the PyTorch path serves every call
     kernels = None
 
 Lengths = torch.Tensor | Sequence[int]
+REDUCTIONS = ("none", "mean", "sum")
 
 
 def _check_contents(
@@ -41,15 +52,31 @@ def _check_contents(
 
 
 def _forward(
-    x, targets, il, tl, blank, fused, fastemit_lambda, rna, need_grad, validate, reduction="none", store_lse=True
-):
+    x, targets, il, tl, blank, fused, fastemit_lambda, loss_scale, rna, need_grad, validate, reduction="none",
+    store_lse=True,
+):  # fmt: skip
     """The forward kernels, after the device-side check of lengths and labels (one value read back: with the
     device idle, so that afterwards the host queues every kernel ahead of it)."""
     N, T, U1, V = x.shape
     if validate and not kernels.rnnt_validate(targets, il, tl, T, V, blank):
         _check_contents(T, U1 - 1, V, targets, il, tl, blank)
         raise ValueError("invalid RNN-T arguments")  # not reached: the check above names the argument
-    return kernels.rnnt_forward(x, targets, il, tl, blank, fused, fastemit_lambda, rna, need_grad, reduction, store_lse)
+    return kernels.rnnt_forward(
+        x, targets, il, tl, blank, fused, fastemit_lambda, rna, need_grad, reduction, store_lse, loss_scale
+    )
+
+
+def _overlaps_itself(x: torch.Tensor) -> bool:
+    """Whether two elements of ``x`` share memory (an expanded tensor, or strides that interleave). Dimensions
+    sorted by stride: no overlap if each stride passes the extent of the smaller ones (a sufficient condition,
+    exact for the layouts views produce)."""
+    dims = sorted((st, sz) for st, sz in zip(x.stride(), x.shape) if sz > 1)
+    extent = 0
+    for st, sz in dims:
+        if st <= extent:
+            return True
+        extent += st * (sz - 1)
+    return False
 
 
 class RNNTLossFunction(torch.autograd.Function):
@@ -58,13 +85,14 @@ class RNNTLossFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx, x, targets, il, tl, blank, fused, fastemit_lambda, clamp, rna, need_grad, validate, reuse_logits,
-        reduction,
+        ctx, x, targets, il, tl, blank, fused, fastemit_lambda, loss_scale, clamp, rna, need_grad, validate,
+        reuse_logits, reduction,
     ):  # fmt: skip
         # consuming the logits, the backward computes the log-sum-exps again rather than keep them (memory)
         loss, state = _forward(
-            x, targets, il, tl, blank, fused, fastemit_lambda, rna, need_grad, validate, reduction, not reuse_logits
-        )
+            x, targets, il, tl, blank, fused, fastemit_lambda, loss_scale, rna, need_grad, validate, reduction,
+            not reuse_logits,
+        )  # fmt: skip
         ctx.save_for_backward(x, targets, il, tl, *state)
         ctx.args = (blank, fused, fastemit_lambda, clamp, rna, reduction)
         ctx.reuse_logits = reuse_logits
@@ -73,11 +101,17 @@ class RNNTLossFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss):
         x, targets, il, tl, lse, occ, logp = ctx.saved_tensors
-        out = x if ctx.reuse_logits else None  # each cell's logits are read before its gradient is written
-        grad = kernels.rnnt_backward(
-            grad_loss, x, targets, il, tl, lse, occ, logp, *ctx.args, out=out, recompute_lse=ctx.reuse_logits
-        )
-        return (grad,) + (None,) * 12
+        if not ctx.reuse_logits:
+            grad = kernels.rnnt_backward(grad_loss, x, targets, il, tl, lse, occ, logp, *ctx.args)
+            return (grad,) + (None,) * 13
+        # each cell's logits are read before its gradient is written over them; then the logits' version
+        # counter moves on, so that any later reader of them (the backward of the op that made them, of another
+        # op that saved them, a second backward through this one) fails with autograd's in-place error instead
+        # of reading the gradient as logits
+        grad = x.detach()
+        kernels.rnnt_backward(grad_loss, x, targets, il, tl, lse, occ, logp, *ctx.args, out=grad, recompute_lse=True)
+        torch.autograd.graph.increment_version(grad)
+        return (grad,) + (None,) * 13
 
 
 @torch.library.custom_op("speechkernels::rnnt_loss_forward", mutates_args=())
@@ -89,17 +123,18 @@ def _rnnt_forward_op(
     blank: int,
     fused: bool,
     fastemit_lambda: float,
+    loss_scale: float,
     clamp: float,
     rna: bool,
     need_grad: bool,
     validate: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    loss, state = _forward(x, targets, il, tl, blank, fused, fastemit_lambda, rna, need_grad, validate)
+    loss, state = _forward(x, targets, il, tl, blank, fused, fastemit_lambda, loss_scale, rna, need_grad, validate)
     return (loss, *state)
 
 
 @_rnnt_forward_op.register_fake
-def _(x, targets, il, tl, blank, fused, fastemit_lambda, clamp, rna, need_grad, validate):
+def _(x, targets, il, tl, blank, fused, fastemit_lambda, loss_scale, clamp, rna, need_grad, validate):
     N, T, U1, _ = x.shape
     cells = N * T * U1
     f32 = dict(dtype=torch.float32)
@@ -138,7 +173,7 @@ def _(grad_loss, x, targets, il, tl, lse, occ, logp, blank, fused, fastemit_lamb
 
 
 def _setup_context(ctx, inputs, output):
-    x, targets, il, tl, blank, fused, fastemit_lambda, clamp, rna = inputs[:9]
+    x, targets, il, tl, blank, fused, fastemit_lambda, _loss_scale, clamp, rna = inputs[:10]
     _loss, *state = output
     ctx.save_for_backward(x, targets, il, tl, *state)
     ctx.args = (blank, fused, fastemit_lambda, clamp, rna)
@@ -148,7 +183,7 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_loss, *_grads_of_the_state):
     x, targets, il, tl, lse, occ, logp = ctx.saved_tensors
     grad = _rnnt_backward_op(grad_loss, x, targets, il, tl, lse, occ, logp, *ctx.args)
-    return (grad,) + (None,) * 10
+    return (grad,) + (None,) * 11
 
 
 _rnnt_forward_op.register_autograd(_backward, setup_context=_setup_context)
@@ -165,6 +200,7 @@ def rnnt_loss(
     fused_log_softmax: bool = True,
     *,
     fastemit_lambda: float = 0.0,
+    fastemit_loss_scale: bool = True,
     rnnt_type: str = "rnnt",
     validate: bool = True,
     reuse_logits_for_grad: bool = False,
@@ -181,22 +217,30 @@ def rnnt_loss(
         clamp: when > 0, the gradient is clamped to [-clamp, clamp].
         reduction: "none" ([N] losses), "sum", or "mean" (over the batch).
         fused_log_softmax: see ``logits``.
-        fastemit_lambda: FastEmit regularisation (warp-rnnt's and NeMo's definition): the label transitions'
-            gradient is scaled by 1 + lambda, and so is the loss.
+        fastemit_lambda: FastEmit regularisation (Yu et al. 2021): the label transitions' gradient is scaled by
+            1 + lambda, as warp-rnnt and NeMo do.
+        fastemit_loss_scale: the reported loss with FastEmit: True (NeMo's convention) multiplies it by
+            1 + lambda; False (warp-rnnt's) leaves it the plain negative log-likelihood. The gradient is the same
+            either way.
         rnnt_type: "rnnt" (Graves' transducer) or "rna" (Recurrent Neural Aligner: at most one label per frame,
             and emitting it consumes the frame).
         validate: check lengths and labels against the tensors' contents (on the GPU this reads device memory,
             one synchronisation); pass False inside CUDA graphs. Unchecked bad values cannot cause a memory
             fault (the kernels clamp them) but give meaningless numbers.
         reuse_logits_for_grad: the backward writes the gradient into the logits' own storage (GPU kernels, eager
-            mode): the logits are consumed, so nothing may read them after ``backward()`` (neither the caller nor
-            the backward of the op that produced them, e.g. a log_softmax or an activation). Saves a tensor
-            the size of the logits.
+            mode): the logits are consumed, so nothing may read them after ``backward()``. Saves a tensor the size
+            of the logits. Logits whose elements share memory (e.g. expanded) are refused; after the backward
+            the logits count as modified in place, so an op whose backward still needs them (the log_softmax or
+            activation that produced them, another op that saved them) raises autograd's in-place error rather
+            than compute with the gradient's values.
 
     Returns:
-        The loss: [N] with ``reduction="none"``, else a scalar. +inf for a sample with no path through its
-        lattice (no frames but some labels; more labels than frames with "rna"); its gradient is zero. A NaN
-        among the scores a sample reads makes that sample's loss and gradient NaN, and only that sample's.
+        The loss: [N] with ``reduction="none"``, else a scalar; float64 for float64 logits, else float32. +inf
+        for a sample with no path through its lattice (no frames but some labels; more labels than frames with
+        "rna"); its gradient is zero. A NaN among the scores a sample reads (every class of a cell with edges
+        with ``fused_log_softmax``; its blank and next label otherwise) makes that sample's loss and gradient
+        NaN, and only that sample's; the gradient is zero outside the cells a sample reads. An empty batch
+        (N = 0) gives an empty loss ("none") or 0 ("sum"); "mean" raises.
 
     Example:
         >>> logits = torch.randn(2, 10, 4, 6, requires_grad=True)
@@ -205,6 +249,15 @@ def rnnt_loss(
         >>> loss.backward()
     """
     check_float_input(logits, "logits")
+    blank = as_int(blank, "blank")
+    clamp = as_float(clamp, "clamp")
+    reduction = as_choice(reduction, "reduction", REDUCTIONS)
+    fused_log_softmax = as_bool(fused_log_softmax, "fused_log_softmax")
+    fastemit_lambda = as_float(fastemit_lambda, "fastemit_lambda", minimum=0.0, finite=True)
+    fastemit_loss_scale = as_bool(fastemit_loss_scale, "fastemit_loss_scale")
+    rnnt_type = as_choice(rnnt_type, "rnnt_type", RNNT_TYPES)
+    validate = as_bool(validate, "validate")
+    reuse_logits_for_grad = as_bool(reuse_logits_for_grad, "reuse_logits_for_grad")
     if logits.dim() != 4:
         raise ValueError(f"logits must have 4 dimensions [N, T, U+1, V], got shape {tuple(logits.shape)}")
     if not isinstance(targets, torch.Tensor):
@@ -213,20 +266,22 @@ def rnnt_loss(
         raise ValueError(f"targets must be int32 or int64, got {targets.dtype}")
     if targets.dim() != 2:
         raise ValueError(f"targets must be [N, U], got shape {tuple(targets.shape)}")
-    if reduction not in ("none", "mean", "sum"):
-        raise ValueError(f"reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
-    if rnnt_type not in RNNT_TYPES:
-        raise ValueError(f"rnnt_type must be one of {RNNT_TYPES}, got {rnnt_type!r}")
     N, T, U1, V = logits.shape
     if targets.shape[0] != N:
         raise ValueError(f"targets has {targets.shape[0]} rows but logits' batch size is {N}")
     if targets.shape[1] + 1 != U1:
         raise ValueError(f"logits.shape[2]={U1} must be targets.shape[1] + 1 = {targets.shape[1] + 1}")
-    if not isinstance(blank, int) or not -V <= blank < V:
+    if not -V <= blank < V:
         raise ValueError(f"blank={blank} is outside [-V, V) for V={V}")
     blank = blank + V if blank < 0 else blank
-    if not fastemit_lambda >= 0.0:
-        raise ValueError(f"fastemit_lambda must be >= 0, got {fastemit_lambda}")
+    if N == 0 and reduction == "mean":
+        raise ValueError("reduction='mean' over an empty batch (N=0) is undefined: use 'sum' or 'none'")
+    if reuse_logits_for_grad and logits.requires_grad and _overlaps_itself(logits):
+        raise ValueError(
+            "reuse_logits_for_grad=True needs logits whose elements do not share memory (the gradient is written "
+            f"over them), got strides {logits.stride()} for shape {tuple(logits.shape)}: pass .contiguous() logits"
+        )
+    loss_scale = 1.0 + fastemit_lambda if fastemit_loss_scale else 1.0
     dev = logits.device
     il = as_index_tensor(logit_lengths, "logit_lengths", dev, keep=INDEX_DTYPES)
     tl = as_index_tensor(target_lengths, "target_lengths", dev, keep=INDEX_DTYPES)
@@ -237,7 +292,7 @@ def rnnt_loss(
     targets = targets.to(dev)
     if kernels is not None and use_triton(logits) and N > 0 and T > 0:
         need_grad = torch.is_grad_enabled() and logits.requires_grad
-        args = (logits, targets.contiguous(), il, tl, blank, fused_log_softmax, float(fastemit_lambda), float(clamp),
+        args = (logits, targets.contiguous(), il, tl, blank, fused_log_softmax, fastemit_lambda, loss_scale, clamp,
                 rnnt_type == "rna", need_grad, validate)  # fmt: skip
         if torch.compiler.is_compiling():
             if reuse_logits_for_grad:
@@ -248,7 +303,7 @@ def rnnt_loss(
     if validate:
         _check_contents(T, U1 - 1, V, targets, il, tl, blank)
     loss = RNNTLossReferenceFunction.apply(
-        logits, targets, il, tl, blank, fused_log_softmax, float(fastemit_lambda), float(clamp), rnnt_type
+        logits, targets, il, tl, blank, fused_log_softmax, fastemit_lambda, clamp, rnnt_type, fastemit_loss_scale
     )
     return reduce_loss(loss, reduction)
 
@@ -269,11 +324,13 @@ class RNNTLoss(torch.nn.Module):
         fused_log_softmax: bool = True,
         *,
         fastemit_lambda: float = 0.0,
+        fastemit_loss_scale: bool = True,
         rnnt_type: str = "rnnt",
         validate: bool = True,
         reuse_logits_for_grad: bool = False,
     ) -> None:
         super().__init__()
+        self.fastemit_loss_scale = fastemit_loss_scale
         self.blank = blank
         self.clamp = clamp
         self.reduction = reduction
@@ -286,7 +343,8 @@ class RNNTLoss(torch.nn.Module):
     def forward(self, logits, targets, logit_lengths, target_lengths) -> torch.Tensor:
         return rnnt_loss(
             logits, targets, logit_lengths, target_lengths, self.blank, self.clamp, self.reduction,
-            self.fused_log_softmax, fastemit_lambda=self.fastemit_lambda, rnnt_type=self.rnnt_type,
+            self.fused_log_softmax, fastemit_lambda=self.fastemit_lambda,
+            fastemit_loss_scale=self.fastemit_loss_scale, rnnt_type=self.rnnt_type,
             validate=self.validate, reuse_logits_for_grad=self.reuse_logits_for_grad,
         )  # fmt: skip
 

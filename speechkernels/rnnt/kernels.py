@@ -227,14 +227,14 @@ def _state_row(step, T, RNA: tl.constexpr):
 
 
 @triton.jit
-def _store_loss(a, o_u, U_n, nan, logp_ptr, loss_ptr, i_n, fastemit_scale):
+def _store_loss(a, o_u, U_n, nan, logp_ptr, loss_ptr, i_n, loss_scale):
     """log2 p from the end node's lane of the last alpha step (-inf below the sentinel's range, NaN if a NaN
     log-prob was read), and the loss -(1 + lambda) ln p. Returns log2 p."""
     logp = tl.sum(tl.where(o_u == U_n, a, 0.0), axis=0)
     logp = tl.where(logp < 0.5 * _neg(), float("-inf"), logp)
     logp = tl.where(tl.sum(nan, axis=0) > 0, float("nan"), logp)
     tl.store(logp_ptr + i_n, logp)
-    tl.store(loss_ptr + i_n, (-fastemit_scale * logp * _ln2()).to(tl.float32))
+    tl.store(loss_ptr + i_n, (-loss_scale * logp * _ln2()).to(tl.float32))
     return logp
 
 
@@ -330,7 +330,7 @@ def _rnnt_halves_kernel(
     N,
     T,
     U1,
-    fastemit_scale,  # 1 + lambda
+    loss_scale,  # the reported loss's factor: 1 + lambda (FastEmit as NeMo reports it) or 1
     reduce_scale,  # 1 (sum) or 1 / N (mean)
     SPLIT: tl.constexpr,
     REDUCE: tl.constexpr,
@@ -377,7 +377,7 @@ def _rnnt_halves_kernel(
             rs = _next_row(rs, T + 1, RNA)
         if not SPLIT:
             # the last step's lane U_n holds the end node (T_n, U_n); with D = 0 no step ran
-            _store_loss(a, o_u, U_n, nan, logp_ptr, loss_ptr, i_n, fastemit_scale)
+            _store_loss(a, o_u, U_n, nan, logp_ptr, loss_ptr, i_n, loss_scale)
             if REDUCE:
                 _reduce_losses(loss_ptr, aux_ptr, N, reduce_scale, BLOCK_N)
     else:
@@ -444,7 +444,7 @@ def _rnnt_join_kernel(
     N,
     T,
     U1,
-    fastemit_scale,
+    loss_scale,
     reduce_scale,
     REDUCE: tl.constexpr,
     RNA: tl.constexpr,
@@ -478,7 +478,7 @@ def _rnnt_join_kernel(
     live = logp != float("-inf")
     if side == 0:
         tl.store(logp_ptr + i_n, logp)
-        tl.store(loss_ptr + i_n, (-fastemit_scale * logp * _ln2()).to(tl.float32))
+        tl.store(loss_ptr + i_n, (-loss_scale * logp * _ln2()).to(tl.float32))
         if REDUCE:
             _reduce_losses(loss_ptr, aux_ptr, N, reduce_scale, BLOCK_N)
         # step d's alpha from step d - 1's (in a), and the occupancies of the edges out of step d - 1's nodes:
@@ -667,11 +667,14 @@ def rnnt_forward(
     need_grad: bool,
     reduction: str = "none",
     store_lse: bool = True,
+    loss_scale: float | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """The loss (per-sample [N] float32 for reduction "none", else a 0-dim sum or batch mean), and the state
     ``rnnt_backward`` takes (lse, occupancies, log p). The kernels clamp lengths and labels: unchecked values
     cannot fault. ``store_lse=False``: the log-sum-exps are not kept (the backward then computes them again,
-    with ``recompute_lse=True``).
+    with ``recompute_lse=True``). ``loss_scale`` multiplies the reported loss (default 1 + fastemit_lambda,
+    NeMo's FastEmit convention; 1 is warp-rnnt's); the gradient's label edges are scaled by 1 + fastemit_lambda
+    in ``rnnt_backward`` either way.
 
     Args:
         x: [N, T, U+1, V] float32/float16/bfloat16, any strides.
@@ -697,7 +700,9 @@ def rnnt_forward(
     state = _empty(N * (T + 1) * U1 if need_grad else 0, dtype=torch.float64, device=dev)
     mid = _empty(N * U1 if need_grad else 0, dtype=torch.float64, device=dev)
     reduce = reduction != "none"
-    args = (lat, state, mid, aux, loss, logp, logit_lengths, target_lengths, N, T, U1, 1.0 + fastemit_lambda,
+    if loss_scale is None:
+        loss_scale = 1.0 + fastemit_lambda
+    args = (lat, state, mid, aux, loss, logp, logit_lengths, target_lengths, N, T, U1, loss_scale,
             1.0 / N if reduction == "mean" else 1.0)  # fmt: skip
     meta = dict(REDUCE=reduce, RNA=rnna, BLOCK_U=block_u, BLOCK_N=_batch_block(N),
                 num_warps=_recursion_warps(block_u, N))  # fmt: skip

@@ -14,8 +14,8 @@ Paths run from (0, 0) to (T_n, U_n); with alpha (from the start) and beta (to th
 
 and the loss is -log p. The gradient with respect to the log-probabilities is minus the edge occupancies,
 exactly; through a fused log_softmax it is softmax * (total occupancy of the node) - occupancy. FastEmit
-(Yu et al. 2021, as warp-rnnt and NeMo define it) multiplies the label edges' gradient by 1 + lambda and the
-loss by 1 + lambda. ``clamp`` > 0 clamps the gradient to [-clamp, clamp].
+(Yu et al. 2021, as warp-rnnt and NeMo define it) multiplies the label edges' gradient by 1 + lambda; NeMo
+also reports the loss times 1 + lambda, warp-rnnt the plain loss (``fastemit_loss_scale``). ``clamp`` > 0 clamps the gradient to [-clamp, clamp].
 
 RNN-T's alpha is computed along anti-diagonals (t + u constant), RNA's row by row; both vectorised over the
 batch. Samples with no path (T_n = 0, or U_n > T_n for RNA) get an infinite loss and a zero gradient; a NaN
@@ -45,7 +45,7 @@ def lattice_log_probs(
     lp = torch.log_softmax(logits, dim=-1) if fused_log_softmax else logits
     lp_blank = lp[..., blank]
     N, T, U1, _ = lp.shape
-    idx = targets.long().clamp(min=0)[:, None, :, None].expand(N, T, U1 - 1, 1)
+    idx = targets.long().clamp(0, lp.shape[-1] - 1)[:, None, :, None].expand(N, T, U1 - 1, 1)
     lp_emit = torch.gather(lp[:, :, : U1 - 1], 3, idx).squeeze(3)
     lp_emit = torch.nn.functional.pad(lp_emit, (0, 1), value=NEG_INF)
     return lp, lp_blank, lp_emit
@@ -127,6 +127,7 @@ def rnnt_forward_backward_reference(
     clamp: float = -1.0,
     rnnt_type: str = "rnnt",
     need_grad: bool = True,
+    fastemit_loss_scale: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-sample loss and its gradient with respect to ``logits``, in float64.
 
@@ -137,7 +138,8 @@ def rnnt_forward_backward_reference(
         blank: index of the blank class in [0, V).
 
     Returns:
-        loss [N] float64 (+inf where no path exists), grad [N, T, U+1, V] float64 or None.
+        loss [N] float64 (+inf where no path exists), grad [N, T, U+1, V] float64 or None (zero outside the
+        cells with edges, t < T_n and u <= U_n, whatever the scores there).
     """
     x = logits.to(torch.float64)
     N, T, U1, V = x.shape
@@ -147,7 +149,7 @@ def rnnt_forward_backward_reference(
     tg = torch.where(valid_label, targets.to(x.device).long(), 0)
     lp, lp_blank, lp_emit = lattice_log_probs(x, tg, blank, fused_log_softmax)
     alpha, beta, log_p = alpha_beta(lp_blank, lp_emit, T_n, U_n, rnnt_type)
-    loss = -(1.0 + fastemit_lambda) * log_p
+    loss = -(1.0 + fastemit_lambda if fastemit_loss_scale else 1.0) * log_p
     if not need_grad:
         return loss, None
     t, u, node, has_edges = _masks(T_n, U_n, T, U1)
@@ -173,6 +175,8 @@ def rnnt_forward_backward_reference(
         grad = g_lp
     if clamp > 0:
         grad = grad.clamp(-clamp, clamp)
+    # cells a sample does not read get no gradient, even where their scores are NaN (softmax * 0 above)
+    grad = torch.where(has_edges[:, :T, :, None], grad, 0.0)
     return loss, grad
 
 
@@ -180,20 +184,24 @@ class RNNTLossReferenceFunction(torch.autograd.Function):
     """Per-sample loss with the analytic gradient of ``rnnt_forward_backward_reference`` (gradcheck'd)."""
 
     @staticmethod
-    def forward(ctx, logits, targets, logit_lengths, target_lengths, blank, fused, fastemit_lambda, clamp, rnnt_type):
+    def forward(
+        ctx, logits, targets, logit_lengths, target_lengths, blank, fused, fastemit_lambda, clamp, rnnt_type,
+        fastemit_loss_scale=True,
+    ):  # fmt: skip
         loss, grad = rnnt_forward_backward_reference(
             logits, targets, logit_lengths, target_lengths, blank, fused, fastemit_lambda, clamp, rnnt_type,
-            need_grad=logits.requires_grad,
+            need_grad=logits.requires_grad, fastemit_loss_scale=fastemit_loss_scale,
         )  # fmt: skip
         ctx.save_for_backward(grad)
         ctx.dtype = logits.dtype
-        return loss.to(logits.dtype)
+        # float32 for every input dtype but float64, as the kernels return it
+        return loss.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
 
     @staticmethod
     def backward(ctx, grad_loss):
         (grad,) = ctx.saved_tensors
         g = grad_loss.to(grad.dtype)[:, None, None, None]
-        return (grad * g).to(ctx.dtype), None, None, None, None, None, None, None, None
+        return (grad * g).to(ctx.dtype), None, None, None, None, None, None, None, None, None
 
 
 def reduce_loss(loss: torch.Tensor, reduction: str) -> torch.Tensor:
@@ -213,11 +221,13 @@ def rnnt_loss_reference(
     fused_log_softmax: bool = True,
     fastemit_lambda: float = 0.0,
     rnnt_type: str = "rnnt",
+    fastemit_loss_scale: bool = True,
 ) -> torch.Tensor:
     """The reference with torchaudio's signature (no argument checks): float64 arithmetic, any device."""
     V = logits.shape[-1]
     blank = blank + V if blank < 0 else blank
     loss = RNNTLossReferenceFunction.apply(
-        logits, targets, logit_lengths, target_lengths, blank, fused_log_softmax, fastemit_lambda, clamp, rnnt_type
-    )
+        logits, targets, logit_lengths, target_lengths, blank, fused_log_softmax, fastemit_lambda, clamp, rnnt_type,
+        fastemit_loss_scale,
+    )  # fmt: skip
     return reduce_loss(loss, reduction)
