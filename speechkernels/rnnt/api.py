@@ -70,7 +70,7 @@ def _overlaps_itself(x: torch.Tensor) -> bool:
     """Whether two elements of ``x`` share memory (an expanded tensor, or strides that interleave). Dimensions
     sorted by stride: no overlap if each stride passes the extent of the smaller ones (a sufficient condition,
     exact for the layouts views produce)."""
-    dims = sorted((st, sz) for st, sz in zip(x.stride(), x.shape) if sz > 1)
+    dims = sorted((st, sz) for st, sz in zip(x.stride(), x.shape, strict=True) if sz > 1)
     extent = 0
     for st, sz in dims:
         if st <= extent:

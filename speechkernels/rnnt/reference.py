@@ -15,7 +15,8 @@ Paths run from (0, 0) to (T_n, U_n); with alpha (from the start) and beta (to th
 and the loss is -log p. The gradient with respect to the log-probabilities is minus the edge occupancies,
 exactly; through a fused log_softmax it is softmax * (total occupancy of the node) - occupancy. FastEmit
 (Yu et al. 2021, as warp-rnnt and NeMo define it) multiplies the label edges' gradient by 1 + lambda; NeMo
-also reports the loss times 1 + lambda, warp-rnnt the plain loss (``fastemit_loss_scale``). ``clamp`` > 0 clamps the gradient to [-clamp, clamp].
+also reports the loss times 1 + lambda, warp-rnnt the plain loss (``fastemit_loss_scale``). ``clamp`` > 0
+clamps the gradient to [-clamp, clamp].
 
 RNN-T's alpha is computed along anti-diagonals (t + u constant), RNA's row by row; both vectorised over the
 batch. Samples with no path (T_n = 0, or U_n > T_n for RNA) get an infinite loss and a zero gradient; a NaN
