@@ -1,9 +1,24 @@
 import math
+import os
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 
 from speechkernels._utils import triton_interpreting
+
+# Hypothesis profiles: "ci" (the default: few examples, the same ones every run, so that CI is reproducible),
+# "dev" (more, fresh ones each run) and "gpu" (many, fresh: chosen by `-m gpu`). HYPOTHESIS_PROFILE overrides.
+_common = dict(deadline=None, print_blob=True,
+               suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])  # fmt: skip
+settings.register_profile("ci", max_examples=30, derandomize=True, **_common)
+settings.register_profile("dev", max_examples=60, **_common)
+settings.register_profile("gpu", max_examples=400, **_common)
+
+
+def pytest_configure(config):
+    gpu = "gpu" in (config.getoption("markexpr", "") or "")
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("gpu" if gpu else "ci"))
 
 
 @pytest.fixture(autouse=True)
@@ -42,3 +57,49 @@ def poison_kernel_outputs(monkeypatch):
     for module in (kernels, rnnt_kernels):
         monkeypatch.setattr(module, "_empty", empty)
         monkeypatch.setattr(module, "_empty_like", empty_like)
+
+
+class LossPath:
+    """Where a loss test runs: "torch" (the PyTorch path on the CPU), "triton" (the kernels under the
+    interpreter) or "cuda". ``launches`` counts the kernels' forward launches, so a test can tell which ran."""
+
+    def __init__(self, name: str, device: torch.device) -> None:
+        self.name, self.device, self.launches = name, device, []
+
+    @property
+    def kernels(self) -> bool:
+        return self.name != "torch"
+
+    def reset(self) -> None:
+        """Forget earlier launches (the fixture lives across a hypothesis test's examples)."""
+        self.launches.clear()
+
+    def check_ran(self, expected: bool = True) -> None:
+        """The kernels ran if this path has them (and the problem is not empty), else the PyTorch path did."""
+        assert bool(self.launches) == (self.kernels and expected), (self.name, len(self.launches))
+
+
+@pytest.fixture(params=["torch", "triton", pytest.param("cuda", marks=pytest.mark.gpu)])
+def loss_path(request, monkeypatch) -> LossPath:
+    """Each loss test once per path: the PyTorch path (kernels switched off), the Triton kernels under the
+    interpreter (skipped without TRITON_INTERPRET=1), and the GPU (tests marked gpu)."""
+    from speechkernels.ctc import api as ctc_api
+    from speechkernels.ctc import kernels as ctc_kernels
+    from speechkernels.rnnt import api as rnnt_api
+    from speechkernels.rnnt import kernels as rnnt_kernels
+
+    if request.param == "triton" and not triton_interpreting():
+        pytest.skip("set TRITON_INTERPRET=1 to run the Triton kernels on the CPU")
+    path = LossPath(request.param, torch.device("cuda" if request.param == "cuda" else "cpu"))
+    if request.param == "torch":
+        monkeypatch.setattr(ctc_api, "kernels", None)
+        monkeypatch.setattr(rnnt_api, "kernels", None)
+    for module, name in ((ctc_kernels, "ctc_forward"), (rnnt_kernels, "rnnt_forward")):
+        real = getattr(module, name)
+
+        def spy(*args, _real=real, **kwargs):
+            path.launches.append(1)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, spy)
+    return path

@@ -7,6 +7,7 @@ import itertools
 import math
 import wave
 
+import numpy as np
 import pytest
 import torch
 
@@ -251,6 +252,10 @@ def test_serial_chain_bad_arguments(args, match):
         serial_chain(torch.zeros(2, 3, 3), torch.zeros(1, 3), 1, activation="gelu")
     with pytest.raises(ValueError, match="design"):
         serial_chain(torch.zeros(2, 3, 3), torch.zeros(1, 3), 1, design="uber")
+    with pytest.raises(ValueError, match="activation"):
+        serial_chain(torch.zeros(2, 3, 3), torch.zeros(1, 3), 1, activation=None)
+    with pytest.raises(ValueError, match="design"):
+        serial_chain(torch.zeros(2, 3, 3), torch.zeros(1, 3), 1, design=["torch"])
     for design in ("cluster", "partials", "pipeline"):
         with pytest.raises(ValueError, match="needs CUDA"):
             serial_chain(torch.zeros(2, 3, 3), torch.zeros(1, 3), 1, design=design)
@@ -322,6 +327,234 @@ def test_wavenet_bad_arguments():
         net.generate(cond, 8, speaker=torch.tensor([0, 3]))
     with pytest.raises(ValueError, match="temperature"):
         net.generate(cond, 8, temperature=-1.0, speaker=spk)
+    with pytest.raises(ValueError, match="temperature"):
+        net.generate(cond, 8, temperature=math.nan, speaker=spk)
+    with pytest.raises(ValueError, match="n_samples"):
+        net.generate(cond, 8.0, speaker=spk)
+
+
+@pytest.mark.parametrize(
+    "kw, name",
+    [
+        (dict(classes=0), "classes"),
+        (dict(hop_length=0), "hop_length"),
+        (dict(residual_channels=-1), "residual_channels"),
+        (dict(gate_channels=0), "gate_channels"),
+        (dict(skip_channels=0), "skip_channels"),
+        (dict(cond_channels=-1), "cond_channels"),
+        (dict(speakers=-1), "speakers"),
+        (dict(speaker_channels=0), "speaker_channels"),
+        (dict(layers=2.0), "layers"),
+        (dict(cycle=True), "cycle"),
+        (dict(classes="32"), "classes"),
+    ],
+)
+def test_wavenet_constructor_bad_arguments(kw, name):
+    with pytest.raises(ValueError, match=name):
+        small_model(**kw)
+
+
+def test_wavenet_constructor_takes_integer_like_sizes():
+    net = small_model(layers=np.int64(4), classes=torch.tensor(16), hop_length=np.int32(4))
+    assert (net.layers, net.classes, net.hop_length) == (4, 16, 4) and type(net.layers) is int
+    assert net(torch.zeros(1, 6, dtype=torch.long), torch.randn(1, 5, 2), torch.tensor([0])).shape == (1, 16, 6)
+
+
+@pytest.mark.parametrize(
+    "case, match",
+    [
+        ("class too high", r"audio classes must be in \[0, classes=32\), got audio\[1, 3\]=32"),
+        ("negative class", r"audio classes .* got audio\[0, 5\]=-1"),
+        ("audio a list", "audio must be"),
+        ("integer cond", "cond must be float"),
+        ("cond without local conditioning", "cond must be None"),
+        ("speaker without speakers", "speaker must be None"),
+        ("float speaker", "speaker must hold integers"),
+        ("speaker of another batch", "audio has 2 streams but speaker has 3"),
+        ("cond of another batch", "audio has 2 streams but cond has 3"),
+    ],
+)
+def test_forward_bad_arguments(case, match):
+    kw = dict(cond_channels=0) if case == "cond without local conditioning" else {}
+    kw = dict(speakers=0) if case == "speaker without speakers" else kw
+    net = small_model(**kw)
+    audio = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(0))
+    cond = torch.randn(2, 5, 2) if net.cond_channels else None
+    spk = torch.tensor([0, 2]) if net.speakers else None
+    if case == "class too high":
+        audio[1, 3] = 32
+    elif case == "negative class":
+        audio[0, 5] = -1
+    elif case == "audio a list":
+        audio = audio.tolist()
+    elif case == "integer cond":
+        cond = cond.long()
+    elif case == "cond without local conditioning":
+        cond = torch.randn(2, 5, 2)
+    elif case == "speaker without speakers":
+        spk = torch.tensor([0, 1])
+    elif case == "float speaker":
+        spk = spk.float()
+    elif case == "speaker of another batch":
+        spk = torch.tensor([0, 1, 2])
+    elif case == "cond of another batch":
+        cond = torch.randn(3, 5, 2)
+    with pytest.raises(ValueError, match=match), torch.no_grad():
+        net(audio, cond, spk)
+
+
+def test_forward_converts_cond_dtype():
+    """float64 (or float16) conditioning runs in the parameters' dtype, as float32 conditioning of the same values;
+    speaker ids may be int32 or a list."""
+    net = small_model()
+    audio = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(1), dtype=torch.int32)
+    cond = torch.randn(2, 5, 2).half().float()
+    with torch.no_grad():
+        ref = net(audio, cond, torch.tensor([0, 2]))
+        assert ref.dtype == torch.float32
+        torch.testing.assert_close(net(audio, cond.double(), torch.tensor([0, 2], dtype=torch.int32)), ref)
+        torch.testing.assert_close(net(audio, cond.half(), [0, 2]), ref)
+        out = generate_incremental(net, cond.double(), 8, 0.0, None, np.array([0, 2]), return_logits=True)[1]
+    torch.testing.assert_close(out, net(out.argmax(dim=1), cond, torch.tensor([0, 2])), rtol=0, atol=1e-4)
+
+
+GENERATE_CASES = [
+    # (model keywords, generate keywords beyond cond / speaker of batch 2 where the model has them, match)
+    ({}, dict(speaker=1.5), "speaker must be"),
+    ({}, dict(speaker=[0.0, 1.0]), "speaker must hold integers"),
+    ({}, dict(speaker=torch.tensor([0.0, 1.0])), "speaker must hold integers"),
+    ({}, dict(speaker=torch.tensor([[0, 1]])), "speaker must be 1-D"),
+    ({}, dict(generator=5), "generator"),
+    ({}, dict(cond=torch.randn(2, 5, 10).long()), "cond must be float"),
+    ({}, dict(cond=np.zeros((2, 5, 10), np.float32)), "cond must be a torch.Tensor"),
+    ({}, dict(batch=2.5), "batch must be an integer"),
+    ({}, dict(batch=3), "batch=3 but cond has 2 streams"),
+    ({}, dict(speaker=torch.tensor([0, 1, 2])), "cond has 2 streams but speaker has 3"),
+    ({}, dict(temperature="1"), "temperature must be a real number"),
+    ({}, dict(temperature=math.inf), "temperature must be a finite number"),
+    ({}, dict(kernel=None), "kernel must be one of"),
+    (dict(cond_channels=0), dict(cond=torch.randn(2, 5, 10)), "cond must be None"),
+    (dict(speakers=0), dict(speaker=torch.tensor([0, 1])), "speaker must be None"),
+    (dict(cond_channels=0, speakers=0), dict(batch=2.5), "batch must be an integer"),
+    (dict(cond_channels=0, speakers=0), dict(batch=0), "batch must be >= 1"),
+    (dict(cond_channels=0), dict(speaker=torch.tensor([0, 1]), batch=3), "batch=3 but speaker has 2 streams"),
+]
+
+
+@pytest.mark.parametrize(
+    "entry, model_kw, kw, match",
+    [
+        (entry, *case)
+        for entry in ("generate", "generate_incremental", "generate_cuda_graph", "generate_kernel")
+        for case in GENERATE_CASES
+        if "kernel" not in case[1] or entry in ("generate", "generate_kernel")
+    ],
+)
+def test_generate_bad_arguments(entry, model_kw, kw, match):
+    """Every generation entry point refuses the same mistakes, before any work, with a ValueError naming the
+    argument (the CUDA-only entry points check their arguments before their device)."""
+    from speechkernels.wavenet import generate as gen
+
+    net = small_model(**model_kw)
+    args = dict(cond=torch.randn(2, 5, 10) if net.cond_channels else None, n_samples=8, temperature=1.0,
+                generator=None, speaker=torch.tensor([0, 1]) if net.speakers else None, batch=None)  # fmt: skip
+    args.update(kw)
+    if entry == "generate":
+        call = lambda: net.generate(**args)
+    elif entry == "generate_kernel":
+        args.setdefault("kernel", "triton")
+        call = lambda: gen.generate_kernel(net, **args, weights_dtype=torch.float32)
+    else:
+        call = lambda: getattr(gen, entry)(net, **args)
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_generate_takes_normalised_arguments():
+    """Integer-like sizes, a list of speaker ids, float64 conditioning and a numpy temperature give what the plain
+    arguments give; a CUDA-only entry point refuses a CPU model with a ValueError."""
+    from speechkernels.wavenet.generate import generate_cuda_graph
+
+    net = small_model()
+    cond = torch.randn(2, 5, 10).half().float()
+    ref = net.generate(cond, 9, 0.7, torch.Generator().manual_seed(2), torch.tensor([2, 0]), batch=2)
+    out = net.generate(cond.double(), np.int64(9), np.float32(0.7), torch.Generator().manual_seed(2), [2, 0],
+                       batch=torch.tensor(2))  # fmt: skip
+    assert torch.equal(out, ref)
+    with pytest.raises(ValueError, match="generate_cuda_graph needs the model on a CUDA device"):
+        generate_cuda_graph(net, cond, 9, speaker=[2, 0])
+
+
+def test_inverse_temperature_is_a_finite_float32():
+    """The generation kernels' 1 / temperature (shared by the Triton and the cluster launcher) stays a finite
+    float32 however small the temperature (the smallest subnormal float64 included)."""
+    from speechkernels.wavenet.kernels import FLOAT32_MAX, inverse_temperature
+
+    assert FLOAT32_MAX == float(torch.finfo(torch.float32).max)
+    assert inverse_temperature(0.0) == 0.0 and inverse_temperature(0.5) == 2.0
+    for t in (1e-38, 3e-39, 1e-40, 1e-300, 5e-324):
+        inv = np.float32(inverse_temperature(t))
+        assert np.isfinite(inv) and inv >= 1e38, (t, inv)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in multiply")  # (logits - max) * 3.4e38 -> -inf: exp 0
+def test_generate_kernel_tiny_temperature_matches_torch(kernel_device):
+    """A temperature too small for its reciprocal in float32 (< ~3e-39): the Triton kernel samples the most likely
+    class, as the PyTorch path's float64 softmax, rather than NaN probabilities (every sample class 0)."""
+    net = small_model()
+    g = torch.Generator().manual_seed(9)
+    cond, spk = torch.randn(3, 5, 8, generator=g), torch.tensor([1, 0, 2])
+    runs = {k: net.generate(cond, 21, 1e-40, torch.Generator().manual_seed(1), spk, kernel=k)
+            for k in ("torch", "triton")}  # fmt: skip
+    greedy = net.generate(cond, 21, 0.0, None, spk, kernel="torch")
+    assert torch.equal(runs["torch"], greedy)  # the model's argmax at this temperature...
+    assert (greedy != 0).any() and greedy.unique().numel() > 2  # ...which is not always class 0
+    assert torch.equal(runs["triton"], runs["torch"])
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda w, x: serial_chain(w, x, np.int64(0)), "n_samples must be >= 1"),
+        (lambda w, x: serial_chain(w, x.long(), 2), "x0 must be float"),
+        (lambda w, x: serial_chain_reference(w, x, 2.5), "n_samples must be an integer"),
+        (lambda w, x: serial_chain_reference(w, x, 2, activation="gelu"), "activation"),
+        (lambda w, x: serial_chain_reference(w, x[:, :2], 2), "x0 must be"),
+        (lambda w, x: mu_law_encode(torch.zeros(4), classes=1), "classes must be >= 2"),
+        (lambda w, x: mu_law_encode(torch.zeros(4), classes=256.0), "classes must be an integer"),
+        (lambda w, x: mu_law_encode(torch.zeros(4, dtype=torch.int16)), "audio must be float"),
+        (
+            lambda w, x: mu_law_decode(torch.tensor([0, 300, 2])),
+            r"classes_ must be in \[0, classes=256\), got classes_\[1\]=300",
+        ),
+        (lambda w, x: mu_law_decode(torch.tensor([-1, 3]), classes=16), r"classes_\[0\]=-1"),
+        (lambda w, x: mu_law_decode(torch.arange(4), classes=0), "classes must be >= 2"),
+        (lambda w, x: mu_law_decode(torch.zeros(3)), "classes_ must hold integer classes"),
+        (lambda w, x: mu_law_decode([0, 1]), "classes_ must be a torch.Tensor"),
+    ],
+)
+def test_proxy_and_reference_bad_arguments(call, match):
+    w, x0 = chain_case(2, 3, 1, "tanh")
+    with pytest.raises(ValueError, match=match):
+        call(w, x0)
+
+
+def test_proxy_and_reference_take_integer_like_scalars(tmp_path):
+    w, x0 = chain_case(2, 3, 1, "tanh")
+    torch.testing.assert_close(serial_chain(w, x0, np.int64(3)), serial_chain(w, x0, 3))
+    torch.testing.assert_close(serial_chain_reference(w, x0, torch.tensor(3)), serial_chain_reference(w, x0, 3))
+    q = mu_law_encode(torch.linspace(-1, 1, 9), classes=np.int32(16))
+    assert q.min() == 0 and q.max() == 15
+    assert torch.equal(mu_law_decode(q.to(torch.uint8), classes=16), mu_law_decode(q, 16))
+    with pytest.raises(ValueError, match="sample_rate must be an integer"):
+        save_wav(str(tmp_path / "a.wav"), torch.zeros(8), 16000.5)
+    with pytest.raises(ValueError, match="sample_rate must be >= 1"):
+        save_wav(str(tmp_path / "a.wav"), torch.zeros(8), 0)
+    with pytest.raises(ValueError, match="audio must be a torch.Tensor"):
+        save_wav(str(tmp_path / "a.wav"), [0.0, 0.5], 16000)
+    save_wav(str(tmp_path / "a.wav"), torch.zeros(8), np.int64(8000))
+    with wave.open(str(tmp_path / "a.wav"), "rb") as f:
+        assert f.getframerate() == 8000
 
 
 def test_generate_kernel_choice_and_bad_arguments(kernel_device):
@@ -406,7 +639,7 @@ def test_generate_kernel_matches_incremental_path(kernel_device, kw, temperature
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("temperature", [0.0, 1.0, 1e-40])  # 1e-40: 1 / temperature is no float32
 @pytest.mark.parametrize("kernel", ["triton", "cluster", "cluster bf16", "cluster C=4"])
 def test_gpu_generate_kernel_matches_incremental_path(gpu, temperature, kernel):
     from speechkernels.wavenet import cluster_vocoder

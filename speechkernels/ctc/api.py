@@ -203,9 +203,10 @@ def ctc_loss(
             scores whose log_softmax is fused into the kernels.
         targets: [N, S] padded or 1-D concatenated labels, int32 or int64, on any device. Labels lie in
             [0, C) and differ from ``blank``; padded entries past ``target_lengths`` are ignored.
-        input_lengths: [N] frames per sample, each in [0, T]: a tensor on any device or a list.
-        target_lengths: [N] labels per sample: a tensor on any device or a list.
-        blank: index of the blank class.
+        input_lengths: [N] frames per sample, each in [0, T]: an integer tensor on any device, an integer numpy
+            array or a sequence of integers (floats are refused, as torch refuses them).
+        target_lengths: [N] labels per sample, in the same forms.
+        blank: index of the blank class (an integer: int, numpy integer or 0-d integer tensor).
         reduction: "none" (per-sample losses), "sum", or "mean" (each loss divided by its target length,
             clamped to at least 1, then averaged over the batch).
         zero_infinity: replace infinite losses (no valid alignment) by zero. Their gradient is zero either way.
@@ -215,13 +216,19 @@ def ctc_loss(
             so unnormalised or prior-scaled scores get correct gradients.
         validate: check lengths and labels against the tensors' contents. On the GPU this reads device memory
             (one synchronisation); pass False inside CUDA graphs or to skip it. Unchecked bad values cannot
-            cause a memory fault (lengths and labels are clamped) but give meaningless numbers.
+            cause a memory fault or an error: every path clamps lengths to the tensors and labels to [0, C)
+            alike, and computes on what that leaves (a label equal to the blank gives meaningless numbers).
 
     Returns:
         The loss: a scalar, or [N] with ``reduction="none"``. float64 for float64 input, else float32.
         A NaN among the scores a sample reads (any class with ``logits=True``; its labels' and the blank's
-        otherwise) at a frame before its input length makes that sample's loss and gradient NaN, and only
-        that sample's. -inf log-probabilities are zero probabilities.
+        otherwise) at a frame before its input length makes that sample's loss and the gradient of those scores
+        NaN, and only that sample's; the gradient of frames past a sample's input length is zero, whatever they
+        hold. -inf log-probabilities are zero probabilities. An empty batch (N = 0) gives an empty loss
+        ("none") or 0 ("sum"); "mean" raises, as its value is undefined.
+
+    Raises:
+        ValueError: an argument of the wrong type, shape or value, naming it (and the offending element).
 
     Example:
         >>> x = torch.randn(50, 4, 20, requires_grad=True)
@@ -291,9 +298,9 @@ def ctc_loss(
 
 
 def _reference_losses(x, targets, il, tl, blank, padded, logits):
-    """The PyTorch path: lengths and labels clamped as the kernels clamp them (so that unchecked input gives the
-    kernels' numbers), targets padded, the scores of frames past each input length masked out (a NaN there is
-    not read and must not reach the gradient through log_softmax)."""
+    """The PyTorch path: lengths clamped as the kernels clamp them, and labels in the reference (so that unchecked
+    input gives the kernels' numbers), targets padded, the scores of frames past each input length masked out (a
+    NaN there is not read and must not reach the gradient through log_softmax)."""
     T, N, C = x.shape
     out_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     il = il.clamp(0, T)
@@ -307,7 +314,6 @@ def _reference_losses(x, targets, il, tl, blank, padded, logits):
         S = int(lt.max()) if N else 0
         idx = starts[:, None] + torch.arange(S, device=targets.device)[None, :]
         targets = targets[idx.clamp(max=max(targets.numel() - 1, 0))] if targets.numel() else idx
-    targets = targets.clamp(0, C - 1)
     if logits:
         frames = torch.arange(T, device=x.device)[:, None, None] < il.to(x.device)[None, :, None]
         x = torch.log_softmax(torch.where(frames, x.to(torch.float64), 0.0), dim=-1)

@@ -79,7 +79,9 @@ def ctc_forward_backward_reference(
         loss = torch.where(tl_ == 0, 0.0, float("inf")).to(torch.float64)
         return loss, (torch.zeros_like(lp) if need_grad else None)
 
-    lpe = lp.gather(2, ext[None].expand(T, N, Sp))  # [T, N, Sp] emission of each state
+    # the classes read, clamped to [0, C) (unchecked labels); which labels repeat is decided on the labels as given
+    ext_c = ext.clamp(0, C - 1)
+    lpe = lp.gather(2, ext_c[None].expand(T, N, Sp))  # [T, N, Sp] emission of each state
     neg = torch.full_like(lpe[0], NEG_INF)
 
     alpha = torch.empty_like(lpe)
@@ -115,7 +117,7 @@ def ctc_forward_backward_reference(
         at = alpha[t]
         log_gamma = torch.where((at == NEG_INF) | (b == NEG_INF), neg, at + b - lpe[t]) + loss[:, None]
         occ = torch.where(feasible[:, None] & (t < il)[:, None], torch.exp(log_gamma), 0.0)
-        grad[t].scatter_add_(1, ext, -occ)
+        grad[t].scatter_add_(1, ext_c, -occ)
     return loss, grad
 
 
@@ -152,9 +154,14 @@ def ctc_loss_reference(
 ) -> torch.Tensor:
     """The whole loss in PyTorch, on already-checked arguments in the [T, N, C], padded-targets layout.
 
-    With ``logits=True`` the scores go through log_softmax first (so the gradient is softmax - occupancy).
+    With ``logits=True`` the scores go through log_softmax first (so the gradient is softmax - occupancy), frames
+    past each input length masked out first (they are not read: a NaN there reaches neither loss nor gradient).
     """
-    x = torch.log_softmax(log_probs.to(torch.float64), dim=-1) if logits else log_probs
+    x = log_probs
+    if logits:
+        T = x.shape[0]
+        frames = torch.arange(T, device=x.device)[:, None, None] < input_lengths.to(x.device)[None, :, None]
+        x = torch.log_softmax(torch.where(frames, x.to(torch.float64), 0.0), dim=-1)
     loss = CTCLossReferenceFunction.apply(x, targets, input_lengths, target_lengths, blank)
     if logits and log_probs.dtype != torch.float64:
         loss = loss.to(torch.float32)

@@ -211,8 +211,9 @@ def rnnt_loss(
         logits: [N, T, U+1, V] float: the joint network's scores (``fused_log_softmax=True``) or
             log-probabilities (``fused_log_softmax=False``; the gradient is then with respect to them).
         targets: [N, U] int32/int64 labels; entries past ``target_lengths`` are ignored.
-        logit_lengths: [N] frames per sample, in [0, T]: a tensor on any device or a list.
-        target_lengths: [N] labels per sample, in [0, U]: a tensor on any device or a list.
+        logit_lengths: [N] frames per sample, in [0, T]: an integer tensor on any device, an integer numpy
+            array or a sequence of integers (floats are refused).
+        target_lengths: [N] labels per sample, in [0, U], in the same forms.
         blank: blank index; negative counts from the end (-1: the last class).
         clamp: when > 0, the gradient is clamped to [-clamp, clamp].
         reduction: "none" ([N] losses), "sum", or "mean" (over the batch).
@@ -226,7 +227,7 @@ def rnnt_loss(
             and emitting it consumes the frame).
         validate: check lengths and labels against the tensors' contents (on the GPU this reads device memory,
             one synchronisation); pass False inside CUDA graphs. Unchecked bad values cannot cause a memory
-            fault (the kernels clamp them) but give meaningless numbers.
+            fault or an error: every path clamps lengths to the tensors and labels to [0, V) alike.
         reuse_logits_for_grad: the backward writes the gradient into the logits' own storage (GPU kernels, eager
             mode): the logits are consumed, so nothing may read them after ``backward()``. Saves a tensor the size
             of the logits. Logits whose elements share memory (e.g. expanded) are refused; after the backward
@@ -241,6 +242,9 @@ def rnnt_loss(
         with ``fused_log_softmax``; its blank and next label otherwise) makes that sample's loss and gradient
         NaN, and only that sample's; the gradient is zero outside the cells a sample reads. An empty batch
         (N = 0) gives an empty loss ("none") or 0 ("sum"); "mean" raises.
+
+    Raises:
+        ValueError: an argument of the wrong type, shape or value, naming it (and the offending element).
 
     Example:
         >>> logits = torch.randn(2, 10, 4, 6, requires_grad=True)

@@ -568,14 +568,15 @@ def _rnnt_grad_kernel(
     logp = tl.load(logp_ptr + n)
     active = tl.where((t < T_n) & (logp != float("-inf")), in_range & (u <= U_n), False)
     has_label = active & (u < U_n)
-    # (logp - logp) is NaN for a NaN loss: then the sample's whole gradient is NaN
+    # (logp - logp) is NaN for a NaN loss: then the gradient of every score the sample reads is NaN
     g = tl.load(gloss_ptr + n * gloss_stride).to(tl.float32) * gscale
     g = g + tl.where(active, logp - logp, 0.0).to(tl.float32)
     p_cell = occ_ptr + _cell_offsets(n, t, u, T, U1, RNA)
     occ_b = tl.load(p_cell, mask=active, other=0.0)
     occ_e = tl.load(p_cell + 1, mask=has_label, other=0.0) * fastemit_scale
     lab = tl.load(tgt_ptr + n * stride_tg + u, mask=has_label, other=-1).to(tl.int64)
-    lab = tl.where(has_label, lab, -1)
+    # clamped as the lattice kernel clamps it (unchecked labels): the gradient goes to the score that was read
+    lab = tl.where(has_label, tl.minimum(tl.maximum(lab, 0), V - 1), -1)
     p_x = x_ptr + n * stride_n + t * stride_t + u.to(tl.int64) * stride_u
     lse = tl.zeros([BLOCK_R], tl.float32)
     if FUSED:
@@ -597,7 +598,11 @@ def _rnnt_grad_kernel(
         # clamped before the upstream gradient scales it, as torchaudio does
         if CLAMP:
             b_g = tl.minimum(tl.maximum(b_g, -clamp), clamp)
-        b_g = tl.where(active[:, None], g[:, None] * b_g, 0.0)
+        if FUSED:  # every score of a cell is read (its log-sum-exp)
+            b_g = tl.where(active[:, None], g[:, None] * b_g, 0.0)
+        else:  # only the blank and the next label are: a NaN loss leaves the other scores' zero gradient alone
+            read = (v[None, :] == blank) | (v[None, :] == lab[:, None])
+            b_g = tl.where(active[:, None] & read, g[:, None] * b_g, 0.0)
         tl.store(p_g[:, None] + v[None, :] * gstride_v, b_g.to(grad_ptr.dtype.element_ty), mask=m)
 
 

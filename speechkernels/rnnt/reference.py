@@ -147,7 +147,7 @@ def rnnt_forward_backward_reference(
     T_n = logit_lengths.to(x.device, torch.long).clamp(0, T)
     U_n = target_lengths.to(x.device, torch.long).clamp(0, U1 - 1)
     valid_label = torch.arange(U1 - 1, device=x.device)[None, :] < U_n[:, None]
-    tg = torch.where(valid_label, targets.to(x.device).long(), 0)
+    tg = torch.where(valid_label, targets.to(x.device).long().clamp(0, V - 1), 0)  # unchecked labels: clamped
     lp, lp_blank, lp_emit = lattice_log_probs(x, tg, blank, fused_log_softmax)
     alpha, beta, log_p = alpha_beta(lp_blank, lp_emit, T_n, U_n, rnnt_type)
     loss = -(1.0 + fastemit_lambda if fastemit_loss_scale else 1.0) * log_p
@@ -163,10 +163,11 @@ def rnnt_forward_backward_reference(
     beta_emit = torch.nn.functional.pad(beta_emit[..., 1:], (0, 1), value=NEG_INF)  # node (t or t + 1, u + 1)
     occ_b = torch.where(possible, torch.exp(alpha[:, :T] + wb + beta_next - lp_), 0.0)
     occ_e = torch.where(possible, torch.exp(alpha[:, :T] + we + beta_emit - lp_), 0.0)
-    # NaN anywhere in the sample: its gradient is NaN on every cell of its lattice (log p is NaN then)
+    # NaN anywhere in the sample (log p is NaN then): the gradient of every score it reads is NaN, each blank
+    # of its lattice and each next label (and every score of those cells through a fused log_softmax)
     nan = torch.isnan(lp_) & has_edges[:, :T]
     occ_b = torch.where(nan, float("nan"), occ_b)
-    occ_e = torch.where(nan, float("nan"), occ_e)
+    occ_e = torch.where(nan & (u < U_n[:, None, None])[:, :T], float("nan"), occ_e)
     g_lp = torch.zeros_like(x)
     g_lp[..., blank] -= occ_b
     g_lp.scatter_add_(3, tg[:, None, :, None].expand(N, T, U1 - 1, 1), -(1.0 + fastemit_lambda) * occ_e[..., :-1, None])

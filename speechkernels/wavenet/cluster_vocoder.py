@@ -23,6 +23,7 @@ import functools
 import torch
 
 from .cluster import _arch, _compile, _launch
+from .kernels import inverse_temperature
 
 _SOURCE = r"""
 #define ZC (G2 / C)
@@ -448,7 +449,7 @@ def wavenet_generate_cluster(
     hop = model.hop_length if cond is not None else 1 << 30
     tensors = (p["wg"], p["wr"], p["br"], p["ws"], p["bs"], p["w1"], p["b1"], p["w2"], p["b2"], p["embed"], cb,
                p["dil"], p["qoff"], queue, u, out)  # fmt: skip
-    inv_temp = 1.0 / temperature if temperature > 0 else 0.0
+    inv_temp = inverse_temperature(temperature)  # finite in float32 however small the temperature
     args = [np.uint64(x.data_ptr()) for x in tensors]
     args += [np.int32(v) for v in (B, model.layers, cb.shape[1], Q, hop, n, model.start_class())]
     args.append(np.float32(inv_temp))

@@ -6,7 +6,11 @@ CUDA graph and replayed (the PyTorch CUDA-graph baseline)."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
+
+from .._utils import as_bool, as_choice, as_float, as_generator, as_int, check_float_input
 
 
 class IncrementalState:
@@ -63,29 +67,40 @@ class IncrementalState:
         return self.prev
 
 
-def check_generation(model, cond, n_samples, temperature, generator, speaker, batch, uniforms, upsample=True):
-    """Argument checks of a generation run: (upsampled conditioning or None (also with upsample=False), speaker
-    embeddings or None, uniforms [n_samples, B] on the model's device)."""
-    if not temperature >= 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    B = cond.shape[0] if cond is not None else (speaker.shape[0] if speaker is not None else batch)
-    if B is None or B < 1:
-        raise ValueError(f"the number of streams must be >= 1 (from cond, speaker or batch), got {B}")
-    cond_up = model.check_inputs(cond, speaker, B, n_samples, upsample)
+class GenerationArgs(NamedTuple):
+    """The normalised arguments of a generation run (``check_generation``)."""
+
+    cond: torch.Tensor | None  # [B, cond_channels, frames] in the parameters' dtype, on the model's device
+    g: torch.Tensor | None  # [B, speaker_channels] speaker embeddings
+    uniforms: torch.Tensor  # [n_samples, B] on the model's device
+    n_samples: int
+    temperature: float
+
+
+def check_generation(model, cond, n_samples, temperature, generator, speaker, batch, uniforms) -> GenerationArgs:
+    """Argument checks of a generation run (once per call: one read of the speaker ids' min and max)."""
+    n_samples = as_int(n_samples, "n_samples", minimum=1)
+    temperature = as_float(temperature, "temperature", minimum=0.0, finite=True)
+    generator = as_generator(generator)
+    if batch is not None:
+        batch = as_int(batch, "batch", minimum=1)
+    cond, speaker, B = model.check_inputs(cond, speaker, batch, n_samples)
     dev = model.embed.weight.device
     if uniforms is None:
-        uniforms = torch.rand(n_samples, B, generator=generator, device=generator.device if generator else dev)
+        uniforms = torch.rand(n_samples, B, generator=generator, device=dev if generator is None else generator.device)
+    else:
+        check_float_input(uniforms, "uniforms")
     uniforms = uniforms.to(dev)
     if uniforms.shape != (n_samples, B):
         raise ValueError(f"uniforms must be [n_samples={n_samples}, B={B}], got {tuple(uniforms.shape)}")
-    g = model.speaker_embed(speaker.to(dev)) if model.speakers else None
-    return cond_up, g, uniforms
+    g = model.speaker_embed(speaker) if speaker is not None else None
+    return GenerationArgs(cond, g, uniforms, n_samples, temperature)
 
 
 def prepare(model, cond, n_samples, temperature, generator, speaker, batch, uniforms) -> IncrementalState:
     """Argument checks and the state of a generation run."""
-    cond_up, g, uniforms = check_generation(model, cond, n_samples, temperature, generator, speaker, batch, uniforms)
-    return IncrementalState(model, cond_up, g, uniforms, temperature)
+    a = check_generation(model, cond, n_samples, temperature, generator, speaker, batch, uniforms)
+    return IncrementalState(model, model.upsample(a.cond, a.n_samples), a.g, a.uniforms, a.temperature)
 
 
 @torch.no_grad()
@@ -104,8 +119,9 @@ def generate_incremental(
 
     uniforms: [n_samples, B] numbers in [0, 1) to sample with (default: drawn from ``generator``).
     """
+    return_logits = as_bool(return_logits, "return_logits")
     state = prepare(model, cond, n_samples, temperature, generator, speaker, batch, uniforms)
-    B = state.prev.shape[0]
+    n_samples, B = state.uniforms.shape
     out = torch.empty(B, n_samples, dtype=torch.long, device=state.prev.device)
     all_logits = torch.empty(B, model.classes, n_samples, device=out.device) if return_logits else None
     for t in range(n_samples):
@@ -129,7 +145,9 @@ def generate_cuda_graph(
     """The same samples as ``generate_incremental``, one step captured in a CUDA graph and replayed per sample
     (the PyTorch CUDA-graph baseline of the benchmark; CUDA tensors only)."""
     state = prepare(model, cond, n_samples, temperature, generator, speaker, batch, uniforms)
-    B = state.prev.shape[0]
+    if not state.prev.is_cuda:
+        raise ValueError(f"generate_cuda_graph needs the model on a CUDA device, got {state.prev.device}")
+    n_samples, B = state.uniforms.shape
     out = torch.empty(n_samples, B, dtype=torch.long, device=state.prev.device)
     # warm-up step on a side stream (CUDA graphs need it), then rewind
     side = torch.cuda.Stream()
@@ -170,13 +188,15 @@ def generate_kernel(
     from . import cluster_vocoder
     from .kernels import wavenet_generate
 
+    kernel = as_choice(kernel, "kernel", ("kernel", "triton", "cluster"))
+    if weights_dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"weights_dtype must be torch.float32 or torch.bfloat16, got {weights_dtype}")
     # the kernels read the conditioning per frame: no upsampled copy
-    _, g, uniforms = check_generation(model, cond, n_samples, temperature, generator, speaker, batch, uniforms, False)
-    dev = uniforms.device
+    a = check_generation(model, cond, n_samples, temperature, generator, speaker, batch, uniforms)
+    dev = a.uniforms.device
     if not (dev.type == "cuda" or (kernel == "triton" and triton_interpreting())):
         raise ValueError(f"kernel={kernel!r} needs the model on a CUDA device")
-    cond = cond.to(dev) if cond is not None else None
-    B = uniforms.shape[1]
+    B = a.uniforms.shape[1]
     if kernel == "kernel":
         kernel = "cluster" if B <= 16 and cluster_vocoder.available(model) else "triton"
     if kernel == "cluster":
@@ -185,7 +205,7 @@ def generate_kernel(
                 "kernel='cluster' needs cuda-core, a GPU of compute capability >= 9.0 and a model whose widths "
                 "split over the cluster (speechkernels.wavenet.cluster_vocoder.config)"
             )
-        return cluster_vocoder.wavenet_generate_cluster(model, cond, g, uniforms, temperature, weights_dtype)
+        return cluster_vocoder.wavenet_generate_cluster(model, a.cond, a.g, a.uniforms, a.temperature, weights_dtype)
     if weights_dtype != torch.float32:
         raise ValueError("weights_dtype=torch.bfloat16 needs kernel='cluster'")
-    return wavenet_generate(model, cond, g, uniforms, temperature)
+    return wavenet_generate(model, a.cond, a.g, a.uniforms, a.temperature)

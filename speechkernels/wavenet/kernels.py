@@ -22,6 +22,17 @@ import triton.language as tl
 
 from .._utils import next_power_of_2, triton_interpreting
 
+FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32
+
+
+def inverse_temperature(temperature: float) -> float:
+    """The generation kernels' float32 scalar 1 / temperature (0 for temperature 0: greedy), clamped to the largest
+    finite float32 (Triton's ``_wavenet_generate_kernel`` and the cluster kernel of ``cluster_vocoder``). Unclamped,
+    a temperature below ~3e-39 would make it inf, and (logits - max) * inf NaN at the maximum: every sample class 0.
+    Clamped, the maximum's term stays exp(0) = 1 and the others underflow to 0: the most likely class (ties drawn
+    among), as the PyTorch path's float64 softmax."""
+    return min(1.0 / temperature, FLOAT32_MAX) if temperature > 0 else 0.0
+
 
 @triton.jit
 def _serial_chain_stream_kernel(
@@ -281,7 +292,7 @@ def wavenet_generate(
         model.head2.weight.float().contiguous(), model.head2.bias.float().contiguous(),
         dil, qoff, queue, uniforms.float().contiguous(), out,
         B, L, R, G // 2, S, C, cb.shape[1], Q, hop, n, model.start_class(),
-        1.0 / temperature if temperature > 0 else 0.0,
+        inverse_temperature(temperature),
         GREEDY=temperature == 0, BLOCK_R=next_power_of_2(R), BLOCK_G2=next_power_of_2(G // 2),
         BLOCK_S=next_power_of_2(S), BLOCK_C=next_power_of_2(C), num_warps=8,
     )  # fmt: skip

@@ -13,6 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._utils import INDEX_DTYPES, as_choice, as_index_tensor, as_int, check_float_input
+from .reference import _check_in_range
+
 
 def stack_layers(mods, attr: str = "weight") -> torch.Tensor:
     """A per-layer parameter of a ModuleList stacked into one [L, ...] float32 tensor."""
@@ -53,8 +56,16 @@ class WaveNet(nn.Module):
         speaker_channels: int = 16,
     ) -> None:
         super().__init__()
-        if layers < 1 or cycle < 1:
-            raise ValueError(f"layers and cycle must be >= 1, got {layers}, {cycle}")
+        layers = as_int(layers, "layers", minimum=1)
+        cycle = as_int(cycle, "cycle", minimum=1)
+        residual_channels = as_int(residual_channels, "residual_channels", minimum=1)
+        gate_channels = as_int(gate_channels, "gate_channels", minimum=1)
+        skip_channels = as_int(skip_channels, "skip_channels", minimum=1)
+        classes = as_int(classes, "classes", minimum=1)
+        cond_channels = as_int(cond_channels, "cond_channels", minimum=0)
+        hop_length = as_int(hop_length, "hop_length", minimum=1)
+        speakers = as_int(speakers, "speakers", minimum=0)
+        speaker_channels = as_int(speaker_channels, "speaker_channels", minimum=1)
         if gate_channels % 2:
             raise ValueError(f"gate_channels must be even (tanh and sigmoid halves), got {gate_channels}")
         self.layers, self.cycle, self.classes = layers, cycle, classes
@@ -90,37 +101,55 @@ class WaveNet(nn.Module):
         return self.classes // 2
 
     def check_inputs(
-        self, cond, speaker, batch: int | None, n_samples: int, upsample: bool = True
-    ) -> torch.Tensor | None:
-        """Upsampled local conditioning [B, n_samples, cond_channels] (None without, or with upsample=False),
-        after the argument checks."""
-        if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
-            raise ValueError(f"n_samples must be an integer >= 1, got {n_samples!r}")
-        if self.speakers:
+        self, cond, speaker, batch: int | None, n_samples: int, batch_name: str = "batch"
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, int]:
+        """The conditioning after the argument checks: (cond [B, cond_channels, frames] in the parameters' dtype
+        on their device, or None without local conditioning; speaker ids [B] int64 on that device, or None
+        without speakers; B). The number of streams B comes from cond, speaker and ``batch`` (named
+        ``batch_name`` in messages), which must agree. Reads the speaker ids' min and max once."""
+        n_samples = as_int(n_samples, "n_samples", minimum=1)
+        w = self.embed.weight
+        sizes = [] if batch is None else [(batch_name, batch)]  # (argument, its number of streams)
+        if not self.cond_channels:
+            if cond is not None:
+                raise ValueError("cond must be None: the model has no local conditioning (cond_channels=0)")
+        else:
+            if cond is None:
+                raise ValueError(f"cond must be [B, cond_channels={self.cond_channels}, frames], got None")
+            check_float_input(cond, "cond")
+            if cond.dim() != 3 or cond.shape[1] != self.cond_channels:
+                shape = tuple(cond.shape)
+                raise ValueError(f"cond must be [B, cond_channels={self.cond_channels}, frames], got {shape}")
+            if cond.shape[2] * self.hop_length < n_samples:
+                raise ValueError(
+                    f"cond's {cond.shape[2]} frames x hop_length {self.hop_length} = "
+                    f"{cond.shape[2] * self.hop_length} samples do not cover n_samples={n_samples}"
+                )
+            sizes.append(("cond", cond.shape[0]))
+            cond = cond.to(device=w.device, dtype=w.dtype)  # no copy when it already matches
+        if not self.speakers:
+            if speaker is not None:
+                raise ValueError("speaker must be None: the model has no speakers (speakers=0)")
+        else:
             if speaker is None:
                 raise ValueError(f"speaker is required: the model has {self.speakers} speakers")
-            if speaker.dim() != 1 or (batch is not None and speaker.shape[0] != batch):
-                raise ValueError(f"speaker must be [B={batch}], got {tuple(speaker.shape)}")
-            if ((speaker < 0) | (speaker >= self.speakers)).any():
-                raise ValueError(f"speaker ids must be in [0, {self.speakers})")
-        if not self.cond_channels:
+            speaker = as_index_tensor(speaker, "speaker", w.device)
+            sizes.append(("speaker", speaker.shape[0]))
+        for other in sizes[1:]:
+            if other[1] != sizes[0][1]:
+                raise ValueError(f"{_streams(*sizes[0])} but {_streams(*other)}")
+        B = sizes[0][1] if sizes else None
+        if B is None or B < 1:
+            raise ValueError(f"the number of streams must be >= 1 (from cond, speaker or batch), got {B}")
+        if speaker is not None:
+            _check_in_range(speaker, "speaker", self.speakers, f"speakers={self.speakers}", "speaker ids")
+        return cond, speaker, B
+
+    def upsample(self, cond: torch.Tensor | None, n_samples: int) -> torch.Tensor | None:
+        """Local conditioning [B, cond_channels, frames] repeated per sample: [B, n_samples, cond_channels]."""
+        if cond is None:
             return None
-        if cond is None or cond.dim() != 3 or cond.shape[1] != self.cond_channels:
-            shape = None if cond is None else tuple(cond.shape)
-            raise ValueError(f"cond must be [B, cond_channels={self.cond_channels}, frames], got {shape}")
-        if batch is not None and cond.shape[0] != batch:
-            raise ValueError(f"cond has {cond.shape[0]} streams but the batch has {batch}")
-        if cond.shape[0] == 0:
-            raise ValueError("cond has B = 0 streams")
-        if cond.shape[2] * self.hop_length < n_samples:
-            raise ValueError(
-                f"cond's {cond.shape[2]} frames x hop_length {self.hop_length} = "
-                f"{cond.shape[2] * self.hop_length} samples do not cover n_samples={n_samples}"
-            )
-        if not upsample:
-            return None
-        up = cond.transpose(1, 2).repeat_interleave(self.hop_length, dim=1)
-        return up[:, :n_samples]
+        return cond.transpose(1, 2).repeat_interleave(self.hop_length, dim=1)[:, :n_samples]
 
     def frame_bias(self, cond: torch.Tensor | None, g: torch.Tensor | None) -> torch.Tensor:
         """Each layer's gate bias per conditioning frame, [B or 1, frames or 1, L, gate] float32: the current
@@ -156,20 +185,30 @@ class WaveNet(nn.Module):
         """Teacher-forced logits: logits[:, :, t] predicts audio[:, t] from audio[:, :t].
 
         Args:
-            audio: [B, T] int64 mu-law classes.
-            cond: [B, cond_channels, frames] with frames * hop_length >= T.
-            speaker: [B] int64 speaker ids (when the model has speakers).
+            audio: [B, T] int64 (or int32) mu-law classes in [0, classes).
+            cond: [B, cond_channels, frames] float with frames * hop_length >= T (converted to the parameters'
+                dtype); None exactly when the model has no local conditioning.
+            speaker: [B] integer speaker ids in [0, speakers); None exactly when the model has no speakers.
+
+        The inputs are moved to the model's device; a class or speaker id out of range raises ValueError (one read
+        of the tensors' min and max).
 
         Returns:
             [B, classes, T] logits.
         """
-        if audio.dim() != 2 or audio.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"audio must be [B, T] int64 classes, got {tuple(audio.shape)} {audio.dtype}")
+        if not isinstance(audio, torch.Tensor) or audio.dim() != 2 or audio.dtype not in INDEX_DTYPES:
+            got = f"{tuple(audio.shape)} {audio.dtype}" if isinstance(audio, torch.Tensor) else type(audio).__name__
+            raise ValueError(f"audio must be [B, T] int64 classes, got {got}")
         B, T = audio.shape
         if B == 0:
             raise ValueError("audio has B = 0 streams")
-        cond_up = self.check_inputs(cond, speaker, B, T)
-        g = self.speaker_embed(speaker) if self.speakers else None
+        if T == 0:
+            raise ValueError("audio has T = 0 samples")
+        audio = audio.to(self.embed.weight.device)
+        _check_in_range(audio, "audio", self.classes, f"classes={self.classes}", "audio classes")
+        cond, speaker, _ = self.check_inputs(cond, speaker, B, T, batch_name="audio")
+        cond_up = self.upsample(cond, T)
+        g = self.speaker_embed(speaker) if speaker is not None else None
         prev = torch.cat([torch.full_like(audio[:, :1], self.start_class()), audio[:, :-1]], dim=1)
         x = self.embed(prev.long())  # [B, T, R]
         skips = 0.0
@@ -206,7 +245,10 @@ class WaveNet(nn.Module):
 
         ``temperature`` 0 takes the most likely class; ``generator`` seeds the sampling (one uniform number per
         stream and sample, drawn on the model's device up front: no host synchronisation per sample). Without
-        conditioning, ``batch`` gives B.
+        conditioning, ``batch`` gives B; given with conditioning, it must agree with cond's and speaker's B.
+        ``cond``: [B, cond_channels, frames] float (converted to the parameters' dtype), None exactly when the model
+        has no local conditioning; ``speaker``: [B] integer ids (a tensor, or a sequence or numpy array of ints),
+        None exactly when the model has no speakers.
 
         ``kernel``: "torch" (the PyTorch incremental path: per-layer dilation queues, O(layers) work per sample;
         the CPU's), "triton" (one program per stream, all samples in one launch), "cluster" (one thread-block
@@ -218,8 +260,7 @@ class WaveNet(nn.Module):
         """
         from .generate import generate_incremental, generate_kernel
 
-        if kernel not in ("auto", "torch", "triton", "cluster"):
-            raise ValueError(f"kernel must be 'auto', 'torch', 'triton' or 'cluster', got {kernel!r}")
+        kernel = as_choice(kernel, "kernel", ("auto", "torch", "triton", "cluster"))
         if weights_dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"weights_dtype must be torch.float32 or torch.bfloat16, got {weights_dtype}")
         on_cuda = self.embed.weight.is_cuda
@@ -230,3 +271,7 @@ class WaveNet(nn.Module):
                 raise ValueError("weights_dtype=torch.bfloat16 needs kernel='cluster'")
             return generate_incremental(self, cond, n_samples, temperature, generator, speaker, batch)[0]
         return generate_kernel(self, cond, n_samples, temperature, generator, speaker, batch, kernel, weights_dtype)
+
+
+def _streams(name: str, n: int) -> str:
+    return f"batch={n}" if name == "batch" else f"{name} has {n} streams"

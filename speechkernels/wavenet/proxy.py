@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .._utils import triton_interpreting
+from .._utils import as_choice, as_int, check_float_input, triton_interpreting
 from .reference import ACTIVATIONS, activation_fn
 
 DESIGNS = ("torch", "stream", "barrier", "cluster", "partials", "pipeline")
@@ -52,16 +52,12 @@ def serial_chain(
         raise ValueError(f"x0 must be [B, H={H}], got {shape}")
     if x0.shape[0] == 0:
         raise ValueError("x0 has B = 0 streams")
-    if not x0.is_floating_point():
-        raise ValueError(f"x0 must be a float tensor, got {x0.dtype}")
-    if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
-        raise ValueError(f"n_samples must be an integer >= 1, got {n_samples!r}")
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    check_float_input(x0, "x0")
+    n_samples = as_int(n_samples, "n_samples", minimum=1)
+    activation = as_choice(activation, "activation", ACTIVATIONS)
     if x0.device != weights.device:
         raise ValueError(f"x0 is on {x0.device} but weights on {weights.device}")
-    if design not in DESIGNS:
-        raise ValueError(f"design must be one of {DESIGNS}, got {design!r}")
+    design = as_choice(design, "design", DESIGNS)
     relu = activation == "relu"
     if design in ("cluster", "partials", "pipeline"):
         from . import cluster

@@ -7,38 +7,79 @@ import wave
 
 import torch
 
+from .._utils import as_choice, as_int, check_float_input
+
 ACTIVATIONS = ("tanh", "relu")
+
+
+def _check_in_range(x: torch.Tensor, name: str, high: int, bound: str, what: str | None = None) -> None:
+    """Raises ValueError naming the first element of the integer tensor ``x`` outside [0, high) (``bound`` spells
+    ``high`` in the message, ``what`` the values). One read of x's min and max; the search only on error."""
+    if x.numel() == 0:
+        return
+    lo, hi = torch.stack(torch.aminmax(x)).tolist()
+    if lo >= 0 and hi < high:
+        return
+    idx = ((x < 0) | (x >= high)).nonzero()[0].tolist()
+    element = f"{name}[{', '.join(map(str, idx))}]" if idx else name
+    raise ValueError(f"{what or name} must be in [0, {bound}), got {element}={x[tuple(idx)].item()}")
 
 
 def mu_law_encode(audio: torch.Tensor, classes: int = 256) -> torch.Tensor:
     """Audio in [-1, 1] (clamped) to mu-law classes in [0, classes), int64.
 
+    Args:
+        audio: [...] float.
+        classes: >= 2.
+
     Example:
         >>> mu_law_encode(torch.tensor([-1.0, 0.0, 1.0]))
         tensor([  0, 128, 255])
     """
-    mu = classes - 1
+    check_float_input(audio, "audio")
+    mu = as_int(classes, "classes", minimum=2) - 1
     x = audio.clamp(-1.0, 1.0)
     y = torch.sign(x) * torch.log1p(mu * x.abs()) / math.log1p(mu)
     return ((y + 1) / 2 * mu + 0.5).floor().long()
 
 
 def mu_law_decode(classes_: torch.Tensor, classes: int = 256) -> torch.Tensor:
-    """Mu-law classes in [0, classes) back to audio in [-1, 1] (float32)."""
+    """Mu-law classes in [0, classes) back to audio in [-1, 1] (float32).
+
+    Args:
+        classes_: [...] integer classes in [0, classes) (one read of their min and max checks it).
+        classes: >= 2.
+    """
+    classes = as_int(classes, "classes", minimum=2)
+    if not isinstance(classes_, torch.Tensor):
+        raise ValueError(f"classes_ must be a torch.Tensor, got {type(classes_).__name__}")
+    if classes_.dtype.is_floating_point or classes_.dtype.is_complex or classes_.dtype == torch.bool:
+        raise ValueError(f"classes_ must hold integer classes, got a tensor of dtype {classes_.dtype}")
+    _check_in_range(classes_, "classes_", classes, f"classes={classes}")
     mu = classes - 1
     y = 2 * classes_.float() / mu - 1
     return torch.sign(y) * ((1 + mu) ** y.abs() - 1) / mu
 
 
 def activation_fn(name: str):
-    return torch.tanh if name == "tanh" else torch.relu
+    """torch.tanh or torch.relu by name ("tanh" or "relu")."""
+    return torch.tanh if as_choice(name, "activation", ACTIVATIONS) == "tanh" else torch.relu
 
 
 def serial_chain_reference(
     weights: torch.Tensor, x0: torch.Tensor, n_samples: int, activation: str = "tanh"
 ) -> torch.Tensor:
     """The proxy in float64: per sample x <- act(W_i x) for i = 1..L, the last x feeding the next sample.
-    Returns the final x [B, H] (float64)."""
+    weights [L, H, H], x0 [B, H] float, n_samples >= 1. Returns the final x [B, H] (float64)."""
+    check_float_input(weights, "weights")
+    check_float_input(x0, "x0")
+    if weights.dim() != 3 or weights.shape[1] != weights.shape[2]:
+        raise ValueError(f"weights must be [L, H, H], got {tuple(weights.shape)}")
+    if x0.dim() != 2 or x0.shape[1] != weights.shape[2]:
+        raise ValueError(f"x0 must be [B, H={weights.shape[2]}], got {tuple(x0.shape)}")
+    if x0.device != weights.device:
+        raise ValueError(f"x0 is on {x0.device} but weights on {weights.device}")
+    n_samples = as_int(n_samples, "n_samples", minimum=1)
     act = activation_fn(activation)
     w = weights.double()
     x = x0.double()
@@ -49,12 +90,14 @@ def serial_chain_reference(
 
 
 def save_wav(path: str, audio: torch.Tensor, sample_rate: int) -> None:
-    """Write mono audio in [-1, 1] ([T] float) as a 16-bit PCM WAV file."""
+    """Write mono audio in [-1, 1] ([T] float) as a 16-bit PCM WAV file (sample_rate: an integer >= 1, Hz)."""
+    check_float_input(audio, "audio")
     if audio.dim() != 1:
         raise ValueError(f"audio must be 1-D [T], got shape {tuple(audio.shape)}")
+    sample_rate = as_int(sample_rate, "sample_rate", minimum=1)
     pcm = (audio.detach().float().clamp(-1.0, 1.0) * 32767.0).round().to(torch.int16).cpu()
     with wave.open(path, "wb") as f:
         f.setnchannels(1)
         f.setsampwidth(2)
-        f.setframerate(int(sample_rate))
+        f.setframerate(sample_rate)
         f.writeframes(pcm.numpy().tobytes())

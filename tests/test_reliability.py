@@ -1,0 +1,336 @@
+"""No silent wrong result, no obscure error: the losses' edge cases on every path (``loss_path``: the PyTorch
+path, the Triton kernels under the interpreter, the GPU), and a catalogue of malformed arguments, each of which
+must raise a ValueError that names the argument."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import speechkernels as sk
+from speechkernels.ctc.reference import ctc_loss_reference
+from speechkernels.rnnt.reference import rnnt_loss_reference
+
+
+def _ctc_problem(dev, N=3, T=6, C=5, S=2, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, N, C, generator=g).to(dev, dtype)
+    targets = torch.randint(1, C, (N, S), generator=g).to(dev)
+    return x, targets
+
+
+def _rnnt_problem(dev, N=2, T=5, U=2, V=5, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(N, T, U + 1, V, generator=g).to(dev, dtype)
+    targets = torch.randint(1, V, (N, U), generator=g).to(dev)
+    return x, targets
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# reuse_logits_for_grad: never a silently wrong gradient
+
+
+def test_reuse_logits_refuses_logits_that_overlap_themselves(loss_path):
+    base, targets = _rnnt_problem(loss_path.device, N=1)
+    lg = base.requires_grad_().expand(2, -1, -1, -1)
+    targets = targets.expand(2, -1)
+    with pytest.raises(ValueError, match="reuse_logits_for_grad"):
+        sk.rnnt_loss(lg, targets, [5, 5], [2, 2], blank=0, reuse_logits_for_grad=True)
+    # without reuse the same logits are fine: the gradient of the expanded view sums into the base
+    sk.rnnt_loss(lg, targets, [5, 5], [2, 2], blank=0).backward()
+    assert torch.isfinite(base.grad).all()
+
+
+@pytest.mark.parametrize("reader", ["square", "log_softmax"])
+def test_reuse_logits_a_later_reader_raises_instead_of_reading_the_gradient(loss_path, reader):
+    """Another op that saved the logits for its backward (lg ** 2; or the log_softmax that made them) would read
+    the gradient written over them: autograd's in-place check stops it. The PyTorch path never writes into the
+    logits, so there the gradient is simply right."""
+    x, targets = _rnnt_problem(loss_path.device)
+
+    def total(reuse):
+        leaf = x.clone().requires_grad_()
+        lg = torch.log_softmax(leaf, -1) if reader == "log_softmax" else leaf * 1.0
+        # made before the loss, the square's backward runs after the loss's
+        p = (lg**2).sum() if reader == "square" else 0.0
+        loss = sk.rnnt_loss(lg, targets, [5, 4], [2, 1], blank=0, fused_log_softmax=False, reuse_logits_for_grad=reuse)
+        return leaf, p + loss
+
+    expected_leaf, expected = total(False)
+    expected.backward()
+    leaf, total = total(True)
+    if loss_path.kernels:
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            total.backward()
+    else:
+        total.backward()
+        torch.testing.assert_close(leaf.grad, expected_leaf.grad)
+
+
+def test_reuse_logits_consumes_a_contiguous_joint_output(loss_path):
+    """The supported use: the logits made by an op whose backward does not read them (a matmul's output)."""
+    x, targets = _rnnt_problem(loss_path.device)
+    w = torch.randn(5, 5, device=loss_path.device)
+    grads = []
+    for reuse in (False, True):
+        leaf = x.clone().requires_grad_()
+        sk.rnnt_loss(leaf @ w, targets, [5, 4], [2, 1], blank=0, reuse_logits_for_grad=reuse).backward()
+        grads.append(leaf.grad)
+    torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=0)
+    loss_path.check_ran()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# lengths, labels and scalars in every accepted form; non-integral ones refused
+
+
+@pytest.mark.parametrize(
+    "lengths",
+    [[4.7, 3.2, 5.0], np.array([3.5, 3.0, 4.0]), [True, 3, 4], torch.tensor([4.0, 3.0, 5.0]), ["4", 3, 4]],
+    ids=["float-list", "float-numpy", "bool", "float-tensor", "str"],
+)
+def test_non_integer_lengths_are_refused_naming_the_element(loss_path, lengths):
+    x, targets = _ctc_problem(loss_path.device)
+    with pytest.raises(ValueError, match=r"input_lengths"):
+        sk.ctc_loss(x, targets, lengths, [2, 2, 1])
+    with pytest.raises(ValueError, match=r"target_lengths"):
+        sk.ctc_loss(x, targets, [6, 5, 4], lengths)
+    lg, tg = _rnnt_problem(loss_path.device, N=3)
+    with pytest.raises(ValueError, match=r"logit_lengths"):
+        sk.rnnt_loss(lg, tg, lengths, [2, 2, 1])
+    if not isinstance(lengths, torch.Tensor):
+        with pytest.raises(ValueError, match=r"input_lengths\[0\]"):
+            sk.ctc_loss(x, targets, lengths, [2, 2, 1])
+
+
+def test_integer_like_forms_give_the_same_loss(loss_path):
+    x, targets = _ctc_problem(loss_path.device)
+    lg, tg = _rnnt_problem(loss_path.device, N=3)
+    forms = [[6, 5, 4], (6, 5, 4), np.array([6, 5, 4]), np.array([6, 5, 4], dtype=np.int32),
+             [np.int64(6), np.int32(5), torch.tensor(4)], torch.tensor([6, 5, 4], dtype=torch.int32)]  # fmt: skip
+    ctc = [sk.ctc_loss(x, targets, f, [2, 2, 1], blank=0, reduction="none") for f in forms]
+    blanks = [2, np.int64(2), torch.tensor(2), np.int32(2)]
+    ctc += [sk.ctc_loss(x, targets.clamp(max=1), [6, 5, 4], [2, 2, 1], blank=b, reduction="none") for b in blanks]
+    rnnt = [sk.rnnt_loss(lg, tg, [f_ - 1 for f_ in [6, 5, 4]], [2, 2, 1], blank=b) for b in [0, np.int64(0)]]
+    rnnt += [sk.rnnt_loss(lg, tg, f, [2, 2, 1], blank=0) for f in ([5, 4, 3], np.array([5, 4, 3]))]
+    for got in ctc[1 : len(forms)]:
+        torch.testing.assert_close(got, ctc[0], rtol=0, atol=0)
+    for got in ctc[len(forms) + 1 :]:
+        torch.testing.assert_close(got, ctc[len(forms)], rtol=0, atol=0)
+    for got in rnnt[1:]:
+        torch.testing.assert_close(got, rnnt[0], rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# what used to crash inside
+
+
+def test_ctc_batch_whose_targets_are_all_empty(loss_path):
+    x, _ = _ctc_problem(loss_path.device, N=2, T=4)
+    lp = x.log_softmax(-1).requires_grad_()
+    for targets in (torch.zeros(2, 0, dtype=torch.long), torch.zeros(0, dtype=torch.long)):
+        out = sk.ctc_loss(lp, targets.to(loss_path.device), [4, 3], [0, 0], reduction="none")
+        # no labels: the only path is all blanks
+        expected = -lp.detach()[:, :, 0].cpu().double()
+        torch.testing.assert_close(out.cpu().double(), torch.stack([expected[:4, 0].sum(), expected[:3, 1].sum()]))
+        if not loss_path.name == "cuda":  # torch's own CTC agrees (its CPU kernel)
+            torch.testing.assert_close(
+                out.cpu(),
+                torch.nn.functional.ctc_loss(lp.detach().cpu(), targets, [4, 3], [0, 0], reduction="none"),
+            )
+    loss_path.check_ran()
+
+
+def test_unchecked_out_of_range_labels_are_clamped_not_a_crash(loss_path):
+    """validate=False promises clamped labels and lengths (meaningless numbers, never a fault or an IndexError):
+    label 9 of 5 classes reads class 4, as the kernels do."""
+    x, _ = _ctc_problem(loss_path.device, N=2)
+    bad = torch.tensor([[9, 1], [-3, 2]], device=loss_path.device)
+    clamped = bad.clamp(0, 4)
+    out = sk.ctc_loss(x, bad, [6, 6], [2, 2], reduction="none", validate=False)
+    torch.testing.assert_close(out, sk.ctc_loss(x, clamped, [6, 6], [2, 2], reduction="none", validate=False))
+    lg, _ = _rnnt_problem(loss_path.device)
+    bad = torch.tensor([[9, 1], [-3, 2]], device=loss_path.device)
+    out = sk.rnnt_loss(lg, bad, [5, 5], [2, 2], blank=0, reduction="none", validate=False)
+    expected = sk.rnnt_loss(lg, bad.clamp(0, 4), [5, 5], [2, 2], blank=0, reduction="none", validate=False)
+    torch.testing.assert_close(out, expected)
+    with pytest.raises(ValueError, match=r"targets"):
+        sk.rnnt_loss(lg, bad, [5, 5], [2, 2], blank=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# NaN only where it is read
+
+
+def test_nan_past_the_lengths_is_not_read(loss_path):
+    x, targets = _ctc_problem(loss_path.device, N=2)
+    x[5, 1] = float("nan")  # frame 5 of sample 1, whose input length is 4
+    for logits in (True, False):
+        xi = x.clone().requires_grad_()
+        loss = sk.ctc_loss(xi, targets, [6, 4], [2, 2], logits=logits, reduction="none")
+        loss.backward(torch.ones_like(loss))
+        assert torch.isfinite(loss).all() and torch.isfinite(xi.grad).all()
+        assert (xi.grad[4:, 1] == 0).all()
+    lg, tg = _rnnt_problem(loss_path.device, U=3)
+    lg[1, 4] = float("nan")  # frame 4 of sample 1 (3 frames)
+    lg[1, :, 3] = float("nan")  # label row 3 of sample 1 (2 labels)
+    for fused in (True, False):
+        xi = lg.clone().requires_grad_()
+        loss = sk.rnnt_loss(xi, tg, [5, 3], [3, 2], blank=0, fused_log_softmax=fused, reduction="none")
+        loss.backward(torch.ones_like(loss))
+        assert torch.isfinite(loss).all() and torch.isfinite(xi.grad).all()
+        assert (xi.grad[1, 3:] == 0).all() and (xi.grad[1, :, 3] == 0).all()
+    loss_path.check_ran()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the same observable results on every path
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_loss_dtype_is_float32_or_float64(loss_path, dtype):
+    if dtype == torch.bfloat16 and loss_path.name == "triton":
+        pytest.skip("the interpreter has no bfloat16")
+    expected = torch.float64 if dtype == torch.float64 else torch.float32
+    x, targets = _ctc_problem(loss_path.device, dtype=dtype)
+    for reduction in ("none", "mean"):
+        assert sk.ctc_loss(x, targets, [6, 5, 4], [2, 2, 1], reduction=reduction).dtype == expected
+    lg, tg = _rnnt_problem(loss_path.device, dtype=dtype)
+    for reduction in ("none", "sum"):
+        assert sk.rnnt_loss(lg, tg, [5, 4], [2, 1], blank=0, reduction=reduction).dtype == expected
+
+
+def test_empty_batch(loss_path):
+    x = torch.randn(6, 0, 5, device=loss_path.device, requires_grad=True)
+    targets = torch.zeros(0, 2, dtype=torch.long, device=loss_path.device)
+    lg = torch.randn(0, 5, 3, 5, device=loss_path.device, requires_grad=True)
+    none = sk.ctc_loss(x, targets, [], [], reduction="none")
+    assert none.shape == (0,) and none.dtype == torch.float32
+    total = sk.ctc_loss(x, targets, [], [], reduction="sum")
+    assert total.item() == 0.0
+    total.backward()
+    assert x.grad.shape == x.shape
+    assert sk.rnnt_loss(lg, targets, [], [], reduction="none").shape == (0,)
+    assert sk.rnnt_loss(lg, targets, [], [], reduction="sum").item() == 0.0
+    with pytest.raises(ValueError, match=r"reduction='mean'.*N=0"):
+        sk.ctc_loss(x, targets, [], [])
+    with pytest.raises(ValueError, match=r"reduction='mean'.*N=0"):
+        sk.rnnt_loss(lg, targets, [], [])
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_fastemit_conventions(loss_path, fused):
+    """NeMo reports (1 + lambda) times the loss, warp-rnnt the loss itself; both scale the label edges' gradient
+    by 1 + lambda."""
+    x, targets = _rnnt_problem(loss_path.device)
+    lam = 0.3
+    grads, losses = [], []
+    for scale in (True, False):
+        xi = x.clone().requires_grad_()
+        loss = sk.rnnt_loss(xi, targets, [5, 4], [2, 1], blank=0, fused_log_softmax=fused, reduction="none",
+                            fastemit_lambda=lam, fastemit_loss_scale=scale)  # fmt: skip
+        loss.backward(torch.ones_like(loss))
+        grads.append(xi.grad)
+        losses.append(loss.detach())
+    plain = sk.rnnt_loss(x, targets, [5, 4], [2, 1], blank=0, fused_log_softmax=fused, reduction="none")
+    torch.testing.assert_close(losses[0], (1 + lam) * plain, rtol=1e-6, atol=0)
+    torch.testing.assert_close(losses[1], plain, rtol=0, atol=0)
+    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
+    ref = rnnt_loss_reference(x.double(), targets, torch.tensor([5, 4]), torch.tensor([2, 1]), blank=0,
+                              fused_log_softmax=fused, reduction="none", fastemit_lambda=lam,
+                              fastemit_loss_scale=False)  # fmt: skip
+    torch.testing.assert_close(losses[1].cpu().double(), ref, rtol=1e-5, atol=1e-5)
+    loss_path.check_ran()
+
+
+def test_ctc_reference_oracle_matches_torch_on_empty_targets():
+    lp = torch.randn(5, 3, 4, dtype=torch.float64).log_softmax(-1)
+    targets = torch.zeros(3, 0, dtype=torch.long)
+    il, tl = torch.tensor([5, 2, 0]), torch.tensor([0, 0, 0])
+    ours = ctc_loss_reference(lp, targets, il, tl, reduction="none")
+    torch.testing.assert_close(ours, torch.nn.functional.ctc_loss(lp, targets, il, tl, reduction="none"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the catalogue of malformed arguments: each raises ValueError naming the argument
+
+
+def _ctc_call(**overrides):
+    x, targets = _ctc_problem("cpu")
+    args = dict(log_probs=x, targets=targets, input_lengths=[6, 5, 4], target_lengths=[2, 2, 1])
+    args.update(overrides)
+    return lambda: sk.ctc_loss(**args)
+
+
+def _rnnt_call(**overrides):
+    lg, targets = _rnnt_problem("cpu")
+    args = dict(logits=lg, targets=targets, logit_lengths=[5, 4], target_lengths=[2, 1])
+    args.update(overrides)
+    return lambda: sk.rnnt_loss(**args)
+
+
+CATALOGUE = [
+    ("ctc log_probs list", _ctc_call(log_probs=[[0.0]]), "log_probs"),
+    ("ctc log_probs int", _ctc_call(log_probs=torch.zeros(6, 3, 5, dtype=torch.long)), "log_probs"),
+    ("ctc log_probs 4-D", _ctc_call(log_probs=torch.zeros(6, 3, 5, 1)), "log_probs"),
+    ("ctc targets list", _ctc_call(targets=[[1, 2]] * 3), "targets"),
+    ("ctc targets float", _ctc_call(targets=torch.ones(3, 2)), "targets"),
+    ("ctc targets rows", _ctc_call(targets=torch.ones(2, 2, dtype=torch.long)), "targets"),
+    ("ctc input_lengths float", _ctc_call(input_lengths=[6.0, 5, 4]), r"input_lengths\[0\]"),
+    ("ctc input_lengths numpy float", _ctc_call(input_lengths=np.array([6.5, 5, 4])), r"input_lengths\[0\]"),
+    ("ctc input_lengths too few", _ctc_call(input_lengths=[6, 5]), "input_lengths"),
+    ("ctc input_lengths 2-D", _ctc_call(input_lengths=torch.ones(3, 2, dtype=torch.long)), "input_lengths"),
+    ("ctc input_lengths past T", _ctc_call(input_lengths=[7, 5, 4]), r"input_lengths\[0\]"),
+    ("ctc input_lengths None", _ctc_call(input_lengths=None), "input_lengths"),
+    ("ctc target_lengths negative", _ctc_call(target_lengths=[2, -1, 1]), r"target_lengths\[1\]"),
+    ("ctc target_lengths past S", _ctc_call(target_lengths=[3, 2, 1]), r"target_lengths\[0\]"),
+    ("ctc label blank", _ctc_call(targets=torch.tensor([[0, 1], [1, 2], [3, 4]])), "targets"),
+    ("ctc label range", _ctc_call(targets=torch.tensor([[5, 1], [1, 2], [3, 4]])), "targets"),
+    ("ctc blank float", _ctc_call(blank=0.0), "blank"),
+    ("ctc blank bool", _ctc_call(blank=False), "blank"),
+    ("ctc blank str", _ctc_call(blank="0"), "blank"),
+    ("ctc blank range", _ctc_call(blank=5), "blank"),
+    ("ctc blank negative", _ctc_call(blank=-1), "blank"),
+    ("ctc reduction", _ctc_call(reduction="avg"), "reduction"),
+    ("ctc reduction None", _ctc_call(reduction=None), "reduction"),
+    ("ctc zero_infinity", _ctc_call(zero_infinity="yes"), "zero_infinity"),
+    ("ctc logits int", _ctc_call(logits=1), "logits"),
+    ("ctc batch_first", _ctc_call(batch_first=None), "batch_first"),
+    ("ctc validate", _ctc_call(validate="False"), "validate"),
+    ("rnnt logits 3-D", _rnnt_call(logits=torch.zeros(2, 5, 3)), "logits"),
+    ("rnnt logits int", _rnnt_call(logits=torch.zeros(2, 5, 3, 5, dtype=torch.int32)), "logits"),
+    ("rnnt targets 1-D", _rnnt_call(targets=torch.ones(4, dtype=torch.long)), "targets"),
+    ("rnnt targets float", _rnnt_call(targets=torch.ones(2, 2)), "targets"),
+    ("rnnt targets width", _rnnt_call(targets=torch.ones(2, 3, dtype=torch.long)), "targets"),
+    ("rnnt logit_lengths float", _rnnt_call(logit_lengths=[4.7, 3.2]), r"logit_lengths\[0\]"),
+    ("rnnt logit_lengths past T", _rnnt_call(logit_lengths=[6, 4]), r"logit_lengths\[0\]"),
+    ("rnnt target_lengths numpy float", _rnnt_call(target_lengths=np.array([2.0, 1.5])), "target_lengths"),
+    ("rnnt target_lengths past U", _rnnt_call(target_lengths=[3, 1]), r"target_lengths\[0\]"),
+    ("rnnt label blank", _rnnt_call(targets=torch.tensor([[4, 1], [1, 2]])), "targets"),
+    ("rnnt blank range", _rnnt_call(blank=5), "blank"),
+    ("rnnt blank float", _rnnt_call(blank=-1.0), "blank"),
+    ("rnnt blank tensor float", _rnnt_call(blank=torch.tensor(-1.0)), "blank"),
+    ("rnnt clamp nan", _rnnt_call(clamp=float("nan")), "clamp"),
+    ("rnnt clamp str", _rnnt_call(clamp="0.5"), "clamp"),
+    ("rnnt clamp None", _rnnt_call(clamp=None), "clamp"),
+    ("rnnt reduction", _rnnt_call(reduction="batchmean"), "reduction"),
+    ("rnnt fused_log_softmax", _rnnt_call(fused_log_softmax=0), "fused_log_softmax"),
+    ("rnnt fastemit_lambda str", _rnnt_call(fastemit_lambda="0.1"), "fastemit_lambda"),
+    ("rnnt fastemit_lambda negative", _rnnt_call(fastemit_lambda=-0.1), "fastemit_lambda"),
+    ("rnnt fastemit_lambda nan", _rnnt_call(fastemit_lambda=float("nan")), "fastemit_lambda"),
+    ("rnnt fastemit_lambda inf", _rnnt_call(fastemit_lambda=float("inf")), "fastemit_lambda"),
+    ("rnnt fastemit_loss_scale", _rnnt_call(fastemit_loss_scale="nemo"), "fastemit_loss_scale"),
+    ("rnnt rnnt_type", _rnnt_call(rnnt_type="tdt"), "rnnt_type"),
+    ("rnnt validate", _rnnt_call(validate=None), "validate"),
+    ("rnnt reuse_logits_for_grad", _rnnt_call(reuse_logits_for_grad=1), "reuse_logits_for_grad"),
+    ("ctc module reduction", lambda: sk.CTCLoss(reduction="avg")(*_ctc_problem("cpu"), [6, 5, 4], [2, 2, 1]),
+     "reduction"),
+    ("rnnt module clamp", lambda: sk.RNNTLoss(clamp=float("nan"))(*_rnnt_problem("cpu"), [5, 4], [2, 1]), "clamp"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("call,match", [c[1:] for c in CATALOGUE], ids=[c[0] for c in CATALOGUE])
+def test_malformed_argument_raises_value_error_naming_it(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
