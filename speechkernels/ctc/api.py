@@ -16,7 +16,7 @@ from .._utils import (
     first_index,
     use_triton,
 )
-from .reference import CTCLossReferenceFunction, reduce_loss
+from .reference import CTCLossReferenceFunction, read_log_softmax, reduce_loss
 
 try:
     from . import kernels
@@ -315,8 +315,7 @@ def _reference_losses(x, targets, il, tl, blank, padded, logits):
         idx = starts[:, None] + torch.arange(S, device=targets.device)[None, :]
         targets = targets[idx.clamp(max=max(targets.numel() - 1, 0))] if targets.numel() else idx
     if logits:
-        frames = torch.arange(T, device=x.device)[:, None, None] < il.to(x.device)[None, :, None]
-        x = torch.log_softmax(torch.where(frames, x.to(torch.float64), 0.0), dim=-1)
+        x = read_log_softmax(x, il, lt)
     return CTCLossReferenceFunction.apply(x, targets, il, lt, blank).to(out_dtype)
 
 

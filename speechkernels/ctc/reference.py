@@ -101,6 +101,11 @@ def ctc_forward_backward_reference(
     end_label = torch.where(tl_ > 0, a_end.gather(1, (2 * tl_ - 1).clamp(min=0)[:, None])[:, 0], NEG_INF)
     logp = torch.logaddexp(end_blank, end_label)
     logp = torch.where(il == 0, torch.where(tl_ == 0, 0.0, NEG_INF).to(logp), logp)
+    # a NaN among the emissions a sample reads (its states' classes at its frames) makes its loss NaN, also where
+    # no complete path passes through it (as the kernels count NaN emissions apart); a sample with more labels
+    # than the tensor has frames is not read at all (its loss is inf)
+    read = valid[None] & (torch.arange(T, device=device)[:, None] < il[None, :])[..., None] & (tl_ <= T)[None, :, None]
+    logp = torch.where((torch.isnan(lpe) & read).any(2).any(0), float("nan"), logp)
     loss = -logp
     if not need_grad:
         return loss, None
@@ -157,15 +162,21 @@ def ctc_loss_reference(
     With ``logits=True`` the scores go through log_softmax first (so the gradient is softmax - occupancy), frames
     past each input length masked out first (they are not read: a NaN there reaches neither loss nor gradient).
     """
-    x = log_probs
-    if logits:
-        T = x.shape[0]
-        frames = torch.arange(T, device=x.device)[:, None, None] < input_lengths.to(x.device)[None, :, None]
-        x = torch.log_softmax(torch.where(frames, x.to(torch.float64), 0.0), dim=-1)
+    x = read_log_softmax(log_probs, input_lengths, target_lengths) if logits else log_probs
     loss = CTCLossReferenceFunction.apply(x, targets, input_lengths, target_lengths, blank)
     if logits and log_probs.dtype != torch.float64:
         loss = loss.to(torch.float32)
     return reduce_loss(loss, target_lengths, reduction, zero_infinity)
+
+
+def read_log_softmax(x: torch.Tensor, input_lengths: torch.Tensor, target_lengths: torch.Tensor) -> torch.Tensor:
+    """float64 log_softmax over the classes of [T, N, C] scores, of the frames the loss reads only: those before
+    each input length, of samples with at most T labels (more can never align, and are not read). The others are
+    zeroed first, so that a NaN there reaches neither the loss nor, through log_softmax, the gradient."""
+    T = x.shape[0]
+    il, tl = input_lengths.to(x.device), target_lengths.to(x.device)
+    read = (torch.arange(T, device=x.device)[:, None] < il[None, :]) & (tl <= T)[None, :]
+    return torch.log_softmax(torch.where(read[..., None], x.to(torch.float64), 0.0), dim=-1)
 
 
 def reduce_loss(loss: torch.Tensor, target_lengths: torch.Tensor, reduction: str, zero_infinity: bool) -> torch.Tensor:
