@@ -63,6 +63,18 @@ def _check_against_reference(out, ref, x_in, x_ref, g, dtype, *, batch_first=Fal
     torch.testing.assert_close(grad.cpu().double(), x_ref.grad, rtol=0, atol=grad_atol, equal_nan=True)
 
 
+def _common_draws(draw) -> dict:
+    """What every loss problem draws: index dtype, how lengths are given, a NaN or not, the scores' scale, and the
+    seed of the values."""
+    return dict(
+        int32=draw(st.booleans()),
+        lengths_as=draw(st.sampled_from(["tensor", "list"])),
+        nan=draw(st.booleans()),
+        scale=draw(st.sampled_from([0.5, 2.0, 6.0])),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # CTC
 
@@ -81,11 +93,7 @@ def ctc_problems(draw):
         layout=draw(st.sampled_from(["padded", "concatenated"])),
         zero_infinity=draw(st.booleans()),
         batch_first=draw(st.booleans()),
-        int32=draw(st.booleans()),
-        lengths_as=draw(st.sampled_from(["tensor", "list"])),
-        nan=draw(st.booleans()),
-        scale=draw(st.sampled_from([0.5, 2.0, 6.0])),
-        seed=draw(st.integers(0, 2**31 - 1)),
+        **_common_draws(draw),
     )  # fmt: skip
 
 
@@ -152,11 +160,7 @@ def rnnt_problems(draw):
         fastemit_lambda=draw(st.sampled_from([0.0, 0.0, 0.25])),
         fastemit_loss_scale=draw(st.booleans()),
         clamp=draw(st.sampled_from([-1.0, -1.0, 0.05])),
-        int32=draw(st.booleans()),
-        lengths_as=draw(st.sampled_from(["tensor", "list"])),
-        nan=draw(st.booleans()),
-        scale=draw(st.sampled_from([0.5, 2.0, 6.0])),
-        seed=draw(st.integers(0, 2**31 - 1)),
+        **_common_draws(draw),
     )  # fmt: skip
 
 

@@ -114,6 +114,10 @@ def alpha_beta(
             value = torch.where(node[:, ti, ui], torch.logaddexp(to_blank, to_emit), NEG_INF)
             beta[:, ti, ui] = torch.where(end, 0.0, value)
     log_p = alpha[n_idx, T_n, U_n]
+    # a NaN among the edge weights a sample reads makes its log p NaN, also off every complete path (an RNA cell
+    # that cannot reach the end), as the kernels count NaN apart
+    read_nan = (torch.isnan(wb) | torch.isnan(we)).flatten(1).any(1)
+    log_p = torch.where(read_nan, float("nan"), log_p)
     return alpha, beta, log_p
 
 
