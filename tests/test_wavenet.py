@@ -508,6 +508,8 @@ def test_generate_kernel_tiny_temperature_matches_torch(kernel_device):
             for k in ("torch", "triton")}  # fmt: skip
     greedy = net.generate(cond, 21, 0.0, None, spk, kernel="torch")
     assert torch.equal(runs["torch"], greedy)  # the model's argmax at this temperature...
+    # ...also where 1 / temperature overflows float64 (the PyTorch path divides logits shifted by their maximum)
+    assert torch.equal(net.generate(cond, 21, 5e-324, torch.Generator().manual_seed(1), spk, kernel="torch"), greedy)
     assert (greedy != 0).any() and greedy.unique().numel() > 2  # ...which is not always class 0
     assert torch.equal(runs["triton"], runs["torch"])
 

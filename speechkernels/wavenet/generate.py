@@ -60,7 +60,10 @@ class IncrementalState:
             sample = logits.argmax(dim=1)
         else:
             u = self.uniforms.index_select(0, self.t).squeeze(0).double()
-            cdf = torch.softmax(logits.double() / self.temperature, dim=1).cumsum(dim=1)
+            z = logits.double()
+            if self.temperature < 1e-300:  # z / temperature could overflow to inf (and the softmax to NaN):
+                z = z - z.amax(dim=1, keepdim=True)  # shifted, the maximum's term stays exp(0) = 1
+            cdf = torch.softmax(z / self.temperature, dim=1).cumsum(dim=1)
             sample = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).squeeze(1).clamp(max=m.classes - 1)
         self.prev.copy_(sample)
         self.t += 1
