@@ -23,6 +23,7 @@ import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 INDEX_DTYPES = (torch.int32, torch.int64)
+REDUCTIONS = ("none", "mean", "sum")
 
 
 def triton_interpreting() -> bool:
@@ -120,8 +121,7 @@ def as_index_tensor(
     array, a sequence of integers or one integer. A tensor keeps its dtype if it is in ``keep`` (no conversion
     launch), else becomes int64. Floats, bools and non-integral values are refused, naming the element."""
     if isinstance(value, torch.Tensor):
-        if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
-            raise ValueError(f"{name} must hold integers, got a tensor of dtype {value.dtype}")
+        check_integer_tensor(value, name)
         if value.dim() > 1:
             raise ValueError(f"{name} must be 1-D, got shape {tuple(value.shape)}")
         dtype = value.dtype if value.dtype in keep else torch.int64
@@ -147,6 +147,28 @@ def as_index_tensor(
         except ValueError:
             raise ValueError(f"{name} must hold integers: {name}[{j}] is {_describe(v)}") from None
     return torch.tensor(ints, dtype=torch.int64).to(device, non_blocking=True)
+
+
+def check_integer_tensor(x: torch.Tensor, name: str, what: str = "integers") -> None:
+    """``x`` is a tensor of an integer dtype (not bool) holding ``what``."""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+        raise ValueError(f"{name} must hold {what}, got a tensor of dtype {x.dtype}")
+
+
+def check_in_range(x: torch.Tensor, name: str, high: int, bound: str, what: str | None = None) -> None:
+    """Raises ValueError naming the first element of the integer tensor ``x`` outside [0, high) (``bound`` spells
+    ``high`` in the message, ``what`` the values). One read of x's min and max (a synchronisation on the GPU);
+    the search only on error."""
+    if x.numel() == 0:
+        return
+    lo, hi = torch.stack(torch.aminmax(x)).tolist()
+    if lo >= 0 and hi < high:
+        return
+    idx = ((x < 0) | (x >= high)).nonzero()[0].tolist()
+    element = f"{name}[{', '.join(map(str, idx))}]" if idx else name
+    raise ValueError(f"{what or name} must be in [0, {bound}), got {element}={x[tuple(idx)].item()}")
 
 
 def check_float_input(x: torch.Tensor, name: str) -> None:

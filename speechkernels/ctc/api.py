@@ -8,6 +8,7 @@ import torch
 
 from .._utils import (
     INDEX_DTYPES,
+    REDUCTIONS,
     as_bool,
     as_choice,
     as_index_tensor,
@@ -24,7 +25,6 @@ except ImportError:  # no Triton (e.g. a CPU-only machine without it): the PyTor
     kernels = None
 
 Lengths = torch.Tensor | Sequence[int]
-REDUCTIONS = ("none", "mean", "sum")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import torch
 
 from .._utils import (
     INDEX_DTYPES,
+    REDUCTIONS,
     as_bool,
     as_choice,
     as_float,
@@ -26,7 +27,6 @@ except ImportError:  # no Triton: the PyTorch path serves every call
     kernels = None
 
 Lengths = torch.Tensor | Sequence[int]
-REDUCTIONS = ("none", "mean", "sum")
 
 
 def _check_contents(
@@ -51,19 +51,14 @@ def _check_contents(
             raise ValueError(f"targets[{n}, {j}]={int(tg[n, j])} {what}")
 
 
-def _forward(
-    x, targets, il, tl, blank, fused, fastemit_lambda, loss_scale, rna, need_grad, validate, reduction="none",
-    store_lse=True,
-):  # fmt: skip
+def _forward(x, targets, il, tl, blank, fused, loss_scale, rna, need_grad, validate, reduction="none", store_lse=True):
     """The forward kernels, after the device-side check of lengths and labels (one value read back: with the
     device idle, so that afterwards the host queues every kernel ahead of it)."""
     N, T, U1, V = x.shape
     if validate and not kernels.rnnt_validate(targets, il, tl, T, V, blank):
         _check_contents(T, U1 - 1, V, targets, il, tl, blank)
         raise ValueError("invalid RNN-T arguments")  # not reached: the check above names the argument
-    return kernels.rnnt_forward(
-        x, targets, il, tl, blank, fused, fastemit_lambda, rna, need_grad, reduction, store_lse, loss_scale
-    )
+    return kernels.rnnt_forward(x, targets, il, tl, blank, fused, loss_scale, rna, need_grad, reduction, store_lse)
 
 
 def _overlaps_itself(x: torch.Tensor) -> bool:
@@ -90,9 +85,8 @@ class RNNTLossFunction(torch.autograd.Function):
     ):  # fmt: skip
         # consuming the logits, the backward computes the log-sum-exps again rather than keep them (memory)
         loss, state = _forward(
-            x, targets, il, tl, blank, fused, fastemit_lambda, loss_scale, rna, need_grad, validate, reduction,
-            not reuse_logits,
-        )  # fmt: skip
+            x, targets, il, tl, blank, fused, loss_scale, rna, need_grad, validate, reduction, not reuse_logits
+        )
         ctx.save_for_backward(x, targets, il, tl, *state)
         ctx.args = (blank, fused, fastemit_lambda, clamp, rna, reduction)
         ctx.reuse_logits = reuse_logits
@@ -129,7 +123,7 @@ def _rnnt_forward_op(
     need_grad: bool,
     validate: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    loss, state = _forward(x, targets, il, tl, blank, fused, fastemit_lambda, loss_scale, rna, need_grad, validate)
+    loss, state = _forward(x, targets, il, tl, blank, fused, loss_scale, rna, need_grad, validate)
     return (loss, *state)
 
 

@@ -669,19 +669,17 @@ def rnnt_forward(
     target_lengths: torch.Tensor,
     blank: int,
     fused: bool,
-    fastemit_lambda: float,
+    loss_scale: float,
     rnna: bool,
     need_grad: bool,
     reduction: str = "none",
     store_lse: bool = True,
-    loss_scale: float | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """The loss (per-sample [N] float32 for reduction "none", else a 0-dim sum or batch mean), and the state
     ``rnnt_backward`` takes (lse, occupancies, log p). The kernels clamp lengths and labels: unchecked values
     cannot fault. ``store_lse=False``: the log-sum-exps are not kept (the backward then computes them again,
-    with ``recompute_lse=True``). ``loss_scale`` multiplies the reported loss (default 1 + fastemit_lambda,
-    NeMo's FastEmit convention; 1 is warp-rnnt's); the gradient's label edges are scaled by 1 + fastemit_lambda
-    in ``rnnt_backward`` either way.
+    with ``recompute_lse=True``). ``loss_scale`` multiplies the reported loss: 1, or 1 + lambda for FastEmit as
+    NeMo reports it (the gradient's label edges are scaled by 1 + lambda in ``rnnt_backward`` either way).
 
     Args:
         x: [N, T, U+1, V] float32/float16/bfloat16, any strides.
@@ -707,8 +705,6 @@ def rnnt_forward(
     state = _empty(N * (T + 1) * U1 if need_grad else 0, dtype=torch.float64, device=dev)
     mid = _empty(N * U1 if need_grad else 0, dtype=torch.float64, device=dev)
     reduce = reduction != "none"
-    if loss_scale is None:
-        loss_scale = 1.0 + fastemit_lambda
     args = (lat, state, mid, aux, loss, logp, logit_lengths, target_lengths, N, T, U1, loss_scale,
             1.0 / N if reduction == "mean" else 1.0)  # fmt: skip
     meta = dict(REDUCE=reduce, RNA=rnna, BLOCK_U=block_u, BLOCK_N=_batch_block(N),

@@ -13,8 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._utils import INDEX_DTYPES, as_choice, as_index_tensor, as_int, check_float_input
-from .reference import _check_in_range
+from .._utils import INDEX_DTYPES, as_choice, as_index_tensor, as_int, check_float_input, check_in_range
 
 
 def stack_layers(mods, attr: str = "weight") -> torch.Tensor:
@@ -142,7 +141,7 @@ class WaveNet(nn.Module):
         if B is None or B < 1:
             raise ValueError(f"the number of streams must be >= 1 (from cond, speaker or batch), got {B}")
         if speaker is not None:
-            _check_in_range(speaker, "speaker", self.speakers, f"speakers={self.speakers}", "speaker ids")
+            check_in_range(speaker, "speaker", self.speakers, f"speakers={self.speakers}", "speaker ids")
         return cond, speaker, B
 
     def upsample(self, cond: torch.Tensor | None, n_samples: int) -> torch.Tensor | None:
@@ -205,7 +204,7 @@ class WaveNet(nn.Module):
         if T == 0:
             raise ValueError("audio has T = 0 samples")
         audio = audio.to(self.embed.weight.device)
-        _check_in_range(audio, "audio", self.classes, f"classes={self.classes}", "audio classes")
+        check_in_range(audio, "audio", self.classes, f"classes={self.classes}", "audio classes")
         cond, speaker, _ = self.check_inputs(cond, speaker, B, T, batch_name="audio")
         cond_up = self.upsample(cond, T)
         g = self.speaker_embed(speaker) if speaker is not None else None

@@ -7,22 +7,9 @@ import wave
 
 import torch
 
-from .._utils import as_choice, as_int, check_float_input
+from .._utils import as_choice, as_int, check_float_input, check_in_range, check_integer_tensor
 
 ACTIVATIONS = ("tanh", "relu")
-
-
-def _check_in_range(x: torch.Tensor, name: str, high: int, bound: str, what: str | None = None) -> None:
-    """Raises ValueError naming the first element of the integer tensor ``x`` outside [0, high) (``bound`` spells
-    ``high`` in the message, ``what`` the values). One read of x's min and max; the search only on error."""
-    if x.numel() == 0:
-        return
-    lo, hi = torch.stack(torch.aminmax(x)).tolist()
-    if lo >= 0 and hi < high:
-        return
-    idx = ((x < 0) | (x >= high)).nonzero()[0].tolist()
-    element = f"{name}[{', '.join(map(str, idx))}]" if idx else name
-    raise ValueError(f"{what or name} must be in [0, {bound}), got {element}={x[tuple(idx)].item()}")
 
 
 def mu_law_encode(audio: torch.Tensor, classes: int = 256) -> torch.Tensor:
@@ -51,11 +38,8 @@ def mu_law_decode(classes_: torch.Tensor, classes: int = 256) -> torch.Tensor:
         classes: >= 2.
     """
     classes = as_int(classes, "classes", minimum=2)
-    if not isinstance(classes_, torch.Tensor):
-        raise ValueError(f"classes_ must be a torch.Tensor, got {type(classes_).__name__}")
-    if classes_.dtype.is_floating_point or classes_.dtype.is_complex or classes_.dtype == torch.bool:
-        raise ValueError(f"classes_ must hold integer classes, got a tensor of dtype {classes_.dtype}")
-    _check_in_range(classes_, "classes_", classes, f"classes={classes}")
+    check_integer_tensor(classes_, "classes_", "integer classes")
+    check_in_range(classes_, "classes_", classes, f"classes={classes}")
     mu = classes - 1
     y = 2 * classes_.float() / mu - 1
     return torch.sign(y) * ((1 + mu) ** y.abs() - 1) / mu
