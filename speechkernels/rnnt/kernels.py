@@ -699,6 +699,29 @@ def rnnt_forward(
         FUSED=fused, STORE_LSE=store_lse, ONE_CHUNK=V <= block_v, RNA=rnna, BLOCK_R=block_r, BLOCK_V=block_v,
         num_warps=warps,
     )  # fmt: skip
+    loss, logp = rnnt_recursions(lat, aux, logit_lengths, target_lengths, N, T, U1, loss_scale, rnna, need_grad,
+                                 reduction)  # fmt: skip
+    return loss, (lse, lat, logp)
+
+
+def rnnt_recursions(
+    lat: torch.Tensor,
+    aux: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    N: int,
+    T: int,
+    U1: int,
+    loss_scale: float,
+    rnna: bool,
+    need_grad: bool,
+    reduction: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The recursions over a log2 lattice (``lat``: [N * T * (U+1), 2] in the skewed layout of
+    ``_cell_offsets``, written for the cells with edges): the loss ([N], or the batch sum or mean) and log2 p
+    ([N] float64); with ``need_grad`` the lattice then holds the edge occupancies. ``aux``: [1 + 2N] int32, its
+    first element zeroed by the kernel that wrote the lattice."""
+    dev = lat.device
     loss = _empty(N + 1, dtype=torch.float32, device=dev)  # per sample, then the batch reduction
     logp = _empty(N, dtype=torch.float64, device=dev)
     block_u = max(16, next_power_of_2(U1))
@@ -712,7 +735,7 @@ def rnnt_forward(
     _rnnt_halves_kernel[(N, 2 if need_grad else 1)](*args, SPLIT=need_grad, **meta)
     if need_grad:
         _rnnt_join_kernel[(N, 2)](*args, **meta)
-    return (loss[N] if reduce else loss[:N]), (lse, lat, logp)
+    return (loss[N] if reduce else loss[:N]), logp
 
 
 def rnnt_backward(

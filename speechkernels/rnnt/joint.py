@@ -1,0 +1,315 @@
+"""The joint network fused with the RNN-T loss: argument checks, autocast, dispatch to the fused Triton kernels
+or the PyTorch reference, autograd; and the module owning the joint's three linear layers."""
+
+from __future__ import annotations
+
+import torch
+
+from .._utils import (
+    INDEX_DTYPES,
+    REDUCTIONS,
+    as_bool,
+    as_choice,
+    as_float,
+    as_generator,
+    as_index_tensor,
+    as_int,
+    check_float_input,
+    use_triton,
+)
+from .api import Lengths, _check_contents
+from .joint_reference import ACTIVATIONS, RNNTJointLossReferenceFunction, activation_fn, joint_hidden
+from .reference import RNNT_TYPES, reduce_loss
+
+try:
+    from . import joint_kernels, kernels
+except ImportError:  # no Triton: the PyTorch path serves every call
+    joint_kernels = kernels = None
+
+
+class RNNTJointLossFunction(torch.autograd.Function):
+    """The fused kernels in eager mode: the loss (its batch reduction done by the kernels), gradients for enc,
+    pred, weight and bias from the stored log-sum-exps and edge occupancies."""
+
+    @staticmethod
+    def forward(
+        ctx, enc, pred, weight, bias, targets, il, tl, blank, activation, dropout, seed, fastemit_lambda, loss_scale,
+        clamp, rna, validate, reduction,
+    ):  # fmt: skip
+        need_grad = any(ctx.needs_input_grad[:4])
+        T, V = enc.shape[1], weight.shape[0]
+        if validate and not kernels.rnnt_validate(targets, il, tl, T, V, blank):
+            _check_contents(T, pred.shape[1] - 1, V, targets, il, tl, blank)
+        loss, state = joint_kernels.joint_forward(
+            enc, pred, weight, bias, targets, il, tl, blank, activation, dropout, seed, loss_scale, rna, need_grad,
+            reduction,
+        )  # fmt: skip
+        ctx.save_for_backward(enc, pred, weight, bias, targets, il, tl, *state)
+        ctx.args = (blank, activation, dropout, seed, fastemit_lambda, clamp, rna, reduction)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        enc, pred, weight, bias, targets, il, tl, lse, occ, logp = ctx.saved_tensors
+        grads = joint_kernels.joint_backward(grad_loss, enc, pred, weight, bias, targets, il, tl, lse, occ, logp,
+                                             *ctx.args)  # fmt: skip
+        return (*grads,) + (None,) * 13
+
+
+def _draw_seed(generator: torch.Generator | None) -> tuple[int, int]:
+    """Dropout's two 31-bit seeds from ``generator`` (torch's default CPU generator when None)."""
+    device = generator.device if generator is not None else "cpu"
+    lo, hi = torch.randint(0, 2**31, (2,), generator=generator, device=device).tolist()
+    return lo, hi
+
+
+def _check_tensors(enc, pred, weight, bias) -> tuple[int, int, int, int, int]:
+    for x, name in ((enc, "enc"), (pred, "pred"), (weight, "weight")):
+        check_float_input(x, name)
+    if bias is not None:
+        check_float_input(bias, "bias")
+    if enc.dim() != 3:
+        raise ValueError(f"enc must be [N, T, H], got shape {tuple(enc.shape)}")
+    if pred.dim() != 3:
+        raise ValueError(f"pred must be [N, U+1, H], got shape {tuple(pred.shape)}")
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be [V, H], got shape {tuple(weight.shape)}")
+    N, T, H = enc.shape
+    V = weight.shape[0]
+    if pred.shape[0] != N:
+        raise ValueError(f"pred has batch size {pred.shape[0]} but enc has {N}")
+    if pred.shape[2] != H:
+        raise ValueError(f"pred's joint width {pred.shape[2]} differs from enc's {H} (enc [N, T, H], pred [N, U+1, H])")
+    if weight.shape[1] != H:
+        raise ValueError(f"weight must be [V, H={H}] (enc's joint width), got shape {tuple(weight.shape)}")
+    if pred.shape[1] < 1:
+        raise ValueError(f"pred must have at least one row (U+1 >= 1), got shape {tuple(pred.shape)}")
+    if H < 1:
+        raise ValueError(f"the joint width H must be at least 1, got enc shape {tuple(enc.shape)}")
+    if V < 1:
+        raise ValueError(f"weight must have at least one class (the blank), got shape {tuple(weight.shape)}")
+    if bias is not None and tuple(bias.shape) != (V,):
+        raise ValueError(f"bias must be [V={V}], got shape {tuple(bias.shape)}")
+    for x, name in ((pred, "pred"), (weight, "weight"), (bias, "bias")):
+        if x is not None and x.device != enc.device:
+            raise ValueError(f"{name} is on {x.device} but enc is on {enc.device}")
+    return N, T, pred.shape[1], H, V
+
+
+def rnnt_joint_loss(
+    enc: torch.Tensor,
+    pred: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    logit_lengths: Lengths,
+    target_lengths: Lengths,
+    *,
+    activation: str = "relu",
+    dropout: float = 0.0,
+    blank: int = -1,
+    reduction: str = "mean",
+    clamp: float = -1.0,
+    fastemit_lambda: float = 0.0,
+    fastemit_loss_scale: bool = True,
+    rnnt_type: str = "rnnt",
+    validate: bool = True,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """The RNN-T loss of the joint network ``logits = weight @ dropout(act(enc_t + pred_u)) + bias``, without
+    materialising the [N, T, U+1, V] logits (on the GPU; the CPU path makes them a chunk of frames at a time).
+
+    Equal to ``rnnt_loss(F.linear(dropout(act(enc[:, :, None] + pred[:, None])), weight, bias), ...)`` with the
+    same loss arguments, and differentiable with respect to enc, pred, weight and bias.
+
+    Args:
+        enc: [N, T, H] float: the encoder's output projected to the joint width H.
+        pred: [N, U+1, H] float: the prediction network's output projected to H.
+        weight: [V, H] the output layer's weight; bias: [V] or None.
+        targets: [N, U] int32/int64 labels; entries past ``target_lengths`` are ignored.
+        logit_lengths: [N] frames per sample, in [0, T] (an integer tensor, numpy array or sequence).
+        target_lengths: [N] labels per sample, in [0, U].
+        activation: "relu", "tanh" or "sigmoid", applied to enc_t + pred_u.
+        dropout: drop probability in [0, 1) of the hidden vectors' elements (after the activation, as NeMo's
+            joint applies it). The mask is a hash of (seed, cell, feature), made again in the backward and never
+            stored; the seed is drawn from ``generator``. Pass 0 in evaluation (the module does).
+        blank, reduction, clamp, fastemit_lambda, fastemit_loss_scale, rnnt_type, validate: as in ``rnnt_loss``.
+        generator: the torch.Generator dropout's seed is drawn from (default: torch's CPU generator, so that
+            ``torch.manual_seed`` makes runs repeat; a CUDA generator costs a synchronisation).
+
+    All of enc, pred, weight and bias share one dtype (float32, float16, bfloat16; float64 takes the PyTorch path)
+    unless autocast is on, which casts them to its dtype as a linear layer's inputs would be. The products run
+    on tensor cores for 16-bit inputs and in IEEE float32 for float32 inputs.
+
+    Returns:
+        The loss: [N] with ``reduction="none"``, else a scalar; float64 for float64 inputs, else float32. Infinite
+        and NaN losses follow ``rnnt_loss``'s rules (a NaN in a sample's encoder or predictor rows stays in that
+        sample's loss; the weight's and bias's gradients are shared by all samples).
+
+    Raises:
+        ValueError: an argument of the wrong type, shape or value, naming it.
+
+    Example:
+        >>> enc = torch.randn(2, 50, 64, requires_grad=True)
+        >>> pred = torch.randn(2, 6, 64, requires_grad=True)
+        >>> out = torch.nn.Linear(64, 30)
+        >>> targets = torch.randint(1, 30, (2, 5))
+        >>> loss = rnnt_joint_loss(enc, pred, out.weight, out.bias, targets, [50, 40], [5, 3], blank=0)
+        >>> loss.backward()
+    """
+    N, T, U1, H, V = _check_tensors(enc, pred, weight, bias)
+    activation = as_choice(activation, "activation", ACTIVATIONS)
+    dropout = as_float(dropout, "dropout", minimum=0.0, finite=True)
+    if not dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+    blank = as_int(blank, "blank")
+    clamp = as_float(clamp, "clamp")
+    reduction = as_choice(reduction, "reduction", REDUCTIONS)
+    fastemit_lambda = as_float(fastemit_lambda, "fastemit_lambda", minimum=0.0, finite=True)
+    fastemit_loss_scale = as_bool(fastemit_loss_scale, "fastemit_loss_scale")
+    rnnt_type = as_choice(rnnt_type, "rnnt_type", RNNT_TYPES)
+    validate = as_bool(validate, "validate")
+    generator = as_generator(generator)
+    if not isinstance(targets, torch.Tensor):
+        raise ValueError(f"targets must be a torch.Tensor, got {type(targets).__name__}")
+    if targets.dtype not in INDEX_DTYPES:
+        raise ValueError(f"targets must be int32 or int64, got {targets.dtype}")
+    if targets.dim() != 2:
+        raise ValueError(f"targets must be [N, U], got shape {tuple(targets.shape)}")
+    if targets.shape[0] != N:
+        raise ValueError(f"targets has {targets.shape[0]} rows but enc's batch size is {N}")
+    if targets.shape[1] + 1 != U1:
+        raise ValueError(f"pred.shape[1]={U1} must be targets.shape[1] + 1 = {targets.shape[1] + 1}")
+    if not -V <= blank < V:
+        raise ValueError(f"blank={blank} is outside [-V, V) for V={V} (weight.shape[0])")
+    blank = blank + V if blank < 0 else blank
+    if N == 0 and reduction == "mean":
+        raise ValueError("reduction='mean' over an empty batch (N=0) is undefined: use 'sum' or 'none'")
+    dev = enc.device
+    if torch.is_autocast_enabled(dev.type):
+        dt = torch.get_autocast_dtype(dev.type)
+        enc, pred, weight = enc.to(dt), pred.to(dt), weight.to(dt)
+        bias = None if bias is None else bias.to(dt)
+    else:
+        for x, name in ((pred, "pred"), (weight, "weight"), (bias, "bias")):
+            if x is not None and x.dtype != enc.dtype:
+                raise ValueError(
+                    f"{name} is {x.dtype} but enc is {enc.dtype}: pass one dtype, or run under torch.autocast"
+                )
+    il = as_index_tensor(logit_lengths, "logit_lengths", dev, keep=INDEX_DTYPES)
+    tl = as_index_tensor(target_lengths, "target_lengths", dev, keep=INDEX_DTYPES)
+    if il.numel() != N:
+        raise ValueError(f"logit_lengths has {il.numel()} entries but the batch size is {N}")
+    if tl.numel() != N:
+        raise ValueError(f"target_lengths has {tl.numel()} entries but the batch size is {N}")
+    targets = targets.to(dev)
+    seed = _draw_seed(generator) if dropout > 0 else (0, 0)
+    loss_scale = 1.0 + fastemit_lambda if fastemit_loss_scale else 1.0
+    with torch.autocast(dev.type, enabled=False):
+        if joint_kernels is not None and use_triton(enc) and N > 0 and T > 0:
+            return RNNTJointLossFunction.apply(
+                enc, pred, weight, bias, targets.contiguous(), il, tl, blank, activation, dropout, seed,
+                fastemit_lambda, loss_scale, clamp, rnnt_type == "rna", validate, reduction,
+            )  # fmt: skip
+        il, tl = il.long(), tl.long()
+        if validate:
+            _check_contents(T, U1 - 1, V, targets, il, tl, blank)
+        compute = torch.float64 if enc.dtype == torch.float64 else torch.float32
+        loss = RNNTJointLossReferenceFunction.apply(
+            enc, pred, weight, bias, targets, il, tl, blank, activation, dropout, seed, fastemit_lambda, clamp,
+            rnnt_type, fastemit_loss_scale, compute,
+        )  # fmt: skip
+        return reduce_loss(loss, reduction)
+
+
+class RNNTJointLoss(torch.nn.Module):
+    """A transducer's joint network and its RNN-T loss in one module: the encoder and predictor projections to the
+    joint width, the activation, dropout and the output layer, with the loss computed by :func:`rnnt_joint_loss`
+    (the [N, T, U+1, V] logits never exist on the GPU).
+
+    Args:
+        enc_dim, pred_dim: widths of the encoder's and the prediction network's outputs.
+        joint_dim: the joint width H.
+        vocab_size: V, the classes with the blank.
+        activation, dropout: as in :func:`rnnt_joint_loss` (dropout applies in training mode only).
+        blank, reduction, clamp, fastemit_lambda, fastemit_loss_scale, rnnt_type, validate: the loss's arguments.
+
+    The layers are ``enc`` (enc_dim -> H), ``pred`` (pred_dim -> H) and ``out`` (H -> V), ``torch.nn.Linear``
+    each. ``joint(...)`` gives the logits themselves (for decoding).
+
+    Example:
+        >>> joint = RNNTJointLoss(512, 640, 640, 1025, blank=1024)
+        >>> with torch.autocast("cuda", dtype=torch.bfloat16):
+        ...     loss = joint(encoder_out, predictor_out, targets, frames, labels)  # [N, T, 512], [N, U+1, 640]
+        >>> loss.backward()
+    """
+
+    def __init__(
+        self,
+        enc_dim: int,
+        pred_dim: int,
+        joint_dim: int,
+        vocab_size: int,
+        activation: str = "relu",
+        dropout: float = 0.0,
+        *,
+        blank: int = -1,
+        reduction: str = "mean",
+        clamp: float = -1.0,
+        fastemit_lambda: float = 0.0,
+        fastemit_loss_scale: bool = True,
+        rnnt_type: str = "rnnt",
+        validate: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        names = ("enc_dim", "pred_dim", "joint_dim", "vocab_size")
+        dims = (enc_dim, pred_dim, joint_dim, vocab_size)
+        enc_dim, pred_dim, joint_dim, vocab_size = (as_int(x, k, minimum=1) for x, k in zip(dims, names, strict=True))
+        self.activation = as_choice(activation, "activation", ACTIVATIONS)
+        self.dropout = as_float(dropout, "dropout", minimum=0.0, finite=True)
+        if not self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        factory = dict(device=device, dtype=dtype)
+        self.enc = torch.nn.Linear(enc_dim, joint_dim, **factory)
+        self.pred = torch.nn.Linear(pred_dim, joint_dim, **factory)
+        self.out = torch.nn.Linear(joint_dim, vocab_size, **factory)
+        self.loss_args = dict(
+            blank=blank, reduction=reduction, clamp=clamp, fastemit_lambda=fastemit_lambda,
+            fastemit_loss_scale=fastemit_loss_scale, rnnt_type=rnnt_type, validate=validate,
+        )  # fmt: skip
+
+    def forward(
+        self,
+        encoder_outputs: torch.Tensor,
+        predictor_outputs: torch.Tensor,
+        targets: torch.Tensor,
+        logit_lengths: Lengths,
+        target_lengths: Lengths,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """The loss of encoder outputs [N, T, enc_dim] and predictor outputs [N, U+1, pred_dim] (the prediction
+        network's states before each label and after the last) for ``targets`` [N, U]."""
+        return rnnt_joint_loss(
+            self.enc(encoder_outputs), self.pred(predictor_outputs), self.out.weight, self.out.bias, targets,
+            logit_lengths, target_lengths, activation=self.activation,
+            dropout=self.dropout if self.training else 0.0, generator=generator, **self.loss_args,
+        )  # fmt: skip
+
+    def joint(self, encoder_outputs: torch.Tensor, predictor_outputs: torch.Tensor) -> torch.Tensor:
+        """The logits [N, T, U+1, V] (or of any broadcastable [..., T, 1, enc_dim] and [..., 1, U, pred_dim]
+        pair, as greedy decoding uses), without dropout: materialised, for decoding."""
+        e = self.enc(encoder_outputs)
+        p = self.pred(predictor_outputs)
+        if e.dim() == 3 and p.dim() == 3:
+            e, p = e[:, :, None], p[:, None]
+        return self.out(activation_fn(self.activation)(e + p))
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation!r}, dropout={self.dropout}, " + ", ".join(
+            f"{k}={v!r}" for k, v in self.loss_args.items()
+        )
+
+
+__all__ = ["RNNTJointLoss", "rnnt_joint_loss", "joint_hidden"]

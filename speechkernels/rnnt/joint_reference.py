@@ -1,0 +1,183 @@
+"""The joint network and the RNN-T loss in pure PyTorch: the CPU path and, in float64, the oracle of the fused
+kernels.
+
+Per lattice cell (n, t, u) the joint network scores the V classes,
+
+    h = dropout(act(enc[n, t] + pred[n, u]))        [H]
+    logits = weight @ h + bias                     [V]
+
+and the loss is ``rnnt_loss`` of those logits (with its fused log_softmax). Materialising the [N, T, U+1, V]
+logits at once is what the fused kernels avoid; here they are made a chunk of frames at a time, twice: the
+forward keeps per cell only the log-sum-exp and the two log-probabilities the lattice needs, and the backward
+makes each chunk again and runs autograd through it with the logits' gradient from the edge occupancies
+(softmax * (occ_blank + s occ_label) - occ_blank [blank] - s occ_label [label], s = 1 + FastEmit's lambda). Memory
+is O(N T (U+1)) plus one chunk.
+
+Dropout keeps element k of cell c's hidden vector when a hash of (seed, c, k) clears the drop probability
+(``dropout_keep``): a counter-based mask that the kernels compute the same way, so that a seed gives the same
+mask on every path and nothing is stored between the forward and the backward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .reference import _masks, _pad_frame, alpha_beta
+
+ACTIVATIONS = ("relu", "tanh", "sigmoid")
+NEG_INF = float("-inf")
+_M32 = 0xFFFFFFFF
+DROP_BITS = 24  # a hash's top 24 bits against the drop probability: p is rounded to a multiple of 2^-24
+
+
+def activation_fn(name: str):
+    return {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}[name]
+
+
+def drop_threshold(dropout: float) -> int:
+    """The integer the hash's top bits are compared with: an element is dropped when they are below it."""
+    return min(round(dropout * (1 << DROP_BITS)), (1 << DROP_BITS) - 1)
+
+
+def _fmix32(x: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3's 32-bit finaliser on int64 tensors holding 32-bit values (a product past int64 wraps; its
+    low 32 bits are still right)."""
+    x = x ^ (x >> 16)
+    x = (x * 0x85EBCA6B) & _M32
+    x = x ^ (x >> 13)
+    x = (x * 0xC2B2AE35) & _M32
+    return x ^ (x >> 16)
+
+
+def dropout_keep(cells: torch.Tensor, H: int, seed: tuple[int, int], threshold: int) -> torch.Tensor:
+    """Which elements of the cells' hidden vectors dropout keeps: [*cells.shape, H] bool.
+
+    Args:
+        cells: int64 cell indices (n * T + t) * (U + 1) + u.
+        seed: two integers in [0, 2^31).
+        threshold: ``drop_threshold(p)``.
+    """
+    c32 = (cells ^ (cells >> 32)) & _M32
+    a = _fmix32(c32 ^ seed[0])[..., None]
+    k = torch.arange(H, device=cells.device, dtype=torch.int64)
+    x = _fmix32(a ^ ((k * 0x9E3779B9 + seed[1]) & _M32))
+    return (x >> (32 - DROP_BITS)) >= threshold
+
+
+def joint_hidden(
+    enc: torch.Tensor,
+    pred: torch.Tensor,
+    t0: int,
+    T: int,
+    activation: str,
+    dropout: float,
+    seed: tuple[int, int],
+) -> torch.Tensor:
+    """Hidden vectors of frames t0 .. t0 + enc.shape[1] - 1 of a [N, T, U+1] lattice: [N, tc, U+1, H]."""
+    N, tc, H = enc.shape
+    U1 = pred.shape[1]
+    h = activation_fn(activation)(enc[:, :, None, :] + pred[:, None, :, :])
+    if dropout > 0:
+        n = torch.arange(N, device=enc.device)[:, None, None]
+        t = torch.arange(t0, t0 + tc, device=enc.device)[None, :, None]
+        u = torch.arange(U1, device=enc.device)[None, None, :]
+        keep = dropout_keep((n * T + t) * U1 + u, H, seed, drop_threshold(dropout))
+        h = torch.where(keep, h / (1.0 - dropout), 0.0)
+    return h
+
+
+def _chunk_frames(N: int, U1: int, V: int, H: int) -> int:
+    """Frames per chunk: about 2^25 elements of logits or hidden vectors at a time."""
+    return max(1, (1 << 25) // max(1, N * U1 * max(V, H)))
+
+
+class RNNTJointLossReferenceFunction(torch.autograd.Function):
+    """Per-sample loss of the joint network's logits, with gradients for enc, pred, weight and bias.
+
+    The forward's arithmetic is in ``compute_dtype`` (float64 for the oracle), the lattice recursion in
+    float64."""
+
+    @staticmethod
+    def forward(
+        ctx, enc, pred, weight, bias, targets, il, tl, blank, activation, dropout, seed, fastemit_lambda, clamp,
+        rnnt_type, fastemit_loss_scale, compute_dtype,
+    ):  # fmt: skip
+        N, T, H = enc.shape
+        U1 = pred.shape[1]
+        V = weight.shape[0]
+        cd = compute_dtype
+        e, p, w = enc.detach().to(cd), pred.detach().to(cd), weight.detach().to(cd)
+        b = None if bias is None else bias.detach().to(cd)
+        T_n = il.long().clamp(0, T)
+        U_n = tl.long().clamp(0, U1 - 1)
+        valid_label = torch.arange(U1 - 1, device=enc.device)[None, :] < U_n[:, None]
+        tg = torch.where(valid_label, targets.long().clamp(0, V - 1), 0)
+        lse = torch.empty(N, T, U1, dtype=cd, device=enc.device)
+        lp_blank = torch.empty(N, T, U1, dtype=torch.float64, device=enc.device)
+        lp_emit = torch.full((N, T, U1), NEG_INF, dtype=torch.float64, device=enc.device)
+        step = _chunk_frames(N, U1, V, H)
+        for t0 in range(0, T, step):
+            t1 = min(T, t0 + step)
+            x = torch.nn.functional.linear(joint_hidden(e[:, t0:t1], p, t0, T, activation, dropout, seed), w, b)
+            lse[:, t0:t1] = torch.logsumexp(x, -1)
+            lp_blank[:, t0:t1] = (x[..., blank] - lse[:, t0:t1]).double()
+            idx = tg[:, None, :, None].expand(N, t1 - t0, U1 - 1, 1)
+            lp_emit[:, t0:t1, :-1] = (torch.gather(x[:, :, :-1], 3, idx).squeeze(3) - lse[:, t0:t1, :-1]).double()
+        alpha, beta, log_p = alpha_beta(lp_blank, lp_emit, T_n, U_n, rnnt_type)
+        loss = -(1.0 + fastemit_lambda if fastemit_loss_scale else 1.0) * log_p
+        ctx.save_for_backward(enc, pred, weight, bias, tg)
+        if any(ctx.needs_input_grad[:4]):
+            # edge occupancies, as rnnt_forward_backward_reference forms them
+            t, u, node, has_edges = _masks(T_n, U_n, T, U1)
+            possible = (log_p > NEG_INF)[:, None, None]
+            lp_ = log_p[:, None, None]
+            wb = torch.where(has_edges, _pad_frame(lp_blank), NEG_INF)[:, :T]
+            we = torch.where(has_edges & (u < U_n[:, None, None]), _pad_frame(lp_emit), NEG_INF)[:, :T]
+            beta_emit = beta[:, 1:] if rnnt_type == "rna" else beta[:, :T]
+            beta_emit = torch.nn.functional.pad(beta_emit[..., 1:], (0, 1), value=NEG_INF)
+            occ_b = torch.where(possible, torch.exp(alpha[:, :T] + wb + beta[:, 1:] - lp_), 0.0)
+            occ_e = torch.where(possible, torch.exp(alpha[:, :T] + we + beta_emit - lp_), 0.0)
+            nan = torch.isnan(lp_) & has_edges[:, :T]
+            occ_b = torch.where(nan, float("nan"), occ_b)
+            occ_e = torch.where(nan & (u < U_n[:, None, None])[:, :T], float("nan"), occ_e)
+            ctx.state = (lse, occ_b, occ_e, has_edges[:, :T])
+        ctx.args = (blank, activation, dropout, seed, fastemit_lambda, clamp, cd)
+        out_dtype = torch.float64 if enc.dtype == torch.float64 else torch.float32
+        return loss.to(out_dtype)
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        enc, pred, weight, bias, tg = ctx.saved_tensors
+        lse, occ_b, occ_e, has_edges = ctx.state
+        blank, activation, dropout, seed, fastemit_lambda, clamp, cd = ctx.args
+        N, T, H = enc.shape
+        U1 = pred.shape[1]
+        V = weight.shape[0]
+        leaves = [x.detach().to(cd).requires_grad_() for x in (enc, pred, weight)]
+        leaves.append(None if bias is None else bias.detach().to(cd).requires_grad_())
+        e, p, w, b = leaves
+        g = grad_loss.to(cd)[:, None, None, None]
+        scale = 1.0 + fastemit_lambda
+        step = _chunk_frames(N, U1, V, H)
+        with torch.enable_grad():
+            for t0 in range(0, T, step):
+                t1 = min(T, t0 + step)
+                h = joint_hidden(e[:, t0:t1], p, t0, T, activation, dropout, seed)
+                # cells a sample does not read take no part (their scores are never formed by the kernels)
+                h = torch.where(has_edges[:, t0:t1, :, None], h, 0.0)
+                x = torch.nn.functional.linear(h, w, b)
+                ob = occ_b[:, t0:t1, :, None].to(cd)
+                oe = occ_e[:, t0:t1, :, None].to(cd) * scale
+                dx = torch.exp(x.detach() - lse[:, t0:t1, :, None]) * (ob + oe)
+                dx[..., blank : blank + 1] -= ob
+                idx = tg[:, None, :, None].expand(N, t1 - t0, U1 - 1, 1)
+                dx[:, :, :-1].scatter_add_(3, idx, -oe[:, :, :-1])
+                if clamp > 0:
+                    dx = dx.clamp(-clamp, clamp)
+                dx = torch.where(has_edges[:, t0:t1, :, None], g * dx, 0.0)
+                x.backward(dx)
+        grads = [
+            None if x is None else (torch.zeros_like(x) if x.grad is None else x.grad).to(y.dtype)
+            for x, y in zip(leaves, (enc, pred, weight, bias), strict=True)
+        ]
+        return (*grads,) + (None,) * 12
