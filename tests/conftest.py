@@ -46,6 +46,7 @@ def gpu() -> torch.device:
 def poison_kernel_outputs(monkeypatch):
     """Every buffer a kernel writes starts as NaN (floats) or garbage (integers): unwritten elements show."""
     from speechkernels.ctc import kernels
+    from speechkernels.rnnt import joint_kernels
     from speechkernels.rnnt import kernels as rnnt_kernels
 
     def empty(*shape, dtype, device):
@@ -58,6 +59,7 @@ def poison_kernel_outputs(monkeypatch):
     for module in (kernels, rnnt_kernels):
         monkeypatch.setattr(module, "_empty", empty)
         monkeypatch.setattr(module, "_empty_like", empty_like)
+    monkeypatch.setattr(joint_kernels, "_empty", empty)
 
 
 class LossPath:
@@ -87,6 +89,8 @@ def loss_path(request, monkeypatch) -> LossPath:
     from speechkernels.ctc import api as ctc_api
     from speechkernels.ctc import kernels as ctc_kernels
     from speechkernels.rnnt import api as rnnt_api
+    from speechkernels.rnnt import joint as joint_api
+    from speechkernels.rnnt import joint_kernels
     from speechkernels.rnnt import kernels as rnnt_kernels
 
     if request.param == "triton" and not triton_interpreting():
@@ -95,7 +99,9 @@ def loss_path(request, monkeypatch) -> LossPath:
     if request.param == "torch":
         monkeypatch.setattr(ctc_api, "kernels", None)
         monkeypatch.setattr(rnnt_api, "kernels", None)
-    for module, name in ((ctc_kernels, "ctc_forward"), (rnnt_kernels, "rnnt_forward")):
+        monkeypatch.setattr(joint_api, "joint_kernels", None)
+    for module, name in ((ctc_kernels, "ctc_forward"), (rnnt_kernels, "rnnt_forward"),
+                         (joint_kernels, "joint_forward")):  # fmt: skip
         real = getattr(module, name)
 
         def spy(*args, _real=real, **kwargs):

@@ -1,7 +1,7 @@
 import argparse
 import sys
 
-from . import ctc, rnnt, wavenet
+from . import ctc, joint, rnnt, wavenet
 
 
 def main(argv=None) -> int:
@@ -11,6 +11,8 @@ def main(argv=None) -> int:
     ctc.add_arguments(p)
     p = sub.add_parser("rnnt", help="RNN-T loss: warp-rnnt's benchmark table")
     rnnt.add_arguments(p)
+    p = sub.add_parser("joint", help="joint network + RNN-T loss: a transducer joint's training step")
+    joint.add_arguments(p)
     p = sub.add_parser("wavenet", help="WaveNet inference: the serial-chain proxy and the vocoder")
     wavenet.add_arguments(p)
     p = sub.add_parser("all", help="every benchmark above with its defaults")
@@ -19,13 +21,15 @@ def main(argv=None) -> int:
     if args.what == "all":
         device = ["--device", args.device] if args.device else []
         rc = 0
-        for what, run in (("ctc", ctc.run), ("rnnt", rnnt.run), ("wavenet", wavenet.run)):
+        for what, run in (("ctc", ctc.run), ("rnnt", rnnt.run), ("joint", joint.run), ("wavenet", wavenet.run)):
             rc |= run(parser.parse_args([what, *device]))
         return rc
     if args.what == "ctc":
         return ctc.run(args)
     if args.what == "rnnt":
         return rnnt.run(args)
+    if args.what == "joint":
+        return joint.run(args)
     if args.what == "wavenet":
         return wavenet.run(args)
     return 1

@@ -42,10 +42,11 @@ class RNNTJointLossFunction(torch.autograd.Function):
             _check_contents(T, pred.shape[1] - 1, V, targets, il, tl, blank)
         loss, state = joint_kernels.joint_forward(
             enc, pred, weight, bias, targets, il, tl, blank, activation, dropout, seed, loss_scale, rna, need_grad,
-            reduction,
+            reduction, joint_kernels.FLOAT32_PRECISION,
         )  # fmt: skip
         ctx.save_for_backward(enc, pred, weight, bias, targets, il, tl, *state)
-        ctx.args = (blank, activation, dropout, seed, fastemit_lambda, clamp, rna, reduction)
+        ctx.args = (blank, activation, dropout, seed, fastemit_lambda, clamp, rna, reduction,
+                    joint_kernels.FLOAT32_PRECISION)  # fmt: skip
         return loss
 
     @staticmethod

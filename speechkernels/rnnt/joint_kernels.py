@@ -79,19 +79,23 @@ def _keep(cell, k, seed_lo, seed_hi, threshold, DROP_SHIFT: tl.constexpr):
 
 
 @triton.jit
-def _pre(p_e, p_p, m_row, k, m_k, s_eh, s_ph):
-    """enc + pred of the tile's cells for features k: [BM, BK] float32, 0 off the cells and past H."""
+def _pre(p_e, p_p, m_row, k, m_k, s_eh, s_ph, BU: tl.constexpr):
+    """enc + pred of the tile's cells for features k: [BM, BK] float32, 0 off the cells and past H. A tile of one
+    label (BU = 1) has one predictor row (``p_p`` a scalar): loaded once and broadcast."""
     m = m_row[:, None] & m_k[None, :]
     e = tl.load(p_e[:, None] + k[None, :] * s_eh, mask=m, other=0.0).to(tl.float32)
-    p = tl.load(p_p[:, None] + k[None, :] * s_ph, mask=m, other=0.0).to(tl.float32)
+    if BU == 1:
+        p = tl.load(p_p + k * s_ph, mask=m_k, other=0.0).to(tl.float32)[None, :]
+    else:
+        p = tl.load(p_p[:, None] + k[None, :] * s_ph, mask=m, other=0.0).to(tl.float32)
     return e + p, m
 
 
 @triton.jit
 def _hidden(p_e, p_p, m_row, cell, k, m_k, s_eh, s_ph, seed_lo, seed_hi, threshold, drop_scale,
-            ACT: tl.constexpr, DROPOUT: tl.constexpr, DROP_SHIFT: tl.constexpr):  # fmt: skip
+            ACT: tl.constexpr, DROPOUT: tl.constexpr, DROP_SHIFT: tl.constexpr, BU: tl.constexpr):  # fmt: skip
     """The hidden vectors' features k: dropout(act(enc + pred)), [BM, BK] float32, 0 off the cells."""
-    x, m = _pre(p_e, p_p, m_row, k, m_k, s_eh, s_ph)
+    x, m = _pre(p_e, p_p, m_row, k, m_k, s_eh, s_ph, BU)
     h = _act(x, ACT)
     if DROPOUT:
         h = tl.where(_keep(cell, k, seed_lo, seed_hi, threshold, DROP_SHIFT), h * drop_scale, 0.0)
@@ -100,9 +104,9 @@ def _hidden(p_e, p_p, m_row, cell, k, m_k, s_eh, s_ph, seed_lo, seed_hi, thresho
 
 @triton.jit
 def _hidden_grad(p_e, p_p, m_row, cell, k, m_k, s_eh, s_ph, seed_lo, seed_hi, threshold, drop_scale,
-                 ACT: tl.constexpr, DROPOUT: tl.constexpr, DROP_SHIFT: tl.constexpr):  # fmt: skip
+                 ACT: tl.constexpr, DROPOUT: tl.constexpr, DROP_SHIFT: tl.constexpr, BU: tl.constexpr):  # fmt: skip
     """d h / d (enc + pred) for features k: act' times dropout's mask and scale, [BM, BK] float32."""
-    x, m = _pre(p_e, p_p, m_row, k, m_k, s_eh, s_ph)
+    x, m = _pre(p_e, p_p, m_row, k, m_k, s_eh, s_ph, BU)
     f = _act_grad(x, ACT)
     if DROPOUT:
         f = tl.where(_keep(cell, k, seed_lo, seed_hi, threshold, DROP_SHIFT), f * drop_scale, 0.0)
@@ -112,8 +116,8 @@ def _hidden_grad(p_e, p_p, m_row, cell, k, m_k, s_eh, s_ph, seed_lo, seed_hi, th
 @triton.jit
 def _logits(p_e, p_p, m_row, cell, w_ptr, b_ptr, v, m_v, H, s_eh, s_ph, s_wv, s_wh, seed_lo, seed_hi, threshold,
             drop_scale, ACT: tl.constexpr, DROPOUT: tl.constexpr, DROP_SHIFT: tl.constexpr,
-            HAS_BIAS: tl.constexpr, F32_DOT: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr,
-            BK: tl.constexpr):  # fmt: skip
+            HAS_BIAS: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr,
+            BK: tl.constexpr, BU: tl.constexpr):  # fmt: skip
     """The tile's logits against classes v: [BM, BV] float32 (bias included; garbage in masked columns)."""
     acc = tl.zeros([BM, BV], tl.float32)
     o_k = tl.arange(0, BK)
@@ -121,12 +125,9 @@ def _logits(p_e, p_p, m_row, cell, w_ptr, b_ptr, v, m_v, H, s_eh, s_ph, s_wv, s_
         k = k0 + o_k
         m_k = k < H
         h = _hidden(p_e, p_p, m_row, cell, k, m_k, s_eh, s_ph, seed_lo, seed_hi, threshold, drop_scale, ACT,
-                    DROPOUT, DROP_SHIFT)  # fmt: skip
+                    DROPOUT, DROP_SHIFT, BU)  # fmt: skip
         w = tl.load(w_ptr + v[None, :] * s_wv + k[:, None] * s_wh, mask=m_k[:, None] & m_v[None, :], other=0.0)
-        if F32_DOT:
-            acc = tl.dot(h, w.to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(h.to(w.dtype), w, acc)
+        acc = _mma(h, w, acc, DT, PREC)
     if HAS_BIAS:
         acc += tl.load(b_ptr + v, mask=m_v, other=0.0).to(tl.float32)[None, :]
     return acc
@@ -157,7 +158,10 @@ def _tile_cells(n, t0, u0, T_n, U_n, T, U1, enc_ptr, pred_ptr, s_en, s_et, s_pn,
     m_row = (t < T_n) & (u <= U_n)
     cell = (n * T + t) * U1 + u
     p_e = enc_ptr + n * s_en + t.to(tl.int64) * s_et
-    p_p = pred_ptr + n * s_pn + u.to(tl.int64) * s_pu
+    if BU == 1:
+        p_p = pred_ptr + n * s_pn + u0.to(tl.int64) * s_pu
+    else:
+        p_p = pred_ptr + n * s_pn + u.to(tl.int64) * s_pu
     return t, u, m_row, cell, p_e, p_p
 
 
@@ -205,7 +209,8 @@ def _joint_lattice_kernel(
     DROPOUT: tl.constexpr,
     DROP_SHIFT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
-    F32_DOT: tl.constexpr,
+    DT: tl.constexpr,
+    PREC: tl.constexpr,
     RNA: tl.constexpr,
     BT: tl.constexpr,
     BU: tl.constexpr,
@@ -230,8 +235,8 @@ def _joint_lattice_kernel(
             v = v0 + o_v
             m_v = v < V
             acc = _logits(p_e, p_p, m_row, cell, w_ptr, b_ptr, v, m_v, H, s_eh, s_ph, s_wv, s_wh, seed_lo, seed_hi,
-                          threshold, drop_scale, ACT, DROPOUT, DROP_SHIFT, HAS_BIAS, F32_DOT, BM, BV,
-                          BK)  # fmt: skip
+                          threshold, drop_scale, ACT, DROPOUT, DROP_SHIFT, HAS_BIAS, DT, PREC, BM, BV,
+                          BK, BU)  # fmt: skip
             x2 = tl.where(m_v[None, :], acc * _log2e(), float("-inf"))
             m_new = tl.maximum(b_m, tl.max(x2, axis=1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -279,6 +284,33 @@ def _dlogits(acc, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, CLAMP:
     return tl.where(m_row[:, None] & m_v[None, :], g * d, 0.0)
 
 
+@triton.jit
+def _mma(a, b, acc, DT: tl.constexpr, PREC: tl.constexpr):
+    """acc + a @ b on tensor cores: in DT (the inputs' 16-bit dtype), or float32 products (DT float32) at the
+    precision PREC ("ieee", or "tf32x3": three TF32 products, float32's accuracy on tensor cores)."""
+    if DT == tl.float32:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision=PREC)
+    else:
+        return tl.dot(a.to(DT), b.to(DT), acc)
+
+
+@triton.jit
+def _add_rows(acc, k, m_k, t, u0, m_row, cell, p_e, p_p, p_genc, p_gpred, T, H, s_eh, s_ph, seed_lo, seed_hi,
+              threshold, drop_scale, ACT: tl.constexpr, DROPOUT: tl.constexpr, DROP_SHIFT: tl.constexpr,
+              BU: tl.constexpr):  # fmt: skip
+    """A tile's hidden-vector gradient (features k) times d h / d (enc + pred), added to its encoder rows (one per
+    cell: a tile is one label's frames) and, summed over the frames, to its predictor row."""
+    f = _hidden_grad(p_e, p_p, m_row, cell, k, m_k, s_eh, s_ph, seed_lo, seed_hi, threshold, drop_scale, ACT,
+                     DROPOUT, DROP_SHIFT, BU)  # fmt: skip
+    # (where, not a product: a NaN weight leaves the rows of cells without edges alone)
+    part = tl.where(m_row[:, None], acc * f, 0.0)
+    p = p_genc + t[:, None].to(tl.int64) * H + k[None, :]
+    m = (t < T)[:, None] & m_k[None, :]
+    tl.store(p, tl.load(p, mask=m) + part, mask=m)
+    q = p_gpred + u0 * H + k
+    tl.store(q, tl.load(q, mask=m_k) + tl.sum(part, axis=0), mask=m_k)
+
+
 @triton.jit(do_not_specialize=["seed_lo", "seed_hi", "threshold"])
 def _joint_grad_hidden_kernel(
     enc_ptr,
@@ -292,19 +324,18 @@ def _joint_grad_hidden_kernel(
     occ_ptr,  # [N * T * (U+1), 2] edge occupancies (skewed)
     logp_ptr,  # [N] float64 log2 p
     gloss_ptr,  # upstream gradient per sample (stride 0: one for the batch)
-    genc_ptr,  # [G_U, N, T, H] float32 in/out (zeroed): the encoder rows' gradient per group of label blocks
+    genc_ptr,  # [G_U, N, T, H] float32 in/out (zeroed): the encoder rows' gradient per group of labels
     gpred_ptr,  # [G_T, N, U+1, H] float32 in/out (zeroed): the predictor rows' per group of frame blocks
     gloss_stride,
     gscale,
+    c0,  # this launch's slice of features: [c0, c1)
+    c1,
     N,
     T,
     U1,
     V,
     H,
     n_tb,
-    n_ub,
-    TPG_T,  # frame blocks per group
-    TPG_U,  # label blocks per group
     G_T,
     G_U,
     s_en,
@@ -327,15 +358,22 @@ def _joint_grad_hidden_kernel(
     DROPOUT: tl.constexpr,
     DROP_SHIFT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
-    F32_DOT: tl.constexpr,
+    DT: tl.constexpr,
+    PREC: tl.constexpr,
     CLAMP: tl.constexpr,
     RNA: tl.constexpr,
     BT: tl.constexpr,
     BU: tl.constexpr,
     BV: tl.constexpr,
     BK: tl.constexpr,
-    BH: tl.constexpr,
+    HA: tl.constexpr,  # the slice's features: HA, then HB more (TWO)
+    HB: tl.constexpr,
+    TWO: tl.constexpr,
 ):
+    """Program (n, frame group, label group): tiles (t-block, u) with t-block = gt mod G_T and u = gu mod G_U. A
+    tile's logits are made once per class chunk; their gradient times the weight's slice accumulates over the
+    classes in registers ([BM, HA] and [BM, HB]); then once per tile it is added to the rows the program owns."""
+    tl.static_assert(BU == 1)
     BM: tl.constexpr = BT * BU
     pid = tl.program_id(0)
     per_n = G_T * G_U
@@ -344,15 +382,16 @@ def _joint_grad_hidden_kernel(
     gu = pid - n * per_n - gt * G_U
     n = n.to(tl.int64)
     o_v = tl.arange(0, BV)
-    o_h = tl.arange(0, BH)
-    o_bt = tl.arange(0, BT)
-    o_bu = tl.arange(0, BU)
+    k_a = c0 + tl.arange(0, HA)
+    m_ka = k_a < c1
+    k_b = c0 + HA + tl.arange(0, HB)
+    m_kb = k_b < c1
     p_genc = genc_ptr + (gu * N + n) * T * H
     p_gpred = gpred_ptr + (gt * N + n) * U1 * H
-    for tb in range(gt * TPG_T, tl.minimum(gt * TPG_T + TPG_T, n_tb)):
-        for ub in range(gu * TPG_U, tl.minimum(gu * TPG_U + TPG_U, n_ub)):
-            _, t0, u0, T_n, U_n, live = _tile(n * n_tb * n_ub + tb * n_ub + ub, n_tb, n_ub, il_ptr, tl_ptr, T, U1,
-                                              BT, BU)  # fmt: skip
+    for tb in range(gt, n_tb, G_T):
+        for ub in range(gu, U1, G_U):
+            _n, t0, u0, T_n, U_n, live = _tile(n * n_tb * U1 + tb * U1 + ub, n_tb, U1, il_ptr, tl_ptr, T, U1, BT,
+                                               BU)  # fmt: skip
             if live:
                 t, u, m_row, cell, p_e, p_p = _tile_cells(n, t0, u0, T_n, U_n, T, U1, enc_ptr, pred_ptr, s_en, s_et,
                                                           s_pn, s_pu, BT, BU)  # fmt: skip
@@ -360,38 +399,28 @@ def _joint_grad_hidden_kernel(
                                                                 gloss_ptr, gloss_stride, gscale, fastemit_scale, T,
                                                                 U1, RNA)  # fmt: skip
                 if work:
-                    lab, _ = _labels(tgt_ptr, stride_tg, n, u, m_row, U_n, V)
-                    m_te = (t0 + o_bt) < T
-                    m_up = (u0 + o_bu) < U1
+                    lab, _has_label = _labels(tgt_ptr, stride_tg, n, u, m_row, U_n, V)
+                    acc_a = tl.zeros([BM, HA], tl.float32)
+                    acc_b = tl.zeros([BM, HB], tl.float32)
                     for v0 in range(0, V, BV):
                         v = v0 + o_v
                         m_v = v < V
-                        acc = _logits(p_e, p_p, m_row, cell, w_ptr, b_ptr, v, m_v, H, s_eh, s_ph, s_wv, s_wh,
-                                      seed_lo, seed_hi, threshold, drop_scale, ACT, DROPOUT, DROP_SHIFT, HAS_BIAS,
-                                      F32_DOT, BM, BV, BK)  # fmt: skip
-                        d = _dlogits(acc, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, CLAMP)
-                        if not F32_DOT:
-                            d = d.to(w_ptr.dtype.element_ty)
-                        for c0 in range(0, H, BH):
-                            k = c0 + o_h
-                            m_k = k < H
-                            w = tl.load(w_ptr + v[:, None] * s_wv + k[None, :] * s_wh,
-                                        mask=m_v[:, None] & m_k[None, :], other=0.0)  # fmt: skip
-                            if F32_DOT:
-                                part = tl.dot(d, w.to(tl.float32), input_precision="ieee")
-                            else:
-                                part = tl.dot(d, w)
-                            f = _hidden_grad(p_e, p_p, m_row, cell, k, m_k, s_eh, s_ph, seed_lo, seed_hi, threshold,
-                                             drop_scale, ACT, DROPOUT, DROP_SHIFT)  # fmt: skip
-                            # (where, not a product: a NaN weight leaves the rows of cells without edges alone)
-                            part = tl.where(m_row[:, None], part * f, 0.0)
-                            part3 = tl.reshape(part, (BT, BU, BH))
-                            p_ge = p_genc + (t0 + o_bt)[:, None] * H + k[None, :]
-                            m_ge = m_te[:, None] & m_k[None, :]
-                            tl.store(p_ge, tl.load(p_ge, mask=m_ge) + tl.sum(part3, axis=1), mask=m_ge)
-                            p_gp = p_gpred + (u0 + o_bu)[:, None] * H + k[None, :]
-                            m_gp = m_up[:, None] & m_k[None, :]
-                            tl.store(p_gp, tl.load(p_gp, mask=m_gp) + tl.sum(part3, axis=0), mask=m_gp)
+                        x = _logits(p_e, p_p, m_row, cell, w_ptr, b_ptr, v, m_v, H, s_eh, s_ph, s_wv, s_wh, seed_lo,
+                                    seed_hi, threshold, drop_scale, ACT, DROPOUT, DROP_SHIFT, HAS_BIAS, DT, PREC, BM,
+                                    BV, BK, BU)  # fmt: skip
+                        d = _dlogits(x, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, CLAMP)
+                        w = tl.load(w_ptr + v[:, None] * s_wv + k_a[None, :] * s_wh, mask=m_v[:, None] & m_ka[None, :],
+                                    other=0.0)  # fmt: skip
+                        acc_a = _mma(d, w, acc_a, DT, PREC)
+                        if TWO:
+                            w = tl.load(w_ptr + v[:, None] * s_wv + k_b[None, :] * s_wh,
+                                        mask=m_v[:, None] & m_kb[None, :], other=0.0)  # fmt: skip
+                            acc_b = _mma(d, w, acc_b, DT, PREC)
+                    _add_rows(acc_a, k_a, m_ka, t, u0, m_row, cell, p_e, p_p, p_genc, p_gpred, T, H, s_eh, s_ph,
+                              seed_lo, seed_hi, threshold, drop_scale, ACT, DROPOUT, DROP_SHIFT, BU)  # fmt: skip
+                    if TWO:
+                        _add_rows(acc_b, k_b, m_kb, t, u0, m_row, cell, p_e, p_p, p_genc, p_gpred, T, H, s_eh, s_ph,
+                                  seed_lo, seed_hi, threshold, drop_scale, ACT, DROPOUT, DROP_SHIFT, BU)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["seed_lo", "seed_hi", "threshold"])
@@ -408,9 +437,11 @@ def _joint_grad_weight_kernel(
     logp_ptr,
     gloss_ptr,
     gw_ptr,  # [R, V, H] float32 out: the weight's gradient per group of tiles
-    gb_ptr,  # [R, V] float32 out (HAS_BIAS): the bias's
+    gb_ptr,  # [R, V] float32 out (HAS_BIAS and WITH_BIAS): the bias's
     gloss_stride,
     gscale,
+    c0,
+    c1,
     T,
     U1,
     V,
@@ -418,7 +449,7 @@ def _joint_grad_weight_kernel(
     n_tb,
     n_ub,
     n_tiles,
-    TPG,  # tiles per group
+    R,
     s_en,
     s_et,
     s_eh,
@@ -439,26 +470,35 @@ def _joint_grad_weight_kernel(
     DROPOUT: tl.constexpr,
     DROP_SHIFT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
-    F32_DOT: tl.constexpr,
+    DT: tl.constexpr,
+    PREC: tl.constexpr,
     CLAMP: tl.constexpr,
     RNA: tl.constexpr,
     BT: tl.constexpr,
     BU: tl.constexpr,
     BV: tl.constexpr,
     BK: tl.constexpr,
-    BH: tl.constexpr,
+    HA: tl.constexpr,
+    HB: tl.constexpr,
+    TWO: tl.constexpr,
+    WITH_BIAS: tl.constexpr,  # this launch also sums the bias's gradient (the first slice's)
 ):
+    """Program (class chunk, group r): tiles i = r mod R (strided, so that skipped tiles spread evenly). A tile's
+    logits against the chunk's classes are made once; their gradient against the slice's hidden features
+    accumulates in registers ([BV, HA] and [BV, HB])."""
     BM: tl.constexpr = BT * BU
     i_v = tl.program_id(0)
-    i_h = tl.program_id(1)
-    r = tl.program_id(2)
+    r = tl.program_id(1)
     v = i_v * BV + tl.arange(0, BV)
     m_v = v < V
-    k = i_h * BH + tl.arange(0, BH)
-    m_k = k < H
-    acc = tl.zeros([BV, BH], tl.float32)
-    acc_b = tl.zeros([BV], tl.float32)
-    for i in range(r * TPG, tl.minimum(r * TPG + TPG, n_tiles)):
+    k_a = c0 + tl.arange(0, HA)
+    m_ka = k_a < c1
+    k_b = c0 + HA + tl.arange(0, HB)
+    m_kb = k_b < c1
+    acc_a = tl.zeros([BV, HA], tl.float32)
+    acc_b = tl.zeros([BV, HB], tl.float32)
+    acc_bias = tl.zeros([BV], tl.float32)
+    for i in range(r, n_tiles, R):
         n, t0, u0, T_n, U_n, live = _tile(i, n_tb, n_ub, il_ptr, tl_ptr, T, U1, BT, BU)
         if live:
             t, u, m_row, cell, p_e, p_p = _tile_cells(n, t0, u0, T_n, U_n, T, U1, enc_ptr, pred_ptr, s_en, s_et,
@@ -467,40 +507,74 @@ def _joint_grad_weight_kernel(
                                                             gloss_ptr, gloss_stride, gscale, fastemit_scale, T, U1,
                                                             RNA)  # fmt: skip
             if work:
-                lab, _ = _labels(tgt_ptr, stride_tg, n, u, m_row, U_n, V)
+                lab, _has_label = _labels(tgt_ptr, stride_tg, n, u, m_row, U_n, V)
                 x = _logits(p_e, p_p, m_row, cell, w_ptr, b_ptr, v, m_v, H, s_eh, s_ph, s_wv, s_wh, seed_lo,
-                            seed_hi, threshold, drop_scale, ACT, DROPOUT, DROP_SHIFT, HAS_BIAS, F32_DOT, BM, BV,
-                            BK)  # fmt: skip
+                            seed_hi, threshold, drop_scale, ACT, DROPOUT, DROP_SHIFT, HAS_BIAS, DT, PREC, BM, BV,
+                            BK, BU)  # fmt: skip
                 d = _dlogits(x, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, CLAMP)
-                if HAS_BIAS:
-                    acc_b += tl.sum(d, axis=0)
-                h = _hidden(p_e, p_p, m_row, cell, k, m_k, s_eh, s_ph, seed_lo, seed_hi, threshold, drop_scale, ACT,
-                            DROPOUT, DROP_SHIFT)  # fmt: skip
-                if F32_DOT:
-                    acc = tl.dot(tl.trans(d), h, acc, input_precision="ieee")
-                else:
-                    dt = w_ptr.dtype.element_ty
-                    acc = tl.dot(tl.trans(d.to(dt)), h.to(dt), acc)
-    p_out = gw_ptr + (r * V + v.to(tl.int64))[:, None] * H + k[None, :]
-    tl.store(p_out, acc, mask=m_v[:, None] & m_k[None, :])
-    if HAS_BIAS:
-        if i_h == 0:
-            tl.store(gb_ptr + r * V + v, acc_b, mask=m_v)
+                if WITH_BIAS:
+                    acc_bias += tl.sum(d, axis=0)
+                d_t = tl.trans(d)
+                h = _hidden(p_e, p_p, m_row, cell, k_a, m_ka, s_eh, s_ph, seed_lo, seed_hi, threshold, drop_scale,
+                            ACT, DROPOUT, DROP_SHIFT, BU)  # fmt: skip
+                acc_a = _mma(d_t, h, acc_a, DT, PREC)
+                if TWO:
+                    h = _hidden(p_e, p_p, m_row, cell, k_b, m_kb, s_eh, s_ph, seed_lo, seed_hi, threshold, drop_scale,
+                                ACT, DROPOUT, DROP_SHIFT, BU)  # fmt: skip
+                    acc_b = _mma(d_t, h, acc_b, DT, PREC)
+    p_out = gw_ptr + (r * V + v.to(tl.int64))[:, None] * H
+    tl.store(p_out + k_a[None, :], acc_a, mask=m_v[:, None] & m_ka[None, :])
+    if TWO:
+        tl.store(p_out + k_b[None, :], acc_b, mask=m_v[:, None] & m_kb[None, :])
+    if WITH_BIAS:
+        tl.store(gb_ptr + r * V + v, acc_bias, mask=m_v)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # launchers
 
+TUNING: dict | None = None  # block sizes that replace _blocks' (sweeps)
+FLOAT32_PRECISION = "ieee"  # float32 inputs' products: "ieee" or "tf32x3"
+TRITON_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
-def _blocks(enc: torch.Tensor, V: int, H: int) -> dict:
-    """Tile sizes: BT x BU cells, BV classes per logits chunk, BK features per product step, BH features per
-    gradient chunk; small ones under the interpreter (CPU tests)."""
+
+def _blocks(enc: torch.Tensor, kernel: str) -> dict:
+    """Tile sizes per kernel ("forward", "hidden", "weight"): BT x BU cells, BV classes per logits chunk, BK
+    features per product step, MAXW features per slice of the gradient kernels' accumulators; small ones under
+    the interpreter (CPU tests)."""
     if not enc.is_cuda:
-        return dict(BT=4, BU=4, BV=16, BK=16, BH=16, num_warps=4)
-    return dict(BT=8, BU=8, BV=128, BK=64, BH=64, num_warps=8)
+        blk = dict(BT=4, BU=4, BV=16, BK=16, MAXW=48, num_warps=4, num_stages=1)
+        if kernel != "forward":
+            blk.update(BT=16, BU=1)
+    elif kernel == "forward":
+        blk = dict(BT=128, BU=1, BV=256, BK=64, num_warps=8, num_stages=3)
+    else:
+        blk = dict(BT=64, BU=1, BV=64, BK=64, MAXW=640, num_warps=8, num_stages=1)
+    if enc.is_cuda and enc.element_size() == 4:
+        # float32 tiles of the weight fill the shared memory sooner
+        blk.update(dict(BV=128, num_stages=2) if kernel == "forward" else dict(BV=32, MAXW=128))
+    if TUNING and kernel in TUNING:
+        blk.update(TUNING[kernel])
+    return blk
 
 
-def _common(enc, pred, weight, bias, dropout, seed, activation):
+def _slices(H: int, maxw: int) -> list[tuple[int, int, int, int]]:
+    """The features of the gradient kernels' accumulators, as slices [c0, c1) of equal widths of at most ``maxw``
+    features (multiples of 16), each held as HA + HB features (HA the largest power of two in the slice, HB (0:
+    none) a power of two covering the rest). Each slice is a launch that makes the logits again."""
+    h16 = -(-H // 16) * 16
+    count = -(-h16 // maxw)
+    width = -(-h16 // (16 * count)) * 16
+    out = []
+    for c0 in range(0, H, width):
+        w = min(width, h16 - c0)
+        ha = 1 << (w.bit_length() - 1)
+        hb = 0 if ha == w else max(16, 1 << (w - ha - 1).bit_length())
+        out.append((c0, min(H, c0 + width), ha, hb))
+    return out
+
+
+def _common(enc, pred, weight, bias, dropout, seed, activation, precision):
     """Arguments every kernel takes: strides, the dropout hash's parameters, the constexpr flags."""
     from .joint_reference import drop_threshold
 
@@ -508,8 +582,12 @@ def _common(enc, pred, weight, bias, dropout, seed, activation):
             weight.stride(0), weight.stride(1))  # fmt: skip
     drop = (seed[0], seed[1], drop_threshold(dropout), 1.0 / (1.0 - dropout))
     meta = dict(ACT=ACTIVATIONS.index(activation), DROPOUT=dropout > 0, DROP_SHIFT=32 - DROP_BITS,
-                HAS_BIAS=bias is not None, F32_DOT=weight.dtype == torch.float32)  # fmt: skip
+                HAS_BIAS=bias is not None, DT=TRITON_DTYPES[weight.dtype], PREC=precision)  # fmt: skip
     return args, drop, meta
+
+
+def _launch(blk: dict) -> dict:
+    return {k: blk[k] for k in ("num_warps", "num_stages")}
 
 
 def joint_forward(
@@ -528,6 +606,7 @@ def joint_forward(
     rnna: bool,
     need_grad: bool,
     reduction: str = "none",
+    precision: str = "ieee",
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """The loss ([N] float32 for reduction "none", else the batch sum or mean) and the state ``joint_backward``
     takes (log-sum-exps, occupancies, log2 p).
@@ -536,6 +615,7 @@ def joint_forward(
         enc: [N, T, H], pred: [N, U+1, H], weight: [V, H], bias: [V] or None, one float dtype, any strides.
         targets: [N, U] int32/int64 (unit stride along U); lengths: [N] int32/int64; all on enc's device.
         seed: two integers in [0, 2^31) (dropout's hash).
+        precision: float32's products, "ieee" or "tf32x3".
     """
     N, T, H = enc.shape
     U1 = pred.shape[1]
@@ -545,23 +625,17 @@ def joint_forward(
     lse = _empty(n_cells, dtype=torch.float32, device=dev)
     lat = _empty(2 * n_cells, dtype=torch.float32, device=dev)
     aux = _empty(1 + 2 * N, dtype=torch.int32, device=dev)
-    blk = _blocks(enc, V, H)
+    blk = _blocks(enc, "forward")
     n_tb, n_ub = triton.cdiv(T, blk["BT"]), triton.cdiv(U1, blk["BU"])
-    strides, drop, meta = _common(enc, pred, weight, bias, dropout, seed, activation)
+    strides, drop, meta = _common(enc, pred, weight, bias, dropout, seed, activation, precision)
     _joint_lattice_kernel[(N * n_tb * n_ub,)](
         enc, pred, weight, bias, targets, logit_lengths, target_lengths, lse, lat, aux, T, U1, V, H, n_tb, n_ub,
         *strides, targets.stride(0), blank, *drop, RNA=rnna, BT=blk["BT"], BU=blk["BU"], BV=blk["BV"],
-        BK=blk["BK"], num_warps=blk["num_warps"], **meta,
+        BK=blk["BK"], **_launch(blk), **meta,
     )  # fmt: skip
     loss, logp = rnnt_recursions(lat, aux, logit_lengths, target_lengths, N, T, U1, loss_scale, rnna, need_grad,
                                  reduction)  # fmt: skip
     return loss, (lse, lat, logp)
-
-
-def _groups(count: int, want: int) -> tuple[int, int]:
-    """(blocks per group, groups) splitting ``count`` blocks into about ``want`` groups."""
-    per = triton.cdiv(count, max(1, min(want, count)))
-    return per, triton.cdiv(count, per)
 
 
 def joint_backward(
@@ -584,6 +658,7 @@ def joint_backward(
     clamp: float,
     rnna: bool,
     reduction: str = "none",
+    precision: str = "ieee",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Gradients of sum(grad_out * loss) (reduction "none"; else of grad_out * the sum or batch mean) with
     respect to enc, pred, weight and bias, in their dtypes."""
@@ -591,35 +666,43 @@ def joint_backward(
     U1 = pred.shape[1]
     V = weight.shape[0]
     dev = enc.device
-    blk = _blocks(enc, V, H)
-    BT, BU, BV, BK, BH = blk["BT"], blk["BU"], blk["BV"], blk["BK"], blk["BH"]
-    n_tb, n_ub = triton.cdiv(T, BT), triton.cdiv(U1, BU)
-    strides, drop, meta = _common(enc, pred, weight, bias, dropout, seed, activation)
+    strides, drop, meta = _common(enc, pred, weight, bias, dropout, seed, activation, precision)
     gstride = grad_out.stride(0) if reduction == "none" else 0
     gscale = 1.0 / N if reduction == "mean" else 1.0
-    grad_args = (targets.stride(0), blank, 1.0 + fastemit_lambda, max(clamp, 0.0), *drop)
-    meta.update(CLAMP=clamp > 0, RNA=rnna, BT=BT, BU=BU, BV=BV, BK=BK, BH=BH, num_warps=blk["num_warps"])
-    # the hidden vectors' gradient: groups of frame blocks x groups of label blocks per sample, about four
-    # programs per multiprocessor in all; each group's partial rows are summed after
-    want = max(1, (4 * _sm_count(dev)) // max(1, N))
-    tpg_t, g_t = _groups(n_tb, max(1, int(want**0.5)))
-    tpg_u, g_u = _groups(n_ub, max(1, want // g_t))
+    tail = (targets.stride(0), blank, 1.0 + fastemit_lambda, max(clamp, 0.0), *drop)
+    meta.update(CLAMP=clamp > 0, RNA=rnna)
+    sms = _sm_count(dev)
+    state = (enc, pred, weight, bias, targets, logit_lengths, target_lengths, lse, occ, logp, grad_out)
+
+    # the hidden vectors' gradient, into the encoder and predictor rows: per sample, groups of frame blocks x
+    # groups of labels, about four programs per multiprocessor in all; each group's partial rows summed after
+    blk = _blocks(enc, "hidden")
+    n_tb = triton.cdiv(T, blk["BT"])
+    g_t = min(n_tb, max(1, triton.cdiv(4 * sms, N)))
+    g_u = min(U1, max(1, triton.cdiv(4 * sms, N * g_t)))
     genc = torch.zeros(g_u, N, T, H, dtype=torch.float32, device=dev)
     gpred = torch.zeros(g_t, N, U1, H, dtype=torch.float32, device=dev)
-    _joint_grad_hidden_kernel[(N * g_t * g_u,)](
-        enc, pred, weight, bias, targets, logit_lengths, target_lengths, lse, occ, logp, grad_out, genc, gpred,
-        gstride, gscale, N, T, U1, V, H, n_tb, n_ub, tpg_t, tpg_u, g_t, g_u, *strides, *grad_args, **meta,
-    )  # fmt: skip
-    # the weight's: (class chunk, feature chunk, group of tiles)
+    for c0, c1, ha, hb in _slices(H, blk["MAXW"]):
+        _joint_grad_hidden_kernel[(N * g_t * g_u,)](
+            *state, genc, gpred, gstride, gscale, c0, c1, N, T, U1, V, H, n_tb, g_t, g_u, *strides, *tail,
+            BT=blk["BT"], BU=blk["BU"], BV=blk["BV"], BK=blk["BK"], HA=ha, HB=max(hb, 16), TWO=hb > 0,
+            **_launch(blk), **meta,
+        )  # fmt: skip
+
+    # the weight's and bias's: per class chunk, groups of tiles (strided), partial sums added after
+    blk = _blocks(enc, "weight")
+    n_tb, n_ub = triton.cdiv(T, blk["BT"]), triton.cdiv(U1, blk["BU"])
     n_tiles = N * n_tb * n_ub
-    n_v, n_h = triton.cdiv(V, BV), triton.cdiv(H, BH)
-    tpg, groups = _groups(n_tiles, max(1, triton.cdiv(2 * _sm_count(dev), n_v * n_h)))
+    n_v = triton.cdiv(V, blk["BV"])
+    groups = min(n_tiles, max(1, triton.cdiv(2 * sms, n_v)))
     gw = _empty(groups, V, H, dtype=torch.float32, device=dev)
     gb = _empty(groups, V, dtype=torch.float32, device=dev) if bias is not None else None
-    _joint_grad_weight_kernel[(n_v, n_h, groups)](
-        enc, pred, weight, bias, targets, logit_lengths, target_lengths, lse, occ, logp, grad_out, gw, gb,
-        gstride, gscale, T, U1, V, H, n_tb, n_ub, n_tiles, tpg, *strides, *grad_args, **meta,
-    )  # fmt: skip
+    for c0, c1, ha, hb in _slices(H, blk["MAXW"]):
+        _joint_grad_weight_kernel[(n_v, groups)](
+            *state, gw, gb, gstride, gscale, c0, c1, T, U1, V, H, n_tb, n_ub, n_tiles, groups, *strides, *tail,
+            BT=blk["BT"], BU=blk["BU"], BV=blk["BV"], BK=blk["BK"], HA=ha, HB=max(hb, 16), TWO=hb > 0,
+            WITH_BIAS=bias is not None and c0 == 0, **_launch(blk), **meta,
+        )  # fmt: skip
     grad_b = None if bias is None else gb.sum(0).to(bias.dtype)
     return genc.sum(0).to(enc.dtype), gpred.sum(0).to(pred.dtype), gw.sum(0).to(weight.dtype), grad_b
 

@@ -1,0 +1,204 @@
+"""Joint network + RNN-T loss benchmark: a training step of a transducer's joint (encoder and predictor
+projections, relu, output layer, loss), forward and backward.
+
+Implementations: "fused" (``speechkernels.RNNTJointLoss``: the logits never exist), "sk" (the same layers in
+PyTorch, materialising the [N, T, U+1, V] logits, then ``speechkernels.rnnt_loss``) and "torchaudio" (the same,
+then ``torchaudio.functional.rnnt_loss``, which takes float32 and float16 logits only: its 16-bit column runs
+under float16 autocast). Rows (N, T, U, V), joint 512 -> 640 <- 640, relu, blank = V - 1: NeMo's Flash RNN-T
+benchmark (32, 400, 128, 1025), a large vocabulary with ragged lengths (16, 250-400, 40-100, 8193), (64, 200,
+60, 513) and long-form (8, 1500, 300, 1025). Each in float32 and under bfloat16 autocast.
+
+Times are medians of CUDA-event-timed steps after warm-up, the implementations taking turns; memory is the peak
+allocated above what existed before the step (parameters, inputs and their gradients of an earlier step
+excluded). TFLOP/s counts the joint's three products over the cells with edges (2 * cells * H * V each: the
+logits, and the two of their gradient), the work of any implementation that does not recompute; the fused one
+does more (it makes the logits again in the backward). Errors are against float64 (the same parameters and
+inputs) on the rows small enough: the loss's relative error (sample by sample), and for every gradient (the
+three layers' weights and biases, the two inputs) its relative error in norm and its cosine similarity.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import torch
+
+import speechkernels as sk
+
+from .common import environment, fmt_mb, fmt_ms, time_forward_backward, write_json
+
+ENC_DIM, PRED_DIM, JOINT_DIM = 512, 640, 640
+ROWS = [(32, 400, 128, 1025), (16, 400, 100, 8193), (64, 200, 60, 513), (8, 1500, 300, 1025)]
+RAGGED = {(16, 400, 100, 8193): ((250, 400), (40, 100))}
+CPU_DEMO = [(2, 30, 8, 33)]
+ERROR_LIMIT = 2**31  # cells x V up to which the float64 errors are computed
+DTYPES = ("float32", "bfloat16")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    p.add_argument("--json", default=None, help="write the rows and the environment to this JSON file")
+    p.add_argument("--rows", default=None, help="only these configurations as NxTxUxV, e.g. 32x400x128x1025")
+    p.add_argument("--dtypes", default=",".join(DTYPES), help="float32 and/or bfloat16 (autocast)")
+    p.add_argument("--impls", default="fused,sk,torchaudio", help="which implementations to run")
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--no-error", action="store_true", help="skip the float64 comparison")
+
+
+def make_inputs(N: int, T: int, U: int, V: int, device: torch.device, seed: int = 0):
+    g = torch.Generator(device="cpu").manual_seed(seed * 7919 + N * 31 + T * 17 + U * 7 + V)
+    enc = torch.randn(N, T, ENC_DIM, generator=g)
+    pred = torch.randn(N, U + 1, PRED_DIM, generator=g)
+    targets = torch.randint(0, V - 1, (N, U), generator=g, dtype=torch.int32)
+    (t_lo, t_hi), (u_lo, u_hi) = RAGGED.get((N, T, U, V), ((T, T), (U, U)))
+    il = torch.randint(t_lo, t_hi + 1, (N,), generator=g, dtype=torch.int32)
+    tl = torch.randint(u_lo, u_hi + 1, (N,), generator=g, dtype=torch.int32)
+    il[0], tl[0] = t_hi, u_hi  # the padded shapes are used
+    return [x.to(device) for x in (enc, pred, targets, il, tl)]
+
+
+def make_module(V: int, device: torch.device, seed: int = 0) -> sk.RNNTJointLoss:
+    torch.manual_seed(seed)
+    return sk.RNNTJointLoss(ENC_DIM, PRED_DIM, JOINT_DIM, V, blank=V - 1).to(device)
+
+
+def unfused(module: sk.RNNTJointLoss, enc, pred, targets, il, tl, loss: str) -> torch.Tensor:
+    """The same layers in PyTorch: the logits materialised, then a loss on them."""
+    logits = module.joint(enc, pred)
+    V = logits.shape[-1]
+    if loss == "sk":
+        return sk.rnnt_loss(logits, targets, il, tl, blank=V - 1)
+    import torchaudio.functional as taf
+
+    return taf.rnnt_loss(logits, targets, il, tl, blank=V - 1, reduction="mean")
+
+
+def implementations(module, names: list[str]) -> dict:
+    impls = {}
+    if "fused" in names:
+        impls["fused"] = (lambda e, p, tg, il, tl: module(e, p, tg, il, tl), None)
+    if "sk" in names:
+        impls["sk"] = (lambda e, p, tg, il, tl: unfused(module, e, p, tg, il, tl, "sk"), None)
+    if "torchaudio" in names:
+        try:
+            import torchaudio.functional  # noqa: F401
+
+            impls["torchaudio"] = (lambda e, p, tg, il, tl: unfused(module, e, p, tg, il, tl, "torchaudio"),
+                                   torch.float16)  # fmt: skip
+        except ImportError:
+            pass
+    return impls
+
+
+def step_fn(fn, module, inputs, autocast_dtype, device):
+    """fn as a function of the encoder outputs (the leaf time_forward_backward makes), with the parameters'
+    gradients dropped before each step."""
+    _, pred, targets, il, tl = inputs
+
+    def f(enc):
+        for p in module.parameters():
+            p.grad = None
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            return fn(enc, pred, targets, il, tl)
+
+    return f
+
+
+def float64_errors(module, inputs, dtype, device) -> dict:
+    """The fused step's loss and gradients against the float64 reference path on the same parameters."""
+    enc, pred, targets, il, tl = inputs
+
+    def grads(m, dt, autocast_dtype):
+        e = enc.to(dt).requires_grad_()
+        p = pred.to(dt).requires_grad_()
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            loss = sk.rnnt_joint_loss(m.enc(e), m.pred(p), m.out.weight, m.out.bias, targets, il, tl,
+                                      blank=m.out.weight.shape[0] - 1, reduction="none")  # fmt: skip
+        params = [x for x in m.parameters()]
+        g = torch.autograd.grad(loss.sum(), [e, p, *params])
+        return loss.detach().double(), [x.double() for x in g]
+
+    m64 = make_module(module.out.weight.shape[0], device).double()
+    m64.load_state_dict({k: v.double() for k, v in module.state_dict().items()})
+    ref_loss, ref_g = grads(m64, torch.float64, None)
+    loss, g = grads(module, torch.float32, None if dtype == "float32" else torch.bfloat16)
+    names = ["encoder_outputs", "predictor_outputs"] + [n for n, _ in module.named_parameters()]
+    out = {"loss_rel_err": ((loss - ref_loss).abs() / ref_loss.abs()).max().item(), "grads": {}}
+    for name, a, b in zip(names, g, ref_g, strict=True):
+        rel = ((a - b).norm() / b.norm()).item()
+        cos = torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0).item()
+        out["grads"][name] = {"rel_err": rel, "cosine": cos}
+    out["grad_rel_err_max"] = max(v["rel_err"] for v in out["grads"].values())
+    out["grad_cosine_min"] = min(v["cosine"] for v in out["grads"].values())
+    return out
+
+
+def run(args) -> int:
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    rows = ROWS if device.type == "cuda" else CPU_DEMO
+    if args.rows:
+        wanted = {tuple(int(v) for v in r.split("x")) for r in args.rows.split(",")}
+        rows = [r for r in rows if r in wanted] or sorted(wanted)
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    env = environment(device)
+    print(f"# joint network + RNN-T loss, training step (forward+backward), joint {ENC_DIM}->{JOINT_DIM}<-{PRED_DIM}"
+          f" relu, {env['device']}, torch {env['torch']}, triton {env['triton']}, median of {args.reps}")  # fmt: skip
+    print(f"{'N':>3} {'T':>5} {'U':>4} {'V':>5} {'dtype':>8} | {'fused':>8} {'sk':>8} {'taudio':>8} | {'x best':>6} | "
+          f"{'MB fused':>8} {'MB sk':>8} {'MB ta':>8} | {'TFLOP/s':>7} | {'loss err':>8} {'grad err':>8} "
+          f"{'min cos':>8}")  # fmt: skip
+    results = []
+    for N, T, U, V in rows:
+        inputs = make_inputs(N, T, U, V, device)
+        module = make_module(V, device)
+        il, tl = inputs[3].long(), inputs[4].long()
+        cells = int((il * (tl + 1)).sum())
+        flop = 3 * 2 * cells * JOINT_DIM * V
+        for dtype in dtypes:
+            row = {"N": N, "T": T, "U": U, "V": V, "H": JOINT_DIM, "dtype": dtype, "cells": cells,
+                   "joint_flop": flop}  # fmt: skip
+            impls = {}
+            for name, (fn, half) in implementations(module, args.impls.split(",")).items():
+                ac = None if dtype == "float32" else (half or torch.bfloat16)
+                impls[name] = step_fn(fn, module, inputs, ac, device)
+                row.setdefault("autocast", {})[name] = None if ac is None else str(ac).replace("torch.", "")
+            row.update(_safe_times(impls, inputs[0], device, args.reps))
+            if row.get("fused"):
+                row["fused"]["tflops"] = flop / row["fused"]["ms"] / 1e9
+            peers = [row[p]["ms"] for p in ("sk", "torchaudio") if row.get(p)]
+            row["speedup"] = min(peers) / row["fused"]["ms"] if peers and row.get("fused") else None
+            if not args.no_error and "fused" in impls and cells * V <= ERROR_LIMIT:
+                row["fused"].update(float64_errors(module, inputs, dtype, device))
+            results.append(row)
+            print_row(row)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    if args.json:
+        write_json(args.json, {"benchmark": "joint", "environment": env, "rows": results})
+    return 0
+
+
+def _safe_times(impls, x, device, reps):
+    """time_forward_backward, one implementation at a time where one runs out of memory (recorded as None)."""
+    try:
+        return time_forward_backward(impls, x, device, reps=reps, warmup=3)
+    except torch.OutOfMemoryError:
+        out = {}
+        for name, fn in impls.items():
+            torch.cuda.empty_cache()
+            try:
+                out.update(time_forward_backward({name: fn}, x, device, reps=reps, warmup=3))
+            except torch.OutOfMemoryError:
+                out[name] = None
+        return out
+
+
+def print_row(row: dict) -> None:
+    f = row.get("fused") or {}
+    sp = f"{row['speedup']:6.2f}" if row["speedup"] else f"{'-':>6}"
+    tf = f"{f['tflops']:7.1f}" if f.get("tflops") else f"{'-':>7}"
+    err = f.get("loss_rel_err", math.nan), f.get("grad_rel_err_max", math.nan), f.get("grad_cosine_min", math.nan)
+    print(f"{row['N']:3d} {row['T']:5d} {row['U']:4d} {row['V']:5d} {row['dtype']:>8} | {fmt_ms(row.get('fused'))} "
+          f"{fmt_ms(row.get('sk'))} {fmt_ms(row.get('torchaudio'))} | {sp} | {fmt_mb(row.get('fused'))} "
+          f"{fmt_mb(row.get('sk'))} {fmt_mb(row.get('torchaudio'))} | {tf} | {err[0]:8.1e} {err[1]:8.1e} "
+          f"{err[2]:8.5f}", flush=True)  # fmt: skip
