@@ -13,8 +13,9 @@ allocated above what existed before the step (parameters, inputs and their gradi
 excluded). TFLOP/s counts the joint's three products over the cells with edges (2 * cells * H * V each: the
 logits, and the two of their gradient), the work of any implementation that does not recompute; the fused one
 does more (it makes the logits again in the backward). Errors are against float64 (the same parameters and
-inputs) on the rows small enough: the loss's relative error (sample by sample), and for every gradient (the
-three layers' weights and biases, the two inputs) its relative error in norm and its cosine similarity.
+inputs the kernels see: the projected encoder and predictor outputs and the output layer in the step's dtype)
+on the rows small enough: the loss's relative error (sample by sample), and for each of the four gradients its
+relative error in norm and its cosine similarity.
 """
 
 from __future__ import annotations
@@ -106,26 +107,25 @@ def step_fn(fn, module, inputs, autocast_dtype, device):
 
 
 def float64_errors(module, inputs, dtype, device) -> dict:
-    """The fused step's loss and gradients against the float64 reference path on the same parameters."""
+    """The fused loss and its gradients against the float64 reference path, on the inputs the kernels see: the
+    projected encoder and predictor outputs and the output layer, in the step's dtype (bfloat16 under autocast),
+    then made float64 for the reference."""
     enc, pred, targets, il, tl = inputs
+    dt = torch.float32 if dtype == "float32" else torch.bfloat16
+    with torch.no_grad():
+        xs = [module.enc(enc).to(dt), module.pred(pred).to(dt), module.out.weight.to(dt), module.out.bias.to(dt)]
+    blank = module.out.weight.shape[0] - 1
 
-    def grads(m, dt, autocast_dtype):
-        e = enc.to(dt).requires_grad_()
-        p = pred.to(dt).requires_grad_()
-        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            loss = sk.rnnt_joint_loss(m.enc(e), m.pred(p), m.out.weight, m.out.bias, targets, il, tl,
-                                      blank=m.out.weight.shape[0] - 1, reduction="none")  # fmt: skip
-        params = [x for x in m.parameters()]
-        g = torch.autograd.grad(loss.sum(), [e, p, *params])
-        return loss.detach().double(), [x.double() for x in g]
+    def run(tensors):
+        leaves = [x.detach().clone().requires_grad_() for x in tensors]
+        loss = sk.rnnt_joint_loss(*leaves, targets, il, tl, blank=blank, reduction="none")
+        grads = torch.autograd.grad(loss.sum(), leaves)
+        return loss.detach().double(), [g.double() for g in grads]
 
-    m64 = make_module(module.out.weight.shape[0], device).double()
-    m64.load_state_dict({k: v.double() for k, v in module.state_dict().items()})
-    ref_loss, ref_g = grads(m64, torch.float64, None)
-    loss, g = grads(module, torch.float32, None if dtype == "float32" else torch.bfloat16)
-    names = ["encoder_outputs", "predictor_outputs"] + [n for n, _ in module.named_parameters()]
+    loss, g = run(xs)
+    ref_loss, ref_g = run([x.double() for x in xs])
     out = {"loss_rel_err": ((loss - ref_loss).abs() / ref_loss.abs()).max().item(), "grads": {}}
-    for name, a, b in zip(names, g, ref_g, strict=True):
+    for name, a, b in zip(("enc", "pred", "weight", "bias"), g, ref_g, strict=True):
         rel = ((a - b).norm() / b.norm()).item()
         cos = torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0).item()
         out["grads"][name] = {"rel_err": rel, "cosine": cos}
