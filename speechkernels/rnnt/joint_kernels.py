@@ -295,11 +295,29 @@ def _mma(a, b, acc, DT: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
-def _add_rows(acc, k, m_k, t, u0, m_row, cell, p_e, p_p, p_genc, p_gpred, T, H, s_eh, s_ph, seed_lo, seed_hi,
+def _piece_dh(acc, d, w_ptr, v, m_v, k, c1, s_wv, s_wh, DT: tl.constexpr, PREC: tl.constexpr):
+    """acc + the logits' gradient d [BM, BV] times the weight's rows v, features k (< c1): [BM, PW]."""
+    w = tl.load(w_ptr + v[:, None] * s_wv + k[None, :] * s_wh, mask=m_v[:, None] & (k < c1)[None, :], other=0.0)
+    return _mma(d, w, acc, DT, PREC)
+
+
+@triton.jit
+def _piece_dw(acc, d_t, p_e, p_p, m_row, cell, k, c1, s_eh, s_ph, seed_lo, seed_hi, threshold, drop_scale,
+              ACT: tl.constexpr, DROPOUT: tl.constexpr, DROP_SHIFT: tl.constexpr, BU: tl.constexpr, DT: tl.constexpr,
+              PREC: tl.constexpr):  # fmt: skip
+    """acc + the logits' gradient transposed d_t [BV, BM] times the tile's hidden features k (< c1): [BV, PW]."""
+    h = _hidden(p_e, p_p, m_row, cell, k, k < c1, s_eh, s_ph, seed_lo, seed_hi, threshold, drop_scale, ACT, DROPOUT,
+                DROP_SHIFT, BU)  # fmt: skip
+    return _mma(d_t, h, acc, DT, PREC)
+
+
+@triton.jit
+def _add_rows(acc, k, c1, t, u0, m_row, cell, p_e, p_p, p_genc, p_gpred, T, H, s_eh, s_ph, seed_lo, seed_hi,
               threshold, drop_scale, ACT: tl.constexpr, DROPOUT: tl.constexpr, DROP_SHIFT: tl.constexpr,
               BU: tl.constexpr):  # fmt: skip
     """A tile's hidden-vector gradient (features k) times d h / d (enc + pred), added to its encoder rows (one per
     cell: a tile is one label's frames) and, summed over the frames, to its predictor row."""
+    m_k = k < c1
     f = _hidden_grad(p_e, p_p, m_row, cell, k, m_k, s_eh, s_ph, seed_lo, seed_hi, threshold, drop_scale, ACT,
                      DROPOUT, DROP_SHIFT, BU)  # fmt: skip
     # (where, not a product: a NaN weight leaves the rows of cells without edges alone)
@@ -366,14 +384,15 @@ def _joint_grad_hidden_kernel(
     BU: tl.constexpr,
     BV: tl.constexpr,
     BK: tl.constexpr,
-    HA: tl.constexpr,  # the slice's features: HA, then HB more (TWO)
-    HB: tl.constexpr,
-    TWO: tl.constexpr,
+    PW: tl.constexpr,  # the slice's features: NP pieces of PW
+    NP: tl.constexpr,
 ):
     """Program (n, frame group, label group): tiles (t-block, u) with t-block = gt mod G_T and u = gu mod G_U. A
     tile's logits are made once per class chunk; their gradient times the weight's slice accumulates over the
-    classes in registers ([BM, HA] and [BM, HB]); then once per tile it is added to the rows the program owns."""
+    classes in registers (one [BM, PW] accumulator per piece of PW features); then once per tile it is added to the
+    rows the program owns."""
     tl.static_assert(BU == 1)
+    tl.static_assert(NP <= 5)
     BM: tl.constexpr = BT * BU
     pid = tl.program_id(0)
     per_n = G_T * G_U
@@ -382,10 +401,7 @@ def _joint_grad_hidden_kernel(
     gu = pid - n * per_n - gt * G_U
     n = n.to(tl.int64)
     o_v = tl.arange(0, BV)
-    k_a = c0 + tl.arange(0, HA)
-    m_ka = k_a < c1
-    k_b = c0 + HA + tl.arange(0, HB)
-    m_kb = k_b < c1
+    o_p = tl.arange(0, PW)
     p_genc = genc_ptr + (gu * N + n) * T * H
     p_gpred = gpred_ptr + (gt * N + n) * U1 * H
     for tb in range(gt, n_tb, G_T):
@@ -400,27 +416,40 @@ def _joint_grad_hidden_kernel(
                                                                 U1, RNA)  # fmt: skip
                 if work:
                     lab, _has_label = _labels(tgt_ptr, stride_tg, n, u, m_row, U_n, V)
-                    acc_a = tl.zeros([BM, HA], tl.float32)
-                    acc_b = tl.zeros([BM, HB], tl.float32)
+                    # one accumulator per piece of PW features: each piece's operand is loaded on its own (a
+                    # whole slice's operand in registers at once spills)
+                    acc0 = tl.zeros([BM, PW], tl.float32)
+                    acc1 = tl.zeros([BM, PW], tl.float32)
+                    acc2 = tl.zeros([BM, PW], tl.float32)
+                    acc3 = tl.zeros([BM, PW], tl.float32)
+                    acc4 = tl.zeros([BM, PW], tl.float32)
                     for v0 in range(0, V, BV):
                         v = v0 + o_v
                         m_v = v < V
                         x = _logits(p_e, p_p, m_row, cell, w_ptr, b_ptr, v, m_v, H, s_eh, s_ph, s_wv, s_wh, seed_lo,
                                     seed_hi, threshold, drop_scale, ACT, DROPOUT, DROP_SHIFT, HAS_BIAS, DT, PREC, BM,
                                     BV, BK, BU)  # fmt: skip
-                        d = _dlogits(x, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, CLAMP)
-                        w = tl.load(w_ptr + v[:, None] * s_wv + k_a[None, :] * s_wh, mask=m_v[:, None] & m_ka[None, :],
-                                    other=0.0)  # fmt: skip
-                        acc_a = _mma(d, w, acc_a, DT, PREC)
-                        if TWO:
-                            w = tl.load(w_ptr + v[:, None] * s_wv + k_b[None, :] * s_wh,
-                                        mask=m_v[:, None] & m_kb[None, :], other=0.0)  # fmt: skip
-                            acc_b = _mma(d, w, acc_b, DT, PREC)
-                    _add_rows(acc_a, k_a, m_ka, t, u0, m_row, cell, p_e, p_p, p_genc, p_gpred, T, H, s_eh, s_ph,
-                              seed_lo, seed_hi, threshold, drop_scale, ACT, DROPOUT, DROP_SHIFT, BU)  # fmt: skip
-                    if TWO:
-                        _add_rows(acc_b, k_b, m_kb, t, u0, m_row, cell, p_e, p_p, p_genc, p_gpred, T, H, s_eh, s_ph,
-                                  seed_lo, seed_hi, threshold, drop_scale, ACT, DROPOUT, DROP_SHIFT, BU)  # fmt: skip
+                        d = _dlogits(x, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, CLAMP).to(DT)
+                        acc0 = _piece_dh(acc0, d, w_ptr, v, m_v, c0 + o_p, c1, s_wv, s_wh, DT, PREC)
+                        if NP > 1:
+                            acc1 = _piece_dh(acc1, d, w_ptr, v, m_v, c0 + PW + o_p, c1, s_wv, s_wh, DT, PREC)
+                        if NP > 2:
+                            acc2 = _piece_dh(acc2, d, w_ptr, v, m_v, c0 + 2 * PW + o_p, c1, s_wv, s_wh, DT, PREC)
+                        if NP > 3:
+                            acc3 = _piece_dh(acc3, d, w_ptr, v, m_v, c0 + 3 * PW + o_p, c1, s_wv, s_wh, DT, PREC)
+                        if NP > 4:
+                            acc4 = _piece_dh(acc4, d, w_ptr, v, m_v, c0 + 4 * PW + o_p, c1, s_wv, s_wh, DT, PREC)
+                    rows = (t, u0, m_row, cell, p_e, p_p, p_genc, p_gpred, T, H, s_eh, s_ph, seed_lo, seed_hi,
+                            threshold, drop_scale)  # fmt: skip
+                    _add_rows(acc0, c0 + o_p, c1, *rows, ACT, DROPOUT, DROP_SHIFT, BU)
+                    if NP > 1:
+                        _add_rows(acc1, c0 + PW + o_p, c1, *rows, ACT, DROPOUT, DROP_SHIFT, BU)
+                    if NP > 2:
+                        _add_rows(acc2, c0 + 2 * PW + o_p, c1, *rows, ACT, DROPOUT, DROP_SHIFT, BU)
+                    if NP > 3:
+                        _add_rows(acc3, c0 + 3 * PW + o_p, c1, *rows, ACT, DROPOUT, DROP_SHIFT, BU)
+                    if NP > 4:
+                        _add_rows(acc4, c0 + 4 * PW + o_p, c1, *rows, ACT, DROPOUT, DROP_SHIFT, BU)
 
 
 @triton.jit(do_not_specialize=["seed_lo", "seed_hi", "threshold"])
@@ -478,25 +507,25 @@ def _joint_grad_weight_kernel(
     BU: tl.constexpr,
     BV: tl.constexpr,
     BK: tl.constexpr,
-    HA: tl.constexpr,
-    HB: tl.constexpr,
-    TWO: tl.constexpr,
+    PW: tl.constexpr,
+    NP: tl.constexpr,
     WITH_BIAS: tl.constexpr,  # this launch also sums the bias's gradient (the first slice's)
 ):
     """Program (class chunk, group r): tiles i = r mod R (strided, so that skipped tiles spread evenly). A tile's
     logits against the chunk's classes are made once; their gradient against the slice's hidden features
-    accumulates in registers ([BV, HA] and [BV, HB])."""
+    accumulates in registers, one [BV, PW] accumulator per piece of PW features."""
+    tl.static_assert(NP <= 5)
     BM: tl.constexpr = BT * BU
     i_v = tl.program_id(0)
     r = tl.program_id(1)
     v = i_v * BV + tl.arange(0, BV)
     m_v = v < V
-    k_a = c0 + tl.arange(0, HA)
-    m_ka = k_a < c1
-    k_b = c0 + HA + tl.arange(0, HB)
-    m_kb = k_b < c1
-    acc_a = tl.zeros([BV, HA], tl.float32)
-    acc_b = tl.zeros([BV, HB], tl.float32)
+    o_p = tl.arange(0, PW)
+    acc0 = tl.zeros([BV, PW], tl.float32)
+    acc1 = tl.zeros([BV, PW], tl.float32)
+    acc2 = tl.zeros([BV, PW], tl.float32)
+    acc3 = tl.zeros([BV, PW], tl.float32)
+    acc4 = tl.zeros([BV, PW], tl.float32)
     acc_bias = tl.zeros([BV], tl.float32)
     for i in range(r, n_tiles, R):
         n, t0, u0, T_n, U_n, live = _tile(i, n_tb, n_ub, il_ptr, tl_ptr, T, U1, BT, BU)
@@ -514,20 +543,38 @@ def _joint_grad_weight_kernel(
                 d = _dlogits(x, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, CLAMP)
                 if WITH_BIAS:
                     acc_bias += tl.sum(d, axis=0)
-                d_t = tl.trans(d)
-                h = _hidden(p_e, p_p, m_row, cell, k_a, m_ka, s_eh, s_ph, seed_lo, seed_hi, threshold, drop_scale,
-                            ACT, DROPOUT, DROP_SHIFT, BU)  # fmt: skip
-                acc_a = _mma(d_t, h, acc_a, DT, PREC)
-                if TWO:
-                    h = _hidden(p_e, p_p, m_row, cell, k_b, m_kb, s_eh, s_ph, seed_lo, seed_hi, threshold, drop_scale,
-                                ACT, DROPOUT, DROP_SHIFT, BU)  # fmt: skip
-                    acc_b = _mma(d_t, h, acc_b, DT, PREC)
+                d_t = tl.trans(d.to(DT))
+                hid = (p_e, p_p, m_row, cell)
+                rest = (s_eh, s_ph, seed_lo, seed_hi, threshold, drop_scale)
+                acc0 = _piece_dw(acc0, d_t, *hid, c0 + o_p, c1, *rest, ACT, DROPOUT, DROP_SHIFT, BU, DT, PREC)
+                if NP > 1:
+                    acc1 = _piece_dw(acc1, d_t, *hid, c0 + PW + o_p, c1, *rest, ACT, DROPOUT, DROP_SHIFT, BU, DT, PREC)
+                if NP > 2:
+                    acc2 = _piece_dw(acc2, d_t, *hid, c0 + 2 * PW + o_p, c1, *rest, ACT, DROPOUT, DROP_SHIFT, BU, DT,
+                                     PREC)  # fmt: skip
+                if NP > 3:
+                    acc3 = _piece_dw(acc3, d_t, *hid, c0 + 3 * PW + o_p, c1, *rest, ACT, DROPOUT, DROP_SHIFT, BU, DT,
+                                     PREC)  # fmt: skip
+                if NP > 4:
+                    acc4 = _piece_dw(acc4, d_t, *hid, c0 + 4 * PW + o_p, c1, *rest, ACT, DROPOUT, DROP_SHIFT, BU, DT,
+                                     PREC)  # fmt: skip
     p_out = gw_ptr + (r * V + v.to(tl.int64))[:, None] * H
-    tl.store(p_out + k_a[None, :], acc_a, mask=m_v[:, None] & m_ka[None, :])
-    if TWO:
-        tl.store(p_out + k_b[None, :], acc_b, mask=m_v[:, None] & m_kb[None, :])
+    _store_piece(p_out, acc0, c0 + o_p, c1, m_v)
+    if NP > 1:
+        _store_piece(p_out, acc1, c0 + PW + o_p, c1, m_v)
+    if NP > 2:
+        _store_piece(p_out, acc2, c0 + 2 * PW + o_p, c1, m_v)
+    if NP > 3:
+        _store_piece(p_out, acc3, c0 + 3 * PW + o_p, c1, m_v)
+    if NP > 4:
+        _store_piece(p_out, acc4, c0 + 4 * PW + o_p, c1, m_v)
     if WITH_BIAS:
         tl.store(gb_ptr + r * V + v, acc_bias, mask=m_v)
+
+
+@triton.jit
+def _store_piece(p_out, acc, k, c1, m_v):
+    tl.store(p_out + k[None, :], acc, mask=m_v[:, None] & (k < c1)[None, :])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -543,13 +590,14 @@ def _blocks(enc: torch.Tensor, kernel: str) -> dict:
     features per product step, MAXW features per slice of the gradient kernels' accumulators; small ones under
     the interpreter (CPU tests)."""
     if not enc.is_cuda:
-        blk = dict(BT=4, BU=4, BV=16, BK=16, MAXW=48, num_warps=4, num_stages=1)
+        blk = dict(BT=4, BU=4, BV=16, BK=16, MAXW=48, PW=16, num_warps=4, num_stages=1)
         if kernel != "forward":
             blk.update(BT=16, BU=1)
     elif kernel == "forward":
         blk = dict(BT=128, BU=1, BV=256, BK=64, num_warps=8, num_stages=3)
-    else:
-        blk = dict(BT=64, BU=1, BV=64, BK=64, MAXW=640, num_warps=8, num_stages=1)
+    else:  # from sweeps on an H100 (benchmarks/NOTES.md): 128 classes a chunk suit the hidden kernel, 64 the weight's
+        blk = dict(BT=64, BU=1, BV=128 if kernel == "hidden" else 64, BK=64, MAXW=640, PW=128, num_warps=8,
+                   num_stages=1)  # fmt: skip
     if enc.is_cuda and enc.element_size() == 4:
         # float32 tiles of the weight fill the shared memory sooner
         blk.update(dict(BV=128, num_stages=2) if kernel == "forward" else dict(BV=32, MAXW=128))
@@ -558,20 +606,13 @@ def _blocks(enc: torch.Tensor, kernel: str) -> dict:
     return blk
 
 
-def _slices(H: int, maxw: int) -> list[tuple[int, int, int, int]]:
+def _slices(H: int, maxw: int, pw: int) -> list[tuple[int, int, int]]:
     """The features of the gradient kernels' accumulators, as slices [c0, c1) of equal widths of at most ``maxw``
-    features (multiples of 16), each held as HA + HB features (HA the largest power of two in the slice, HB (0:
-    none) a power of two covering the rest). Each slice is a launch that makes the logits again."""
-    h16 = -(-H // 16) * 16
-    count = -(-h16 // maxw)
-    width = -(-h16 // (16 * count)) * 16
-    out = []
-    for c0 in range(0, H, width):
-        w = min(width, h16 - c0)
-        ha = 1 << (w.bit_length() - 1)
-        hb = 0 if ha == w else max(16, 1 << (w - ha - 1).bit_length())
-        out.append((c0, min(H, c0 + width), ha, hb))
-    return out
+    features, each held as NP pieces of ``pw`` (NP <= 5). Each slice is a launch that makes the logits again."""
+    maxw = min(maxw, 5 * pw)
+    count = -(-H // maxw)
+    width = -(-H // (pw * count)) * pw
+    return [(c0, min(H, c0 + width), -(-min(width, H - c0) // pw)) for c0 in range(0, H, width)]
 
 
 def _common(enc, pred, weight, bias, dropout, seed, activation, precision):
@@ -682,10 +723,10 @@ def joint_backward(
     g_u = min(U1, max(1, triton.cdiv(4 * sms, N * g_t)))
     genc = torch.zeros(g_u, N, T, H, dtype=torch.float32, device=dev)
     gpred = torch.zeros(g_t, N, U1, H, dtype=torch.float32, device=dev)
-    for c0, c1, ha, hb in _slices(H, blk["MAXW"]):
+    for c0, c1, n_p in _slices(H, blk["MAXW"], blk["PW"]):
         _joint_grad_hidden_kernel[(N * g_t * g_u,)](
             *state, genc, gpred, gstride, gscale, c0, c1, N, T, U1, V, H, n_tb, g_t, g_u, *strides, *tail,
-            BT=blk["BT"], BU=blk["BU"], BV=blk["BV"], BK=blk["BK"], HA=ha, HB=max(hb, 16), TWO=hb > 0,
+            BT=blk["BT"], BU=blk["BU"], BV=blk["BV"], BK=blk["BK"], PW=blk["PW"], NP=n_p,
             **_launch(blk), **meta,
         )  # fmt: skip
 
@@ -697,10 +738,10 @@ def joint_backward(
     groups = min(n_tiles, max(1, triton.cdiv(2 * sms, n_v)))
     gw = _empty(groups, V, H, dtype=torch.float32, device=dev)
     gb = _empty(groups, V, dtype=torch.float32, device=dev) if bias is not None else None
-    for c0, c1, ha, hb in _slices(H, blk["MAXW"]):
+    for c0, c1, n_p in _slices(H, blk["MAXW"], blk["PW"]):
         _joint_grad_weight_kernel[(n_v, groups)](
             *state, gw, gb, gstride, gscale, c0, c1, T, U1, V, H, n_tb, n_ub, n_tiles, groups, *strides, *tail,
-            BT=blk["BT"], BU=blk["BU"], BV=blk["BV"], BK=blk["BK"], HA=ha, HB=max(hb, 16), TWO=hb > 0,
+            BT=blk["BT"], BU=blk["BU"], BV=blk["BV"], BK=blk["BK"], PW=blk["PW"], NP=n_p,
             WITH_BIAS=bias is not None and c0 == 0, **_launch(blk), **meta,
         )  # fmt: skip
     grad_b = None if bias is None else gb.sum(0).to(bias.dtype)
