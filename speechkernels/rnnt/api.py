@@ -51,13 +51,59 @@ def _check_contents(
             raise ValueError(f"targets[{n}, {j}]={int(tg[n, j])} {what}")
 
 
-def _forward(x, targets, il, tl, blank, fused, loss_scale, rna, need_grad, validate, reduction="none", store_lse=True):
-    """The forward kernels, after the device-side check of lengths and labels (one value read back: with the
-    device idle, so that afterwards the host queues every kernel ahead of it)."""
-    N, T, U1, V = x.shape
-    if validate and not kernels.rnnt_validate(targets, il, tl, T, V, blank):
-        _check_contents(T, U1 - 1, V, targets, il, tl, blank)
+def validate_on_device(T: int, U: int, V: int, targets, il, tl, blank: int) -> None:
+    """The device-side check of lengths and labels (one value read back: with the device idle, so that
+    afterwards the host queues every kernel ahead of it); on failure the host finds and names the argument."""
+    if not kernels.rnnt_validate(targets, il, tl, T, V, blank):
+        _check_contents(T, U, V, targets, il, tl, blank)
         raise ValueError("invalid RNN-T arguments")  # not reached: the check above names the argument
+
+
+def check_loss_arguments(
+    targets,
+    logit_lengths,
+    target_lengths,
+    blank: int,
+    reduction: str,
+    N: int,
+    U1: int,
+    V: int,
+    dev,
+    batch_of: str,
+    rows_of: str,
+    classes_of: str = "",
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The checks every RNN-T entry point makes of its labels, lengths, blank and reduction, naming the tensor
+    the batch size (``batch_of``), the U + 1 rows (``rows_of``) and V (``classes_of``) come from. Returns the
+    lengths on ``dev`` and blank in [0, V)."""
+    if not isinstance(targets, torch.Tensor):
+        raise ValueError(f"targets must be a torch.Tensor, got {type(targets).__name__}")
+    if targets.dtype not in INDEX_DTYPES:
+        raise ValueError(f"targets must be int32 or int64, got {targets.dtype}")
+    if targets.dim() != 2:
+        raise ValueError(f"targets must be [N, U], got shape {tuple(targets.shape)}")
+    if targets.shape[0] != N:
+        raise ValueError(f"targets has {targets.shape[0]} rows but {batch_of}'s batch size is {N}")
+    if targets.shape[1] + 1 != U1:
+        raise ValueError(f"{rows_of}={U1} must be targets.shape[1] + 1 = {targets.shape[1] + 1}")
+    if not -V <= blank < V:
+        raise ValueError(f"blank={blank} is outside [-V, V) for V={V}{classes_of}")
+    if N == 0 and reduction == "mean":
+        raise ValueError("reduction='mean' over an empty batch (N=0) is undefined: use 'sum' or 'none'")
+    il = as_index_tensor(logit_lengths, "logit_lengths", dev, keep=INDEX_DTYPES)
+    tl = as_index_tensor(target_lengths, "target_lengths", dev, keep=INDEX_DTYPES)
+    if il.numel() != N:
+        raise ValueError(f"logit_lengths has {il.numel()} entries but the batch size is {N}")
+    if tl.numel() != N:
+        raise ValueError(f"target_lengths has {tl.numel()} entries but the batch size is {N}")
+    return il, tl, blank + V if blank < 0 else blank
+
+
+def _forward(x, targets, il, tl, blank, fused, loss_scale, rna, need_grad, validate, reduction="none", store_lse=True):
+    """The forward kernels, after the device-side check of lengths and labels."""
+    N, T, U1, V = x.shape
+    if validate:
+        validate_on_device(T, U1 - 1, V, targets, il, tl, blank)
     return kernels.rnnt_forward(x, targets, il, tl, blank, fused, loss_scale, rna, need_grad, reduction, store_lse)
 
 
@@ -258,35 +304,17 @@ def rnnt_loss(
     reuse_logits_for_grad = as_bool(reuse_logits_for_grad, "reuse_logits_for_grad")
     if logits.dim() != 4:
         raise ValueError(f"logits must have 4 dimensions [N, T, U+1, V], got shape {tuple(logits.shape)}")
-    if not isinstance(targets, torch.Tensor):
-        raise ValueError(f"targets must be a torch.Tensor, got {type(targets).__name__}")
-    if targets.dtype not in INDEX_DTYPES:
-        raise ValueError(f"targets must be int32 or int64, got {targets.dtype}")
-    if targets.dim() != 2:
-        raise ValueError(f"targets must be [N, U], got shape {tuple(targets.shape)}")
     N, T, U1, V = logits.shape
-    if targets.shape[0] != N:
-        raise ValueError(f"targets has {targets.shape[0]} rows but logits' batch size is {N}")
-    if targets.shape[1] + 1 != U1:
-        raise ValueError(f"logits.shape[2]={U1} must be targets.shape[1] + 1 = {targets.shape[1] + 1}")
-    if not -V <= blank < V:
-        raise ValueError(f"blank={blank} is outside [-V, V) for V={V}")
-    blank = blank + V if blank < 0 else blank
-    if N == 0 and reduction == "mean":
-        raise ValueError("reduction='mean' over an empty batch (N=0) is undefined: use 'sum' or 'none'")
+    dev = logits.device
+    il, tl, blank = check_loss_arguments(
+        targets, logit_lengths, target_lengths, blank, reduction, N, U1, V, dev, "logits", "logits.shape[2]"
+    )
     if reuse_logits_for_grad and logits.requires_grad and _overlaps_itself(logits):
         raise ValueError(
             "reuse_logits_for_grad=True needs logits whose elements do not share memory (the gradient is written "
             f"over them), got strides {logits.stride()} for shape {tuple(logits.shape)}: pass .contiguous() logits"
         )
     loss_scale = 1.0 + fastemit_lambda if fastemit_loss_scale else 1.0
-    dev = logits.device
-    il = as_index_tensor(logit_lengths, "logit_lengths", dev, keep=INDEX_DTYPES)
-    tl = as_index_tensor(target_lengths, "target_lengths", dev, keep=INDEX_DTYPES)
-    if il.numel() != N:
-        raise ValueError(f"logit_lengths has {il.numel()} entries but the batch size is {N}")
-    if tl.numel() != N:
-        raise ValueError(f"target_lengths has {tl.numel()} entries but the batch size is {N}")
     targets = targets.to(dev)
     if kernels is not None and use_triton(logits) and N > 0 and T > 0:
         need_grad = torch.is_grad_enabled() and logits.requires_grad

@@ -6,25 +6,23 @@ from __future__ import annotations
 import torch
 
 from .._utils import (
-    INDEX_DTYPES,
     REDUCTIONS,
     as_bool,
     as_choice,
     as_float,
     as_generator,
-    as_index_tensor,
     as_int,
     check_float_input,
     use_triton,
 )
-from .api import Lengths, _check_contents
+from .api import Lengths, _check_contents, check_loss_arguments, validate_on_device
 from .joint_reference import ACTIVATIONS, RNNTJointLossReferenceFunction, activation_fn, joint_hidden
 from .reference import RNNT_TYPES, reduce_loss
 
 try:
-    from . import joint_kernels, kernels
+    from . import joint_kernels
 except ImportError:  # no Triton: the PyTorch path serves every call
-    joint_kernels = kernels = None
+    joint_kernels = None
 
 
 class RNNTJointLossFunction(torch.autograd.Function):
@@ -37,9 +35,8 @@ class RNNTJointLossFunction(torch.autograd.Function):
         clamp, rna, validate, reduction,
     ):  # fmt: skip
         need_grad = any(ctx.needs_input_grad[:4])
-        T, V = enc.shape[1], weight.shape[0]
-        if validate and not kernels.rnnt_validate(targets, il, tl, T, V, blank):
-            _check_contents(T, pred.shape[1] - 1, V, targets, il, tl, blank)
+        if validate:
+            validate_on_device(enc.shape[1], pred.shape[1] - 1, weight.shape[0], targets, il, tl, blank)
         loss, state = joint_kernels.joint_forward(
             enc, pred, weight, bias, targets, il, tl, blank, activation, dropout, seed, loss_scale, rna, need_grad,
             reduction, joint_kernels.FLOAT32_PRECISION,
@@ -62,6 +59,13 @@ def _draw_seed(generator: torch.Generator | None) -> tuple[int, int]:
     device = generator.device if generator is not None else "cpu"
     lo, hi = torch.randint(0, 2**31, (2,), generator=generator, device=device).tolist()
     return lo, hi
+
+
+def _as_dropout(value) -> float:
+    dropout = as_float(value, "dropout", minimum=0.0, finite=True)
+    if not dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+    return dropout
 
 
 def _check_tensors(enc, pred, weight, bias) -> tuple[int, int, int, int, int]:
@@ -160,9 +164,7 @@ def rnnt_joint_loss(
     """
     N, T, U1, H, V = _check_tensors(enc, pred, weight, bias)
     activation = as_choice(activation, "activation", ACTIVATIONS)
-    dropout = as_float(dropout, "dropout", minimum=0.0, finite=True)
-    if not dropout < 1.0:
-        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+    dropout = _as_dropout(dropout)
     blank = as_int(blank, "blank")
     clamp = as_float(clamp, "clamp")
     reduction = as_choice(reduction, "reduction", REDUCTIONS)
@@ -171,21 +173,11 @@ def rnnt_joint_loss(
     rnnt_type = as_choice(rnnt_type, "rnnt_type", RNNT_TYPES)
     validate = as_bool(validate, "validate")
     generator = as_generator(generator)
-    if not isinstance(targets, torch.Tensor):
-        raise ValueError(f"targets must be a torch.Tensor, got {type(targets).__name__}")
-    if targets.dtype not in INDEX_DTYPES:
-        raise ValueError(f"targets must be int32 or int64, got {targets.dtype}")
-    if targets.dim() != 2:
-        raise ValueError(f"targets must be [N, U], got shape {tuple(targets.shape)}")
-    if targets.shape[0] != N:
-        raise ValueError(f"targets has {targets.shape[0]} rows but enc's batch size is {N}")
-    if targets.shape[1] + 1 != U1:
-        raise ValueError(f"pred.shape[1]={U1} must be targets.shape[1] + 1 = {targets.shape[1] + 1}")
-    if not -V <= blank < V:
-        raise ValueError(f"blank={blank} is outside [-V, V) for V={V} (weight.shape[0])")
-    blank = blank + V if blank < 0 else blank
-    if N == 0 and reduction == "mean":
-        raise ValueError("reduction='mean' over an empty batch (N=0) is undefined: use 'sum' or 'none'")
+    dev = enc.device
+    il, tl, blank = check_loss_arguments(
+        targets, logit_lengths, target_lengths, blank, reduction, N, U1, V, dev, "enc", "pred.shape[1]",
+        " (weight.shape[0])",
+    )  # fmt: skip
     dev = enc.device
     if torch.is_autocast_enabled(dev.type):
         dt = torch.get_autocast_dtype(dev.type)
@@ -197,12 +189,6 @@ def rnnt_joint_loss(
                 raise ValueError(
                     f"{name} is {x.dtype} but enc is {enc.dtype}: pass one dtype, or run under torch.autocast"
                 )
-    il = as_index_tensor(logit_lengths, "logit_lengths", dev, keep=INDEX_DTYPES)
-    tl = as_index_tensor(target_lengths, "target_lengths", dev, keep=INDEX_DTYPES)
-    if il.numel() != N:
-        raise ValueError(f"logit_lengths has {il.numel()} entries but the batch size is {N}")
-    if tl.numel() != N:
-        raise ValueError(f"target_lengths has {tl.numel()} entries but the batch size is {N}")
     targets = targets.to(dev)
     seed = _draw_seed(generator) if dropout > 0 else (0, 0)
     loss_scale = 1.0 + fastemit_lambda if fastemit_loss_scale else 1.0
@@ -269,9 +255,7 @@ class RNNTJointLoss(torch.nn.Module):
         dims = (enc_dim, pred_dim, joint_dim, vocab_size)
         enc_dim, pred_dim, joint_dim, vocab_size = (as_int(x, k, minimum=1) for x, k in zip(dims, names, strict=True))
         self.activation = as_choice(activation, "activation", ACTIVATIONS)
-        self.dropout = as_float(dropout, "dropout", minimum=0.0, finite=True)
-        if not self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        self.dropout = _as_dropout(dropout)
         factory = dict(device=device, dtype=dtype)
         self.enc = torch.nn.Linear(enc_dim, joint_dim, **factory)
         self.pred = torch.nn.Linear(pred_dim, joint_dim, **factory)
