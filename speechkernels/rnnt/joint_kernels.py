@@ -79,12 +79,12 @@ def _keep(cell, k, seed_lo, seed_hi, threshold, DROP_SHIFT: tl.constexpr):
 
 
 @triton.jit
-def _pre(p_e, p_p, m_row, k, m_k, s_eh, s_ph, BU: tl.constexpr):
+def _pre(p_e, p_p, m_row, k, m_k, s_eh, s_ph, ONE_PRED: tl.constexpr):
     """enc + pred of the tile's cells for features k: [BM, BK] float32, 0 off the cells and past H. A tile of one
-    label (BU = 1) has one predictor row (``p_p`` a scalar): loaded once and broadcast."""
+    label (ONE_PRED) has one predictor row (``p_p`` a scalar): loaded once and broadcast."""
     m = m_row[:, None] & m_k[None, :]
     e = tl.load(p_e[:, None] + k[None, :] * s_eh, mask=m, other=0.0).to(tl.float32)
-    if BU == 1:
+    if ONE_PRED:
         p = tl.load(p_p + k * s_ph, mask=m_k, other=0.0).to(tl.float32)[None, :]
     else:
         p = tl.load(p_p[:, None] + k[None, :] * s_ph, mask=m, other=0.0).to(tl.float32)
@@ -93,9 +93,9 @@ def _pre(p_e, p_p, m_row, k, m_k, s_eh, s_ph, BU: tl.constexpr):
 
 @triton.jit
 def _hidden(p_e, p_p, m_row, cell, k, m_k, s_eh, s_ph, seed_lo, seed_hi, threshold, drop_scale,
-            ACT: tl.constexpr, DROPOUT: tl.constexpr, DROP_SHIFT: tl.constexpr, BU: tl.constexpr):  # fmt: skip
+            ACT: tl.constexpr, DROPOUT: tl.constexpr, DROP_SHIFT: tl.constexpr, ONE_PRED: tl.constexpr):  # fmt: skip
     """The hidden vectors' features k: dropout(act(enc + pred)), [BM, BK] float32, 0 off the cells."""
-    x, m = _pre(p_e, p_p, m_row, k, m_k, s_eh, s_ph, BU)
+    x, m = _pre(p_e, p_p, m_row, k, m_k, s_eh, s_ph, ONE_PRED)
     h = _act(x, ACT)
     if DROPOUT:
         h = tl.where(_keep(cell, k, seed_lo, seed_hi, threshold, DROP_SHIFT), h * drop_scale, 0.0)
@@ -104,9 +104,10 @@ def _hidden(p_e, p_p, m_row, cell, k, m_k, s_eh, s_ph, seed_lo, seed_hi, thresho
 
 @triton.jit
 def _hidden_grad(p_e, p_p, m_row, cell, k, m_k, s_eh, s_ph, seed_lo, seed_hi, threshold, drop_scale,
-                 ACT: tl.constexpr, DROPOUT: tl.constexpr, DROP_SHIFT: tl.constexpr, BU: tl.constexpr):  # fmt: skip
+                 ACT: tl.constexpr, DROPOUT: tl.constexpr, DROP_SHIFT: tl.constexpr,
+                 ONE_PRED: tl.constexpr):  # fmt: skip
     """d h / d (enc + pred) for features k: act' times dropout's mask and scale, [BM, BK] float32."""
-    x, m = _pre(p_e, p_p, m_row, k, m_k, s_eh, s_ph, BU)
+    x, m = _pre(p_e, p_p, m_row, k, m_k, s_eh, s_ph, ONE_PRED)
     f = _act_grad(x, ACT)
     if DROPOUT:
         f = tl.where(_keep(cell, k, seed_lo, seed_hi, threshold, DROP_SHIFT), f * drop_scale, 0.0)
@@ -125,12 +126,46 @@ def _logits(p_e, p_p, m_row, cell, w_ptr, b_ptr, v, m_v, H, s_eh, s_ph, s_wv, s_
         k = k0 + o_k
         m_k = k < H
         h = _hidden(p_e, p_p, m_row, cell, k, m_k, s_eh, s_ph, seed_lo, seed_hi, threshold, drop_scale, ACT,
-                    DROPOUT, DROP_SHIFT, BU)  # fmt: skip
+                    DROPOUT, DROP_SHIFT, BU == 1)  # fmt: skip
         w = tl.load(w_ptr + v[None, :] * s_wv + k[:, None] * s_wh, mask=m_k[:, None] & m_v[None, :], other=0.0)
         acc = _mma(h, w, acc, DT, PREC)
     if HAS_BIAS:
         acc += tl.load(b_ptr + v, mask=m_v, other=0.0).to(tl.float32)[None, :]
     return acc
+
+
+@triton.jit
+def _lse_chunk(b_m, b_s, x_blank, x_label, v0, V, p_e, p_p, m_row, cell, w_ptr, b_ptr, lab, H, s_eh, s_ph, s_wv, s_wh,
+               seed_lo, seed_hi, threshold, drop_scale, blank, ACT: tl.constexpr, DROPOUT: tl.constexpr,
+               DROP_SHIFT: tl.constexpr, HAS_BIAS: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+               BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, BU: tl.constexpr):  # fmt: skip
+    """One chunk of classes [v0, v0 + BV) of the online log-sum-exp (log2 units), and the blank and label logits."""
+    v = v0 + tl.arange(0, BV)
+    m_v = v < V
+    acc = _logits(p_e, p_p, m_row, cell, w_ptr, b_ptr, v, m_v, H, s_eh, s_ph, s_wv, s_wh, seed_lo, seed_hi, threshold,
+                  drop_scale, ACT, DROPOUT, DROP_SHIFT, HAS_BIAS, DT, PREC, BM, BV, BK, BU)  # fmt: skip
+    x2 = tl.where(m_v[None, :], acc * _log2e(), float("-inf"))
+    m_new = tl.maximum(b_m, tl.max(x2, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    b_s = b_s * tl.exp2(b_m - m_safe) + tl.sum(tl.exp2(x2 - m_safe[:, None]), axis=1)
+    x_blank += tl.sum(tl.where(v[None, :] == blank, acc, 0.0), axis=1)
+    x_label += tl.sum(tl.where(v[None, :] == lab[:, None], acc, 0.0), axis=1)
+    return m_new, b_s, x_blank, x_label
+
+
+@triton.jit
+def _ds_chunk(ds_ptr, rows, v0, V, p_e, p_p, m_row, cell, w_ptr, b_ptr, lab, lse, occ_b, occ_e, g, clamp, H, s_eh,
+              s_ph, s_wv, s_wh, seed_lo, seed_hi, threshold, drop_scale, blank, ACT: tl.constexpr,
+              DROPOUT: tl.constexpr, DROP_SHIFT: tl.constexpr, HAS_BIAS: tl.constexpr, DT: tl.constexpr,
+              PREC: tl.constexpr, CLAMP: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr,
+              BK: tl.constexpr):  # fmt: skip
+    """One chunk of classes [v0, v0 + BV) of the tile's logits' gradient, stored at ``rows``."""
+    v = v0 + tl.arange(0, BV)
+    m_v = v < V
+    x = _logits(p_e, p_p, m_row, cell, w_ptr, b_ptr, v, m_v, H, s_eh, s_ph, s_wv, s_wh, seed_lo, seed_hi, threshold,
+                drop_scale, ACT, DROPOUT, DROP_SHIFT, HAS_BIAS, DT, PREC, BM, BV, BK, 1)  # fmt: skip
+    d = _dlogits(x, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, CLAMP)
+    tl.store(ds_ptr + rows[:, None] + v[None, :], d.to(DT), mask=m_v[None, :])
 
 
 @triton.jit
@@ -191,6 +226,7 @@ def _joint_lattice_kernel(
     H,
     n_tb,
     n_ub,
+    V_main,  # classes [0, V_main) in chunks of BV, the rest in chunks of BVT
     s_en,
     s_et,
     s_eh,
@@ -215,6 +251,7 @@ def _joint_lattice_kernel(
     BT: tl.constexpr,
     BU: tl.constexpr,
     BV: tl.constexpr,
+    BVT: tl.constexpr,
     BK: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -230,20 +267,14 @@ def _joint_lattice_kernel(
         b_s = tl.zeros([BM], tl.float32)  # running sum of exp2(x - b_m)
         x_blank = tl.zeros([BM], tl.float32)
         x_label = tl.zeros([BM], tl.float32)
-        o_v = tl.arange(0, BV)
-        for v0 in range(0, V, BV):
-            v = v0 + o_v
-            m_v = v < V
-            acc = _logits(p_e, p_p, m_row, cell, w_ptr, b_ptr, v, m_v, H, s_eh, s_ph, s_wv, s_wh, seed_lo, seed_hi,
-                          threshold, drop_scale, ACT, DROPOUT, DROP_SHIFT, HAS_BIAS, DT, PREC, BM, BV,
-                          BK, BU)  # fmt: skip
-            x2 = tl.where(m_v[None, :], acc * _log2e(), float("-inf"))
-            m_new = tl.maximum(b_m, tl.max(x2, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            b_s = b_s * tl.exp2(b_m - m_safe) + tl.sum(tl.exp2(x2 - m_safe[:, None]), axis=1)
-            b_m = m_new
-            x_blank += tl.sum(tl.where(v[None, :] == blank, acc, 0.0), axis=1)
-            x_label += tl.sum(tl.where(v[None, :] == lab[:, None], acc, 0.0), axis=1)
+        tile = (p_e, p_p, m_row, cell, w_ptr, b_ptr, lab, H, s_eh, s_ph, s_wv, s_wh, seed_lo, seed_hi, threshold,
+                drop_scale, blank)  # fmt: skip
+        for v0 in range(0, V_main, BV):  # whole chunks
+            b_m, b_s, x_blank, x_label = _lse_chunk(b_m, b_s, x_blank, x_label, v0, V, *tile, ACT, DROPOUT,
+                                                    DROP_SHIFT, HAS_BIAS, DT, PREC, BM, BV, BK, BU)  # fmt: skip
+        for v0 in range(V_main, V, BVT):  # the last classes in narrow chunks (V = 2^k + 1: the blank alone)
+            b_m, b_s, x_blank, x_label = _lse_chunk(b_m, b_s, x_blank, x_label, v0, V, *tile, ACT, DROPOUT,
+                                                    DROP_SHIFT, HAS_BIAS, DT, PREC, BM, BVT, BK, BU)  # fmt: skip
         m_safe = tl.where(b_m == float("-inf"), 0.0, b_m)
         lse = (m_safe + tl.log2(b_s)) * _ln2()
         tl.store(lse_ptr + cell, lse, mask=m_row)
@@ -294,43 +325,8 @@ def _mma(a, b, acc, DT: tl.constexpr, PREC: tl.constexpr):
         return tl.dot(a.to(DT), b.to(DT), acc)
 
 
-@triton.jit
-def _piece_dh(acc, d, w_ptr, v, m_v, k, c1, s_wv, s_wh, DT: tl.constexpr, PREC: tl.constexpr):
-    """acc + the logits' gradient d [BM, BV] times the weight's rows v, features k (< c1): [BM, PW]."""
-    w = tl.load(w_ptr + v[:, None] * s_wv + k[None, :] * s_wh, mask=m_v[:, None] & (k < c1)[None, :], other=0.0)
-    return _mma(d, w, acc, DT, PREC)
-
-
-@triton.jit
-def _piece_dw(acc, d_t, p_e, p_p, m_row, cell, k, c1, s_eh, s_ph, seed_lo, seed_hi, threshold, drop_scale,
-              ACT: tl.constexpr, DROPOUT: tl.constexpr, DROP_SHIFT: tl.constexpr, BU: tl.constexpr, DT: tl.constexpr,
-              PREC: tl.constexpr):  # fmt: skip
-    """acc + the logits' gradient transposed d_t [BV, BM] times the tile's hidden features k (< c1): [BV, PW]."""
-    h = _hidden(p_e, p_p, m_row, cell, k, k < c1, s_eh, s_ph, seed_lo, seed_hi, threshold, drop_scale, ACT, DROPOUT,
-                DROP_SHIFT, BU)  # fmt: skip
-    return _mma(d_t, h, acc, DT, PREC)
-
-
-@triton.jit
-def _add_rows(acc, k, c1, t, u0, m_row, cell, p_e, p_p, p_genc, p_gpred, T, H, s_eh, s_ph, seed_lo, seed_hi,
-              threshold, drop_scale, ACT: tl.constexpr, DROPOUT: tl.constexpr, DROP_SHIFT: tl.constexpr,
-              BU: tl.constexpr):  # fmt: skip
-    """A tile's hidden-vector gradient (features k) times d h / d (enc + pred), added to its encoder rows (one per
-    cell: a tile is one label's frames) and, summed over the frames, to its predictor row."""
-    m_k = k < c1
-    f = _hidden_grad(p_e, p_p, m_row, cell, k, m_k, s_eh, s_ph, seed_lo, seed_hi, threshold, drop_scale, ACT,
-                     DROPOUT, DROP_SHIFT, BU)  # fmt: skip
-    # (where, not a product: a NaN weight leaves the rows of cells without edges alone)
-    part = tl.where(m_row[:, None], acc * f, 0.0)
-    p = p_genc + t[:, None].to(tl.int64) * H + k[None, :]
-    m = (t < T)[:, None] & m_k[None, :]
-    tl.store(p, tl.load(p, mask=m) + part, mask=m)
-    q = p_gpred + u0 * H + k
-    tl.store(q, tl.load(q, mask=m_k) + tl.sum(part, axis=0), mask=m_k)
-
-
 @triton.jit(do_not_specialize=["seed_lo", "seed_hi", "threshold"])
-def _joint_grad_hidden_kernel(
+def _joint_dlogits_kernel(
     enc_ptr,
     pred_ptr,
     w_ptr,
@@ -342,20 +338,118 @@ def _joint_grad_hidden_kernel(
     occ_ptr,  # [N * T * (U+1), 2] edge occupancies (skewed)
     logp_ptr,  # [N] float64 log2 p
     gloss_ptr,  # upstream gradient per sample (stride 0: one for the batch)
-    genc_ptr,  # [G_U, N, T, H] float32 in/out (zeroed): the encoder rows' gradient per group of labels
-    gpred_ptr,  # [G_T, N, U+1, H] float32 in/out (zeroed): the predictor rows' per group of frame blocks
+    ds_ptr,  # [tiles, BT, s_ds] out: the chunk's logits' gradient (the products' dtype)
+    flag_ptr,  # [tiles] int32 out: rows written (the frames with edges) where the tile has work, else 0
     gloss_stride,
     gscale,
-    c0,  # this launch's slice of features: [c0, c1)
-    c1,
+    n0,  # the chunk: samples [n0, n0 + rows / n_tb), labels [u0, u0 + UC)
+    u0,
+    UC,
+    T,
+    U1,
+    V,
+    H,
+    n_tb,
+    V_main,
+    s_ds,
+    s_en,
+    s_et,
+    s_eh,
+    s_pn,
+    s_pu,
+    s_ph,
+    s_wv,
+    s_wh,
+    stride_tg,
+    blank,
+    fastemit_scale,
+    clamp,
+    seed_lo,
+    seed_hi,
+    threshold,
+    drop_scale,
+    ACT: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    DROP_SHIFT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    DT: tl.constexpr,
+    PREC: tl.constexpr,
+    CLAMP: tl.constexpr,
+    RNA: tl.constexpr,
+    BT: tl.constexpr,
+    BV: tl.constexpr,
+    BVT: tl.constexpr,
+    BK: tl.constexpr,
+):
+    """Program = tile (sample, frame block, label) of the chunk: its logits made again, chunk by chunk of BV classes,
+    and their gradient g * (softmax * (occ_b + occ_e) - occ_b [blank] - occ_e [label]) stored in the products'
+    dtype (0 in rows without edges); a tile without work writes nothing and flags it."""
+    i = tl.program_id(0)
+    j = i % UC
+    r = i // UC
+    tb = r % n_tb
+    n = (n0 + r // n_tb).to(tl.int64)
+    t0 = tb * BT
+    u = u0 + j
+    T_n, U_n = _lengths(il_ptr, tl_ptr, n, True, T, U1)
+    rows_ok = 0
+    if (t0 < T_n) & (u <= U_n):
+        t, uu, m_row, cell, p_e, p_p = _tile_cells(n, t0, u, T_n, U_n, T, U1, enc_ptr, pred_ptr, s_en, s_et, s_pn,
+                                                   s_pu, BT, 1)  # fmt: skip
+        m_row, occ_b, occ_e, lse, g, work = _tile_state(n, t, uu, m_row, cell, lse_ptr, occ_ptr, logp_ptr, gloss_ptr,
+                                                        gloss_stride, gscale, fastemit_scale, T, U1, RNA)  # fmt: skip
+        if work:
+            rows_ok = tl.sum(m_row.to(tl.int32), axis=0)
+            lab, _has_label = _labels(tgt_ptr, stride_tg, n, uu, m_row, U_n, V)
+            rows = (i * BT + tl.arange(0, BT)).to(tl.int64) * s_ds
+            tile = (p_e, p_p, m_row, cell, w_ptr, b_ptr, lab, lse, occ_b, occ_e, g, clamp, H, s_eh, s_ph, s_wv, s_wh,
+                    seed_lo, seed_hi, threshold, drop_scale, blank)  # fmt: skip
+            for v0 in range(0, V_main, BV):
+                _ds_chunk(ds_ptr, rows, v0, V, *tile, ACT, DROPOUT, DROP_SHIFT, HAS_BIAS, DT, PREC, CLAMP, BT, BV, BK)
+            for v0 in range(V_main, V, BVT):
+                _ds_chunk(ds_ptr, rows, v0, V, *tile, ACT, DROPOUT, DROP_SHIFT, HAS_BIAS, DT, PREC, CLAMP, BT, BVT, BK)
+    # the rows with edges (a prefix of the tile's frames), 0 for a tile without work
+    tl.store(flag_ptr + i, rows_ok)
+
+
+@triton.jit
+def _chunk_rows(i0, n0, u0, UC, tiles, n_tb, flag_ptr, enc_ptr, pred_ptr, T, U1, s_en, s_et, s_pn, s_pu,
+                BT: tl.constexpr, BM: tl.constexpr):  # fmt: skip
+    """BM rows of the chunk's logits' gradient from tile i0 on (BM / BT consecutive tiles): which hold a cell with
+    edges (written by ``_joint_dlogits_kernel``), their frames, labels, cells and encoder and predictor rows."""
+    o_m = tl.arange(0, BM)
+    i = i0 + o_m // BT
+    r = i // UC
+    tb = r % n_tb
+    n = (n0 + r // n_tb).to(tl.int64)
+    t = tb * BT + o_m % BT
+    u = u0 + i % UC
+    m_row = (o_m % BT) < tl.load(flag_ptr + i, mask=i < tiles, other=0)
+    cell = (n * T + t) * U1 + u
+    p_e = enc_ptr + n * s_en + t.to(tl.int64) * s_et
+    p_p = pred_ptr + n * s_pn + u.to(tl.int64) * s_pu
+    return m_row, t, u, cell, p_e, p_p
+
+
+@triton.jit(do_not_specialize=["seed_lo", "seed_hi", "threshold"])
+def _joint_grad_rows_kernel(
+    enc_ptr,
+    pred_ptr,
+    w_ptr,
+    ds_ptr,  # the chunk's logits' gradient and flags (``_joint_dlogits_kernel``)
+    flag_ptr,
+    genc_ptr,  # [N, T, H] float32 in/out: the encoder rows' gradient
+    gpred_ptr,  # [n_tb, N, U+1, H] float32 out (zeroed): the predictor rows' per frame block
+    n0,
+    u0,
+    UC,
     N,
     T,
     U1,
     V,
     H,
     n_tb,
-    G_T,
-    G_U,
+    s_ds,
     s_en,
     s_et,
     s_eh,
@@ -364,10 +458,6 @@ def _joint_grad_hidden_kernel(
     s_ph,
     s_wv,
     s_wh,
-    stride_tg,
-    blank,
-    fastemit_scale,
-    clamp,
     seed_lo,
     seed_hi,
     threshold,
@@ -375,122 +465,79 @@ def _joint_grad_hidden_kernel(
     ACT: tl.constexpr,
     DROPOUT: tl.constexpr,
     DROP_SHIFT: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
     DT: tl.constexpr,
     PREC: tl.constexpr,
-    CLAMP: tl.constexpr,
-    RNA: tl.constexpr,
     BT: tl.constexpr,
-    BU: tl.constexpr,
-    BV: tl.constexpr,
+    UB: tl.constexpr,
+    BN: tl.constexpr,
     BK: tl.constexpr,
-    PW: tl.constexpr,  # the slice's features: NP pieces of PW
-    NP: tl.constexpr,
 ):
-    """Program (n, frame group, label group): tiles (t-block, u) with t-block = gt mod G_T and u = gu mod G_U. A
-    tile's logits are made once per class chunk; their gradient times the weight's slice accumulates over the
-    classes in registers (one [BM, PW] accumulator per piece of PW features); then once per tile it is added to the
-    rows the program owns."""
-    tl.static_assert(BU == 1)
-    tl.static_assert(NP <= 5)
-    BM: tl.constexpr = BT * BU
-    pid = tl.program_id(0)
-    per_n = G_T * G_U
-    n = pid // per_n
-    gt = (pid - n * per_n) // G_U
-    gu = pid - n * per_n - gt * G_U
-    n = n.to(tl.int64)
-    o_v = tl.arange(0, BV)
-    o_p = tl.arange(0, PW)
-    p_genc = genc_ptr + (gu * N + n) * T * H
-    p_gpred = gpred_ptr + (gt * N + n) * U1 * H
-    for tb in range(gt, n_tb, G_T):
-        for ub in range(gu, U1, G_U):
-            _n, t0, u0, T_n, U_n, live = _tile(n * n_tb * U1 + tb * U1 + ub, n_tb, U1, il_ptr, tl_ptr, T, U1, BT,
-                                               BU)  # fmt: skip
-            if live:
-                t, u, m_row, cell, p_e, p_p = _tile_cells(n, t0, u0, T_n, U_n, T, U1, enc_ptr, pred_ptr, s_en, s_et,
-                                                          s_pn, s_pu, BT, BU)  # fmt: skip
-                m_row, occ_b, occ_e, lse, g, work = _tile_state(n, t, u, m_row, cell, lse_ptr, occ_ptr, logp_ptr,
-                                                                gloss_ptr, gloss_stride, gscale, fastemit_scale, T,
-                                                                U1, RNA)  # fmt: skip
-                if work:
-                    lab, _has_label = _labels(tgt_ptr, stride_tg, n, u, m_row, U_n, V)
-                    # one accumulator per piece of PW features: each piece's operand is loaded on its own (a
-                    # whole slice's operand in registers at once spills)
-                    acc0 = tl.zeros([BM, PW], tl.float32)
-                    acc1 = tl.zeros([BM, PW], tl.float32)
-                    acc2 = tl.zeros([BM, PW], tl.float32)
-                    acc3 = tl.zeros([BM, PW], tl.float32)
-                    acc4 = tl.zeros([BM, PW], tl.float32)
-                    for v0 in range(0, V, BV):
-                        v = v0 + o_v
-                        m_v = v < V
-                        x = _logits(p_e, p_p, m_row, cell, w_ptr, b_ptr, v, m_v, H, s_eh, s_ph, s_wv, s_wh, seed_lo,
-                                    seed_hi, threshold, drop_scale, ACT, DROPOUT, DROP_SHIFT, HAS_BIAS, DT, PREC, BM,
-                                    BV, BK, BU)  # fmt: skip
-                        d = _dlogits(x, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, CLAMP).to(DT)
-                        acc0 = _piece_dh(acc0, d, w_ptr, v, m_v, c0 + o_p, c1, s_wv, s_wh, DT, PREC)
-                        if NP > 1:
-                            acc1 = _piece_dh(acc1, d, w_ptr, v, m_v, c0 + PW + o_p, c1, s_wv, s_wh, DT, PREC)
-                        if NP > 2:
-                            acc2 = _piece_dh(acc2, d, w_ptr, v, m_v, c0 + 2 * PW + o_p, c1, s_wv, s_wh, DT, PREC)
-                        if NP > 3:
-                            acc3 = _piece_dh(acc3, d, w_ptr, v, m_v, c0 + 3 * PW + o_p, c1, s_wv, s_wh, DT, PREC)
-                        if NP > 4:
-                            acc4 = _piece_dh(acc4, d, w_ptr, v, m_v, c0 + 4 * PW + o_p, c1, s_wv, s_wh, DT, PREC)
-                    rows = (t, u0, m_row, cell, p_e, p_p, p_genc, p_gpred, T, H, s_eh, s_ph, seed_lo, seed_hi,
-                            threshold, drop_scale)  # fmt: skip
-                    _add_rows(acc0, c0 + o_p, c1, *rows, ACT, DROPOUT, DROP_SHIFT, BU)
-                    if NP > 1:
-                        _add_rows(acc1, c0 + PW + o_p, c1, *rows, ACT, DROPOUT, DROP_SHIFT, BU)
-                    if NP > 2:
-                        _add_rows(acc2, c0 + 2 * PW + o_p, c1, *rows, ACT, DROPOUT, DROP_SHIFT, BU)
-                    if NP > 3:
-                        _add_rows(acc3, c0 + 3 * PW + o_p, c1, *rows, ACT, DROPOUT, DROP_SHIFT, BU)
-                    if NP > 4:
-                        _add_rows(acc4, c0 + 4 * PW + o_p, c1, *rows, ACT, DROPOUT, DROP_SHIFT, BU)
+    """Program (piece of BN features, sample and frame block of the chunk): UB labels at a time, the logits'
+    gradient [UB * BT, V] times the weight's piece, times d h / d (enc + pred); summed over the labels into the
+    encoder rows (registers, then added once) and over the frames into the frame block's share of each predictor
+    row (stored). Each row belongs to one program of a chunk; chunks run one after another: deterministic."""
+    BM: tl.constexpr = UB * BT
+    p = tl.program_id(0)
+    r = tl.program_id(1)
+    tb = r % n_tb
+    n = (n0 + r // n_tb).to(tl.int64)
+    t = tb * BT + tl.arange(0, BT)
+    k = p * BN + tl.arange(0, BN)
+    m_k = k < H
+    o_v = tl.arange(0, BK)
+    acc_enc = tl.zeros([BT, BN], tl.float32)
+    for j0 in range(0, UC, UB):
+        i0 = r * UC + j0
+        m_row, _t, u, cell, p_e, p_p = _chunk_rows(i0, n0, u0, UC, r * UC + UC, n_tb, flag_ptr, enc_ptr, pred_ptr, T,
+                                                   U1, s_en, s_et, s_pn, s_pu, BT, BM)  # fmt: skip
+        if tl.sum(m_row.to(tl.int32), axis=0) > 0:
+            rows = (i0 * BT + tl.arange(0, BM)).to(tl.int64) * s_ds
+            acc = tl.zeros([BM, BN], tl.float32)
+            for v0 in range(0, V, BK):
+                v = v0 + o_v
+                m_v = v < V
+                d = tl.load(ds_ptr + rows[:, None] + v[None, :], mask=m_row[:, None] & m_v[None, :], other=0.0)
+                w = tl.load(w_ptr + v[:, None] * s_wv + k[None, :] * s_wh, mask=m_v[:, None] & m_k[None, :],
+                            other=0.0)  # fmt: skip
+                acc = _mma(d, w, acc, DT, PREC)
+            f = _hidden_grad(p_e, p_p, m_row, cell, k, m_k, s_eh, s_ph, seed_lo, seed_hi, threshold, drop_scale, ACT,
+                             DROPOUT, DROP_SHIFT, False)  # fmt: skip
+            # (where, not a product: a NaN weight leaves the rows of cells without edges alone)
+            part = tl.reshape(tl.where(m_row[:, None], acc * f, 0.0), (UB, BT, BN))
+            acc_enc += tl.sum(part, axis=0)
+            j = j0 + tl.arange(0, UB)
+            q = gpred_ptr + ((tb * N + n) * U1 + u0 + j.to(tl.int64))[:, None] * H + k[None, :]
+            tl.store(q, tl.sum(part, axis=1), mask=(j < UC)[:, None] & m_k[None, :])
+    q = genc_ptr + (n * T + t.to(tl.int64))[:, None] * H + k[None, :]
+    m = (t < T)[:, None] & m_k[None, :]
+    tl.store(q, tl.load(q, mask=m) + acc_enc, mask=m)
 
 
 @triton.jit(do_not_specialize=["seed_lo", "seed_hi", "threshold"])
 def _joint_grad_weight_kernel(
     enc_ptr,
     pred_ptr,
-    w_ptr,
-    b_ptr,
-    tgt_ptr,
-    il_ptr,
-    tl_ptr,
-    lse_ptr,
-    occ_ptr,
-    logp_ptr,
-    gloss_ptr,
-    gw_ptr,  # [R, V, H] float32 out: the weight's gradient per group of tiles
-    gb_ptr,  # [R, V] float32 out (HAS_BIAS and WITH_BIAS): the bias's
-    gloss_stride,
-    gscale,
-    c0,
-    c1,
+    ds_ptr,
+    flag_ptr,
+    gw_ptr,  # [S, V, H] float32 in/out: the weight's gradient per group of tiles
+    gb_ptr,  # [S, V] float32 in/out (WITH_BIAS): the bias's
+    n0,
+    u0,
+    UC,
+    tiles,
+    S,
     T,
     U1,
     V,
     H,
     n_tb,
-    n_ub,
-    n_tiles,
-    R,
+    s_ds,
     s_en,
     s_et,
     s_eh,
     s_pn,
     s_pu,
     s_ph,
-    s_wv,
-    s_wh,
-    stride_tg,
-    blank,
-    fastemit_scale,
-    clamp,
     seed_lo,
     seed_hi,
     threshold,
@@ -498,83 +545,46 @@ def _joint_grad_weight_kernel(
     ACT: tl.constexpr,
     DROPOUT: tl.constexpr,
     DROP_SHIFT: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
     DT: tl.constexpr,
     PREC: tl.constexpr,
-    CLAMP: tl.constexpr,
-    RNA: tl.constexpr,
+    WITH_BIAS: tl.constexpr,
     BT: tl.constexpr,
-    BU: tl.constexpr,
+    KT: tl.constexpr,
     BV: tl.constexpr,
-    BK: tl.constexpr,
-    PW: tl.constexpr,
-    NP: tl.constexpr,
-    WITH_BIAS: tl.constexpr,  # this launch also sums the bias's gradient (the first slice's)
+    BN: tl.constexpr,
 ):
-    """Program (class chunk, group r): tiles i = r mod R (strided, so that skipped tiles spread evenly). A tile's
-    logits against the chunk's classes are made once; their gradient against the slice's hidden features
-    accumulates in registers, one [BV, PW] accumulator per piece of PW features."""
-    tl.static_assert(NP <= 5)
-    BM: tl.constexpr = BT * BU
-    i_v = tl.program_id(0)
-    r = tl.program_id(1)
+    """Program (BV classes x BN features, group s): over blocks of KT consecutive tiles of the chunk (blocks s,
+    s + S, ...), the logits' gradient transposed [BV, KT * BT] times the hidden features [KT * BT, BN] (made
+    again from enc and pred; rows without edges masked), added once to the group's partial sums (groups summed
+    in a fixed order after the last chunk). The bias's gradient, the column sums, by the first feature piece."""
+    BM: tl.constexpr = KT * BT
+    n_vt = tl.cdiv(V, BV)
+    i_v = tl.program_id(0) % n_vt
+    i_k = tl.program_id(0) // n_vt
+    s = tl.program_id(1)
     v = i_v * BV + tl.arange(0, BV)
     m_v = v < V
-    o_p = tl.arange(0, PW)
-    acc0 = tl.zeros([BV, PW], tl.float32)
-    acc1 = tl.zeros([BV, PW], tl.float32)
-    acc2 = tl.zeros([BV, PW], tl.float32)
-    acc3 = tl.zeros([BV, PW], tl.float32)
-    acc4 = tl.zeros([BV, PW], tl.float32)
-    acc_bias = tl.zeros([BV], tl.float32)
-    for i in range(r, n_tiles, R):
-        n, t0, u0, T_n, U_n, live = _tile(i, n_tb, n_ub, il_ptr, tl_ptr, T, U1, BT, BU)
-        if live:
-            t, u, m_row, cell, p_e, p_p = _tile_cells(n, t0, u0, T_n, U_n, T, U1, enc_ptr, pred_ptr, s_en, s_et,
-                                                      s_pn, s_pu, BT, BU)  # fmt: skip
-            m_row, occ_b, occ_e, lse, g, work = _tile_state(n, t, u, m_row, cell, lse_ptr, occ_ptr, logp_ptr,
-                                                            gloss_ptr, gloss_stride, gscale, fastemit_scale, T, U1,
-                                                            RNA)  # fmt: skip
-            if work:
-                lab, _has_label = _labels(tgt_ptr, stride_tg, n, u, m_row, U_n, V)
-                x = _logits(p_e, p_p, m_row, cell, w_ptr, b_ptr, v, m_v, H, s_eh, s_ph, s_wv, s_wh, seed_lo,
-                            seed_hi, threshold, drop_scale, ACT, DROPOUT, DROP_SHIFT, HAS_BIAS, DT, PREC, BM, BV,
-                            BK, BU)  # fmt: skip
-                d = _dlogits(x, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, CLAMP)
-                if WITH_BIAS:
-                    acc_bias += tl.sum(d, axis=0)
-                d_t = tl.trans(d.to(DT))
-                hid = (p_e, p_p, m_row, cell)
-                rest = (s_eh, s_ph, seed_lo, seed_hi, threshold, drop_scale)
-                acc0 = _piece_dw(acc0, d_t, *hid, c0 + o_p, c1, *rest, ACT, DROPOUT, DROP_SHIFT, BU, DT, PREC)
-                if NP > 1:
-                    acc1 = _piece_dw(acc1, d_t, *hid, c0 + PW + o_p, c1, *rest, ACT, DROPOUT, DROP_SHIFT, BU, DT, PREC)
-                if NP > 2:
-                    acc2 = _piece_dw(acc2, d_t, *hid, c0 + 2 * PW + o_p, c1, *rest, ACT, DROPOUT, DROP_SHIFT, BU, DT,
-                                     PREC)  # fmt: skip
-                if NP > 3:
-                    acc3 = _piece_dw(acc3, d_t, *hid, c0 + 3 * PW + o_p, c1, *rest, ACT, DROPOUT, DROP_SHIFT, BU, DT,
-                                     PREC)  # fmt: skip
-                if NP > 4:
-                    acc4 = _piece_dw(acc4, d_t, *hid, c0 + 4 * PW + o_p, c1, *rest, ACT, DROPOUT, DROP_SHIFT, BU, DT,
-                                     PREC)  # fmt: skip
-    p_out = gw_ptr + (r * V + v.to(tl.int64))[:, None] * H
-    _store_piece(p_out, acc0, c0 + o_p, c1, m_v)
-    if NP > 1:
-        _store_piece(p_out, acc1, c0 + PW + o_p, c1, m_v)
-    if NP > 2:
-        _store_piece(p_out, acc2, c0 + 2 * PW + o_p, c1, m_v)
-    if NP > 3:
-        _store_piece(p_out, acc3, c0 + 3 * PW + o_p, c1, m_v)
-    if NP > 4:
-        _store_piece(p_out, acc4, c0 + 4 * PW + o_p, c1, m_v)
+    k = i_k * BN + tl.arange(0, BN)
+    m_k = k < H
+    acc = tl.zeros([BV, BN], tl.float32)
+    acc_b = tl.zeros([BV], tl.float32)
+    for i0 in range(s * KT, tiles, S * KT):
+        m_row, _t, _u, cell, p_e, p_p = _chunk_rows(i0, n0, u0, UC, tiles, n_tb, flag_ptr, enc_ptr, pred_ptr, T, U1,
+                                                    s_en, s_et, s_pn, s_pu, BT, BM)  # fmt: skip
+        rows = (i0 * BT + tl.arange(0, BM)).to(tl.int64) * s_ds
+        d = tl.load(ds_ptr + rows[:, None] + v[None, :], mask=m_row[:, None] & m_v[None, :], other=0.0)
+        h = _hidden(p_e, p_p, m_row, cell, k, m_k, s_eh, s_ph, seed_lo, seed_hi, threshold, drop_scale, ACT, DROPOUT,
+                    DROP_SHIFT, False)  # fmt: skip
+        acc = _mma(tl.trans(d), h, acc, DT, PREC)
+        if WITH_BIAS:
+            acc_b += tl.sum(d.to(tl.float32), axis=0)
+    q = gw_ptr + (s * V + v.to(tl.int64))[:, None] * H + k[None, :]
+    m = m_v[:, None] & m_k[None, :]
+    tl.store(q, tl.load(q, mask=m) + acc, mask=m)
     if WITH_BIAS:
-        tl.store(gb_ptr + r * V + v, acc_bias, mask=m_v)
-
-
-@triton.jit
-def _store_piece(p_out, acc, k, c1, m_v):
-    tl.store(p_out + k[None, :], acc, mask=m_v[:, None] & (k < c1)[None, :])
+        if i_k == 0:
+            qb = gb_ptr + s * V + v
+            tl.store(qb, tl.load(qb, mask=m_v) + acc_b, mask=m_v)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -586,33 +596,27 @@ TRITON_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfl
 
 
 def _blocks(enc: torch.Tensor, kernel: str) -> dict:
-    """Tile sizes per kernel ("forward", "hidden", "weight"): BT x BU cells, BV classes per logits chunk, BK
-    features per product step, MAXW features per slice of the gradient kernels' accumulators; small ones under
-    the interpreter (CPU tests)."""
+    """Tile sizes per kernel: "forward" (BT x BU cells, BV classes a logits chunk, BK features a product step),
+    "dlogits" (BT frames of one label; BT is the backward's), "rows" (BN features, BK classes a step), "weight"
+    (BV classes x BN features); small ones under the interpreter (CPU tests)."""
     if not enc.is_cuda:
-        blk = dict(BT=4, BU=4, BV=16, BK=16, MAXW=48, PW=16, num_warps=4, num_stages=1)
+        blk = dict(BT=4, BU=4, BV=32, BVT=16, BK=16, BN=16, UB=2, KT=2, num_warps=4, num_stages=1)
         if kernel != "forward":
-            blk.update(BT=16, BU=1)
+            blk.update(BT=8, BU=1)
     elif kernel == "forward":
-        blk = dict(BT=128, BU=1, BV=256, BK=64, num_warps=8, num_stages=3)
-    else:  # from sweeps on an H100 (benchmarks/NOTES.md): 128 classes a chunk suit the hidden kernel, 64 the weight's
-        blk = dict(BT=64, BU=1, BV=128 if kernel == "hidden" else 64, BK=64, MAXW=640, PW=128, num_warps=8,
-                   num_stages=1)  # fmt: skip
+        blk = dict(BT=128, BU=1, BV=256, BVT=16, BK=64, num_warps=8, num_stages=3)
+    elif kernel == "dlogits":
+        blk = dict(BT=64, BV=256, BVT=16, BK=64, num_warps=8, num_stages=3)
+    elif kernel == "rows":
+        blk = dict(UB=2, BN=256, BK=64, num_warps=8, num_stages=3)
+    else:
+        blk = dict(KT=2, BV=128, BN=256, num_warps=8, num_stages=2)
     if enc.is_cuda and enc.element_size() == 4:
-        # float32 tiles of the weight fill the shared memory sooner
-        blk.update(dict(BV=128, num_stages=2) if kernel == "forward" else dict(BV=32, MAXW=128))
+        # float32 tiles fill the shared memory sooner
+        blk.update(dict(BV=128, num_stages=2) if kernel in ("forward", "dlogits") else dict(num_stages=2))
     if TUNING and kernel in TUNING:
         blk.update(TUNING[kernel])
     return blk
-
-
-def _slices(H: int, maxw: int, pw: int) -> list[tuple[int, int, int]]:
-    """The features of the gradient kernels' accumulators, as slices [c0, c1) of equal widths of at most ``maxw``
-    features, each held as NP pieces of ``pw`` (NP <= 5). Each slice is a launch that makes the logits again."""
-    maxw = min(maxw, 5 * pw)
-    count = -(-H // maxw)
-    width = -(-H // (pw * count)) * pw
-    return [(c0, min(H, c0 + width), -(-min(width, H - c0) // pw)) for c0 in range(0, H, width)]
 
 
 def _common(enc, pred, weight, bias, dropout, seed, activation, precision):
@@ -671,8 +675,8 @@ def joint_forward(
     strides, drop, meta = _common(enc, pred, weight, bias, dropout, seed, activation, precision)
     _joint_lattice_kernel[(N * n_tb * n_ub,)](
         enc, pred, weight, bias, targets, logit_lengths, target_lengths, lse, lat, aux, T, U1, V, H, n_tb, n_ub,
-        *strides, targets.stride(0), blank, *drop, RNA=rnna, BT=blk["BT"], BU=blk["BU"], BV=blk["BV"],
-        BK=blk["BK"], **_launch(blk), **meta,
+        _main_classes(V, blk), *strides, targets.stride(0), blank, *drop, RNA=rnna, BT=blk["BT"], BU=blk["BU"],
+        BV=blk["BV"], BVT=blk["BVT"], BK=blk["BK"], **_launch(blk), **meta,
     )  # fmt: skip
     loss, logp = rnnt_recursions(lat, aux, logit_lengths, target_lengths, N, T, U1, loss_scale, rnna, need_grad,
                                  reduction)  # fmt: skip
@@ -702,50 +706,75 @@ def joint_backward(
     precision: str = "ieee",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Gradients of sum(grad_out * loss) (reduction "none"; else of grad_out * the sum or batch mean) with
-    respect to enc, pred, weight and bias, in their dtypes."""
+    respect to enc, pred, weight and bias, in their dtypes.
+
+    Chunk by chunk of tiles (samples x labels, all frames; at most ``CHUNK_BYTES`` of logits' gradient): the
+    logits' gradient of the chunk's tiles, then its products with the weight (into the encoder and predictor
+    rows) and with the hidden vectors (into the weight and bias)."""
     N, T, H = enc.shape
     U1 = pred.shape[1]
     V = weight.shape[0]
     dev = enc.device
-    strides, drop, meta = _common(enc, pred, weight, bias, dropout, seed, activation, precision)
+    strides, seeds, meta = _common(enc, pred, weight, bias, dropout, seed, activation, precision)
     gstride = grad_out.stride(0) if reduction == "none" else 0
     gscale = 1.0 / N if reduction == "mean" else 1.0
-    tail = (targets.stride(0), blank, 1.0 + fastemit_lambda, max(clamp, 0.0), *drop)
-    meta.update(CLAMP=clamp > 0, RNA=rnna)
-    sms = _sm_count(dev)
+    common = {k: meta[k] for k in ("ACT", "DROPOUT", "DROP_SHIFT", "DT", "PREC")}
+    b1, b2, b3 = _blocks(enc, "dlogits"), _blocks(enc, "rows"), _blocks(enc, "weight")
+    BT = b1["BT"]
+    n_tb = triton.cdiv(T, BT)
+    nc, uc, s_ds = _chunks(N, U1, n_tb * BT, V, weight.element_size(), dev)
+    ds = _empty(nc * n_tb * uc * BT, s_ds, dtype=weight.dtype, device=dev)
+    flags = _empty(nc * n_tb * uc, dtype=torch.int32, device=dev)
+    genc = torch.zeros(N, T, H, dtype=torch.float32, device=dev)
+    gpred = torch.zeros(n_tb, N, U1, H, dtype=torch.float32, device=dev)
+    # the weight's gradient: tiles of BV classes x BN features, about two programs per multiprocessor in all
+    n_vk = triton.cdiv(V, b3["BV"]) * triton.cdiv(H, b3["BN"])
+    groups = max(1, min(triton.cdiv(nc * n_tb * uc, b3["KT"]), triton.cdiv(2 * _sm_count(dev), n_vk)))
+    gw = torch.zeros(groups, V, H, dtype=torch.float32, device=dev)
+    gb = torch.zeros(groups, V, dtype=torch.float32, device=dev) if bias is not None else None
     state = (enc, pred, weight, bias, targets, logit_lengths, target_lengths, lse, occ, logp, grad_out)
-
-    # the hidden vectors' gradient, into the encoder and predictor rows: per sample, groups of frame blocks x
-    # groups of labels, about four programs per multiprocessor in all; each group's partial rows summed after
-    blk = _blocks(enc, "hidden")
-    n_tb = triton.cdiv(T, blk["BT"])
-    g_t = min(n_tb, max(1, triton.cdiv(4 * sms, N)))
-    g_u = min(U1, max(1, triton.cdiv(4 * sms, N * g_t)))
-    genc = torch.zeros(g_u, N, T, H, dtype=torch.float32, device=dev)
-    gpred = torch.zeros(g_t, N, U1, H, dtype=torch.float32, device=dev)
-    for c0, c1, n_p in _slices(H, blk["MAXW"], blk["PW"]):
-        _joint_grad_hidden_kernel[(N * g_t * g_u,)](
-            *state, genc, gpred, gstride, gscale, c0, c1, N, T, U1, V, H, n_tb, g_t, g_u, *strides, *tail,
-            BT=blk["BT"], BU=blk["BU"], BV=blk["BV"], BK=blk["BK"], PW=blk["PW"], NP=n_p,
-            **_launch(blk), **meta,
-        )  # fmt: skip
-
-    # the weight's and bias's: per class chunk, groups of tiles (strided), partial sums added after
-    blk = _blocks(enc, "weight")
-    n_tb, n_ub = triton.cdiv(T, blk["BT"]), triton.cdiv(U1, blk["BU"])
-    n_tiles = N * n_tb * n_ub
-    n_v = triton.cdiv(V, blk["BV"])
-    groups = min(n_tiles, max(1, triton.cdiv(2 * sms, n_v)))
-    gw = _empty(groups, V, H, dtype=torch.float32, device=dev)
-    gb = _empty(groups, V, dtype=torch.float32, device=dev) if bias is not None else None
-    for c0, c1, n_p in _slices(H, blk["MAXW"], blk["PW"]):
-        _joint_grad_weight_kernel[(n_v, groups)](
-            *state, gw, gb, gstride, gscale, c0, c1, T, U1, V, H, n_tb, n_ub, n_tiles, groups, *strides, *tail,
-            BT=blk["BT"], BU=blk["BU"], BV=blk["BV"], BK=blk["BK"], PW=blk["PW"], NP=n_p,
-            WITH_BIAS=bias is not None and c0 == 0, **_launch(blk), **meta,
-        )  # fmt: skip
+    for n0 in range(0, N, nc):
+        for u0 in range(0, U1, uc):
+            ucc = min(uc, U1 - u0)
+            rows = min(nc, N - n0) * n_tb
+            _joint_dlogits_kernel[(rows * ucc,)](
+                *state, ds, flags, gstride, gscale, n0, u0, ucc, T, U1, V, H, n_tb, _main_classes(V, b1), s_ds,
+                *strides, targets.stride(0), blank, 1.0 + fastemit_lambda, max(clamp, 0.0), *seeds,
+                HAS_BIAS=bias is not None, CLAMP=clamp > 0, RNA=rnna, BT=BT, BV=b1["BV"], BVT=b1["BVT"],
+                BK=b1["BK"], **_launch(b1), **common,
+            )  # fmt: skip
+            _joint_grad_rows_kernel[(triton.cdiv(H, b2["BN"]), rows)](
+                enc, pred, weight, ds, flags, genc, gpred, n0, u0, ucc, N, T, U1, V, H, n_tb, s_ds, *strides, *seeds,
+                BT=BT, UB=b2["UB"], BN=b2["BN"], BK=b2["BK"], **_launch(b2), **common,
+            )  # fmt: skip
+            _joint_grad_weight_kernel[(n_vk, groups)](
+                enc, pred, ds, flags, gw, gb, n0, u0, ucc, rows * ucc, groups, T, U1, V, H, n_tb, s_ds,
+                *strides[:6], *seeds, WITH_BIAS=bias is not None, BT=BT, KT=b3["KT"], BV=b3["BV"], BN=b3["BN"],
+                **_launch(b3), **common,
+            )  # fmt: skip
     grad_b = None if bias is None else gb.sum(0).to(bias.dtype)
-    return genc.sum(0).to(enc.dtype), gpred.sum(0).to(pred.dtype), gw.sum(0).to(weight.dtype), grad_b
+    return genc.to(enc.dtype), gpred.sum(0).to(pred.dtype), gw.sum(0).to(weight.dtype), grad_b
+
+
+CHUNK_BYTES = 96 << 20  # the logits' gradient held at once in the backward (on a GPU)
+
+
+def _main_classes(V: int, blk: dict) -> int:
+    """The classes taken in whole chunks of BV; the rest (when few) go in chunks of BVT."""
+    rest = V % blk["BV"]
+    return V - rest if rest <= 2 * blk["BVT"] else V
+
+
+def _chunks(N: int, U1: int, frames: int, V: int, esize: int, dev: torch.device) -> tuple[int, int, int]:
+    """The backward's chunk: ``nc`` samples x ``uc`` labels (all frames), as many as ``CHUNK_BYTES`` holds
+    (at least one sample's label), and the row stride of its logits' gradient (V rounded up to 16)."""
+    s_ds = -(-V // 16) * 16
+    budget = CHUNK_BYTES if dev.type == "cuda" else 4 * frames * s_ds * esize  # small chunks under the interpreter
+    row = frames * s_ds * esize
+    if N * row <= budget:
+        return N, min(U1, budget // (N * row)), s_ds
+    nc = max(1, budget // row)
+    return -(-N // -(-N // nc)), 1, s_ds
 
 
 def _sm_count(dev: torch.device) -> int:
