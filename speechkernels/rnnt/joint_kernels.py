@@ -1,25 +1,26 @@
-"""The joint network fused with the RNN-T loss, in Triton: logits are made tile by tile on chip and consumed there.
+"""The joint network fused with the RNN-T loss, in Triton: the [N, T, U+1, V] logits never exist.
 
-A tile is BT frames x BU labels of one sample (BM = BT * BU lattice cells). Its logits against a chunk of BV
-classes are ``act(enc + pred) @ weight.T + bias``, the hidden vectors formed chunk by chunk of BK features in
-registers and fed to tl.dot (tensor cores for 16-bit inputs, IEEE float32 products for float32 ones). Neither
-the [N, T, U+1, V] logits nor the [N, T, U+1, H] hidden vectors are ever written.
+The lattice's cells are taken chunk by chunk (samples x labels, all frames; at most ``CHUNK_BYTES`` of buffers a
+chunk): a chunk's cells are tiles of BT frames of one label, laid out one after another as the rows of the
+chunk's buffers.
 
-1. ``_joint_lattice_kernel`` (a tile per program): the online log-sum-exp of each cell's V logits, and its blank
-   and next-label logits, into the log2 lattice of the RNN-T kernels (``kernels.rnnt_recursions`` then gives
-   the loss and, for the gradient, the edge occupancies) and a float32 log-sum-exp per cell.
-2. ``_joint_grad_hidden_kernel``: the logits made again, their gradient
-   g * (softmax * (occ_blank + s occ_label) - occ_blank [blank] - s occ_label [label]) on chip, times the
-   weight chunk: the hidden vectors' gradient, times act' (and the dropout mask), summed over the tile's labels
-   into the encoder rows and over its frames into the predictor rows. A program owns a group of tiles: the
-   rows it adds to belong to it alone (partial sums per group of label blocks, resp. frame blocks, then added
-   in a fixed order): deterministic, no atomics.
-3. ``_joint_grad_weight_kernel``: per (class chunk, feature chunk, group of tiles) the logits' gradient again,
-   against the hidden vectors: d weight = sum over cells of dlogits^T h, d bias = sum of dlogits; partial
-   sums per group, added in a fixed order.
+1. ``_joint_hidden_kernel``: the chunk's hidden vectors dropout(act(enc + pred)) in the products' dtype (0 in
+   cells without edges), so that the products below load both operands straight into shared memory.
+2. ``_joint_lattice_kernel`` (forward): per block of rows, the logits chunk by chunk of classes (tl.dot: tensor
+   cores for 16-bit inputs, float32 products for float32 ones), consumed on chip: the online log-sum-exp of the
+   V logits and the blank and next-label logits, into the log2 lattice of the RNN-T kernels
+   (``kernels.rnnt_recursions`` then gives the loss and, for the gradient, the edge occupancies) and a float32
+   log-sum-exp per cell.
+3. ``_joint_dlogits_kernel`` (backward): the logits made again and their gradient
+   g * (softmax * (occ_blank + s occ_label) - occ_blank [blank] - s occ_label [label]) stored for the chunk, with
+   a flag per tile (the rows that hold cells with edges; 0 where the occupancies are all exactly zero, far from
+   the alignment: the gradient is exactly zero there and the tile is skipped).
+4. ``_joint_grad_rows_kernel``: the logits' gradient times the weight, times act' (and the dropout mask), summed
+   over the labels into the encoder rows and over the frames into the predictor rows.
+5. ``_joint_grad_weight_kernel``: the logits' gradient transposed times the hidden vectors (the weight's
+   gradient) and its column sums (the bias's).
 
-Tiles whose cells have no edge, or whose edges all have occupancy exactly zero (float32 underflow far from the
-alignment), are skipped in the backward: their logits' gradient is exactly zero.
+Every sum has one owner and a fixed order (partial sums per group, added after): deterministic, no atomics.
 """
 
 from __future__ import annotations
@@ -79,23 +80,19 @@ def _keep(cell, k, seed_lo, seed_hi, threshold, DROP_SHIFT: tl.constexpr):
 
 
 @triton.jit
-def _pre(p_e, p_p, m_row, k, m_k, s_eh, s_ph, ONE_PRED: tl.constexpr):
-    """enc + pred of the tile's cells for features k: [BM, BK] float32, 0 off the cells and past H. A tile of one
-    label (ONE_PRED) has one predictor row (``p_p`` a scalar): loaded once and broadcast."""
+def _pre(p_e, p_p, m_row, k, m_k, s_eh, s_ph):
+    """enc + pred of the cells for features k: [BM, BK] float32, 0 off the cells and past H."""
     m = m_row[:, None] & m_k[None, :]
     e = tl.load(p_e[:, None] + k[None, :] * s_eh, mask=m, other=0.0).to(tl.float32)
-    if ONE_PRED:
-        p = tl.load(p_p + k * s_ph, mask=m_k, other=0.0).to(tl.float32)[None, :]
-    else:
-        p = tl.load(p_p[:, None] + k[None, :] * s_ph, mask=m, other=0.0).to(tl.float32)
+    p = tl.load(p_p[:, None] + k[None, :] * s_ph, mask=m, other=0.0).to(tl.float32)
     return e + p, m
 
 
 @triton.jit
 def _hidden(p_e, p_p, m_row, cell, k, m_k, s_eh, s_ph, seed_lo, seed_hi, threshold, drop_scale,
-            ACT: tl.constexpr, DROPOUT: tl.constexpr, DROP_SHIFT: tl.constexpr, ONE_PRED: tl.constexpr):  # fmt: skip
+            ACT: tl.constexpr, DROPOUT: tl.constexpr, DROP_SHIFT: tl.constexpr):  # fmt: skip
     """The hidden vectors' features k: dropout(act(enc + pred)), [BM, BK] float32, 0 off the cells."""
-    x, m = _pre(p_e, p_p, m_row, k, m_k, s_eh, s_ph, ONE_PRED)
+    x, m = _pre(p_e, p_p, m_row, k, m_k, s_eh, s_ph)
     h = _act(x, ACT)
     if DROPOUT:
         h = tl.where(_keep(cell, k, seed_lo, seed_hi, threshold, DROP_SHIFT), h * drop_scale, 0.0)
@@ -104,10 +101,9 @@ def _hidden(p_e, p_p, m_row, cell, k, m_k, s_eh, s_ph, seed_lo, seed_hi, thresho
 
 @triton.jit
 def _hidden_grad(p_e, p_p, m_row, cell, k, m_k, s_eh, s_ph, seed_lo, seed_hi, threshold, drop_scale,
-                 ACT: tl.constexpr, DROPOUT: tl.constexpr, DROP_SHIFT: tl.constexpr,
-                 ONE_PRED: tl.constexpr):  # fmt: skip
+                 ACT: tl.constexpr, DROPOUT: tl.constexpr, DROP_SHIFT: tl.constexpr):  # fmt: skip
     """d h / d (enc + pred) for features k: act' times dropout's mask and scale, [BM, BK] float32."""
-    x, m = _pre(p_e, p_p, m_row, k, m_k, s_eh, s_ph, ONE_PRED)
+    x, m = _pre(p_e, p_p, m_row, k, m_k, s_eh, s_ph)
     f = _act_grad(x, ACT)
     if DROPOUT:
         f = tl.where(_keep(cell, k, seed_lo, seed_hi, threshold, DROP_SHIFT), f * drop_scale, 0.0)
@@ -115,89 +111,22 @@ def _hidden_grad(p_e, p_p, m_row, cell, k, m_k, s_eh, s_ph, seed_lo, seed_hi, th
 
 
 @triton.jit
-def _logits(p_e, p_p, m_row, cell, w_ptr, b_ptr, v, m_v, H, s_eh, s_ph, s_wv, s_wh, seed_lo, seed_hi, threshold,
-            drop_scale, ACT: tl.constexpr, DROPOUT: tl.constexpr, DROP_SHIFT: tl.constexpr,
-            HAS_BIAS: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr,
-            BK: tl.constexpr, BU: tl.constexpr):  # fmt: skip
-    """The tile's logits against classes v: [BM, BV] float32 (bias included; garbage in masked columns)."""
-    acc = tl.zeros([BM, BV], tl.float32)
-    o_k = tl.arange(0, BK)
-    for k0 in range(0, H, BK):
-        k = k0 + o_k
-        m_k = k < H
-        h = _hidden(p_e, p_p, m_row, cell, k, m_k, s_eh, s_ph, seed_lo, seed_hi, threshold, drop_scale, ACT,
-                    DROPOUT, DROP_SHIFT, BU == 1)  # fmt: skip
-        w = tl.load(w_ptr + v[None, :] * s_wv + k[:, None] * s_wh, mask=m_k[:, None] & m_v[None, :], other=0.0)
-        acc = _mma(h, w, acc, DT, PREC)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + v, mask=m_v, other=0.0).to(tl.float32)[None, :]
-    return acc
+def _chunk_cells(i0, n0, u0, UC, n_tb, BT: tl.constexpr, BM: tl.constexpr):
+    """BM rows of a chunk from its tile i0 on (tile i = ((n - n0) * n_tb + frame block) * UC + label - u0): each
+    row's tile, sample, frame and label."""
+    o_m = tl.arange(0, BM)
+    i = i0 + o_m // BT
+    r = i // UC
+    n = (n0 + r // n_tb).to(tl.int64)
+    t = (r % n_tb) * BT + o_m % BT
+    u = u0 + i % UC
+    return i, n, t, u
 
 
 @triton.jit
-def _lse_chunk(b_m, b_s, x_blank, x_label, v0, V, p_e, p_p, m_row, cell, w_ptr, b_ptr, lab, H, s_eh, s_ph, s_wv, s_wh,
-               seed_lo, seed_hi, threshold, drop_scale, blank, ACT: tl.constexpr, DROPOUT: tl.constexpr,
-               DROP_SHIFT: tl.constexpr, HAS_BIAS: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
-               BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, BU: tl.constexpr):  # fmt: skip
-    """One chunk of classes [v0, v0 + BV) of the online log-sum-exp (log2 units), and the blank and label logits."""
-    v = v0 + tl.arange(0, BV)
-    m_v = v < V
-    acc = _logits(p_e, p_p, m_row, cell, w_ptr, b_ptr, v, m_v, H, s_eh, s_ph, s_wv, s_wh, seed_lo, seed_hi, threshold,
-                  drop_scale, ACT, DROPOUT, DROP_SHIFT, HAS_BIAS, DT, PREC, BM, BV, BK, BU)  # fmt: skip
-    x2 = tl.where(m_v[None, :], acc * _log2e(), float("-inf"))
-    m_new = tl.maximum(b_m, tl.max(x2, axis=1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    b_s = b_s * tl.exp2(b_m - m_safe) + tl.sum(tl.exp2(x2 - m_safe[:, None]), axis=1)
-    x_blank += tl.sum(tl.where(v[None, :] == blank, acc, 0.0), axis=1)
-    x_label += tl.sum(tl.where(v[None, :] == lab[:, None], acc, 0.0), axis=1)
-    return m_new, b_s, x_blank, x_label
-
-
-@triton.jit
-def _ds_chunk(ds_ptr, rows, v0, V, p_e, p_p, m_row, cell, w_ptr, b_ptr, lab, lse, occ_b, occ_e, g, clamp, H, s_eh,
-              s_ph, s_wv, s_wh, seed_lo, seed_hi, threshold, drop_scale, blank, ACT: tl.constexpr,
-              DROPOUT: tl.constexpr, DROP_SHIFT: tl.constexpr, HAS_BIAS: tl.constexpr, DT: tl.constexpr,
-              PREC: tl.constexpr, CLAMP: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr,
-              BK: tl.constexpr):  # fmt: skip
-    """One chunk of classes [v0, v0 + BV) of the tile's logits' gradient, stored at ``rows``."""
-    v = v0 + tl.arange(0, BV)
-    m_v = v < V
-    x = _logits(p_e, p_p, m_row, cell, w_ptr, b_ptr, v, m_v, H, s_eh, s_ph, s_wv, s_wh, seed_lo, seed_hi, threshold,
-                drop_scale, ACT, DROPOUT, DROP_SHIFT, HAS_BIAS, DT, PREC, BM, BV, BK, 1)  # fmt: skip
-    d = _dlogits(x, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, CLAMP)
-    tl.store(ds_ptr + rows[:, None] + v[None, :], d.to(DT), mask=m_v[None, :])
-
-
-@triton.jit
-def _tile(pid, n_tb, n_ub, il_ptr, tl_ptr, T, U1, BT: tl.constexpr, BU: tl.constexpr):
-    """Tile ``pid`` (sample-major, then frame blocks, then label blocks): its sample, first frame and label,
-    the sample's lengths, and whether the tile holds a cell with edges (t < T_n, u <= U_n)."""
-    per_n = n_tb * n_ub
-    n = pid // per_n
-    r = pid - n * per_n
-    tb = r // n_ub
-    t0 = tb * BT
-    u0 = (r - tb * n_ub) * BU
-    T_n, U_n = _lengths(il_ptr, tl_ptr, n, True, T, U1)
-    return n.to(tl.int64), t0, u0, T_n, U_n, (t0 < T_n) & (u0 <= U_n)
-
-
-@triton.jit
-def _tile_cells(n, t0, u0, T_n, U_n, T, U1, enc_ptr, pred_ptr, s_en, s_et, s_pn, s_pu,
-                BT: tl.constexpr, BU: tl.constexpr):  # fmt: skip
-    """The tile's cells (frame-major): t, u, which have edges, their indices (n * T + t) * (U + 1) + u, and
-    pointers to their encoder and predictor rows."""
-    o_m = tl.arange(0, BT * BU)
-    t = t0 + o_m // BU
-    u = u0 + o_m % BU
-    m_row = (t < T_n) & (u <= U_n)
-    cell = (n * T + t) * U1 + u
-    p_e = enc_ptr + n * s_en + t.to(tl.int64) * s_et
-    if BU == 1:
-        p_p = pred_ptr + n * s_pn + u0.to(tl.int64) * s_pu
-    else:
-        p_p = pred_ptr + n * s_pn + u.to(tl.int64) * s_pu
-    return t, u, m_row, cell, p_e, p_p
+def _flagged(i, flag_ptr, tiles, BT: tl.constexpr, BM: tl.constexpr):
+    """The rows written by ``_joint_dlogits_kernel``: a prefix of each flagged tile."""
+    return (tl.arange(0, BM) % BT) < tl.load(flag_ptr + i, mask=i < tiles, other=0)
 
 
 @triton.jit
@@ -208,111 +137,22 @@ def _labels(tgt_ptr, stride_tg, n, u, m_row, U_n, V):
     return tl.where(has_label, tl.minimum(tl.maximum(lab, 0), V - 1), -1).to(tl.int32), has_label
 
 
-@triton.jit(do_not_specialize=["seed_lo", "seed_hi", "threshold"])
-def _joint_lattice_kernel(
-    enc_ptr,  # [N, T, H]
-    pred_ptr,  # [N, U+1, H]
-    w_ptr,  # [V, H]
-    b_ptr,  # [V] (HAS_BIAS)
-    tgt_ptr,  # [N, U]
-    il_ptr,
-    tl_ptr,
-    lse_ptr,  # [N * T * (U+1)] float32 out: natural-log log-sum-exp per cell
-    lat_ptr,  # [N * T * (U+1), 2] float32 out: log2 p(blank), log2 p(next label), skewed as _cell_offsets
-    cnt_ptr,  # int32: zeroed here for the batch reduction of the recursions
-    T,
-    U1,
-    V,
-    H,
-    n_tb,
-    n_ub,
-    V_main,  # classes [0, V_main) in chunks of BV, the rest in chunks of BVT
-    s_en,
-    s_et,
-    s_eh,
-    s_pn,
-    s_pu,
-    s_ph,
-    s_wv,
-    s_wh,
-    stride_tg,
-    blank,
-    seed_lo,
-    seed_hi,
-    threshold,
-    drop_scale,
-    ACT: tl.constexpr,
-    DROPOUT: tl.constexpr,
-    DROP_SHIFT: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    DT: tl.constexpr,
-    PREC: tl.constexpr,
-    RNA: tl.constexpr,
-    BT: tl.constexpr,
-    BU: tl.constexpr,
-    BV: tl.constexpr,
-    BVT: tl.constexpr,
-    BK: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    if pid == 0:
-        tl.store(cnt_ptr, 0)
-    n, t0, u0, T_n, U_n, live = _tile(pid, n_tb, n_ub, il_ptr, tl_ptr, T, U1, BT, BU)
-    if live:
-        BM: tl.constexpr = BT * BU
-        t, u, m_row, cell, p_e, p_p = _tile_cells(n, t0, u0, T_n, U_n, T, U1, enc_ptr, pred_ptr, s_en, s_et, s_pn,
-                                                  s_pu, BT, BU)  # fmt: skip
-        lab, has_label = _labels(tgt_ptr, stride_tg, n, u, m_row, U_n, V)
-        b_m = tl.full([BM], float("-inf"), tl.float32)  # running maximum (log2 units)
-        b_s = tl.zeros([BM], tl.float32)  # running sum of exp2(x - b_m)
-        x_blank = tl.zeros([BM], tl.float32)
-        x_label = tl.zeros([BM], tl.float32)
-        tile = (p_e, p_p, m_row, cell, w_ptr, b_ptr, lab, H, s_eh, s_ph, s_wv, s_wh, seed_lo, seed_hi, threshold,
-                drop_scale, blank)  # fmt: skip
-        for v0 in range(0, V_main, BV):  # whole chunks
-            b_m, b_s, x_blank, x_label = _lse_chunk(b_m, b_s, x_blank, x_label, v0, V, *tile, ACT, DROPOUT,
-                                                    DROP_SHIFT, HAS_BIAS, DT, PREC, BM, BV, BK, BU)  # fmt: skip
-        for v0 in range(V_main, V, BVT):  # the last classes in narrow chunks (V = 2^k + 1: the blank alone)
-            b_m, b_s, x_blank, x_label = _lse_chunk(b_m, b_s, x_blank, x_label, v0, V, *tile, ACT, DROPOUT,
-                                                    DROP_SHIFT, HAS_BIAS, DT, PREC, BM, BVT, BK, BU)  # fmt: skip
-        m_safe = tl.where(b_m == float("-inf"), 0.0, b_m)
-        lse = (m_safe + tl.log2(b_s)) * _ln2()
-        tl.store(lse_ptr + cell, lse, mask=m_row)
-        p_cell = lat_ptr + _cell_offsets(n, t.to(tl.int64), u, T, U1, RNA)
-        tl.store(p_cell, (x_blank - lse) * _log2e(), mask=m_row)
-        tl.store(p_cell + 1, tl.where(has_label, (x_label - lse) * _log2e(), _neg()), mask=m_row)
-
-
 @triton.jit
-def _tile_state(n, t, u, m_row, cell, lse_ptr, occ_ptr, logp_ptr, gloss_ptr, gloss_stride, gscale, fastemit_scale,
-                T, U1, RNA: tl.constexpr):  # fmt: skip
-    """What the backward needs of a tile: which cells take part (edges, a possible sample), their log-sum-exps,
-    blank and label occupancies (the latter times 1 + lambda), the sample's upstream gradient (NaN for a NaN
-    loss), and whether any of it is nonzero (else the tile's gradient is exactly zero)."""
-    logp = tl.load(logp_ptr + n)
-    # (a block mask and a scalar condition combine through where: the interpreter rejects block & scalar)
-    m_row = tl.where(logp != float("-inf"), m_row, False)
-    p_cell = occ_ptr + _cell_offsets(n, t.to(tl.int64), u, T, U1, RNA)
-    occ_b = tl.load(p_cell, mask=m_row, other=0.0)
-    occ_e = tl.load(p_cell + 1, mask=m_row, other=0.0) * fastemit_scale
-    lse = tl.load(lse_ptr + cell, mask=m_row, other=0.0)
-    g = tl.load(gloss_ptr + n * gloss_stride).to(tl.float32) * gscale
-    # NaN for a NaN loss: every read score's gradient is NaN then (an impossible sample's stays zero)
-    g = g + tl.where(logp != float("-inf"), logp - logp, 0.0).to(tl.float32)
-    nonzero = tl.sum(tl.where(m_row & ((occ_b + occ_e) != 0.0), 1, 0), axis=0) > 0
-    return m_row, occ_b, occ_e, lse, g, nonzero | (g != g)
-
-
-@triton.jit
-def _dlogits(acc, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, CLAMP: tl.constexpr):
-    """The logits' gradient [BM, BV] float32: g * (softmax * (occ_b + occ_e) - occ_b [blank] - occ_e [label]),
-    clamped before g scales it (as torchaudio clamps); 0 off the cells and classes."""
-    d = tl.exp2((acc - lse[:, None]) * _log2e()) * (occ_b + occ_e)[:, None]
-    d -= tl.where(v[None, :] == blank, occ_b[:, None], 0.0)
-    d -= tl.where(v[None, :] == lab[:, None], occ_e[:, None], 0.0)
-    if CLAMP:
-        d = tl.minimum(tl.maximum(d, -clamp), clamp)
-    return tl.where(m_row[:, None] & m_v[None, :], g * d, 0.0)
+def _logits(p_h, m_row, w_ptr, b_ptr, v, m_v, H, s_wv, s_wh, HAS_BIAS: tl.constexpr, DT: tl.constexpr,
+            PREC: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+    """Logits of the rows at p_h (their hidden vectors; rows m_row, the others read as 0) against classes v:
+    [BM, BV] float32 (bias included)."""
+    acc = tl.zeros([BM, BV], tl.float32)
+    o_k = tl.arange(0, BK)
+    for k0 in range(0, H, BK):
+        k = k0 + o_k
+        m_k = k < H
+        h = tl.load(p_h[:, None] + k[None, :], mask=m_row[:, None] & m_k[None, :], other=0.0)
+        w = tl.load(w_ptr + v[None, :] * s_wv + k[:, None] * s_wh, mask=m_k[:, None] & m_v[None, :], other=0.0)
+        acc = _mma(h, w, acc, DT, PREC)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + v, mask=m_v, other=0.0).to(tl.float32)[None, :]
+    return acc
 
 
 @triton.jit
@@ -326,9 +166,163 @@ def _mma(a, b, acc, DT: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["seed_lo", "seed_hi", "threshold"])
+def _joint_hidden_kernel(
+    enc_ptr,  # [N, T, H]
+    pred_ptr,  # [N, U+1, H]
+    il_ptr,
+    tl_ptr,
+    h_ptr,  # [rows, s_h] out: the chunk's hidden vectors (DT)
+    n0,  # the chunk: samples [n0, n0 + tiles / (n_tb * UC)), labels [u0, u0 + UC)
+    u0,
+    UC,
+    tiles,
+    T,
+    U1,
+    H,
+    n_tb,
+    s_h,
+    s_en,
+    s_et,
+    s_eh,
+    s_pn,
+    s_pu,
+    s_ph,
+    seed_lo,
+    seed_hi,
+    threshold,
+    drop_scale,
+    ACT: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    DROP_SHIFT: tl.constexpr,
+    DT: tl.constexpr,
+    BT: tl.constexpr,
+    BM: tl.constexpr,
+    BK: tl.constexpr,
+):
+    """Program (BM rows, BK features): dropout(act(enc + pred)), 0 in cells without edges."""
+    i, n, t, u = _chunk_cells(tl.program_id(0) * (BM // BT), n0, u0, UC, n_tb, BT, BM)
+    T_n, U_n = _lengths(il_ptr, tl_ptr, n, i < tiles, T, U1)
+    m_row = (i < tiles) & (t < T_n) & (u <= U_n)
+    k = tl.program_id(1) * BK + tl.arange(0, BK)
+    m_k = k < H
+    p_e = enc_ptr + n * s_en + t.to(tl.int64) * s_et
+    p_p = pred_ptr + n * s_pn + u.to(tl.int64) * s_pu
+    h = _hidden(p_e, p_p, m_row, (n * T + t) * U1 + u, k, m_k, s_eh, s_ph, seed_lo, seed_hi, threshold, drop_scale,
+                ACT, DROPOUT, DROP_SHIFT)  # fmt: skip
+    rows = (tl.program_id(0) * BM + tl.arange(0, BM)).to(tl.int64)
+    tl.store(h_ptr + rows[:, None] * s_h + k[None, :], h.to(DT), mask=(i < tiles)[:, None] & m_k[None, :])
+
+
+@triton.jit
+def _lse_chunk(b_m, b_s, x_blank, x_label, v0, V, p_h, m_row, w_ptr, b_ptr, lab, H, s_wv, s_wh, blank,
+               HAS_BIAS: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr,
+               BK: tl.constexpr):  # fmt: skip
+    """One chunk of classes [v0, v0 + BV) of the online log-sum-exp (log2 units), and the blank and label logits."""
+    v = v0 + tl.arange(0, BV)
+    m_v = v < V
+    acc = _logits(p_h, m_row, w_ptr, b_ptr, v, m_v, H, s_wv, s_wh, HAS_BIAS, DT, PREC, BM, BV, BK)
+    x2 = tl.where(m_v[None, :], acc * _log2e(), float("-inf"))
+    m_new = tl.maximum(b_m, tl.max(x2, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    b_s = b_s * tl.exp2(b_m - m_safe) + tl.sum(tl.exp2(x2 - m_safe[:, None]), axis=1)
+    x_blank += tl.sum(tl.where(v[None, :] == blank, acc, 0.0), axis=1)
+    x_label += tl.sum(tl.where(v[None, :] == lab[:, None], acc, 0.0), axis=1)
+    return m_new, b_s, x_blank, x_label
+
+
+@triton.jit
+def _joint_lattice_kernel(
+    h_ptr,  # the chunk's hidden vectors (``_joint_hidden_kernel``)
+    w_ptr,  # [V, H]
+    b_ptr,  # [V] (HAS_BIAS)
+    tgt_ptr,  # [N, U]
+    il_ptr,
+    tl_ptr,
+    lse_ptr,  # [N * T * (U+1)] float32 out: natural-log log-sum-exp per cell
+    lat_ptr,  # [N * T * (U+1), 2] float32 out: log2 p(blank), log2 p(next label), skewed as _cell_offsets
+    cnt_ptr,  # int32: zeroed here for the batch reduction of the recursions
+    n0,
+    u0,
+    UC,
+    tiles,
+    T,
+    U1,
+    V,
+    H,
+    n_tb,
+    V_main,  # classes [0, V_main) in chunks of BV, the rest in chunks of BVT
+    s_h,
+    s_wv,
+    s_wh,
+    stride_tg,
+    blank,
+    HAS_BIAS: tl.constexpr,
+    DT: tl.constexpr,
+    PREC: tl.constexpr,
+    RNA: tl.constexpr,
+    BT: tl.constexpr,
+    BM: tl.constexpr,
+    BV: tl.constexpr,
+    BVT: tl.constexpr,
+    BK: tl.constexpr,
+):
+    """Program = BM rows of the chunk: online log-sum-exp over the classes, the lattice's two log2 probabilities."""
+    pid = tl.program_id(0)
+    if pid == 0:
+        tl.store(cnt_ptr, 0)
+    i, n, t, u = _chunk_cells(pid * (BM // BT), n0, u0, UC, n_tb, BT, BM)
+    T_n, U_n = _lengths(il_ptr, tl_ptr, n, i < tiles, T, U1)
+    m_row = (i < tiles) & (t < T_n) & (u <= U_n)
+    if tl.sum(m_row.to(tl.int32), axis=0) > 0:
+        lab, has_label = _labels(tgt_ptr, stride_tg, n, u, m_row, U_n, V)
+        p_h = h_ptr + (pid * BM + tl.arange(0, BM)).to(tl.int64) * s_h
+        b_m = tl.full([BM], float("-inf"), tl.float32)  # running maximum (log2 units)
+        b_s = tl.zeros([BM], tl.float32)  # running sum of exp2(x - b_m)
+        x_blank = tl.zeros([BM], tl.float32)
+        x_label = tl.zeros([BM], tl.float32)
+        rows = (p_h, m_row, w_ptr, b_ptr, lab, H, s_wv, s_wh, blank)
+        for v0 in range(0, V_main, BV):  # whole chunks
+            b_m, b_s, x_blank, x_label = _lse_chunk(b_m, b_s, x_blank, x_label, v0, V, *rows, HAS_BIAS, DT, PREC, BM,
+                                                    BV, BK)  # fmt: skip
+        for v0 in range(V_main, V, BVT):  # the last classes in narrow chunks (V = 2^k + 1: the blank alone)
+            b_m, b_s, x_blank, x_label = _lse_chunk(b_m, b_s, x_blank, x_label, v0, V, *rows, HAS_BIAS, DT, PREC, BM,
+                                                    BVT, BK)  # fmt: skip
+        m_safe = tl.where(b_m == float("-inf"), 0.0, b_m)
+        lse = (m_safe + tl.log2(b_s)) * _ln2()
+        cell = (n * T + t) * U1 + u
+        tl.store(lse_ptr + cell, lse, mask=m_row)
+        p_cell = lat_ptr + _cell_offsets(n, t.to(tl.int64), u, T, U1, RNA)
+        tl.store(p_cell, (x_blank - lse) * _log2e(), mask=m_row)
+        tl.store(p_cell + 1, tl.where(has_label, (x_label - lse) * _log2e(), _neg()), mask=m_row)
+
+
+@triton.jit
+def _dlogits(acc, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, CLAMP: tl.constexpr):
+    """The logits' gradient [BM, BV] float32: g * (softmax * (occ_b + occ_e) - occ_b [blank] - occ_e [label]),
+    clamped before g (per row) scales it (as torchaudio clamps); 0 off the cells and classes."""
+    d = tl.exp2((acc - lse[:, None]) * _log2e()) * (occ_b + occ_e)[:, None]
+    d -= tl.where(v[None, :] == blank, occ_b[:, None], 0.0)
+    d -= tl.where(v[None, :] == lab[:, None], occ_e[:, None], 0.0)
+    if CLAMP:
+        d = tl.minimum(tl.maximum(d, -clamp), clamp)
+    return tl.where(m_row[:, None] & m_v[None, :], g[:, None] * d, 0.0)
+
+
+@triton.jit
+def _ds_chunk(ds_ptr, rows, v0, V, p_h, w_ptr, b_ptr, lab, lse, occ_b, occ_e, g, clamp, H, s_wv, s_wh, m_row, blank,
+              HAS_BIAS: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, CLAMP: tl.constexpr, BM: tl.constexpr,
+              BV: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+    """One chunk of classes [v0, v0 + BV) of the rows' logits' gradient, stored at ``rows``."""
+    v = v0 + tl.arange(0, BV)
+    m_v = v < V
+    x = _logits(p_h, m_row, w_ptr, b_ptr, v, m_v, H, s_wv, s_wh, HAS_BIAS, DT, PREC, BM, BV, BK)
+    d = _dlogits(x, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, CLAMP)
+    tl.store(ds_ptr + rows[:, None] + v[None, :], d.to(DT), mask=m_v[None, :])
+
+
+@triton.jit
 def _joint_dlogits_kernel(
-    enc_ptr,
-    pred_ptr,
+    h_ptr,
     w_ptr,
     b_ptr,
     tgt_ptr,
@@ -338,97 +332,71 @@ def _joint_dlogits_kernel(
     occ_ptr,  # [N * T * (U+1), 2] edge occupancies (skewed)
     logp_ptr,  # [N] float64 log2 p
     gloss_ptr,  # upstream gradient per sample (stride 0: one for the batch)
-    ds_ptr,  # [tiles, BT, s_ds] out: the chunk's logits' gradient (the products' dtype)
+    ds_ptr,  # [rows, s_ds] out: the chunk's logits' gradient (DT)
     flag_ptr,  # [tiles] int32 out: rows written (the frames with edges) where the tile has work, else 0
     gloss_stride,
     gscale,
-    n0,  # the chunk: samples [n0, n0 + rows / n_tb), labels [u0, u0 + UC)
+    n0,
     u0,
     UC,
+    tiles,
     T,
     U1,
     V,
     H,
     n_tb,
     V_main,
+    s_h,
     s_ds,
-    s_en,
-    s_et,
-    s_eh,
-    s_pn,
-    s_pu,
-    s_ph,
     s_wv,
     s_wh,
     stride_tg,
     blank,
     fastemit_scale,
     clamp,
-    seed_lo,
-    seed_hi,
-    threshold,
-    drop_scale,
-    ACT: tl.constexpr,
-    DROPOUT: tl.constexpr,
-    DROP_SHIFT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     DT: tl.constexpr,
     PREC: tl.constexpr,
     CLAMP: tl.constexpr,
     RNA: tl.constexpr,
     BT: tl.constexpr,
+    BM: tl.constexpr,
     BV: tl.constexpr,
     BVT: tl.constexpr,
     BK: tl.constexpr,
 ):
-    """Program = tile (sample, frame block, label) of the chunk: its logits made again, chunk by chunk of BV classes,
-    and their gradient g * (softmax * (occ_b + occ_e) - occ_b [blank] - occ_e [label]) stored in the products'
-    dtype (0 in rows without edges); a tile without work writes nothing and flags it."""
-    i = tl.program_id(0)
-    j = i % UC
-    r = i // UC
-    tb = r % n_tb
-    n = (n0 + r // n_tb).to(tl.int64)
-    t0 = tb * BT
-    u = u0 + j
-    T_n, U_n = _lengths(il_ptr, tl_ptr, n, True, T, U1)
-    rows_ok = 0
-    if (t0 < T_n) & (u <= U_n):
-        t, uu, m_row, cell, p_e, p_p = _tile_cells(n, t0, u, T_n, U_n, T, U1, enc_ptr, pred_ptr, s_en, s_et, s_pn,
-                                                   s_pu, BT, 1)  # fmt: skip
-        m_row, occ_b, occ_e, lse, g, work = _tile_state(n, t, uu, m_row, cell, lse_ptr, occ_ptr, logp_ptr, gloss_ptr,
-                                                        gloss_stride, gscale, fastemit_scale, T, U1, RNA)  # fmt: skip
-        if work:
-            rows_ok = tl.sum(m_row.to(tl.int32), axis=0)
-            lab, _has_label = _labels(tgt_ptr, stride_tg, n, uu, m_row, U_n, V)
-            rows = (i * BT + tl.arange(0, BT)).to(tl.int64) * s_ds
-            tile = (p_e, p_p, m_row, cell, w_ptr, b_ptr, lab, lse, occ_b, occ_e, g, clamp, H, s_eh, s_ph, s_wv, s_wh,
-                    seed_lo, seed_hi, threshold, drop_scale, blank)  # fmt: skip
-            for v0 in range(0, V_main, BV):
-                _ds_chunk(ds_ptr, rows, v0, V, *tile, ACT, DROPOUT, DROP_SHIFT, HAS_BIAS, DT, PREC, CLAMP, BT, BV, BK)
-            for v0 in range(V_main, V, BVT):
-                _ds_chunk(ds_ptr, rows, v0, V, *tile, ACT, DROPOUT, DROP_SHIFT, HAS_BIAS, DT, PREC, CLAMP, BT, BVT, BK)
-    # the rows with edges (a prefix of the tile's frames), 0 for a tile without work
-    tl.store(flag_ptr + i, rows_ok)
-
-
-@triton.jit
-def _chunk_rows(i0, n0, u0, UC, tiles, n_tb, flag_ptr, enc_ptr, pred_ptr, T, U1, s_en, s_et, s_pn, s_pu,
-                BT: tl.constexpr, BM: tl.constexpr):  # fmt: skip
-    """BM rows of the chunk's logits' gradient from tile i0 on (BM / BT consecutive tiles): which hold a cell with
-    edges (written by ``_joint_dlogits_kernel``), their frames, labels, cells and encoder and predictor rows."""
-    o_m = tl.arange(0, BM)
-    i = i0 + o_m // BT
-    r = i // UC
-    tb = r % n_tb
-    n = (n0 + r // n_tb).to(tl.int64)
-    t = tb * BT + o_m % BT
-    u = u0 + i % UC
-    m_row = (o_m % BT) < tl.load(flag_ptr + i, mask=i < tiles, other=0)
+    """Program = BM rows (BM / BT tiles) of the chunk: which cells take part (edges, a possible sample), their
+    occupancies (the label's times 1 + lambda), the sample's upstream gradient (NaN for a NaN loss); the tiles'
+    flags; where any has work, the logits made again and their gradient stored chunk by chunk of classes."""
+    KT: tl.constexpr = BM // BT
+    pid = tl.program_id(0)
+    i, n, t, u = _chunk_cells(pid * KT, n0, u0, UC, n_tb, BT, BM)
+    T_n, U_n = _lengths(il_ptr, tl_ptr, n, i < tiles, T, U1)
+    logp = tl.load(logp_ptr + n, mask=i < tiles, other=float("-inf"))
+    m_row = (i < tiles) & (t < T_n) & (u <= U_n) & (logp != float("-inf"))
     cell = (n * T + t) * U1 + u
-    p_e = enc_ptr + n * s_en + t.to(tl.int64) * s_et
-    p_p = pred_ptr + n * s_pn + u.to(tl.int64) * s_pu
-    return m_row, t, u, cell, p_e, p_p
+    p_cell = occ_ptr + _cell_offsets(n, t.to(tl.int64), u, T, U1, RNA)
+    occ_b = tl.load(p_cell, mask=m_row, other=0.0)
+    occ_e = tl.load(p_cell + 1, mask=m_row, other=0.0) * fastemit_scale
+    g = tl.load(gloss_ptr + n * gloss_stride, mask=i < tiles, other=0.0).to(tl.float32) * gscale
+    # NaN for a NaN loss: every read score's gradient is NaN then (an impossible sample's stays zero)
+    g = g + tl.where(logp != float("-inf"), logp - logp, 0.0).to(tl.float32)
+    work = (m_row & ((occ_b + occ_e) != 0.0)) | (g != g)
+    tile_work = tl.max(tl.reshape(work.to(tl.int32), (KT, BT)), axis=1)
+    flags = tile_work * tl.sum(tl.reshape(m_row.to(tl.int32), (KT, BT)), axis=1)
+    i_t = pid * KT + tl.arange(0, KT)
+    tl.store(flag_ptr + i_t, flags, mask=i_t < tiles)
+    if tl.sum(flags, axis=0) > 0:
+        lse = tl.load(lse_ptr + cell, mask=m_row, other=0.0)
+        lab, _has_label = _labels(tgt_ptr, stride_tg, n, u, m_row, U_n, V)
+        o_m = pid * BM + tl.arange(0, BM)
+        p_h = h_ptr + o_m.to(tl.int64) * s_h
+        rows = o_m.to(tl.int64) * s_ds
+        state = (p_h, w_ptr, b_ptr, lab, lse, occ_b, occ_e, g, clamp, H, s_wv, s_wh, m_row, blank)
+        for v0 in range(0, V_main, BV):
+            _ds_chunk(ds_ptr, rows, v0, V, *state, HAS_BIAS, DT, PREC, CLAMP, BM, BV, BK)
+        for v0 in range(V_main, V, BVT):
+            _ds_chunk(ds_ptr, rows, v0, V, *state, HAS_BIAS, DT, PREC, CLAMP, BM, BVT, BK)
 
 
 @triton.jit(do_not_specialize=["seed_lo", "seed_hi", "threshold"])
@@ -488,8 +456,8 @@ def _joint_grad_rows_kernel(
     acc_enc = tl.zeros([BT, BN], tl.float32)
     for j0 in range(0, UC, UB):
         i0 = r * UC + j0
-        m_row, _t, u, cell, p_e, p_p = _chunk_rows(i0, n0, u0, UC, r * UC + UC, n_tb, flag_ptr, enc_ptr, pred_ptr, T,
-                                                   U1, s_en, s_et, s_pn, s_pu, BT, BM)  # fmt: skip
+        i, n_m, t_m, u = _chunk_cells(i0, n0, u0, UC, n_tb, BT, BM)
+        m_row = _flagged(i, flag_ptr, r * UC + UC, BT, BM)
         if tl.sum(m_row.to(tl.int32), axis=0) > 0:
             rows = (i0 * BT + tl.arange(0, BM)).to(tl.int64) * s_ds
             acc = tl.zeros([BM, BN], tl.float32)
@@ -500,8 +468,10 @@ def _joint_grad_rows_kernel(
                 w = tl.load(w_ptr + v[:, None] * s_wv + k[None, :] * s_wh, mask=m_v[:, None] & m_k[None, :],
                             other=0.0)  # fmt: skip
                 acc = _mma(d, w, acc, DT, PREC)
-            f = _hidden_grad(p_e, p_p, m_row, cell, k, m_k, s_eh, s_ph, seed_lo, seed_hi, threshold, drop_scale, ACT,
-                             DROPOUT, DROP_SHIFT, False)  # fmt: skip
+            p_e = enc_ptr + n_m * s_en + t_m.to(tl.int64) * s_et
+            p_p = pred_ptr + n_m * s_pn + u.to(tl.int64) * s_pu
+            f = _hidden_grad(p_e, p_p, m_row, (n_m * T + t_m) * U1 + u, k, m_k, s_eh, s_ph, seed_lo, seed_hi,
+                             threshold, drop_scale, ACT, DROPOUT, DROP_SHIFT)  # fmt: skip
             # (where, not a product: a NaN weight leaves the rows of cells without edges alone)
             part = tl.reshape(tl.where(m_row[:, None], acc * f, 0.0), (UB, BT, BN))
             acc_enc += tl.sum(part, axis=0)
@@ -513,38 +483,19 @@ def _joint_grad_rows_kernel(
     tl.store(q, tl.load(q, mask=m) + acc_enc, mask=m)
 
 
-@triton.jit(do_not_specialize=["seed_lo", "seed_hi", "threshold"])
+@triton.jit
 def _joint_grad_weight_kernel(
-    enc_ptr,
-    pred_ptr,
+    h_ptr,
     ds_ptr,
     flag_ptr,
     gw_ptr,  # [S, V, H] float32 in/out: the weight's gradient per group of tiles
     gb_ptr,  # [S, V] float32 in/out (WITH_BIAS): the bias's
-    n0,
-    u0,
-    UC,
     tiles,
     S,
-    T,
-    U1,
     V,
     H,
-    n_tb,
+    s_h,
     s_ds,
-    s_en,
-    s_et,
-    s_eh,
-    s_pn,
-    s_pu,
-    s_ph,
-    seed_lo,
-    seed_hi,
-    threshold,
-    drop_scale,
-    ACT: tl.constexpr,
-    DROPOUT: tl.constexpr,
-    DROP_SHIFT: tl.constexpr,
     DT: tl.constexpr,
     PREC: tl.constexpr,
     WITH_BIAS: tl.constexpr,
@@ -554,9 +505,9 @@ def _joint_grad_weight_kernel(
     BN: tl.constexpr,
 ):
     """Program (BV classes x BN features, group s): over blocks of KT consecutive tiles of the chunk (blocks s,
-    s + S, ...), the logits' gradient transposed [BV, KT * BT] times the hidden features [KT * BT, BN] (made
-    again from enc and pred; rows without edges masked), added once to the group's partial sums (groups summed
-    in a fixed order after the last chunk). The bias's gradient, the column sums, by the first feature piece."""
+    s + S, ...), the logits' gradient transposed [BV, KT * BT] times the hidden vectors [KT * BT, BN] (rows not
+    written masked), added once to the group's partial sums (groups summed in a fixed order after the last
+    chunk). The bias's gradient, the column sums, by the first feature piece."""
     BM: tl.constexpr = KT * BT
     n_vt = tl.cdiv(V, BV)
     i_v = tl.program_id(0) % n_vt
@@ -568,13 +519,12 @@ def _joint_grad_weight_kernel(
     m_k = k < H
     acc = tl.zeros([BV, BN], tl.float32)
     acc_b = tl.zeros([BV], tl.float32)
+    o_m = tl.arange(0, BM)
     for i0 in range(s * KT, tiles, S * KT):
-        m_row, _t, _u, cell, p_e, p_p = _chunk_rows(i0, n0, u0, UC, tiles, n_tb, flag_ptr, enc_ptr, pred_ptr, T, U1,
-                                                    s_en, s_et, s_pn, s_pu, BT, BM)  # fmt: skip
-        rows = (i0 * BT + tl.arange(0, BM)).to(tl.int64) * s_ds
-        d = tl.load(ds_ptr + rows[:, None] + v[None, :], mask=m_row[:, None] & m_v[None, :], other=0.0)
-        h = _hidden(p_e, p_p, m_row, cell, k, m_k, s_eh, s_ph, seed_lo, seed_hi, threshold, drop_scale, ACT, DROPOUT,
-                    DROP_SHIFT, False)  # fmt: skip
+        m_row = _flagged(i0 + o_m // BT, flag_ptr, tiles, BT, BM)
+        rows = (i0 * BT + o_m).to(tl.int64)
+        d = tl.load(ds_ptr + rows[:, None] * s_ds + v[None, :], mask=m_row[:, None] & m_v[None, :], other=0.0)
+        h = tl.load(h_ptr + rows[:, None] * s_h + k[None, :], mask=m_row[:, None] & m_k[None, :], other=0.0)
         acc = _mma(tl.trans(d), h, acc, DT, PREC)
         if WITH_BIAS:
             acc_b += tl.sum(d.to(tl.float32), axis=0)
@@ -596,24 +546,23 @@ TRITON_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfl
 
 
 def _blocks(enc: torch.Tensor, kernel: str) -> dict:
-    """Tile sizes per kernel: "forward" (BT x BU cells, BV classes a logits chunk, BK features a product step),
-    "dlogits" (BT frames of one label; BT is the backward's), "rows" (BN features, BK classes a step), "weight"
-    (BV classes x BN features); small ones under the interpreter (CPU tests)."""
+    """Tile sizes per kernel: "tile" (BT frames of one label: the chunks' layout), "hidden" (BM rows x BK
+    features), "forward" and "dlogits" (BM rows, BV classes a chunk (BVT for the last few), BK features a product
+    step), "rows" (UB labels x BN features, BK classes a step), "weight" (BV classes x BN features, KT tiles a
+    step); small ones under the interpreter (CPU tests)."""
     if not enc.is_cuda:
-        blk = dict(BT=4, BU=4, BV=32, BVT=16, BK=16, BN=16, UB=2, KT=2, num_warps=4, num_stages=1)
-        if kernel != "forward":
-            blk.update(BT=8, BU=1)
-    elif kernel == "forward":
-        blk = dict(BT=128, BU=1, BV=256, BVT=16, BK=64, num_warps=8, num_stages=3)
-    elif kernel == "dlogits":
-        blk = dict(BT=64, BV=256, BVT=16, BK=64, num_warps=8, num_stages=3)
+        blk = dict(BT=8, BM=16, BV=32, BVT=16, BK=16, BN=16, UB=2, KT=2, num_warps=4, num_stages=1)
+    elif kernel in ("tile", "hidden"):
+        blk = dict(BT=64, BM=64, BK=128, num_warps=4, num_stages=1)
+    elif kernel in ("forward", "dlogits"):
+        blk = dict(BM=128, BV=256, BVT=16, BK=64, num_warps=8, num_stages=3)
     elif kernel == "rows":
-        blk = dict(UB=2, BN=256, BK=64, num_warps=8, num_stages=3)
+        blk = dict(UB=1, BN=256, BK=128, num_warps=8, num_stages=2)
     else:
         blk = dict(KT=2, BV=128, BN=256, num_warps=8, num_stages=2)
-    if enc.is_cuda and enc.element_size() == 4:
-        # float32 tiles fill the shared memory sooner
-        blk.update(dict(BV=128, num_stages=2) if kernel in ("forward", "dlogits") else dict(num_stages=2))
+    if enc.is_cuda and enc.element_size() == 4:  # float32 tiles fill the shared memory sooner
+        blk.update({"forward": dict(BV=128, BK=32, num_stages=2), "dlogits": dict(BV=128, BK=32, num_stages=2),
+                    "rows": dict(BN=128, BK=32), "weight": dict(BV=64, BN=128)}.get(kernel, {}))  # fmt: skip
     if TUNING and kernel in TUNING:
         blk.update(TUNING[kernel])
     return blk
@@ -670,14 +619,25 @@ def joint_forward(
     lse = _empty(n_cells, dtype=torch.float32, device=dev)
     lat = _empty(2 * n_cells, dtype=torch.float32, device=dev)
     aux = _empty(1 + 2 * N, dtype=torch.int32, device=dev)
-    blk = _blocks(enc, "forward")
-    n_tb, n_ub = triton.cdiv(T, blk["BT"]), triton.cdiv(U1, blk["BU"])
-    strides, drop, meta = _common(enc, pred, weight, bias, dropout, seed, activation, precision)
-    _joint_lattice_kernel[(N * n_tb * n_ub,)](
-        enc, pred, weight, bias, targets, logit_lengths, target_lengths, lse, lat, aux, T, U1, V, H, n_tb, n_ub,
-        _main_classes(V, blk), *strides, targets.stride(0), blank, *drop, RNA=rnna, BT=blk["BT"], BU=blk["BU"],
-        BV=blk["BV"], BVT=blk["BVT"], BK=blk["BK"], **_launch(blk), **meta,
-    )  # fmt: skip
+    strides, seeds, meta = _common(enc, pred, weight, bias, dropout, seed, activation, precision)
+    bh, bf = _blocks(enc, "hidden"), _blocks(enc, "forward")
+    BT = _blocks(enc, "tile")["BT"]
+    n_tb = triton.cdiv(T, BT)
+    s_h = -(-H // 16) * 16
+    nc, uc = _chunks(N, U1, n_tb * BT, s_h * weight.element_size(), dev)
+    hbuf = _empty(_rows(nc * n_tb * uc * BT, bh["BM"], bf["BM"]), s_h, dtype=weight.dtype, device=dev)
+    for n0, u0, tiles, _rows_n, ucc in _chunk_list(N, U1, n_tb, nc, uc):
+        _joint_hidden_kernel[(triton.cdiv(tiles * BT, bh["BM"]), triton.cdiv(H, bh["BK"]))](
+            enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, T, U1, H, n_tb, s_h, *strides[:6],
+            *seeds, ACT=meta["ACT"], DROPOUT=meta["DROPOUT"], DROP_SHIFT=meta["DROP_SHIFT"], DT=meta["DT"], BT=BT,
+            BM=bh["BM"], BK=bh["BK"], **_launch(bh),
+        )  # fmt: skip
+        _joint_lattice_kernel[(triton.cdiv(tiles * BT, bf["BM"]),)](
+            hbuf, weight, bias, targets, logit_lengths, target_lengths, lse, lat, aux, n0, u0, ucc, tiles, T, U1, V,
+            H, n_tb, _main_classes(V, bf), s_h, *strides[6:], targets.stride(0), blank, HAS_BIAS=bias is not None,
+            DT=meta["DT"], PREC=meta["PREC"], RNA=rnna, BT=BT, BM=bf["BM"], BV=bf["BV"], BVT=bf["BVT"],
+            BK=bf["BK"], **_launch(bf),
+        )  # fmt: skip
     loss, logp = rnnt_recursions(lat, aux, logit_lengths, target_lengths, N, T, U1, loss_scale, rnna, need_grad,
                                  reduction)  # fmt: skip
     return loss, (lse, lat, logp)
@@ -718,13 +678,17 @@ def joint_backward(
     strides, seeds, meta = _common(enc, pred, weight, bias, dropout, seed, activation, precision)
     gstride = grad_out.stride(0) if reduction == "none" else 0
     gscale = 1.0 / N if reduction == "mean" else 1.0
-    common = {k: meta[k] for k in ("ACT", "DROPOUT", "DROP_SHIFT", "DT", "PREC")}
-    b1, b2, b3 = _blocks(enc, "dlogits"), _blocks(enc, "rows"), _blocks(enc, "weight")
-    BT = b1["BT"]
+    act = {k: meta[k] for k in ("ACT", "DROPOUT", "DROP_SHIFT")}
+    prec = {k: meta[k] for k in ("DT", "PREC")}
+    bh, b1, b2, b3 = (_blocks(enc, k) for k in ("hidden", "dlogits", "rows", "weight"))
+    BT = _blocks(enc, "tile")["BT"]
     n_tb = triton.cdiv(T, BT)
-    nc, uc, s_ds = _chunks(N, U1, n_tb * BT, V, weight.element_size(), dev)
-    ds = _empty(nc * n_tb * uc * BT, s_ds, dtype=weight.dtype, device=dev)
-    flags = _empty(nc * n_tb * uc, dtype=torch.int32, device=dev)
+    s_h, s_ds = -(-H // 16) * 16, -(-V // 16) * 16
+    nc, uc = _chunks(N, U1, n_tb * BT, (s_h + s_ds) * weight.element_size(), dev)
+    rows_max = _rows(nc * n_tb * uc * BT, bh["BM"], b1["BM"], b3["KT"] * BT)
+    hbuf = _empty(rows_max, s_h, dtype=weight.dtype, device=dev)
+    ds = _empty(rows_max, s_ds, dtype=weight.dtype, device=dev)
+    flags = _empty(rows_max // BT, dtype=torch.int32, device=dev)
     genc = torch.zeros(N, T, H, dtype=torch.float32, device=dev)
     gpred = torch.zeros(n_tb, N, U1, H, dtype=torch.float32, device=dev)
     # the weight's gradient: tiles of BV classes x BN features, about two programs per multiprocessor in all
@@ -732,31 +696,31 @@ def joint_backward(
     groups = max(1, min(triton.cdiv(nc * n_tb * uc, b3["KT"]), triton.cdiv(2 * _sm_count(dev), n_vk)))
     gw = torch.zeros(groups, V, H, dtype=torch.float32, device=dev)
     gb = torch.zeros(groups, V, dtype=torch.float32, device=dev) if bias is not None else None
-    state = (enc, pred, weight, bias, targets, logit_lengths, target_lengths, lse, occ, logp, grad_out)
-    for n0 in range(0, N, nc):
-        for u0 in range(0, U1, uc):
-            ucc = min(uc, U1 - u0)
-            rows = min(nc, N - n0) * n_tb
-            _joint_dlogits_kernel[(rows * ucc,)](
-                *state, ds, flags, gstride, gscale, n0, u0, ucc, T, U1, V, H, n_tb, _main_classes(V, b1), s_ds,
-                *strides, targets.stride(0), blank, 1.0 + fastemit_lambda, max(clamp, 0.0), *seeds,
-                HAS_BIAS=bias is not None, CLAMP=clamp > 0, RNA=rnna, BT=BT, BV=b1["BV"], BVT=b1["BVT"],
-                BK=b1["BK"], **_launch(b1), **common,
-            )  # fmt: skip
-            _joint_grad_rows_kernel[(triton.cdiv(H, b2["BN"]), rows)](
-                enc, pred, weight, ds, flags, genc, gpred, n0, u0, ucc, N, T, U1, V, H, n_tb, s_ds, *strides, *seeds,
-                BT=BT, UB=b2["UB"], BN=b2["BN"], BK=b2["BK"], **_launch(b2), **common,
-            )  # fmt: skip
-            _joint_grad_weight_kernel[(n_vk, groups)](
-                enc, pred, ds, flags, gw, gb, n0, u0, ucc, rows * ucc, groups, T, U1, V, H, n_tb, s_ds,
-                *strides[:6], *seeds, WITH_BIAS=bias is not None, BT=BT, KT=b3["KT"], BV=b3["BV"], BN=b3["BN"],
-                **_launch(b3), **common,
-            )  # fmt: skip
+    for n0, u0, tiles, rows, ucc in _chunk_list(N, U1, n_tb, nc, uc):
+        _joint_hidden_kernel[(triton.cdiv(tiles * BT, bh["BM"]), triton.cdiv(H, bh["BK"]))](
+            enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, T, U1, H, n_tb, s_h, *strides[:6],
+            *seeds, DT=meta["DT"], BT=BT, BM=bh["BM"], BK=bh["BK"], **act, **_launch(bh),
+        )  # fmt: skip
+        _joint_dlogits_kernel[(triton.cdiv(tiles * BT, b1["BM"]),)](
+            hbuf, weight, bias, targets, logit_lengths, target_lengths, lse, occ, logp, grad_out, ds, flags, gstride,
+            gscale, n0, u0, ucc, tiles, T, U1, V, H, n_tb, _main_classes(V, b1), s_h, s_ds, *strides[6:],
+            targets.stride(0), blank, 1.0 + fastemit_lambda, max(clamp, 0.0), HAS_BIAS=bias is not None,
+            CLAMP=clamp > 0, RNA=rnna, BT=BT, BM=b1["BM"], BV=b1["BV"], BVT=b1["BVT"], BK=b1["BK"], **prec,
+            **_launch(b1),
+        )  # fmt: skip
+        _joint_grad_rows_kernel[(triton.cdiv(H, b2["BN"]), rows)](
+            enc, pred, weight, ds, flags, genc, gpred, n0, u0, ucc, N, T, U1, V, H, n_tb, s_ds, *strides, *seeds,
+            BT=BT, UB=b2["UB"], BN=b2["BN"], BK=b2["BK"], **act, **prec, **_launch(b2),
+        )  # fmt: skip
+        _joint_grad_weight_kernel[(n_vk, groups)](
+            hbuf, ds, flags, gw, gb, tiles, groups, V, H, s_h, s_ds, WITH_BIAS=bias is not None, BT=BT,
+            KT=b3["KT"], BV=b3["BV"], BN=b3["BN"], **prec, **_launch(b3),
+        )  # fmt: skip
     grad_b = None if bias is None else gb.sum(0).to(bias.dtype)
     return genc.to(enc.dtype), gpred.sum(0).to(pred.dtype), gw.sum(0).to(weight.dtype), grad_b
 
 
-CHUNK_BYTES = 96 << 20  # the logits' gradient held at once in the backward (on a GPU)
+CHUNK_BYTES = 96 << 20  # a chunk's buffers (hidden vectors; in the backward also the logits' gradient), on a GPU
 
 
 def _main_classes(V: int, blk: dict) -> int:
@@ -765,16 +729,31 @@ def _main_classes(V: int, blk: dict) -> int:
     return V - rest if rest <= 2 * blk["BVT"] else V
 
 
-def _chunks(N: int, U1: int, frames: int, V: int, esize: int, dev: torch.device) -> tuple[int, int, int]:
-    """The backward's chunk: ``nc`` samples x ``uc`` labels (all frames), as many as ``CHUNK_BYTES`` holds
-    (at least one sample's label), and the row stride of its logits' gradient (V rounded up to 16)."""
-    s_ds = -(-V // 16) * 16
-    budget = CHUNK_BYTES if dev.type == "cuda" else 4 * frames * s_ds * esize  # small chunks under the interpreter
-    row = frames * s_ds * esize
+def _chunks(N: int, U1: int, frames: int, cell_bytes: int, dev: torch.device) -> tuple[int, int]:
+    """A chunk: ``nc`` samples x ``uc`` labels (all frames), as many as ``CHUNK_BYTES`` holds (at least one
+    sample's label); under the interpreter four samples' labels (CPU tests: several chunks of both kinds)."""
+    row = frames * cell_bytes
+    budget = CHUNK_BYTES if dev.type == "cuda" else 4 * row
     if N * row <= budget:
-        return N, min(U1, budget // (N * row)), s_ds
+        return N, min(U1, budget // (N * row))
     nc = max(1, budget // row)
-    return -(-N // -(-N // nc)), 1, s_ds
+    return -(-N // -(-N // nc)), 1
+
+
+def _chunk_list(N: int, U1: int, n_tb: int, nc: int, uc: int):
+    """(n0, u0, tiles, rows of tiles (sample, frame block), labels) of each chunk, in order."""
+    for n0 in range(0, N, nc):
+        for u0 in range(0, U1, uc):
+            rows = min(nc, N - n0) * n_tb
+            ucc = min(uc, U1 - u0)
+            yield n0, u0, rows * ucc, rows, ucc
+
+
+def _rows(rows: int, *blocks: int) -> int:
+    """Rows of a chunk buffer: ``rows`` rounded up to every block of rows that reads or writes it whole."""
+    for b in blocks:
+        rows = -(-rows // b) * b
+    return rows
 
 
 def _sm_count(dev: torch.device) -> int:
