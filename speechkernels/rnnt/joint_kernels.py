@@ -399,6 +399,17 @@ def _joint_dlogits_kernel(
             _ds_chunk(ds_ptr, rows, v0, V, *state, HAS_BIAS, DT, PREC, CLAMP, BM, BVT, BK)
 
 
+@triton.jit
+def _ds_w(acc, ds_ptr, rows, m_row, w_ptr, v0, V, k, m_k, s_wv, s_wh, DT: tl.constexpr, PREC: tl.constexpr,
+          BK: tl.constexpr):  # fmt: skip
+    """acc + the rows' logits' gradient for classes [v0, v0 + BK) times the weight's rows there, features k."""
+    v = v0 + tl.arange(0, BK)
+    m_v = v < V
+    d = tl.load(ds_ptr + rows[:, None] + v[None, :], mask=m_row[:, None] & m_v[None, :], other=0.0)
+    w = tl.load(w_ptr + v[:, None] * s_wv + k[None, :] * s_wh, mask=m_v[:, None] & m_k[None, :], other=0.0)
+    return _mma(d, w, acc, DT, PREC)
+
+
 @triton.jit(do_not_specialize=["seed_lo", "seed_hi", "threshold"])
 def _joint_grad_rows_kernel(
     enc_ptr,
@@ -407,16 +418,16 @@ def _joint_grad_rows_kernel(
     ds_ptr,  # the chunk's logits' gradient and flags (``_joint_dlogits_kernel``)
     flag_ptr,
     genc_ptr,  # [N, T, H] float32 in/out: the encoder rows' gradient
-    gpred_ptr,  # [n_tb, N, U+1, H] float32 out (zeroed): the predictor rows' per frame block
+    gpred_ptr,  # [rows, UC, H] float32 out: the chunk's predictor rows, per (sample, frame block)
     n0,
     u0,
     UC,
-    N,
     T,
     U1,
     V,
     H,
     n_tb,
+    V_main,  # classes [0, V_main) in steps of BK, the rest in steps of BKT
     s_ds,
     s_en,
     s_et,
@@ -439,11 +450,13 @@ def _joint_grad_rows_kernel(
     UB: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
+    BKT: tl.constexpr,
 ):
     """Program (piece of BN features, sample and frame block of the chunk): UB labels at a time, the logits'
     gradient [UB * BT, V] times the weight's piece, times d h / d (enc + pred); summed over the labels into the
     encoder rows (registers, then added once) and over the frames into the frame block's share of each predictor
-    row (stored). Each row belongs to one program of a chunk; chunks run one after another: deterministic."""
+    row (all written: 0 where nothing is added). Each row belongs to one program of a chunk; chunks run one after
+    another: deterministic."""
     BM: tl.constexpr = UB * BT
     p = tl.program_id(0)
     r = tl.program_id(1)
@@ -452,22 +465,19 @@ def _joint_grad_rows_kernel(
     t = tb * BT + tl.arange(0, BT)
     k = p * BN + tl.arange(0, BN)
     m_k = k < H
-    o_v = tl.arange(0, BK)
     acc_enc = tl.zeros([BT, BN], tl.float32)
     for j0 in range(0, UC, UB):
         i0 = r * UC + j0
         i, n_m, t_m, u = _chunk_cells(i0, n0, u0, UC, n_tb, BT, BM)
         m_row = _flagged(i, flag_ptr, r * UC + UC, BT, BM)
+        part = tl.zeros([UB, BT, BN], tl.float32)
         if tl.sum(m_row.to(tl.int32), axis=0) > 0:
             rows = (i0 * BT + tl.arange(0, BM)).to(tl.int64) * s_ds
             acc = tl.zeros([BM, BN], tl.float32)
-            for v0 in range(0, V, BK):
-                v = v0 + o_v
-                m_v = v < V
-                d = tl.load(ds_ptr + rows[:, None] + v[None, :], mask=m_row[:, None] & m_v[None, :], other=0.0)
-                w = tl.load(w_ptr + v[:, None] * s_wv + k[None, :] * s_wh, mask=m_v[:, None] & m_k[None, :],
-                            other=0.0)  # fmt: skip
-                acc = _mma(d, w, acc, DT, PREC)
+            for v0 in range(0, V_main, BK):
+                acc = _ds_w(acc, ds_ptr, rows, m_row, w_ptr, v0, V, k, m_k, s_wv, s_wh, DT, PREC, BK)
+            for v0 in range(V_main, V, BKT):  # the last classes in narrow steps (V = 2^k + 1: the blank alone)
+                acc = _ds_w(acc, ds_ptr, rows, m_row, w_ptr, v0, V, k, m_k, s_wv, s_wh, DT, PREC, BKT)
             p_e = enc_ptr + n_m * s_en + t_m.to(tl.int64) * s_et
             p_p = pred_ptr + n_m * s_pn + u.to(tl.int64) * s_pu
             f = _hidden_grad(p_e, p_p, m_row, (n_m * T + t_m) * U1 + u, k, m_k, s_eh, s_ph, seed_lo, seed_hi,
@@ -475,9 +485,9 @@ def _joint_grad_rows_kernel(
             # (where, not a product: a NaN weight leaves the rows of cells without edges alone)
             part = tl.reshape(tl.where(m_row[:, None], acc * f, 0.0), (UB, BT, BN))
             acc_enc += tl.sum(part, axis=0)
-            j = j0 + tl.arange(0, UB)
-            q = gpred_ptr + ((tb * N + n) * U1 + u0 + j.to(tl.int64))[:, None] * H + k[None, :]
-            tl.store(q, tl.sum(part, axis=1), mask=(j < UC)[:, None] & m_k[None, :])
+        j = j0 + tl.arange(0, UB)
+        q = gpred_ptr + (r * UC + j.to(tl.int64))[:, None] * H + k[None, :]
+        tl.store(q, tl.sum(part, axis=1), mask=(j < UC)[:, None] & m_k[None, :])
     q = genc_ptr + (n * T + t.to(tl.int64))[:, None] * H + k[None, :]
     m = (t < T)[:, None] & m_k[None, :]
     tl.store(q, tl.load(q, mask=m) + acc_enc, mask=m)
@@ -551,18 +561,18 @@ def _blocks(enc: torch.Tensor, kernel: str) -> dict:
     step), "rows" (UB labels x BN features, BK classes a step), "weight" (BV classes x BN features, KT tiles a
     step); small ones under the interpreter (CPU tests)."""
     if not enc.is_cuda:
-        blk = dict(BT=8, BM=16, BV=32, BVT=16, BK=16, BN=16, UB=2, KT=2, num_warps=4, num_stages=1)
+        blk = dict(BT=8, BM=16, BV=32, BVT=16, BK=32, BKT=16, BN=16, UB=2, KT=2, num_warps=4, num_stages=1)
     elif kernel in ("tile", "hidden"):
         blk = dict(BT=64, BM=64, BK=128, num_warps=4, num_stages=1)
     elif kernel in ("forward", "dlogits"):
         blk = dict(BM=128, BV=256, BVT=16, BK=64, num_warps=8, num_stages=3)
     elif kernel == "rows":
-        blk = dict(UB=1, BN=256, BK=128, num_warps=8, num_stages=2)
+        blk = dict(UB=1, BN=256, BK=128, BKT=16, num_warps=8, num_stages=2)
     else:
-        blk = dict(KT=2, BV=128, BN=256, num_warps=8, num_stages=2)
+        blk = dict(KT=4, BV=128, BN=128, num_warps=8, num_stages=2)
     if enc.is_cuda and enc.element_size() == 4:  # float32 tiles fill the shared memory sooner
         blk.update({"forward": dict(BV=128, BK=32, num_stages=2), "dlogits": dict(BV=128, BK=32, num_stages=2),
-                    "rows": dict(BN=128, BK=32), "weight": dict(BV=64, BN=128)}.get(kernel, {}))  # fmt: skip
+                    "rows": dict(BN=128, BK=32), "weight": dict(KT=2, BV=64, BN=128)}.get(kernel, {}))  # fmt: skip
     if TUNING and kernel in TUNING:
         blk.update(TUNING[kernel])
     return blk
@@ -690,12 +700,16 @@ def joint_backward(
     ds = _empty(rows_max, s_ds, dtype=weight.dtype, device=dev)
     flags = _empty(rows_max // BT, dtype=torch.int32, device=dev)
     genc = torch.zeros(N, T, H, dtype=torch.float32, device=dev)
-    gpred = torch.zeros(n_tb, N, U1, H, dtype=torch.float32, device=dev)
+    gpred = torch.zeros(N, U1, H, dtype=torch.float32, device=dev)
+    gpred_part = _empty(nc * n_tb * uc * H, dtype=torch.float32, device=dev)
     # the weight's gradient: tiles of BV classes x BN features, about two programs per multiprocessor in all
     n_vk = triton.cdiv(V, b3["BV"]) * triton.cdiv(H, b3["BN"])
     groups = max(1, min(triton.cdiv(nc * n_tb * uc, b3["KT"]), triton.cdiv(2 * _sm_count(dev), n_vk)))
     gw = torch.zeros(groups, V, H, dtype=torch.float32, device=dev)
     gb = torch.zeros(groups, V, dtype=torch.float32, device=dev) if bias is not None else None
+    # TF32 products take both operands contiguous along the sum: the weight transposed for the rows' product
+    w_rows = weight.t().contiguous().t() if precision == "tf32x3" and weight.dtype == torch.float32 else weight
+    w_strides = (w_rows.stride(0), w_rows.stride(1))
     for n0, u0, tiles, rows, ucc in _chunk_list(N, U1, n_tb, nc, uc):
         _joint_hidden_kernel[(triton.cdiv(tiles * BT, bh["BM"]), triton.cdiv(H, bh["BK"]))](
             enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, T, U1, H, n_tb, s_h, *strides[:6],
@@ -709,18 +723,22 @@ def joint_backward(
             **_launch(b1),
         )  # fmt: skip
         _joint_grad_rows_kernel[(triton.cdiv(H, b2["BN"]), rows)](
-            enc, pred, weight, ds, flags, genc, gpred, n0, u0, ucc, N, T, U1, V, H, n_tb, s_ds, *strides, *seeds,
-            BT=BT, UB=b2["UB"], BN=b2["BN"], BK=b2["BK"], **act, **prec, **_launch(b2),
+            enc, pred, w_rows, ds, flags, genc, gpred_part, n0, u0, ucc, T, U1, V, H, n_tb,
+            _main_classes(V, dict(BV=b2["BK"], BVT=b2["BKT"])), s_ds, *strides[:6], *w_strides, *seeds, BT=BT,
+            UB=b2["UB"], BN=b2["BN"], BK=b2["BK"], BKT=b2["BKT"], **act, **prec, **_launch(b2),
         )  # fmt: skip
+        # the frame blocks' shares of the chunk's predictor rows, in order
+        part = gpred_part[: rows * ucc * H].view(rows // n_tb, n_tb, ucc, H)
+        gpred[n0 : n0 + rows // n_tb, u0 : u0 + ucc] += part.sum(1)
         _joint_grad_weight_kernel[(n_vk, groups)](
             hbuf, ds, flags, gw, gb, tiles, groups, V, H, s_h, s_ds, WITH_BIAS=bias is not None, BT=BT,
             KT=b3["KT"], BV=b3["BV"], BN=b3["BN"], **prec, **_launch(b3),
         )  # fmt: skip
     grad_b = None if bias is None else gb.sum(0).to(bias.dtype)
-    return genc.to(enc.dtype), gpred.sum(0).to(pred.dtype), gw.sum(0).to(weight.dtype), grad_b
+    return genc.to(enc.dtype), gpred.to(pred.dtype), gw.sum(0).to(weight.dtype), grad_b
 
 
-CHUNK_BYTES = 96 << 20  # a chunk's buffers (hidden vectors; in the backward also the logits' gradient), on a GPU
+CHUNK_BYTES = 160 << 20  # a chunk's buffers (hidden vectors; in the backward also the logits' gradient), on a GPU
 
 
 def _main_classes(V: int, blk: dict) -> int:
