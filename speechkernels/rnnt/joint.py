@@ -39,11 +39,10 @@ class RNNTJointLossFunction(torch.autograd.Function):
             validate_on_device(enc.shape[1], pred.shape[1] - 1, weight.shape[0], targets, il, tl, blank)
         loss, state = joint_kernels.joint_forward(
             enc, pred, weight, bias, targets, il, tl, blank, activation, dropout, seed, loss_scale, rna, need_grad,
-            reduction, joint_kernels.FLOAT32_PRECISION,
+            reduction,
         )  # fmt: skip
         ctx.save_for_backward(enc, pred, weight, bias, targets, il, tl, *state)
-        ctx.args = (blank, activation, dropout, seed, fastemit_lambda, clamp, rna, reduction,
-                    joint_kernels.FLOAT32_PRECISION)  # fmt: skip
+        ctx.args = (blank, activation, dropout, seed, fastemit_lambda, clamp, rna, reduction)
         return loss
 
     @staticmethod

@@ -157,8 +157,8 @@ def _logits(p_h, m_row, w_ptr, b_ptr, v, m_v, H, s_wv, s_wh, HAS_BIAS: tl.conste
 
 @triton.jit
 def _mma(a, b, acc, DT: tl.constexpr, PREC: tl.constexpr):
-    """acc + a @ b on tensor cores: in DT (the inputs' 16-bit dtype), or float32 products (DT float32) at the
-    precision PREC ("ieee", or "tf32x3": three TF32 products, float32's accuracy on tensor cores)."""
+    """acc + a @ b: on tensor cores in DT (the inputs' 16-bit dtype), or float32 products (DT float32) at the
+    precision PREC ("ieee": exact float32 products, on the FMA units)."""
     if DT == tl.float32:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision=PREC)
     else:
@@ -365,11 +365,16 @@ def _joint_dlogits_kernel(
     BVT: tl.constexpr,
     BK: tl.constexpr,
 ):
-    """Program = BM rows (BM / BT tiles) of the chunk: which cells take part (edges, a possible sample), their
-    occupancies (the label's times 1 + lambda), the sample's upstream gradient (NaN for a NaN loss); the tiles'
-    flags; where any has work, the logits made again and their gradient stored chunk by chunk of classes."""
+    """Program = BM rows (BM / BT tiles) of the chunk x one chunk of classes (BV wide, or BVT for the last few):
+    which cells take part (edges, a possible sample), their occupancies (the label's times 1 + lambda), the
+    sample's upstream gradient (NaN for a NaN loss); the tiles' flags (by the first class chunk's program);
+    where any tile has work, the logits made again and their gradient stored. The class chunks are independent
+    (the log-sum-exps are the forward's): programs enough for the multiprocessors even when a chunk has few
+    rows."""
     KT: tl.constexpr = BM // BT
-    pid = tl.program_id(0)
+    n_cg = tl.cdiv(V_main, BV) + tl.cdiv(V - V_main, BVT)
+    cg = tl.program_id(0) % n_cg
+    pid = tl.program_id(0) // n_cg
     i, n, t, u = _chunk_cells(pid * KT, n0, u0, UC, n_tb, BT, BM)
     T_n, U_n = _lengths(il_ptr, tl_ptr, n, i < tiles, T, U1)
     logp = tl.load(logp_ptr + n, mask=i < tiles, other=float("-inf"))
@@ -385,7 +390,7 @@ def _joint_dlogits_kernel(
     tile_work = tl.max(tl.reshape(work.to(tl.int32), (KT, BT)), axis=1)
     flags = tile_work * tl.sum(tl.reshape(m_row.to(tl.int32), (KT, BT)), axis=1)
     i_t = pid * KT + tl.arange(0, KT)
-    tl.store(flag_ptr + i_t, flags, mask=i_t < tiles)
+    tl.store(flag_ptr + i_t, flags, mask=tl.where(cg == 0, i_t < tiles, False))
     if tl.sum(flags, axis=0) > 0:
         lse = tl.load(lse_ptr + cell, mask=m_row, other=0.0)
         lab, _has_label = _labels(tgt_ptr, stride_tg, n, u, m_row, U_n, V)
@@ -393,10 +398,11 @@ def _joint_dlogits_kernel(
         p_h = h_ptr + o_m.to(tl.int64) * s_h
         rows = o_m.to(tl.int64) * s_ds
         state = (p_h, w_ptr, b_ptr, lab, lse, occ_b, occ_e, g, clamp, H, s_wv, s_wh, m_row, blank)
-        for v0 in range(0, V_main, BV):
-            _ds_chunk(ds_ptr, rows, v0, V, *state, HAS_BIAS, DT, PREC, CLAMP, BM, BV, BK)
-        for v0 in range(V_main, V, BVT):
-            _ds_chunk(ds_ptr, rows, v0, V, *state, HAS_BIAS, DT, PREC, CLAMP, BM, BVT, BK)
+        n_main = tl.cdiv(V_main, BV)
+        if cg < n_main:
+            _ds_chunk(ds_ptr, rows, cg * BV, V_main, *state, HAS_BIAS, DT, PREC, CLAMP, BM, BV, BK)
+        else:
+            _ds_chunk(ds_ptr, rows, V_main + (cg - n_main) * BVT, V, *state, HAS_BIAS, DT, PREC, CLAMP, BM, BVT, BK)
 
 
 @triton.jit
@@ -551,7 +557,6 @@ def _joint_grad_weight_kernel(
 # launchers
 
 TUNING: dict | None = None  # block sizes that replace _blocks' (sweeps)
-FLOAT32_PRECISION = "ieee"  # float32 inputs' products: "ieee" or "tf32x3"
 TRITON_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 
@@ -578,7 +583,7 @@ def _blocks(enc: torch.Tensor, kernel: str) -> dict:
     return blk
 
 
-def _common(enc, pred, weight, bias, dropout, seed, activation, precision):
+def _common(enc, pred, weight, bias, dropout, seed, activation):
     """Arguments every kernel takes: strides, the dropout hash's parameters, the constexpr flags."""
     from .joint_reference import drop_threshold
 
@@ -586,7 +591,7 @@ def _common(enc, pred, weight, bias, dropout, seed, activation, precision):
             weight.stride(0), weight.stride(1))  # fmt: skip
     drop = (seed[0], seed[1], drop_threshold(dropout), 1.0 / (1.0 - dropout))
     meta = dict(ACT=ACTIVATIONS.index(activation), DROPOUT=dropout > 0, DROP_SHIFT=32 - DROP_BITS,
-                HAS_BIAS=bias is not None, DT=TRITON_DTYPES[weight.dtype], PREC=precision)  # fmt: skip
+                HAS_BIAS=bias is not None, DT=TRITON_DTYPES[weight.dtype], PREC="ieee")  # fmt: skip
     return args, drop, meta
 
 
@@ -610,7 +615,6 @@ def joint_forward(
     rnna: bool,
     need_grad: bool,
     reduction: str = "none",
-    precision: str = "ieee",
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """The loss ([N] float32 for reduction "none", else the batch sum or mean) and the state ``joint_backward``
     takes (log-sum-exps, occupancies, log2 p).
@@ -619,7 +623,6 @@ def joint_forward(
         enc: [N, T, H], pred: [N, U+1, H], weight: [V, H], bias: [V] or None, one float dtype, any strides.
         targets: [N, U] int32/int64 (unit stride along U); lengths: [N] int32/int64; all on enc's device.
         seed: two integers in [0, 2^31) (dropout's hash).
-        precision: float32's products, "ieee" or "tf32x3".
     """
     N, T, H = enc.shape
     U1 = pred.shape[1]
@@ -629,7 +632,7 @@ def joint_forward(
     lse = _empty(n_cells, dtype=torch.float32, device=dev)
     lat = _empty(2 * n_cells, dtype=torch.float32, device=dev)
     aux = _empty(1 + 2 * N, dtype=torch.int32, device=dev)
-    strides, seeds, meta = _common(enc, pred, weight, bias, dropout, seed, activation, precision)
+    strides, seeds, meta = _common(enc, pred, weight, bias, dropout, seed, activation)
     bh, bf = _blocks(enc, "hidden"), _blocks(enc, "forward")
     BT = _blocks(enc, "tile")["BT"]
     n_tb = triton.cdiv(T, BT)
@@ -673,7 +676,6 @@ def joint_backward(
     clamp: float,
     rnna: bool,
     reduction: str = "none",
-    precision: str = "ieee",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Gradients of sum(grad_out * loss) (reduction "none"; else of grad_out * the sum or batch mean) with
     respect to enc, pred, weight and bias, in their dtypes.
@@ -685,7 +687,7 @@ def joint_backward(
     U1 = pred.shape[1]
     V = weight.shape[0]
     dev = enc.device
-    strides, seeds, meta = _common(enc, pred, weight, bias, dropout, seed, activation, precision)
+    strides, seeds, meta = _common(enc, pred, weight, bias, dropout, seed, activation)
     gstride = grad_out.stride(0) if reduction == "none" else 0
     gscale = 1.0 / N if reduction == "mean" else 1.0
     act = {k: meta[k] for k in ("ACT", "DROPOUT", "DROP_SHIFT")}
@@ -695,6 +697,8 @@ def joint_backward(
     n_tb = triton.cdiv(T, BT)
     s_h, s_ds = -(-H // 16) * 16, -(-V // 16) * 16
     nc, uc = _chunks(N, U1, n_tb * BT, (s_h + s_ds) * weight.element_size(), dev)
+    v_main = _main_classes(V, b1)
+    n_cg = triton.cdiv(v_main, b1["BV"]) + triton.cdiv(V - v_main, b1["BVT"])
     rows_max = _rows(nc * n_tb * uc * BT, bh["BM"], b1["BM"], b3["KT"] * BT)
     hbuf = _empty(rows_max, s_h, dtype=weight.dtype, device=dev)
     ds = _empty(rows_max, s_ds, dtype=weight.dtype, device=dev)
@@ -707,24 +711,21 @@ def joint_backward(
     groups = max(1, min(triton.cdiv(nc * n_tb * uc, b3["KT"]), triton.cdiv(2 * _sm_count(dev), n_vk)))
     gw = torch.zeros(groups, V, H, dtype=torch.float32, device=dev)
     gb = torch.zeros(groups, V, dtype=torch.float32, device=dev) if bias is not None else None
-    # TF32 products take both operands contiguous along the sum: the weight transposed for the rows' product
-    w_rows = weight.t().contiguous().t() if precision == "tf32x3" and weight.dtype == torch.float32 else weight
-    w_strides = (w_rows.stride(0), w_rows.stride(1))
     for n0, u0, tiles, rows, ucc in _chunk_list(N, U1, n_tb, nc, uc):
         _joint_hidden_kernel[(triton.cdiv(tiles * BT, bh["BM"]), triton.cdiv(H, bh["BK"]))](
             enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, T, U1, H, n_tb, s_h, *strides[:6],
             *seeds, DT=meta["DT"], BT=BT, BM=bh["BM"], BK=bh["BK"], **act, **_launch(bh),
         )  # fmt: skip
-        _joint_dlogits_kernel[(triton.cdiv(tiles * BT, b1["BM"]),)](
+        _joint_dlogits_kernel[(triton.cdiv(tiles * BT, b1["BM"]) * n_cg,)](
             hbuf, weight, bias, targets, logit_lengths, target_lengths, lse, occ, logp, grad_out, ds, flags, gstride,
-            gscale, n0, u0, ucc, tiles, T, U1, V, H, n_tb, _main_classes(V, b1), s_h, s_ds, *strides[6:],
+            gscale, n0, u0, ucc, tiles, T, U1, V, H, n_tb, v_main, s_h, s_ds, *strides[6:],
             targets.stride(0), blank, 1.0 + fastemit_lambda, max(clamp, 0.0), HAS_BIAS=bias is not None,
             CLAMP=clamp > 0, RNA=rnna, BT=BT, BM=b1["BM"], BV=b1["BV"], BVT=b1["BVT"], BK=b1["BK"], **prec,
             **_launch(b1),
         )  # fmt: skip
         _joint_grad_rows_kernel[(triton.cdiv(H, b2["BN"]), rows)](
-            enc, pred, w_rows, ds, flags, genc, gpred_part, n0, u0, ucc, T, U1, V, H, n_tb,
-            _main_classes(V, dict(BV=b2["BK"], BVT=b2["BKT"])), s_ds, *strides[:6], *w_strides, *seeds, BT=BT,
+            enc, pred, weight, ds, flags, genc, gpred_part, n0, u0, ucc, T, U1, V, H, n_tb,
+            _main_classes(V, dict(BV=b2["BK"], BVT=b2["BKT"])), s_ds, *strides, *seeds, BT=BT,
             UB=b2["UB"], BN=b2["BN"], BK=b2["BK"], BKT=b2["BKT"], **act, **prec, **_launch(b2),
         )  # fmt: skip
         # the frame blocks' shares of the chunk's predictor rows, in order
