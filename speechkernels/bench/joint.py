@@ -45,6 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--impls", default="fused,sk,torchaudio", help="which implementations to run")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--no-error", action="store_true", help="skip the float64 comparison")
+    p.add_argument("--plot", default=None, help="write a PNG of the times and memory to this path")
 
 
 def make_inputs(N: int, T: int, U: int, V: int, device: torch.device, seed: int = 0):
@@ -175,6 +176,8 @@ def run(args) -> int:
                 torch.cuda.empty_cache()
     if args.json:
         write_json(args.json, {"benchmark": "joint", "environment": env, "rows": results})
+    if args.plot:
+        plot(results, args.plot)
     return 0
 
 
@@ -191,6 +194,37 @@ def _safe_times(impls, x, device, reps):
             except torch.OutOfMemoryError:
                 out[name] = None
         return out
+
+
+def plot(results: list[dict], path: str) -> None:
+    """Bars per row and implementation: forward+backward time and peak extra memory (log scales)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n in ("fused", "sk", "torchaudio") if any(r.get(n) for r in results)]
+    labels = [f"{r['N']}x{r['T']}x{r['U']}x{r['V']}\n{r['dtype']}" for r in results]
+    fig, axes = plt.subplots(1, 2, figsize=(max(8, len(results) * 1.6), 4.5))
+    width = 0.8 / max(1, len(names))
+
+    def value(r, name, key):
+        v = (r.get(name) or {}).get(key) or 0
+        return v / 1e6 if key == "peak_extra_bytes" else v
+
+    for ax, key, unit in ((axes[0], "ms", "ms per training step"),
+                          (axes[1], "peak_extra_bytes", "MB peak extra memory")):  # fmt: skip
+        for j, name in enumerate(names):
+            vals = [value(r, name, key) for r in results]
+            ax.bar([i + (j - (len(names) - 1) / 2) * width for i in range(len(results))], vals, width=width,
+                   label=name)  # fmt: skip
+        ax.set_yscale("log")
+        ax.set_ylabel(unit)
+        ax.set_xticks(range(len(results)), labels, fontsize=7)
+    axes[0].legend()
+    fig.suptitle("joint network + RNN-T loss, forward+backward (missing bar: out of memory or not run)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def print_row(row: dict) -> None:

@@ -500,13 +500,26 @@ def _joint_grad_rows_kernel(
 
 
 @triton.jit
+def _joint_live_tiles_kernel(flag_ptr, order_ptr, count_ptr, tiles, BLOCK: tl.constexpr):
+    """The chunk's flagged tiles in increasing order, and how many (one program)."""
+    base = 0
+    for i0 in range(0, tiles, BLOCK):
+        i = i0 + tl.arange(0, BLOCK)
+        live = (tl.load(flag_ptr + i, mask=i < tiles, other=0) > 0).to(tl.int32)
+        tl.store(order_ptr + base + tl.cumsum(live, axis=0) - 1, i, mask=live > 0)
+        base += tl.sum(live, axis=0)
+    tl.store(count_ptr, base)
+
+
+@triton.jit
 def _joint_grad_weight_kernel(
     h_ptr,
     ds_ptr,
     flag_ptr,
+    order_ptr,  # the flagged tiles and their count (``_joint_live_tiles_kernel``)
+    count_ptr,
     gw_ptr,  # [S, V, H] float32 in/out: the weight's gradient per group of tiles
     gb_ptr,  # [S, V] float32 in/out (WITH_BIAS): the bias's
-    tiles,
     S,
     V,
     H,
@@ -520,7 +533,7 @@ def _joint_grad_weight_kernel(
     BV: tl.constexpr,
     BN: tl.constexpr,
 ):
-    """Program (BV classes x BN features, group s): over blocks of KT consecutive tiles of the chunk (blocks s,
+    """Program (BV classes x BN features, group s): over blocks of KT of the chunk's flagged tiles (blocks s,
     s + S, ...), the logits' gradient transposed [BV, KT * BT] times the hidden vectors [KT * BT, BN] (rows not
     written masked), added once to the group's partial sums (groups summed in a fixed order after the last
     chunk). The bias's gradient, the column sums, by the first feature piece."""
@@ -536,9 +549,12 @@ def _joint_grad_weight_kernel(
     acc = tl.zeros([BV, BN], tl.float32)
     acc_b = tl.zeros([BV], tl.float32)
     o_m = tl.arange(0, BM)
-    for i0 in range(s * KT, tiles, S * KT):
-        m_row = _flagged(i0 + o_m // BT, flag_ptr, tiles, BT, BM)
-        rows = (i0 * BT + o_m).to(tl.int64)
+    n_live = tl.load(count_ptr)
+    for q0 in range(s * KT, n_live, S * KT):
+        q = q0 + o_m // BT
+        i = tl.load(order_ptr + q, mask=q < n_live, other=0)
+        m_row = tl.where(q < n_live, (o_m % BT) < tl.load(flag_ptr + i), False)
+        rows = (i * BT + o_m % BT).to(tl.int64)
         d = tl.load(ds_ptr + rows[:, None] * s_ds + v[None, :], mask=m_row[:, None] & m_v[None, :], other=0.0)
         h = tl.load(h_ptr + rows[:, None] * s_h + k[None, :], mask=m_row[:, None] & m_k[None, :], other=0.0)
         acc = _mma(tl.trans(d), h, acc, DT, PREC)
@@ -703,6 +719,7 @@ def joint_backward(
     hbuf = _empty(rows_max, s_h, dtype=weight.dtype, device=dev)
     ds = _empty(rows_max, s_ds, dtype=weight.dtype, device=dev)
     flags = _empty(rows_max // BT, dtype=torch.int32, device=dev)
+    order = _empty(rows_max // BT + 1, dtype=torch.int32, device=dev)  # the live tiles, then their count
     genc = torch.zeros(N, T, H, dtype=torch.float32, device=dev)
     gpred = torch.zeros(N, U1, H, dtype=torch.float32, device=dev)
     gpred_part = _empty(nc * n_tb * uc * H, dtype=torch.float32, device=dev)
@@ -731,8 +748,9 @@ def joint_backward(
         # the frame blocks' shares of the chunk's predictor rows, in order
         part = gpred_part[: rows * ucc * H].view(rows // n_tb, n_tb, ucc, H)
         gpred[n0 : n0 + rows // n_tb, u0 : u0 + ucc] += part.sum(1)
+        _joint_live_tiles_kernel[(1,)](flags, order, order[-1:], tiles, BLOCK=1024 if enc.is_cuda else 64)
         _joint_grad_weight_kernel[(n_vk, groups)](
-            hbuf, ds, flags, gw, gb, tiles, groups, V, H, s_h, s_ds, WITH_BIAS=bias is not None, BT=BT,
+            hbuf, ds, flags, order, order[-1:], gw, gb, groups, V, H, s_h, s_ds, WITH_BIAS=bias is not None, BT=BT,
             KT=b3["KT"], BV=b3["BV"], BN=b3["BN"], **prec, **_launch(b3),
         )  # fmt: skip
     grad_b = None if bias is None else gb.sum(0).to(bias.dtype)
