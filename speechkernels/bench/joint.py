@@ -212,7 +212,7 @@ def plot(results: list[dict], path: str) -> None:
 
     names = [n for n in ("fused", "sk", "torchaudio") if any(r.get(n) for r in results)]
     labels = [f"{r['N']}x{r['T']}x{r['U']}x{r['V']}\n{r['dtype']}" for r in results]
-    fig, axes = plt.subplots(1, 2, figsize=(max(8, len(results) * 1.6), 4.5))
+    fig, axes = plt.subplots(2, 1, figsize=(max(8, len(results) * 1.3), 8))
     width = 0.8 / max(1, len(names))
 
     def value(r, name, key):
@@ -227,7 +227,7 @@ def plot(results: list[dict], path: str) -> None:
                    label=name)  # fmt: skip
         ax.set_yscale("log")
         ax.set_ylabel(unit)
-        ax.set_xticks(range(len(results)), labels, fontsize=7)
+        ax.set_xticks(range(len(results)), labels, fontsize=8)
     axes[0].legend()
     fig.suptitle("joint network + RNN-T loss, forward+backward (missing bar: out of memory or not run)")
     fig.tight_layout()
