@@ -18,6 +18,22 @@ from speechkernels.rnnt.joint_reference import (
 from speechkernels.rnnt.reference import rnnt_loss_reference
 
 
+@pytest.fixture
+def joint_spy(monkeypatch):
+    """Counts calls of the fused forward, so a test knows the kernels (not the reference) ran."""
+    from speechkernels.rnnt import joint_kernels
+
+    calls = []
+    real = joint_kernels.joint_forward
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(joint_kernels, "joint_forward", spy)
+    return calls
+
+
 def make_case(N, T, U, H, V, *, seed=0, dtype=torch.float32, device="cpu", rna=False, scale=1.0):
     g = torch.Generator().manual_seed(seed)
     enc = torch.randn(N, T, H, generator=g)
@@ -309,3 +325,36 @@ def test_gpu_joint_module_autocast_and_graph_capture(gpu):
     check_graph_replay_matches_eager(
         lambda x: sk.rnnt_joint_loss(x, p, w, None, tg, il, tl, blank=128, validate=False), e
     )
+
+
+def _compiled_matches_eager(device, opts):
+    """The loss and all four gradients through torch.compile (whole graph, the library ops' fake shapes and
+    autograd registration) equal eager's."""
+    xs, tg, il, tl = make_case(3, 9, 4, 20, 11, seed=5, device=device)
+    bias = opts.pop("bias", True)
+
+    def f(enc, pred, weight, b):
+        return sk.rnnt_joint_loss(enc, pred, weight, b if bias else None, tg, il, tl, blank=0, validate=False,
+                                  **opts) * 2.0  # fmt: skip
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager" if device.type == "cpu" else "inductor")
+    la, ga = grads_of(xs, compiled)
+    lb, gb = grads_of(xs, f)
+    torch.testing.assert_close(la, lb, rtol=0, atol=0)
+    for a, b in zip(ga, gb, strict=True):
+        if b is None:
+            assert a is None
+        else:
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("opts", [dict(reduction="none"), dict(reduction="mean", activation="tanh", bias=False),
+                                  dict(reduction="sum", rnnt_type="rna", fastemit_lambda=0.1, clamp=0.05)])  # fmt: skip
+def test_joint_kernels_through_torch_compile(kernel_device, joint_spy, opts):
+    _compiled_matches_eager(kernel_device, opts)
+    assert joint_spy
+
+
+@pytest.mark.gpu
+def test_gpu_joint_torch_compile(gpu):
+    _compiled_matches_eager(gpu, dict(reduction="mean", fastemit_lambda=0.1))

@@ -53,6 +53,102 @@ class RNNTJointLossFunction(torch.autograd.Function):
         return (*grads,) + (None,) * 13
 
 
+@torch.library.custom_op("speechkernels::rnnt_joint_loss_forward", mutates_args=())
+def _joint_forward_op(
+    enc: torch.Tensor,
+    pred: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    il: torch.Tensor,
+    tl: torch.Tensor,
+    blank: int,
+    activation: str,
+    dropout: float,
+    seed_lo: int,
+    seed_hi: int,
+    fastemit_lambda: float,
+    loss_scale: float,
+    clamp: float,
+    rna: bool,
+    need_grad: bool,
+    validate: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fused kernels' forward as an op torch.compile can trace: per-sample losses and the backward's state
+    (fastemit_lambda and clamp are the backward's)."""
+    if validate:
+        validate_on_device(enc.shape[1], pred.shape[1] - 1, weight.shape[0], targets, il, tl, blank)
+    loss, state = joint_kernels.joint_forward(
+        enc, pred, weight, bias, targets, il, tl, blank, activation, dropout, (seed_lo, seed_hi), loss_scale, rna,
+        need_grad,
+    )  # fmt: skip
+    return (loss, *state)
+
+
+@_joint_forward_op.register_fake
+def _(enc, pred, weight, bias, targets, il, tl, blank, activation, dropout, seed_lo, seed_hi, fastemit_lambda,
+      loss_scale, clamp, rna, need_grad, validate):  # fmt: skip
+    cells = enc.shape[0] * enc.shape[1] * pred.shape[1]
+    f32 = dict(dtype=torch.float32)
+    return (enc.new_empty(enc.shape[0], **f32), enc.new_empty(cells, **f32), enc.new_empty(2 * cells, **f32),
+            enc.new_empty(enc.shape[0], dtype=torch.float64))  # fmt: skip
+
+
+@torch.library.custom_op("speechkernels::rnnt_joint_loss_backward", mutates_args=())
+def _joint_backward_op(
+    grad_loss: torch.Tensor,
+    enc: torch.Tensor,
+    pred: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    il: torch.Tensor,
+    tl: torch.Tensor,
+    lse: torch.Tensor,
+    occ: torch.Tensor,
+    logp: torch.Tensor,
+    blank: int,
+    activation: str,
+    dropout: float,
+    seed_lo: int,
+    seed_hi: int,
+    fastemit_lambda: float,
+    clamp: float,
+    rna: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients for enc, pred, weight and bias (an empty tensor when there is no bias)."""
+    g_enc, g_pred, g_w, g_b = joint_kernels.joint_backward(
+        grad_loss, enc, pred, weight, bias, targets, il, tl, lse, occ, logp, blank, activation, dropout,
+        (seed_lo, seed_hi), fastemit_lambda, clamp, rna,
+    )  # fmt: skip
+    return g_enc, g_pred, g_w, weight.new_empty(0) if g_b is None else g_b
+
+
+@_joint_backward_op.register_fake
+def _(grad_loss, enc, pred, weight, bias, *rest):
+    return (torch.empty_like(enc), torch.empty_like(pred), torch.empty_like(weight),
+            weight.new_empty(0) if bias is None else torch.empty_like(bias))  # fmt: skip
+
+
+def _joint_setup_context(ctx, inputs, output):
+    enc, pred, weight, bias, targets, il, tl, blank, activation, dropout, seed_lo, seed_hi = inputs[:12]
+    fastemit_lambda, _loss_scale, clamp, rna = inputs[12:16]
+    _loss, *state = output
+    ctx.save_for_backward(enc, pred, weight, bias, targets, il, tl, *state)
+    ctx.args = (blank, activation, dropout, seed_lo, seed_hi, fastemit_lambda, clamp, rna)
+    ctx.mark_non_differentiable(*state)
+
+
+def _joint_backward(ctx, grad_loss, *_grads_of_the_state):
+    enc, pred, weight, bias, targets, il, tl, lse, occ, logp = ctx.saved_tensors
+    g_enc, g_pred, g_w, g_b = _joint_backward_op(grad_loss, enc, pred, weight, bias, targets, il, tl, lse, occ, logp,
+                                                 *ctx.args)  # fmt: skip
+    return (g_enc, g_pred, g_w, None if bias is None else g_b) + (None,) * 14
+
+
+_joint_forward_op.register_autograd(_joint_backward, setup_context=_joint_setup_context)
+
+
 def _draw_seed(generator: torch.Generator | None) -> tuple[int, int]:
     """Dropout's two 31-bit seeds from ``generator`` (torch's default CPU generator when None)."""
     device = generator.device if generator is not None else "cpu"
@@ -193,6 +289,15 @@ def rnnt_joint_loss(
     loss_scale = 1.0 + fastemit_lambda if fastemit_loss_scale else 1.0
     with torch.autocast(dev.type, enabled=False):
         if joint_kernels is not None and use_triton(enc) and N > 0 and T > 0:
+            if torch.compiler.is_compiling():
+                need_grad = torch.is_grad_enabled() and any(
+                    x is not None and x.requires_grad for x in (enc, pred, weight, bias)
+                )
+                loss = _joint_forward_op(
+                    enc, pred, weight, bias, targets.contiguous(), il, tl, blank, activation, dropout, *seed,
+                    fastemit_lambda, loss_scale, clamp, rnnt_type == "rna", need_grad, validate,
+                )[0]  # fmt: skip
+                return reduce_loss(loss, reduction)
             return RNNTJointLossFunction.apply(
                 enc, pred, weight, bias, targets.contiguous(), il, tl, blank, activation, dropout, seed,
                 fastemit_lambda, loss_scale, clamp, rnnt_type == "rna", validate, reduction,
