@@ -309,15 +309,18 @@ def _dlogits(acc, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, CLAMP:
 
 
 @triton.jit
-def _ds_chunk(ds_ptr, rows, v0, V, p_h, w_ptr, b_ptr, lab, lse, occ_b, occ_e, g, clamp, H, s_wv, s_wh, m_row, blank,
-              HAS_BIAS: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, CLAMP: tl.constexpr, BM: tl.constexpr,
-              BV: tl.constexpr, BK: tl.constexpr):  # fmt: skip
-    """One chunk of classes [v0, v0 + BV) of the rows' logits' gradient, stored at ``rows``."""
+def _ds_chunk(ds_ptr, gbp_ptr, gbp_off, rows, v0, V, p_h, w_ptr, b_ptr, lab, lse, occ_b, occ_e, g, clamp, H, s_wv,
+              s_wh, m_row, blank, HAS_BIAS: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, CLAMP: tl.constexpr,
+              BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+    """One chunk of classes [v0, v0 + BV) of the rows' logits' gradient, stored at ``rows`` (in DT), and its
+    column sums (the bias's gradient; of the stored values) at gbp_ptr + gbp_off."""
     v = v0 + tl.arange(0, BV)
     m_v = v < V
     x = _logits(p_h, m_row, w_ptr, b_ptr, v, m_v, H, s_wv, s_wh, HAS_BIAS, DT, PREC, BM, BV, BK)
-    d = _dlogits(x, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, CLAMP)
-    tl.store(ds_ptr + rows[:, None] + v[None, :], d.to(DT), mask=m_v[None, :])
+    d = _dlogits(x, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, CLAMP).to(DT)
+    tl.store(ds_ptr + rows[:, None] + v[None, :], d, mask=m_v[None, :])
+    if HAS_BIAS:
+        tl.store(gbp_ptr + gbp_off + v, tl.sum(d.to(tl.float32), axis=0), mask=m_v)
 
 
 @triton.jit
@@ -334,6 +337,7 @@ def _joint_dlogits_kernel(
     gloss_ptr,  # upstream gradient per sample (stride 0: one for the batch)
     ds_ptr,  # [rows, s_ds] out: the chunk's logits' gradient (DT)
     flag_ptr,  # [tiles] int32 out: rows written (the frames with edges) where the tile has work, else 0
+    gbp_ptr,  # [rows / BM, V] float32 out (HAS_BIAS; zeroed): column sums per block of rows
     gloss_stride,
     gscale,
     n0,
@@ -399,10 +403,12 @@ def _joint_dlogits_kernel(
         rows = o_m.to(tl.int64) * s_ds
         state = (p_h, w_ptr, b_ptr, lab, lse, occ_b, occ_e, g, clamp, H, s_wv, s_wh, m_row, blank)
         n_main = tl.cdiv(V_main, BV)
+        gbp = (gbp_ptr, pid.to(tl.int64) * V)
         if cg < n_main:
-            _ds_chunk(ds_ptr, rows, cg * BV, V_main, *state, HAS_BIAS, DT, PREC, CLAMP, BM, BV, BK)
+            _ds_chunk(ds_ptr, *gbp, rows, cg * BV, V_main, *state, HAS_BIAS, DT, PREC, CLAMP, BM, BV, BK)
         else:
-            _ds_chunk(ds_ptr, rows, V_main + (cg - n_main) * BVT, V, *state, HAS_BIAS, DT, PREC, CLAMP, BM, BVT, BK)
+            _ds_chunk(ds_ptr, *gbp, rows, V_main + (cg - n_main) * BVT, V, *state, HAS_BIAS, DT, PREC, CLAMP, BM, BVT,
+                      BK)  # fmt: skip
 
 
 @triton.jit
@@ -519,7 +525,6 @@ def _joint_grad_weight_kernel(
     order_ptr,  # the flagged tiles and their count (``_joint_live_tiles_kernel``)
     count_ptr,
     gw_ptr,  # [S, V, H] float32 in/out: the weight's gradient per group of tiles
-    gb_ptr,  # [S, V] float32 in/out (WITH_BIAS): the bias's
     S,
     V,
     H,
@@ -527,7 +532,6 @@ def _joint_grad_weight_kernel(
     s_ds,
     DT: tl.constexpr,
     PREC: tl.constexpr,
-    WITH_BIAS: tl.constexpr,
     BT: tl.constexpr,
     KT: tl.constexpr,
     BV: tl.constexpr,
@@ -536,7 +540,8 @@ def _joint_grad_weight_kernel(
     """Program (BV classes x BN features, group s): over blocks of KT of the chunk's flagged tiles (blocks s,
     s + S, ...), the logits' gradient transposed [BV, KT * BT] times the hidden vectors [KT * BT, BN] (rows not
     written masked), added once to the group's partial sums (groups summed in a fixed order after the last
-    chunk). The bias's gradient, the column sums, by the first feature piece."""
+    chunk). (The bias's gradient, the column sums, is ``_joint_dlogits_kernel``'s: summed here, the logits'
+    gradient would be loaded through registers rather than straight into shared memory.)"""
     BM: tl.constexpr = KT * BT
     n_vt = tl.cdiv(V, BV)
     i_v = tl.program_id(0) % n_vt
@@ -547,7 +552,6 @@ def _joint_grad_weight_kernel(
     k = i_k * BN + tl.arange(0, BN)
     m_k = k < H
     acc = tl.zeros([BV, BN], tl.float32)
-    acc_b = tl.zeros([BV], tl.float32)
     o_m = tl.arange(0, BM)
     n_live = tl.load(count_ptr)
     for q0 in range(s * KT, n_live, S * KT):
@@ -558,15 +562,9 @@ def _joint_grad_weight_kernel(
         d = tl.load(ds_ptr + rows[:, None] * s_ds + v[None, :], mask=m_row[:, None] & m_v[None, :], other=0.0)
         h = tl.load(h_ptr + rows[:, None] * s_h + k[None, :], mask=m_row[:, None] & m_k[None, :], other=0.0)
         acc = _mma(tl.trans(d), h, acc, DT, PREC)
-        if WITH_BIAS:
-            acc_b += tl.sum(d.to(tl.float32), axis=0)
     q = gw_ptr + (s * V + v.to(tl.int64))[:, None] * H + k[None, :]
     m = m_v[:, None] & m_k[None, :]
     tl.store(q, tl.load(q, mask=m) + acc, mask=m)
-    if WITH_BIAS:
-        if i_k == 0:
-            qb = gb_ptr + s * V + v
-            tl.store(qb, tl.load(qb, mask=m_v) + acc_b, mask=m_v)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -727,19 +725,24 @@ def joint_backward(
     n_vk = triton.cdiv(V, b3["BV"]) * triton.cdiv(H, b3["BN"])
     groups = max(1, min(triton.cdiv(nc * n_tb * uc, b3["KT"]), triton.cdiv(2 * _sm_count(dev), n_vk)))
     gw = torch.zeros(groups, V, H, dtype=torch.float32, device=dev)
-    gb = torch.zeros(groups, V, dtype=torch.float32, device=dev) if bias is not None else None
+    gb = torch.zeros(V, dtype=torch.float32, device=dev) if bias is not None else None
+    gbp = torch.zeros(rows_max // b1["BM"], V, dtype=torch.float32, device=dev) if bias is not None else None
     for n0, u0, tiles, rows, ucc in _chunk_list(N, U1, n_tb, nc, uc):
         _joint_hidden_kernel[(triton.cdiv(tiles * BT, bh["BM"]), triton.cdiv(H, bh["BK"]))](
             enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, T, U1, H, n_tb, s_h, *strides[:6],
             *seeds, DT=meta["DT"], BT=BT, BM=bh["BM"], BK=bh["BK"], **act, **_launch(bh),
         )  # fmt: skip
         _joint_dlogits_kernel[(triton.cdiv(tiles * BT, b1["BM"]) * n_cg,)](
-            hbuf, weight, bias, targets, logit_lengths, target_lengths, lse, occ, logp, grad_out, ds, flags, gstride,
-            gscale, n0, u0, ucc, tiles, T, U1, V, H, n_tb, v_main, s_h, s_ds, *strides[6:],
+            hbuf, weight, bias, targets, logit_lengths, target_lengths, lse, occ, logp, grad_out, ds, flags, gbp,
+            gstride, gscale, n0, u0, ucc, tiles, T, U1, V, H, n_tb, v_main, s_h, s_ds, *strides[6:],
             targets.stride(0), blank, 1.0 + fastemit_lambda, max(clamp, 0.0), HAS_BIAS=bias is not None,
             CLAMP=clamp > 0, RNA=rnna, BT=BT, BM=b1["BM"], BV=b1["BV"], BVT=b1["BVT"], BK=b1["BK"], **prec,
             **_launch(b1),
         )  # fmt: skip
+        if bias is not None:  # the column sums of the chunk's blocks of rows, in order
+            n_rb = triton.cdiv(tiles * BT, b1["BM"])
+            gb += gbp[:n_rb].sum(0)
+            gbp[:n_rb].zero_()
         _joint_grad_rows_kernel[(triton.cdiv(H, b2["BN"]), rows)](
             enc, pred, weight, ds, flags, genc, gpred_part, n0, u0, ucc, T, U1, V, H, n_tb,
             _main_classes(V, dict(BV=b2["BK"], BVT=b2["BKT"])), s_ds, *strides, *seeds, BT=BT,
@@ -750,10 +753,10 @@ def joint_backward(
         gpred[n0 : n0 + rows // n_tb, u0 : u0 + ucc] += part.sum(1)
         _joint_live_tiles_kernel[(1,)](flags, order, order[-1:], tiles, BLOCK=1024 if enc.is_cuda else 64)
         _joint_grad_weight_kernel[(n_vk, groups)](
-            hbuf, ds, flags, order, order[-1:], gw, gb, groups, V, H, s_h, s_ds, WITH_BIAS=bias is not None, BT=BT,
-            KT=b3["KT"], BV=b3["BV"], BN=b3["BN"], **prec, **_launch(b3),
+            hbuf, ds, flags, order, order[-1:], gw, groups, V, H, s_h, s_ds, BT=BT, KT=b3["KT"], BV=b3["BV"],
+            BN=b3["BN"], **prec, **_launch(b3),
         )  # fmt: skip
-    grad_b = None if bias is None else gb.sum(0).to(bias.dtype)
+    grad_b = None if bias is None else gb.to(bias.dtype)
     return genc.to(enc.dtype), gpred.to(pred.dtype), gw.sum(0).to(weight.dtype), grad_b
 
 
