@@ -12,13 +12,14 @@ chunk's buffers.
    (``kernels.rnnt_recursions`` then gives the loss and, for the gradient, the edge occupancies) and a float32
    log-sum-exp per cell.
 3. ``_joint_dlogits_kernel`` (backward): the logits made again and their gradient
-   g * (softmax * (occ_blank + s occ_label) - occ_blank [blank] - s occ_label [label]) stored for the chunk, with
-   a flag per tile (the rows that hold cells with edges; 0 where the occupancies are all exactly zero, far from
-   the alignment: the gradient is exactly zero there and the tile is skipped).
+   g * (softmax * (occ_blank + s occ_label) - occ_blank [blank] - s occ_label [label]) stored for the chunk, one
+   class chunk per program, with its column sums (the bias's gradient) and a flag per tile (the rows that hold
+   cells with edges; 0 where the occupancies are all exactly zero, far from the alignment: the gradient is
+   exactly zero there and the tile is skipped).
 4. ``_joint_grad_rows_kernel``: the logits' gradient times the weight, times act' (and the dropout mask), summed
    over the labels into the encoder rows and over the frames into the predictor rows.
 5. ``_joint_grad_weight_kernel``: the logits' gradient transposed times the hidden vectors (the weight's
-   gradient) and its column sums (the bias's).
+   gradient), over the flagged tiles that ``_joint_live_tiles_kernel`` lists.
 
 Every sum has one owner and a fixed order (partial sums per group, added after): deterministic, no atomics.
 """
