@@ -1,4 +1,5 @@
-"""The joint network fused with the RNN-T loss, in Triton: the [N, T, U+1, V] logits never exist.
+"""The joint network fused with the RNN-T loss (Triton kernels; two products of the backward in cuBLAS): the
+[N, T, U+1, V] logits never exist.
 
 The lattice's cells are taken chunk by chunk (samples x labels, all frames; at most ``CHUNK_BYTES`` of buffers a
 chunk): a chunk's cells are tiles of BT frames of one label, laid out one after another as the rows of the
@@ -15,11 +16,12 @@ chunk's buffers.
    g * (softmax * (occ_blank + s occ_label) - occ_blank [blank] - s occ_label [label]) stored for the chunk, one
    class chunk per program, with its column sums (the bias's gradient) and a flag per tile (the rows that hold
    cells with edges; 0 where the occupancies are all exactly zero, far from the alignment: the gradient is
-   exactly zero there and the tile is skipped).
-4. ``_joint_grad_rows_kernel``: the logits' gradient times the weight, times act' (and the dropout mask), summed
-   over the labels into the encoder rows and over the frames into the predictor rows.
-5. ``_joint_grad_weight_kernel``: the logits' gradient transposed times the hidden vectors (the weight's
-   gradient), over the flagged tiles that ``_joint_live_tiles_kernel`` lists.
+   exactly zero there, stored as zeros, and the tile is skipped below).
+4. Two products of the stored chunk, in cuBLAS (``torch.mm``, sizes padded to multiples of 16: zero rows and
+   columns): the logits' gradient transposed times the hidden vectors, added to the weight's gradient (float32
+   sums), then the logits' gradient times the weight (the hidden vectors' gradient, over the hidden vectors).
+5. ``_joint_grad_rows_kernel``: the hidden vectors' gradient times act' (and the dropout mask), summed over the
+   labels into the encoder rows and over the frames into the predictor rows.
 
 Every sum has one owner and a fixed order (partial sums per group, added after): deterministic, no atomics.
 """
@@ -200,7 +202,8 @@ def _joint_hidden_kernel(
     BM: tl.constexpr,
     BK: tl.constexpr,
 ):
-    """Program (BM rows, BK features): dropout(act(enc + pred)), 0 in cells without edges."""
+    """Program (BM rows, BK features): dropout(act(enc + pred)), 0 in cells without edges and in the columns
+    [H, s_h)."""
     i, n, t, u = _chunk_cells(tl.program_id(0) * (BM // BT), n0, u0, UC, n_tb, BT, BM)
     T_n, U_n = _lengths(il_ptr, tl_ptr, n, i < tiles, T, U1)
     m_row = (i < tiles) & (t < T_n) & (u <= U_n)
@@ -211,7 +214,7 @@ def _joint_hidden_kernel(
     h = _hidden(p_e, p_p, m_row, (n * T + t) * U1 + u, k, m_k, s_eh, s_ph, seed_lo, seed_hi, threshold, drop_scale,
                 ACT, DROPOUT, DROP_SHIFT)  # fmt: skip
     rows = (tl.program_id(0) * BM + tl.arange(0, BM)).to(tl.int64)
-    tl.store(h_ptr + rows[:, None] * s_h + k[None, :], h.to(DT), mask=(i < tiles)[:, None] & m_k[None, :])
+    tl.store(h_ptr + rows[:, None] * s_h + k[None, :], h.to(DT), mask=(i < tiles)[:, None] & (k < s_h)[None, :])
 
 
 @triton.jit
@@ -310,18 +313,26 @@ def _dlogits(acc, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, CLAMP:
 
 
 @triton.jit
-def _ds_chunk(ds_ptr, gbp_ptr, gbp_off, rows, v0, V, p_h, w_ptr, b_ptr, lab, lse, occ_b, occ_e, g, clamp, H, s_wv,
+def _ds_chunk(ds_ptr, gbp_ptr, gbp_off, rows, v0, V, V_st, p_h, w_ptr, b_ptr, lab, lse, occ_b, occ_e, g, clamp, H, s_wv,
               s_wh, m_row, blank, HAS_BIAS: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, CLAMP: tl.constexpr,
               BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr):  # fmt: skip
-    """One chunk of classes [v0, v0 + BV) of the rows' logits' gradient, stored at ``rows`` (in DT), and its
-    column sums (the bias's gradient; of the stored values) at gbp_ptr + gbp_off."""
+    """One chunk of classes [v0, v0 + BV) (below V) of the rows' logits' gradient, stored at ``rows`` (in DT; the
+    columns below V_st: zeros past V), and its column sums (the bias's gradient; of the stored values) at
+    gbp_ptr + gbp_off."""
     v = v0 + tl.arange(0, BV)
     m_v = v < V
     x = _logits(p_h, m_row, w_ptr, b_ptr, v, m_v, H, s_wv, s_wh, HAS_BIAS, DT, PREC, BM, BV, BK)
     d = _dlogits(x, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, CLAMP).to(DT)
-    tl.store(ds_ptr + rows[:, None] + v[None, :], d, mask=m_v[None, :])
+    tl.store(ds_ptr + rows[:, None] + v[None, :], d, mask=(v < V_st)[None, :])
     if HAS_BIAS:
         tl.store(gbp_ptr + gbp_off + v, tl.sum(d.to(tl.float32), axis=0), mask=m_v)
+
+
+@triton.jit
+def _ds_zero(ds_ptr, rows, v0, V_st, DT: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr):
+    """Zeros at ``rows``, columns [v0, v0 + BV) (below V_st)."""
+    v = v0 + tl.arange(0, BV)
+    tl.store(ds_ptr + rows[:, None] + v[None, :], tl.zeros([BM, BV], DT), mask=(v < V_st)[None, :])
 
 
 @triton.jit
@@ -396,40 +407,34 @@ def _joint_dlogits_kernel(
     flags = tile_work * tl.sum(tl.reshape(m_row.to(tl.int32), (KT, BT)), axis=1)
     i_t = pid * KT + tl.arange(0, KT)
     tl.store(flag_ptr + i_t, flags, mask=tl.where(cg == 0, i_t < tiles, False))
-    if tl.sum(flags, axis=0) > 0:
+    o_m = pid * BM + tl.arange(0, BM)
+    rows = o_m.to(tl.int64) * s_ds
+    n_main = tl.cdiv(V_main, BV)
+    st_main = tl.where(V_main == V, s_ds, V_main)  # the columns the chunks store (zeros past V, up to s_ds)
+    if tl.sum(flags, axis=0) == 0:  # zeros (the products take every row of the chunk)
+        if cg < n_main:
+            _ds_zero(ds_ptr, rows, cg * BV, st_main, DT, BM, BV)
+        else:
+            _ds_zero(ds_ptr, rows, V_main + (cg - n_main) * BVT, s_ds, DT, BM, BVT)
+    else:
         lse = tl.load(lse_ptr + cell, mask=m_row, other=0.0)
         lab, _has_label = _labels(tgt_ptr, stride_tg, n, u, m_row, U_n, V)
-        o_m = pid * BM + tl.arange(0, BM)
         p_h = h_ptr + o_m.to(tl.int64) * s_h
-        rows = o_m.to(tl.int64) * s_ds
         state = (p_h, w_ptr, b_ptr, lab, lse, occ_b, occ_e, g, clamp, H, s_wv, s_wh, m_row, blank)
-        n_main = tl.cdiv(V_main, BV)
         gbp = (gbp_ptr, pid.to(tl.int64) * V)
         if cg < n_main:
-            _ds_chunk(ds_ptr, *gbp, rows, cg * BV, V_main, *state, HAS_BIAS, DT, PREC, CLAMP, BM, BV, BK)
+            _ds_chunk(ds_ptr, *gbp, rows, cg * BV, V_main, st_main, *state, HAS_BIAS, DT, PREC, CLAMP, BM, BV, BK)
         else:
-            _ds_chunk(ds_ptr, *gbp, rows, V_main + (cg - n_main) * BVT, V, *state, HAS_BIAS, DT, PREC, CLAMP, BM, BVT,
-                      BK)  # fmt: skip
-
-
-@triton.jit
-def _ds_w(acc, ds_ptr, rows, m_row, w_ptr, v0, V, k, m_k, s_wv, s_wh, DT: tl.constexpr, PREC: tl.constexpr,
-          BK: tl.constexpr):  # fmt: skip
-    """acc + the rows' logits' gradient for classes [v0, v0 + BK) times the weight's rows there, features k."""
-    v = v0 + tl.arange(0, BK)
-    m_v = v < V
-    d = tl.load(ds_ptr + rows[:, None] + v[None, :], mask=m_row[:, None] & m_v[None, :], other=0.0)
-    w = tl.load(w_ptr + v[:, None] * s_wv + k[None, :] * s_wh, mask=m_v[:, None] & m_k[None, :], other=0.0)
-    return _mma(d, w, acc, DT, PREC)
+            _ds_chunk(ds_ptr, *gbp, rows, V_main + (cg - n_main) * BVT, V, s_ds, *state, HAS_BIAS, DT, PREC, CLAMP,
+                      BM, BVT, BK)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["seed_lo", "seed_hi", "threshold"])
 def _joint_grad_rows_kernel(
     enc_ptr,
     pred_ptr,
-    w_ptr,
-    ds_ptr,  # the chunk's logits' gradient and flags (``_joint_dlogits_kernel``)
-    flag_ptr,
+    dh_ptr,  # [rows, s_dh]: the chunk's hidden vectors' gradient (its logits' gradient times the weight)
+    flag_ptr,  # the chunk's tiles' flags (``_joint_dlogits_kernel``)
     genc_ptr,  # [N, T, H] float32 in/out: the encoder rows' gradient
     gpred_ptr,  # [rows, UC, H] float32 out: the chunk's predictor rows, per (sample, frame block)
     n0,
@@ -437,19 +442,15 @@ def _joint_grad_rows_kernel(
     UC,
     T,
     U1,
-    V,
     H,
     n_tb,
-    V_main,  # classes [0, V_main) in steps of BK, the rest in steps of BKT
-    s_ds,
+    s_dh,
     s_en,
     s_et,
     s_eh,
     s_pn,
     s_pu,
     s_ph,
-    s_wv,
-    s_wh,
     seed_lo,
     seed_hi,
     threshold,
@@ -457,19 +458,14 @@ def _joint_grad_rows_kernel(
     ACT: tl.constexpr,
     DROPOUT: tl.constexpr,
     DROP_SHIFT: tl.constexpr,
-    DT: tl.constexpr,
-    PREC: tl.constexpr,
     BT: tl.constexpr,
     UB: tl.constexpr,
     BN: tl.constexpr,
-    BK: tl.constexpr,
-    BKT: tl.constexpr,
 ):
-    """Program (piece of BN features, sample and frame block of the chunk): UB labels at a time, the logits'
-    gradient [UB * BT, V] times the weight's piece, times d h / d (enc + pred); summed over the labels into the
-    encoder rows (registers, then added once) and over the frames into the frame block's share of each predictor
-    row (all written: 0 where nothing is added). Each row belongs to one program of a chunk; chunks run one after
-    another: deterministic."""
+    """Program (piece of BN features, sample and frame block of the chunk): UB labels at a time, the hidden
+    vectors' gradient times d h / d (enc + pred); summed over the labels into the encoder rows (registers, then
+    added once) and over the frames into the frame block's share of each predictor row (all written: 0 where
+    nothing is added). Each row belongs to one program of a chunk; chunks run one after another: deterministic."""
     BM: tl.constexpr = UB * BT
     p = tl.program_id(0)
     r = tl.program_id(1)
@@ -485,18 +481,15 @@ def _joint_grad_rows_kernel(
         m_row = _flagged(i, flag_ptr, r * UC + UC, BT, BM)
         part = tl.zeros([UB, BT, BN], tl.float32)
         if tl.sum(m_row.to(tl.int32), axis=0) > 0:
-            rows = (i0 * BT + tl.arange(0, BM)).to(tl.int64) * s_ds
-            acc = tl.zeros([BM, BN], tl.float32)
-            for v0 in range(0, V_main, BK):
-                acc = _ds_w(acc, ds_ptr, rows, m_row, w_ptr, v0, V, k, m_k, s_wv, s_wh, DT, PREC, BK)
-            for v0 in range(V_main, V, BKT):  # the last classes in narrow steps (V = 2^k + 1: the blank alone)
-                acc = _ds_w(acc, ds_ptr, rows, m_row, w_ptr, v0, V, k, m_k, s_wv, s_wh, DT, PREC, BKT)
+            rows = (i0 * BT + tl.arange(0, BM)).to(tl.int64) * s_dh
+            m = m_row[:, None] & m_k[None, :]
+            dh = tl.load(dh_ptr + rows[:, None] + k[None, :], mask=m, other=0.0).to(tl.float32)
             p_e = enc_ptr + n_m * s_en + t_m.to(tl.int64) * s_et
             p_p = pred_ptr + n_m * s_pn + u.to(tl.int64) * s_pu
             f = _hidden_grad(p_e, p_p, m_row, (n_m * T + t_m) * U1 + u, k, m_k, s_eh, s_ph, seed_lo, seed_hi,
                              threshold, drop_scale, ACT, DROPOUT, DROP_SHIFT)  # fmt: skip
             # (where, not a product: a NaN weight leaves the rows of cells without edges alone)
-            part = tl.reshape(tl.where(m_row[:, None], acc * f, 0.0), (UB, BT, BN))
+            part = tl.reshape(tl.where(m, dh * f, 0.0), (UB, BT, BN))
             acc_enc += tl.sum(part, axis=0)
         j = j0 + tl.arange(0, UB)
         q = gpred_ptr + (r * UC + j.to(tl.int64))[:, None] * H + k[None, :]
@@ -504,68 +497,6 @@ def _joint_grad_rows_kernel(
     q = genc_ptr + (n * T + t.to(tl.int64))[:, None] * H + k[None, :]
     m = (t < T)[:, None] & m_k[None, :]
     tl.store(q, tl.load(q, mask=m) + acc_enc, mask=m)
-
-
-@triton.jit
-def _joint_live_tiles_kernel(flag_ptr, order_ptr, count_ptr, tiles, BLOCK: tl.constexpr):
-    """The chunk's flagged tiles in increasing order, and how many (one program)."""
-    base = 0
-    for i0 in range(0, tiles, BLOCK):
-        i = i0 + tl.arange(0, BLOCK)
-        live = (tl.load(flag_ptr + i, mask=i < tiles, other=0) > 0).to(tl.int32)
-        tl.store(order_ptr + base + tl.cumsum(live, axis=0) - 1, i, mask=live > 0)
-        base += tl.sum(live, axis=0)
-    tl.store(count_ptr, base)
-
-
-@triton.jit
-def _joint_grad_weight_kernel(
-    h_ptr,
-    ds_ptr,
-    flag_ptr,
-    order_ptr,  # the flagged tiles and their count (``_joint_live_tiles_kernel``)
-    count_ptr,
-    gw_ptr,  # [S, V, H] float32 in/out: the weight's gradient per group of tiles
-    S,
-    V,
-    H,
-    s_h,
-    s_ds,
-    DT: tl.constexpr,
-    PREC: tl.constexpr,
-    BT: tl.constexpr,
-    KT: tl.constexpr,
-    BV: tl.constexpr,
-    BN: tl.constexpr,
-):
-    """Program (BV classes x BN features, group s): over blocks of KT of the chunk's flagged tiles (blocks s,
-    s + S, ...), the logits' gradient transposed [BV, KT * BT] times the hidden vectors [KT * BT, BN] (rows not
-    written masked), added once to the group's partial sums (groups summed in a fixed order after the last
-    chunk). (The bias's gradient, the column sums, is ``_joint_dlogits_kernel``'s: summed here, the logits'
-    gradient would be loaded through registers rather than straight into shared memory.)"""
-    BM: tl.constexpr = KT * BT
-    n_vt = tl.cdiv(V, BV)
-    i_v = tl.program_id(0) % n_vt
-    i_k = tl.program_id(0) // n_vt
-    s = tl.program_id(1)
-    v = i_v * BV + tl.arange(0, BV)
-    m_v = v < V
-    k = i_k * BN + tl.arange(0, BN)
-    m_k = k < H
-    acc = tl.zeros([BV, BN], tl.float32)
-    o_m = tl.arange(0, BM)
-    n_live = tl.load(count_ptr)
-    for q0 in range(s * KT, n_live, S * KT):
-        q = q0 + o_m // BT
-        i = tl.load(order_ptr + q, mask=q < n_live, other=0)
-        m_row = tl.where(q < n_live, (o_m % BT) < tl.load(flag_ptr + i), False)
-        rows = (i * BT + o_m % BT).to(tl.int64)
-        d = tl.load(ds_ptr + rows[:, None] * s_ds + v[None, :], mask=m_row[:, None] & m_v[None, :], other=0.0)
-        h = tl.load(h_ptr + rows[:, None] * s_h + k[None, :], mask=m_row[:, None] & m_k[None, :], other=0.0)
-        acc = _mma(tl.trans(d), h, acc, DT, PREC)
-    q = gw_ptr + (s * V + v.to(tl.int64))[:, None] * H + k[None, :]
-    m = m_v[:, None] & m_k[None, :]
-    tl.store(q, tl.load(q, mask=m) + acc, mask=m)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -578,21 +509,20 @@ TRITON_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfl
 def _blocks(enc: torch.Tensor, kernel: str) -> dict:
     """Tile sizes per kernel: "tile" (BT frames of one label: the chunks' layout), "hidden" (BM rows x BK
     features), "forward" and "dlogits" (BM rows, BV classes a chunk (BVT for the last few), BK features a product
-    step), "rows" (UB labels x BN features, BK classes a step), "weight" (BV classes x BN features, KT tiles a
-    step); small ones under the interpreter (CPU tests)."""
+    step), "rows" (UB labels x BN features); small ones under the interpreter (CPU tests)."""
     if not enc.is_cuda:
-        blk = dict(BT=8, BM=16, BV=32, BVT=16, BK=32, BKT=16, BN=16, UB=2, KT=2, num_warps=4, num_stages=1)
-    elif kernel in ("tile", "hidden"):
-        blk = dict(BT=64, BM=64, BK=128, num_warps=4, num_stages=1)
+        blk = dict(BT=8, BM=16, BV=32, BVT=16, BK=32, BN=16, UB=2, num_warps=4, num_stages=1)
+    elif kernel == "tile":
+        blk = dict(BT=64)
+    elif kernel == "hidden":
+        blk = dict(BM=64, BK=128, num_warps=4, num_stages=1)  # BM: a multiple of BT
     elif kernel in ("forward", "dlogits"):
         blk = dict(BM=128, BV=256, BVT=16, BK=64, num_warps=8, num_stages=3)
-    elif kernel == "rows":
-        blk = dict(UB=1, BN=256, BK=128, BKT=16, num_warps=8, num_stages=2)
-    else:
-        blk = dict(KT=4, BV=128, BN=128, num_warps=8, num_stages=2)
+    else:  # rows
+        blk = dict(UB=1, BN=128, num_warps=4, num_stages=1)
     if enc.is_cuda and enc.element_size() == 4:  # float32 tiles fill the shared memory sooner
-        blk.update({"forward": dict(BV=128, BK=32, num_stages=2), "dlogits": dict(BV=128, BK=32, num_stages=2),
-                    "rows": dict(BN=128, BK=32), "weight": dict(KT=2, BV=64, BN=128)}.get(kernel, {}))  # fmt: skip
+        if kernel in ("forward", "dlogits"):
+            blk.update(BV=128, BK=32, num_stages=2)
     if TUNING and kernel in TUNING:
         blk.update(TUNING[kernel])
     return blk
@@ -695,9 +625,10 @@ def joint_backward(
     """Gradients of sum(grad_out * loss) (reduction "none"; else of grad_out * the sum or batch mean) with
     respect to enc, pred, weight and bias, in their dtypes.
 
-    Chunk by chunk of tiles (samples x labels, all frames; at most ``CHUNK_BYTES`` of logits' gradient): the
-    logits' gradient of the chunk's tiles, then its products with the weight (into the encoder and predictor
-    rows) and with the hidden vectors (into the weight and bias)."""
+    Chunk by chunk of tiles (samples x labels, all frames; at most ``CHUNK_BYTES`` of hidden vectors and logits'
+    gradient): the logits' gradient of the chunk's tiles, then its products with the hidden vectors (into the
+    weight) and with the weight (into the encoder and predictor rows). Each product runs in one fixed order; no
+    atomics: deterministic."""
     N, T, H = enc.shape
     U1 = pred.shape[1]
     V = weight.shape[0]
@@ -707,25 +638,26 @@ def joint_backward(
     gscale = 1.0 / N if reduction == "mean" else 1.0
     act = {k: meta[k] for k in ("ACT", "DROPOUT", "DROP_SHIFT")}
     prec = {k: meta[k] for k in ("DT", "PREC")}
-    bh, b1, b2, b3 = (_blocks(enc, k) for k in ("hidden", "dlogits", "rows", "weight"))
+    bh, b1, b2 = (_blocks(enc, k) for k in ("hidden", "dlogits", "rows"))
     BT = _blocks(enc, "tile")["BT"]
     n_tb = triton.cdiv(T, BT)
     s_h, s_ds = -(-H // 16) * 16, -(-V // 16) * 16
     nc, uc = _chunks(N, U1, n_tb * BT, (s_h + s_ds) * weight.element_size(), dev)
     v_main = _main_classes(V, b1)
     n_cg = triton.cdiv(v_main, b1["BV"]) + triton.cdiv(V - v_main, b1["BVT"])
-    rows_max = _rows(nc * n_tb * uc * BT, bh["BM"], b1["BM"], b3["KT"] * BT)
+    rows_max = _rows(nc * n_tb * uc * BT, bh["BM"], b1["BM"])
     hbuf = _empty(rows_max, s_h, dtype=weight.dtype, device=dev)
     ds = _empty(rows_max, s_ds, dtype=weight.dtype, device=dev)
     flags = _empty(rows_max // BT, dtype=torch.int32, device=dev)
-    order = _empty(rows_max // BT + 1, dtype=torch.int32, device=dev)  # the live tiles, then their count
     genc = torch.zeros(N, T, H, dtype=torch.float32, device=dev)
     gpred = torch.zeros(N, U1, H, dtype=torch.float32, device=dev)
     gpred_part = _empty(nc * n_tb * uc * H, dtype=torch.float32, device=dev)
-    # the weight's gradient: tiles of BV classes x BN features, about two programs per multiprocessor in all
-    n_vk = triton.cdiv(V, b3["BV"]) * triton.cdiv(H, b3["BN"])
-    groups = max(1, min(triton.cdiv(nc * n_tb * uc, b3["KT"]), triton.cdiv(2 * _sm_count(dev), n_vk)))
-    gw = torch.zeros(groups, V, H, dtype=torch.float32, device=dev)
+    gw = torch.zeros(s_ds, s_h, dtype=torch.float32, device=dev)
+    # the weight with zero rows and columns up to [s_ds, s_h]: the products' sizes multiples of 16 (tensor cores'
+    # fast paths; at V = 1025, 5x faster than the odd sizes)
+    w_pad = weight if (s_ds, s_h) == (V, H) else torch.zeros(s_ds, s_h, dtype=weight.dtype, device=dev)
+    if w_pad is not weight:
+        w_pad[:V, :H] = weight
     gb = torch.zeros(V, dtype=torch.float32, device=dev) if bias is not None else None
     gbp = torch.zeros(rows_max // b1["BM"], V, dtype=torch.float32, device=dev) if bias is not None else None
     for n0, u0, tiles, rows, ucc in _chunk_list(N, U1, n_tb, nc, uc):
@@ -744,21 +676,38 @@ def joint_backward(
             n_rb = triton.cdiv(tiles * BT, b1["BM"])
             gb += gbp[:n_rb].sum(0)
             gbp[:n_rb].zero_()
+        d, h = ds[: tiles * BT], hbuf[: tiles * BT]
+        _addmm_f32(gw, d.t(), h)  # the weight's gradient
+        dh = _mm_into(d, w_pad, h)  # the hidden vectors', in their place (DT)
         _joint_grad_rows_kernel[(triton.cdiv(H, b2["BN"]), rows)](
-            enc, pred, weight, ds, flags, genc, gpred_part, n0, u0, ucc, T, U1, V, H, n_tb,
-            _main_classes(V, dict(BV=b2["BK"], BVT=b2["BKT"])), s_ds, *strides, *seeds, BT=BT,
-            UB=b2["UB"], BN=b2["BN"], BK=b2["BK"], BKT=b2["BKT"], **act, **prec, **_launch(b2),
+            enc, pred, dh, flags, genc, gpred_part, n0, u0, ucc, T, U1, H, n_tb, s_h, *strides[:6], *seeds, BT=BT,
+            UB=b2["UB"], BN=b2["BN"], **act, **_launch(b2),
         )  # fmt: skip
         # the frame blocks' shares of the chunk's predictor rows, in order
         part = gpred_part[: rows * ucc * H].view(rows // n_tb, n_tb, ucc, H)
         gpred[n0 : n0 + rows // n_tb, u0 : u0 + ucc] += part.sum(1)
-        _joint_live_tiles_kernel[(1,)](flags, order, order[-1:], tiles, BLOCK=1024 if enc.is_cuda else 64)
-        _joint_grad_weight_kernel[(n_vk, groups)](
-            hbuf, ds, flags, order, order[-1:], gw, groups, V, H, s_h, s_ds, BT=BT, KT=b3["KT"], BV=b3["BV"],
-            BN=b3["BN"], **prec, **_launch(b3),
-        )  # fmt: skip
     grad_b = None if bias is None else gb.to(bias.dtype)
-    return genc.to(enc.dtype), gpred.to(pred.dtype), gw.sum(0).to(weight.dtype), grad_b
+    return genc.to(enc.dtype), gpred.to(pred.dtype), gw[:V, :H].contiguous().to(weight.dtype), grad_b
+
+
+_ADDMM_OUT_DTYPE = "dtype_out" in torch.ops.aten.addmm.overloads()
+
+
+def _addmm_f32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """acc (float32) += a @ b (on a GPU, 16-bit inputs: tensor-core products with float32 sums)."""
+    if a.dtype == torch.float32 or not a.is_cuda:
+        acc.addmm_(a.float(), b.float())
+    elif _ADDMM_OUT_DTYPE:
+        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+    else:  # torch before out_dtype: the chunk's product rounded to a.dtype
+        acc += torch.mm(a, b)
+
+
+def _mm_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out = a @ b in out's dtype (a's), summed in float32."""
+    if a.is_cuda:
+        return torch.mm(a, b, out=out)
+    return out.copy_(torch.mm(a.float(), b.float()))
 
 
 CHUNK_BYTES = 160 << 20  # a chunk's buffers (hidden vectors; in the backward also the logits' gradient), on a GPU
