@@ -14,13 +14,12 @@ chunk's buffers.
    log-sum-exp per cell.
 3. ``_joint_dlogits_kernel`` (backward): the logits made again and their gradient
    g * (softmax * (occ_blank + s occ_label) - occ_blank [blank] - s occ_label [label]) stored for the chunk, one
-   class chunk per program, with a flag per tile (the rows that hold cells with edges; 0 where the occupancies
-   are all exactly zero, far from the alignment: the gradient is exactly zero there, stored as zeros, and the
-   tile is skipped below).
+   class chunk per program, with its column sums (the bias's gradient) and a flag per tile (the rows that hold
+   cells with edges; 0 where the occupancies are all exactly zero, far from the alignment: the gradient is
+   exactly zero there, stored as zeros, and the tile is skipped below).
 4. Two products of the stored chunk, in cuBLAS (``torch.mm``, sizes padded to multiples of 16: zero rows and
-   columns): the logits' gradient transposed times the hidden vectors (and a column of ones: the bias's
-   gradient), added to the weight's gradient (float32 sums), then the logits' gradient times the weight (the
-   hidden vectors' gradient, written over the hidden vectors).
+   columns): the logits' gradient transposed times the hidden vectors, added to the weight's gradient (float32
+   sums), then the logits' gradient times the weight (the hidden vectors' gradient, over the hidden vectors).
 5. ``_joint_grad_rows_kernel``: the hidden vectors' gradient times act' (and the dropout mask), summed over the
    labels into the encoder rows and over the frames into the predictor rows.
 
@@ -202,10 +201,9 @@ def _joint_hidden_kernel(
     BT: tl.constexpr,
     BM: tl.constexpr,
     BK: tl.constexpr,
-    ONES: tl.constexpr = False,
 ):
     """Program (BM rows, BK features): dropout(act(enc + pred)), 0 in cells without edges and in the columns
-    [H, s_h), except 1 in column H with ONES (its product with the logits' gradient: the bias's gradient)."""
+    [H, s_h)."""
     i, n, t, u = _chunk_cells(tl.program_id(0) * (BM // BT), n0, u0, UC, n_tb, BT, BM)
     T_n, U_n = _lengths(il_ptr, tl_ptr, n, i < tiles, T, U1)
     m_row = (i < tiles) & (t < T_n) & (u <= U_n)
@@ -215,8 +213,6 @@ def _joint_hidden_kernel(
     p_p = pred_ptr + n * s_pn + u.to(tl.int64) * s_pu
     h = _hidden(p_e, p_p, m_row, (n * T + t) * U1 + u, k, m_k, s_eh, s_ph, seed_lo, seed_hi, threshold, drop_scale,
                 ACT, DROPOUT, DROP_SHIFT)  # fmt: skip
-    if ONES:
-        h = tl.where((k == H)[None, :], 1.0, h)
     rows = (tl.program_id(0) * BM + tl.arange(0, BM)).to(tl.int64)
     tl.store(h_ptr + rows[:, None] * s_h + k[None, :], h.to(DT), mask=(i < tiles)[:, None] & (k < s_h)[None, :])
 
@@ -317,16 +313,19 @@ def _dlogits(acc, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, CLAMP:
 
 
 @triton.jit
-def _ds_chunk(ds_ptr, rows, v0, V, V_st, p_h, w_ptr, b_ptr, lab, lse, occ_b, occ_e, g, clamp, H, s_wv,
+def _ds_chunk(ds_ptr, gbp_ptr, gbp_off, rows, v0, V, V_st, p_h, w_ptr, b_ptr, lab, lse, occ_b, occ_e, g, clamp, H, s_wv,
               s_wh, m_row, blank, HAS_BIAS: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, CLAMP: tl.constexpr,
               BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr):  # fmt: skip
     """One chunk of classes [v0, v0 + BV) (below V) of the rows' logits' gradient, stored at ``rows`` (in DT; the
-    columns below V_st: zeros past V)."""
+    columns below V_st: zeros past V), and its column sums (the bias's gradient; of the stored values) at
+    gbp_ptr + gbp_off."""
     v = v0 + tl.arange(0, BV)
     m_v = v < V
     x = _logits(p_h, m_row, w_ptr, b_ptr, v, m_v, H, s_wv, s_wh, HAS_BIAS, DT, PREC, BM, BV, BK)
     d = _dlogits(x, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, CLAMP).to(DT)
     tl.store(ds_ptr + rows[:, None] + v[None, :], d, mask=(v < V_st)[None, :])
+    if HAS_BIAS:
+        tl.store(gbp_ptr + gbp_off + v, tl.sum(d.to(tl.float32), axis=0), mask=m_v)
 
 
 @triton.jit
@@ -350,6 +349,7 @@ def _joint_dlogits_kernel(
     gloss_ptr,  # upstream gradient per sample (stride 0: one for the batch)
     ds_ptr,  # [rows, s_ds] out: the chunk's logits' gradient (DT)
     flag_ptr,  # [tiles] int32 out: rows written (the frames with edges) where the tile has work, else 0
+    gbp_ptr,  # [rows / BM, V] float32 out (HAS_BIAS; zeroed): column sums per block of rows
     gloss_stride,
     gscale,
     n0,
@@ -421,10 +421,11 @@ def _joint_dlogits_kernel(
         lab, _has_label = _labels(tgt_ptr, stride_tg, n, u, m_row, U_n, V)
         p_h = h_ptr + o_m.to(tl.int64) * s_h
         state = (p_h, w_ptr, b_ptr, lab, lse, occ_b, occ_e, g, clamp, H, s_wv, s_wh, m_row, blank)
+        gbp = (gbp_ptr, pid.to(tl.int64) * V)
         if cg < n_main:
-            _ds_chunk(ds_ptr, rows, cg * BV, V_main, st_main, *state, HAS_BIAS, DT, PREC, CLAMP, BM, BV, BK)
+            _ds_chunk(ds_ptr, *gbp, rows, cg * BV, V_main, st_main, *state, HAS_BIAS, DT, PREC, CLAMP, BM, BV, BK)
         else:
-            _ds_chunk(ds_ptr, rows, V_main + (cg - n_main) * BVT, V, s_ds, *state, HAS_BIAS, DT, PREC, CLAMP,
+            _ds_chunk(ds_ptr, *gbp, rows, V_main + (cg - n_main) * BVT, V, s_ds, *state, HAS_BIAS, DT, PREC, CLAMP,
                       BM, BVT, BK)  # fmt: skip
 
 
@@ -584,7 +585,7 @@ def joint_forward(
     nc, uc = _chunks(N, U1, n_tb * BT, s_h * weight.element_size(), dev)
     hbuf = _empty(_rows(nc * n_tb * uc * BT, bh["BM"], bf["BM"]), s_h, dtype=weight.dtype, device=dev)
     for n0, u0, tiles, _rows_n, ucc in _chunk_list(N, U1, n_tb, nc, uc):
-        _joint_hidden_kernel[(triton.cdiv(tiles * BT, bh["BM"]), triton.cdiv(s_h, bh["BK"]))](
+        _joint_hidden_kernel[(triton.cdiv(tiles * BT, bh["BM"]), triton.cdiv(H, bh["BK"]))](
             enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, T, U1, H, n_tb, s_h, *strides[:6],
             *seeds, ACT=meta["ACT"], DROPOUT=meta["DROPOUT"], DROP_SHIFT=meta["DROP_SHIFT"], DT=meta["DT"], BT=BT,
             BM=bh["BM"], BK=bh["BK"], **_launch(bh),
@@ -640,9 +641,7 @@ def joint_backward(
     bh, b1, b2 = (_blocks(enc, k) for k in ("hidden", "dlogits", "rows"))
     BT = _blocks(enc, "tile")["BT"]
     n_tb = triton.cdiv(T, BT)
-    # a column of ones after the hidden vectors' features (with a bias): the weight's product also sums the
-    # logits' gradient's columns, the bias's gradient
-    s_h, s_ds = -(-(H + (bias is not None)) // 16) * 16, -(-V // 16) * 16
+    s_h, s_ds = -(-H // 16) * 16, -(-V // 16) * 16
     nc, uc = _chunks(N, U1, n_tb * BT, (s_h + s_ds) * weight.element_size(), dev)
     v_main = _main_classes(V, b1)
     n_cg = triton.cdiv(v_main, b1["BV"]) + triton.cdiv(V - v_main, b1["BVT"])
@@ -659,18 +658,24 @@ def joint_backward(
     w_pad = weight if (s_ds, s_h) == (V, H) else torch.zeros(s_ds, s_h, dtype=weight.dtype, device=dev)
     if w_pad is not weight:
         w_pad[:V, :H] = weight
+    gb = torch.zeros(V, dtype=torch.float32, device=dev) if bias is not None else None
+    gbp = torch.zeros(rows_max // b1["BM"], V, dtype=torch.float32, device=dev) if bias is not None else None
     for n0, u0, tiles, rows, ucc in _chunk_list(N, U1, n_tb, nc, uc):
-        _joint_hidden_kernel[(triton.cdiv(tiles * BT, bh["BM"]), triton.cdiv(s_h, bh["BK"]))](
+        _joint_hidden_kernel[(triton.cdiv(tiles * BT, bh["BM"]), triton.cdiv(H, bh["BK"]))](
             enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, T, U1, H, n_tb, s_h, *strides[:6],
-            *seeds, DT=meta["DT"], BT=BT, BM=bh["BM"], BK=bh["BK"], ONES=bias is not None, **act, **_launch(bh),
+            *seeds, DT=meta["DT"], BT=BT, BM=bh["BM"], BK=bh["BK"], **act, **_launch(bh),
         )  # fmt: skip
         _joint_dlogits_kernel[(triton.cdiv(tiles * BT, b1["BM"]) * n_cg,)](
-            hbuf, weight, bias, targets, logit_lengths, target_lengths, lse, occ, logp, grad_out, ds, flags,
+            hbuf, weight, bias, targets, logit_lengths, target_lengths, lse, occ, logp, grad_out, ds, flags, gbp,
             gstride, gscale, n0, u0, ucc, tiles, T, U1, V, H, n_tb, v_main, s_h, s_ds, *strides[6:],
             targets.stride(0), blank, 1.0 + fastemit_lambda, max(clamp, 0.0), HAS_BIAS=bias is not None,
             CLAMP=clamp > 0, RNA=rnna, BT=BT, BM=b1["BM"], BV=b1["BV"], BVT=b1["BVT"], BK=b1["BK"], **prec,
             **_launch(b1),
         )  # fmt: skip
+        if bias is not None:  # the column sums of the chunk's blocks of rows, in order
+            n_rb = triton.cdiv(tiles * BT, b1["BM"])
+            gb += gbp[:n_rb].sum(0)
+            gbp[:n_rb].zero_()
         d, h = ds[: tiles * BT], hbuf[: tiles * BT]
         _addmm_f32(gw, d.t(), h)  # the weight's gradient
         dh = _mm_into(d, w_pad, h)  # the hidden vectors', in their place (DT)
@@ -681,7 +686,7 @@ def joint_backward(
         # the frame blocks' shares of the chunk's predictor rows, in order
         part = gpred_part[: rows * ucc * H].view(rows // n_tb, n_tb, ucc, H)
         gpred[n0 : n0 + rows // n_tb, u0 : u0 + ucc] += part.sum(1)
-    grad_b = None if bias is None else gw[:V, H].to(bias.dtype)
+    grad_b = None if bias is None else gb.to(bias.dtype)
     return genc.to(enc.dtype), gpred.to(pred.dtype), gw[:V, :H].contiguous().to(weight.dtype), grad_b
 
 
