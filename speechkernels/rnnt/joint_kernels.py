@@ -218,10 +218,9 @@ def _joint_hidden_kernel(
 
 
 @triton.jit
-def _lse_chunk(b_m, b_s, x_blank, x_label, v0, V, p_h, m_row, w_ptr, b_ptr, lab, H, s_wv, s_wh, blank,
-               HAS_BIAS: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr,
-               BK: tl.constexpr):  # fmt: skip
-    """One chunk of classes [v0, v0 + BV) of the online log-sum-exp (log2 units), and the blank and label logits."""
+def _lse_chunk(b_m, b_s, v0, V, p_h, m_row, w_ptr, b_ptr, H, s_wv, s_wh, HAS_BIAS: tl.constexpr, DT: tl.constexpr,
+               PREC: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+    """One chunk of classes [v0, v0 + BV) of the online log-sum-exp (log2 units)."""
     v = v0 + tl.arange(0, BV)
     m_v = v < V
     acc = _logits(p_h, m_row, w_ptr, b_ptr, v, m_v, H, s_wv, s_wh, HAS_BIAS, DT, PREC, BM, BV, BK)
@@ -229,9 +228,27 @@ def _lse_chunk(b_m, b_s, x_blank, x_label, v0, V, p_h, m_row, w_ptr, b_ptr, lab,
     m_new = tl.maximum(b_m, tl.max(x2, axis=1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     b_s = b_s * tl.exp2(b_m - m_safe) + tl.sum(tl.exp2(x2 - m_safe[:, None]), axis=1)
-    x_blank += tl.sum(tl.where(v[None, :] == blank, acc, 0.0), axis=1)
-    x_label += tl.sum(tl.where(v[None, :] == lab[:, None], acc, 0.0), axis=1)
-    return m_new, b_s, x_blank, x_label
+    return m_new, b_s
+
+
+@triton.jit
+def _row_logits(p_h, m_row, w_ptr, b_ptr, cls, H, s_wv, s_wh, HAS_BIAS: tl.constexpr, BM: tl.constexpr,
+                BK: tl.constexpr):  # fmt: skip
+    """Each row's logit of its class cls (rows m_row with cls >= 0; 0 elsewhere): [BM] float32, the products of
+    the same operands as the tensor cores' (exact in float32) summed in float32."""
+    has = m_row & (cls >= 0)
+    c = tl.maximum(cls, 0).to(tl.int64)
+    acc = tl.zeros([BM], tl.float32)
+    o_k = tl.arange(0, BK)
+    for k0 in range(0, H, BK):
+        k = k0 + o_k
+        m = has[:, None] & (k < H)[None, :]
+        h = tl.load(p_h[:, None] + k[None, :], mask=m, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + c[:, None] * s_wv + k[None, :] * s_wh, mask=m, other=0.0).to(tl.float32)
+        acc += tl.sum(h * w, axis=1)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + c, mask=has, other=0.0).to(tl.float32)
+    return acc
 
 
 @triton.jit
@@ -282,15 +299,14 @@ def _joint_lattice_kernel(
         p_h = h_ptr + (pid * BM + tl.arange(0, BM)).to(tl.int64) * s_h
         b_m = tl.full([BM], float("-inf"), tl.float32)  # running maximum (log2 units)
         b_s = tl.zeros([BM], tl.float32)  # running sum of exp2(x - b_m)
-        x_blank = tl.zeros([BM], tl.float32)
-        x_label = tl.zeros([BM], tl.float32)
-        rows = (p_h, m_row, w_ptr, b_ptr, lab, H, s_wv, s_wh, blank)
+        rows = (p_h, m_row, w_ptr, b_ptr, H, s_wv, s_wh)
         for v0 in range(0, V_main, BV):  # whole chunks
-            b_m, b_s, x_blank, x_label = _lse_chunk(b_m, b_s, x_blank, x_label, v0, V, *rows, HAS_BIAS, DT, PREC, BM,
-                                                    BV, BK)  # fmt: skip
+            b_m, b_s = _lse_chunk(b_m, b_s, v0, V, *rows, HAS_BIAS, DT, PREC, BM, BV, BK)
         for v0 in range(V_main, V, BVT):  # the last classes in narrow chunks (V = 2^k + 1: the blank alone)
-            b_m, b_s, x_blank, x_label = _lse_chunk(b_m, b_s, x_blank, x_label, v0, V, *rows, HAS_BIAS, DT, PREC, BM,
-                                                    BVT, BK)  # fmt: skip
+            b_m, b_s = _lse_chunk(b_m, b_s, v0, V, *rows, HAS_BIAS, DT, PREC, BM, BVT, BK)
+        # the blank's and the next label's logits: products of their weight rows alone (out of the chunks' epilogue)
+        x_blank = _row_logits(*rows[:4], tl.full([BM], blank, tl.int32), *rows[4:], HAS_BIAS, BM, BK)
+        x_label = _row_logits(*rows[:4], lab, *rows[4:], HAS_BIAS, BM, BK)
         m_safe = tl.where(b_m == float("-inf"), 0.0, b_m)
         lse = (m_safe + tl.log2(b_s)) * _ln2()
         cell = (n * T + t) * U1 + u
