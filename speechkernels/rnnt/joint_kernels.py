@@ -760,9 +760,3 @@ def _rows(rows: int, *blocks: int) -> int:
     for b in blocks:
         rows = -(-rows // b) * b
     return rows
-
-
-def _sm_count(dev: torch.device) -> int:
-    if dev.type != "cuda":
-        return 2
-    return torch.cuda.get_device_properties(dev).multi_processor_count
