@@ -560,6 +560,17 @@ def _launch(blk: dict) -> dict:
     return {k: blk[k] for k in ("num_warps", "num_stages")}
 
 
+def _stage_hidden(enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, n_tb, strides, seeds, meta):
+    """A chunk's hidden vectors into hbuf (``_joint_hidden_kernel``)."""
+    T, H = enc.shape[1], enc.shape[2]
+    bh, BT = _blocks(enc, "hidden"), _blocks(enc, "tile")["BT"]
+    _joint_hidden_kernel[(triton.cdiv(tiles * BT, bh["BM"]), triton.cdiv(H, bh["BK"]))](
+        enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, T, pred.shape[1], H, n_tb,
+        hbuf.stride(0), *strides[:6], *seeds, ACT=meta["ACT"], DROPOUT=meta["DROPOUT"], DROP_SHIFT=meta["DROP_SHIFT"],
+        DT=meta["DT"], BT=BT, BM=bh["BM"], BK=bh["BK"], **_launch(bh),
+    )  # fmt: skip
+
+
 def joint_forward(
     enc: torch.Tensor,
     pred: torch.Tensor,
@@ -601,11 +612,7 @@ def joint_forward(
     nc, uc = _chunks(N, U1, n_tb * BT, s_h * weight.element_size(), dev)
     hbuf = _empty(_rows(nc * n_tb * uc * BT, bh["BM"], bf["BM"]), s_h, dtype=weight.dtype, device=dev)
     for n0, u0, tiles, _rows_n, ucc in _chunk_list(N, U1, n_tb, nc, uc):
-        _joint_hidden_kernel[(triton.cdiv(tiles * BT, bh["BM"]), triton.cdiv(H, bh["BK"]))](
-            enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, T, U1, H, n_tb, s_h, *strides[:6],
-            *seeds, ACT=meta["ACT"], DROPOUT=meta["DROPOUT"], DROP_SHIFT=meta["DROP_SHIFT"], DT=meta["DT"], BT=BT,
-            BM=bh["BM"], BK=bh["BK"], **_launch(bh),
-        )  # fmt: skip
+        _stage_hidden(enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, n_tb, strides, seeds, meta)
         _joint_lattice_kernel[(triton.cdiv(tiles * BT, bf["BM"]),)](
             hbuf, weight, bias, targets, logit_lengths, target_lengths, lse, lat, aux, n0, u0, ucc, tiles, T, U1, V,
             H, n_tb, _main_classes(V, bf), s_h, *strides[6:], targets.stride(0), blank, HAS_BIAS=bias is not None,
@@ -671,16 +678,11 @@ def joint_backward(
     gw = torch.zeros(s_ds, s_h, dtype=torch.float32, device=dev)
     # the weight with zero rows and columns up to [s_ds, s_h]: the products' sizes multiples of 16 (tensor cores'
     # fast paths; at V = 1025, 5x faster than the odd sizes)
-    w_pad = weight if (s_ds, s_h) == (V, H) else torch.zeros(s_ds, s_h, dtype=weight.dtype, device=dev)
-    if w_pad is not weight:
-        w_pad[:V, :H] = weight
+    w_pad = weight if (s_ds, s_h) == (V, H) else torch.nn.functional.pad(weight, (0, s_h - H, 0, s_ds - V))
     gb = torch.zeros(V, dtype=torch.float32, device=dev) if bias is not None else None
     gbp = torch.zeros(rows_max // b1["BM"], V, dtype=torch.float32, device=dev) if bias is not None else None
     for n0, u0, tiles, rows, ucc in _chunk_list(N, U1, n_tb, nc, uc):
-        _joint_hidden_kernel[(triton.cdiv(tiles * BT, bh["BM"]), triton.cdiv(H, bh["BK"]))](
-            enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, T, U1, H, n_tb, s_h, *strides[:6],
-            *seeds, DT=meta["DT"], BT=BT, BM=bh["BM"], BK=bh["BK"], **act, **_launch(bh),
-        )  # fmt: skip
+        _stage_hidden(enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, n_tb, strides, seeds, meta)
         _joint_dlogits_kernel[(triton.cdiv(tiles * BT, b1["BM"]) * n_cg,)](
             hbuf, weight, bias, targets, logit_lengths, target_lengths, lse, occ, logp, grad_out, ds, flags, gbp,
             gstride, gscale, n0, u0, ucc, tiles, T, U1, V, H, n_tb, v_main, s_h, s_ds, *strides[6:],
