@@ -286,11 +286,8 @@ def test_gpu_joint_loss_large_float32(gpu, size):
     _check_against_float64(Path(), *size, {"activation": "relu"}, "none")
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("opts", OPTIONS)
-def test_gpu_joint_loss_16bit(gpu, dtype, opts):
-    xs, tg, il, tl = make_case(4, 70, 23, 200, 301, device=gpu, rna=opts.get("rnnt_type") == "rna", seed=1)
+def _check_16bit(device, dtype, opts, size):
+    xs, tg, il, tl = make_case(*size, device=device, rna=opts.get("rnnt_type") == "rna", seed=1)
     xs = [x.to(dtype) for x in xs]
 
     def f(e, p, w, b):
@@ -306,6 +303,18 @@ def test_gpu_joint_loss_16bit(gpu, dtype, opts):
         assert cos > 0.999, cos
     again = grads_of(xs, f)
     assert torch.equal(loss, again[0]) and all(torch.equal(a, b) for a, b in zip(grads, again[1], strict=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("opts", OPTIONS)
+def test_gpu_joint_loss_16bit(gpu, dtype, opts):
+    _check_16bit(gpu, dtype, opts, (4, 70, 23, 200, 301))
+
+
+def test_joint_kernels_float16_inputs(kernel_device, joint_spy):
+    _check_16bit(kernel_device, torch.float16, OPTIONS[1], (3, 11, 4, 40, 37))
+    assert joint_spy
 
 
 @pytest.mark.gpu

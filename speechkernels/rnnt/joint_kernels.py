@@ -7,8 +7,8 @@ chunk's buffers.
 
 1. ``_joint_hidden_kernel``: the chunk's hidden vectors dropout(act(enc + pred)) in the products' dtype (0 in
    cells without edges), so that the products below load both operands straight into shared memory.
-2. ``_joint_lattice_kernel`` (forward): per block of rows, the logits chunk by chunk of classes (tl.dot: tensor
-   cores for 16-bit inputs, float32 products for float32 ones), consumed on chip: the online log-sum-exp of the
+2. ``_joint_lattice_kernel`` (forward): per block of rows, the logits chunk by chunk of classes (tl.dot on tensor
+   cores; float32 inputs as three bfloat16 products, ``_split``), consumed on chip: the online log-sum-exp of the
    V logits and the blank and next-label logits, into the log2 lattice of the RNN-T kernels
    (``kernels.rnnt_recursions`` then gives the loss and, for the gradient, the edge occupancies) and a float32
    log-sum-exp per cell.
@@ -20,6 +20,8 @@ chunk's buffers.
 4. Two products of the stored chunk, in cuBLAS (``torch.mm``, sizes padded to multiples of 16: zero rows and
    columns): the logits' gradient transposed times the hidden vectors, added to the weight's gradient (float32
    sums), then the logits' gradient times the weight (the hidden vectors' gradient, over the hidden vectors).
+   float32 inputs: the hi and lo halves of both sides stored side by side, so that each of the two products is
+   two cuBLAS bfloat16 products (``_split_weight``), the hidden vectors' gradient in float32.
 5. ``_joint_grad_rows_kernel``: the hidden vectors' gradient times act' (and the dropout mask), summed over the
    labels into the encoder rows and over the frames into the predictor rows.
 
@@ -27,6 +29,8 @@ Every sum has one owner and a fixed order (partial sums per group, added after):
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -142,9 +146,10 @@ def _labels(tgt_ptr, stride_tg, n, u, m_row, U_n, V):
 
 @triton.jit
 def _logits(p_h, m_row, w_ptr, b_ptr, v, m_v, H, s_wv, s_wh, HAS_BIAS: tl.constexpr, DT: tl.constexpr,
-            PREC: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr):  # fmt: skip
-    """Logits of the rows at p_h (their hidden vectors; rows m_row, the others read as 0) against classes v:
-    [BM, BV] float32 (bias included)."""
+            BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+    """Logits of the rows at p_h (their hidden vectors, H features: for float32 inputs the three segments of
+    ``_split``'s layout; rows m_row, the others read as 0) against classes v: [BM, BV] float32 (bias included),
+    tensor-core products in DT with float32 sums."""
     acc = tl.zeros([BM, BV], tl.float32)
     o_k = tl.arange(0, BK)
     for k0 in range(0, H, BK):
@@ -152,20 +157,33 @@ def _logits(p_h, m_row, w_ptr, b_ptr, v, m_v, H, s_wv, s_wh, HAS_BIAS: tl.conste
         m_k = k < H
         h = tl.load(p_h[:, None] + k[None, :], mask=m_row[:, None] & m_k[None, :], other=0.0)
         w = tl.load(w_ptr + v[None, :] * s_wv + k[:, None] * s_wh, mask=m_k[:, None] & m_v[None, :], other=0.0)
-        acc = _mma(h, w, acc, DT, PREC)
+        acc = _dot(h, w, acc, DT)
     if HAS_BIAS:
         acc += tl.load(b_ptr + v, mask=m_v, other=0.0).to(tl.float32)[None, :]
     return acc
 
 
+# Triton's interpreter (3.9) multiplies bfloat16 operands of tl.dot wrongly: there the operands go to float32
+# first (exact: the products of 16-bit values are exact in float32, as on the tensor cores)
+_INTERPRETER = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
 @triton.jit
-def _mma(a, b, acc, DT: tl.constexpr, PREC: tl.constexpr):
-    """acc + a @ b: on tensor cores in DT (the inputs' 16-bit dtype), or float32 products (DT float32) at the
-    precision PREC ("ieee": exact float32 products, on the FMA units)."""
-    if DT == tl.float32:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision=PREC)
+def _dot(a, b, acc, DT: tl.constexpr):
+    """acc + a @ b, tensor-core products in DT with float32 sums."""
+    if _INTERPRETER:
+        return tl.dot(a.to(DT).to(tl.float32), b.to(DT).to(tl.float32), acc, input_precision="ieee")
     else:
         return tl.dot(a.to(DT), b.to(DT), acc)
+
+
+@triton.jit
+def _split(x, DT: tl.constexpr):
+    """float32 x as hi + lo in DT (bfloat16): hi = x rounded, lo = the rest rounded (x to about 2^-17 relative;
+    lo = 0 where hi is infinite, NaN stays NaN)."""
+    hi = x.to(DT)
+    hi32 = hi.to(tl.float32)
+    return hi, tl.where(hi32 == x, 0.0, x - hi32).to(DT)
 
 
 @triton.jit(do_not_specialize=["seed_lo", "seed_hi", "threshold"])
@@ -174,7 +192,7 @@ def _joint_hidden_kernel(
     pred_ptr,  # [N, U+1, H]
     il_ptr,
     tl_ptr,
-    h_ptr,  # [rows, s_h] out: the chunk's hidden vectors (DT)
+    h_ptr,  # [rows, s_h] out: the chunk's hidden vectors (DT; SPLIT: segments hi, lo, hi of s_seg columns)
     n0,  # the chunk: samples [n0, n0 + tiles / (n_tb * UC)), labels [u0, u0 + UC)
     u0,
     UC,
@@ -184,6 +202,7 @@ def _joint_hidden_kernel(
     H,
     n_tb,
     s_h,
+    s_seg,
     s_en,
     s_et,
     s_eh,
@@ -198,12 +217,15 @@ def _joint_hidden_kernel(
     DROPOUT: tl.constexpr,
     DROP_SHIFT: tl.constexpr,
     DT: tl.constexpr,
+    SPLIT: tl.constexpr,
     BT: tl.constexpr,
     BM: tl.constexpr,
     BK: tl.constexpr,
 ):
     """Program (BM rows, BK features): dropout(act(enc + pred)), 0 in cells without edges and in the columns
-    [H, s_h)."""
+    [H, s_seg); SPLIT (float32 inputs): as ``_split``'s hi, lo, hi in three segments of s_seg columns, so that a
+    product over the 3 s_seg columns against the weight's segments hi, hi, lo sums h_hi w_hi + h_lo w_hi +
+    h_hi w_lo."""
     i, n, t, u = _chunk_cells(tl.program_id(0) * (BM // BT), n0, u0, UC, n_tb, BT, BM)
     T_n, U_n = _lengths(il_ptr, tl_ptr, n, i < tiles, T, U1)
     m_row = (i < tiles) & (t < T_n) & (u <= U_n)
@@ -214,16 +236,24 @@ def _joint_hidden_kernel(
     h = _hidden(p_e, p_p, m_row, (n * T + t) * U1 + u, k, m_k, s_eh, s_ph, seed_lo, seed_hi, threshold, drop_scale,
                 ACT, DROPOUT, DROP_SHIFT)  # fmt: skip
     rows = (tl.program_id(0) * BM + tl.arange(0, BM)).to(tl.int64)
-    tl.store(h_ptr + rows[:, None] * s_h + k[None, :], h.to(DT), mask=(i < tiles)[:, None] & (k < s_h)[None, :])
+    q = h_ptr + rows[:, None] * s_h + k[None, :]
+    m = (i < tiles)[:, None] & (k < s_seg)[None, :]
+    if SPLIT:
+        hi, lo = _split(h, DT)
+        tl.store(q, hi, mask=m)
+        tl.store(q + s_seg, lo, mask=m)
+        tl.store(q + 2 * s_seg, hi, mask=m)
+    else:
+        tl.store(q, h.to(DT), mask=m)
 
 
 @triton.jit
 def _lse_chunk(b_m, b_s, v0, V, p_h, m_row, w_ptr, b_ptr, H, s_wv, s_wh, HAS_BIAS: tl.constexpr, DT: tl.constexpr,
-               PREC: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+               BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr):  # fmt: skip
     """One chunk of classes [v0, v0 + BV) of the online log-sum-exp (log2 units)."""
     v = v0 + tl.arange(0, BV)
     m_v = v < V
-    acc = _logits(p_h, m_row, w_ptr, b_ptr, v, m_v, H, s_wv, s_wh, HAS_BIAS, DT, PREC, BM, BV, BK)
+    acc = _logits(p_h, m_row, w_ptr, b_ptr, v, m_v, H, s_wv, s_wh, HAS_BIAS, DT, BM, BV, BK)
     x2 = tl.where(m_v[None, :], acc * _log2e(), float("-inf"))
     m_new = tl.maximum(b_m, tl.max(x2, axis=1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -279,7 +309,6 @@ def _joint_lattice_kernel(
     blank,
     HAS_BIAS: tl.constexpr,
     DT: tl.constexpr,
-    PREC: tl.constexpr,
     RNA: tl.constexpr,
     BT: tl.constexpr,
     BM: tl.constexpr,
@@ -301,9 +330,9 @@ def _joint_lattice_kernel(
         b_s = tl.zeros([BM], tl.float32)  # running sum of exp2(x - b_m)
         rows = (p_h, m_row, w_ptr, b_ptr, H, s_wv, s_wh)
         for v0 in range(0, V_main, BV):  # whole chunks
-            b_m, b_s = _lse_chunk(b_m, b_s, v0, V, *rows, HAS_BIAS, DT, PREC, BM, BV, BK)
+            b_m, b_s = _lse_chunk(b_m, b_s, v0, V, *rows, HAS_BIAS, DT, BM, BV, BK)
         for v0 in range(V_main, V, BVT):  # the last classes in narrow chunks (V = 2^k + 1: the blank alone)
-            b_m, b_s = _lse_chunk(b_m, b_s, v0, V, *rows, HAS_BIAS, DT, PREC, BM, BVT, BK)
+            b_m, b_s = _lse_chunk(b_m, b_s, v0, V, *rows, HAS_BIAS, DT, BM, BVT, BK)
         # the blank's and the next label's logits: products of their weight rows alone (out of the chunks' epilogue)
         x_blank = _row_logits(*rows[:4], tl.full([BM], blank, tl.int32), *rows[4:], HAS_BIAS, BM, BK)
         x_label = _row_logits(*rows[:4], lab, *rows[4:], HAS_BIAS, BM, BK)
@@ -329,26 +358,38 @@ def _dlogits(acc, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, CLAMP:
 
 
 @triton.jit
-def _ds_chunk(ds_ptr, gbp_ptr, gbp_off, rows, v0, V, V_st, p_h, w_ptr, b_ptr, lab, lse, occ_b, occ_e, g, clamp, H, s_wv,
-              s_wh, m_row, blank, HAS_BIAS: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, CLAMP: tl.constexpr,
-              BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+def _ds_chunk(ds_ptr, gbp_ptr, gbp_off, rows, v0, V, V_st, s_lo, p_h, w_ptr, b_ptr, lab, lse, occ_b, occ_e, g, clamp, H,
+              s_wv, s_wh, m_row, blank, HAS_BIAS: tl.constexpr, DT: tl.constexpr, SPLIT: tl.constexpr,
+              CLAMP: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr):  # fmt: skip
     """One chunk of classes [v0, v0 + BV) (below V) of the rows' logits' gradient, stored at ``rows`` (in DT; the
-    columns below V_st: zeros past V), and its column sums (the bias's gradient; of the stored values) at
-    gbp_ptr + gbp_off."""
+    columns below V_st: zeros past V; SPLIT: ``_split``'s hi there and lo s_lo columns further), and its column
+    sums (the bias's gradient; of the stored values) at gbp_ptr + gbp_off."""
     v = v0 + tl.arange(0, BV)
     m_v = v < V
-    x = _logits(p_h, m_row, w_ptr, b_ptr, v, m_v, H, s_wv, s_wh, HAS_BIAS, DT, PREC, BM, BV, BK)
-    d = _dlogits(x, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, CLAMP).to(DT)
-    tl.store(ds_ptr + rows[:, None] + v[None, :], d, mask=(v < V_st)[None, :])
+    x = _logits(p_h, m_row, w_ptr, b_ptr, v, m_v, H, s_wv, s_wh, HAS_BIAS, DT, BM, BV, BK)
+    d = _dlogits(x, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, CLAMP)
+    q = ds_ptr + rows[:, None] + v[None, :]
+    if SPLIT:
+        hi, lo = _split(d, DT)
+        tl.store(q, hi, mask=(v < V_st)[None, :])
+        tl.store(q + s_lo, lo, mask=(v < V_st)[None, :])
+        d = hi.to(tl.float32) + lo.to(tl.float32)
+    else:
+        d = d.to(DT)
+        tl.store(q, d, mask=(v < V_st)[None, :])
     if HAS_BIAS:
         tl.store(gbp_ptr + gbp_off + v, tl.sum(d.to(tl.float32), axis=0), mask=m_v)
 
 
 @triton.jit
-def _ds_zero(ds_ptr, rows, v0, V_st, DT: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr):
-    """Zeros at ``rows``, columns [v0, v0 + BV) (below V_st)."""
+def _ds_zero(ds_ptr, rows, v0, V_st, s_lo, DT: tl.constexpr, SPLIT: tl.constexpr, BM: tl.constexpr,
+             BV: tl.constexpr):  # fmt: skip
+    """Zeros at ``rows``, columns [v0, v0 + BV) (below V_st; SPLIT: and s_lo columns further)."""
     v = v0 + tl.arange(0, BV)
-    tl.store(ds_ptr + rows[:, None] + v[None, :], tl.zeros([BM, BV], DT), mask=(v < V_st)[None, :])
+    q = ds_ptr + rows[:, None] + v[None, :]
+    tl.store(q, tl.zeros([BM, BV], DT), mask=(v < V_st)[None, :])
+    if SPLIT:
+        tl.store(q + s_lo, tl.zeros([BM, BV], DT), mask=(v < V_st)[None, :])
 
 
 @triton.jit
@@ -363,7 +404,7 @@ def _joint_dlogits_kernel(
     occ_ptr,  # [N * T * (U+1), 2] edge occupancies (skewed)
     logp_ptr,  # [N] float64 log2 p
     gloss_ptr,  # upstream gradient per sample (stride 0: one for the batch)
-    ds_ptr,  # [rows, s_ds] out: the chunk's logits' gradient (DT)
+    ds_ptr,  # [rows, s_ds] out: the chunk's logits' gradient (DT; SPLIT: hi in columns [0, s_lo), lo after)
     flag_ptr,  # [tiles] int32 out: rows written (the frames with edges) where the tile has work, else 0
     gbp_ptr,  # [rows / BM, V] float32 out (HAS_BIAS; zeroed): column sums per block of rows
     gloss_stride,
@@ -380,6 +421,7 @@ def _joint_dlogits_kernel(
     V_main,
     s_h,
     s_ds,
+    s_lo,
     s_wv,
     s_wh,
     stride_tg,
@@ -388,7 +430,7 @@ def _joint_dlogits_kernel(
     clamp,
     HAS_BIAS: tl.constexpr,
     DT: tl.constexpr,
-    PREC: tl.constexpr,
+    SPLIT: tl.constexpr,
     CLAMP: tl.constexpr,
     RNA: tl.constexpr,
     BT: tl.constexpr,
@@ -426,12 +468,12 @@ def _joint_dlogits_kernel(
     o_m = pid * BM + tl.arange(0, BM)
     rows = o_m.to(tl.int64) * s_ds
     n_main = tl.cdiv(V_main, BV)
-    st_main = tl.where(V_main == V, s_ds, V_main)  # the columns the chunks store (zeros past V, up to s_ds)
+    st_main = tl.where(V_main == V, s_lo, V_main)  # the columns the chunks store (zeros past V, up to s_lo)
     if tl.sum(flags, axis=0) == 0:  # zeros (the products take every row of the chunk)
         if cg < n_main:
-            _ds_zero(ds_ptr, rows, cg * BV, st_main, DT, BM, BV)
+            _ds_zero(ds_ptr, rows, cg * BV, st_main, s_lo, DT, SPLIT, BM, BV)
         else:
-            _ds_zero(ds_ptr, rows, V_main + (cg - n_main) * BVT, s_ds, DT, BM, BVT)
+            _ds_zero(ds_ptr, rows, V_main + (cg - n_main) * BVT, s_lo, s_lo, DT, SPLIT, BM, BVT)
     else:
         lse = tl.load(lse_ptr + cell, mask=m_row, other=0.0)
         lab, _has_label = _labels(tgt_ptr, stride_tg, n, u, m_row, U_n, V)
@@ -439,10 +481,11 @@ def _joint_dlogits_kernel(
         state = (p_h, w_ptr, b_ptr, lab, lse, occ_b, occ_e, g, clamp, H, s_wv, s_wh, m_row, blank)
         gbp = (gbp_ptr, pid.to(tl.int64) * V)
         if cg < n_main:
-            _ds_chunk(ds_ptr, *gbp, rows, cg * BV, V_main, st_main, *state, HAS_BIAS, DT, PREC, CLAMP, BM, BV, BK)
+            _ds_chunk(ds_ptr, *gbp, rows, cg * BV, V_main, st_main, s_lo, *state, HAS_BIAS, DT, SPLIT, CLAMP, BM, BV,
+                      BK)  # fmt: skip
         else:
-            _ds_chunk(ds_ptr, *gbp, rows, V_main + (cg - n_main) * BVT, V, s_ds, *state, HAS_BIAS, DT, PREC, CLAMP,
-                      BM, BVT, BK)  # fmt: skip
+            _ds_chunk(ds_ptr, *gbp, rows, V_main + (cg - n_main) * BVT, V, s_lo, s_lo, *state, HAS_BIAS, DT, SPLIT,
+                      CLAMP, BM, BVT, BK)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["seed_lo", "seed_hi", "threshold"])
@@ -536,9 +579,6 @@ def _blocks(enc: torch.Tensor, kernel: str) -> dict:
         blk = dict(BM=128, BV=256, BVT=16, BK=64, num_warps=8, num_stages=3)
     else:  # rows
         blk = dict(UB=1, BN=128, num_warps=4, num_stages=1)
-    if enc.is_cuda and enc.element_size() == 4:  # float32 tiles fill the shared memory sooner
-        if kernel in ("forward", "dlogits"):
-            blk.update(BV=128, BK=32, num_stages=2)
     if TUNING and kernel in TUNING:
         blk.update(TUNING[kernel])
     return blk
@@ -548,27 +588,54 @@ def _common(enc, pred, weight, bias, dropout, seed, activation):
     """Arguments every kernel takes: strides, the dropout hash's parameters, the constexpr flags."""
     from .joint_reference import drop_threshold
 
-    args = (enc.stride(0), enc.stride(1), enc.stride(2), pred.stride(0), pred.stride(1), pred.stride(2),
-            weight.stride(0), weight.stride(1))  # fmt: skip
+    args = (enc.stride(0), enc.stride(1), enc.stride(2), pred.stride(0), pred.stride(1), pred.stride(2))
     drop = (seed[0], seed[1], drop_threshold(dropout), 1.0 / (1.0 - dropout))
+    split = weight.dtype == torch.float32
     meta = dict(ACT=ACTIVATIONS.index(activation), DROPOUT=dropout > 0, DROP_SHIFT=32 - DROP_BITS,
-                HAS_BIAS=bias is not None, DT=TRITON_DTYPES[weight.dtype], PREC="ieee")  # fmt: skip
+                HAS_BIAS=bias is not None, DT=TRITON_DTYPES[_products_dtype(weight)], SPLIT=split)  # fmt: skip
     return args, drop, meta
+
+
+SPLIT_DTYPE = torch.bfloat16  # float32 inputs' products: three bfloat16 products each (``_split``)
+
+
+def _split_weight(weight: torch.Tensor, s_h: int, s_ds: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The weight as the products take it, zero-padded to [s_ds, s_h] per segment: (the forward's and dlogits'
+    operand [V, K], the hidden vectors' gradient's [K', s_h] and, for float32 weights, its second [s_ds, s_h]).
+
+    16-bit weights: (weight, padded weight, None). float32 (hi + lo in bfloat16, as ``_split``): ([hi | hi | lo]
+    against the hidden vectors' [hi | lo | hi], [hi; hi] against the logits' gradient's [hi | lo], lo against
+    its hi)."""
+    V, H = weight.shape
+    if weight.dtype != torch.float32:
+        w_pad = weight if (s_ds, s_h) == (V, H) else torch.nn.functional.pad(weight, (0, s_h - H, 0, s_ds - V))
+        return weight, w_pad, None
+    hi = weight.to(SPLIT_DTYPE)
+    hi32 = hi.float()
+    lo = torch.where(hi32 == weight, 0.0, weight - hi32).to(SPLIT_DTYPE)
+    hi, lo = (torch.nn.functional.pad(x, (0, s_h - H, 0, s_ds - V)) for x in (hi, lo))
+    return torch.cat([hi[:V], hi[:V], lo[:V]], 1), torch.cat([hi, hi], 0), lo
 
 
 def _launch(blk: dict) -> dict:
     return {k: blk[k] for k in ("num_warps", "num_stages")}
 
 
-def _stage_hidden(enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, n_tb, strides, seeds, meta):
-    """A chunk's hidden vectors into hbuf (``_joint_hidden_kernel``)."""
+def _stage_hidden(enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, n_tb, s_h, strides, seeds,
+                  meta):  # fmt: skip
+    """A chunk's hidden vectors into hbuf (``_joint_hidden_kernel``; s_h columns a segment)."""
     T, H = enc.shape[1], enc.shape[2]
     bh, BT = _blocks(enc, "hidden"), _blocks(enc, "tile")["BT"]
     _joint_hidden_kernel[(triton.cdiv(tiles * BT, bh["BM"]), triton.cdiv(H, bh["BK"]))](
         enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, T, pred.shape[1], H, n_tb,
-        hbuf.stride(0), *strides[:6], *seeds, ACT=meta["ACT"], DROPOUT=meta["DROPOUT"], DROP_SHIFT=meta["DROP_SHIFT"],
-        DT=meta["DT"], BT=BT, BM=bh["BM"], BK=bh["BK"], **_launch(bh),
+        hbuf.stride(0), s_h, *strides, *seeds, ACT=meta["ACT"], DROPOUT=meta["DROPOUT"], DROP_SHIFT=meta["DROP_SHIFT"],
+        DT=meta["DT"], SPLIT=meta["SPLIT"], BT=BT, BM=bh["BM"], BK=bh["BK"], **_launch(bh),
     )  # fmt: skip
+
+
+def _products_dtype(weight: torch.Tensor) -> torch.dtype:
+    """The chunk buffers' dtype (float32 weights: ``_split``'s bfloat16 hi and lo)."""
+    return SPLIT_DTYPE if weight.dtype == torch.float32 else weight.dtype
 
 
 def joint_forward(
@@ -609,14 +676,19 @@ def joint_forward(
     BT = _blocks(enc, "tile")["BT"]
     n_tb = triton.cdiv(T, BT)
     s_h = -(-H // 16) * 16
-    nc, uc = _chunks(N, U1, n_tb * BT, s_h * weight.element_size(), dev)
-    hbuf = _empty(_rows(nc * n_tb * uc * BT, bh["BM"], bf["BM"]), s_h, dtype=weight.dtype, device=dev)
+    pdt = _products_dtype(weight)
+    w_k = _split_weight(weight, s_h, -(-V // 16) * 16)[0]
+    k_h = w_k.shape[1] if meta["SPLIT"] else H  # the products' features (float32: three segments)
+    row_bytes = (3 * s_h if meta["SPLIT"] else s_h) * pdt.itemsize
+    nc, uc = _chunks(N, U1, n_tb * BT, row_bytes, dev)
+    hbuf = _empty(_rows(nc * n_tb * uc * BT, bh["BM"], bf["BM"]), row_bytes // pdt.itemsize, dtype=pdt, device=dev)
     for n0, u0, tiles, _rows_n, ucc in _chunk_list(N, U1, n_tb, nc, uc):
-        _stage_hidden(enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, n_tb, strides, seeds, meta)
+        _stage_hidden(enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, n_tb, s_h, strides, seeds,
+                      meta)  # fmt: skip
         _joint_lattice_kernel[(triton.cdiv(tiles * BT, bf["BM"]),)](
-            hbuf, weight, bias, targets, logit_lengths, target_lengths, lse, lat, aux, n0, u0, ucc, tiles, T, U1, V,
-            H, n_tb, _main_classes(V, bf), s_h, *strides[6:], targets.stride(0), blank, HAS_BIAS=bias is not None,
-            DT=meta["DT"], PREC=meta["PREC"], RNA=rnna, BT=BT, BM=bf["BM"], BV=bf["BV"], BVT=bf["BVT"],
+            hbuf, w_k, bias, targets, logit_lengths, target_lengths, lse, lat, aux, n0, u0, ucc, tiles, T, U1, V,
+            k_h, n_tb, _main_classes(V, bf), hbuf.stride(0), *w_k.stride(), targets.stride(0), blank,
+            HAS_BIAS=bias is not None, DT=meta["DT"], RNA=rnna, BT=BT, BM=bf["BM"], BV=bf["BV"], BVT=bf["BVT"],
             BK=bf["BK"], **_launch(bf),
         )  # fmt: skip
     loss, logp = rnnt_recursions(lat, aux, logit_lengths, target_lengths, N, T, U1, loss_scale, rnna, need_grad,
@@ -660,32 +732,39 @@ def joint_backward(
     gstride = grad_out.stride(0) if reduction == "none" else 0
     gscale = 1.0 / N if reduction == "mean" else 1.0
     act = {k: meta[k] for k in ("ACT", "DROPOUT", "DROP_SHIFT")}
-    prec = {k: meta[k] for k in ("DT", "PREC")}
+    prec = {k: meta[k] for k in ("DT", "SPLIT")}
+    split = meta["SPLIT"]
     bh, b1, b2 = (_blocks(enc, k) for k in ("hidden", "dlogits", "rows"))
     BT = _blocks(enc, "tile")["BT"]
     n_tb = triton.cdiv(T, BT)
+    # the products' sizes are multiples of 16, zero-padded (tensor cores' fast paths; at V = 1025, 5x faster than
+    # the odd sizes); float32: three bfloat16 segments of hidden vectors a row, two of the logits' gradient
     s_h, s_ds = -(-H // 16) * 16, -(-V // 16) * 16
-    nc, uc = _chunks(N, U1, n_tb * BT, (s_h + s_ds) * weight.element_size(), dev)
+    pdt = _products_dtype(weight)
+    w_k, w_d, w_lo = _split_weight(weight, s_h, s_ds)
+    k_h = w_k.shape[1] if split else H
+    h_cols, d_cols = (3 * s_h, 2 * s_ds) if split else (s_h, s_ds)
+    nc, uc = _chunks(N, U1, n_tb * BT, (h_cols + d_cols) * pdt.itemsize, dev)
     v_main = _main_classes(V, b1)
     n_cg = triton.cdiv(v_main, b1["BV"]) + triton.cdiv(V - v_main, b1["BVT"])
     rows_max = _rows(nc * n_tb * uc * BT, bh["BM"], b1["BM"])
-    hbuf = _empty(rows_max, s_h, dtype=weight.dtype, device=dev)
-    ds = _empty(rows_max, s_ds, dtype=weight.dtype, device=dev)
+    hbuf = _empty(rows_max, h_cols, dtype=pdt, device=dev)
+    ds = _empty(rows_max, d_cols, dtype=pdt, device=dev)
     flags = _empty(rows_max // BT, dtype=torch.int32, device=dev)
     genc = torch.zeros(N, T, H, dtype=torch.float32, device=dev)
     gpred = torch.zeros(N, U1, H, dtype=torch.float32, device=dev)
     gpred_part = _empty(nc * n_tb * uc * H, dtype=torch.float32, device=dev)
-    gw = torch.zeros(s_ds, s_h, dtype=torch.float32, device=dev)
-    # the weight with zero rows and columns up to [s_ds, s_h]: the products' sizes multiples of 16 (tensor cores'
-    # fast paths; at V = 1025, 5x faster than the odd sizes)
-    w_pad = weight if (s_ds, s_h) == (V, H) else torch.nn.functional.pad(weight, (0, s_h - H, 0, s_ds - V))
+    # float32: [hi^T h_hi | hi^T h_lo] and lo^T h_hi of the logits' gradient's hi and lo
+    gw = torch.zeros(s_ds, 2 * s_h if split else s_h, dtype=torch.float32, device=dev)
+    gw_lo = torch.zeros(s_ds, s_h, dtype=torch.float32, device=dev) if split else None
     gb = torch.zeros(V, dtype=torch.float32, device=dev) if bias is not None else None
     gbp = torch.zeros(rows_max // b1["BM"], V, dtype=torch.float32, device=dev) if bias is not None else None
     for n0, u0, tiles, rows, ucc in _chunk_list(N, U1, n_tb, nc, uc):
-        _stage_hidden(enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, n_tb, strides, seeds, meta)
+        _stage_hidden(enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, n_tb, s_h, strides, seeds,
+                      meta)  # fmt: skip
         _joint_dlogits_kernel[(triton.cdiv(tiles * BT, b1["BM"]) * n_cg,)](
-            hbuf, weight, bias, targets, logit_lengths, target_lengths, lse, occ, logp, grad_out, ds, flags, gbp,
-            gstride, gscale, n0, u0, ucc, tiles, T, U1, V, H, n_tb, v_main, s_h, s_ds, *strides[6:],
+            hbuf, w_k, bias, targets, logit_lengths, target_lengths, lse, occ, logp, grad_out, ds, flags, gbp,
+            gstride, gscale, n0, u0, ucc, tiles, T, U1, V, k_h, n_tb, v_main, h_cols, d_cols, s_ds, *w_k.stride(),
             targets.stride(0), blank, 1.0 + fastemit_lambda, max(clamp, 0.0), HAS_BIAS=bias is not None,
             CLAMP=clamp > 0, RNA=rnna, BT=BT, BM=b1["BM"], BV=b1["BV"], BVT=b1["BVT"], BK=b1["BK"], **prec,
             **_launch(b1),
@@ -695,30 +774,45 @@ def joint_backward(
             gb += gbp[:n_rb].sum(0)
             gbp[:n_rb].zero_()
         d, h = ds[: tiles * BT], hbuf[: tiles * BT]
-        _addmm_f32(gw, d.t(), h)  # the weight's gradient
-        dh = _mm_into(d, w_pad, h)  # the hidden vectors', in their place (DT)
+        if split:  # the weight's gradient, then the hidden vectors' (float32, over the hidden vectors)
+            _addmm_f32(gw, d[:, :s_ds].t(), h[:, : 2 * s_h])
+            _addmm_f32(gw_lo, d[:, s_ds:].t(), h[:, :s_h])
+            dh = hbuf.view(torch.float32)[: tiles * BT, :s_h]
+            _mm_f32(d, w_d, dh)
+            _addmm_f32(dh, d[:, :s_ds], w_lo)
+        else:
+            _addmm_f32(gw, d.t(), h)  # the weight's gradient
+            dh = _mm_into(d, w_d, h)  # the hidden vectors', in their place (DT)
         _joint_grad_rows_kernel[(triton.cdiv(H, b2["BN"]), rows)](
-            enc, pred, dh, flags, genc, gpred_part, n0, u0, ucc, T, U1, H, n_tb, s_h, *strides[:6], *seeds, BT=BT,
+            enc, pred, dh, flags, genc, gpred_part, n0, u0, ucc, T, U1, H, n_tb, dh.stride(0), *strides, *seeds, BT=BT,
             UB=b2["UB"], BN=b2["BN"], **act, **_launch(b2),
         )  # fmt: skip
         # the frame blocks' shares of the chunk's predictor rows, in order
         part = gpred_part[: rows * ucc * H].view(rows // n_tb, n_tb, ucc, H)
         gpred[n0 : n0 + rows // n_tb, u0 : u0 + ucc] += part.sum(1)
+    if split:
+        gw = gw[:, :s_h] + gw[:, s_h:] + gw_lo
     grad_b = None if bias is None else gb.to(bias.dtype)
     return genc.to(enc.dtype), gpred.to(pred.dtype), gw[:V, :H].contiguous().to(weight.dtype), grad_b
 
 
-_ADDMM_OUT_DTYPE = "dtype_out" in torch.ops.aten.addmm.overloads()
+_OUT_DTYPE = all("dtype_out" in op.overloads() for op in (torch.ops.aten.addmm, torch.ops.aten.mm))
 
 
 def _addmm_f32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     """acc (float32) += a @ b (on a GPU, 16-bit inputs: tensor-core products with float32 sums)."""
-    if a.dtype == torch.float32 or not a.is_cuda:
-        acc.addmm_(a.float(), b.float())
-    elif _ADDMM_OUT_DTYPE:
+    if a.is_cuda and a.dtype != torch.float32 and _OUT_DTYPE:
         torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
-    else:  # torch before out_dtype: the chunk's product rounded to a.dtype
-        acc += torch.mm(a, b)
+    else:  # (torch before out_dtype: float32 products)
+        acc.addmm_(a.float(), b.float())
+
+
+def _mm_f32(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+    """out (float32) = a @ b (on a GPU, 16-bit inputs: tensor-core products with float32 sums)."""
+    if a.is_cuda and _OUT_DTYPE:
+        torch.mm(a, b, out_dtype=torch.float32, out=out)
+    else:
+        out.copy_(torch.mm(a.float(), b.float()))
 
 
 def _mm_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
