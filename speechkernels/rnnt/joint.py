@@ -83,7 +83,8 @@ def _joint_forward_op(
         enc, pred, weight, bias, targets, il, tl, blank, activation, dropout, (seed_lo, seed_hi), loss_scale, rna,
         need_grad, reduction,
     )  # fmt: skip
-    return (loss, *state)
+    # (a batch reduction is a view past the per-sample losses; an op's outputs start their own storage)
+    return (loss if reduction == "none" else loss.clone(), *state)
 
 
 @_joint_forward_op.register_fake

@@ -30,6 +30,7 @@ Every sum has one owner and a fixed order (partial sums per group, added after):
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -145,18 +146,28 @@ def _labels(tgt_ptr, stride_tg, n, u, m_row, U_n, V):
 
 
 @triton.jit
+def _segments(k0, H, o_k):
+    """The columns of the hidden vectors and of the weight at the products' step k0 of 3 H (SPLIT, both laid out
+    [hi | lo] in segments of H columns: h_hi w_hi, then h_lo w_hi, then h_hi w_lo) or of H, and the mask of
+    the step's features."""
+    seg = k0 // H
+    k = k0 - seg * H + o_k
+    return k + tl.where(seg == 1, H, 0), k + tl.where(seg == 2, H, 0), k < H
+
+
+@triton.jit
 def _logits(p_h, m_row, w_ptr, b_ptr, v, m_v, H, s_wv, s_wh, HAS_BIAS: tl.constexpr, DT: tl.constexpr,
-            BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr):  # fmt: skip
-    """Logits of the rows at p_h (their hidden vectors, H features: for float32 inputs the three segments of
-    ``_split``'s layout; rows m_row, the others read as 0) against classes v: [BM, BV] float32 (bias included),
-    tensor-core products in DT with float32 sums."""
+            SPLIT: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+    """Logits of the rows at p_h (their hidden vectors, H features; SPLIT: ``_split``'s hi and lo in segments of H
+    columns, H a multiple of BK; rows m_row, the others read as 0) against classes v: [BM, BV] float32 (bias
+    included), tensor-core products in DT with float32 sums."""
+    n_seg: tl.constexpr = 3 if SPLIT else 1
     acc = tl.zeros([BM, BV], tl.float32)
     o_k = tl.arange(0, BK)
-    for k0 in range(0, H, BK):
-        k = k0 + o_k
-        m_k = k < H
-        h = tl.load(p_h[:, None] + k[None, :], mask=m_row[:, None] & m_k[None, :], other=0.0)
-        w = tl.load(w_ptr + v[None, :] * s_wv + k[:, None] * s_wh, mask=m_k[:, None] & m_v[None, :], other=0.0)
+    for k0 in range(0, n_seg * H, BK):
+        kh, kw, m_k = _segments(k0, H, o_k)
+        h = tl.load(p_h[:, None] + kh[None, :], mask=m_row[:, None] & m_k[None, :], other=0.0)
+        w = tl.load(w_ptr + v[None, :] * s_wv + kw[:, None] * s_wh, mask=m_k[:, None] & m_v[None, :], other=0.0)
         acc = _dot(h, w, acc, DT)
     if HAS_BIAS:
         acc += tl.load(b_ptr + v, mask=m_v, other=0.0).to(tl.float32)[None, :]
@@ -192,7 +203,7 @@ def _joint_hidden_kernel(
     pred_ptr,  # [N, U+1, H]
     il_ptr,
     tl_ptr,
-    h_ptr,  # [rows, s_h] out: the chunk's hidden vectors (DT; SPLIT: segments hi, lo, hi of s_seg columns)
+    h_ptr,  # [rows, s_h] out: the chunk's hidden vectors (DT; SPLIT: segments hi, lo of s_seg columns)
     n0,  # the chunk: samples [n0, n0 + tiles / (n_tb * UC)), labels [u0, u0 + UC)
     u0,
     UC,
@@ -223,9 +234,7 @@ def _joint_hidden_kernel(
     BK: tl.constexpr,
 ):
     """Program (BM rows, BK features): dropout(act(enc + pred)), 0 in cells without edges and in the columns
-    [H, s_seg); SPLIT (float32 inputs): as ``_split``'s hi, lo, hi in three segments of s_seg columns, so that a
-    product over the 3 s_seg columns against the weight's segments hi, hi, lo sums h_hi w_hi + h_lo w_hi +
-    h_hi w_lo."""
+    [H, s_seg); SPLIT (float32 inputs): ``_split``'s hi and lo, in two segments of s_seg columns."""
     i, n, t, u = _chunk_cells(tl.program_id(0) * (BM // BT), n0, u0, UC, n_tb, BT, BM)
     T_n, U_n = _lengths(il_ptr, tl_ptr, n, i < tiles, T, U1)
     m_row = (i < tiles) & (t < T_n) & (u <= U_n)
@@ -242,18 +251,17 @@ def _joint_hidden_kernel(
         hi, lo = _split(h, DT)
         tl.store(q, hi, mask=m)
         tl.store(q + s_seg, lo, mask=m)
-        tl.store(q + 2 * s_seg, hi, mask=m)
     else:
         tl.store(q, h.to(DT), mask=m)
 
 
 @triton.jit
 def _lse_chunk(b_m, b_s, v0, V, p_h, m_row, w_ptr, b_ptr, H, s_wv, s_wh, HAS_BIAS: tl.constexpr, DT: tl.constexpr,
-               BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+               SPLIT: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr):  # fmt: skip
     """One chunk of classes [v0, v0 + BV) of the online log-sum-exp (log2 units)."""
     v = v0 + tl.arange(0, BV)
     m_v = v < V
-    acc = _logits(p_h, m_row, w_ptr, b_ptr, v, m_v, H, s_wv, s_wh, HAS_BIAS, DT, BM, BV, BK)
+    acc = _logits(p_h, m_row, w_ptr, b_ptr, v, m_v, H, s_wv, s_wh, HAS_BIAS, DT, SPLIT, BM, BV, BK)
     x2 = tl.where(m_v[None, :], acc * _log2e(), float("-inf"))
     m_new = tl.maximum(b_m, tl.max(x2, axis=1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -262,19 +270,20 @@ def _lse_chunk(b_m, b_s, v0, V, p_h, m_row, w_ptr, b_ptr, H, s_wv, s_wh, HAS_BIA
 
 
 @triton.jit
-def _row_logits(p_h, m_row, w_ptr, b_ptr, cls, H, s_wv, s_wh, HAS_BIAS: tl.constexpr, BM: tl.constexpr,
-                BK: tl.constexpr):  # fmt: skip
+def _row_logits(p_h, m_row, w_ptr, b_ptr, cls, H, s_wv, s_wh, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
+                BM: tl.constexpr, BK: tl.constexpr):  # fmt: skip
     """Each row's logit of its class cls (rows m_row with cls >= 0; 0 elsewhere): [BM] float32, the products of
     the same operands as the tensor cores' (exact in float32) summed in float32."""
     has = m_row & (cls >= 0)
     c = tl.maximum(cls, 0).to(tl.int64)
+    n_seg: tl.constexpr = 3 if SPLIT else 1
     acc = tl.zeros([BM], tl.float32)
     o_k = tl.arange(0, BK)
-    for k0 in range(0, H, BK):
-        k = k0 + o_k
-        m = has[:, None] & (k < H)[None, :]
-        h = tl.load(p_h[:, None] + k[None, :], mask=m, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + c[:, None] * s_wv + k[None, :] * s_wh, mask=m, other=0.0).to(tl.float32)
+    for k0 in range(0, n_seg * H, BK):
+        kh, kw, m_k = _segments(k0, H, o_k)
+        m = has[:, None] & m_k[None, :]
+        h = tl.load(p_h[:, None] + kh[None, :], mask=m, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + c[:, None] * s_wv + kw[None, :] * s_wh, mask=m, other=0.0).to(tl.float32)
         acc += tl.sum(h * w, axis=1)
     if HAS_BIAS:
         acc += tl.load(b_ptr + c, mask=has, other=0.0).to(tl.float32)
@@ -309,6 +318,7 @@ def _joint_lattice_kernel(
     blank,
     HAS_BIAS: tl.constexpr,
     DT: tl.constexpr,
+    SPLIT: tl.constexpr,
     RNA: tl.constexpr,
     BT: tl.constexpr,
     BM: tl.constexpr,
@@ -330,12 +340,12 @@ def _joint_lattice_kernel(
         b_s = tl.zeros([BM], tl.float32)  # running sum of exp2(x - b_m)
         rows = (p_h, m_row, w_ptr, b_ptr, H, s_wv, s_wh)
         for v0 in range(0, V_main, BV):  # whole chunks
-            b_m, b_s = _lse_chunk(b_m, b_s, v0, V, *rows, HAS_BIAS, DT, BM, BV, BK)
+            b_m, b_s = _lse_chunk(b_m, b_s, v0, V, *rows, HAS_BIAS, DT, SPLIT, BM, BV, BK)
         for v0 in range(V_main, V, BVT):  # the last classes in narrow chunks (V = 2^k + 1: the blank alone)
-            b_m, b_s = _lse_chunk(b_m, b_s, v0, V, *rows, HAS_BIAS, DT, BM, BVT, BK)
+            b_m, b_s = _lse_chunk(b_m, b_s, v0, V, *rows, HAS_BIAS, DT, SPLIT, BM, BVT, BK)
         # the blank's and the next label's logits: products of their weight rows alone (out of the chunks' epilogue)
-        x_blank = _row_logits(*rows[:4], tl.full([BM], blank, tl.int32), *rows[4:], HAS_BIAS, BM, BK)
-        x_label = _row_logits(*rows[:4], lab, *rows[4:], HAS_BIAS, BM, BK)
+        x_blank = _row_logits(*rows[:4], tl.full([BM], blank, tl.int32), *rows[4:], HAS_BIAS, SPLIT, BM, BK)
+        x_label = _row_logits(*rows[:4], lab, *rows[4:], HAS_BIAS, SPLIT, BM, BK)
         m_safe = tl.where(b_m == float("-inf"), 0.0, b_m)
         lse = (m_safe + tl.log2(b_s)) * _ln2()
         cell = (n * T + t) * U1 + u
@@ -362,17 +372,19 @@ def _ds_chunk(ds_ptr, gbp_ptr, gbp_off, rows, v0, V, V_st, s_lo, p_h, w_ptr, b_p
               s_wv, s_wh, m_row, blank, HAS_BIAS: tl.constexpr, DT: tl.constexpr, SPLIT: tl.constexpr,
               CLAMP: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr):  # fmt: skip
     """One chunk of classes [v0, v0 + BV) (below V) of the rows' logits' gradient, stored at ``rows`` (in DT; the
-    columns below V_st: zeros past V; SPLIT: ``_split``'s hi there and lo s_lo columns further), and its column
-    sums (the bias's gradient; of the stored values) at gbp_ptr + gbp_off."""
+    columns below V_st: zeros past V; SPLIT: ``_split``'s hi there, lo s_lo columns further and hi again 2 s_lo
+    further, for the products [hi | lo | hi] @ [w_hi; w_hi; w_lo] and [hi | lo]^T @ [h_hi | h_lo]), and its
+    column sums (the bias's gradient; of the stored values) at gbp_ptr + gbp_off."""
     v = v0 + tl.arange(0, BV)
     m_v = v < V
-    x = _logits(p_h, m_row, w_ptr, b_ptr, v, m_v, H, s_wv, s_wh, HAS_BIAS, DT, BM, BV, BK)
+    x = _logits(p_h, m_row, w_ptr, b_ptr, v, m_v, H, s_wv, s_wh, HAS_BIAS, DT, SPLIT, BM, BV, BK)
     d = _dlogits(x, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, CLAMP)
     q = ds_ptr + rows[:, None] + v[None, :]
     if SPLIT:
         hi, lo = _split(d, DT)
         tl.store(q, hi, mask=(v < V_st)[None, :])
         tl.store(q + s_lo, lo, mask=(v < V_st)[None, :])
+        tl.store(q + 2 * s_lo, hi, mask=(v < V_st)[None, :])
         d = hi.to(tl.float32) + lo.to(tl.float32)
     else:
         d = d.to(DT)
@@ -384,12 +396,13 @@ def _ds_chunk(ds_ptr, gbp_ptr, gbp_off, rows, v0, V, V_st, s_lo, p_h, w_ptr, b_p
 @triton.jit
 def _ds_zero(ds_ptr, rows, v0, V_st, s_lo, DT: tl.constexpr, SPLIT: tl.constexpr, BM: tl.constexpr,
              BV: tl.constexpr):  # fmt: skip
-    """Zeros at ``rows``, columns [v0, v0 + BV) (below V_st; SPLIT: and s_lo columns further)."""
+    """Zeros at ``rows``, columns [v0, v0 + BV) (below V_st; SPLIT: and s_lo and 2 s_lo columns further)."""
     v = v0 + tl.arange(0, BV)
     q = ds_ptr + rows[:, None] + v[None, :]
     tl.store(q, tl.zeros([BM, BV], DT), mask=(v < V_st)[None, :])
     if SPLIT:
         tl.store(q + s_lo, tl.zeros([BM, BV], DT), mask=(v < V_st)[None, :])
+        tl.store(q + 2 * s_lo, tl.zeros([BM, BV], DT), mask=(v < V_st)[None, :])
 
 
 @triton.jit
@@ -404,7 +417,7 @@ def _joint_dlogits_kernel(
     occ_ptr,  # [N * T * (U+1), 2] edge occupancies (skewed)
     logp_ptr,  # [N] float64 log2 p
     gloss_ptr,  # upstream gradient per sample (stride 0: one for the batch)
-    ds_ptr,  # [rows, s_ds] out: the chunk's logits' gradient (DT; SPLIT: hi in columns [0, s_lo), lo after)
+    ds_ptr,  # [rows, s_ds] out: the chunk's logits' gradient (DT; SPLIT: hi, lo, hi in segments of s_lo columns)
     flag_ptr,  # [tiles] int32 out: rows written (the frames with edges) where the tile has work, else 0
     gbp_ptr,  # [rows / BM, V] float32 out (HAS_BIAS; zeroed): column sums per block of rows
     gloss_stride,
@@ -599,22 +612,30 @@ def _common(enc, pred, weight, bias, dropout, seed, activation):
 SPLIT_DTYPE = torch.bfloat16  # float32 inputs' products: three bfloat16 products each (``_split``)
 
 
-def _split_weight(weight: torch.Tensor, s_h: int, s_ds: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The weight as the products take it, zero-padded to [s_ds, s_h] per segment: (the forward's and dlogits'
-    operand [V, K], the hidden vectors' gradient's [K', s_h] and, for float32 weights, its second [s_ds, s_h]).
-
-    16-bit weights: (weight, padded weight, None). float32 (hi + lo in bfloat16, as ``_split``): ([hi | hi | lo]
-    against the hidden vectors' [hi | lo | hi], [hi; hi] against the logits' gradient's [hi | lo], lo against
-    its hi)."""
+def _split_weight(weight: torch.Tensor, s_h: int, s_ds: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weight as the products take it: the forward's and dlogits' operand ([V, H]; float32: [V, 2 s_h],
+    ``_split``'s [hi | lo] in segments of s_h columns) and the hidden vectors' gradient's, zero-padded to
+    [s_ds, s_h] (float32: [hi; hi; lo] of [3 s_ds, s_h], against the logits' gradient's [hi | lo | hi])."""
     V, H = weight.shape
     if weight.dtype != torch.float32:
         w_pad = weight if (s_ds, s_h) == (V, H) else torch.nn.functional.pad(weight, (0, s_h - H, 0, s_ds - V))
-        return weight, w_pad, None
+        return weight, w_pad
     hi = weight.to(SPLIT_DTYPE)
     hi32 = hi.float()
     lo = torch.where(hi32 == weight, 0.0, weight - hi32).to(SPLIT_DTYPE)
     hi, lo = (torch.nn.functional.pad(x, (0, s_h - H, 0, s_ds - V)) for x in (hi, lo))
-    return torch.cat([hi[:V], hi[:V], lo[:V]], 1), torch.cat([hi, hi], 0), lo
+    return torch.cat([hi[:V], lo[:V]], 1), torch.cat([hi, hi, lo], 0)
+
+
+def _widths(H: int, V: int, split: bool, enc: torch.Tensor) -> tuple[int, int]:
+    """The products' padded sizes (s_h features, s_ds classes): multiples of 16, zero-padded (tensor cores' fast
+    paths; at V = 1025, 5x faster than the odd sizes); float32's segments of s_h columns also a multiple of the
+    products' steps."""
+    step = 16
+    if split:
+        for k in ("forward", "dlogits"):
+            step = step * _blocks(enc, k)["BK"] // math.gcd(step, _blocks(enc, k)["BK"])
+    return -(-H // step) * step, -(-V // 16) * 16
 
 
 def _launch(blk: dict) -> dict:
@@ -626,7 +647,7 @@ def _stage_hidden(enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, t
     """A chunk's hidden vectors into hbuf (``_joint_hidden_kernel``; s_h columns a segment)."""
     T, H = enc.shape[1], enc.shape[2]
     bh, BT = _blocks(enc, "hidden"), _blocks(enc, "tile")["BT"]
-    _joint_hidden_kernel[(triton.cdiv(tiles * BT, bh["BM"]), triton.cdiv(H, bh["BK"]))](
+    _joint_hidden_kernel[(triton.cdiv(tiles * BT, bh["BM"]), triton.cdiv(s_h, bh["BK"]))](
         enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, T, pred.shape[1], H, n_tb,
         hbuf.stride(0), s_h, *strides, *seeds, ACT=meta["ACT"], DROPOUT=meta["DROPOUT"], DROP_SHIFT=meta["DROP_SHIFT"],
         DT=meta["DT"], SPLIT=meta["SPLIT"], BT=BT, BM=bh["BM"], BK=bh["BK"], **_launch(bh),
@@ -675,21 +696,22 @@ def joint_forward(
     bh, bf = _blocks(enc, "hidden"), _blocks(enc, "forward")
     BT = _blocks(enc, "tile")["BT"]
     n_tb = triton.cdiv(T, BT)
-    s_h = -(-H // 16) * 16
+    split = meta["SPLIT"]
+    s_h, s_ds = _widths(H, V, split, enc)
     pdt = _products_dtype(weight)
-    w_k = _split_weight(weight, s_h, -(-V // 16) * 16)[0]
-    k_h = w_k.shape[1] if meta["SPLIT"] else H  # the products' features (float32: three segments)
-    row_bytes = (3 * s_h if meta["SPLIT"] else s_h) * pdt.itemsize
-    nc, uc = _chunks(N, U1, n_tb * BT, row_bytes, dev)
-    hbuf = _empty(_rows(nc * n_tb * uc * BT, bh["BM"], bf["BM"]), row_bytes // pdt.itemsize, dtype=pdt, device=dev)
+    w_k = _split_weight(weight, s_h, s_ds)[0]
+    k_h = s_h if split else H  # the products' features (float32: a segment)
+    h_cols = 2 * s_h if split else s_h
+    nc, uc = _chunks(N, U1, n_tb * BT, h_cols * pdt.itemsize, dev)
+    hbuf = _empty(_rows(nc * n_tb * uc * BT, bh["BM"], bf["BM"]), h_cols, dtype=pdt, device=dev)
     for n0, u0, tiles, _rows_n, ucc in _chunk_list(N, U1, n_tb, nc, uc):
         _stage_hidden(enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, n_tb, s_h, strides, seeds,
                       meta)  # fmt: skip
         _joint_lattice_kernel[(triton.cdiv(tiles * BT, bf["BM"]),)](
             hbuf, w_k, bias, targets, logit_lengths, target_lengths, lse, lat, aux, n0, u0, ucc, tiles, T, U1, V,
             k_h, n_tb, _main_classes(V, bf), hbuf.stride(0), *w_k.stride(), targets.stride(0), blank,
-            HAS_BIAS=bias is not None, DT=meta["DT"], RNA=rnna, BT=BT, BM=bf["BM"], BV=bf["BV"], BVT=bf["BVT"],
-            BK=bf["BK"], **_launch(bf),
+            HAS_BIAS=bias is not None, DT=meta["DT"], SPLIT=split, RNA=rnna, BT=BT, BM=bf["BM"], BV=bf["BV"],
+            BVT=bf["BVT"], BK=bf["BK"], **_launch(bf),
         )  # fmt: skip
     loss, logp = rnnt_recursions(lat, aux, logit_lengths, target_lengths, N, T, U1, loss_scale, rnna, need_grad,
                                  reduction)  # fmt: skip
@@ -737,13 +759,12 @@ def joint_backward(
     bh, b1, b2 = (_blocks(enc, k) for k in ("hidden", "dlogits", "rows"))
     BT = _blocks(enc, "tile")["BT"]
     n_tb = triton.cdiv(T, BT)
-    # the products' sizes are multiples of 16, zero-padded (tensor cores' fast paths; at V = 1025, 5x faster than
-    # the odd sizes); float32: three bfloat16 segments of hidden vectors a row, two of the logits' gradient
-    s_h, s_ds = -(-H // 16) * 16, -(-V // 16) * 16
+    # float32: two bfloat16 segments of hidden vectors a row (hi, lo), three of the logits' gradient (hi, lo, hi)
+    s_h, s_ds = _widths(H, V, split, enc)
     pdt = _products_dtype(weight)
-    w_k, w_d, w_lo = _split_weight(weight, s_h, s_ds)
-    k_h = w_k.shape[1] if split else H
-    h_cols, d_cols = (3 * s_h, 2 * s_ds) if split else (s_h, s_ds)
+    w_k, w_d = _split_weight(weight, s_h, s_ds)
+    k_h = s_h if split else H
+    h_cols, d_cols = (2 * s_h, 3 * s_ds) if split else (s_h, s_ds)
     nc, uc = _chunks(N, U1, n_tb * BT, (h_cols + d_cols) * pdt.itemsize, dev)
     v_main = _main_classes(V, b1)
     n_cg = triton.cdiv(v_main, b1["BV"]) + triton.cdiv(V - v_main, b1["BVT"])
@@ -754,9 +775,8 @@ def joint_backward(
     genc = torch.zeros(N, T, H, dtype=torch.float32, device=dev)
     gpred = torch.zeros(N, U1, H, dtype=torch.float32, device=dev)
     gpred_part = _empty(nc * n_tb * uc * H, dtype=torch.float32, device=dev)
-    # float32: [hi^T h_hi | hi^T h_lo] and lo^T h_hi of the logits' gradient's hi and lo
-    gw = torch.zeros(s_ds, 2 * s_h if split else s_h, dtype=torch.float32, device=dev)
-    gw_lo = torch.zeros(s_ds, s_h, dtype=torch.float32, device=dev) if split else None
+    # float32: [hi | lo]^T @ [h_hi | h_lo], the four products of the halves
+    gw = torch.zeros(2 * s_ds if split else s_ds, h_cols, dtype=torch.float32, device=dev)
     gb = torch.zeros(V, dtype=torch.float32, device=dev) if bias is not None else None
     gbp = torch.zeros(rows_max // b1["BM"], V, dtype=torch.float32, device=dev) if bias is not None else None
     for n0, u0, tiles, rows, ucc in _chunk_list(N, U1, n_tb, nc, uc):
@@ -775,11 +795,9 @@ def joint_backward(
             gbp[:n_rb].zero_()
         d, h = ds[: tiles * BT], hbuf[: tiles * BT]
         if split:  # the weight's gradient, then the hidden vectors' (float32, over the hidden vectors)
-            _addmm_f32(gw, d[:, :s_ds].t(), h[:, : 2 * s_h])
-            _addmm_f32(gw_lo, d[:, s_ds:].t(), h[:, :s_h])
-            dh = hbuf.view(torch.float32)[: tiles * BT, :s_h]
+            _addmm_f32(gw, d[:, : 2 * s_ds].t(), h)
+            dh = hbuf.view(torch.float32)[: tiles * BT]
             _mm_f32(d, w_d, dh)
-            _addmm_f32(dh, d[:, :s_ds], w_lo)
         else:
             _addmm_f32(gw, d.t(), h)  # the weight's gradient
             dh = _mm_into(d, w_d, h)  # the hidden vectors', in their place (DT)
@@ -791,7 +809,7 @@ def joint_backward(
         part = gpred_part[: rows * ucc * H].view(rows // n_tb, n_tb, ucc, H)
         gpred[n0 : n0 + rows // n_tb, u0 : u0 + ucc] += part.sum(1)
     if split:
-        gw = gw[:, :s_h] + gw[:, s_h:] + gw_lo
+        gw = gw[:s_ds, :s_h] + gw[:s_ds, s_h:] + gw[s_ds:, :s_h] + gw[s_ds:, s_h:]
     grad_b = None if bias is None else gb.to(bias.dtype)
     return genc.to(enc.dtype), gpred.to(pred.dtype), gw[:V, :H].contiguous().to(weight.dtype), grad_b
 
