@@ -20,8 +20,9 @@ chunk's buffers.
 4. Two products of the stored chunk, in cuBLAS (``torch.mm``, sizes padded to multiples of 16: zero rows and
    columns): the logits' gradient transposed times the hidden vectors, added to the weight's gradient (float32
    sums), then the logits' gradient times the weight (the hidden vectors' gradient, over the hidden vectors).
-   float32 inputs: the hi and lo halves of both sides stored side by side, so that each of the two products is
-   two cuBLAS bfloat16 products (``_split_weight``), the hidden vectors' gradient in float32.
+   float32 inputs: the hi and lo halves stored side by side ([hi | lo | hi] of the logits' gradient, [hi | lo]
+   of the hidden vectors, ``_split_weight``'s of the weight): the weight's gradient in two cuBLAS bfloat16
+   products, the hidden vectors' in one (float32, over the hidden vectors).
 5. ``_joint_grad_rows_kernel``: the hidden vectors' gradient times act' (and the dropout mask), summed over the
    labels into the encoder rows and over the frames into the predictor rows.
 
@@ -147,12 +148,11 @@ def _labels(tgt_ptr, stride_tg, n, u, m_row, U_n, V):
 
 @triton.jit
 def _segments(k0, H, o_k):
-    """The columns of the hidden vectors and of the weight at the products' step k0 of 3 H (SPLIT, both laid out
-    [hi | lo] in segments of H columns: h_hi w_hi, then h_lo w_hi, then h_hi w_lo) or of H, and the mask of
-    the step's features."""
+    """The columns of the hidden vectors and of the weight at the products' step k0 of 3 H, both laid out [hi | lo]
+    in segments of H columns (a multiple of the step): h_hi w_hi, then h_lo w_hi, then h_hi w_lo."""
     seg = k0 // H
     k = k0 - seg * H + o_k
-    return k + tl.where(seg == 1, H, 0), k + tl.where(seg == 2, H, 0), k < H
+    return k + tl.where(seg == 1, H, 0), k + tl.where(seg == 2, H, 0)
 
 
 @triton.jit
@@ -161,14 +161,21 @@ def _logits(p_h, m_row, w_ptr, b_ptr, v, m_v, H, s_wv, s_wh, HAS_BIAS: tl.conste
     """Logits of the rows at p_h (their hidden vectors, H features; SPLIT: ``_split``'s hi and lo in segments of H
     columns, H a multiple of BK; rows m_row, the others read as 0) against classes v: [BM, BV] float32 (bias
     included), tensor-core products in DT with float32 sums."""
-    n_seg: tl.constexpr = 3 if SPLIT else 1
     acc = tl.zeros([BM, BV], tl.float32)
     o_k = tl.arange(0, BK)
-    for k0 in range(0, n_seg * H, BK):
-        kh, kw, m_k = _segments(k0, H, o_k)
-        h = tl.load(p_h[:, None] + kh[None, :], mask=m_row[:, None] & m_k[None, :], other=0.0)
-        w = tl.load(w_ptr + v[None, :] * s_wv + kw[:, None] * s_wh, mask=m_k[:, None] & m_v[None, :], other=0.0)
-        acc = _dot(h, w, acc, DT)
+    if SPLIT:
+        for k0 in range(0, 3 * H, BK):
+            kh, kw = _segments(k0, H, o_k)
+            h = tl.load(p_h[:, None] + kh[None, :], mask=m_row[:, None], other=0.0)
+            w = tl.load(w_ptr + v[None, :] * s_wv + kw[:, None] * s_wh, mask=m_v[None, :], other=0.0)
+            acc = _dot(h, w, acc, DT)
+    else:
+        for k0 in range(0, H, BK):
+            k = k0 + o_k
+            m_k = k < H
+            h = tl.load(p_h[:, None] + k[None, :], mask=m_row[:, None] & m_k[None, :], other=0.0)
+            w = tl.load(w_ptr + v[None, :] * s_wv + k[:, None] * s_wh, mask=m_k[:, None] & m_v[None, :], other=0.0)
+            acc = _dot(h, w, acc, DT)
     if HAS_BIAS:
         acc += tl.load(b_ptr + v, mask=m_v, other=0.0).to(tl.float32)[None, :]
     return acc
@@ -280,8 +287,13 @@ def _row_logits(p_h, m_row, w_ptr, b_ptr, cls, H, s_wv, s_wh, HAS_BIAS: tl.const
     acc = tl.zeros([BM], tl.float32)
     o_k = tl.arange(0, BK)
     for k0 in range(0, n_seg * H, BK):
-        kh, kw, m_k = _segments(k0, H, o_k)
-        m = has[:, None] & m_k[None, :]
+        if SPLIT:
+            kh, kw = _segments(k0, H, o_k)
+            m = has[:, None] & (kh >= 0)[None, :]
+        else:
+            kh = k0 + o_k
+            kw = kh
+            m = has[:, None] & (kh < H)[None, :]
         h = tl.load(p_h[:, None] + kh[None, :], mask=m, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + c[:, None] * s_wv + kw[None, :] * s_wh, mask=m, other=0.0).to(tl.float32)
         acc += tl.sum(h * w, axis=1)
@@ -373,7 +385,7 @@ def _ds_chunk(ds_ptr, gbp_ptr, gbp_off, rows, v0, V, V_st, s_lo, p_h, w_ptr, b_p
               CLAMP: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr):  # fmt: skip
     """One chunk of classes [v0, v0 + BV) (below V) of the rows' logits' gradient, stored at ``rows`` (in DT; the
     columns below V_st: zeros past V; SPLIT: ``_split``'s hi there, lo s_lo columns further and hi again 2 s_lo
-    further, for the products [hi | lo | hi] @ [w_hi; w_hi; w_lo] and [hi | lo]^T @ [h_hi | h_lo]), and its
+    further, for the products [hi | lo | hi] @ [w_hi; w_hi; w_lo], hi^T @ [h_hi | h_lo] and lo^T @ h_hi), and its
     column sums (the bias's gradient; of the stored values) at gbp_ptr + gbp_off."""
     v = v0 + tl.arange(0, BV)
     m_v = v < V
@@ -702,7 +714,7 @@ def joint_forward(
     w_k = _split_weight(weight, s_h, s_ds)[0]
     k_h = s_h if split else H  # the products' features (float32: a segment)
     h_cols = 2 * s_h if split else s_h
-    nc, uc = _chunks(N, U1, n_tb * BT, h_cols * pdt.itemsize, dev)
+    nc, uc = _chunks(N, U1, n_tb * BT, h_cols * pdt.itemsize, dev, split)
     hbuf = _empty(_rows(nc * n_tb * uc * BT, bh["BM"], bf["BM"]), h_cols, dtype=pdt, device=dev)
     for n0, u0, tiles, _rows_n, ucc in _chunk_list(N, U1, n_tb, nc, uc):
         _stage_hidden(enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, n_tb, s_h, strides, seeds,
@@ -765,7 +777,7 @@ def joint_backward(
     w_k, w_d = _split_weight(weight, s_h, s_ds)
     k_h = s_h if split else H
     h_cols, d_cols = (2 * s_h, 3 * s_ds) if split else (s_h, s_ds)
-    nc, uc = _chunks(N, U1, n_tb * BT, (h_cols + d_cols) * pdt.itemsize, dev)
+    nc, uc = _chunks(N, U1, n_tb * BT, (h_cols + d_cols) * pdt.itemsize, dev, split)
     v_main = _main_classes(V, b1)
     n_cg = triton.cdiv(v_main, b1["BV"]) + triton.cdiv(V - v_main, b1["BVT"])
     rows_max = _rows(nc * n_tb * uc * BT, bh["BM"], b1["BM"])
@@ -775,8 +787,9 @@ def joint_backward(
     genc = torch.zeros(N, T, H, dtype=torch.float32, device=dev)
     gpred = torch.zeros(N, U1, H, dtype=torch.float32, device=dev)
     gpred_part = _empty(nc * n_tb * uc * H, dtype=torch.float32, device=dev)
-    # float32: [hi | lo]^T @ [h_hi | h_lo], the four products of the halves
-    gw = torch.zeros(2 * s_ds if split else s_ds, h_cols, dtype=torch.float32, device=dev)
+    # float32: hi^T @ [h_hi | h_lo] and lo^T @ h_hi of the logits' gradient's hi and lo
+    gw = torch.zeros(s_ds, h_cols, dtype=torch.float32, device=dev)
+    gw_lo = torch.zeros(s_ds, s_h, dtype=torch.float32, device=dev) if split else None
     gb = torch.zeros(V, dtype=torch.float32, device=dev) if bias is not None else None
     gbp = torch.zeros(rows_max // b1["BM"], V, dtype=torch.float32, device=dev) if bias is not None else None
     for n0, u0, tiles, rows, ucc in _chunk_list(N, U1, n_tb, nc, uc):
@@ -795,7 +808,8 @@ def joint_backward(
             gbp[:n_rb].zero_()
         d, h = ds[: tiles * BT], hbuf[: tiles * BT]
         if split:  # the weight's gradient, then the hidden vectors' (float32, over the hidden vectors)
-            _addmm_f32(gw, d[:, : 2 * s_ds].t(), h)
+            _addmm_f32(gw, d[:, :s_ds].t(), h)
+            _addmm_f32(gw_lo, d[:, s_ds : 2 * s_ds].t(), h[:, :s_h])
             dh = hbuf.view(torch.float32)[: tiles * BT]
             _mm_f32(d, w_d, dh)
         else:
@@ -809,7 +823,7 @@ def joint_backward(
         part = gpred_part[: rows * ucc * H].view(rows // n_tb, n_tb, ucc, H)
         gpred[n0 : n0 + rows // n_tb, u0 : u0 + ucc] += part.sum(1)
     if split:
-        gw = gw[:s_ds, :s_h] + gw[:s_ds, s_h:] + gw[s_ds:, :s_h] + gw[s_ds:, s_h:]
+        gw = gw[:, :s_h] + gw[:, s_h:] + gw_lo
     grad_b = None if bias is None else gb.to(bias.dtype)
     return genc.to(enc.dtype), gpred.to(pred.dtype), gw[:V, :H].contiguous().to(weight.dtype), grad_b
 
@@ -849,11 +863,13 @@ def _main_classes(V: int, blk: dict) -> int:
     return V - rest if rest <= 2 * blk["BVT"] else V
 
 
-def _chunks(N: int, U1: int, frames: int, cell_bytes: int, dev: torch.device) -> tuple[int, int]:
-    """A chunk: ``nc`` samples x ``uc`` labels (all frames), as many as ``CHUNK_BYTES`` holds (at least one
-    sample's label); under the interpreter four samples' labels (CPU tests: several chunks of both kinds)."""
+def _chunks(N: int, U1: int, frames: int, cell_bytes: int, dev: torch.device, split: bool) -> tuple[int, int]:
+    """A chunk: ``nc`` samples x ``uc`` labels (all frames), as many as ``CHUNK_BYTES`` holds (twice that for
+    float32's split buffers: 2-3 times the bytes a cell, and fewer, larger products pay there: 81 against 88 ms at
+    the first benchmark row; at least one sample's label); under the interpreter four samples' labels (CPU tests:
+    several chunks of both kinds)."""
     row = frames * cell_bytes
-    budget = CHUNK_BYTES if dev.type == "cuda" else 4 * row
+    budget = CHUNK_BYTES * (2 if split else 1) if dev.type == "cuda" else 4 * row
     if N * row <= budget:
         return N, min(U1, budget // (N * row))
     nc = max(1, budget // row)
