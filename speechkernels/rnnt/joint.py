@@ -136,10 +136,10 @@ def _(grad_loss, enc, pred, weight, bias, *rest):
 
 def _joint_setup_context(ctx, inputs, output):
     enc, pred, weight, bias, targets, il, tl, blank, activation, dropout, seed_lo, seed_hi = inputs[:12]
-    fastemit_lambda, _loss_scale, clamp, rna = inputs[12:16]
+    fastemit_lambda, _loss_scale, clamp, rna, _need_grad, _validate, reduction = inputs[12:19]
     _loss, *state = output
     ctx.save_for_backward(enc, pred, weight, bias, targets, il, tl, *state)
-    ctx.args = (blank, activation, dropout, seed_lo, seed_hi, fastemit_lambda, clamp, rna, inputs[18])
+    ctx.args = (blank, activation, dropout, seed_lo, seed_hi, fastemit_lambda, clamp, rna, reduction)
     ctx.mark_non_differentiable(*state)
 
 

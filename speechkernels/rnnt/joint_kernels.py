@@ -815,7 +815,7 @@ def joint_backward(
             _addmm_f32(gw, d[:, :s_ds].t(), h)
             _addmm_f32(gw_lo, d[:, s_ds : 2 * s_ds].t(), h[:, :s_h])
             dh = hbuf.view(torch.float32)[: tiles * BT]
-            _mm_f32(d, w_d, dh)
+            _mm_into(d, w_d, dh)
         else:
             _addmm_f32(gw, d.t(), h)  # the weight's gradient
             dh = _mm_into(d, w_d, h)  # the hidden vectors', in their place (DT)
@@ -843,18 +843,12 @@ def _addmm_f32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
         acc.addmm_(a.float(), b.float())
 
 
-def _mm_f32(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
-    """out (float32) = a @ b (on a GPU, 16-bit inputs: tensor-core products with float32 sums)."""
-    if a.is_cuda and _OUT_DTYPE:
-        torch.mm(a, b, out_dtype=torch.float32, out=out)
-    else:
-        out.copy_(torch.mm(a.float(), b.float()))
-
-
 def _mm_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """out = a @ b in out's dtype (a's), summed in float32."""
-    if a.is_cuda:
+    """out = a @ b in out's dtype (a's, or float32), summed in float32 (on a GPU: tensor-core products)."""
+    if a.is_cuda and out.dtype == a.dtype:
         return torch.mm(a, b, out=out)
+    if a.is_cuda and _OUT_DTYPE:
+        return torch.mm(a, b, out_dtype=out.dtype, out=out)
     return out.copy_(torch.mm(a.float(), b.float()))
 
 
