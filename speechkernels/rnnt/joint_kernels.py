@@ -147,35 +147,23 @@ def _labels(tgt_ptr, stride_tg, n, u, m_row, U_n, V):
 
 
 @triton.jit
-def _segments(k0, H, o_k):
-    """The columns of the hidden vectors and of the weight at the products' step k0 of 3 H, both laid out [hi | lo]
-    in segments of H columns (a multiple of the step): h_hi w_hi, then h_lo w_hi, then h_hi w_lo."""
-    seg = k0 // H
-    k = k0 - seg * H + o_k
-    return k + tl.where(seg == 1, H, 0), k + tl.where(seg == 2, H, 0)
-
-
-@triton.jit
-def _logits(p_h, m_row, w_ptr, b_ptr, v, m_v, H, s_wv, s_wh, HAS_BIAS: tl.constexpr, DT: tl.constexpr,
-            SPLIT: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr):  # fmt: skip
-    """Logits of the rows at p_h (their hidden vectors, H features; SPLIT: ``_split``'s hi and lo in segments of H
-    columns, H a multiple of BK; rows m_row, the others read as 0) against classes v: [BM, BV] float32 (bias
-    included), tensor-core products in DT with float32 sums."""
+def _logits(h_desc, r0, w_desc, v0, b_ptr, v, m_v, H, HAS_BIAS: tl.constexpr, DT: tl.constexpr, SPLIT: tl.constexpr,
+            BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+    """Logits of the BM rows from r0 of a chunk buffer of hidden vectors (h_desc: blocks [BM, BK]; H features,
+    zeros past them; SPLIT: ``_split``'s hi and lo in segments of H columns, H a multiple of BK) against the BV
+    classes v from v0 (w_desc: blocks [BV, BK], rows past V read as 0): [BM, BV] float32 (bias included),
+    tensor-core products in DT with float32 sums."""
     acc = tl.zeros([BM, BV], tl.float32)
-    o_k = tl.arange(0, BK)
-    if SPLIT:
+    if SPLIT:  # h_hi w_hi, then h_lo w_hi, then h_hi w_lo
         for k0 in range(0, 3 * H, BK):
-            kh, kw = _segments(k0, H, o_k)
-            h = tl.load(p_h[:, None] + kh[None, :], mask=m_row[:, None], other=0.0)
-            w = tl.load(w_ptr + v[None, :] * s_wv + kw[:, None] * s_wh, mask=m_v[None, :], other=0.0)
-            acc = _dot(h, w, acc, DT)
+            seg = k0 // H
+            k = k0 - seg * H
+            h = h_desc.load([r0, k + (seg == 1).to(tl.int32) * H])
+            w = w_desc.load([v0, k + (seg == 2).to(tl.int32) * H])
+            acc = _dot(h, w.T, acc, DT)
     else:
         for k0 in range(0, H, BK):
-            k = k0 + o_k
-            m_k = k < H
-            h = tl.load(p_h[:, None] + k[None, :], mask=m_row[:, None] & m_k[None, :], other=0.0)
-            w = tl.load(w_ptr + v[None, :] * s_wv + k[:, None] * s_wh, mask=m_k[:, None] & m_v[None, :], other=0.0)
-            acc = _dot(h, w, acc, DT)
+            acc = _dot(h_desc.load([r0, k0]), w_desc.load([v0, k0]).T, acc, DT)
     if HAS_BIAS:
         acc += tl.load(b_ptr + v, mask=m_v, other=0.0).to(tl.float32)[None, :]
     return acc
@@ -263,12 +251,12 @@ def _joint_hidden_kernel(
 
 
 @triton.jit
-def _lse_chunk(b_m, b_s, v0, V, p_h, m_row, w_ptr, b_ptr, H, s_wv, s_wh, HAS_BIAS: tl.constexpr, DT: tl.constexpr,
+def _lse_chunk(b_m, b_s, v0, V, h_desc, r0, w_desc, b_ptr, H, HAS_BIAS: tl.constexpr, DT: tl.constexpr,
                SPLIT: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr):  # fmt: skip
     """One chunk of classes [v0, v0 + BV) of the online log-sum-exp (log2 units)."""
     v = v0 + tl.arange(0, BV)
     m_v = v < V
-    acc = _logits(p_h, m_row, w_ptr, b_ptr, v, m_v, H, s_wv, s_wh, HAS_BIAS, DT, SPLIT, BM, BV, BK)
+    acc = _logits(h_desc, r0, w_desc, v0, b_ptr, v, m_v, H, HAS_BIAS, DT, SPLIT, BM, BV, BK)
     x2 = tl.where(m_v[None, :], acc * _log2e(), float("-inf"))
     m_new = tl.maximum(b_m, tl.max(x2, axis=1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -277,35 +265,31 @@ def _lse_chunk(b_m, b_s, v0, V, p_h, m_row, w_ptr, b_ptr, H, s_wv, s_wh, HAS_BIA
 
 
 @triton.jit
-def _row_logits(p_h, m_row, w_ptr, b_ptr, cls, H, s_wv, s_wh, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
-                BM: tl.constexpr, BK: tl.constexpr):  # fmt: skip
-    """Each row's logit of its class cls (rows m_row with cls >= 0; 0 elsewhere): [BM] float32, the products of
-    the same operands as the tensor cores' (exact in float32) summed in float32."""
-    has = m_row & (cls >= 0)
-    c = tl.maximum(cls, 0).to(tl.int64)
-    n_seg: tl.constexpr = 3 if SPLIT else 1
-    acc = tl.zeros([BM], tl.float32)
+def _gathered_logits(h_desc, r0, w_ptr, b_ptr, cls, H, s_wv, s_w, HAS_BIAS: tl.constexpr, DT: tl.constexpr,
+                     SPLIT: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+    """As ``_logits``, against the classes cls ([BV], -1: none, 0) whose weight rows (s_w columns) are gathered
+    from w_ptr."""
+    acc = tl.zeros([BM, BV], tl.float32)
     o_k = tl.arange(0, BK)
+    p_w = w_ptr + tl.maximum(cls, 0).to(tl.int64)[:, None] * s_wv
+    n_seg: tl.constexpr = 3 if SPLIT else 1
     for k0 in range(0, n_seg * H, BK):
-        if SPLIT:
-            kh, kw = _segments(k0, H, o_k)
-            m = has[:, None] & (kh >= 0)[None, :]
-        else:
-            kh = k0 + o_k
-            kw = kh
-            m = has[:, None] & (kh < H)[None, :]
-        h = tl.load(p_h[:, None] + kh[None, :], mask=m, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + c[:, None] * s_wv + kw[None, :] * s_wh, mask=m, other=0.0).to(tl.float32)
-        acc += tl.sum(h * w, axis=1)
+        seg = k0 // H
+        k = k0 - seg * H
+        h = h_desc.load([r0, k + (seg == 1).to(tl.int32) * H])
+        kw = k + (seg == 2).to(tl.int32) * H + o_k
+        w = tl.load(p_w + kw[None, :], mask=(cls >= 0)[:, None] & (kw < s_w)[None, :], other=0.0)
+        acc = _dot(h, w.T, acc, DT)
     if HAS_BIAS:
-        acc += tl.load(b_ptr + c, mask=has, other=0.0).to(tl.float32)
+        acc += tl.load(b_ptr + cls, mask=cls >= 0, other=0.0).to(tl.float32)[None, :]
     return acc
 
 
 @triton.jit
 def _joint_lattice_kernel(
-    h_ptr,  # the chunk's hidden vectors (``_joint_hidden_kernel``)
-    w_ptr,  # [V, H]
+    h_desc,  # the chunk's hidden vectors (``_joint_hidden_kernel``), blocks [BM, BK]
+    w_desc,  # the weight as the products take it, blocks [BV, BK]
+    w_ptr,  # the same ([V, s_w])
     b_ptr,  # [V] (HAS_BIAS)
     tgt_ptr,  # [N, U]
     il_ptr,
@@ -322,10 +306,9 @@ def _joint_lattice_kernel(
     V,
     H,
     n_tb,
-    V_main,  # classes [0, V_main) in chunks of BV, the rest in chunks of BVT
-    s_h,
+    V_main,  # classes [0, V_main) in chunks of BV, the rest (at most BVT - 1 - BM / BT) with the gathered rows
     s_wv,
-    s_wh,
+    s_w,
     stride_tg,
     blank,
     HAS_BIAS: tl.constexpr,
@@ -347,17 +330,28 @@ def _joint_lattice_kernel(
     m_row = (i < tiles) & (t < T_n) & (u <= U_n)
     if tl.sum(m_row.to(tl.int32), axis=0) > 0:
         lab, has_label = _labels(tgt_ptr, stride_tg, n, u, m_row, U_n, V)
-        p_h = h_ptr + (pid * BM + tl.arange(0, BM)).to(tl.int64) * s_h
+        r0 = pid * BM
         b_m = tl.full([BM], float("-inf"), tl.float32)  # running maximum (log2 units)
         b_s = tl.zeros([BM], tl.float32)  # running sum of exp2(x - b_m)
-        rows = (p_h, m_row, w_ptr, b_ptr, H, s_wv, s_wh)
         for v0 in range(0, V_main, BV):  # whole chunks
-            b_m, b_s = _lse_chunk(b_m, b_s, v0, V, *rows, HAS_BIAS, DT, SPLIT, BM, BV, BK)
-        for v0 in range(V_main, V, BVT):  # the last classes in narrow chunks (V = 2^k + 1: the blank alone)
-            b_m, b_s = _lse_chunk(b_m, b_s, v0, V, *rows, HAS_BIAS, DT, SPLIT, BM, BVT, BK)
-        # the blank's and the next label's logits: products of their weight rows alone (out of the chunks' epilogue)
-        x_blank = _row_logits(*rows[:4], tl.full([BM], blank, tl.int32), *rows[4:], HAS_BIAS, SPLIT, BM, BK)
-        x_label = _row_logits(*rows[:4], lab, *rows[4:], HAS_BIAS, SPLIT, BM, BK)
+            b_m, b_s = _lse_chunk(b_m, b_s, v0, V, h_desc, r0, w_desc, b_ptr, H, HAS_BIAS, DT, SPLIT, BM, BV, BK)
+        # one narrow chunk of gathered weight rows: the classes past V_main (V = 2^k + 1: one), the blank, each
+        # tile's next label (a tile's rows share their sample and label)
+        KT: tl.constexpr = BM // BT
+        n_rest = V - V_main
+        j = tl.arange(0, BVT)
+        lab_t = tl.max(tl.reshape(lab, (KT, BT)), axis=1)  # -1: none
+        lab_j = tl.sum(tl.where(j[:, None] == n_rest + 1 + tl.arange(0, KT)[None, :], lab_t[None, :], 0), axis=1)
+        cls = tl.where(j < n_rest, V_main + j, tl.where(j == n_rest, blank, tl.where(j <= n_rest + KT, lab_j, -1)))
+        acc = _gathered_logits(h_desc, r0, w_ptr, b_ptr, cls, H, s_wv, s_w, HAS_BIAS, DT, SPLIT, BM, BVT, BK)
+        x2 = tl.where((j < n_rest)[None, :], acc * _log2e(), float("-inf"))
+        m_new = tl.maximum(b_m, tl.max(x2, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        b_s = b_s * tl.exp2(b_m - m_safe) + tl.sum(tl.exp2(x2 - m_safe[:, None]), axis=1)
+        b_m = m_new
+        x_blank = tl.sum(tl.where((j == n_rest)[None, :], acc, 0.0), axis=1)
+        j_lab = n_rest + 1 + tl.arange(0, BM) // BT
+        x_label = tl.sum(tl.where(j[None, :] == j_lab[:, None], acc, 0.0), axis=1)
         m_safe = tl.where(b_m == float("-inf"), 0.0, b_m)
         lse = (m_safe + tl.log2(b_s)) * _ln2()
         cell = (n * T + t) * U1 + u
@@ -380,8 +374,8 @@ def _dlogits(acc, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, CLAMP:
 
 
 @triton.jit
-def _ds_chunk(ds_ptr, gbp_ptr, gbp_off, rows, v0, V, V_st, s_lo, p_h, w_ptr, b_ptr, lab, lse, occ_b, occ_e, g, clamp, H,
-              s_wv, s_wh, m_row, blank, HAS_BIAS: tl.constexpr, DT: tl.constexpr, SPLIT: tl.constexpr,
+def _ds_chunk(ds_ptr, gbp_ptr, gbp_off, rows, v0, V, V_st, s_lo, h_desc, r0, w_desc, b_ptr, lab, lse, occ_b, occ_e, g,
+              clamp, H, m_row, blank, HAS_BIAS: tl.constexpr, DT: tl.constexpr, SPLIT: tl.constexpr,
               CLAMP: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr):  # fmt: skip
     """One chunk of classes [v0, v0 + BV) (below V) of the rows' logits' gradient, stored at ``rows`` (in DT; the
     columns below V_st: zeros past V; SPLIT: ``_split``'s hi there, lo s_lo columns further and hi again 2 s_lo
@@ -389,7 +383,7 @@ def _ds_chunk(ds_ptr, gbp_ptr, gbp_off, rows, v0, V, V_st, s_lo, p_h, w_ptr, b_p
     column sums (the bias's gradient; of the stored values) at gbp_ptr + gbp_off."""
     v = v0 + tl.arange(0, BV)
     m_v = v < V
-    x = _logits(p_h, m_row, w_ptr, b_ptr, v, m_v, H, s_wv, s_wh, HAS_BIAS, DT, SPLIT, BM, BV, BK)
+    x = _logits(h_desc, r0, w_desc, v0, b_ptr, v, m_v, H, HAS_BIAS, DT, SPLIT, BM, BV, BK)
     d = _dlogits(x, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, CLAMP)
     q = ds_ptr + rows[:, None] + v[None, :]
     if SPLIT:
@@ -419,8 +413,9 @@ def _ds_zero(ds_ptr, rows, v0, V_st, s_lo, DT: tl.constexpr, SPLIT: tl.constexpr
 
 @triton.jit
 def _joint_dlogits_kernel(
-    h_ptr,
-    w_ptr,
+    h_desc,  # blocks [BM, BK]
+    w_desc,  # blocks [BV, BK]
+    wt_desc,  # blocks [BVT, BK]
     b_ptr,
     tgt_ptr,
     il_ptr,
@@ -444,11 +439,8 @@ def _joint_dlogits_kernel(
     H,
     n_tb,
     V_main,
-    s_h,
     s_ds,
     s_lo,
-    s_wv,
-    s_wh,
     stride_tg,
     blank,
     fastemit_scale,
@@ -502,15 +494,14 @@ def _joint_dlogits_kernel(
     else:
         lse = tl.load(lse_ptr + cell, mask=m_row, other=0.0)
         lab, _has_label = _labels(tgt_ptr, stride_tg, n, u, m_row, U_n, V)
-        p_h = h_ptr + o_m.to(tl.int64) * s_h
-        state = (p_h, w_ptr, b_ptr, lab, lse, occ_b, occ_e, g, clamp, H, s_wv, s_wh, m_row, blank)
+        state = (b_ptr, lab, lse, occ_b, occ_e, g, clamp, H, m_row, blank)
         gbp = (gbp_ptr, pid.to(tl.int64) * V)
         if cg < n_main:
-            _ds_chunk(ds_ptr, *gbp, rows, cg * BV, V_main, st_main, s_lo, *state, HAS_BIAS, DT, SPLIT, CLAMP, BM, BV,
-                      BK)  # fmt: skip
+            _ds_chunk(ds_ptr, *gbp, rows, cg * BV, V_main, st_main, s_lo, h_desc, pid * BM, w_desc, *state, HAS_BIAS,
+                      DT, SPLIT, CLAMP, BM, BV, BK)  # fmt: skip
         else:
-            _ds_chunk(ds_ptr, *gbp, rows, V_main + (cg - n_main) * BVT, V, s_lo, s_lo, *state, HAS_BIAS, DT, SPLIT,
-                      CLAMP, BM, BVT, BK)  # fmt: skip
+            _ds_chunk(ds_ptr, *gbp, rows, V_main + (cg - n_main) * BVT, V, s_lo, s_lo, h_desc, pid * BM, wt_desc,
+                      *state, HAS_BIAS, DT, SPLIT, CLAMP, BM, BVT, BK)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["seed_lo", "seed_hi", "threshold"])
@@ -629,13 +620,15 @@ SPLIT_DTYPE = torch.bfloat16  # float32 inputs' products: three bfloat16 product
 
 
 def _split_weight(weight: torch.Tensor, s_h: int, s_ds: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The weight as the products take it: the forward's and dlogits' operand ([V, H]; float32: [V, 2 s_h],
-    ``_split``'s [hi | lo] in segments of s_h columns) and the hidden vectors' gradient's, zero-padded to
-    [s_ds, s_h] (float32: [hi; hi; lo] of [3 s_ds, s_h], against the logits' gradient's [hi | lo | hi])."""
+    """The weight as the products take it: the forward's and dlogits' operand ([V, s_h], contiguous, the columns
+    past H zero; float32: [V, 2 s_h], ``_split``'s [hi | lo] in segments of s_h columns) and the hidden vectors'
+    gradient's, zero-padded to [s_ds, s_h] (float32: [hi; hi; lo] of [3 s_ds, s_h], against the logits'
+    gradient's [hi | lo | hi])."""
     V, H = weight.shape
     if weight.dtype != torch.float32:
         w_pad = weight if (s_ds, s_h) == (V, H) else torch.nn.functional.pad(weight, (0, s_h - H, 0, s_ds - V))
-        return weight, w_pad
+        w_k = weight if H == s_h else w_pad[:V]
+        return (w_k if w_k.is_contiguous() and w_k.data_ptr() % 16 == 0 else w_k.contiguous()), w_pad
     hi = weight.to(SPLIT_DTYPE)
     hi32 = hi.float()
     lo = torch.where(hi32 == weight, 0.0, weight - hi32).to(SPLIT_DTYPE)
@@ -668,6 +661,14 @@ def _stage_hidden(enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, t
         hbuf.stride(0), s_h, *strides, *seeds, ACT=meta["ACT"], DROPOUT=meta["DROPOUT"], DROP_SHIFT=meta["DROP_SHIFT"],
         DT=meta["DT"], SPLIT=meta["SPLIT"], BT=BT, BM=bh["BM"], BK=bh["BK"], **_launch(bh),
     )  # fmt: skip
+
+
+def _descriptor(x: torch.Tensor, block: list[int]):
+    """A TMA descriptor of x (2-D, unit stride along its rows, 16-byte aligned): blocks of ``block``, reads past
+    its edges give zeros."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor.from_tensor(x, block)
 
 
 def _products_dtype(weight: torch.Tensor) -> torch.dtype:
@@ -720,12 +721,14 @@ def joint_forward(
     h_cols = 2 * s_h if split else s_h
     nc, uc = _chunks(N, U1, n_tb * BT, h_cols * pdt.itemsize, dev, split)
     hbuf = _empty(_rows(nc * n_tb * uc * BT, bh["BM"], bf["BM"]), h_cols, dtype=pdt, device=dev)
+    h_desc, w_desc = _descriptor(hbuf, [bf["BM"], bf["BK"]]), _descriptor(w_k, [bf["BV"], bf["BK"]])
+    v_main = _main_classes(V, bf, 1 + bf["BM"] // BT)
     for n0, u0, tiles, _rows_n, ucc in _chunk_list(N, U1, n_tb, nc, uc):
         _stage_hidden(enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, n_tb, s_h, strides, seeds,
                       meta)  # fmt: skip
         _joint_lattice_kernel[(triton.cdiv(tiles * BT, bf["BM"]),)](
-            hbuf, w_k, bias, targets, logit_lengths, target_lengths, lse, lat, aux, n0, u0, ucc, tiles, T, U1, V,
-            k_h, n_tb, _main_classes(V, bf), hbuf.stride(0), *w_k.stride(), targets.stride(0), blank,
+            h_desc, w_desc, w_k, bias, targets, logit_lengths, target_lengths, lse, lat, aux, n0, u0, ucc, tiles, T,
+            U1, V, k_h, n_tb, v_main, w_k.stride(0), w_k.shape[1], targets.stride(0), blank,
             HAS_BIAS=bias is not None, DT=meta["DT"], SPLIT=split, RNA=rnna, BT=BT, BM=bf["BM"], BV=bf["BV"],
             BVT=bf["BVT"], BK=bf["BK"], **_launch(bf),
         )  # fmt: skip
@@ -796,14 +799,15 @@ def joint_backward(
     gw_lo = torch.zeros(s_ds, s_h, dtype=torch.float32, device=dev) if split else None
     gb = torch.zeros(V, dtype=torch.float32, device=dev) if bias is not None else None
     gbp = torch.zeros(rows_max // b1["BM"], V, dtype=torch.float32, device=dev) if bias is not None else None
+    descs = (_descriptor(hbuf, [b1["BM"], b1["BK"]]), *(_descriptor(w_k, [b1[k], b1["BK"]]) for k in ("BV", "BVT")))
     for n0, u0, tiles, rows, ucc in _chunk_list(N, U1, n_tb, nc, uc):
         _stage_hidden(enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, n_tb, s_h, strides, seeds,
                       meta)  # fmt: skip
         _joint_dlogits_kernel[(triton.cdiv(tiles * BT, b1["BM"]) * n_cg,)](
-            hbuf, w_k, bias, targets, logit_lengths, target_lengths, lse, occ, logp, grad_out, ds, flags, gbp,
-            gstride, gscale, n0, u0, ucc, tiles, T, U1, V, k_h, n_tb, v_main, h_cols, d_cols, s_ds, *w_k.stride(),
-            targets.stride(0), blank, 1.0 + fastemit_lambda, max(clamp, 0.0), HAS_BIAS=bias is not None,
-            CLAMP=clamp > 0, RNA=rnna, BT=BT, BM=b1["BM"], BV=b1["BV"], BVT=b1["BVT"], BK=b1["BK"], **prec,
+            *descs, bias, targets, logit_lengths, target_lengths, lse, occ, logp, grad_out, ds, flags, gbp,
+            gstride, gscale, n0, u0, ucc, tiles, T, U1, V, k_h, n_tb, v_main, d_cols, s_ds, targets.stride(0), blank,
+            1.0 + fastemit_lambda, max(clamp, 0.0), HAS_BIAS=bias is not None, CLAMP=clamp > 0, RNA=rnna, BT=BT,
+            BM=b1["BM"], BV=b1["BV"], BVT=b1["BVT"], BK=b1["BK"], **prec,
             **_launch(b1),
         )  # fmt: skip
         if bias is not None:  # the column sums of the chunk's blocks of rows, in order
@@ -855,10 +859,11 @@ def _mm_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tenso
 CHUNK_BYTES = 160 << 20  # a chunk's buffers (hidden vectors; in the backward also the logits' gradient), on a GPU
 
 
-def _main_classes(V: int, blk: dict) -> int:
-    """The classes taken in whole chunks of BV; the rest (when few) go in chunks of BVT."""
+def _main_classes(V: int, blk: dict, reserved: int = 0) -> int:
+    """The classes taken in whole chunks of BV; the rest (when few: at most 2 BVT, or BVT - reserved with
+    ``reserved`` columns of the narrow chunk taken) go in chunks of BVT."""
     rest = V % blk["BV"]
-    return V - rest if rest <= 2 * blk["BVT"] else V
+    return V - rest if rest <= (blk["BVT"] - reserved if reserved else 2 * blk["BVT"]) else V
 
 
 def _chunks(N: int, U1: int, frames: int, cell_bytes: int, dev: torch.device, split: bool) -> tuple[int, int]:
