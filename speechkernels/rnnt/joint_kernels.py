@@ -374,8 +374,8 @@ def _dlogits(acc, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, CLAMP:
 
 
 @triton.jit
-def _ds_chunk(ds_ptr, gbp_ptr, gbp_off, rows, v0, V, V_st, s_lo, h_desc, r0, w_desc, b_ptr, lab, lse, occ_b, occ_e, g,
-              clamp, H, m_row, blank, HAS_BIAS: tl.constexpr, DT: tl.constexpr, SPLIT: tl.constexpr,
+def _ds_chunk(ds_ptr, ds_desc, gbp_ptr, gbp_off, rows, v0, V, V_st, s_lo, h_desc, r0, w_desc, b_ptr, lab, lse, occ_b,
+              occ_e, g, clamp, H, m_row, blank, HAS_BIAS: tl.constexpr, DT: tl.constexpr, SPLIT: tl.constexpr,
               CLAMP: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr):  # fmt: skip
     """One chunk of classes [v0, v0 + BV) (below V) of the rows' logits' gradient, stored at ``rows`` (in DT; the
     columns below V_st: zeros past V; SPLIT: ``_split``'s hi there, lo s_lo columns further and hi again 2 s_lo
@@ -392,9 +392,9 @@ def _ds_chunk(ds_ptr, gbp_ptr, gbp_off, rows, v0, V, V_st, s_lo, h_desc, r0, w_d
         tl.store(q + s_lo, lo, mask=(v < V_st)[None, :])
         tl.store(q + 2 * s_lo, hi, mask=(v < V_st)[None, :])
         d = hi.to(tl.float32) + lo.to(tl.float32)
-    else:
+    else:  # (ds_desc: the first s_lo columns, blocks [BM, BV])
         d = d.to(DT)
-        tl.store(q, d, mask=(v < V_st)[None, :])
+        ds_desc.store([r0, v0], d)
     if HAS_BIAS:
         tl.store(gbp_ptr + gbp_off + v, tl.sum(d.to(tl.float32), axis=0), mask=m_v)
 
@@ -425,6 +425,8 @@ def _joint_dlogits_kernel(
     logp_ptr,  # [N] float64 log2 p
     gloss_ptr,  # upstream gradient per sample (stride 0: one for the batch)
     ds_ptr,  # [rows, s_ds] out: the chunk's logits' gradient (DT; SPLIT: hi, lo, hi in segments of s_lo columns)
+    ds_desc,  # its first s_lo columns, blocks [BM, BV]
+    dst_desc,  # the same, blocks [BM, BVT]
     flag_ptr,  # [tiles] int32 out: rows written (the frames with edges) where the tile has work, else 0
     gbp_ptr,  # [rows / BM, V] float32 out (HAS_BIAS; zeroed): column sums per block of rows
     gloss_stride,
@@ -497,11 +499,11 @@ def _joint_dlogits_kernel(
         state = (b_ptr, lab, lse, occ_b, occ_e, g, clamp, H, m_row, blank)
         gbp = (gbp_ptr, pid.to(tl.int64) * V)
         if cg < n_main:
-            _ds_chunk(ds_ptr, *gbp, rows, cg * BV, V_main, st_main, s_lo, h_desc, pid * BM, w_desc, *state, HAS_BIAS,
-                      DT, SPLIT, CLAMP, BM, BV, BK)  # fmt: skip
+            _ds_chunk(ds_ptr, ds_desc, *gbp, rows, cg * BV, V_main, st_main, s_lo, h_desc, pid * BM, w_desc, *state,
+                      HAS_BIAS, DT, SPLIT, CLAMP, BM, BV, BK)  # fmt: skip
         else:
-            _ds_chunk(ds_ptr, *gbp, rows, V_main + (cg - n_main) * BVT, V, s_lo, s_lo, h_desc, pid * BM, wt_desc,
-                      *state, HAS_BIAS, DT, SPLIT, CLAMP, BM, BVT, BK)  # fmt: skip
+            _ds_chunk(ds_ptr, dst_desc, *gbp, rows, V_main + (cg - n_main) * BVT, V, s_lo, s_lo, h_desc, pid * BM,
+                      wt_desc, *state, HAS_BIAS, DT, SPLIT, CLAMP, BM, BVT, BK)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["seed_lo", "seed_hi", "threshold"])
@@ -799,12 +801,15 @@ def joint_backward(
     gw_lo = torch.zeros(s_ds, s_h, dtype=torch.float32, device=dev) if split else None
     gb = torch.zeros(V, dtype=torch.float32, device=dev) if bias is not None else None
     gbp = torch.zeros(rows_max // b1["BM"], V, dtype=torch.float32, device=dev) if bias is not None else None
+    # the products' operands (hidden vectors, weight) and the logits' gradient (its first s_ds columns)
     descs = (_descriptor(hbuf, [b1["BM"], b1["BK"]]), *(_descriptor(w_k, [b1[k], b1["BK"]]) for k in ("BV", "BVT")))
+    descs += tuple(_descriptor(ds[:, :s_ds], [b1["BM"], b1[k]]) for k in ("BV", "BVT"))
     for n0, u0, tiles, rows, ucc in _chunk_list(N, U1, n_tb, nc, uc):
         _stage_hidden(enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, n_tb, s_h, strides, seeds,
                       meta)  # fmt: skip
         _joint_dlogits_kernel[(triton.cdiv(tiles * BT, b1["BM"]) * n_cg,)](
-            *descs, bias, targets, logit_lengths, target_lengths, lse, occ, logp, grad_out, ds, flags, gbp,
+            *descs[:3], bias, targets, logit_lengths, target_lengths, lse, occ, logp, grad_out, ds, *descs[3:], flags,
+            gbp,
             gstride, gscale, n0, u0, ucc, tiles, T, U1, V, k_h, n_tb, v_main, d_cols, s_ds, targets.stride(0), blank,
             1.0 + fastemit_lambda, max(clamp, 0.0), HAS_BIAS=bias is not None, CLAMP=clamp > 0, RNA=rnna, BT=BT,
             BM=b1["BM"], BV=b1["BV"], BVT=b1["BVT"], BK=b1["BK"], **prec,
