@@ -380,7 +380,7 @@ def _ds_chunk(ds_ptr, ds_desc, gbp_ptr, gbp_off, rows, v0, V, V_st, s_lo, h_desc
     """One chunk of classes [v0, v0 + BV) (below V) of the rows' logits' gradient, stored at ``rows`` (in DT; the
     columns below V_st: zeros past V; SPLIT: ``_split``'s hi there, lo s_lo columns further and hi again 2 s_lo
     further, for the products [hi | lo | hi] @ [w_hi; w_hi; w_lo], hi^T @ [h_hi | h_lo] and lo^T @ h_hi), and its
-    column sums (the bias's gradient; of the stored values) at gbp_ptr + gbp_off."""
+    column sums (the bias's gradient; of the stored values) added at gbp_ptr + gbp_off."""
     v = v0 + tl.arange(0, BV)
     m_v = v < V
     x = _logits(h_desc, r0, w_desc, v0, b_ptr, v, m_v, H, HAS_BIAS, DT, SPLIT, BM, BV, BK)
@@ -396,7 +396,8 @@ def _ds_chunk(ds_ptr, ds_desc, gbp_ptr, gbp_off, rows, v0, V, V_st, s_lo, h_desc
         d = d.to(DT)
         ds_desc.store([r0, v0], d)
     if HAS_BIAS:
-        tl.store(gbp_ptr + gbp_off + v, tl.sum(d.to(tl.float32), axis=0), mask=m_v)
+        p_b = gbp_ptr + gbp_off + v
+        tl.store(p_b, tl.load(p_b, mask=m_v, other=0.0) + tl.sum(d.to(tl.float32), axis=0), mask=m_v)
 
 
 @triton.jit
@@ -428,7 +429,7 @@ def _joint_dlogits_kernel(
     ds_desc,  # its first s_lo columns, blocks [BM, BV]
     dst_desc,  # the same, blocks [BM, BVT]
     flag_ptr,  # [tiles] int32 out: rows written (the frames with edges) where the tile has work, else 0
-    gbp_ptr,  # [rows / BM, V] float32 out (HAS_BIAS; zeroed): column sums per block of rows
+    gbp_ptr,  # [rows / BM, V] float32 in/out (HAS_BIAS): column sums per block of rows, over the chunks
     gloss_stride,
     gscale,
     n0,
@@ -799,7 +800,6 @@ def joint_backward(
     # float32: hi^T @ [h_hi | h_lo] and lo^T @ h_hi of the logits' gradient's hi and lo
     gw = torch.zeros(s_ds, h_cols, dtype=torch.float32, device=dev)
     gw_lo = torch.zeros(s_ds, s_h, dtype=torch.float32, device=dev) if split else None
-    gb = torch.zeros(V, dtype=torch.float32, device=dev) if bias is not None else None
     gbp = torch.zeros(rows_max // b1["BM"], V, dtype=torch.float32, device=dev) if bias is not None else None
     # the products' operands (hidden vectors, weight) and the logits' gradient (its first s_ds columns)
     descs = (_descriptor(hbuf, [b1["BM"], b1["BK"]]), *(_descriptor(w_k, [b1[k], b1["BK"]]) for k in ("BV", "BVT")))
@@ -815,10 +815,6 @@ def joint_backward(
             BM=b1["BM"], BV=b1["BV"], BVT=b1["BVT"], BK=b1["BK"], **prec,
             **_launch(b1),
         )  # fmt: skip
-        if bias is not None:  # the column sums of the chunk's blocks of rows, in order
-            n_rb = triton.cdiv(tiles * BT, b1["BM"])
-            gb += gbp[:n_rb].sum(0)
-            gbp[:n_rb].zero_()
         d, h = ds[: tiles * BT], hbuf[: tiles * BT]
         if split:  # the weight's gradient, then the hidden vectors' (float32, over the hidden vectors)
             _addmm_f32(gw, d[:, :s_ds].t(), h)
@@ -837,7 +833,7 @@ def joint_backward(
         gpred[n0 : n0 + rows // n_tb, u0 : u0 + ucc] += part.sum(1)
     if split:
         gw = gw[:, :s_h] + gw[:, s_h:] + gw_lo
-    grad_b = None if bias is None else gb.to(bias.dtype)
+    grad_b = None if bias is None else gbp.sum(0).to(bias.dtype)  # the blocks' column sums, in order
     return genc.to(enc.dtype), gpred.to(pred.dtype), gw[:V, :H].contiguous().to(weight.dtype), grad_b
 
 
