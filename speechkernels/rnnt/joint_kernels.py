@@ -8,13 +8,15 @@ chunk's buffers.
 1. ``_joint_hidden_kernel``: the chunk's hidden vectors dropout(act(enc + pred)) in the products' dtype (0 in
    cells without edges), so that the products below load both operands straight into shared memory.
 2. ``_joint_lattice_kernel`` (forward): per block of rows, the logits chunk by chunk of classes (tl.dot on tensor
-   cores; float32 inputs as three bfloat16 products, ``_split``), consumed on chip: the online log-sum-exp of the
-   V logits and the blank and next-label logits, into the log2 lattice of the RNN-T kernels
-   (``kernels.rnnt_recursions`` then gives the loss and, for the gradient, the edge occupancies) and a float32
-   log-sum-exp per cell.
+   cores, both operands through TMA descriptors; float32 inputs as three bfloat16 products, ``_split``), consumed
+   on chip: the online log-sum-exp of the V logits; then one narrow chunk of gathered weight rows (the last few
+   classes, the blank, each tile's next label: a tile's rows share it) gives the blank and next-label logits; into
+   the log2 lattice of the RNN-T kernels (``kernels.rnnt_recursions`` then gives the loss and, for the gradient,
+   the edge occupancies) and a float32 log-sum-exp per cell.
 3. ``_joint_dlogits_kernel`` (backward): the logits made again and their gradient
-   g * (softmax * (occ_blank + s occ_label) - occ_blank [blank] - s occ_label [label]) stored for the chunk, one
-   class chunk per program, with its column sums (the bias's gradient) and a flag per tile (the rows that hold
+   g * (softmax * (occ_blank + s occ_label) - occ_blank [blank] - s occ_label [label]) stored for the chunk
+   (16-bit: through a TMA descriptor), one class chunk per program, with its column sums (the bias's gradient,
+   added per block of rows over the chunks) and a flag per tile (the rows that hold
    cells with edges; 0 where the occupancies are all exactly zero, far from the alignment: the gradient is
    exactly zero there, stored as zeros, and the tile is skipped below).
 4. Two products of the stored chunk, in cuBLAS (``torch.mm``, sizes padded to multiples of 16: zero rows and
@@ -600,8 +602,8 @@ def _blocks(enc: torch.Tensor, kernel: str) -> dict:
         blk = dict(BM=128, BV=256, BVT=16, BK=64, num_warps=8, num_stages=3)  # (26.0 against 22.6 ms)
     elif kernel == "dlogits":  # two CTAs a multiprocessor (255 registers, 96 KB): one's epilogue beside the other's
         blk = dict(BM=128, BV=128, BVT=16, BK=64, num_warps=4, num_stages=3)  # products (7.8 against 9.2 ms)
-    else:  # rows
-        blk = dict(UB=1, BN=128, num_warps=4, num_stages=1)
+    else:  # rows: 32 features a program (2.74 against 3.21 ms for 128 at the first benchmark row)
+        blk = dict(UB=1, BN=32, num_warps=4, num_stages=1)
     if TUNING and kernel in TUNING:
         blk.update(TUNING[kernel])
     return blk
