@@ -149,6 +149,16 @@ def _labels(tgt_ptr, stride_tg, n, u, m_row, U_n, V):
 
 
 @triton.jit
+def _segment_cols(k0, H):
+    """The columns of the hidden vectors and of the weight at the products' step k0 (of H, or of 3 H for float32's
+    halves, both laid out [hi | lo] in segments of H columns, H a multiple of the step): h_hi w_hi, then h_lo
+    w_hi, then h_hi w_lo."""
+    seg = k0 // H
+    k = k0 - seg * H
+    return k + (seg == 1).to(tl.int32) * H, k + (seg == 2).to(tl.int32) * H
+
+
+@triton.jit
 def _logits(h_desc, r0, w_desc, v0, b_ptr, v, m_v, H, HAS_BIAS: tl.constexpr, DT: tl.constexpr, SPLIT: tl.constexpr,
             BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr):  # fmt: skip
     """Logits of the BM rows from r0 of a chunk buffer of hidden vectors (h_desc: blocks [BM, BK]; H features,
@@ -156,13 +166,10 @@ def _logits(h_desc, r0, w_desc, v0, b_ptr, v, m_v, H, HAS_BIAS: tl.constexpr, DT
     classes v from v0 (w_desc: blocks [BV, BK], rows past V read as 0): [BM, BV] float32 (bias included),
     tensor-core products in DT with float32 sums."""
     acc = tl.zeros([BM, BV], tl.float32)
-    if SPLIT:  # h_hi w_hi, then h_lo w_hi, then h_hi w_lo
+    if SPLIT:
         for k0 in range(0, 3 * H, BK):
-            seg = k0 // H
-            k = k0 - seg * H
-            h = h_desc.load([r0, k + (seg == 1).to(tl.int32) * H])
-            w = w_desc.load([v0, k + (seg == 2).to(tl.int32) * H])
-            acc = _dot(h, w.T, acc, DT)
+            kh, kw = _segment_cols(k0, H)
+            acc = _dot(h_desc.load([r0, kh]), w_desc.load([v0, kw]).T, acc, DT)
     else:
         for k0 in range(0, H, BK):
             acc = _dot(h_desc.load([r0, k0]), w_desc.load([v0, k0]).T, acc, DT)
@@ -259,11 +266,17 @@ def _lse_chunk(b_m, b_s, v0, V, h_desc, r0, w_desc, b_ptr, H, HAS_BIAS: tl.const
     v = v0 + tl.arange(0, BV)
     m_v = v < V
     acc = _logits(h_desc, r0, w_desc, v0, b_ptr, v, m_v, H, HAS_BIAS, DT, SPLIT, BM, BV, BK)
-    x2 = tl.where(m_v[None, :], acc * _log2e(), float("-inf"))
+    return _lse_update(b_m, b_s, acc, m_v)
+
+
+@triton.jit
+def _lse_update(b_m, b_s, acc, m_col):
+    """The rows' online log-sum-exp (log2 units: running maximum b_m, sum b_s of exp2(x - b_m)) after the logits
+    acc [BM, BC] of the columns m_col."""
+    x2 = tl.where(m_col[None, :], acc * _log2e(), float("-inf"))
     m_new = tl.maximum(b_m, tl.max(x2, axis=1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    b_s = b_s * tl.exp2(b_m - m_safe) + tl.sum(tl.exp2(x2 - m_safe[:, None]), axis=1)
-    return m_new, b_s
+    return m_new, b_s * tl.exp2(b_m - m_safe) + tl.sum(tl.exp2(x2 - m_safe[:, None]), axis=1)
 
 
 @triton.jit
@@ -276,12 +289,10 @@ def _gathered_logits(h_desc, r0, w_ptr, b_ptr, cls, H, s_wv, s_w, HAS_BIAS: tl.c
     p_w = w_ptr + tl.maximum(cls, 0).to(tl.int64)[:, None] * s_wv
     n_seg: tl.constexpr = 3 if SPLIT else 1
     for k0 in range(0, n_seg * H, BK):
-        seg = k0 // H
-        k = k0 - seg * H
-        h = h_desc.load([r0, k + (seg == 1).to(tl.int32) * H])
-        kw = k + (seg == 2).to(tl.int32) * H + o_k
+        kh, kw = _segment_cols(k0, H)
+        kw = kw + o_k
         w = tl.load(p_w + kw[None, :], mask=(cls >= 0)[:, None] & (kw < s_w)[None, :], other=0.0)
-        acc = _dot(h, w.T, acc, DT)
+        acc = _dot(h_desc.load([r0, kh]), w.T, acc, DT)
     if HAS_BIAS:
         acc += tl.load(b_ptr + cls, mask=cls >= 0, other=0.0).to(tl.float32)[None, :]
     return acc
@@ -346,11 +357,7 @@ def _joint_lattice_kernel(
         lab_j = tl.sum(tl.where(j[:, None] == n_rest + 1 + tl.arange(0, KT)[None, :], lab_t[None, :], 0), axis=1)
         cls = tl.where(j < n_rest, V_main + j, tl.where(j == n_rest, blank, tl.where(j <= n_rest + KT, lab_j, -1)))
         acc = _gathered_logits(h_desc, r0, w_ptr, b_ptr, cls, H, s_wv, s_w, HAS_BIAS, DT, SPLIT, BM, BVT, BK)
-        x2 = tl.where((j < n_rest)[None, :], acc * _log2e(), float("-inf"))
-        m_new = tl.maximum(b_m, tl.max(x2, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        b_s = b_s * tl.exp2(b_m - m_safe) + tl.sum(tl.exp2(x2 - m_safe[:, None]), axis=1)
-        b_m = m_new
+        b_m, b_s = _lse_update(b_m, b_s, acc, j < n_rest)
         x_blank = tl.sum(tl.where((j == n_rest)[None, :], acc, 0.0), axis=1)
         j_lab = n_rest + 1 + tl.arange(0, BM) // BT
         x_label = tl.sum(tl.where(j[None, :] == j_lab[:, None], acc, 0.0), axis=1)
@@ -387,8 +394,8 @@ def _ds_chunk(ds_ptr, ds_desc, gbp_ptr, gbp_off, rows, v0, V, V_st, s_lo, h_desc
     m_v = v < V
     x = _logits(h_desc, r0, w_desc, v0, b_ptr, v, m_v, H, HAS_BIAS, DT, SPLIT, BM, BV, BK)
     d = _dlogits(x, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, CLAMP)
-    q = ds_ptr + rows[:, None] + v[None, :]
     if SPLIT:
+        q = ds_ptr + rows[:, None] + v[None, :]
         hi, lo = _split(d, DT)
         tl.store(q, hi, mask=(v < V_st)[None, :])
         tl.store(q + s_lo, lo, mask=(v < V_st)[None, :])
@@ -804,17 +811,17 @@ def joint_backward(
     gw_lo = torch.zeros(s_ds, s_h, dtype=torch.float32, device=dev) if split else None
     gbp = torch.zeros(rows_max // b1["BM"], V, dtype=torch.float32, device=dev) if bias is not None else None
     # the products' operands (hidden vectors, weight) and the logits' gradient (its first s_ds columns)
-    descs = (_descriptor(hbuf, [b1["BM"], b1["BK"]]), *(_descriptor(w_k, [b1[k], b1["BK"]]) for k in ("BV", "BVT")))
-    descs += tuple(_descriptor(ds[:, :s_ds], [b1["BM"], b1[k]]) for k in ("BV", "BVT"))
+    h_desc = _descriptor(hbuf, [b1["BM"], b1["BK"]])
+    w_descs = tuple(_descriptor(w_k, [b1[k], b1["BK"]]) for k in ("BV", "BVT"))
+    ds_descs = tuple(_descriptor(ds[:, :s_ds], [b1["BM"], b1[k]]) for k in ("BV", "BVT"))
     for n0, u0, tiles, rows, ucc in _chunk_list(N, U1, n_tb, nc, uc):
         _stage_hidden(enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, n_tb, s_h, strides, seeds,
                       meta)  # fmt: skip
         _joint_dlogits_kernel[(triton.cdiv(tiles * BT, b1["BM"]) * n_cg,)](
-            *descs[:3], bias, targets, logit_lengths, target_lengths, lse, occ, logp, grad_out, ds, *descs[3:], flags,
-            gbp,
-            gstride, gscale, n0, u0, ucc, tiles, T, U1, V, k_h, n_tb, v_main, d_cols, s_ds, targets.stride(0), blank,
-            1.0 + fastemit_lambda, max(clamp, 0.0), HAS_BIAS=bias is not None, CLAMP=clamp > 0, RNA=rnna, BT=BT,
-            BM=b1["BM"], BV=b1["BV"], BVT=b1["BVT"], BK=b1["BK"], **prec,
+            h_desc, *w_descs, bias, targets, logit_lengths, target_lengths, lse, occ, logp, grad_out, ds, *ds_descs,
+            flags, gbp, gstride, gscale, n0, u0, ucc, tiles, T, U1, V, k_h, n_tb, v_main, d_cols, s_ds,
+            targets.stride(0), blank, 1.0 + fastemit_lambda, max(clamp, 0.0), HAS_BIAS=bias is not None,
+            CLAMP=clamp > 0, RNA=rnna, BT=BT, BM=b1["BM"], BV=b1["BV"], BVT=b1["BVT"], BK=b1["BK"], **prec,
             **_launch(b1),
         )  # fmt: skip
         d, h = ds[: tiles * BT], hbuf[: tiles * BT]
