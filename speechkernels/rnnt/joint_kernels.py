@@ -135,12 +135,6 @@ def _chunk_cells(i0, n0, u0, UC, n_tb, BT: tl.constexpr, BM: tl.constexpr):
 
 
 @triton.jit
-def _flagged(i, flag_ptr, tiles, BT: tl.constexpr, BM: tl.constexpr):
-    """The rows written by ``_joint_dlogits_kernel``: a prefix of each flagged tile."""
-    return (tl.arange(0, BM) % BT) < tl.load(flag_ptr + i, mask=i < tiles, other=0)
-
-
-@triton.jit
 def _labels(tgt_ptr, stride_tg, n, u, m_row, U_n, V):
     """Each cell's next label (clamped to [0, V) as the RNN-T kernels clamp it), -1 where it has none."""
     has_label = m_row & (u < U_n)
@@ -523,7 +517,7 @@ def _joint_grad_rows_kernel(
     dh_ptr,  # [rows, s_dh]: the chunk's hidden vectors' gradient (its logits' gradient times the weight)
     flag_ptr,  # the chunk's tiles' flags (``_joint_dlogits_kernel``)
     genc_ptr,  # [N, T, H] float32 in/out: the encoder rows' gradient
-    gpred_ptr,  # [rows, UC, H] float32 out: the chunk's predictor rows, per (sample, frame block)
+    gpred_ptr,  # [samples, n_fb, UC, H] float32 out: the chunk's predictor rows, per (sample, block of FB frames)
     n0,
     u0,
     UC,
@@ -531,6 +525,7 @@ def _joint_grad_rows_kernel(
     U1,
     H,
     n_tb,
+    n_fb,
     s_dh,
     s_en,
     s_et,
@@ -546,41 +541,40 @@ def _joint_grad_rows_kernel(
     DROPOUT: tl.constexpr,
     DROP_SHIFT: tl.constexpr,
     BT: tl.constexpr,
-    UB: tl.constexpr,
+    FB: tl.constexpr,
     BN: tl.constexpr,
 ):
-    """Program (piece of BN features, sample and frame block of the chunk): UB labels at a time, the hidden
-    vectors' gradient times d h / d (enc + pred); summed over the labels into the encoder rows (registers, then
-    added once) and over the frames into the frame block's share of each predictor row (all written: 0 where
+    """Program (piece of BN features, sample and block of FB frames: FB / BT tiles a label): label by label, the
+    hidden vectors' gradient times d h / d (enc + pred); summed over the labels into the encoder rows (registers,
+    then added once) and over the frames into the frame block's share of each predictor row (all written: 0 where
     nothing is added). Each row belongs to one program of a chunk; chunks run one after another: deterministic."""
-    BM: tl.constexpr = UB * BT
     p = tl.program_id(0)
     r = tl.program_id(1)
-    tb = r % n_tb
-    n = (n0 + r // n_tb).to(tl.int64)
-    t = tb * BT + tl.arange(0, BT)
+    n = (n0 + r // n_fb).to(tl.int64)
+    f = tl.arange(0, FB)
+    t = (r % n_fb) * FB + f
+    tb = t // BT
+    m_t = tb < n_tb
     k = p * BN + tl.arange(0, BN)
     m_k = k < H
-    acc_enc = tl.zeros([BT, BN], tl.float32)
-    for j0 in range(0, UC, UB):
-        i0 = r * UC + j0
-        i, n_m, t_m, u = _chunk_cells(i0, n0, u0, UC, n_tb, BT, BM)
-        m_row = _flagged(i, flag_ptr, r * UC + UC, BT, BM)
-        part = tl.zeros([UB, BT, BN], tl.float32)
+    p_e = enc_ptr + n * s_en + t.to(tl.int64) * s_et
+    acc_enc = tl.zeros([FB, BN], tl.float32)
+    for j in range(0, UC):
+        i = ((n - n0) * n_tb + tb) * UC + j  # each row's tile
+        m_row = m_t & ((f % BT) < tl.load(flag_ptr + i, mask=m_t, other=0))
+        part = tl.zeros([FB, BN], tl.float32)
         if tl.sum(m_row.to(tl.int32), axis=0) > 0:
-            rows = (i0 * BT + tl.arange(0, BM)).to(tl.int64) * s_dh
             m = m_row[:, None] & m_k[None, :]
+            rows = (i * BT + f % BT).to(tl.int64) * s_dh
             dh = tl.load(dh_ptr + rows[:, None] + k[None, :], mask=m, other=0.0).to(tl.float32)
-            p_e = enc_ptr + n_m * s_en + t_m.to(tl.int64) * s_et
-            p_p = pred_ptr + n_m * s_pn + u.to(tl.int64) * s_pu
-            f = _hidden_grad(p_e, p_p, m_row, (n_m * T + t_m) * U1 + u, k, m_k, s_eh, s_ph, seed_lo, seed_hi,
-                             threshold, drop_scale, ACT, DROPOUT, DROP_SHIFT)  # fmt: skip
+            u = u0 + j
+            p_p = pred_ptr + n * s_pn + u.to(tl.int64) * s_pu + tl.zeros([FB], tl.int64)
+            d = _hidden_grad(p_e, p_p, m_row, (n * T + t) * U1 + u, k, m_k, s_eh, s_ph, seed_lo, seed_hi, threshold,
+                             drop_scale, ACT, DROPOUT, DROP_SHIFT)  # fmt: skip
             # (where, not a product: a NaN weight leaves the rows of cells without edges alone)
-            part = tl.reshape(tl.where(m, dh * f, 0.0), (UB, BT, BN))
-            acc_enc += tl.sum(part, axis=0)
-        j = j0 + tl.arange(0, UB)
-        q = gpred_ptr + (r * UC + j.to(tl.int64))[:, None] * H + k[None, :]
-        tl.store(q, tl.sum(part, axis=1), mask=(j < UC)[:, None] & m_k[None, :])
+            part = tl.where(m, dh * d, 0.0)
+            acc_enc += part
+        tl.store(gpred_ptr + (r * UC + j).to(tl.int64) * H + k, tl.sum(part, axis=0), mask=m_k)
     q = genc_ptr + (n * T + t.to(tl.int64))[:, None] * H + k[None, :]
     m = (t < T)[:, None] & m_k[None, :]
     tl.store(q, tl.load(q, mask=m) + acc_enc, mask=m)
@@ -596,11 +590,11 @@ TRITON_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfl
 def _blocks(enc: torch.Tensor, kernel: str) -> dict:
     """Tile sizes per kernel: "tile" (BT frames of one label: the chunks' layout), "hidden" (BM rows x BK
     features), "forward" and "dlogits" (BM rows, BV classes a chunk (BVT for the last few), BK features a product
-    step), "rows" (UB labels x BN features); small ones under the interpreter (CPU tests)."""
+    step), "rows" (FB frames x BN features); small ones under the interpreter (CPU tests)."""
     if not enc.is_cuda:
-        blk = dict(BT=8, BM=16, BV=32, BVT=16, BK=32, BN=16, UB=2, num_warps=4, num_stages=1)
+        blk = dict(BT=8, BM=16, BV=32, BVT=16, BK=32, BN=16, FB=16, num_warps=4, num_stages=1)
     elif kernel == "tile":
-        blk = dict(BT=64)
+        blk = dict(BT=16)  # few padded frames (T = 400: none; 64-frame tiles: 448), 25.3 -> 23.0 ms at the first row
     elif kernel == "hidden":
         blk = dict(BM=64, BK=128, num_warps=4, num_stages=1)  # BM: a multiple of BT
     elif kernel == "forward":
@@ -609,8 +603,8 @@ def _blocks(enc: torch.Tensor, kernel: str) -> dict:
         blk = dict(BM=128, BV=256, BVT=16, BK=64, num_warps=8, num_stages=3)  # (26.0 against 22.6 ms)
     elif kernel == "dlogits":  # two CTAs a multiprocessor (255 registers, 96 KB): one's epilogue beside the other's
         blk = dict(BM=128, BV=128, BVT=16, BK=64, num_warps=4, num_stages=3)  # products (7.8 against 9.2 ms)
-    else:  # rows: 32 features a program (2.74 against 3.21 ms for 128 at the first benchmark row)
-        blk = dict(UB=1, BN=32, num_warps=4, num_stages=1)
+    else:  # rows: 128 frames x 32 features a program (at 16-frame tiles 2.75 ms at the first row; 64 x 32: 3.04)
+        blk = dict(FB=128, BN=32, num_warps=4, num_stages=1)
     if TUNING and kernel in TUNING:
         blk.update(TUNING[kernel])
     return blk
@@ -805,7 +799,9 @@ def joint_backward(
     flags = _empty(rows_max // BT, dtype=torch.int32, device=dev)
     genc = torch.zeros(N, T, H, dtype=torch.float32, device=dev)
     gpred = torch.zeros(N, U1, H, dtype=torch.float32, device=dev)
-    gpred_part = _empty(nc * n_tb * uc * H, dtype=torch.float32, device=dev)
+    FB = max(b2["FB"], BT)  # the rows kernel's blocks of frames (a multiple of BT), n_fb a sample
+    n_fb = triton.cdiv(n_tb * BT, FB)
+    gpred_part = _empty(nc * n_fb * uc * H, dtype=torch.float32, device=dev)
     # float32: hi^T @ [h_hi | h_lo] and lo^T @ h_hi of the logits' gradient's hi and lo
     gw = torch.zeros(s_ds, h_cols, dtype=torch.float32, device=dev)
     gw_lo = torch.zeros(s_ds, s_h, dtype=torch.float32, device=dev) if split else None
@@ -833,13 +829,15 @@ def joint_backward(
         else:
             _addmm_f32(gw, d.t(), h)  # the weight's gradient
             dh = _mm_into(d, w_d, h)  # the hidden vectors', in their place (DT)
-        _joint_grad_rows_kernel[(triton.cdiv(H, b2["BN"]), rows)](
-            enc, pred, dh, flags, genc, gpred_part, n0, u0, ucc, T, U1, H, n_tb, dh.stride(0), *strides, *seeds, BT=BT,
-            UB=b2["UB"], BN=b2["BN"], **act, **_launch(b2),
+        n_s = rows // n_tb  # the chunk's samples
+        _joint_grad_rows_kernel[(triton.cdiv(H, b2["BN"]), n_s * n_fb)](
+            enc, pred, dh, flags, genc, gpred_part, n0, u0, ucc, T, U1, H, n_tb, n_fb, dh.stride(0), *strides, *seeds,
+            BT=BT, FB=FB, BN=b2["BN"], **act, **_launch(b2),
         )  # fmt: skip
         # the frame blocks' shares of the chunk's predictor rows, in order
-        part = gpred_part[: rows * ucc * H].view(rows // n_tb, n_tb, ucc, H)
+        part = gpred_part[: n_s * n_fb * ucc * H].view(n_s, n_fb, ucc, H)
         gpred[n0 : n0 + rows // n_tb, u0 : u0 + ucc] += part.sum(1)
+    del hbuf, ds, h, d, dh, h_desc, ds_descs, gpred_part, part  # (freed before the gradients' copies below)
     if split:
         gw = gw[:, :s_h] + gw[:, s_h:] + gw_lo
     grad_b = None if bias is None else gbp.sum(0).to(bias.dtype)  # the blocks' column sums, in order
@@ -866,7 +864,7 @@ def _mm_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tenso
     return out.copy_(torch.mm(a.float(), b.float()))
 
 
-CHUNK_BYTES = 160 << 20  # a chunk's buffers (hidden vectors; in the backward also the logits' gradient), on a GPU
+CHUNK_BYTES = 192 << 20  # a chunk's buffers (hidden vectors; in the backward also the logits' gradient), on a GPU
 
 
 def _main_classes(V: int, blk: dict, reserved: int = 0) -> int:
