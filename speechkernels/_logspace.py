@@ -9,23 +9,23 @@ import triton.language as tl
 
 
 @triton.jit
-def _neg():
+def neg():
     """log2-probability of impossible states inside the recursions: finite, so that no -inf - -inf appears"""
     return -1e30
 
 
 @triton.jit
-def _log2e():
+def log2e():
     return 1.4426950408889634
 
 
 @triton.jit
-def _ln2():
+def ln2():
     return 0.6931471805599453
 
 
 @triton.jit
-def _log2_1p(y):
+def log2_1p(y):
     """log2(1 + y) for y in [0, 1] in float32: y * (degree-8 polynomial), Chebyshev fit, abs error < 1.4e-7,
     mean error 2e-9, exactly 0 at y = 0. Ten FMAs instead of a logarithm."""
     p = 0.0055186552926898
@@ -41,12 +41,38 @@ def _log2_1p(y):
 
 
 @triton.jit
-def _lae(a, b):
+def lae(a, b):
     """log2(2^a + 2^b) of float64 values.
 
     The values stay float64: they grow to thousands over long inputs, where float32 would lose the 1e-7
     absolute precision the occupancies need. Only the correction log2(1 + 2^-|a-b|), in [0, 1], is float32.
-    No -inf reaches here (impossible states hold the finite _neg()), so no special cases are needed.
+    No -inf reaches here (impossible states hold the finite neg()), so no special cases are needed.
     """
     y = tl.exp2((-tl.abs(a - b)).to(tl.float32))
-    return tl.maximum(a, b) + _log2_1p(y).to(tl.float64)
+    return tl.maximum(a, b) + log2_1p(y).to(tl.float64)
+
+
+@triton.jit
+def lse_step(b_m, b_s, b_x):
+    """One step of an online log-sum-exp kept per lane, in log2 units: the running maximum b_m and sum b_s of
+    exp2(x - b_m) after the values b_x (-inf: none). A lane that has seen only -inf keeps (-inf, 0)."""
+    m_new = tl.maximum(b_m, b_x)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    return m_new, b_s * tl.exp2(b_m - m_safe) + tl.exp2(b_x - m_safe)
+
+
+@triton.jit
+def lse_step_rows(b_m, b_s, x2):
+    """``lse_step`` for rows taking a block of values at once: b_m, b_s [R] after x2 [R, C] (log2 units)."""
+    m_new = tl.maximum(b_m, tl.max(x2, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    return m_new, b_s * tl.exp2(b_m - m_safe) + tl.sum(tl.exp2(x2 - m_safe[:, None]), axis=1)
+
+
+@triton.jit
+def lse_total(b_m, b_s, AXIS: tl.constexpr):
+    """The log-sum-exp (log2 units) of lanes along AXIS holding running maxima b_m and sums b_s (``lse_step``;
+    b_s = 1 for lanes of single values); -inf when every lane is empty."""
+    m_all = tl.max(b_m, axis=AXIS)
+    m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
+    return m_safe + tl.log2(tl.sum(b_s * tl.exp2(b_m - tl.expand_dims(m_safe, AXIS)), axis=AXIS))

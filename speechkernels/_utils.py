@@ -26,6 +26,25 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 REDUCTIONS = ("none", "mean", "sum")
 
 
+POISON_OUTPUTS = False  # tests: kernel outputs start as NaN (floats) or -123456789 (integers)
+
+
+def kernel_output(*shape, dtype: torch.dtype, device) -> torch.Tensor:
+    """Allocation of every kernel output; under ``POISON_OUTPUTS`` (the tests) filled with NaN (floats) or
+    -123456789 (integers), so that an element a kernel leaves unwritten shows."""
+    return _poison(torch.empty(*shape, dtype=dtype, device=device))
+
+
+def kernel_output_like(x: torch.Tensor) -> torch.Tensor:
+    return _poison(torch.empty_like(x))
+
+
+def _poison(t: torch.Tensor) -> torch.Tensor:
+    if POISON_OUTPUTS:
+        t.fill_(math.nan if t.dtype.is_floating_point else -123456789)
+    return t
+
+
 def triton_interpreting() -> bool:
     """True when Triton kernels run on the CPU through the interpreter (TRITON_INTERPRET=1)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"

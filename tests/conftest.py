@@ -1,4 +1,3 @@
-import math
 import os
 
 import pytest
@@ -45,21 +44,9 @@ def gpu() -> torch.device:
 @pytest.fixture(autouse=True)
 def poison_kernel_outputs(monkeypatch):
     """Every buffer a kernel writes starts as NaN (floats) or garbage (integers): unwritten elements show."""
-    from speechkernels.ctc import kernels
-    from speechkernels.rnnt import joint_kernels
-    from speechkernels.rnnt import kernels as rnnt_kernels
+    from speechkernels import _utils
 
-    def empty(*shape, dtype, device):
-        t = torch.empty(*shape, dtype=dtype, device=device)
-        return t.fill_(math.nan) if dtype.is_floating_point else t.fill_(-123456789)
-
-    def empty_like(x):
-        return torch.empty_like(x).fill_(math.nan)
-
-    for module in (kernels, rnnt_kernels):
-        monkeypatch.setattr(module, "_empty", empty)
-        monkeypatch.setattr(module, "_empty_like", empty_like)
-    monkeypatch.setattr(joint_kernels, "_empty", empty)
+    monkeypatch.setattr(_utils, "POISON_OUTPUTS", True)
 
 
 class LossPath:

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
+from .._op import LossOp
 from .._utils import (
     INDEX_DTYPES,
     REDUCTIONS,
@@ -85,46 +86,8 @@ def _forward(x, targets, input_lengths, target_lengths, blank, padded, logits, n
     return out, state
 
 
-class CTCLossFunction(torch.autograd.Function):
-    """The Triton path in eager mode (torch.compile sees the torch.library op below instead)."""
-
-    @staticmethod
-    def forward(ctx, x, *args):
-        # args: targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate, zero_infinity,
-        # reduction
-        out, state = _forward(x, *args)
-        ctx.save_for_backward(x, *state)
-        ctx.blank, ctx.logits = args[3], args[5]
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        x, *state = ctx.saved_tensors
-        return (kernels.ctc_backward(grad_out, x, *state, ctx.blank, ctx.logits),) + (None,) * 10
-
-
-@torch.library.custom_op("speechkernels::ctc_loss_forward", mutates_args=())
-def _ctc_forward_op(
-    x: torch.Tensor,
-    targets: torch.Tensor,
-    input_lengths: torch.Tensor,
-    target_lengths: torch.Tensor,
-    blank: int,
-    padded: bool,
-    logits: bool,
-    need_grad: bool,
-    validate: bool,
-    zero_infinity: bool,
-    reduction: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    out, state = _forward(
-        x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate, zero_infinity, reduction
-    )
-    return (out, *state)
-
-
-@_ctc_forward_op.register_fake
-def _(x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate, zero_infinity, reduction):
+def _forward_fake(x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate,
+                  zero_infinity, reduction):  # fmt: skip
     T, N, _ = x.shape
     lp_size, _ = kernels.table_sizes(T, N, targets, padded)
     f32 = dict(dtype=torch.float32, device=x.device)
@@ -139,43 +102,21 @@ def _(x, targets, input_lengths, target_lengths, blank, padded, logits, need_gra
     )
 
 
-@torch.library.custom_op("speechkernels::ctc_loss_backward", mutates_args=())
-def _ctc_backward_op(
-    grad_out: torch.Tensor,
-    x: torch.Tensor,
-    weights: torch.Tensor,
-    logp: torch.Tensor,
-    lse: torch.Tensor,
-    table: torch.Tensor,
-    meta: torch.Tensor,
-    srt: torch.Tensor,
-    blank: int,
-    logits: bool,
-) -> torch.Tensor:
-    return kernels.ctc_backward(grad_out, x, weights, logp, lse, table, meta, srt, blank, logits)
-
-
-@_ctc_backward_op.register_fake
-def _(grad_out, x, weights, logp, lse, table, meta, srt, blank, logits):
-    return torch.empty_like(x)
-
-
-def _setup_context(ctx, inputs, output):
-    x, blank, logits = inputs[0], inputs[4], inputs[6]
-    _out, *state = output
-    ctx.save_for_backward(x, *state)
-    ctx.blank = blank
-    ctx.logits = logits
-    ctx.mark_non_differentiable(*state)
-
-
-def _backward(ctx, grad_out, *_grads_of_the_state):
-    x, *state = ctx.saved_tensors
-    grad = _ctc_backward_op(grad_out, x, *state, ctx.blank, ctx.logits)
-    return (grad,) + (None,) * 10
-
-
-_ctc_forward_op.register_autograd(_backward, setup_context=_setup_context)
+# state: weights, logp, lse, table, meta, sorted labels
+CTC_LOSS_OP = None
+if kernels is not None:
+    CTC_LOSS_OP = LossOp(
+        "speechkernels::ctc_loss",
+        "Tensor x, Tensor targets, Tensor input_lengths, Tensor target_lengths, int blank, bool padded, bool logits, "
+        "bool need_grad, bool validate, bool zero_infinity, str reduction",
+        forward=_forward,
+        forward_fake=_forward_fake,
+        n_state=6,
+        backward=kernels.ctc_backward,
+        saved="x",
+        backward_args="blank logits",
+        grads="x",
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -285,10 +226,7 @@ def ctc_loss(
             targets = targets.contiguous()
         # the kernels zero infinite losses and reduce over the batch themselves
         args = (x, targets, il, tl, blank, padded, logits, need_grad, validate, zero_infinity, reduction)
-        if torch.compiler.is_compiling():
-            out = _ctc_forward_op(*args)[0]
-        else:  # the same kernels without the op dispatcher's overhead
-            out = CTCLossFunction.apply(*args)
+        out = CTC_LOSS_OP.apply(*args)
     else:
         if validate:
             _check_contents(T, C, targets, il, tl, blank, padded)

@@ -45,8 +45,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .._logspace import _lae, _ln2, _log2e, _neg
-from .._utils import next_power_of_2
+from .._logspace import lae, ln2, log2e, lse_step, lse_total, neg
+from .._utils import kernel_output, kernel_output_like, next_power_of_2
 
 # Constants are jit functions rather than constexpr globals (see .._logspace).
 
@@ -225,25 +225,19 @@ def _ctc_emission_kernel(
             b_s = tl.zeros([BLOCK_C], tl.float32)
             for c0 in range(0, C, BLOCK_C):
                 b_x = tl.load(p_x + (c0 + o_c) * stride_c, mask=c0 + o_c < C, other=float("-inf")).to(tl.float32)
-                b_x = b_x * _log2e()
-                m_new = tl.maximum(b_m, b_x)
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                b_s = b_s * tl.exp2(b_m - m_safe) + tl.exp2(b_x - m_safe)
-                b_m = m_new
-            m_all = tl.max(b_m, axis=0)
-            m_all_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
-            lse = (m_all_safe + tl.log2(tl.sum(b_s * tl.exp2(b_m - m_all_safe), axis=0))) * _ln2()
+                b_m, b_s = lse_step(b_m, b_s, b_x * log2e())
+            lse = lse_total(b_m, b_s, 0) * ln2()
             tl.store(lse_ptr + i_n * T + i_t, lse)
         p_lp = lp_ptr + tl.load(meta_ptr + _row_lp() * N + i_n) + i_t * (L + 1)
         x_blank = tl.load(p_x + blank * stride_c).to(tl.float32)
-        tl.store(p_lp, (x_blank - lse) * _log2e())
+        tl.store(p_lp, (x_blank - lse) * log2e())
         o_l = tl.arange(0, BLOCK_L)
         for j0 in range(0, L, BLOCK_L):
             m_l = j0 + o_l < L
             lab = tl.load(tgt_ptr + tgt_base + j0 + o_l, mask=m_l, other=0).to(tl.int64)
             lab = tl.minimum(tl.maximum(lab, 0), C - 1)
             b_x = tl.load(p_x + lab * stride_c, mask=m_l, other=0.0).to(tl.float32)
-            tl.store(p_lp + 1 + j0 + o_l, (b_x - lse) * _log2e(), mask=m_l)
+            tl.store(p_lp + 1 + j0 + o_l, (b_x - lse) * log2e(), mask=m_l)
 
 
 @triton.jit
@@ -279,11 +273,11 @@ def _alpha(p_lp, p_al, T, T_n, L, L_c, o_j, can_skip, STORE_ALPHA: tl.constexpr)
     # NaN is counted apart: the maximum that clamps the emissions would drop it
     nan_l = tl.where(e_l != e_l, 1, 0)
     nan_b = tl.where(e_b != e_b, 1, 0)
-    a_l = tl.where((o_j == 0) & m_l, 0.0, _neg()).to(tl.float64)
+    a_l = tl.where((o_j == 0) & m_l, 0.0, neg()).to(tl.float64)
     if STORE_ALPHA:
         tl.store(p_al + o_j, a_l, mask=m_l)
-    a_b = tl.where(o_j == 0, tl.maximum(e_b, _neg()), _neg()).to(tl.float64)
-    a_l = tl.where((o_j == 0) & m_l, tl.maximum(e_l, _neg()), _neg()).to(tl.float64)
+    a_b = tl.where(o_j == 0, tl.maximum(e_b, neg()), neg()).to(tl.float64)
+    a_l = tl.where((o_j == 0) & m_l, tl.maximum(e_l, neg()), neg()).to(tl.float64)
     n_steps = tl.where(L_c <= T, T_n, 0)
     # the next frame's emissions are loaded one step ahead
     e_b_nx = tl.load(p_lp + W, mask=n_steps > 1, other=0.0)
@@ -296,17 +290,17 @@ def _alpha(p_lp, p_al, T, T_n, L, L_c, o_j, can_skip, STORE_ALPHA: tl.constexpr)
         e_l_nx = tl.load(row_nx + 1 + o_j, mask=m_l, other=0.0)
         nan_l += tl.where(e_l != e_l, 1, 0)
         nan_b += tl.where(e_b != e_b, 1, 0)
-        a_l_prev = tl.where(o_j > 0, tl.gather(a_l, i_prev, 0), _neg())
+        a_l_prev = tl.where(o_j > 0, tl.gather(a_l, i_prev, 0), neg())
         # blank j from blank j or label j-1; label j from label j, blank j, or label j-1 when it differs:
         # lae3(a_l, a_b, a_l_prev) = lae(a_l, lae(a_b, a_l_prev)), so the blank's sum is reused
-        n_b = tl.where(m_b, _lae(a_b, a_l_prev), _neg())
-        n_l = tl.where(m_l, _lae(a_l, tl.where(can_skip, n_b, a_b)), _neg())
+        n_b = tl.where(m_b, lae(a_b, a_l_prev), neg())
+        n_l = tl.where(m_l, lae(a_l, tl.where(can_skip, n_b, a_b)), neg())
         if STORE_ALPHA:
             tl.store(p_al + t * L + o_j, n_l, mask=m_l)
-        a_b = n_b + tl.maximum(e_b, _neg()).to(tl.float64)
-        a_l = n_l + tl.maximum(e_l, _neg()).to(tl.float64)
-    logp = _lae(_pick(a_b, o_j, L), tl.where(L > 0, _pick(a_l, o_j, L - 1), _neg()))
-    logp = tl.where(logp < 0.5 * _neg(), float("-inf"), logp)
+        a_b = n_b + tl.maximum(e_b, neg()).to(tl.float64)
+        a_l = n_l + tl.maximum(e_l, neg()).to(tl.float64)
+    logp = lae(_pick(a_b, o_j, L), tl.where(L > 0, _pick(a_l, o_j, L - 1), neg()))
+    logp = tl.where(logp < 0.5 * neg(), float("-inf"), logp)
     logp = tl.where(tl.sum(nan_l, axis=0) + nan_b > 0, float("nan"), logp)
     logp = tl.where(T_n == 0, tl.where(L_c == 0, 0.0, float("-inf")), logp)
     logp = tl.where(L_c <= T, logp, float("-inf"))
@@ -323,32 +317,32 @@ def _beta(p_lp, p_al, logp, T, T_n, L, L_c, o_j, can_skip):
     # impossible samples keep no occupancy (their gradient is zero); NaN goes on so that it propagates
     n_steps = tl.where((L_c <= T) & (logp != float("-inf")), T_n, 0)
 
-    b_b = tl.full(o_j.shape, _neg(), tl.float64)
-    b_l = tl.full(o_j.shape, _neg(), tl.float64)
+    b_b = tl.full(o_j.shape, neg(), tl.float64)
+    b_l = tl.full(o_j.shape, neg(), tl.float64)
     # frame t's emissions and alpha are loaded one step ahead
     t_nx = tl.maximum(n_steps - 1, 0)
     e_b_nx = tl.load(p_lp + t_nx * W, mask=n_steps > 0, other=0.0)
     e_l_nx = tl.load(p_lp + t_nx * W + 1 + o_j, mask=tl.where(n_steps > 0, m_l, False), other=0.0)
-    al_l_nx = tl.load(p_al + t_nx * L + o_j, mask=tl.where(n_steps > 0, m_l, False), other=_neg())
+    al_l_nx = tl.load(p_al + t_nx * L + o_j, mask=tl.where(n_steps > 0, m_l, False), other=neg())
     for k in range(0, n_steps):
         t = n_steps - 1 - k
-        e_b = tl.maximum(e_b_nx, _neg()).to(tl.float64)
-        e_l = tl.maximum(e_l_nx, _neg()).to(tl.float64)
+        e_b = tl.maximum(e_b_nx, neg()).to(tl.float64)
+        e_l = tl.maximum(e_l_nx, neg()).to(tl.float64)
         al_l = al_l_nx
         t_nx = tl.maximum(t - 1, 0)
         e_b_nx = tl.load(p_lp + t_nx * W)
         e_l_nx = tl.load(p_lp + t_nx * W + 1 + o_j, mask=m_l, other=0.0)
-        al_l_nx = tl.load(p_al + t_nx * L + o_j, mask=m_l, other=_neg())
+        al_l_nx = tl.load(p_al + t_nx * L + o_j, mask=m_l, other=neg())
         # blank j goes to blank j or label j; label j to label j, blank j+1, or label j+1 when it differs:
         # lae3(b_l, b_b[j+1], b_l[j+1]) = lae(b_l, r_b[j+1]), so the blank's sum is reused
-        r_b = _lae(b_b, b_l)
-        r_next = tl.where(o_j + 1 <= L, tl.gather(tl.where(can_skip, r_b, b_b), i_next, 0), _neg())
-        r_l = _lae(b_l, r_next)
+        r_b = lae(b_b, b_l)
+        r_next = tl.where(o_j + 1 <= L, tl.gather(tl.where(can_skip, r_b, b_b), i_next, 0), neg())
+        r_l = lae(b_l, r_next)
         # the last frame: paths end in the last blank or the last label
-        r_b = tl.where(k == 0, tl.where(o_j == L, 0.0, _neg()).to(tl.float64), r_b)
-        r_l = tl.where(k == 0, tl.where(o_j == L - 1, 0.0, _neg()).to(tl.float64), r_l)
-        b_b = tl.where(m_b, r_b + e_b, _neg())
-        b_l = tl.where(m_l, r_l + e_l, _neg())
+        r_b = tl.where(k == 0, tl.where(o_j == L, 0.0, neg()).to(tl.float64), r_b)
+        r_l = tl.where(k == 0, tl.where(o_j == L - 1, 0.0, neg()).to(tl.float64), r_l)
+        b_b = tl.where(m_b, r_b + e_b, neg())
+        b_l = tl.where(m_l, r_l + e_l, neg())
         # gamma_t(s) = alpha_t(s) beta_t(s) / p, alpha taken before the frame's emission; the blank's total
         # occupancy is 1 - sum of the labels' (the grad kernel takes it so), so no reduction is needed here
         occ = tl.exp2((al_l + b_l - logp).to(tl.float32))
@@ -367,7 +361,7 @@ def _recursions(
     if PARTS & 1:
         logp = _alpha(p_lp, p_al, T, T_n, L, L_c, o_j, can_skip, STORE_ALPHA=NEED_GRAD)
         tl.store(logp_ptr + i_n, logp)
-        loss = -logp * _ln2()
+        loss = -logp * ln2()
         if ZERO_INFINITY:
             loss = tl.where(loss == float("inf"), 0.0, loss)
         tl.store(loss_ptr + i_n, loss.to(tl.float32))
@@ -465,21 +459,21 @@ def _ctc_small_forward_kernel(
         if IS_LOGITS:
             m_tc = m_t[:, None] & (o_c[None, :] < C)
             b_x = tl.load(p_x[:, None] + o_c[None, :] * stride_c, mask=m_tc, other=float("-inf"))
-            b_x = b_x.to(tl.float32) * _log2e()
+            b_x = b_x.to(tl.float32) * log2e()
             b_m = tl.max(b_x, axis=1)
             b_m = tl.where(b_m == float("-inf"), 0.0, b_m)
-            lse = (b_m + tl.log2(tl.sum(tl.exp2(b_x - b_m[:, None]), axis=1))) * _ln2()
+            lse = (b_m + tl.log2(tl.sum(tl.exp2(b_x - b_m[:, None]), axis=1))) * ln2()
             tl.store(lse_ptr + i_n * T + t, lse, mask=m_t)
         p_row = p_lp + t * (L + 1)
         x_blank = tl.load(p_x + blank * stride_c, mask=m_t, other=0.0).to(tl.float32)
-        tl.store(p_row, (x_blank - lse) * _log2e(), mask=m_t)
+        tl.store(p_row, (x_blank - lse) * log2e(), mask=m_t)
         for j0 in range(0, L, BLOCK_L):
             m_l = j0 + o_l < L
             lab = tl.load(tgt_ptr + tgt_base + j0 + o_l, mask=m_l, other=0).to(tl.int64)
             lab = tl.minimum(tl.maximum(lab, 0), C - 1)
             m_tl = m_t[:, None] & m_l[None, :]
             b_e = tl.load(p_x[:, None] + lab[None, :] * stride_c, mask=m_tl, other=0.0).to(tl.float32)
-            tl.store(p_row[:, None] + 1 + j0 + o_l[None, :], (b_e - lse[:, None]) * _log2e(), mask=m_tl)
+            tl.store(p_row[:, None] + 1 + j0 + o_l[None, :], (b_e - lse[:, None]) * log2e(), mask=m_tl)
     # the table written above is read by other threads of this program
     tl.debug_barrier()
     _recursions(lp_ptr, alpha_ptr, loss_ptr, logp_ptr, out_ptr, w_ptr, tgt_ptr, meta_ptr, N, T, i_n,
@@ -535,7 +529,7 @@ def _ctc_grad_kernel(
         m_c = c0 + o_c < C
         if IS_LOGITS:
             b_x = tl.load(p_x + (c0 + o_c) * stride_c, mask=tl.where(active, m_c, False), other=0.0).to(tl.float32)
-            b_g = tl.where(active, g * tl.exp2((b_x - lse) * _log2e()), 0.0)
+            b_g = tl.where(active, g * tl.exp2((b_x - lse) * log2e()), 0.0)
         else:
             b_g = tl.zeros([BLOCK_C], tl.float32)
         tl.store(p_g + (c0 + o_c) * gstride_c, b_g.to(grad_ptr.dtype.element_ty), mask=m_c)
@@ -564,27 +558,18 @@ def _ctc_grad_kernel(
             b_p = tl.zeros([BLOCK_K], tl.float32)
             if IS_LOGITS:
                 b_x = tl.load(p_x + cls * stride_c, mask=end, other=0.0).to(tl.float32)
-                b_p = tl.exp2((b_x - lse) * _log2e())
+                b_p = tl.exp2((b_x - lse) * log2e())
             tl.store(p_g + cls * gstride_c, (g * (b_p - seg)).to(grad_ptr.dtype.element_ty), mask=end)
             occ_labels += tl.sum(occ, axis=0)
         # every path is in exactly one state at each frame: the blank's occupancy is the rest
         p_b = 0.0
         if IS_LOGITS:
-            p_b = tl.exp2((tl.load(p_x + blank * stride_c).to(tl.float32) - lse) * _log2e())
+            p_b = tl.exp2((tl.load(p_x + blank * stride_c).to(tl.float32) - lse) * log2e())
         tl.store(p_g + blank * gstride_c, (g * (p_b - (1.0 - occ_labels))).to(grad_ptr.dtype.element_ty))
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # launchers
-
-
-def _empty(*shape, dtype, device) -> torch.Tensor:
-    """Allocation of every kernel output (tests replace it with a NaN-filled one)."""
-    return torch.empty(*shape, dtype=dtype, device=device)
-
-
-def _empty_like(x: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(x)
 
 
 def _recursion_warps(block: int) -> int:
@@ -660,11 +645,11 @@ def ctc_forward(
     block = state_block(T, targets, padded)
     lp_size, alpha_size = table_sizes(T, N, targets, padded)
     reduce = REDUCTIONS.index(reduction)
-    meta = _empty(META_ROWS * N + 1, dtype=torch.int64, device=dev)
-    srt = _empty(targets.numel(), dtype=torch.int64, device=dev)
-    weights = _empty(N, dtype=torch.float32, device=dev)
-    lse = _empty((N, T) if logits else (0,), dtype=torch.float32, device=dev)
-    table = _empty(lp_size, dtype=torch.float32, device=dev)
+    meta = kernel_output(META_ROWS * N + 1, dtype=torch.int64, device=dev)
+    srt = kernel_output(targets.numel(), dtype=torch.int64, device=dev)
+    weights = kernel_output(N, dtype=torch.float32, device=dev)
+    lse = kernel_output((N, T) if logits else (0,), dtype=torch.float32, device=dev)
+    table = kernel_output(lp_size, dtype=torch.float32, device=dev)
     warps = warps or _recursion_warps(block)
     block_n = max(16, next_power_of_2(N))
     _ctc_prepare_kernel[(N,)](
@@ -677,10 +662,10 @@ def ctc_forward(
         if flags != 0:
             return weights, (), flags
         alpha_size = T * sum(counts_and_errors[:N])
-    loss = _empty(N, dtype=torch.float32, device=dev)
-    out = _empty((), dtype=torch.float32, device=dev) if reduce else loss
-    alpha = _empty(alpha_size if need_grad else 0, dtype=torch.float64, device=dev)
-    logp = _empty(N, dtype=torch.float64, device=dev)
+    loss = kernel_output(N, dtype=torch.float32, device=dev)
+    out = kernel_output((), dtype=torch.float32, device=dev) if reduce else loss
+    alpha = kernel_output(alpha_size if need_grad else 0, dtype=torch.float64, device=dev)
+    logp = kernel_output(N, dtype=torch.float64, device=dev)
     if fuse_emission is None:
         fuse_emission = use_small_forward(T, C, block)
     common = dict(ZERO_INFINITY=zero_infinity, REDUCE=reduce != 0, BLOCK=block, BLOCK_N=min(block_n, 1024))
@@ -725,7 +710,7 @@ def ctc_backward(
     reduction="none", else a scalar): [T, N, C] in x's dtype and layout. ``block_c``, ``warps``, ``block_k``:
     the row block, num_warps and label block (default: chosen from the sizes; for measurements)."""
     T, N, C = x.shape
-    grad = _empty_like(x)
+    grad = kernel_output_like(x)
     reduced = grad_out.dim() == 0
     # measured on the H100 (benchmarks/NOTES.md): wide rows want 8 warps; long label sequences a label block of
     # 256 when there are 4 warps or more to scan it (one warp scans 64 faster)

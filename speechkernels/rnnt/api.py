@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
+from .._op import LossOp
 from .._utils import (
     INDEX_DTYPES,
     REDUCTIONS,
@@ -29,7 +30,7 @@ except ImportError:  # no Triton: the PyTorch path serves every call
 Lengths = torch.Tensor | Sequence[int]
 
 
-def _check_contents(
+def check_contents(
     T: int, U: int, V: int, targets: torch.Tensor, il: torch.Tensor, tl: torch.Tensor, blank: int
 ) -> None:
     il = il.cpu()
@@ -55,7 +56,7 @@ def validate_on_device(T: int, U: int, V: int, targets, il, tl, blank: int) -> N
     """The device-side check of lengths and labels (one value read back: with the device idle, so that
     afterwards the host queues every kernel ahead of it); on failure the host finds and names the argument."""
     if not kernels.rnnt_validate(targets, il, tl, T, V, blank):
-        _check_contents(T, U, V, targets, il, tl, blank)
+        check_contents(T, U, V, targets, il, tl, blank)
         raise ValueError("invalid RNN-T arguments")  # not reached: the check above names the argument
 
 
@@ -99,14 +100,6 @@ def check_loss_arguments(
     return il, tl, blank + V if blank < 0 else blank
 
 
-def _forward(x, targets, il, tl, blank, fused, loss_scale, rna, need_grad, validate, reduction="none", store_lse=True):
-    """The forward kernels, after the device-side check of lengths and labels."""
-    N, T, U1, V = x.shape
-    if validate:
-        validate_on_device(T, U1 - 1, V, targets, il, tl, blank)
-    return kernels.rnnt_forward(x, targets, il, tl, blank, fused, loss_scale, rna, need_grad, reduction, store_lse)
-
-
 def _overlaps_itself(x: torch.Tensor) -> bool:
     """Whether two elements of ``x`` share memory (an expanded tensor, or strides that interleave). Dimensions
     sorted by stride: no overlap if each stride passes the extent of the smaller ones (a sufficient condition,
@@ -120,113 +113,62 @@ def _overlaps_itself(x: torch.Tensor) -> bool:
     return False
 
 
-class RNNTLossFunction(torch.autograd.Function):
-    """The Triton path in eager mode: the loss with its batch reduction done by the kernels, the gradient from
-    the stored edge occupancies."""
-
-    @staticmethod
-    def forward(
-        ctx, x, targets, il, tl, blank, fused, fastemit_lambda, loss_scale, clamp, rna, need_grad, validate,
-        reuse_logits, reduction,
-    ):  # fmt: skip
-        # consuming the logits, the backward computes the log-sum-exps again rather than keep them (memory)
-        loss, state = _forward(
-            x, targets, il, tl, blank, fused, loss_scale, rna, need_grad, validate, reduction, not reuse_logits
-        )
-        ctx.save_for_backward(x, targets, il, tl, *state)
-        ctx.args = (blank, fused, fastemit_lambda, clamp, rna, reduction)
-        ctx.reuse_logits = reuse_logits
-        return loss
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        x, targets, il, tl, lse, occ, logp = ctx.saved_tensors
-        if not ctx.reuse_logits:
-            grad = kernels.rnnt_backward(grad_loss, x, targets, il, tl, lse, occ, logp, *ctx.args)
-            return (grad,) + (None,) * 13
-        # each cell's logits are read before its gradient is written over them; then the logits' version
-        # counter moves on, so that any later reader of them (the backward of the op that made them, of another
-        # op that saved them, a second backward through this one) fails with autograd's in-place error instead
-        # of reading the gradient as logits
-        grad = x.detach()
-        kernels.rnnt_backward(grad_loss, x, targets, il, tl, lse, occ, logp, *ctx.args, out=grad, recompute_lse=True)
-        torch.autograd.graph.increment_version(grad)
-        return (grad,) + (None,) * 13
+def _forward(x, targets, il, tl, blank, fused, fastemit_lambda, loss_scale, clamp, rna, need_grad, validate,
+             reuse_logits, reduction):  # fmt: skip
+    """The forward kernels (the loss with its batch reduction), after the device-side check of lengths and
+    labels. Consuming the logits, the backward computes the log-sum-exps again rather than keep them (memory)."""
+    N, T, U1, V = x.shape
+    if validate:
+        validate_on_device(T, U1 - 1, V, targets, il, tl, blank)
+    return kernels.rnnt_forward(x, targets, il, tl, blank, fused, loss_scale, rna, need_grad, reduction,
+                                not reuse_logits)  # fmt: skip
 
 
-@torch.library.custom_op("speechkernels::rnnt_loss_forward", mutates_args=())
-def _rnnt_forward_op(
-    x: torch.Tensor,
-    targets: torch.Tensor,
-    il: torch.Tensor,
-    tl: torch.Tensor,
-    blank: int,
-    fused: bool,
-    fastemit_lambda: float,
-    loss_scale: float,
-    clamp: float,
-    rna: bool,
-    need_grad: bool,
-    validate: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    loss, state = _forward(x, targets, il, tl, blank, fused, loss_scale, rna, need_grad, validate)
-    return (loss, *state)
-
-
-@_rnnt_forward_op.register_fake
-def _(x, targets, il, tl, blank, fused, fastemit_lambda, loss_scale, clamp, rna, need_grad, validate):
+def _forward_fake(x, targets, il, tl, blank, fused, fastemit_lambda, loss_scale, clamp, rna, need_grad, validate,
+                  reuse_logits, reduction):  # fmt: skip
     N, T, U1, _ = x.shape
     cells = N * T * U1
     f32 = dict(dtype=torch.float32)
     return (
-        x.new_empty(N, **f32),
-        x.new_empty(cells if fused else 0, **f32),
+        x.new_empty(N if reduction == "none" else (), **f32),
+        x.new_empty(cells if fused and not reuse_logits else 0, **f32),
         x.new_empty(2 * cells, **f32),
         x.new_empty(N, dtype=torch.float64),
     )
 
 
-@torch.library.custom_op("speechkernels::rnnt_loss_backward", mutates_args=())
-def _rnnt_backward_op(
-    grad_loss: torch.Tensor,
-    x: torch.Tensor,
-    targets: torch.Tensor,
-    il: torch.Tensor,
-    tl: torch.Tensor,
-    lse: torch.Tensor,
-    occ: torch.Tensor,
-    logp: torch.Tensor,
-    blank: int,
-    fused: bool,
-    fastemit_lambda: float,
-    clamp: float,
-    rna: bool,
-) -> torch.Tensor:
-    return kernels.rnnt_backward(
-        grad_loss, x, targets, il, tl, lse, occ, logp, blank, fused, fastemit_lambda, clamp, rna
+def _backward(grad_loss, x, targets, il, tl, lse, occ, logp, blank, fused, fastemit_lambda, clamp, rna, reduction,
+              reuse_logits):  # fmt: skip
+    """The gradient from the stored edge occupancies; with ``reuse_logits`` (eager mode only) written over the
+    logits."""
+    args = (blank, fused, fastemit_lambda, clamp, rna, reduction)
+    if not reuse_logits:
+        return kernels.rnnt_backward(grad_loss, x, targets, il, tl, lse, occ, logp, *args)
+    # each cell's logits are read before its gradient is written over them; then the logits' version counter
+    # moves on, so that any later reader of them (the backward of the op that made them, of another op that
+    # saved them, a second backward through this one) fails with autograd's in-place error instead of reading
+    # the gradient as logits
+    grad = x.detach()
+    kernels.rnnt_backward(grad_loss, x, targets, il, tl, lse, occ, logp, *args, out=grad, recompute_lse=True)
+    torch.autograd.graph.increment_version(grad)
+    return grad
+
+
+# state: log-sum-exps, edge occupancies, log p per sample
+RNNT_LOSS_OP = None
+if kernels is not None:
+    RNNT_LOSS_OP = LossOp(
+        "speechkernels::rnnt_loss",
+        "Tensor x, Tensor targets, Tensor il, Tensor tl, int blank, bool fused, float fastemit_lambda, "
+        "float loss_scale, float clamp, bool rna, bool need_grad, bool validate, bool reuse_logits, str reduction",
+        forward=_forward,
+        forward_fake=_forward_fake,
+        n_state=3,
+        backward=_backward,
+        saved="x targets il tl",
+        backward_args="blank fused fastemit_lambda clamp rna reduction reuse_logits",
+        grads="x",
     )
-
-
-@_rnnt_backward_op.register_fake
-def _(grad_loss, x, targets, il, tl, lse, occ, logp, blank, fused, fastemit_lambda, clamp, rna):
-    return torch.empty_like(x)
-
-
-def _setup_context(ctx, inputs, output):
-    x, targets, il, tl, blank, fused, fastemit_lambda, _loss_scale, clamp, rna = inputs[:10]
-    _loss, *state = output
-    ctx.save_for_backward(x, targets, il, tl, *state)
-    ctx.args = (blank, fused, fastemit_lambda, clamp, rna)
-    ctx.mark_non_differentiable(*state)
-
-
-def _backward(ctx, grad_loss, *_grads_of_the_state):
-    x, targets, il, tl, lse, occ, logp = ctx.saved_tensors
-    grad = _rnnt_backward_op(grad_loss, x, targets, il, tl, lse, occ, logp, *ctx.args)
-    return (grad,) + (None,) * 11
-
-
-_rnnt_forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def rnnt_loss(
@@ -318,16 +260,15 @@ def rnnt_loss(
     targets = targets.to(dev)
     if kernels is not None and use_triton(logits) and N > 0 and T > 0:
         need_grad = torch.is_grad_enabled() and logits.requires_grad
-        args = (logits, targets.contiguous(), il, tl, blank, fused_log_softmax, fastemit_lambda, loss_scale, clamp,
-                rnnt_type == "rna", need_grad, validate)  # fmt: skip
-        if torch.compiler.is_compiling():
-            if reuse_logits_for_grad:
-                raise ValueError("reuse_logits_for_grad=True is not supported under torch.compile")
-            return reduce_loss(_rnnt_forward_op(*args)[0], reduction)
-        return RNNTLossFunction.apply(*args, reuse_logits_for_grad, reduction)
+        if reuse_logits_for_grad and torch.compiler.is_compiling():
+            raise ValueError("reuse_logits_for_grad=True is not supported under torch.compile")
+        return RNNT_LOSS_OP.apply(
+            logits, targets.contiguous(), il, tl, blank, fused_log_softmax, float(fastemit_lambda), loss_scale,
+            float(clamp), rnnt_type == "rna", need_grad, validate, reuse_logits_for_grad, reduction,
+        )  # fmt: skip
     il, tl = il.long(), tl.long()
     if validate:
-        _check_contents(T, U1 - 1, V, targets, il, tl, blank)
+        check_contents(T, U1 - 1, V, targets, il, tl, blank)
     loss = RNNTLossReferenceFunction.apply(
         logits, targets, il, tl, blank, fused_log_softmax, fastemit_lambda, clamp, rnnt_type, fastemit_loss_scale
     )

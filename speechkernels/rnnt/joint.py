@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from .._op import LossOp
 from .._utils import (
     REDUCTIONS,
     as_bool,
@@ -15,7 +16,7 @@ from .._utils import (
     check_float_input,
     use_triton,
 )
-from .api import Lengths, _check_contents, check_loss_arguments, validate_on_device
+from .api import Lengths, check_contents, check_loss_arguments, validate_on_device
 from .joint_reference import ACTIVATIONS, RNNTJointLossReferenceFunction, activation_fn, joint_hidden
 from .reference import RNNT_TYPES, reduce_loss
 
@@ -25,71 +26,20 @@ except ImportError:  # no Triton: the PyTorch path serves every call
     joint_kernels = None
 
 
-class RNNTJointLossFunction(torch.autograd.Function):
-    """The fused kernels in eager mode: the loss (its batch reduction done by the kernels), gradients for enc,
-    pred, weight and bias from the stored log-sum-exps and edge occupancies."""
-
-    @staticmethod
-    def forward(
-        ctx, enc, pred, weight, bias, targets, il, tl, blank, activation, dropout, seed, fastemit_lambda, loss_scale,
-        clamp, rna, validate, reduction,
-    ):  # fmt: skip
-        need_grad = any(ctx.needs_input_grad[:4])
-        if validate:
-            validate_on_device(enc.shape[1], pred.shape[1] - 1, weight.shape[0], targets, il, tl, blank)
-        loss, state = joint_kernels.joint_forward(
-            enc, pred, weight, bias, targets, il, tl, blank, activation, dropout, seed, loss_scale, rna, need_grad,
-            reduction,
-        )  # fmt: skip
-        ctx.save_for_backward(enc, pred, weight, bias, targets, il, tl, *state)
-        ctx.args = (blank, activation, dropout, seed, fastemit_lambda, clamp, rna, reduction)
-        return loss
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        enc, pred, weight, bias, targets, il, tl, lse, occ, logp = ctx.saved_tensors
-        grads = joint_kernels.joint_backward(grad_loss, enc, pred, weight, bias, targets, il, tl, lse, occ, logp,
-                                             *ctx.args)  # fmt: skip
-        return (*grads,) + (None,) * 13
-
-
-@torch.library.custom_op("speechkernels::rnnt_joint_loss_forward", mutates_args=())
-def _joint_forward_op(
-    enc: torch.Tensor,
-    pred: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    targets: torch.Tensor,
-    il: torch.Tensor,
-    tl: torch.Tensor,
-    blank: int,
-    activation: str,
-    dropout: float,
-    seed_lo: int,
-    seed_hi: int,
-    fastemit_lambda: float,
-    loss_scale: float,
-    clamp: float,
-    rna: bool,
-    need_grad: bool,
-    validate: bool,
-    reduction: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The fused kernels' forward as an op torch.compile can trace: the loss (reduced by the kernels, as in eager
-    mode) and the backward's state (fastemit_lambda and clamp are the backward's)."""
+def _forward(enc, pred, weight, bias, targets, il, tl, blank, activation, dropout, seed_lo, seed_hi,
+             fastemit_lambda, loss_scale, clamp, rna, need_grad, validate, reduction):  # fmt: skip
+    """The fused kernels' forward: the loss (reduced by the kernels) and the backward's state (log-sum-exps,
+    edge occupancies, log p; fastemit_lambda and clamp are the backward's)."""
     if validate:
         validate_on_device(enc.shape[1], pred.shape[1] - 1, weight.shape[0], targets, il, tl, blank)
-    loss, state = joint_kernels.joint_forward(
+    return joint_kernels.joint_forward(
         enc, pred, weight, bias, targets, il, tl, blank, activation, dropout, (seed_lo, seed_hi), loss_scale, rna,
         need_grad, reduction,
     )  # fmt: skip
-    # (a batch reduction is a view past the per-sample losses; an op's outputs start their own storage)
-    return (loss if reduction == "none" else loss.clone(), *state)
 
 
-@_joint_forward_op.register_fake
-def _(enc, pred, weight, bias, targets, il, tl, blank, activation, dropout, seed_lo, seed_hi, fastemit_lambda,
-      loss_scale, clamp, rna, need_grad, validate, reduction):  # fmt: skip
+def _forward_fake(enc, pred, weight, bias, targets, il, tl, blank, activation, dropout, seed_lo, seed_hi,
+                  fastemit_lambda, loss_scale, clamp, rna, need_grad, validate, reduction):  # fmt: skip
     cells = enc.shape[0] * enc.shape[1] * pred.shape[1]
     f32 = dict(dtype=torch.float32)
     loss = enc.new_empty(enc.shape[0] if reduction == "none" else (), **f32)
@@ -97,60 +47,30 @@ def _(enc, pred, weight, bias, targets, il, tl, blank, activation, dropout, seed
             enc.new_empty(enc.shape[0], dtype=torch.float64))  # fmt: skip
 
 
-@torch.library.custom_op("speechkernels::rnnt_joint_loss_backward", mutates_args=())
-def _joint_backward_op(
-    grad_loss: torch.Tensor,
-    enc: torch.Tensor,
-    pred: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    targets: torch.Tensor,
-    il: torch.Tensor,
-    tl: torch.Tensor,
-    lse: torch.Tensor,
-    occ: torch.Tensor,
-    logp: torch.Tensor,
-    blank: int,
-    activation: str,
-    dropout: float,
-    seed_lo: int,
-    seed_hi: int,
-    fastemit_lambda: float,
-    clamp: float,
-    rna: bool,
-    reduction: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients for enc, pred, weight and bias (an empty tensor when there is no bias)."""
-    g_enc, g_pred, g_w, g_b = joint_kernels.joint_backward(
+def _backward(grad_loss, enc, pred, weight, bias, targets, il, tl, lse, occ, logp, blank, activation, dropout,
+              seed_lo, seed_hi, fastemit_lambda, clamp, rna, reduction):  # fmt: skip
+    """Gradients for enc, pred, weight and bias (None without a bias)."""
+    return joint_kernels.joint_backward(
         grad_loss, enc, pred, weight, bias, targets, il, tl, lse, occ, logp, blank, activation, dropout,
         (seed_lo, seed_hi), fastemit_lambda, clamp, rna, reduction,
     )  # fmt: skip
-    return g_enc, g_pred, g_w, weight.new_empty(0) if g_b is None else g_b
 
 
-@_joint_backward_op.register_fake
-def _(grad_loss, enc, pred, weight, bias, *rest):
-    return (torch.empty_like(enc), torch.empty_like(pred), torch.empty_like(weight),
-            weight.new_empty(0) if bias is None else torch.empty_like(bias))  # fmt: skip
-
-
-def _joint_setup_context(ctx, inputs, output):
-    enc, pred, weight, bias, targets, il, tl, blank, activation, dropout, seed_lo, seed_hi = inputs[:12]
-    fastemit_lambda, _loss_scale, clamp, rna, _need_grad, _validate, reduction = inputs[12:19]
-    _loss, *state = output
-    ctx.save_for_backward(enc, pred, weight, bias, targets, il, tl, *state)
-    ctx.args = (blank, activation, dropout, seed_lo, seed_hi, fastemit_lambda, clamp, rna, reduction)
-    ctx.mark_non_differentiable(*state)
-
-
-def _joint_backward(ctx, grad_loss, *_grads_of_the_state):
-    enc, pred, weight, bias, targets, il, tl, lse, occ, logp = ctx.saved_tensors
-    g_enc, g_pred, g_w, g_b = _joint_backward_op(grad_loss, enc, pred, weight, bias, targets, il, tl, lse, occ, logp,
-                                                 *ctx.args)  # fmt: skip
-    return (g_enc, g_pred, g_w, None if bias is None else g_b) + (None,) * 15
-
-
-_joint_forward_op.register_autograd(_joint_backward, setup_context=_joint_setup_context)
+JOINT_LOSS_OP = None
+if joint_kernels is not None:
+    JOINT_LOSS_OP = LossOp(
+        "speechkernels::rnnt_joint_loss",
+        "Tensor enc, Tensor pred, Tensor weight, Tensor? bias, Tensor targets, Tensor il, Tensor tl, int blank, "
+        "str activation, float dropout, int seed_lo, int seed_hi, float fastemit_lambda, float loss_scale, "
+        "float clamp, bool rna, bool need_grad, bool validate, str reduction",
+        forward=_forward,
+        forward_fake=_forward_fake,
+        n_state=3,
+        backward=_backward,
+        saved="enc pred weight bias targets il tl",
+        backward_args="blank activation dropout seed_lo seed_hi fastemit_lambda clamp rna reduction",
+        grads="enc pred weight bias",
+    )
 
 
 def _draw_seed(generator: torch.Generator | None) -> tuple[int, int]:
@@ -296,21 +216,16 @@ def rnnt_joint_loss(
     loss_scale = 1.0 + fastemit_lambda if fastemit_loss_scale else 1.0
     with torch.autocast(dev.type, enabled=False):
         if joint_kernels is not None and use_triton(enc) and N > 0 and T > 0:
-            if torch.compiler.is_compiling():
-                need_grad = torch.is_grad_enabled() and any(
-                    x is not None and x.requires_grad for x in (enc, pred, weight, bias)
-                )
-                return _joint_forward_op(
-                    enc, pred, weight, bias, targets.contiguous(), il, tl, blank, activation, dropout, *seed,
-                    fastemit_lambda, loss_scale, clamp, rnnt_type == "rna", need_grad, validate, reduction,
-                )[0]  # fmt: skip
-            return RNNTJointLossFunction.apply(
-                enc, pred, weight, bias, targets.contiguous(), il, tl, blank, activation, dropout, seed,
-                fastemit_lambda, loss_scale, clamp, rnnt_type == "rna", validate, reduction,
+            need_grad = torch.is_grad_enabled() and any(
+                x is not None and x.requires_grad for x in (enc, pred, weight, bias)
+            )
+            return JOINT_LOSS_OP.apply(
+                enc, pred, weight, bias, targets.contiguous(), il, tl, blank, activation, dropout, *seed,
+                fastemit_lambda, loss_scale, clamp, rnnt_type == "rna", need_grad, validate, reduction,
             )  # fmt: skip
         il, tl = il.long(), tl.long()
         if validate:
-            _check_contents(T, U1 - 1, V, targets, il, tl, blank)
+            check_contents(T, U1 - 1, V, targets, il, tl, blank)
         compute = torch.float64 if enc.dtype == torch.float64 else torch.float32
         loss = RNNTJointLossReferenceFunction.apply(
             enc, pred, weight, bias, targets, il, tl, blank, activation, dropout, seed, fastemit_lambda, clamp,

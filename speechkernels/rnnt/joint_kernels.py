@@ -40,9 +40,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .._logspace import _ln2, _log2e, _neg
+from .._logspace import ln2, log2e, lse_step_rows, neg
+from .._utils import kernel_output
 from .joint_reference import ACTIVATIONS, DROP_BITS
-from .kernels import _cell_offsets, _empty, _lengths, rnnt_recursions
+from .kernels import cell_offsets, rnnt_recursions, sample_lengths
 
 
 @triton.jit
@@ -234,7 +235,7 @@ def _joint_hidden_kernel(
     """Program (BM rows, BK features): dropout(act(enc + pred)), 0 in cells without edges and in the columns
     [H, s_seg); SPLIT (float32 inputs): ``_split``'s hi and lo, in two segments of s_seg columns."""
     i, n, t, u = _chunk_cells(tl.program_id(0) * (BM // BT), n0, u0, UC, n_tb, BT, BM)
-    T_n, U_n = _lengths(il_ptr, tl_ptr, n, i < tiles, T, U1)
+    T_n, U_n = sample_lengths(il_ptr, tl_ptr, n, i < tiles, T, U1)
     m_row = (i < tiles) & (t < T_n) & (u <= U_n)
     k = tl.program_id(1) * BK + tl.arange(0, BK)
     m_k = k < H
@@ -260,17 +261,7 @@ def _lse_chunk(b_m, b_s, v0, V, h_desc, r0, w_desc, b_ptr, H, HAS_BIAS: tl.const
     v = v0 + tl.arange(0, BV)
     m_v = v < V
     acc = _logits(h_desc, r0, w_desc, v0, b_ptr, v, m_v, H, HAS_BIAS, DT, SPLIT, BM, BV, BK)
-    return _lse_update(b_m, b_s, acc, m_v)
-
-
-@triton.jit
-def _lse_update(b_m, b_s, acc, m_col):
-    """The rows' online log-sum-exp (log2 units: running maximum b_m, sum b_s of exp2(x - b_m)) after the logits
-    acc [BM, BC] of the columns m_col."""
-    x2 = tl.where(m_col[None, :], acc * _log2e(), float("-inf"))
-    m_new = tl.maximum(b_m, tl.max(x2, axis=1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    return m_new, b_s * tl.exp2(b_m - m_safe) + tl.sum(tl.exp2(x2 - m_safe[:, None]), axis=1)
+    return lse_step_rows(b_m, b_s, tl.where(m_v[None, :], acc * log2e(), float("-inf")))
 
 
 @triton.jit
@@ -302,7 +293,7 @@ def _joint_lattice_kernel(
     il_ptr,
     tl_ptr,
     lse_ptr,  # [N * T * (U+1)] float32 out: natural-log log-sum-exp per cell
-    lat_ptr,  # [N * T * (U+1), 2] float32 out: log2 p(blank), log2 p(next label), skewed as _cell_offsets
+    lat_ptr,  # [N * T * (U+1), 2] float32 out: log2 p(blank), log2 p(next label), skewed as cell_offsets
     cnt_ptr,  # int32: zeroed here for the batch reduction of the recursions
     n0,
     u0,
@@ -333,7 +324,7 @@ def _joint_lattice_kernel(
     if pid == 0:
         tl.store(cnt_ptr, 0)
     i, n, t, u = _chunk_cells(pid * (BM // BT), n0, u0, UC, n_tb, BT, BM)
-    T_n, U_n = _lengths(il_ptr, tl_ptr, n, i < tiles, T, U1)
+    T_n, U_n = sample_lengths(il_ptr, tl_ptr, n, i < tiles, T, U1)
     m_row = (i < tiles) & (t < T_n) & (u <= U_n)
     if tl.sum(m_row.to(tl.int32), axis=0) > 0:
         lab, has_label = _labels(tgt_ptr, stride_tg, n, u, m_row, U_n, V)
@@ -351,24 +342,24 @@ def _joint_lattice_kernel(
         lab_j = tl.sum(tl.where(j[:, None] == n_rest + 1 + tl.arange(0, KT)[None, :], lab_t[None, :], 0), axis=1)
         cls = tl.where(j < n_rest, V_main + j, tl.where(j == n_rest, blank, tl.where(j <= n_rest + KT, lab_j, -1)))
         acc = _gathered_logits(h_desc, r0, w_ptr, b_ptr, cls, H, s_wv, s_w, HAS_BIAS, DT, SPLIT, BM, BVT, BK)
-        b_m, b_s = _lse_update(b_m, b_s, acc, j < n_rest)
+        b_m, b_s = lse_step_rows(b_m, b_s, tl.where((j < n_rest)[None, :], acc * log2e(), float("-inf")))
         x_blank = tl.sum(tl.where((j == n_rest)[None, :], acc, 0.0), axis=1)
         j_lab = n_rest + 1 + tl.arange(0, BM) // BT
         x_label = tl.sum(tl.where(j[None, :] == j_lab[:, None], acc, 0.0), axis=1)
         m_safe = tl.where(b_m == float("-inf"), 0.0, b_m)
-        lse = (m_safe + tl.log2(b_s)) * _ln2()
+        lse = (m_safe + tl.log2(b_s)) * ln2()
         cell = (n * T + t) * U1 + u
         tl.store(lse_ptr + cell, lse, mask=m_row)
-        p_cell = lat_ptr + _cell_offsets(n, t.to(tl.int64), u, T, U1, RNA)
-        tl.store(p_cell, (x_blank - lse) * _log2e(), mask=m_row)
-        tl.store(p_cell + 1, tl.where(has_label, (x_label - lse) * _log2e(), _neg()), mask=m_row)
+        p_cell = lat_ptr + cell_offsets(n, t.to(tl.int64), u, T, U1, RNA)
+        tl.store(p_cell, (x_blank - lse) * log2e(), mask=m_row)
+        tl.store(p_cell + 1, tl.where(has_label, (x_label - lse) * log2e(), neg()), mask=m_row)
 
 
 @triton.jit
 def _dlogits(acc, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, CLAMP: tl.constexpr):
     """The logits' gradient [BM, BV] float32: g * (softmax * (occ_b + occ_e) - occ_b [blank] - occ_e [label]),
     clamped before g (per row) scales it (as torchaudio clamps); 0 off the cells and classes."""
-    d = tl.exp2((acc - lse[:, None]) * _log2e()) * (occ_b + occ_e)[:, None]
+    d = tl.exp2((acc - lse[:, None]) * log2e()) * (occ_b + occ_e)[:, None]
     d -= tl.where(v[None, :] == blank, occ_b[:, None], 0.0)
     d -= tl.where(v[None, :] == lab[:, None], occ_e[:, None], 0.0)
     if CLAMP:
@@ -473,11 +464,11 @@ def _joint_dlogits_kernel(
     cg = tl.program_id(0) % n_cg
     pid = tl.program_id(0) // n_cg
     i, n, t, u = _chunk_cells(pid * KT, n0, u0, UC, n_tb, BT, BM)
-    T_n, U_n = _lengths(il_ptr, tl_ptr, n, i < tiles, T, U1)
+    T_n, U_n = sample_lengths(il_ptr, tl_ptr, n, i < tiles, T, U1)
     logp = tl.load(logp_ptr + n, mask=i < tiles, other=float("-inf"))
     m_row = (i < tiles) & (t < T_n) & (u <= U_n) & (logp != float("-inf"))
     cell = (n * T + t) * U1 + u
-    p_cell = occ_ptr + _cell_offsets(n, t.to(tl.int64), u, T, U1, RNA)
+    p_cell = occ_ptr + cell_offsets(n, t.to(tl.int64), u, T, U1, RNA)
     occ_b = tl.load(p_cell, mask=m_row, other=0.0)
     occ_e = tl.load(p_cell + 1, mask=m_row, other=0.0) * fastemit_scale
     g = tl.load(gloss_ptr + n * gloss_stride, mask=i < tiles, other=0.0).to(tl.float32) * gscale
@@ -712,9 +703,9 @@ def joint_forward(
     V = weight.shape[0]
     dev = enc.device
     n_cells = N * T * U1
-    lse = _empty(n_cells, dtype=torch.float32, device=dev)
-    lat = _empty(2 * n_cells, dtype=torch.float32, device=dev)
-    aux = _empty(1 + 2 * N, dtype=torch.int32, device=dev)
+    lse = kernel_output(n_cells, dtype=torch.float32, device=dev)
+    lat = kernel_output(2 * n_cells, dtype=torch.float32, device=dev)
+    aux = kernel_output(1 + 2 * N, dtype=torch.int32, device=dev)
     strides, seeds, meta = _common(enc, pred, weight, bias, dropout, seed, activation)
     bh, bf = _blocks(enc, "hidden"), _blocks(enc, "forward")
     BT = _blocks(enc, "tile")["BT"]
@@ -726,7 +717,7 @@ def joint_forward(
     k_h = s_h if split else H  # the products' features (float32: a segment)
     h_cols = 2 * s_h if split else s_h
     nc, uc = _chunks(N, U1, n_tb * BT, h_cols * pdt.itemsize, dev, split)
-    hbuf = _empty(_rows(nc * n_tb * uc * BT, bh["BM"], bf["BM"]), h_cols, dtype=pdt, device=dev)
+    hbuf = kernel_output(_rows(nc * n_tb * uc * BT, bh["BM"], bf["BM"]), h_cols, dtype=pdt, device=dev)
     h_desc, w_desc = _descriptor(hbuf, [bf["BM"], bf["BK"]]), _descriptor(w_k, [bf["BV"], bf["BK"]])
     v_main = _main_classes(V, bf, 1 + bf["BM"] // BT)
     for n0, u0, tiles, _rows_n, ucc in _chunk_list(N, U1, n_tb, nc, uc):
@@ -794,14 +785,14 @@ def joint_backward(
     v_main = _main_classes(V, b1)
     n_cg = triton.cdiv(v_main, b1["BV"]) + triton.cdiv(V - v_main, b1["BVT"])
     rows_max = _rows(nc * n_tb * uc * BT, bh["BM"], b1["BM"])
-    hbuf = _empty(rows_max, h_cols, dtype=pdt, device=dev)
-    ds = _empty(rows_max, d_cols, dtype=pdt, device=dev)
-    flags = _empty(rows_max // BT, dtype=torch.int32, device=dev)
+    hbuf = kernel_output(rows_max, h_cols, dtype=pdt, device=dev)
+    ds = kernel_output(rows_max, d_cols, dtype=pdt, device=dev)
+    flags = kernel_output(rows_max // BT, dtype=torch.int32, device=dev)
     genc = torch.zeros(N, T, H, dtype=torch.float32, device=dev)
     gpred = torch.zeros(N, U1, H, dtype=torch.float32, device=dev)
     FB = max(b2["FB"], BT)  # the rows kernel's blocks of frames (a multiple of BT), n_fb a sample
     n_fb = triton.cdiv(n_tb * BT, FB)
-    gpred_part = _empty(nc * n_fb * uc * H, dtype=torch.float32, device=dev)
+    gpred_part = kernel_output(nc * n_fb * uc * H, dtype=torch.float32, device=dev)
     # float32: hi^T @ [h_hi | h_lo] and lo^T @ h_hi of the logits' gradient's hi and lo
     gw = torch.zeros(s_ds, h_cols, dtype=torch.float32, device=dev)
     gw_lo = torch.zeros(s_ds, s_h, dtype=torch.float32, device=dev) if split else None

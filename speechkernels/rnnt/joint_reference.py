@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .reference import _masks, _pad_frame, alpha_beta
+from .reference import alpha_beta, lattice_masks, pad_frame
 
 ACTIVATIONS = ("relu", "tanh", "sigmoid")
 NEG_INF = float("-inf")
@@ -128,11 +128,11 @@ class RNNTJointLossReferenceFunction(torch.autograd.Function):
         ctx.save_for_backward(enc, pred, weight, bias, tg)
         if any(ctx.needs_input_grad[:4]):
             # edge occupancies, as rnnt_forward_backward_reference forms them
-            t, u, node, has_edges = _masks(T_n, U_n, T, U1)
+            t, u, node, has_edges = lattice_masks(T_n, U_n, T, U1)
             possible = (log_p > NEG_INF)[:, None, None]
             lp_ = log_p[:, None, None]
-            wb = torch.where(has_edges, _pad_frame(lp_blank), NEG_INF)[:, :T]
-            we = torch.where(has_edges & (u < U_n[:, None, None]), _pad_frame(lp_emit), NEG_INF)[:, :T]
+            wb = torch.where(has_edges, pad_frame(lp_blank), NEG_INF)[:, :T]
+            we = torch.where(has_edges & (u < U_n[:, None, None]), pad_frame(lp_emit), NEG_INF)[:, :T]
             beta_emit = beta[:, 1:] if rnnt_type == "rna" else beta[:, :T]
             beta_emit = torch.nn.functional.pad(beta_emit[..., 1:], (0, 1), value=NEG_INF)
             occ_b = torch.where(possible, torch.exp(alpha[:, :T] + wb + beta[:, 1:] - lp_), 0.0)

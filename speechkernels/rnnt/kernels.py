@@ -33,12 +33,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .._logspace import _lae, _ln2, _log2e, _neg
-from .._utils import next_power_of_2
+from .._logspace import lae, ln2, log2e, lse_step, lse_total, neg
+from .._utils import kernel_output, kernel_output_like, next_power_of_2
 
 
 @triton.jit
-def _lengths(il_ptr, tl_ptr, n, mask, T, U1):
+def sample_lengths(il_ptr, tl_ptr, n, mask, T, U1):
     """Sample n's frames and labels (int32), clamped to the tensor (unchecked input cannot index out of bounds)."""
     T_n = tl.minimum(tl.maximum(tl.load(il_ptr + n, mask=mask, other=0), 0), T).to(tl.int32)
     U_n = tl.minimum(tl.maximum(tl.load(tl_ptr + n, mask=mask, other=0), 0), U1 - 1).to(tl.int32)
@@ -53,12 +53,12 @@ def _row_cells(il_ptr, tl_ptr, T, U1, BLOCK_R: tl.constexpr):
     n = nt // T
     t = nt - n * T
     u = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
-    T_n, U_n = _lengths(il_ptr, tl_ptr, n, True, T, U1)
+    T_n, U_n = sample_lengths(il_ptr, tl_ptr, n, True, T, U1)
     return nt.to(tl.int64) * U1 + u, n.to(tl.int64), t.to(tl.int64), u, u < U1, T_n, U_n
 
 
 @triton.jit
-def _cell_offsets(n, t, u, T, U1, RNA: tl.constexpr):
+def cell_offsets(n, t, u, T, U1, RNA: tl.constexpr):
     """Offsets of cells (n, t, u) in the [N, T, U+1, 2] lattice: RNN-T's rows are skewed (see _lat_row). The
     row in 32 bits (a 64-bit remainder costs a hundred instructions)."""
     if RNA:
@@ -75,24 +75,17 @@ def _row_lse(p_x, m_r, stride_v, V, ONE_CHUNK: tl.constexpr, BLOCK_R: tl.constex
     o_v = tl.arange(0, BLOCK_V)
     if ONE_CHUNK:  # V <= BLOCK_V: one exponential per score
         b_x = tl.load(p_x[:, None] + o_v[None, :] * stride_v, mask=m_r[:, None] & (o_v < V)[None, :],
-                      other=float("-inf")).to(tl.float32) * _log2e()  # fmt: skip
-        m_all = tl.max(b_x, axis=1)
-        m_all_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
-        lse = (m_all_safe + tl.log2(tl.sum(tl.exp2(b_x - m_all_safe[:, None]), axis=1))) * _ln2()
+                      other=float("-inf")).to(tl.float32) * log2e()  # fmt: skip
+        lse = lse_total(b_x, 1.0, 1) * ln2()
     else:  # online over chunks of BLOCK_V
         b_m = tl.full([BLOCK_R, BLOCK_V], float("-inf"), tl.float32)
         b_s = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)
         for v0 in range(0, V, BLOCK_V):
             m_v = v0 + o_v < V
             b_x = tl.load(p_x[:, None] + (v0 + o_v)[None, :] * stride_v, mask=m_r[:, None] & m_v[None, :],
-                          other=float("-inf")).to(tl.float32) * _log2e()  # fmt: skip
-            m_new = tl.maximum(b_m, b_x)
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            b_s = b_s * tl.exp2(b_m - m_safe) + tl.exp2(b_x - m_safe)
-            b_m = m_new
-        m_all = tl.max(b_m, axis=1)
-        m_all_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
-        lse = (m_all_safe + tl.log2(tl.sum(b_s * tl.exp2(b_m - m_all_safe[:, None]), axis=1))) * _ln2()
+                          other=float("-inf")).to(tl.float32) * log2e()  # fmt: skip
+            b_m, b_s = lse_step(b_m, b_s, b_x)
+        lse = lse_total(b_m, b_s, 1) * ln2()
     return tl.where(m_r, lse, 0.0)
 
 
@@ -138,9 +131,9 @@ def _rnnt_lattice_kernel(
     lab = tl.load(tgt_ptr + n * stride_tg + u, mask=has_label, other=0).to(tl.int64)
     lab = tl.minimum(tl.maximum(lab, 0), V - 1)
     x_label = tl.load(p_x + lab * stride_v, mask=has_label, other=0.0).to(tl.float32)
-    p_cell = lat_ptr + _cell_offsets(n, t, u, T, U1, RNA)
-    tl.store(p_cell, (x_blank - lse) * _log2e(), mask=m_r)
-    tl.store(p_cell + 1, tl.where(has_label, (x_label - lse) * _log2e(), _neg()), mask=m_r)
+    p_cell = lat_ptr + cell_offsets(n, t, u, T, U1, RNA)
+    tl.store(p_cell, (x_blank - lse) * log2e(), mask=m_r)
+    tl.store(p_cell + 1, tl.where(has_label, (x_label - lse) * log2e(), neg()), mask=m_r)
 
 
 @triton.jit
@@ -231,10 +224,10 @@ def _store_loss(a, o_u, U_n, nan, logp_ptr, loss_ptr, i_n, loss_scale):
     """log2 p from the end node's lane of the last alpha step (-inf below the sentinel's range, NaN if a NaN
     log-prob was read), and the loss -(1 + lambda) ln p. Returns log2 p."""
     logp = tl.sum(tl.where(o_u == U_n, a, 0.0), axis=0)
-    logp = tl.where(logp < 0.5 * _neg(), float("-inf"), logp)
+    logp = tl.where(logp < 0.5 * neg(), float("-inf"), logp)
     logp = tl.where(tl.sum(nan, axis=0) > 0, float("nan"), logp)
     tl.store(logp_ptr + i_n, logp)
-    tl.store(loss_ptr + i_n, (-loss_scale * logp * _ln2()).to(tl.float32))
+    tl.store(loss_ptr + i_n, (-loss_scale * logp * ln2()).to(tl.float32))
     return logp
 
 
@@ -268,8 +261,8 @@ def _alpha_loads(p_lat, d, r, o_u, T_n, U_n, U1, RNA: tl.constexpr):
     m_b = node & (t_b >= 0) & (t_b < T_n)
     m_e = node & (o_u > 0) & (t_e >= 0) & (t_e < T_n)
     p_row = p_lat + r * U1 * 2
-    w_b = tl.load(p_row + o_u * 2, mask=m_b, other=_neg())
-    w_e = tl.load(p_row + o_u * 2 - 1, mask=m_e, other=_neg())
+    w_b = tl.load(p_row + o_u * 2, mask=m_b, other=neg())
+    w_e = tl.load(p_row + o_u * 2 - 1, mask=m_e, other=neg())
     return w_b, w_e
 
 
@@ -277,10 +270,10 @@ def _alpha_loads(p_lat, d, r, o_u, T_n, U_n, U1, RNA: tl.constexpr):
 def _alpha_step(a, w_b, w_e, d, o_u, i_prev, T_n, U_n, RNA: tl.constexpr):
     """alpha of step d from alpha of step d - 1 and the edges into step d's nodes."""
     t, node = _nodes(d, o_u, T_n, U_n, RNA)
-    a_prev = tl.where(o_u > 0, tl.gather(a, i_prev, 0), _neg())
-    from_b = a + tl.maximum(w_b, _neg()).to(tl.float64)
-    from_e = a_prev + tl.maximum(w_e, _neg()).to(tl.float64)
-    return tl.where(node, _lae(from_b, from_e), _neg()), t, node
+    a_prev = tl.where(o_u > 0, tl.gather(a, i_prev, 0), neg())
+    from_b = a + tl.maximum(w_b, neg()).to(tl.float64)
+    from_e = a_prev + tl.maximum(w_e, neg()).to(tl.float64)
+    return tl.where(node, lae(from_b, from_e), neg()), t, node
 
 
 @triton.jit
@@ -289,8 +282,8 @@ def _cell_loads(p_lat, d, r, o_u, T_n, U_n, U1, RNA: tl.constexpr):
     t, node = _nodes(d, o_u, T_n, U_n, RNA)
     has_b = node & (t < T_n)
     p_cell = p_lat + (r * U1 + o_u) * 2
-    w_b = tl.load(p_cell, mask=has_b, other=_neg())
-    w_e = tl.load(p_cell + 1, mask=has_b & (o_u < U_n), other=_neg())
+    w_b = tl.load(p_cell, mask=has_b, other=neg())
+    w_e = tl.load(p_cell + 1, mask=has_b & (o_u < U_n), other=neg())
     return w_b, w_e
 
 
@@ -302,10 +295,10 @@ def _beta_step(b, w_b, w_e, d, o_u, i_next, T_n, U_n, RNA: tl.constexpr, BLOCK_U
     t, node = _nodes(d, o_u, T_n, U_n, RNA)
     has_b = node & (t < T_n)
     has_e = has_b & (o_u < U_n)
-    to_b = tl.where(has_b, tl.maximum(w_b, _neg()).to(tl.float64) + b, _neg())
-    b_next = tl.where(o_u + 1 < BLOCK_U, tl.gather(b, i_next, 0), _neg())
-    to_e = tl.where(has_e, tl.maximum(w_e, _neg()).to(tl.float64) + b_next, _neg())
-    return tl.where(node, _lae(to_b, to_e), _neg()), to_b, to_e, t, has_b, has_e
+    to_b = tl.where(has_b, tl.maximum(w_b, neg()).to(tl.float64) + b, neg())
+    b_next = tl.where(o_u + 1 < BLOCK_U, tl.gather(b, i_next, 0), neg())
+    to_e = tl.where(has_e, tl.maximum(w_e, neg()).to(tl.float64) + b_next, neg())
+    return tl.where(node, lae(to_b, to_e), neg()), to_b, to_e, t, has_b, has_e
 
 
 @triton.jit
@@ -345,7 +338,7 @@ def _rnnt_halves_kernel(
     program (n, 0) runs alpha over all steps and writes the loss."""
     i_n = tl.program_id(0).to(tl.int64)
     side = tl.program_id(1)
-    T_n, U_n = _lengths(il_ptr, tl_ptr, i_n, True, T, U1)
+    T_n, U_n = sample_lengths(il_ptr, tl_ptr, i_n, True, T, U1)
     D = T_n if RNA else T_n + U_n
     M = D // 2
     o_u = tl.arange(0, BLOCK_U)
@@ -355,7 +348,7 @@ def _rnnt_halves_kernel(
     nan = tl.zeros([BLOCK_U], tl.int32)
     if side == 0:
         i_prev = tl.maximum(o_u - 1, 0)
-        a = tl.where(o_u == 0, 0.0, _neg()).to(tl.float64)
+        a = tl.where(o_u == 0, 0.0, neg()).to(tl.float64)
         last = M if SPLIT else D
         if SPLIT:
             _, node = _nodes(0, o_u, T_n, U_n, RNA)
@@ -383,7 +376,7 @@ def _rnnt_halves_kernel(
     else:
         i_next = tl.minimum(o_u + 1, BLOCK_U - 1)
         # beta at step D: 0 at the end node (T_n, U_n)
-        b = tl.where(o_u == U_n, 0.0, _neg()).to(tl.float64)
+        b = tl.where(o_u == U_n, 0.0, neg()).to(tl.float64)
         if D > M:
             _, node = _nodes(D, o_u, T_n, U_n, RNA)
             tl.store(p_st + _state_row(D, T, RNA) * U1 + o_u, b, mask=node)
@@ -417,8 +410,8 @@ def _join_loads(p_lat, p_st, d, r, rs, o_u, T_n, U_n, U1, RNA: tl.constexpr):
     _, node = _nodes(d, o_u, T_n, U_n, RNA)
     _, node_r = _nodes(d, o_u + 1, T_n, U_n, RNA)
     p_row = p_st + rs * U1
-    be_b = tl.load(p_row + o_u, mask=node, other=_neg())
-    be_e = tl.load(p_row + o_u + 1, mask=node_r, other=_neg())
+    be_b = tl.load(p_row + o_u, mask=node, other=neg())
+    be_e = tl.load(p_row + o_u + 1, mask=node_r, other=neg())
     return w_b, w_e, c_e, be_b, be_e
 
 
@@ -428,7 +421,7 @@ def _beta_loads(p_lat, p_st, d, r, rs, o_u, T_n, U_n, U1, RNA: tl.constexpr):
     step d's lattice and state rows)."""
     w_b, w_e = _cell_loads(p_lat, d, r, o_u, T_n, U_n, U1, RNA)
     _, node = _nodes(d, o_u, T_n, U_n, RNA)
-    return w_b, w_e, tl.load(p_st + rs * U1 + o_u, mask=node, other=_neg())
+    return w_b, w_e, tl.load(p_st + rs * U1 + o_u, mask=node, other=neg())
 
 
 @triton.jit
@@ -456,7 +449,7 @@ def _rnnt_join_kernel(
     (n, 1) beta on over steps M-1..0 with those out of steps M-1..0 (disjoint lattice cells)."""
     i_n = tl.program_id(0).to(tl.int64)
     side = tl.program_id(1)
-    T_n, U_n = _lengths(il_ptr, tl_ptr, i_n, True, T, U1)
+    T_n, U_n = sample_lengths(il_ptr, tl_ptr, i_n, True, T, U1)
     D = T_n if RNA else T_n + U_n
     M = D // 2
     o_u = tl.arange(0, BLOCK_U)
@@ -466,19 +459,19 @@ def _rnnt_join_kernel(
     p_st = state_ptr + i_n * (T + 1) * U1
     # log p = log sum_u alpha(M, u) beta(M, u)
     t_m, node_m = _nodes(M, o_u, T_n, U_n, RNA)
-    a = tl.load(p_st + _state_row(M, T, RNA) * U1 + o_u, mask=node_m, other=_neg())
-    b = tl.load(mid_ptr + i_n * U1 + o_u, mask=o_u < U1, other=_neg())
+    a = tl.load(p_st + _state_row(M, T, RNA) * U1 + o_u, mask=node_m, other=neg())
+    b = tl.load(mid_ptr + i_n * U1 + o_u, mask=o_u < U1, other=neg())
     nan = tl.load(aux_ptr + 1 + 2 * i_n) + tl.load(aux_ptr + 2 + 2 * i_n)
-    ab = tl.where(node_m, a + b, _neg())
+    ab = tl.where(node_m, a + b, neg())
     top = tl.max(ab, axis=0)
     logp = top + tl.log2(tl.sum(tl.exp2((ab - top).to(tl.float32)), axis=0)).to(tl.float64)
-    logp = tl.where(top < 0.5 * _neg(), float("-inf"), logp)
+    logp = tl.where(top < 0.5 * neg(), float("-inf"), logp)
     logp = tl.where(nan > 0, float("nan"), logp)
     # impossible samples keep no occupancy (zero gradient); NaN goes on so that it propagates
     live = logp != float("-inf")
     if side == 0:
         tl.store(logp_ptr + i_n, logp)
-        tl.store(loss_ptr + i_n, (-loss_scale * logp * _ln2()).to(tl.float32))
+        tl.store(loss_ptr + i_n, (-loss_scale * logp * ln2()).to(tl.float32))
         if REDUCE:
             _reduce_losses(loss_ptr, aux_ptr, N, reduce_scale, BLOCK_N)
         # step d's alpha from step d - 1's (in a), and the occupancies of the edges out of step d - 1's nodes:
@@ -498,8 +491,8 @@ def _rnnt_join_kernel(
             t_x, node_x = _nodes(d - 1, o_u, T_n, U_n, RNA)
             has_b = node_x & (t_x < T_n)
             has_e = has_b & (o_u < U_n)
-            to_b = tl.where(has_b, tl.maximum(w_b, _neg()).to(tl.float64) + be_b, _neg())
-            to_e = tl.where(has_e, tl.maximum(c_e, _neg()).to(tl.float64) + be_e, _neg())
+            to_b = tl.where(has_b, tl.maximum(w_b, neg()).to(tl.float64) + be_b, neg())
+            to_e = tl.where(has_e, tl.maximum(c_e, neg()).to(tl.float64) + be_e, neg())
             _store_occupancies(p_lat, r_x, o_u, U1, a, to_b, to_e, logp, has_b, has_e)
             a, t_a, node_a = _alpha_step(a, w_b, w_e, d, o_u, i_prev, T_n, U_n, RNA)
             w_b, w_e, c_e, be_b, be_e = w_b2, w_e2, c_e2, be_b2, be_e2
@@ -571,7 +564,7 @@ def _rnnt_grad_kernel(
     # (logp - logp) is NaN for a NaN loss: then the gradient of every score the sample reads is NaN
     g = tl.load(gloss_ptr + n * gloss_stride).to(tl.float32) * gscale
     g = g + tl.where(active, logp - logp, 0.0).to(tl.float32)
-    p_cell = occ_ptr + _cell_offsets(n, t, u, T, U1, RNA)
+    p_cell = occ_ptr + cell_offsets(n, t, u, T, U1, RNA)
     occ_b = tl.load(p_cell, mask=active, other=0.0)
     occ_e = tl.load(p_cell + 1, mask=has_label, other=0.0) * fastemit_scale
     lab = tl.load(tgt_ptr + n * stride_tg + u, mask=has_label, other=-1).to(tl.int64)
@@ -594,7 +587,7 @@ def _rnnt_grad_kernel(
         b_g = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)
         if FUSED:
             b_x = tl.load(p_x[:, None] + v[None, :] * stride_v, mask=m & active[:, None], other=0.0).to(tl.float32)
-            b_g = tl.exp2((b_x - lse[:, None]) * _log2e()) * (occ_b + occ_e)[:, None]
+            b_g = tl.exp2((b_x - lse[:, None]) * log2e()) * (occ_b + occ_e)[:, None]
         b_g -= tl.where(v[None, :] == blank, occ_b[:, None], 0.0)
         b_g -= tl.where(v[None, :] == lab[:, None], occ_e[:, None], 0.0)
         # clamped before the upstream gradient scales it, as torchaudio does
@@ -612,22 +605,13 @@ def _rnnt_grad_kernel(
 # launchers
 
 
-def _empty(*shape, dtype, device) -> torch.Tensor:
-    """Allocation of every kernel output (tests replace it with a NaN-filled one)."""
-    return torch.empty(*shape, dtype=dtype, device=device)
-
-
-def _empty_like(x: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(x)
-
-
 def rnnt_validate(
     targets: torch.Tensor, logit_lengths: torch.Tensor, target_lengths: torch.Tensor, T: int, V: int, blank: int
 ) -> bool:
     """Whether every length and label is valid, checked on the device with one value read back (a
     synchronisation)."""
     N, U = targets.shape
-    flag = _empty(1, dtype=torch.int32, device=targets.device)
+    flag = kernel_output(1, dtype=torch.int32, device=targets.device)
     block_n, block_j = _validate_blocks(N, U)
     _rnnt_validate_kernel[(1,)](
         targets, logit_lengths, target_lengths, flag, N, T, U, V, targets.stride(0), blank,
@@ -689,9 +673,9 @@ def rnnt_forward(
     N, T, U1, V = x.shape
     dev = x.device
     n_cells = N * T * U1
-    lse = _empty(n_cells if fused and store_lse else 0, dtype=torch.float32, device=dev)
-    lat = _empty(2 * n_cells, dtype=torch.float32, device=dev)
-    aux = _empty(1 + 2 * N, dtype=torch.int32, device=dev)  # reduction counter, NaN counts of the halves
+    lse = kernel_output(n_cells if fused and store_lse else 0, dtype=torch.float32, device=dev)
+    lat = kernel_output(2 * n_cells, dtype=torch.float32, device=dev)
+    aux = kernel_output(1 + 2 * N, dtype=torch.int32, device=dev)  # reduction counter, NaN counts of the halves
     block_r, block_v, warps = _row_blocks(U1, V)
     _rnnt_lattice_kernel[(N * T, triton.cdiv(U1, block_r))](
         x, lse, lat, targets, logit_lengths, target_lengths, aux, T, U1, V,
@@ -718,15 +702,15 @@ def rnnt_recursions(
     reduction: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The recursions over a log2 lattice (``lat``: [N * T * (U+1), 2] in the skewed layout of
-    ``_cell_offsets``, written for the cells with edges): the loss ([N], or the batch sum or mean) and log2 p
+    ``cell_offsets``, written for the cells with edges): the loss ([N], or the batch sum or mean) and log2 p
     ([N] float64); with ``need_grad`` the lattice then holds the edge occupancies. ``aux``: [1 + 2N] int32, its
     first element zeroed by the kernel that wrote the lattice."""
     dev = lat.device
-    loss = _empty(N + 1, dtype=torch.float32, device=dev)  # per sample, then the batch reduction
-    logp = _empty(N, dtype=torch.float64, device=dev)
+    loss = kernel_output(N + 1, dtype=torch.float32, device=dev)  # per sample, then the batch reduction
+    logp = kernel_output(N, dtype=torch.float64, device=dev)
     block_u = max(16, next_power_of_2(U1))
-    state = _empty(N * (T + 1) * U1 if need_grad else 0, dtype=torch.float64, device=dev)
-    mid = _empty(N * U1 if need_grad else 0, dtype=torch.float64, device=dev)
+    state = kernel_output(N * (T + 1) * U1 if need_grad else 0, dtype=torch.float64, device=dev)
+    mid = kernel_output(N * U1 if need_grad else 0, dtype=torch.float64, device=dev)
     reduce = reduction != "none"
     args = (lat, state, mid, aux, loss, logp, logit_lengths, target_lengths, N, T, U1, loss_scale,
             1.0 / N if reduction == "mean" else 1.0)  # fmt: skip
@@ -760,7 +744,7 @@ def rnnt_backward(
     (grad_out: [N]), else of grad_out * the sum or batch mean (grad_out: 0-dim). Into ``out`` when given, which
     may be x's own storage (each cell's logits are read before its gradient is written)."""
     N, T, U1, V = x.shape
-    grad = out if out is not None else _empty_like(x)
+    grad = out if out is not None else kernel_output_like(x)
     block_r, block_v, warps = _row_blocks(U1, V)
     _rnnt_grad_kernel[(N * T, triton.cdiv(U1, block_r))](
         x, grad, lse, occ, logp, grad_out, grad_out.stride(0) if reduction == "none" else 0,

@@ -52,7 +52,7 @@ def lattice_log_probs(
     return lp, lp_blank, lp_emit
 
 
-def _masks(T_n: torch.Tensor, U_n: torch.Tensor, T: int, U1: int):
+def lattice_masks(T_n: torch.Tensor, U_n: torch.Tensor, T: int, U1: int):
     t = torch.arange(T + 1, device=T_n.device)[None, :, None]
     u = torch.arange(U1, device=T_n.device)[None, None, :]
     node = (t <= T_n[:, None, None]) & (u <= U_n[:, None, None])
@@ -60,7 +60,7 @@ def _masks(T_n: torch.Tensor, U_n: torch.Tensor, T: int, U1: int):
     return t, u, node, has_edges
 
 
-def _pad_frame(x: torch.Tensor) -> torch.Tensor:
+def pad_frame(x: torch.Tensor) -> torch.Tensor:
     """[N, T, U+1] edge weights -> [N, T+1, U+1] (the row t = T has no edges)."""
     return torch.nn.functional.pad(x, (0, 0, 0, 1), value=NEG_INF)
 
@@ -79,9 +79,9 @@ def alpha_beta(
     """
     N, T, U1 = lp_blank.shape
     rna = rnnt_type == "rna"
-    t, u, node, has_edges = _masks(T_n, U_n, T, U1)
-    wb = torch.where(has_edges, _pad_frame(lp_blank), NEG_INF)
-    we = torch.where(has_edges & (u < U_n[:, None, None]), _pad_frame(lp_emit), NEG_INF)
+    t, u, node, has_edges = lattice_masks(T_n, U_n, T, U1)
+    wb = torch.where(has_edges, pad_frame(lp_blank), NEG_INF)
+    we = torch.where(has_edges & (u < U_n[:, None, None]), pad_frame(lp_emit), NEG_INF)
     alpha = torch.full((N, T + 1, U1), NEG_INF, dtype=lp_blank.dtype, device=lp_blank.device)
     beta = torch.full_like(alpha, NEG_INF)
     alpha[:, 0, 0] = 0.0
@@ -157,11 +157,11 @@ def rnnt_forward_backward_reference(
     loss = -(1.0 + fastemit_lambda if fastemit_loss_scale else 1.0) * log_p
     if not need_grad:
         return loss, None
-    t, u, node, has_edges = _masks(T_n, U_n, T, U1)
+    t, u, node, has_edges = lattice_masks(T_n, U_n, T, U1)
     possible = (log_p > NEG_INF)[:, None, None]
     lp_ = log_p[:, None, None]
-    wb = torch.where(has_edges, _pad_frame(lp_blank), NEG_INF)[:, :T]
-    we = torch.where(has_edges & (u < U_n[:, None, None]), _pad_frame(lp_emit), NEG_INF)[:, :T]
+    wb = torch.where(has_edges, pad_frame(lp_blank), NEG_INF)[:, :T]
+    we = torch.where(has_edges & (u < U_n[:, None, None]), pad_frame(lp_emit), NEG_INF)[:, :T]
     beta_next = beta[:, 1:]  # node (t + 1, u)
     beta_emit = beta[:, 1:] if rnnt_type == "rna" else beta[:, :T]
     beta_emit = torch.nn.functional.pad(beta_emit[..., 1:], (0, 1), value=NEG_INF)  # node (t or t + 1, u + 1)

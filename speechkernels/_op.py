@@ -1,0 +1,160 @@
+"""The op skeleton every loss is built on: from one spec, an eager ``torch.autograd.Function`` and a pair of
+``torch.library`` ops (forward, backward) with their fake shapes and autograd registration, both calling the same
+forward and backward functions.
+
+A loss's kernels give ``forward(*inputs) -> (out, state)`` (state: tensors the backward needs, not
+differentiable) and ``backward(grad_out, *saved, *state, *backward_args)`` (saved: the inputs the backward reads;
+backward_args: its non-tensor inputs) returning one gradient per input named in ``grads`` (None where that input
+is None). ``LossOp.apply`` runs the autograd.Function in eager mode (no dispatcher overhead) and the library op
+under torch.compile, which traces it as one opaque op through the fake function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+class LossOp:
+    """A loss as an autograd.Function and a torch.library op pair built from one spec.
+
+    Args:
+        name: the op's qualified name ("speechkernels::ctc_loss"): the ops are ``name + "_forward"`` and
+            ``name + "_backward"``.
+        inputs: the forward's arguments as a schema string ("Tensor x, Tensor? bias, int blank, float clamp, bool
+            rna, str reduction"), in the order ``apply`` and ``forward`` take them.
+        forward: ``(*inputs) -> (out, state)``, state a tuple of ``n_state`` tensors.
+        forward_fake: ``(*inputs) -> (out, *state)``: empty tensors of the shapes and dtypes ``forward`` gives.
+        n_state: how many state tensors ``forward`` returns.
+        backward: ``(grad_out, *saved, *state, *backward_args) -> gradient or tuple of gradients`` (one for each
+            of ``grads``; None for an input that is None).
+        saved: names of the inputs the backward reads (tensors, optional ones included), space-separated.
+        backward_args: names of the non-tensor inputs the backward takes, after the state.
+        grads: names of the inputs that have gradients, in the order ``backward`` returns them (saved inputs:
+            the backward op's fake makes its gradients' shapes from them).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        inputs: str,
+        *,
+        forward: Callable,
+        forward_fake: Callable,
+        n_state: int,
+        backward: Callable,
+        saved: str,
+        backward_args: str,
+        grads: str,
+    ) -> None:
+        saved, backward_args, grads = (tuple(x.split()) for x in (saved, backward_args, grads))
+        self.name = name
+        params = [p.strip().rsplit(" ", 1) for p in inputs.split(",")]
+        self.types = {arg: typ for typ, arg in params}
+        self.names = [arg for _typ, arg in params]
+        index = {arg: i for i, arg in enumerate(self.names)}
+        for arg in (*saved, *backward_args, *grads):
+            if arg not in index:
+                raise ValueError(f"{name}: {arg!r} is not one of the inputs {self.names}")
+        if not set(grads) <= set(saved):
+            raise ValueError(f"{name}: the inputs with gradients {grads} must be among the saved ones {saved}")
+        self._saved = [index[a] for a in saved]
+        self._args = [index[a] for a in backward_args]
+        self._grads = [index[a] for a in grads]
+        self._forward, self._backward, self._n_state = forward, backward, n_state
+        self._function = self._eager_function()
+        self._fwd_op, self._bwd_op = self._library_ops(forward_fake, saved, backward_args)
+
+    def apply(self, *inputs):
+        """The loss (``forward``'s out), differentiable with respect to the ``grads`` inputs."""
+        if torch.compiler.is_compiling():
+            return self._fwd_op(*inputs)[0]
+        return self._function.apply(*inputs)
+
+    # -----------------------------------------------------------------------------------------------------------
+
+    def _grads_of_inputs(self, inputs, grads) -> tuple:
+        """The backward's gradients placed at their inputs' positions (None for every other input, and for an
+        input that is None)."""
+        if not isinstance(grads, (tuple, list)):
+            grads = (grads,)
+        out = [None] * len(inputs)
+        for i, g in zip(self._grads, grads, strict=True):
+            out[i] = None if inputs[i] is None else g
+        return tuple(out)
+
+    def _eager_function(self) -> type:
+        op = self
+
+        class Function(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, *inputs):
+                out, state = op._forward(*inputs)
+                ctx.save_for_backward(*(inputs[i] for i in op._saved), *state)
+                ctx.args = tuple(inputs[i] for i in op._args)
+                ctx.present = tuple(x is not None for x in inputs)
+                return out
+
+            @staticmethod
+            def backward(ctx, grad_out):
+                grads = op._backward(grad_out, *ctx.saved_tensors, *ctx.args)
+                return op._grads_of_inputs([0 if p else None for p in ctx.present], grads)
+
+        Function.__name__ = Function.__qualname__ = _camel(self.name) + "Function"
+        return Function
+
+    def _library_ops(self, forward_fake, saved, backward_args):
+        n_out = 1 + self._n_state
+        fwd_schema = f"({', '.join(f'{self.types[a]} {a}' for a in self.names)}) -> ({', '.join(['Tensor'] * n_out)})"
+        bwd_params = ["Tensor grad_out", *(f"{self.types[a]} {a}" for a in saved)]
+        bwd_params += [f"Tensor state{k}" for k in range(self._n_state)]
+        bwd_params += [f"{self.types[a]} {a}" for a in backward_args]
+        bwd_schema = f"({', '.join(bwd_params)}) -> ({', '.join(['Tensor'] * len(self._grads))})"
+        n_saved = len(saved)
+
+        def fwd(*inputs):
+            out, state = self._forward(*inputs)
+            # an op's outputs own their storage (a batch reduction may be a view of the per-sample losses)
+            return (out if out._base is None else out.clone(), *state)
+
+        def bwd(grad_out, *rest):
+            grads = self._backward(grad_out, *rest)
+            if not isinstance(grads, (tuple, list)):
+                grads = (grads,)
+            # an op returns tensors: an empty one for a missing input's gradient
+            return _one_or_tuple(tuple(grad_out.new_empty(0) if g is None else g for g in grads))
+
+        def bwd_fake(grad_out, *rest):
+            saved_inputs = rest[:n_saved]
+            by_name = dict(zip(saved, saved_inputs, strict=True))
+            inputs = [by_name.get(self.names[i]) for i in self._grads]
+            return _one_or_tuple(tuple(grad_out.new_empty(0) if x is None else torch.empty_like(x) for x in inputs))
+
+        fwd_op = torch.library.custom_op(self.name + "_forward", fwd, mutates_args=(), schema=fwd_schema)
+        bwd_op = torch.library.custom_op(self.name + "_backward", bwd, mutates_args=(), schema=bwd_schema)
+        fwd_op.register_fake(forward_fake)
+        bwd_op.register_fake(bwd_fake)
+
+        def setup_context(ctx, inputs, output):
+            _out, *state = output
+            ctx.save_for_backward(*(inputs[i] for i in self._saved), *state)
+            ctx.args = tuple(inputs[i] for i in self._args)
+            ctx.present = tuple(x is not None for x in inputs)
+            ctx.mark_non_differentiable(*state)
+
+        def backward(ctx, grad_out, *_grads_of_the_state):
+            grads = bwd_op(grad_out, *ctx.saved_tensors, *ctx.args)
+            return self._grads_of_inputs([0 if p else None for p in ctx.present], grads)
+
+        fwd_op.register_autograd(backward, setup_context=setup_context)
+        return fwd_op, bwd_op
+
+
+def _camel(name: str) -> str:
+    return "".join(w.capitalize() for w in name.split("::")[-1].split("_"))
+
+
+def _one_or_tuple(xs: tuple):
+    """An op's outputs as its schema has them: "-> (Tensor)" is one tensor, not a tuple of one."""
+    return xs[0] if len(xs) == 1 else xs
