@@ -4,6 +4,9 @@ must raise a ValueError that names the argument."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
+
 import numpy as np
 import pytest
 import torch
@@ -336,3 +339,26 @@ CATALOGUE = [
 def test_malformed_argument_raises_value_error_naming_it(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+@pytest.mark.parametrize(("module", "function"), [(sk.CTCLoss, sk.ctc_loss), (sk.RNNTLoss, sk.rnnt_loss)])
+def test_loss_modules_take_the_functions_options(module, function):
+    options = list(inspect.signature(function).parameters.values())[4:]
+    assert list(inspect.signature(module).parameters.values()) == options
+    m = module(*(p.default for p in options if p.kind is p.POSITIONAL_OR_KEYWORD))
+    assert all(getattr(m, p.name) == p.default for p in options)
+    with pytest.raises(TypeError, match="bogus"):
+        module(bogus=1)
+
+
+def test_optional_kernels_hides_only_a_missing_triton(monkeypatch):
+    from speechkernels._utils import optional_kernels
+
+    with pytest.raises(ModuleNotFoundError):
+        optional_kernels("speechkernels.no_such_module")
+
+    def no_triton(name):
+        raise ModuleNotFoundError("No module named 'triton'", name="triton")
+
+    monkeypatch.setattr(importlib, "import_module", no_triton)
+    assert optional_kernels("speechkernels.ctc.kernels") is None
