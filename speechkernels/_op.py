@@ -123,8 +123,9 @@ class LossOp:
 
         def fwd(*inputs):
             out, state = self._forward(*inputs)
-            # an op's outputs own their storage (a batch reduction may be a view of the per-sample losses)
-            return (out if out._base is None else out.clone(), *state)
+            # an op's outputs start their storage (a batch reduction may be an element after the per-sample
+            # losses: compiled graphs expect aligned outputs; inside the op, views do not record their base)
+            return (out if out.storage_offset() == 0 else out.clone(), *state)
 
         def bwd(grad_out, *rest):
             grads = self._backward(grad_out, *rest)
