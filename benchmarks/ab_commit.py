@@ -10,7 +10,8 @@ register their ops):
     grep -rl '"speechkernels::' .old/pkgs/skold | xargs sed -i 's/"speechkernels::/"skold::/g'
 
 then `python benchmarks/ab_commit.py [--old .old/pkgs] [--json out.json]`: per row the median milliseconds of
-an eager forward+backward step with a synchronisation after it (host time included), old and new.
+an eager forward+backward step with a synchronisation after it (host time included), old and new: host-bound
+rows, then the largest CTC and RNN-T rows and the fused joint's first row (bfloat16), with fewer steps.
 """
 
 from __future__ import annotations
@@ -78,6 +79,35 @@ def main() -> int:
                                                              torch.full((N,), 40, device=dev))}  # fmt: skip
         for kind, (il, tl) in lengths.items():
             ab(f"ctc_150x{N}x28_{kind}", ctc_step(skold, x, tg, il, tl), ctc_step(sk, x, tg, il, tl))
+    # kernel-bound rows: the largest of the benchmarks' tables, fewer steps
+    steps = max(args.steps // 8, 10)
+    for T, N, C in ((150, 256, 5000), (1500, 128, 1000)):
+        x = torch.randn(T, N, C, device=dev, generator=g).requires_grad_()
+        S = min(T // 3, 100)
+        tg = torch.randint(1, C, (N, S), device=dev, generator=g)
+        il, tl = torch.full((N,), T, device=dev), torch.full((N,), S, device=dev)
+        ab(f"ctc_{T}x{N}x{C}", ctc_step(skold, x, tg, il, tl), ctc_step(sk, x, tg, il, tl), steps)
+        del x
+    for T, U, V, N in ((150, 21, 5000, 128), (1500, 301, 50, 64)):
+        x = torch.randn(N, T, U, V, device=dev, generator=g).requires_grad_()
+        tg = torch.randint(1, V, (N, U - 1), device=dev, generator=g, dtype=torch.int32)
+        il = torch.full((N,), T, dtype=torch.int32, device=dev)
+        tl = torch.full((N,), U - 1, dtype=torch.int32, device=dev)
+        ab(f"rnnt_{T}x{U}x{V}_N{N}", rnnt_step(skold, x, tg, il, tl), rnnt_step(sk, x, tg, il, tl), steps)
+        del x
+    # the fused joint: (N, T, U, V) = (32, 400, 128, 1025), hidden 640, bfloat16
+    N, T, U, V, H = 32, 400, 128, 1025, 640
+    enc = (torch.randn(N, T, H, device=dev, generator=g) * 0.1).bfloat16().requires_grad_()
+    pred = (torch.randn(N, U + 1, H, device=dev, generator=g) * 0.1).bfloat16().requires_grad_()
+    weight = (torch.randn(V, H, device=dev, generator=g) / H**0.5).bfloat16().requires_grad_()
+    bias = torch.zeros(V, device=dev).bfloat16().requires_grad_()
+    tg = torch.randint(0, V - 1, (N, U), device=dev, generator=g)
+    il, tl = torch.full((N,), T, device=dev), torch.full((N,), U, device=dev)
+
+    def joint_step(mod):
+        return lambda: mod.rnnt_joint_loss(enc, pred, weight, bias, tg, il, tl, blank=V - 1).backward()
+
+    ab(f"joint_{N}x{T}x{U}x{V}_bf16", joint_step(skold), joint_step(sk), steps)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)

@@ -28,9 +28,12 @@ def _skip_gpu_tests_without_cuda(request):
         pytest.skip("needs a CUDA GPU")
 
 
-@pytest.fixture
-def kernel_device() -> torch.device:
-    """Where the Triton kernels run in CPU tests: the CPU under TRITON_INTERPRET=1 (skips otherwise)."""
+@pytest.fixture(params=["interpreter", pytest.param("cuda", marks=pytest.mark.gpu)])
+def kernel_device(request) -> torch.device:
+    """Where a kernel test runs: the CPU under TRITON_INTERPRET=1 (skipped otherwise), and the GPU (marked gpu).
+    One test body for both; a test that needs other sizes on the GPU says so from ``device.type``."""
+    if request.param == "cuda":
+        return torch.device("cuda")
     if not triton_interpreting():
         pytest.skip("set TRITON_INTERPRET=1 to run the Triton kernels on the CPU")
     return torch.device("cpu")

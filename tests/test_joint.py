@@ -369,8 +369,3 @@ def _compiled_matches_eager(device, opts):
 def test_joint_kernels_through_torch_compile(kernel_device, joint_spy, opts):
     _compiled_matches_eager(kernel_device, opts)
     assert joint_spy
-
-
-@pytest.mark.gpu
-def test_gpu_joint_torch_compile(gpu):
-    _compiled_matches_eager(gpu, dict(reduction="mean", fastemit_lambda=0.1))

@@ -4,22 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from .._loss_inputs import REDUCTIONS, Lengths, batch_lengths, check_labels, check_lengths, check_targets
 from .._op import LossModule, LossOp
-from .._utils import (
-    REDUCTIONS,
-    Lengths,
-    as_bool,
-    as_choice,
-    as_int,
-    batch_lengths,
-    check_batch_reduction,
-    check_float_input,
-    check_labels,
-    check_lengths,
-    check_targets,
-    optional_kernels,
-    use_triton,
-)
+from .._utils import as_bool, as_choice, as_int, check_float_input, optional_kernels, use_triton
 from .reference import CTCLossReferenceFunction, read_log_softmax, reduce_loss
 
 kernels = optional_kernels(__package__ + ".kernels")
@@ -184,9 +171,8 @@ def ctc_loss(
     T, N, C = x.shape
     if not 0 <= blank < C:
         raise ValueError(f"blank={blank} is outside [0, C={C})")
-    check_batch_reduction(reduction, N)
     dev = x.device
-    il, tl = batch_lengths(N, dev, input_lengths=input_lengths, target_lengths=target_lengths)
+    il, tl = batch_lengths(N, dev, reduction, input_lengths=input_lengths, target_lengths=target_lengths)
     if targets.dim() == 2:
         padded = True
         if targets.shape[0] != N:

@@ -5,24 +5,9 @@ from __future__ import annotations
 
 import torch
 
+from .._loss_inputs import REDUCTIONS, Lengths, batch_lengths, check_labels, check_lengths, check_targets
 from .._op import LossModule, LossOp
-from .._utils import (
-    INDEX_DTYPES,
-    REDUCTIONS,
-    Lengths,
-    as_bool,
-    as_choice,
-    as_float,
-    as_int,
-    batch_lengths,
-    check_batch_reduction,
-    check_float_input,
-    check_labels,
-    check_lengths,
-    check_targets,
-    optional_kernels,
-    use_triton,
-)
+from .._utils import INDEX_DTYPES, as_bool, as_choice, as_float, as_int, check_float_input, optional_kernels, use_triton
 from .reference import RNNT_TYPES, RNNTLossReferenceFunction, reduce_loss
 
 kernels = optional_kernels(__package__ + ".kernels")
@@ -72,8 +57,7 @@ def check_loss_arguments(
         raise ValueError(f"{rows_of}={U1} must be targets.shape[1] + 1 = {targets.shape[1] + 1}")
     if not -V <= blank < V:
         raise ValueError(f"blank={blank} is outside [-V, V) for V={V}{classes_of}")
-    check_batch_reduction(reduction, N)
-    il, tl = batch_lengths(N, dev, INDEX_DTYPES, logit_lengths=logit_lengths, target_lengths=target_lengths)
+    il, tl = batch_lengths(N, dev, reduction, INDEX_DTYPES, logit_lengths=logit_lengths, target_lengths=target_lengths)
     return il, tl, blank + V if blank < 0 else blank
 
 

@@ -7,19 +7,9 @@ import inspect
 
 import torch
 
+from .._loss_inputs import REDUCTIONS, Lengths
 from .._op import LossOp
-from .._utils import (
-    REDUCTIONS,
-    Lengths,
-    as_bool,
-    as_choice,
-    as_float,
-    as_generator,
-    as_int,
-    check_float_input,
-    optional_kernels,
-    use_triton,
-)
+from .._utils import as_bool, as_choice, as_float, as_generator, as_int, check_float_input, optional_kernels, use_triton
 from .api import check_contents, check_loss_arguments, validate_on_device
 from .joint_reference import ACTIVATIONS, RNNTJointLossReferenceFunction, activation_fn, joint_hidden
 from .reference import RNNT_TYPES, reduce_loss
