@@ -18,7 +18,7 @@ import math
 import numpy as np
 import torch
 
-from speechkernels.wavenet import cluster, serial_chain_reference
+from speechkernels.wavenet import cluster, cuda_runtime, serial_chain_reference
 from speechkernels.wavenet.kernels import serial_chain_barrier, serial_chain_stream
 
 READ_SRC = r"""
@@ -55,10 +55,10 @@ def emit(**row):
 
 
 def l2_bandwidth():
-    core = cluster._core()
-    kern = cluster._compile("read_l2", READ_SRC, cluster._arch(), 1, {}, common=False)
+    core = cuda_runtime.cuda_core()
+    kern = cuda_runtime.compile_kernel("read_l2", READ_SRC, cuda_runtime.device_arch())
     core.Device(0).set_current()
-    stream = cluster._current_stream()
+    stream = cuda_runtime.current_stream()
     out = torch.zeros(1024, device="cuda")
     for mb in (2.62, 5.24):
         buf = torch.randn(int(mb * 1e6 / 4), device="cuda")
@@ -93,7 +93,7 @@ def pipeline_probe():
                     w, x0, k, False, C=C, TW=tw, NACC=nacc), n)  # fmt: skip
                 emit(part="pipe", L=L, B=B, TW=tw, NACC=nacc, C=cp.config(L, H, C=C)["C"], khz=r / 1e3,
                      ns_per_layer=1e9 / r / L, total_msps=r * B / 1e6)  # fmt: skip
-    k = cp._kernel(**cp.config(80, H), RELU=0, arch=cluster._arch())
+    k = cp._kernel(**cp.config(80, H), RELU=0, arch=cuda_runtime.device_arch())
     a = k.attributes
     emit(part="pipe_kernel", regs=a.num_regs, local_bytes=a.local_size_bytes, smem=a.shared_size_bytes)
 

@@ -13,6 +13,7 @@ import torch
 
 from speechkernels.wavenet import (
     WaveNet,
+    cuda_runtime,
     mu_law_decode,
     mu_law_encode,
     save_wav,
@@ -96,9 +97,7 @@ def test_gpu_serial_chain_designs(gpu, design, dtype, activation):
     fades), where float32 rounding stays well inside the tolerance (PyTorch's own float32 loop is 3e-5 off at
     160 matrices, 2e-4 at 240)."""
     if design in ("cluster", "partials", "pipeline"):
-        from speechkernels.wavenet import cluster
-
-        if not cluster.available():
+        if not cuda_runtime.clusters_available():
             pytest.skip("cuda-core or a GPU of compute capability 9.0 missing")
     if design == "pipeline" and dtype != torch.bfloat16:
         pytest.skip("the pipeline design takes bfloat16 weights")
@@ -130,7 +129,7 @@ def test_gpu_serial_chain_cluster_configs(gpu, H, C, S):
     of the prefetch depth."""
     from speechkernels.wavenet import cluster
 
-    if not cluster.available():
+    if not cuda_runtime.clusters_available():
         pytest.skip("cuda-core or a GPU of compute capability 9.0 missing")
     L, B, n = 7, 5, 3
     w, x0 = chain_case(L, H, B, "tanh", seed=5)
@@ -147,7 +146,7 @@ def test_gpu_serial_chain_cluster_variants(gpu, dtype, S):
     the wait and load placement change no arithmetic."""
     from speechkernels.wavenet import cluster
 
-    if not cluster.available():
+    if not cuda_runtime.clusters_available():
         pytest.skip("cuda-core or a GPU of compute capability 9.0 missing")
     L, H, B, n = 80, 128, 3, 2
     w, x0 = chain_case(L, H, B, "tanh", dtype=dtype, seed=11)
@@ -180,10 +179,9 @@ def test_gpu_serial_chain_cluster_variants(gpu, dtype, S):
 def test_gpu_serial_chain_partials_configs(gpu, H, C, dtype, activation):
     """The column-split cluster design: cluster sizes, widths, both weight types, a layer count that is not a
     multiple of the prefetch depth, several streams."""
-    from speechkernels.wavenet import cluster
     from speechkernels.wavenet.cluster_partials import serial_chain_partials
 
-    if not cluster.available():
+    if not cuda_runtime.clusters_available():
         pytest.skip("cuda-core or a GPU of compute capability 9.0 missing")
     L, B, n = 7, 3, 3
     w, x0 = chain_case(L, H, B, activation, dtype, seed=7)
@@ -209,9 +207,8 @@ def test_gpu_serial_chain_partials_configs(gpu, H, C, dtype, activation):
 def test_gpu_serial_chain_pipeline(gpu, L, H, B, n, activation):
     """The layer-split cluster design against float64 (bfloat16 weights; the vector split in three bfloat16
     pieces must keep float32 accuracy)."""
-    from speechkernels.wavenet import cluster
 
-    if not cluster.available():
+    if not cuda_runtime.clusters_available():
         pytest.skip("cuda-core or a GPU of compute capability 9.0 missing")
     w, x0 = chain_case(L, H, B, activation, torch.bfloat16, seed=6)
     out = serial_chain(w.to(gpu), x0.to(gpu), n, activation, design="pipeline")
@@ -222,9 +219,7 @@ def test_gpu_serial_chain_pipeline(gpu, L, H, B, n, activation):
 
 @pytest.mark.gpu
 def test_gpu_serial_chain_pipeline_rejects(gpu):
-    from speechkernels.wavenet import cluster
-
-    if not cluster.available():
+    if not cuda_runtime.clusters_available():
         pytest.skip("cuda-core or a GPU of compute capability 9.0 missing")
     x0 = torch.zeros(1, 128, device=gpu)
     with pytest.raises(ValueError, match="bfloat16"):

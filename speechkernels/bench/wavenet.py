@@ -98,11 +98,11 @@ def proxy_implementations(w: torch.Tensor, x0: torch.Tensor, designs: str):
     per sample and the kernel designs (the cluster design where cuda-core and the GPU allow it)."""
     out = [("torch eager", lambda n: serial_chain(w, x0, n))]
     if w.is_cuda:
-        from speechkernels.wavenet import cluster
+        from speechkernels.wavenet.cuda_runtime import clusters_available
 
         out.append(("torch graph", proxy_graph(w, x0)))
         for design in designs.split(",") if designs else []:
-            if design in ("cluster", "partials", "pipeline") and not cluster.available():
+            if design in ("cluster", "partials", "pipeline") and not clusters_available():
                 continue
             if design == "pipeline" and w.dtype != torch.bfloat16:  # bfloat16 weights only
                 continue

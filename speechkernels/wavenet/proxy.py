@@ -61,8 +61,9 @@ def serial_chain(
     relu = activation == "relu"
     if design in ("cluster", "partials", "pipeline"):
         from . import cluster
+        from .cuda_runtime import clusters_available
 
-        if not (x0.is_cuda and cluster.available()):
+        if not (x0.is_cuda and clusters_available()):
             raise ValueError(
                 f"design={design!r} needs CUDA tensors on a GPU of compute capability >= 9.0 and cuda-core"
             )
