@@ -11,6 +11,7 @@ under torch.compile, which traces it as one opaque op through the fake function.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -26,45 +27,52 @@ class LossOp:
             rna, str reduction"), in the order ``apply`` and ``forward`` take them.
         forward: ``(*inputs) -> (out, state)``, state a tuple of ``n_state`` tensors.
         forward_fake: ``(*inputs) -> (out, *state)``: empty tensors of the shapes and dtypes ``forward`` gives.
+        backward: ``(grad_out, *saved, *state, *args) -> gradient or tuple of gradients`` (one for each of
+            ``grads``; None for an input that is None). Its parameter names say what it takes: first the inputs
+            it reads (tensors, optional ones included: they are saved for it), then ``n_state`` state tensors
+            (names other than the inputs'), then non-tensor inputs; parameters after those need defaults.
         n_state: how many state tensors ``forward`` returns.
-        backward: ``(grad_out, *saved, *state, *backward_args) -> gradient or tuple of gradients`` (one for each
-            of ``grads``; None for an input that is None).
-        saved: names of the inputs the backward reads (tensors, optional ones included), space-separated.
-        backward_args: names of the non-tensor inputs the backward takes, after the state.
-        grads: names of the inputs that have gradients, in the order ``backward`` returns them (saved inputs:
-            the backward op's fake makes its gradients' shapes from them).
+        grads: names of the inputs that have gradients, space-separated, in the order ``backward`` returns them
+            (saved inputs: the backward op's fake makes its gradients' shapes from them).
     """
 
     def __init__(
-        self,
-        name: str,
-        inputs: str,
-        *,
-        forward: Callable,
-        forward_fake: Callable,
-        n_state: int,
-        backward: Callable,
-        saved: str,
-        backward_args: str,
-        grads: str,
-    ) -> None:
-        saved, backward_args, grads = (tuple(x.split()) for x in (saved, backward_args, grads))
+        self, name: str, inputs: str, forward: Callable, forward_fake: Callable, backward: Callable, *,
+        n_state: int, grads: str,
+    ) -> None:  # fmt: skip
         self.name = name
         params = [p.strip().rsplit(" ", 1) for p in inputs.split(",")]
         self.types = {arg: typ for typ, arg in params}
         self.names = [arg for _typ, arg in params]
+        saved, backward_args = self._backward_inputs(backward, n_state)
+        grads = tuple(grads.split())
         index = {arg: i for i, arg in enumerate(self.names)}
-        for arg in (*saved, *backward_args, *grads):
-            if arg not in index:
-                raise ValueError(f"{name}: {arg!r} is not one of the inputs {self.names}")
-        if not set(grads) <= set(saved):
-            raise ValueError(f"{name}: the inputs with gradients {grads} must be among the saved ones {saved}")
+        for arg in grads:
+            if arg not in saved:
+                raise ValueError(f"{name}: the input {arg!r} with a gradient is not one the backward takes")
         self._saved = [index[a] for a in saved]
         self._args = [index[a] for a in backward_args]
         self._grads = [index[a] for a in grads]
         self._forward, self._backward, self._n_state = forward, backward, n_state
         self._function = self._eager_function()
         self._fwd_op, self._bwd_op = self._library_ops(forward_fake, saved, backward_args)
+
+    def _backward_inputs(self, backward: Callable, n_state: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The inputs the backward reads (saved) and its non-tensor inputs, from its parameter names."""
+        params = list(inspect.signature(backward).parameters.values())[1:]
+        saved = []
+        while params and params[0].name in self.types:
+            saved.append(params.pop(0).name)
+        state, params = params[:n_state], params[n_state:]
+        args = []
+        while params and params[0].name in self.types:
+            args.append(params.pop(0).name)
+        if len(state) < n_state or any(p.name in self.types for p in state):
+            raise ValueError(f"{self.name}: the backward's parameters {[p.name for p in state]} are not n_state="
+                             f"{n_state} state tensors after the saved inputs {saved}")  # fmt: skip
+        if any(p.default is inspect.Parameter.empty for p in params):
+            raise ValueError(f"{self.name}: the backward's parameters {[p.name for p in params]} are not inputs")
+        return tuple(saved), tuple(args)
 
     def apply(self, *inputs):
         """The loss (``forward``'s out), differentiable with respect to the ``grads`` inputs."""
@@ -115,8 +123,9 @@ class LossOp:
 
         def fwd(*inputs):
             out, state = self._forward(*inputs)
-            # an op's outputs own their storage (a batch reduction may be a view of the per-sample losses)
-            return (out if out._base is None else out.clone(), *state)
+            # an op's outputs start their storage (a batch reduction may be an element after the per-sample
+            # losses: compiled graphs expect aligned outputs; inside the op, views do not record their base)
+            return (out if out.storage_offset() == 0 else out.clone(), *state)
 
         def bwd(grad_out, *rest):
             grads = self._backward(grad_out, *rest)
@@ -149,6 +158,43 @@ class LossOp:
 
         fwd_op.register_autograd(backward, setup_context=setup_context)
         return fwd_op, bwd_op
+
+
+class LossModule(torch.nn.Module):
+    """The module form of a loss function: ``class CTCLoss(LossModule, loss=ctc_loss, inputs=4)`` takes the
+    function's options (its arguments after the first ``inputs``) in its constructor, with their names, order and
+    defaults, keeps each as an attribute of that name, and ``forward(*inputs)`` calls the function with them. The
+    two forms share one signature, so they cannot drift apart; ``inspect.signature`` and ``help`` show it."""
+
+    _loss: Callable
+    _option_names: tuple[str, ...] = ()
+    _constructor: inspect.Signature
+
+    def __init_subclass__(cls, loss: Callable | None = None, inputs: int = 4, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if loss is None:
+            return
+        params = list(inspect.signature(loss).parameters.values())
+        cls._loss = staticmethod(loss)
+        cls._option_names = tuple(p.name for p in params[inputs:])
+        cls._constructor = inspect.Signature(params[inputs:], return_annotation=None)
+        cls.__signature__ = cls._constructor
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__()
+        try:
+            bound = self._constructor.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{type(self).__name__}: {e}") from None
+        bound.apply_defaults()
+        for name, value in bound.arguments.items():
+            setattr(self, name, value)
+
+    def forward(self, *inputs) -> torch.Tensor:
+        return self._loss(*inputs, **{name: getattr(self, name) for name in self._option_names})
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{name}={getattr(self, name)!r}" for name in self._option_names)
 
 
 def _camel(name: str) -> str:

@@ -12,6 +12,7 @@ functions below, so that every capability accepts the same forms and rejects the
 
 from __future__ import annotations
 
+import importlib
 import math
 import numbers
 import operator
@@ -24,6 +25,7 @@ import torch
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 INDEX_DTYPES = (torch.int32, torch.int64)
 REDUCTIONS = ("none", "mean", "sum")
+Lengths = torch.Tensor | Sequence[int]  # per-sample lengths: an integer tensor on any device, or integers
 
 
 POISON_OUTPUTS = False  # tests: kernel outputs start as NaN (floats) or -123456789 (integers)
@@ -43,6 +45,17 @@ def _poison(t: torch.Tensor) -> torch.Tensor:
     if POISON_OUTPUTS:
         t.fill_(math.nan if t.dtype.is_floating_point else -123456789)
     return t
+
+
+def optional_kernels(module: str):
+    """The Triton kernels module ``module`` ("speechkernels.ctc.kernels"), or None where Triton is not installed
+    (the PyTorch path then serves every call); any other import error propagates."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        if (e.name or "").split(".")[0] != "triton":
+            raise
+        return None
 
 
 def triton_interpreting() -> bool:
@@ -195,6 +208,52 @@ def check_float_input(x: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in FLOAT_DTYPES:
         raise ValueError(f"{name} must be float16, bfloat16, float32 or float64, got {x.dtype}")
+
+
+def check_targets(targets) -> None:
+    """``targets`` is an int32 or int64 tensor."""
+    if not isinstance(targets, torch.Tensor):
+        raise ValueError(f"targets must be a torch.Tensor, got {type(targets).__name__}")
+    if targets.dtype not in INDEX_DTYPES:
+        raise ValueError(f"targets must be int32 or int64, got {targets.dtype}")
+
+
+def batch_lengths(N: int, device, keep: tuple[torch.dtype, ...] = (torch.int64,), **lengths) -> list[torch.Tensor]:
+    """Each of the per-sample ``lengths`` (by name) as an index tensor on ``device`` with N entries (``keep``: as
+    ``as_index_tensor``)."""
+    out = []
+    for name, value in lengths.items():
+        t = as_index_tensor(value, name, device, keep=keep)
+        if t.numel() != N:
+            raise ValueError(f"{name} has {t.numel()} entries but the batch size is {N}")
+        out.append(t)
+    return out
+
+
+def check_batch_reduction(reduction: str, N: int) -> None:
+    """A mean over an empty batch is undefined."""
+    if N == 0 and reduction == "mean":
+        raise ValueError("reduction='mean' over an empty batch (N=0) is undefined: use 'sum' or 'none'")
+
+
+def check_lengths(lengths: torch.Tensor, name: str, high: int, bound: str) -> None:
+    """Raises ValueError naming the first of the per-sample ``lengths`` outside [0, high] (``bound`` spells
+    ``high``). Error paths only: it synchronises."""
+    bad = (lengths < 0) | (lengths > high)
+    if bad.any():
+        n = first_index(bad)
+        raise ValueError(f"{name}[{n}]={int(lengths[n])} is outside [0, {bound}]")
+
+
+def check_labels(labels: torch.Tensor, valid: torch.Tensor, C: int, classes: str, blank: int, describe) -> None:
+    """Raises ValueError naming the first label (where ``valid``) outside [0, C) (``classes`` names C) or equal
+    to the blank; ``describe(flat_index, value)`` says which label it is. Error paths only: it synchronises."""
+    for cond, what in (((labels < 0) | (labels >= C), f"is outside [0, {classes}={C})"),
+                       (labels == blank, f"equals blank={blank}")):  # fmt: skip
+        cond = cond & valid
+        if cond.any():
+            flat = first_index(cond.reshape(-1))
+            raise ValueError(f"{describe(flat, int(labels.reshape(-1)[flat]))} {what}")
 
 
 def first_index(mask: torch.Tensor) -> int:

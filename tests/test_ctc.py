@@ -266,7 +266,7 @@ def _bad_cases(C=5):
     il, tl = torch.tensor([6, 6]), torch.tensor([3, 2])
     yield "input_lengths\\[1\\]=7", (x, tg, torch.tensor([6, 7]), tl), {}
     yield "input_lengths\\[0\\]=-1", (x, tg, torch.tensor([-1, 6]), tl), {}
-    yield "target_lengths\\[1\\]=4 exceeds", (x, tg, il, torch.tensor([3, 4])), {}
+    yield r"target_lengths\[1\]=4 is outside \[0, targets.shape\[1\]=3\]", (x, tg, il, torch.tensor([3, 4])), {}
     yield "target_lengths\\[0\\]=-2", (x, tg, il, torch.tensor([-2, 2])), {}
     yield "sum\\(target_lengths\\)=6", (x, tg.reshape(-1)[:5], il, torch.tensor([3, 3])), {}
     yield "label 7 of sample 1", (x, torch.tensor([[1, 2, 3], [2, 7, 4]]), il, tl), {}

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from helpers import check_graph_replay_matches_eager
@@ -265,6 +267,11 @@ def test_joint_module():
         sk.RNNTJointLoss(4, 4, 4, 4, dropout=1.5)
     with pytest.raises(ValueError, match="vocab_size"):
         sk.RNNTJointLoss(4, 4, 4, 0)
+    with pytest.raises(TypeError, match="blnk"):
+        sk.RNNTJointLoss(4, 4, 4, 5, blnk=0)
+    options = list(inspect.signature(sk.RNNTJointLoss).parameters)
+    assert options[-7:] == ["blank", "reduction", "clamp", "fastemit_lambda", "fastemit_loss_scale", "rnnt_type",
+                            "validate"]  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------------------

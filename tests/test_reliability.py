@@ -4,6 +4,9 @@ must raise a ValueError that names the argument."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
+
 import numpy as np
 import pytest
 import torch
@@ -336,3 +339,64 @@ CATALOGUE = [
 def test_malformed_argument_raises_value_error_naming_it(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+@pytest.mark.parametrize(("module", "function"), [(sk.CTCLoss, sk.ctc_loss), (sk.RNNTLoss, sk.rnnt_loss)])
+def test_loss_modules_take_the_functions_options(module, function):
+    options = list(inspect.signature(function).parameters.values())[4:]
+    assert list(inspect.signature(module).parameters.values()) == options
+    m = module(*(p.default for p in options if p.kind is p.POSITIONAL_OR_KEYWORD))
+    assert all(getattr(m, p.name) == p.default for p in options)
+    with pytest.raises(TypeError, match="bogus"):
+        module(bogus=1)
+
+
+def test_optional_kernels_hides_only_a_missing_triton(monkeypatch):
+    from speechkernels._utils import optional_kernels
+
+    with pytest.raises(ModuleNotFoundError):
+        optional_kernels("speechkernels.no_such_module")
+
+    def no_triton(name):
+        raise ModuleNotFoundError("No module named 'triton'", name="triton")
+
+    monkeypatch.setattr(importlib, "import_module", no_triton)
+    assert optional_kernels("speechkernels.ctc.kernels") is None
+
+
+def test_loss_op_outputs_own_aligned_storage_and_give_the_gradient():
+    """A loss whose batch reduction is an element after the per-sample losses (the kernels' layout): the library
+    op returns it at the start of its own storage (compiled graphs check the alignment of an op's outputs), and
+    the eager and library paths give the same value and gradient."""
+    from speechkernels._op import LossOp
+
+    def forward(x, reduction):
+        out = torch.empty(x.shape[0] + 1, dtype=x.dtype)
+        out[:-1] = (x * x).sum(1)
+        out[-1] = out[:-1].sum()
+        return (out[-1] if reduction == "sum" else out[:-1]), (x.detach() * 2,)
+
+    def forward_fake(x, reduction):
+        return x.new_empty(() if reduction == "sum" else x.shape[:1]), x.new_empty(x.shape)
+
+    def backward(grad_out, x, twice_x, reduction):
+        return torch.zeros_like(x) + twice_x * (grad_out if reduction == "sum" else grad_out[:, None])
+
+    op = LossOp("speechkernels_test::square_sum", "Tensor x, str reduction", forward, forward_fake, backward,
+                n_state=1, grads="x")  # fmt: skip
+    x = torch.randn(3, 4, dtype=torch.float64)
+    for reduction in ("sum", "none"):
+        out, state = op._fwd_op(x, reduction)
+        compiled_out = torch.compile(lambda v, r=reduction: op._fwd_op(v, r)[0], backend="aot_eager")(x)
+        for o in (out, compiled_out):  # in a compiled graph, a view made inside the op does not know its base
+            assert o.storage_offset() == 0 and o.untyped_storage().data_ptr() % 16 == 0
+        torch.testing.assert_close(state, 2 * x)
+        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+        la = op.apply(xa, reduction)
+        lb = torch.compile(lambda v, r=reduction: op.apply(v, r), backend="aot_eager", fullgraph=True)(xb)
+        torch.testing.assert_close(la, (x * x).sum(1).sum() if reduction == "sum" else (x * x).sum(1))
+        torch.testing.assert_close(lb, la)
+        la.sum().backward()
+        lb.sum().backward()
+        torch.testing.assert_close(xa.grad, 2 * x)
+        torch.testing.assert_close(xb.grad, 2 * x)

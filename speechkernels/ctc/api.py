@@ -2,30 +2,27 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
-from .._op import LossOp
+from .._op import LossModule, LossOp
 from .._utils import (
-    INDEX_DTYPES,
     REDUCTIONS,
+    Lengths,
     as_bool,
     as_choice,
-    as_index_tensor,
     as_int,
+    batch_lengths,
+    check_batch_reduction,
     check_float_input,
-    first_index,
+    check_labels,
+    check_lengths,
+    check_targets,
+    optional_kernels,
     use_triton,
 )
 from .reference import CTCLossReferenceFunction, read_log_softmax, reduce_loss
 
-try:
-    from . import kernels
-except ImportError:  # no Triton (e.g. a CPU-only machine without it): the PyTorch path serves every call
-    kernels = None
-
-Lengths = torch.Tensor | Sequence[int]
+kernels = optional_kernels(__package__ + ".kernels")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -35,42 +32,41 @@ Lengths = torch.Tensor | Sequence[int]
 def _check_contents(
     T: int, C: int, targets: torch.Tensor, il: torch.Tensor, tl: torch.Tensor, blank: int, padded: bool
 ) -> None:
-    il = il.cpu()
-    tl = tl.cpu()
-    bad = (il < 0) | (il > T)
-    if bad.any():
-        n = first_index(bad)
-        raise ValueError(f"input_lengths[{n}]={int(il[n])} is outside [0, T={T}]")
-    if (tl < 0).any():
-        n = first_index(tl < 0)
-        raise ValueError(f"target_lengths[{n}]={int(tl[n])} is negative")
+    il, tl = il.cpu(), tl.cpu()
+    check_lengths(il, "input_lengths", T, f"T={T}")
     tg = targets.cpu().to(torch.int64)
     if padded:
         S = tg.shape[1]
-        if (tl > S).any():
-            n = first_index(tl > S)
-            raise ValueError(f"target_lengths[{n}]={int(tl[n])} exceeds targets.shape[1]={S}")
+        check_lengths(tl, "target_lengths", S, f"targets.shape[1]={S}")
         valid = torch.arange(S)[None, :] < tl[:, None]
+        position = lambda flat: divmod(flat, S)
     else:
+        check_lengths(tl, "target_lengths", tg.numel(), f"{tg.numel()} (the concatenated targets)")
         total = int(tl.sum())
         if total > tg.numel():
             raise ValueError(f"sum(target_lengths)={total} exceeds the {tg.numel()} concatenated targets")
         ends = tl.cumsum(0)
         valid = torch.arange(tg.numel()) < total
-    for cond, what in (((tg < 0) | (tg >= C), f"is outside [0, C={C})"), (tg == blank, "equals blank")):
-        cond = cond & valid
-        if cond.any():
-            flat = first_index(cond.reshape(-1))
-            if padded:
-                n, j = divmod(flat, tg.shape[1])
-            else:
-                n = int((ends <= flat).sum())
-                j = flat - (int(ends[n - 1]) if n > 0 else 0)
-            raise ValueError(f"targets: label {int(tg.reshape(-1)[flat])} of sample {n} (position {j}) {what}")
+
+        def position(flat):
+            n = int((ends <= flat).sum())
+            return n, flat - (int(ends[n - 1]) if n > 0 else 0)
+
+    def describe(flat, value):
+        n, j = position(flat)
+        return f"targets: label {value} of sample {n} (position {j})"
+
+    check_labels(tg, valid, C, "C", blank, describe)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Triton path, registered with torch.library so that torch.compile treats it as one opaque op
+
+
+_INPUTS = (
+    "Tensor x, Tensor targets, Tensor input_lengths, Tensor target_lengths, int blank, bool padded, bool logits, "
+    "bool need_grad, bool validate, bool zero_infinity, str reduction"
+)
 
 
 def _forward(x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate, zero_infinity,
@@ -105,18 +101,8 @@ def _forward_fake(x, targets, input_lengths, target_lengths, blank, padded, logi
 # state: weights, logp, lse, table, meta, sorted labels
 CTC_LOSS_OP = None
 if kernels is not None:
-    CTC_LOSS_OP = LossOp(
-        "speechkernels::ctc_loss",
-        "Tensor x, Tensor targets, Tensor input_lengths, Tensor target_lengths, int blank, bool padded, bool logits, "
-        "bool need_grad, bool validate, bool zero_infinity, str reduction",
-        forward=_forward,
-        forward_fake=_forward_fake,
-        n_state=6,
-        backward=kernels.ctc_backward,
-        saved="x",
-        backward_args="blank logits",
-        grads="x",
-    )
+    CTC_LOSS_OP = LossOp("speechkernels::ctc_loss", _INPUTS, _forward, _forward_fake, kernels.ctc_backward, n_state=6,
+                         grads="x")  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -186,10 +172,7 @@ def ctc_loss(
     if log_probs.dim() not in (2, 3):
         shape = tuple(log_probs.shape)
         raise ValueError(f"log_probs must have 3 dimensions [T, N, C] (or 2 unbatched), got shape {shape}")
-    if not isinstance(targets, torch.Tensor):
-        raise ValueError(f"targets must be a torch.Tensor, got {type(targets).__name__}")
-    if targets.dtype not in INDEX_DTYPES:
-        raise ValueError(f"targets must be int32 or int64, got {targets.dtype}")
+    check_targets(targets)
     unbatched = log_probs.dim() == 2
     if unbatched:
         x = log_probs.unsqueeze(1)
@@ -201,15 +184,9 @@ def ctc_loss(
     T, N, C = x.shape
     if not 0 <= blank < C:
         raise ValueError(f"blank={blank} is outside [0, C={C})")
-    if N == 0 and reduction == "mean":
-        raise ValueError("reduction='mean' over an empty batch (N=0) is undefined: use 'sum' or 'none'")
+    check_batch_reduction(reduction, N)
     dev = x.device
-    il = as_index_tensor(input_lengths, "input_lengths", dev)
-    tl = as_index_tensor(target_lengths, "target_lengths", dev)
-    if il.numel() != N:
-        raise ValueError(f"input_lengths has {il.numel()} entries but the batch size is {N}")
-    if tl.numel() != N:
-        raise ValueError(f"target_lengths has {tl.numel()} entries but the batch size is {N}")
+    il, tl = batch_lengths(N, dev, input_lengths=input_lengths, target_lengths=target_lengths)
     if targets.dim() == 2:
         padded = True
         if targets.shape[0] != N:
@@ -257,37 +234,12 @@ def _reference_losses(x, targets, il, tl, blank, padded, logits):
     return CTCLossReferenceFunction.apply(x, targets, il, lt, blank).to(out_dtype)
 
 
-class CTCLoss(torch.nn.Module):
-    """Module form of :func:`ctc_loss`, with the same arguments.
+class CTCLoss(LossModule, loss=ctc_loss):
+    """Module form of :func:`ctc_loss`: the constructor takes its options (``blank``, ``reduction``,
+    ``zero_infinity``, keyword ``batch_first``, ``logits``, ``validate``) with the same defaults; ``forward`` its
+    tensors.
 
     Example:
         >>> criterion = CTCLoss(blank=0, logits=True)
         >>> loss = criterion(x, targets, input_lengths, target_lengths)
     """
-
-    def __init__(
-        self,
-        blank: int = 0,
-        reduction: str = "mean",
-        zero_infinity: bool = False,
-        *,
-        batch_first: bool = False,
-        logits: bool = False,
-        validate: bool = True,
-    ) -> None:
-        super().__init__()
-        self.blank = blank
-        self.reduction = reduction
-        self.zero_infinity = zero_infinity
-        self.batch_first = batch_first
-        self.logits = logits
-        self.validate = validate
-
-    def forward(self, log_probs, targets, input_lengths, target_lengths) -> torch.Tensor:
-        return ctc_loss(
-            log_probs, targets, input_lengths, target_lengths, self.blank, self.reduction, self.zero_infinity,
-            batch_first=self.batch_first, logits=self.logits, validate=self.validate,
-        )  # fmt: skip
-
-    def extra_repr(self) -> str:
-        return f"blank={self.blank}, reduction={self.reduction!r}, logits={self.logits}, batch_first={self.batch_first}"

@@ -3,53 +3,39 @@ autograd."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
-from .._op import LossOp
+from .._op import LossModule, LossOp
 from .._utils import (
     INDEX_DTYPES,
     REDUCTIONS,
+    Lengths,
     as_bool,
     as_choice,
     as_float,
-    as_index_tensor,
     as_int,
+    batch_lengths,
+    check_batch_reduction,
     check_float_input,
-    first_index,
+    check_labels,
+    check_lengths,
+    check_targets,
+    optional_kernels,
     use_triton,
 )
 from .reference import RNNT_TYPES, RNNTLossReferenceFunction, reduce_loss
 
-try:
-    from . import kernels
-except ImportError:  # no Triton: the PyTorch path serves every call
-    kernels = None
-
-Lengths = torch.Tensor | Sequence[int]
+kernels = optional_kernels(__package__ + ".kernels")
 
 
 def check_contents(
     T: int, U: int, V: int, targets: torch.Tensor, il: torch.Tensor, tl: torch.Tensor, blank: int
 ) -> None:
-    il = il.cpu()
-    tl = tl.cpu()
-    bad = (il < 0) | (il > T)
-    if bad.any():
-        n = first_index(bad)
-        raise ValueError(f"logit_lengths[{n}]={int(il[n])} is outside [0, T={T}]")
-    bad = (tl < 0) | (tl > U)
-    if bad.any():
-        n = first_index(bad)
-        raise ValueError(f"target_lengths[{n}]={int(tl[n])} is outside [0, U={U}] (targets.shape[1])")
-    tg = targets.cpu().long()
+    il, tl = il.cpu(), tl.cpu()
+    check_lengths(il, "logit_lengths", T, f"T={T}")
+    check_lengths(tl, "target_lengths", U, f"U={U}")
     valid = torch.arange(U)[None, :] < tl[:, None]
-    for cond, what in (((tg < 0) | (tg >= V), f"is outside [0, V={V})"), (tg == blank, f"equals blank={blank}")):
-        cond = cond & valid
-        if cond.any():
-            n, j = divmod(first_index(cond.reshape(-1)), U)
-            raise ValueError(f"targets[{n}, {j}]={int(tg[n, j])} {what}")
+    check_labels(targets.cpu().long(), valid, V, "V", blank, lambda flat, v: f"targets[{flat // U}, {flat % U}]={v}")
 
 
 def validate_on_device(T: int, U: int, V: int, targets, il, tl, blank: int) -> None:
@@ -77,10 +63,7 @@ def check_loss_arguments(
     """The checks every RNN-T entry point makes of its labels, lengths, blank and reduction, naming the tensor
     the batch size (``batch_of``), the U + 1 rows (``rows_of``) and V (``classes_of``) come from. Returns the
     lengths on ``dev`` and blank in [0, V)."""
-    if not isinstance(targets, torch.Tensor):
-        raise ValueError(f"targets must be a torch.Tensor, got {type(targets).__name__}")
-    if targets.dtype not in INDEX_DTYPES:
-        raise ValueError(f"targets must be int32 or int64, got {targets.dtype}")
+    check_targets(targets)
     if targets.dim() != 2:
         raise ValueError(f"targets must be [N, U], got shape {tuple(targets.shape)}")
     if targets.shape[0] != N:
@@ -89,14 +72,8 @@ def check_loss_arguments(
         raise ValueError(f"{rows_of}={U1} must be targets.shape[1] + 1 = {targets.shape[1] + 1}")
     if not -V <= blank < V:
         raise ValueError(f"blank={blank} is outside [-V, V) for V={V}{classes_of}")
-    if N == 0 and reduction == "mean":
-        raise ValueError("reduction='mean' over an empty batch (N=0) is undefined: use 'sum' or 'none'")
-    il = as_index_tensor(logit_lengths, "logit_lengths", dev, keep=INDEX_DTYPES)
-    tl = as_index_tensor(target_lengths, "target_lengths", dev, keep=INDEX_DTYPES)
-    if il.numel() != N:
-        raise ValueError(f"logit_lengths has {il.numel()} entries but the batch size is {N}")
-    if tl.numel() != N:
-        raise ValueError(f"target_lengths has {tl.numel()} entries but the batch size is {N}")
+    check_batch_reduction(reduction, N)
+    il, tl = batch_lengths(N, dev, INDEX_DTYPES, logit_lengths=logit_lengths, target_lengths=target_lengths)
     return il, tl, blank + V if blank < 0 else blank
 
 
@@ -111,6 +88,12 @@ def _overlaps_itself(x: torch.Tensor) -> bool:
             return True
         extent += st * (sz - 1)
     return False
+
+
+_INPUTS = (
+    "Tensor x, Tensor targets, Tensor il, Tensor tl, int blank, bool fused, float fastemit_lambda, "
+    "float loss_scale, float clamp, bool rna, bool need_grad, bool validate, bool reuse_logits, str reduction"
+)
 
 
 def _forward(x, targets, il, tl, blank, fused, fastemit_lambda, loss_scale, clamp, rna, need_grad, validate,
@@ -157,18 +140,7 @@ def _backward(grad_loss, x, targets, il, tl, lse, occ, logp, blank, fused, faste
 # state: log-sum-exps, edge occupancies, log p per sample
 RNNT_LOSS_OP = None
 if kernels is not None:
-    RNNT_LOSS_OP = LossOp(
-        "speechkernels::rnnt_loss",
-        "Tensor x, Tensor targets, Tensor il, Tensor tl, int blank, bool fused, float fastemit_lambda, "
-        "float loss_scale, float clamp, bool rna, bool need_grad, bool validate, bool reuse_logits, str reduction",
-        forward=_forward,
-        forward_fake=_forward_fake,
-        n_state=3,
-        backward=_backward,
-        saved="x targets il tl",
-        backward_args="blank fused fastemit_lambda clamp rna reduction reuse_logits",
-        grads="x",
-    )
+    RNNT_LOSS_OP = LossOp("speechkernels::rnnt_loss", _INPUTS, _forward, _forward_fake, _backward, n_state=3, grads="x")
 
 
 def rnnt_loss(
@@ -275,45 +247,12 @@ def rnnt_loss(
     return reduce_loss(loss, reduction)
 
 
-class RNNTLoss(torch.nn.Module):
-    """Module form of :func:`rnnt_loss`, with the same arguments.
+class RNNTLoss(LossModule, loss=rnnt_loss):
+    """Module form of :func:`rnnt_loss`: the constructor takes its options (``blank``, ``clamp``, ``reduction``,
+    ``fused_log_softmax``, keyword ``fastemit_lambda``, ``fastemit_loss_scale``, ``rnnt_type``, ``validate``,
+    ``reuse_logits_for_grad``) with the same defaults; ``forward`` its tensors.
 
     Example:
         >>> criterion = RNNTLoss(blank=0, reduction="sum")
         >>> loss = criterion(logits, targets, logit_lengths, target_lengths)
     """
-
-    def __init__(
-        self,
-        blank: int = -1,
-        clamp: float = -1.0,
-        reduction: str = "mean",
-        fused_log_softmax: bool = True,
-        *,
-        fastemit_lambda: float = 0.0,
-        fastemit_loss_scale: bool = True,
-        rnnt_type: str = "rnnt",
-        validate: bool = True,
-        reuse_logits_for_grad: bool = False,
-    ) -> None:
-        super().__init__()
-        self.fastemit_loss_scale = fastemit_loss_scale
-        self.blank = blank
-        self.clamp = clamp
-        self.reduction = reduction
-        self.fused_log_softmax = fused_log_softmax
-        self.fastemit_lambda = fastemit_lambda
-        self.rnnt_type = rnnt_type
-        self.validate = validate
-        self.reuse_logits_for_grad = reuse_logits_for_grad
-
-    def forward(self, logits, targets, logit_lengths, target_lengths) -> torch.Tensor:
-        return rnnt_loss(
-            logits, targets, logit_lengths, target_lengths, self.blank, self.clamp, self.reduction,
-            self.fused_log_softmax, fastemit_lambda=self.fastemit_lambda,
-            fastemit_loss_scale=self.fastemit_loss_scale, rnnt_type=self.rnnt_type,
-            validate=self.validate, reuse_logits_for_grad=self.reuse_logits_for_grad,
-        )  # fmt: skip
-
-    def extra_repr(self) -> str:
-        return f"blank={self.blank}, reduction={self.reduction!r}, rnnt_type={self.rnnt_type!r}"

@@ -3,27 +3,35 @@ or the PyTorch reference, autograd; and the module owning the joint's three line
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from .._op import LossOp
 from .._utils import (
     REDUCTIONS,
+    Lengths,
     as_bool,
     as_choice,
     as_float,
     as_generator,
     as_int,
     check_float_input,
+    optional_kernels,
     use_triton,
 )
-from .api import Lengths, check_contents, check_loss_arguments, validate_on_device
+from .api import check_contents, check_loss_arguments, validate_on_device
 from .joint_reference import ACTIVATIONS, RNNTJointLossReferenceFunction, activation_fn, joint_hidden
 from .reference import RNNT_TYPES, reduce_loss
 
-try:
-    from . import joint_kernels
-except ImportError:  # no Triton: the PyTorch path serves every call
-    joint_kernels = None
+joint_kernels = optional_kernels(__package__ + ".joint_kernels")
+
+
+_INPUTS = (
+    "Tensor enc, Tensor pred, Tensor weight, Tensor? bias, Tensor targets, Tensor il, Tensor tl, int blank, "
+    "str activation, float dropout, int seed_lo, int seed_hi, float fastemit_lambda, float loss_scale, "
+    "float clamp, bool rna, bool need_grad, bool validate, str reduction"
+)
 
 
 def _forward(enc, pred, weight, bias, targets, il, tl, blank, activation, dropout, seed_lo, seed_hi,
@@ -58,19 +66,8 @@ def _backward(grad_loss, enc, pred, weight, bias, targets, il, tl, lse, occ, log
 
 JOINT_LOSS_OP = None
 if joint_kernels is not None:
-    JOINT_LOSS_OP = LossOp(
-        "speechkernels::rnnt_joint_loss",
-        "Tensor enc, Tensor pred, Tensor weight, Tensor? bias, Tensor targets, Tensor il, Tensor tl, int blank, "
-        "str activation, float dropout, int seed_lo, int seed_hi, float fastemit_lambda, float loss_scale, "
-        "float clamp, bool rna, bool need_grad, bool validate, str reduction",
-        forward=_forward,
-        forward_fake=_forward_fake,
-        n_state=3,
-        backward=_backward,
-        saved="enc pred weight bias targets il tl",
-        backward_args="blank activation dropout seed_lo seed_hi fastemit_lambda clamp rna reduction",
-        grads="enc pred weight bias",
-    )
+    JOINT_LOSS_OP = LossOp("speechkernels::rnnt_joint_loss", _INPUTS, _forward, _forward_fake, _backward, n_state=3,
+                           grads="enc pred weight bias")  # fmt: skip
 
 
 def _draw_seed(generator: torch.Generator | None) -> tuple[int, int]:
@@ -244,7 +241,10 @@ class RNNTJointLoss(torch.nn.Module):
         joint_dim: the joint width H.
         vocab_size: V, the classes with the blank.
         activation, dropout: as in :func:`rnnt_joint_loss` (dropout applies in training mode only).
-        blank, reduction, clamp, fastemit_lambda, fastemit_loss_scale, rnnt_type, validate: the loss's arguments.
+        device, dtype: the layers' (as ``torch.nn.Linear``'s).
+        **loss_options: the loss's keyword options (``blank``, ``reduction``, ``clamp``, ``fastemit_lambda``,
+            ``fastemit_loss_scale``, ``rnnt_type``, ``validate``) as :func:`rnnt_joint_loss` takes them, with its
+            defaults.
 
     The layers are ``enc`` (enc_dim -> H), ``pred`` (pred_dim -> H) and ``out`` (H -> V), ``torch.nn.Linear``
     each. ``joint(...)`` gives the logits themselves (for decoding).
@@ -265,17 +265,15 @@ class RNNTJointLoss(torch.nn.Module):
         activation: str = "relu",
         dropout: float = 0.0,
         *,
-        blank: int = -1,
-        reduction: str = "mean",
-        clamp: float = -1.0,
-        fastemit_lambda: float = 0.0,
-        fastemit_loss_scale: bool = True,
-        rnnt_type: str = "rnnt",
-        validate: bool = True,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        **loss_options,
     ) -> None:
         super().__init__()
+        unknown = sorted(set(loss_options) - set(_LOSS_OPTIONS))
+        if unknown:
+            raise TypeError(f"RNNTJointLoss: unexpected keyword arguments {unknown} (the loss's options: "
+                            f"{', '.join(_LOSS_OPTIONS)})")  # fmt: skip
         names = ("enc_dim", "pred_dim", "joint_dim", "vocab_size")
         dims = (enc_dim, pred_dim, joint_dim, vocab_size)
         enc_dim, pred_dim, joint_dim, vocab_size = (as_int(x, k, minimum=1) for x, k in zip(dims, names, strict=True))
@@ -285,10 +283,7 @@ class RNNTJointLoss(torch.nn.Module):
         self.enc = torch.nn.Linear(enc_dim, joint_dim, **factory)
         self.pred = torch.nn.Linear(pred_dim, joint_dim, **factory)
         self.out = torch.nn.Linear(joint_dim, vocab_size, **factory)
-        self.loss_args = dict(
-            blank=blank, reduction=reduction, clamp=clamp, fastemit_lambda=fastemit_lambda,
-            fastemit_loss_scale=fastemit_loss_scale, rnnt_type=rnnt_type, validate=validate,
-        )  # fmt: skip
+        self.loss_args = {name: loss_options.get(name, p.default) for name, p in _LOSS_OPTIONS.items()}
 
     def forward(
         self,
@@ -321,5 +316,18 @@ class RNNTJointLoss(torch.nn.Module):
             f"{k}={v!r}" for k, v in self.loss_args.items()
         )
 
+
+# the loss's keyword options the module takes (all but the joint network's own and the per-call generator)
+_LOSS_OPTIONS = {
+    name: p
+    for name, p in inspect.signature(rnnt_joint_loss).parameters.items()
+    if p.kind is inspect.Parameter.KEYWORD_ONLY and name not in ("activation", "dropout", "generator")
+}
+RNNTJointLoss.__signature__ = inspect.signature(RNNTJointLoss.__init__).replace(
+    parameters=[
+        *list(inspect.signature(RNNTJointLoss.__init__).parameters.values())[1:-1],
+        *_LOSS_OPTIONS.values(),
+    ]
+)
 
 __all__ = ["RNNTJointLoss", "rnnt_joint_loss", "joint_hidden"]

@@ -43,7 +43,7 @@ import triton.language as tl
 from .._logspace import ln2, log2e, lse_step_rows, neg
 from .._utils import kernel_output
 from .joint_reference import ACTIVATIONS, DROP_BITS
-from .kernels import cell_offsets, rnnt_recursions, sample_lengths
+from .kernels import cell_offsets, lattice_buffers, rnnt_recursions, sample_lengths
 
 
 @triton.jit
@@ -702,10 +702,7 @@ def joint_forward(
     U1 = pred.shape[1]
     V = weight.shape[0]
     dev = enc.device
-    n_cells = N * T * U1
-    lse = kernel_output(n_cells, dtype=torch.float32, device=dev)
-    lat = kernel_output(2 * n_cells, dtype=torch.float32, device=dev)
-    aux = kernel_output(1 + 2 * N, dtype=torch.int32, device=dev)
+    lse, lat, aux = lattice_buffers(N, T, U1, dev, True)
     strides, seeds, meta = _common(enc, pred, weight, bias, dropout, seed, activation)
     bh, bf = _blocks(enc, "hidden"), _blocks(enc, "forward")
     BT = _blocks(enc, "tile")["BT"]
@@ -729,9 +726,8 @@ def joint_forward(
             HAS_BIAS=bias is not None, DT=meta["DT"], SPLIT=split, RNA=rnna, BT=BT, BM=bf["BM"], BV=bf["BV"],
             BVT=bf["BVT"], BK=bf["BK"], **_launch(bf),
         )  # fmt: skip
-    loss, logp = rnnt_recursions(lat, aux, logit_lengths, target_lengths, N, T, U1, loss_scale, rnna, need_grad,
-                                 reduction)  # fmt: skip
-    return loss, (lse, lat, logp)
+    return rnnt_recursions(lse, lat, aux, logit_lengths, target_lengths, N, T, U1, loss_scale, rnna, need_grad,
+                           reduction)  # fmt: skip
 
 
 def joint_backward(

@@ -311,6 +311,19 @@ def _store_occupancies(p_lat, row, o_u, U1, al, to_b, to_e, logp, has_b, has_e):
 
 
 @triton.jit
+def _split_lattice(il_ptr, tl_ptr, lat_ptr, state_ptr, T, U1, RNA: tl.constexpr, BLOCK_U: tl.constexpr):
+    """Program (n, side) of the split recursions: the sample, its side (0: alpha, 1: beta), lengths, last step D
+    and cut M = D // 2, the lanes, and the sample's lattice and state rows."""
+    i_n = tl.program_id(0).to(tl.int64)
+    side = tl.program_id(1)
+    T_n, U_n = sample_lengths(il_ptr, tl_ptr, i_n, True, T, U1)
+    D = T_n if RNA else T_n + U_n
+    p_lat = lat_ptr + i_n * T * U1 * 2
+    p_st = state_ptr + i_n * (T + 1) * U1
+    return i_n, side, T_n, U_n, D, D // 2, tl.arange(0, BLOCK_U), p_lat, p_st
+
+
+@triton.jit
 def _rnnt_halves_kernel(
     lat_ptr,  # [N, T, U+1, 2] float32 log2 lattice
     state_ptr,  # [N, T+1, U+1] float64 out (SPLIT): alpha on steps 0..M, beta on steps M+1..D
@@ -336,14 +349,8 @@ def _rnnt_halves_kernel(
     steps' nodes (disjoint; beta on step M apart), concurrently: the serial chain is half of alpha-then-beta.
     Not SPLIT (loss only):
     program (n, 0) runs alpha over all steps and writes the loss."""
-    i_n = tl.program_id(0).to(tl.int64)
-    side = tl.program_id(1)
-    T_n, U_n = sample_lengths(il_ptr, tl_ptr, i_n, True, T, U1)
-    D = T_n if RNA else T_n + U_n
-    M = D // 2
-    o_u = tl.arange(0, BLOCK_U)
-    p_lat = lat_ptr + i_n * T * U1 * 2
-    p_st = state_ptr + i_n * (T + 1) * U1
+    i_n, side, T_n, U_n, D, M, o_u, p_lat, p_st = _split_lattice(il_ptr, tl_ptr, lat_ptr, state_ptr, T, U1, RNA,
+                                                                 BLOCK_U)  # fmt: skip
     # NaN is counted apart: the maximum that clamps -inf log-probs would drop it
     nan = tl.zeros([BLOCK_U], tl.int32)
     if side == 0:
@@ -447,16 +454,10 @@ def _rnnt_join_kernel(
     """After the halves kernel: log p from the cut (sum over step M's nodes of alpha * beta), then program
     (n, 0) runs alpha on over steps M+1..D with the occupancies of the edges out of steps M..D-1, program
     (n, 1) beta on over steps M-1..0 with those out of steps M-1..0 (disjoint lattice cells)."""
-    i_n = tl.program_id(0).to(tl.int64)
-    side = tl.program_id(1)
-    T_n, U_n = sample_lengths(il_ptr, tl_ptr, i_n, True, T, U1)
-    D = T_n if RNA else T_n + U_n
-    M = D // 2
-    o_u = tl.arange(0, BLOCK_U)
+    i_n, side, T_n, U_n, D, M, o_u, p_lat, p_st = _split_lattice(il_ptr, tl_ptr, lat_ptr, state_ptr, T, U1, RNA,
+                                                                 BLOCK_U)  # fmt: skip
     i_prev = tl.maximum(o_u - 1, 0)
     i_next = tl.minimum(o_u + 1, BLOCK_U - 1)
-    p_lat = lat_ptr + i_n * T * U1 * 2
-    p_st = state_ptr + i_n * (T + 1) * U1
     # log p = log sum_u alpha(M, u) beta(M, u)
     t_m, node_m = _nodes(M, o_u, T_n, U_n, RNA)
     a = tl.load(p_st + _state_row(M, T, RNA) * U1 + o_u, mask=node_m, other=neg())
@@ -672,10 +673,7 @@ def rnnt_forward(
     """
     N, T, U1, V = x.shape
     dev = x.device
-    n_cells = N * T * U1
-    lse = kernel_output(n_cells if fused and store_lse else 0, dtype=torch.float32, device=dev)
-    lat = kernel_output(2 * n_cells, dtype=torch.float32, device=dev)
-    aux = kernel_output(1 + 2 * N, dtype=torch.int32, device=dev)  # reduction counter, NaN counts of the halves
+    lse, lat, aux = lattice_buffers(N, T, U1, dev, fused and store_lse)
     block_r, block_v, warps = _row_blocks(U1, V)
     _rnnt_lattice_kernel[(N * T, triton.cdiv(U1, block_r))](
         x, lse, lat, targets, logit_lengths, target_lengths, aux, T, U1, V,
@@ -683,12 +681,22 @@ def rnnt_forward(
         FUSED=fused, STORE_LSE=store_lse, ONE_CHUNK=V <= block_v, RNA=rnna, BLOCK_R=block_r, BLOCK_V=block_v,
         num_warps=warps,
     )  # fmt: skip
-    loss, logp = rnnt_recursions(lat, aux, logit_lengths, target_lengths, N, T, U1, loss_scale, rnna, need_grad,
-                                 reduction)  # fmt: skip
-    return loss, (lse, lat, logp)
+    return rnnt_recursions(lse, lat, aux, logit_lengths, target_lengths, N, T, U1, loss_scale, rnna, need_grad,
+                           reduction)  # fmt: skip
+
+
+def lattice_buffers(N: int, T: int, U1: int, device, with_lse: bool) -> tuple[torch.Tensor, ...]:
+    """The lattice kernels' outputs: per-cell natural-log log-sum-exps ([N * T * (U+1)] float32, empty without
+    ``with_lse``), the log2 lattice ([N * T * (U+1), 2] float32) and ``aux`` ([1 + 2N] int32: the reduction's
+    counter, then the halves' NaN counts)."""
+    n_cells = N * T * U1
+    lse = kernel_output(n_cells if with_lse else 0, dtype=torch.float32, device=device)
+    lat = kernel_output(2 * n_cells, dtype=torch.float32, device=device)
+    return lse, lat, kernel_output(1 + 2 * N, dtype=torch.int32, device=device)
 
 
 def rnnt_recursions(
+    lse: torch.Tensor,
     lat: torch.Tensor,
     aux: torch.Tensor,
     logit_lengths: torch.Tensor,
@@ -700,10 +708,11 @@ def rnnt_recursions(
     rnna: bool,
     need_grad: bool,
     reduction: str,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """The recursions over a log2 lattice (``lat``: [N * T * (U+1), 2] in the skewed layout of
-    ``cell_offsets``, written for the cells with edges): the loss ([N], or the batch sum or mean) and log2 p
-    ([N] float64); with ``need_grad`` the lattice then holds the edge occupancies. ``aux``: [1 + 2N] int32, its
+    ``cell_offsets``, written for the cells with edges): the loss ([N], or the batch sum or mean) and the
+    backward's state (``lse`` passed through, the lattice, log2 p [N] float64); with ``need_grad`` the lattice then
+    holds the edge occupancies. ``aux``: [1 + 2N] int32, its
     first element zeroed by the kernel that wrote the lattice."""
     dev = lat.device
     loss = kernel_output(N + 1, dtype=torch.float32, device=dev)  # per sample, then the batch reduction
@@ -719,7 +728,7 @@ def rnnt_recursions(
     _rnnt_halves_kernel[(N, 2 if need_grad else 1)](*args, SPLIT=need_grad, **meta)
     if need_grad:
         _rnnt_join_kernel[(N, 2)](*args, **meta)
-    return (loss[N] if reduce else loss[:N]), logp
+    return (loss[N] if reduce else loss[:N]), (lse, lat, logp)
 
 
 def rnnt_backward(
