@@ -1,8 +1,8 @@
 """WaveNet vocoder generation on a thread-block cluster (CUDA C++ through ``cuda.core``; optional, Hopper or
-newer; the Triton kernel in ``kernels.py`` is the fallback).
+newer; the Triton kernel in ``triton_vocoder.py`` is the fallback).
 
 One cluster of ``C`` CTAs per stream, all samples in one launch. Per layer one exchange through distributed
-shared memory (``st.async`` completing bytes on each CTA's mbarrier, as ``cluster.py``):
+shared memory (``st.async`` completing bytes on each CTA's mbarrier, as ``proxy/cluster.py``):
 
 - CTA r computes gate units j in [r G2/C, (r+1) G2/C), one per warp: four lane groups hold the rows
   tanh/sigmoid of the current-input matrix and of the past-input matrix. The past product W_past x is computed
@@ -11,7 +11,7 @@ shared memory (``st.async`` completing bytes on each CTA's mbarrier, as ``cluste
 - z_j goes to every CTA; each CTA then has the whole z and computes the whole residual update itself (no second
   exchange) and its rows of the skip sum (kept un-reduced per lane until the head).
 - Head: relu(skip) rows, head1 rows and the logits' rows are exchanged in turn; every CTA samples the same class
-  from the same logits and uniform (inverse CDF, as ``generate_incremental``).
+  from the same logits and uniform (inverse CDF, as the PyTorch path).
 Weights stream from L2, each layer's loaded one layer ahead into registers; the head's rows stay in registers.
 The 8 lanes of a group take interleaved 16-byte chunks of every vector (free of shared-memory bank conflicts).
 
@@ -25,15 +25,18 @@ import functools
 import torch
 
 from .cuda_runtime import clusters_available, compile_cluster_kernel, device_arch, launch, set_dynamic_shared_memory
-from .kernels import inverse_temperature
+from .weights import VocoderWeights, frame_bias, inverse_temperature
 
 
-def config(model, C: int = 8) -> dict:
-    """Compile-time sizes of the cluster kernel for ``model``; raises ValueError when the shapes do not split."""
-    R, G2, SK, NC = model.residual_channels, model.gate_channels // 2, model.skip_channels, model.classes
+def vocoder_cluster_config(
+    layers: int, residual_channels: int, gate_channels: int, skip_channels: int, classes: int, C: int = 8
+) -> dict:
+    """Compile-time sizes of the cluster kernel for a WaveNet of these widths over clusters of C CTAs; raises
+    ValueError when the shapes do not split."""
+    R, G2, SK, NC = residual_channels, gate_channels // 2, skip_channels, classes
     cfg = {"R": R, "G2": G2, "SK": SK, "NC": NC, "C": C}
     ok = (
-        model.layers <= 512
+        layers <= 512
         and C <= 8
         and G2 % C == 0
         and _embed_bytes(R, NC) <= 160 * 1024
@@ -50,23 +53,28 @@ def config(model, C: int = 8) -> dict:
     return cfg
 
 
-def available(model, C: int = 8) -> bool:
+def vocoder_cluster_supported(
+    layers: int, residual_channels: int, gate_channels: int, skip_channels: int, classes: int, C: int = 8
+) -> bool:
+    """Whether the cluster kernel runs here (``clusters_available``) for a WaveNet of these widths."""
     if not clusters_available():
         return False
     try:
-        config(model, C)
+        vocoder_cluster_config(layers, residual_channels, gate_channels, skip_channels, classes, C)
     except ValueError:
         return False
     return True
 
 
 @functools.cache
-def _kernel(
+def vocoder_cluster_kernel(
     R: int, G2: int, SK: int, NC: int, C: int, WBF16: int, GREEDY: int, arch: str, ACQ: int | None = None, VIL: int = 1
 ):
-    """VIL 1: the lanes of a group take interleaved 16-byte chunks of each vector (no bank conflicts)."""
+    """The compiled kernel for ``vocoder_cluster_config``'s sizes, the weight type (WBF16) and greedy sampling;
+    ACQ the wait's semantics (cluster_common.cuh; 0 unless given: measured faster here); VIL 1: the lanes of a
+    group take interleaved 16-byte chunks of each vector (no bank conflicts)."""
     defines = dict(R=R, G2=G2, SK=SK, NC=NC, C=C, WBF16=WBF16, GREEDY=GREEDY, VIL=VIL)
-    if ACQ is not None:  # the wait's semantics (cluster_common.cuh; 0 unless given: measured faster here)
+    if ACQ is not None:
         defines["ACQ"] = ACQ
     kernel = compile_cluster_kernel("wavenet_cluster", "wavenet_cluster.cu", arch, defines, C)
     set_dynamic_shared_memory(kernel, _embed_bytes(R, NC), "the cluster vocoder kernel")
@@ -77,40 +85,32 @@ def _embed_bytes(R: int, NC: int) -> int:
     return NC * R * 4
 
 
-def pack(model, cond, g, weights_dtype: torch.dtype, C: int) -> dict:
-    """The model's weights in the kernel's layouts (``weights_dtype``: float32 or bfloat16) and the conditioning
-    per frame [B, F, L, G] (the current-input bias folded in)."""
-    L, R, G = model.layers, model.residual_channels, model.gate_channels
-    G2 = G // 2
-    dev = model.embed.weight.device
-
-    from .model import stack_layers as stack
-
-    wc, wp = stack(model.w_cur), stack(model.w_past)  # [L, G, R]
-    # rows of unit j: cur tanh, cur sigmoid, past tanh, past sigmoid; units of CTA r, warp w: j = r G2/C + w
-    wg = torch.stack([wc[:, :G2], wc[:, G2:], wp[:, :G2], wp[:, G2:]], dim=2)  # [L, G2, 4, R]
-    wg = wg.reshape(L, C, G2 // C, 4, R)
-    dil, qoff, _ = model.queue_layout(dev)
-    wt = weights_dtype
-    return {
-        "wg": wg.to(wt).contiguous(),
-        "wr": stack(model.w_res).to(wt).contiguous(),  # [L, R, G2]
-        "br": stack(model.w_res, "bias").contiguous(),
-        "ws": stack(model.w_skip).to(wt).contiguous(),  # [L, SK, G2]
-        "bs": stack(model.w_skip, "bias").sum(0).contiguous(),
-        "w1": model.head1.weight.to(wt).contiguous(),
-        "b1": model.head1.bias.float().contiguous(),
-        "w2": model.head2.weight.to(wt).contiguous(),
-        "b2": model.head2.bias.float().contiguous(),
-        "embed": model.embed.weight.float().contiguous(),
-        "cb": model.frame_bias(cond, g).contiguous(),
-        "dil": dil,
-        "qoff": qoff,
-    }
+def cluster_layout(weights: VocoderWeights, weights_dtype: torch.dtype, C: int) -> dict:
+    """The weights in the kernel's layouts (``weights_dtype``: float32 or bfloat16 matrices), packed once per
+    weights, dtype and cluster size (kept in ``weights.layouts``)."""
+    key = ("cluster", weights_dtype, C)
+    if key not in weights.layouts:
+        w, wt = weights, weights_dtype
+        L, R, G2 = w.layers, w.residual_channels, w.gate_channels // 2
+        # rows of unit j: cur tanh, cur sigmoid, past tanh, past sigmoid; units of CTA r, warp w: j = r G2/C + w
+        wg = torch.stack([w.w_cur[:, :G2], w.w_cur[:, G2:], w.w_past[:, :G2], w.w_past[:, G2:]], dim=2)
+        wg = wg.reshape(L, C, G2 // C, 4, R)  # [L, G2, 4, R] split by CTA
+        weights.layouts[key] = {
+            "wg": wg.to(wt).contiguous(),
+            "wr": w.w_res.to(wt).contiguous(),  # [L, R, G2]
+            "br": w.b_res.contiguous(),
+            "ws": w.w_skip.to(wt).contiguous(),  # [L, SK, G2]
+            "bs": w.b_skip.sum(0).contiguous(),
+            "w1": w.w_head1.to(wt).contiguous(),
+            "b1": w.b_head1,
+            "w2": w.w_head2.to(wt).contiguous(),
+            "b2": w.b_head2,
+        }
+    return weights.layouts[key]
 
 
 def wavenet_generate_cluster(
-    model,
+    weights: VocoderWeights,
     cond: torch.Tensor | None,
     g: torch.Tensor | None,
     uniforms: torch.Tensor,
@@ -118,27 +118,37 @@ def wavenet_generate_cluster(
     weights_dtype: torch.dtype = torch.float32,
     C: int = 8,
 ) -> torch.Tensor:
-    """Launcher: one cluster of C CTAs per stream, all samples in one launch ([B, n_samples] int64)."""
+    """Launcher: one cluster of C CTAs per stream, all samples in one launch ([B, n_samples] int64).
+
+    Args:
+        weights: the model's weights (``weights.vocoder_weights``).
+        cond: [B, cond_channels, frames] or None; g: [B, speaker_channels] speaker embeddings or None.
+        uniforms: [n_samples, B] numbers in [0, 1).
+        weights_dtype: torch.float32 or torch.bfloat16: the type the kernel reads the matrices in (float32
+            arithmetic).
+    """
     import numpy as np
 
-    cfg = config(model, C)
+    w = weights
+    cfg = vocoder_cluster_config(w.layers, w.residual_channels, w.gate_channels, w.skip_channels, w.classes, C)
     n, B = uniforms.shape
     dev = uniforms.device
-    p = pack(model, cond, g, weights_dtype, C)
-    cb = p["cb"].expand(B, p["cb"].shape[1], model.layers, model.gate_channels).contiguous()
-    Q = sum(model.dilations)
-    queue = torch.zeros(B, C, Q, model.gate_channels // 2 // C, 2, device=dev)
+    p = cluster_layout(w, weights_dtype, C)
+    cb = frame_bias(w, cond, g).contiguous()
+    cb = cb.expand(B, cb.shape[1], w.layers, w.gate_channels).contiguous()
+    Q = w.queue_slots
+    queue = torch.zeros(B, C, Q, w.gate_channels // 2 // C, 2, device=dev)
     out = torch.empty(B, n, dtype=torch.long, device=dev)
     u = uniforms.float().contiguous()
-    kernel = _kernel(**cfg, WBF16=int(weights_dtype == torch.bfloat16), GREEDY=int(temperature == 0),
-                     arch=device_arch(dev))  # fmt: skip
+    kernel = vocoder_cluster_kernel(**cfg, WBF16=int(weights_dtype == torch.bfloat16), GREEDY=int(temperature == 0),
+                                    arch=device_arch(dev))  # fmt: skip
     nt = 32 * (cfg["G2"] // C)
-    hop = model.hop_length if cond is not None else 1 << 30
-    tensors = (p["wg"], p["wr"], p["br"], p["ws"], p["bs"], p["w1"], p["b1"], p["w2"], p["b2"], p["embed"], cb,
-               p["dil"], p["qoff"], queue, u, out)  # fmt: skip
+    hop = w.hop_length if cond is not None else 1 << 30
+    tensors = (p["wg"], p["wr"], p["br"], p["ws"], p["bs"], p["w1"], p["b1"], p["w2"], p["b2"], w.embed, cb,
+               w.dilations, w.queue_offsets, queue, u, out)  # fmt: skip
     inv_temp = inverse_temperature(temperature)  # finite in float32 however small the temperature
     args = [np.uint64(x.data_ptr()) for x in tensors]
-    args += [np.int32(v) for v in (B, model.layers, cb.shape[1], Q, hop, n, model.start_class())]
+    args += [np.int32(v) for v in (B, w.layers, cb.shape[1], Q, hop, n, w.start_class)]
     args.append(np.float32(inv_temp))
     launch(kernel, dev, B, nt, args, cluster=C, shmem=_embed_bytes(cfg["R"], cfg["NC"]))
     return out

@@ -28,18 +28,18 @@ import functools
 
 import torch
 
-from .cuda_runtime import compile_cluster_kernel, device_arch, launch
+from ..cuda_runtime import compile_cluster_kernel, device_arch, launch
 
 # registers per thread left for the resident weights (32 bits each) after the fragments and the rest
-_REG_BUDGET = 176
+REG_BUDGET = 176
 
 
 def max_layers_per_cta(H: int) -> int:
     """How many layers of width H one CTA keeps in its registers (4 H / 16 per thread per layer)."""
-    return max(0, _REG_BUDGET // (H // 4)) if H % 32 == 0 and 32 <= H <= 128 else 0
+    return max(0, REG_BUDGET // (H // 4)) if H % 32 == 0 and 32 <= H <= 128 else 0
 
 
-def config(L: int, H: int, max_cluster: int = 16, C: int | None = None) -> dict | None:
+def pipeline_config(L: int, H: int, max_cluster: int = 16, C: int | None = None) -> dict | None:
     """The smallest cluster that holds all L layers in registers (C CTAs, LPC layers per CTA at most), or None
     where none does (H not a multiple of 32 up to 128, or more layers than max_cluster CTAs hold); C forces the
     cluster size."""
@@ -53,7 +53,8 @@ def config(L: int, H: int, max_cluster: int = 16, C: int | None = None) -> dict 
 
 
 @functools.cache
-def _kernel(H: int, C: int, LPC: int, RELU: int, arch: str, TW: int = 0, PROF: int = 0, NACC: int = 4):
+def pipeline_kernel(H: int, C: int, LPC: int, RELU: int, arch: str, TW: int = 0, PROF: int = 0, NACC: int = 4):
+    """The layer-split kernel for ``pipeline_config()``'s parameters plus RELU and the probe options."""
     defines = dict(H=H, C=C, LPC=LPC, RELU=RELU, TW=TW, PROF=PROF, NACC=NACC)
     return compile_cluster_kernel("serial_chain_pipeline", "serial_chain_pipeline.cu", arch, defines, C)
 
@@ -79,14 +80,14 @@ def serial_chain_pipeline(
     L, H, _ = weights.shape
     if weights.dtype != torch.bfloat16:
         raise ValueError(f"the pipeline design takes bfloat16 weights, got {weights.dtype}")
-    cfg = config(L, H, C=C)
+    cfg = pipeline_config(L, H, C=C)
     if cfg is None:
         raise ValueError(f"the pipeline design cannot hold L={L} layers of H={H} in one cluster's registers")
     B = x0.shape[0]
     w = weights.contiguous()
     x = x0.float().contiguous()
     out = torch.empty(B, H, dtype=torch.float32, device=x0.device)
-    kernel = _kernel(**cfg, RELU=int(relu), arch=device_arch(x0.device), TW=TW, PROF=PROF, NACC=NACC)
+    kernel = pipeline_kernel(**cfg, RELU=int(relu), arch=device_arch(x0.device), TW=TW, PROF=PROF, NACC=NACC)
     args = (np.uint64(w.data_ptr()), np.uint64(x.data_ptr()), np.uint64(out.data_ptr()), np.int32(L),
             np.int32(n_samples))  # fmt: skip
     if PROF:

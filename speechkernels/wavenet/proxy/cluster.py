@@ -25,10 +25,10 @@ import functools
 
 import torch
 
-from .cuda_runtime import compile_cluster_kernel, device_arch, launch
+from ..cuda_runtime import compile_cluster_kernel, device_arch, launch
 
 
-def config(H: int, C: int, S: int, bf16: bool) -> dict:
+def row_split_config(H: int, C: int, S: int, bf16: bool) -> dict:
     """Launch parameters for H rows over C CTAs and S streams per cluster: lanes per row LPR (a power of 2
     dividing 32; each lane holds H / LPR columns of its row; fewer when a CTA would need more than 32 warps) and
     the prefetch depth D (layers, even): 4, or fewer where the registers left per thread do not hold 4 (at
@@ -47,7 +47,8 @@ def config(H: int, C: int, S: int, bf16: bool) -> dict:
     return dict(H=H, C=C, S=S, LPR=lpr, D=d, WBF16=int(bf16), **opts)
 
 
-def check_config(cfg: dict) -> None:
+def check_row_split_config(cfg: dict) -> None:
+    """Raises ValueError where ``row_split_config``'s parameters (with any overrides) do not split H."""
     H, C, lpr = cfg["H"], cfg["C"], cfg["LPR"]
     rpw = 32 // lpr
     if H % C or (H // C) % rpw or (H // lpr) % 4 or (H // C) // rpw > 32 or C > 16 or cfg["D"] % 2:
@@ -55,16 +56,16 @@ def check_config(cfg: dict) -> None:
 
 
 @functools.cache
-def _kernel(arch: str, ACQ: int | None = None, **defines):
-    """The row-split kernel for ``config()``'s parameters plus RELU; ACQ the wait's semantics (cluster_common.cuh),
-    by default the relaxed poll with the restricted fence where this NVRTC compiles it (PTX 8.6, NVRTC 12.8 or
-    newer). The other cluster kernels keep the acquiring poll: with the fence the compiler schedules them 2-5 %
-    slower (benchmarks/NOTES.md)."""
+def row_split_kernel(arch: str, ACQ: int | None = None, **defines):
+    """The row-split kernel for ``row_split_config()``'s parameters plus RELU; ACQ the wait's semantics
+    (cluster_common.cuh), by default the relaxed poll with the restricted fence where this NVRTC compiles it
+    (PTX 8.6, NVRTC 12.8 or newer). The other cluster kernels keep the acquiring poll: with the fence the compiler
+    schedules them 2-5 % slower (benchmarks/NOTES.md)."""
     if ACQ is None:
         try:
-            return _kernel(arch, 1, **defines)
+            return row_split_kernel(arch, 1, **defines)
         except Exception:  # noqa: BLE001 - older NVRTC
-            return _kernel(arch, 0, **defines)
+            return row_split_kernel(arch, 0, **defines)
     return compile_cluster_kernel(
         "serial_chain_cluster", "serial_chain_cluster.cu", arch, {**defines, "ACQ": ACQ}, defines["C"]
     )
@@ -87,14 +88,27 @@ def serial_chain_cluster(
 
     L, H, _ = weights.shape
     B = x0.shape[0]
-    cfg = {**config(H, C, S, weights.dtype == torch.bfloat16), **over}
-    check_config(cfg)
+    cfg = {**row_split_config(H, C, S, weights.dtype == torch.bfloat16), **over}
+    check_row_split_config(cfg)
     w = weights.contiguous()
     x = x0.float().contiguous()
     out = torch.empty(B, H, dtype=torch.float32, device=x0.device)
-    kernel = _kernel(**cfg, RELU=int(relu), arch=device_arch(x0.device))
+    kernel = row_split_kernel(**cfg, RELU=int(relu), arch=device_arch(x0.device))
     nw = (H // C) // (32 // cfg["LPR"])
     args = (np.uint64(w.data_ptr()), np.uint64(x.data_ptr()), np.uint64(out.data_ptr()), np.int32(L),
             np.int64(n_samples * L), np.int32(B))  # fmt: skip
     launch(kernel, x0.device, (B + S - 1) // S, 32 * nw, args, cluster=C)
     return out
+
+
+def row_split_fits(H: int, bf16: bool, S: int = 1) -> bool:
+    """Whether ``serial_chain_cluster``'s default split (16 CTAs of 8 lanes per row, else 8 CTAs) takes width H."""
+    for C, over in ((16, {"LPR": 8}), (8, {})):
+        if H % C:
+            continue
+        try:
+            check_row_split_config({**row_split_config(H, C, S, bf16), **over})
+        except ValueError:
+            continue
+        return True
+    return False

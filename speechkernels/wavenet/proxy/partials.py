@@ -24,10 +24,10 @@ import functools
 
 import torch
 
-from .cuda_runtime import compile_cluster_kernel, device_arch, launch
+from ..cuda_runtime import compile_cluster_kernel, device_arch, launch
 
 
-def config(H: int, C: int, bf16: bool) -> dict | None:
+def partials_config(H: int, C: int, bf16: bool) -> dict | None:
     """C CTAs of H threads (H a multiple of 32 up to 1024), H / C elements each (a multiple of 8, at most 32, and
     of 4 CTAs at least, for the 16-byte loads); the prefetch depth D (even) that fits the registers; None where
     the shape does not fit."""
@@ -44,7 +44,8 @@ def config(H: int, C: int, bf16: bool) -> dict | None:
 
 
 @functools.cache
-def _kernel(H: int, C: int, D: int, WBF16: int, RELU: int, arch: str):
+def partials_kernel(H: int, C: int, D: int, WBF16: int, RELU: int, arch: str):
+    """The column-split kernel for ``partials_config()``'s parameters plus RELU."""
     defines = dict(H=H, C=C, D=D, WBF16=WBF16, RELU=RELU)
     return compile_cluster_kernel("serial_chain_partials", "serial_chain_partials.cu", arch, defines, C)
 
@@ -60,13 +61,13 @@ def serial_chain_partials(
     bf16 = weights.dtype == torch.bfloat16
     if C is None:
         for c in (16, 8):
-            if config(H, c, bf16) is not None:
+            if partials_config(H, c, bf16) is not None:
                 try:
                     return serial_chain_partials(weights, x0, n_samples, relu, c, **over)
                 except ValueError:
                     continue
         raise ValueError(f"the partials design cannot split H={H} over a cluster")
-    cfg = config(H, C, bf16)
+    cfg = partials_config(H, C, bf16)
     if cfg is None:
         raise ValueError(f"the partials design cannot split H={H} over C={C} CTAs")
     cfg.update(over)
@@ -74,7 +75,7 @@ def serial_chain_partials(
     w = weights.contiguous()
     x = x0.float().contiguous()
     out = torch.empty(B, H, dtype=torch.float32, device=x0.device)
-    kernel = _kernel(**cfg, RELU=int(relu), arch=device_arch(x0.device))
+    kernel = partials_kernel(**cfg, RELU=int(relu), arch=device_arch(x0.device))
     args = (np.uint64(w.data_ptr()), np.uint64(x.data_ptr()), np.uint64(out.data_ptr()), np.int32(L),
             np.int64(n_samples * L))  # fmt: skip
     launch(kernel, x0.device, B, H, args, cluster=C)
