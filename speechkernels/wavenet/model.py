@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._utils import INDEX_DTYPES, as_index_tensor, as_int, check_float_input, check_in_range
-from .generation import generate
+from . import generation
 
 
 class WaveNet(nn.Module):
@@ -235,7 +235,7 @@ class WaveNet(nn.Module):
         arithmetic). The kernels read the weights packed once per parameter version (``weights.vocoder_weights``:
         packed again after an in-place update, an optimizer step or load_state_dict).
         """
-        return generate(self, cond, n_samples, temperature, generator, speaker, batch, kernel, weights_dtype)
+        return generation.generate(self, cond, n_samples, temperature, generator, speaker, batch, kernel, weights_dtype)
 
 
 def _streams(name: str, n: int) -> str:
