@@ -14,7 +14,7 @@ import json
 import numpy as np
 import torch
 
-from speechkernels.wavenet import cluster
+from speechkernels.wavenet import cuda_runtime
 
 SRC = r"""
 typedef unsigned int u32;
@@ -125,13 +125,13 @@ NAMES = ["mma", "shfl_add", "tanh_exp_div", "split3", "lds", "bar_sync", "sts_ba
 
 
 def main():
-    kern = cluster._compile("lat", SRC, cluster._arch(), 1, {}, common=False)
+    kern = cuda_runtime.compile_kernel("lat", SRC, cuda_runtime.device_arch())
     for threads in (32, 256):
         out = torch.zeros(threads, device="cuda")
         t = torch.zeros(16, dtype=torch.int64, device="cuda")
         for _ in range(3):
             args = (np.uint64(out.data_ptr()), np.uint64(t.data_ptr()), np.float32(0.5))
-            cluster._launch(kern, out.device, 1, threads, args)
+            cuda_runtime.launch(kern, out.device, 1, threads, args)
         torch.cuda.synchronize()
         tt = t.cpu().tolist()
         row = {n: tt[i] / 64 for i, n in enumerate(NAMES[:-1])}

@@ -18,8 +18,9 @@ import math
 import numpy as np
 import torch
 
-from speechkernels.wavenet import cluster, serial_chain_reference
-from speechkernels.wavenet.kernels import serial_chain_barrier, serial_chain_stream
+from speechkernels.wavenet import cuda_runtime, serial_chain_reference
+from speechkernels.wavenet.proxy import cluster
+from speechkernels.wavenet.proxy.triton_designs import serial_chain_barrier, serial_chain_stream
 
 READ_SRC = r"""
 extern "C" __global__ void read_l2(const float4* __restrict__ p, long long n4, int reps, float* out) {
@@ -55,10 +56,10 @@ def emit(**row):
 
 
 def l2_bandwidth():
-    core = cluster._core()
-    kern = cluster._compile("read_l2", READ_SRC, cluster._arch(), 1, {}, common=False)
+    core = cuda_runtime.cuda_core()
+    kern = cuda_runtime.compile_kernel("read_l2", READ_SRC, cuda_runtime.device_arch())
     core.Device(0).set_current()
-    stream = cluster._current_stream()
+    stream = cuda_runtime.current_stream()
     out = torch.zeros(1024, device="cuda")
     for mb in (2.62, 5.24):
         buf = torch.randn(int(mb * 1e6 / 4), device="cuda")
@@ -80,7 +81,7 @@ def rate(fn, n):
 def pipeline_probe():
     """The layer-split design: time against the number of layers (one CTA per 5 layers, so the hops grow with
     L), the wait (try_wait or test_wait spinning), several streams, and the compiled kernel's resources."""
-    from speechkernels.wavenet import cluster_pipeline as cp
+    from speechkernels.wavenet.proxy import pipeline as cp
 
     H, n = 128, 2000
     g = torch.Generator().manual_seed(0)
@@ -91,9 +92,9 @@ def pipeline_probe():
             for tw, nacc in ((0, 4), (1, 4), (0, 2)) if B == 1 else ((0, 4),):
                 r = rate(lambda k, w=w, x0=x0, C=C, tw=tw, nacc=nacc: cp.serial_chain_pipeline(
                     w, x0, k, False, C=C, TW=tw, NACC=nacc), n)  # fmt: skip
-                emit(part="pipe", L=L, B=B, TW=tw, NACC=nacc, C=cp.config(L, H, C=C)["C"], khz=r / 1e3,
+                emit(part="pipe", L=L, B=B, TW=tw, NACC=nacc, C=cp.pipeline_config(L, H, C=C)["C"], khz=r / 1e3,
                      ns_per_layer=1e9 / r / L, total_msps=r * B / 1e6)  # fmt: skip
-    k = cp._kernel(**cp.config(80, H), RELU=0, arch=cluster._arch())
+    k = cp.pipeline_kernel(**cp.pipeline_config(80, H), RELU=0, arch=cuda_runtime.device_arch())
     a = k.attributes
     emit(part="pipe_kernel", regs=a.num_regs, local_bytes=a.local_size_bytes, smem=a.shared_size_bytes)
 
@@ -102,7 +103,7 @@ def cluster_ablation():
     """What parts of the row-split cluster layer cost: tanh against relu (the activation's share), lanes per row
     (shuffle rounds against columns per lane; prefetch depth 4 throughout, which the sweeps found not to matter), and
     the partials design beside it; one stream, 80 layers."""
-    from speechkernels.wavenet.cluster_partials import serial_chain_partials
+    from speechkernels.wavenet.proxy.partials import serial_chain_partials
 
     g = torch.Generator().manual_seed(0)
     L, H, n = 80, 128, 4000
@@ -137,7 +138,8 @@ def cluster_sweep(part, options, reps=2):
                     continue
                 kw = {"C": 16, **o}
                 r = rate(lambda k, w=w, x0=x0, kw=kw: cluster.serial_chain_cluster(w, x0, k, False, **kw), n)
-                cfg = {"ACQ": "default", **cluster.config(H, kw["C"], 1, dtype == torch.bfloat16), **kw}  # as run
+                base = cluster.row_split_config(H, kw["C"], 1, dtype == torch.bfloat16)
+                cfg = {"ACQ": "default", **base, **kw}  # as run
                 emit(part=part, weights=str(dtype)[6:], B=1, **cfg, rep=rep, khz=r / 1e3,
                      ns_per_layer=1e9 / r / L)  # fmt: skip
 
@@ -173,12 +175,12 @@ def cluster_variants():
 
 
 def vocoder_acq():
-    """The cluster vocoder (20 layers, one stream, sampling included) with the wait's two semantics (cluster.COMMON's
-    ACQ: 0 acquire.cluster on the poll, 1 relaxed poll and a restricted fence) and the lanes' columns contiguous or
-    interleaved (VIL 0 / 1; v23 ran before VIL, as VIL 0), both weight types."""
+    """The cluster vocoder (20 layers, one stream, sampling included) with the wait's two semantics (ACQ of
+    cluster_common.cuh: 0 acquire.cluster on the poll, 1 relaxed poll and a restricted fence) and the lanes'
+    columns contiguous or interleaved (VIL 0 / 1; v23 ran before VIL, as VIL 0), both weight types."""
     from speechkernels.wavenet import WaveNet, cluster_vocoder
 
-    orig = cluster_vocoder._kernel
+    orig = cluster_vocoder.vocoder_cluster_kernel
     torch.manual_seed(0)
     net = WaveNet(layers=20, cycle=10).cuda().eval()
     n = 4000
@@ -187,18 +189,18 @@ def vocoder_acq():
     try:
         for rep in range(2):
             for acq, vil in ((0, 0), (0, 1), (1, 1)):
-                cluster_vocoder._kernel = lambda acq=acq, vil=vil, **kw: orig(**kw, ACQ=acq, VIL=vil)
+                cluster_vocoder.vocoder_cluster_kernel = lambda acq=acq, vil=vil, **kw: orig(**kw, ACQ=acq, VIL=vil)
                 for wd in (torch.float32, torch.bfloat16):
                     fn = lambda k, wd=wd: net.generate(cond, k, generator=gen, kernel="cluster", weights_dtype=wd)  # noqa: E731
                     r = rate(fn, n)
                     emit(part="vocoder_acq", layers=20, weights=str(wd)[6:], ACQ=acq, VIL=vil, rep=rep, khz=r / 1e3)
     finally:
-        cluster_vocoder._kernel = orig
+        cluster_vocoder.vocoder_cluster_kernel = orig
 
 
 def partials_sweep():
     """The column-split (partials) design's cluster size C and prefetch depth D, one stream, tanh."""
-    from speechkernels.wavenet.cluster_partials import serial_chain_partials
+    from speechkernels.wavenet.proxy.partials import serial_chain_partials
 
     g = torch.Generator().manual_seed(0)
     L, H, n = 80, 128, 4000
@@ -216,12 +218,12 @@ def pipeline_profile():
     and tensor-core products (0-1), reduction, activation, split and stores (1-2), the block barrier (2-3); per
     CTA its span from the end of its wait to its send, and the sample period; the hop is what the period leaves
     after the CTAs' spans."""
-    from speechkernels.wavenet import cluster_pipeline as cp
+    from speechkernels.wavenet.proxy import pipeline as cp
 
     H, n, P = 128, 400, 100
     g = torch.Generator().manual_seed(0)
     for L, C in ((5, 1), (40, 8), (80, 16)):
-        cfg = cp.config(L, H, C=C)
+        cfg = cp.pipeline_config(L, H, C=C)
         C, LPC = cfg["C"], cfg["LPC"]
         w = (torch.randn(L, H, H, generator=g) / math.sqrt(H)).to(torch.bfloat16).cuda()
         x0 = torch.randn(1, H, generator=g).cuda()
@@ -280,14 +282,14 @@ def proxy_sweeps(quick, parts=("stream", "cluster", "many"), cs=(1, 2, 4, 8)):
             khz = rate(lambda n, w=w, x1=x1: serial_chain_barrier(w, x1, n, False), 500) / 1e3
             emit(probe="barrier", weights=dtype, B=1, kHz=khz)
         for C in cs if "cluster" in parts else ():
-            base = cluster.config(H, C, 1, dtype == "bfloat16")
+            base = cluster.row_split_config(H, C, 1, dtype == "bfloat16")
             variants = [(8, d, 0) for d in sorted({2, 4, 8, base["D"]})] + [(lpr, base["D"], 0) for lpr in (4, 16, 32)]
             variants += [(lpr, 4, 1) for lpr in (8, 16)]  # mbarrier.test_wait spinning instead of try_wait
             for lpr, d, tw in variants:
                 if True:
                     over = {"LPR": lpr, "D": d, "TW": tw}
                     try:
-                        cluster.check_config({**base, **over})
+                        cluster.check_row_split_config({**base, **over})
                         out = cluster.serial_chain_cluster(w, x1, 50, False, C=C, **over)
                         err = (out.cpu().double() - ref).abs().max().item()
                         fn = lambda n, C=C, over=over, w=w, x1=x1: cluster.serial_chain_cluster(  # noqa: E731

@@ -13,13 +13,15 @@ import torch
 
 from speechkernels.wavenet import (
     WaveNet,
+    cuda_runtime,
     mu_law_decode,
     mu_law_encode,
     save_wav,
     serial_chain,
     serial_chain_reference,
 )
-from speechkernels.wavenet.generate import generate_incremental
+from speechkernels.wavenet.generation import generate_incremental
+from speechkernels.wavenet.weights import vocoder_weights
 
 
 def chain_case(L, H, B, activation, dtype=torch.float32, seed=0):
@@ -67,7 +69,7 @@ def test_serial_chain_stream_kernel_matches_float64_loop(kernel_device, activati
     16-bit weight format, the GPU test covers bfloat16)."""
     L, B = 4, 3
     w, x0 = chain_case(L, H, B, activation, seed=2)
-    from speechkernels.wavenet.kernels import serial_chain_stream
+    from speechkernels.wavenet.proxy.triton_designs import serial_chain_stream
 
     out = serial_chain_stream(w.to(dtype), x0, 5, relu=activation == "relu")
     ref = serial_chain_reference(w.to(dtype).float(), x0, n_samples=5, activation=activation)
@@ -96,9 +98,7 @@ def test_gpu_serial_chain_designs(gpu, design, dtype, activation):
     fades), where float32 rounding stays well inside the tolerance (PyTorch's own float32 loop is 3e-5 off at
     160 matrices, 2e-4 at 240)."""
     if design in ("cluster", "partials", "pipeline"):
-        from speechkernels.wavenet import cluster
-
-        if not cluster.available():
+        if not cuda_runtime.clusters_available():
             pytest.skip("cuda-core or a GPU of compute capability 9.0 missing")
     if design == "pipeline" and dtype != torch.bfloat16:
         pytest.skip("the pipeline design takes bfloat16 weights")
@@ -128,9 +128,9 @@ def test_gpu_serial_chain_designs(gpu, design, dtype, activation):
 def test_gpu_serial_chain_cluster_configs(gpu, H, C, S):
     """Cluster sizes, streams per cluster (B not a multiple of S), widths, a sample count that is not a multiple
     of the prefetch depth."""
-    from speechkernels.wavenet import cluster
+    from speechkernels.wavenet.proxy import cluster
 
-    if not cluster.available():
+    if not cuda_runtime.clusters_available():
         pytest.skip("cuda-core or a GPU of compute capability 9.0 missing")
     L, B, n = 7, 5, 3
     w, x0 = chain_case(L, H, B, "tanh", seed=5)
@@ -145,9 +145,9 @@ def test_gpu_serial_chain_cluster_variants(gpu, dtype, S):
     """The row-split kernel's critical-path options (wait semantics, reduction, FMA chains, loads in the polling
     loop, interleaved columns) against float64, and bitwise: the indexed reduction adds in the butterfly's order,
     the wait and load placement change no arithmetic."""
-    from speechkernels.wavenet import cluster
+    from speechkernels.wavenet.proxy import cluster
 
-    if not cluster.available():
+    if not cuda_runtime.clusters_available():
         pytest.skip("cuda-core or a GPU of compute capability 9.0 missing")
     L, H, B, n = 80, 128, 3, 2
     w, x0 = chain_case(L, H, B, "tanh", dtype=dtype, seed=11)
@@ -180,10 +180,9 @@ def test_gpu_serial_chain_cluster_variants(gpu, dtype, S):
 def test_gpu_serial_chain_partials_configs(gpu, H, C, dtype, activation):
     """The column-split cluster design: cluster sizes, widths, both weight types, a layer count that is not a
     multiple of the prefetch depth, several streams."""
-    from speechkernels.wavenet import cluster
-    from speechkernels.wavenet.cluster_partials import serial_chain_partials
+    from speechkernels.wavenet.proxy.partials import serial_chain_partials
 
-    if not cluster.available():
+    if not cuda_runtime.clusters_available():
         pytest.skip("cuda-core or a GPU of compute capability 9.0 missing")
     L, B, n = 7, 3, 3
     w, x0 = chain_case(L, H, B, activation, dtype, seed=7)
@@ -209,9 +208,8 @@ def test_gpu_serial_chain_partials_configs(gpu, H, C, dtype, activation):
 def test_gpu_serial_chain_pipeline(gpu, L, H, B, n, activation):
     """The layer-split cluster design against float64 (bfloat16 weights; the vector split in three bfloat16
     pieces must keep float32 accuracy)."""
-    from speechkernels.wavenet import cluster
 
-    if not cluster.available():
+    if not cuda_runtime.clusters_available():
         pytest.skip("cuda-core or a GPU of compute capability 9.0 missing")
     w, x0 = chain_case(L, H, B, activation, torch.bfloat16, seed=6)
     out = serial_chain(w.to(gpu), x0.to(gpu), n, activation, design="pipeline")
@@ -222,9 +220,7 @@ def test_gpu_serial_chain_pipeline(gpu, L, H, B, n, activation):
 
 @pytest.mark.gpu
 def test_gpu_serial_chain_pipeline_rejects(gpu):
-    from speechkernels.wavenet import cluster
-
-    if not cluster.available():
+    if not cuda_runtime.clusters_available():
         pytest.skip("cuda-core or a GPU of compute capability 9.0 missing")
     x0 = torch.zeros(1, 128, device=gpu)
     with pytest.raises(ValueError, match="bfloat16"):
@@ -288,7 +284,7 @@ def test_incremental_generation_matches_teacher_forced_forward(kw):
 
 @pytest.mark.gpu
 def test_gpu_cuda_graph_generation_matches_eager(gpu):
-    from speechkernels.wavenet.generate import generate_cuda_graph
+    from speechkernels.bench.wavenet_baselines import generate_cuda_graph
 
     net = small_model().to(gpu)
     cond, spk = torch.randn(2, 5, 10, device=gpu), torch.tensor([2, 0], device=gpu)
@@ -453,7 +449,8 @@ GENERATE_CASES = [
 def test_generate_bad_arguments(entry, model_kw, kw, match):
     """Every generation entry point refuses the same mistakes, before any work, with a ValueError naming the
     argument (the CUDA-only entry points check their arguments before their device)."""
-    from speechkernels.wavenet import generate as gen
+    from speechkernels.bench import wavenet_baselines
+    from speechkernels.wavenet import generation
 
     net = small_model(**model_kw)
     args = dict(cond=torch.randn(2, 5, 10) if net.cond_channels else None, n_samples=8, temperature=1.0,
@@ -463,9 +460,10 @@ def test_generate_bad_arguments(entry, model_kw, kw, match):
         call = lambda: net.generate(**args)
     elif entry == "generate_kernel":
         args.setdefault("kernel", "triton")
-        call = lambda: gen.generate_kernel(net, **args, weights_dtype=torch.float32)
+        call = lambda: generation.generate_kernel(net, **args, weights_dtype=torch.float32)
     else:
-        call = lambda: getattr(gen, entry)(net, **args)
+        module = wavenet_baselines if entry == "generate_cuda_graph" else generation
+        call = lambda: getattr(module, entry)(net, **args)
     with pytest.raises(ValueError, match=match):
         call()
 
@@ -473,7 +471,7 @@ def test_generate_bad_arguments(entry, model_kw, kw, match):
 def test_generate_takes_normalised_arguments():
     """Integer-like sizes, a list of speaker ids, float64 conditioning and a numpy temperature give what the plain
     arguments give; a CUDA-only entry point refuses a CPU model with a ValueError."""
-    from speechkernels.wavenet.generate import generate_cuda_graph
+    from speechkernels.bench.wavenet_baselines import generate_cuda_graph
 
     net = small_model()
     cond = torch.randn(2, 5, 10).half().float()
@@ -488,7 +486,7 @@ def test_generate_takes_normalised_arguments():
 def test_inverse_temperature_is_a_finite_float32():
     """The generation kernels' 1 / temperature (shared by the Triton and the cluster launcher) stays a finite
     float32 however small the temperature (the smallest subnormal float64 included)."""
-    from speechkernels.wavenet.kernels import FLOAT32_MAX, inverse_temperature
+    from speechkernels.wavenet.weights import FLOAT32_MAX, inverse_temperature
 
     assert FLOAT32_MAX == float(torch.finfo(torch.float32).max)
     assert inverse_temperature(0.0) == 0.0 and inverse_temperature(0.5) == 2.0
@@ -625,7 +623,7 @@ def test_tiny_model_learns_a_tone():
 def test_generate_kernel_matches_incremental_path(kernel_device, kw, temperature):
     """The one-program-per-stream Triton kernel (interpreter) draws the PyTorch path's samples from the same
     uniforms."""
-    from speechkernels.wavenet.kernels import wavenet_generate
+    from speechkernels.wavenet.triton_vocoder import wavenet_generate
 
     net = small_model(**kw)
     B, n = 3, 21
@@ -636,7 +634,7 @@ def test_generate_kernel_matches_incremental_path(kernel_device, kw, temperature
     ref, _ = generate_incremental(net, cond, n, temperature, None, speaker, batch=B, uniforms=u)
     with torch.no_grad():
         spk = net.speaker_embed(speaker) if net.speakers else None
-        out = wavenet_generate(net, cond, spk, u, temperature)
+        out = wavenet_generate(vocoder_weights(net), cond, spk, u, temperature)
     assert torch.equal(out, ref)
 
 
@@ -644,24 +642,25 @@ def test_generate_kernel_matches_incremental_path(kernel_device, kw, temperature
 @pytest.mark.parametrize("temperature", [0.0, 1.0, 1e-40])  # 1e-40: 1 / temperature is no float32
 @pytest.mark.parametrize("kernel", ["triton", "cluster", "cluster bf16", "cluster C=4"])
 def test_gpu_generate_kernel_matches_incremental_path(gpu, temperature, kernel):
-    from speechkernels.wavenet import cluster_vocoder
-    from speechkernels.wavenet.kernels import wavenet_generate
+    from speechkernels.wavenet.cluster_vocoder import wavenet_generate_cluster
+    from speechkernels.wavenet.generation import cluster_kernel_available
+    from speechkernels.wavenet.triton_vocoder import wavenet_generate
 
     net = small_model(residual_channels=64, gate_channels=128, skip_channels=256, classes=256).to(gpu)
     B, n = 4, 200
     cond = torch.randn(B, 5, 50, device=gpu)
     speaker = torch.tensor([0, 1, 2, 1], device=gpu)
     u = torch.rand(n, B, device=gpu)
-    if kernel.startswith("cluster") and not cluster_vocoder.available(net):
+    if kernel.startswith("cluster") and not cluster_kernel_available(net):
         pytest.skip("cuda-core or a GPU of compute capability 9.0 missing")
     with torch.no_grad():
         g = net.speaker_embed(speaker)
         if kernel == "triton":
-            out = wavenet_generate(net, cond, g, u, temperature)
+            out = wavenet_generate(vocoder_weights(net), cond, g, u, temperature)
         else:
             wd = torch.bfloat16 if "bf16" in kernel else torch.float32
             C = 4 if "C=4" in kernel else 8
-            out = cluster_vocoder.wavenet_generate_cluster(net, cond, g, u, temperature, wd, C)
+            out = wavenet_generate_cluster(vocoder_weights(net), cond, g, u, temperature, wd, C)
             if wd == torch.bfloat16:  # the same model with its matrices rounded as the kernel reads them
                 for name, prm in net.named_parameters():
                     if prm.dim() == 2 and not name.startswith(("embed", "speaker", "w_cond", "w_speaker")):
@@ -676,3 +675,101 @@ def test_gpu_generate_kernel_matches_incremental_path(gpu, temperature, kernel):
         ut = (u.T.double() * cdf[:, -1])[:, None, :]
         expected = (cdf < ut).sum(dim=1).clamp(max=net.classes - 1)
     assert (out == expected).float().mean() > 0.99
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request) -> torch.device:
+    """Each test once on the CPU and once on the GPU (tests marked gpu)."""
+    return torch.device(request.param)
+
+
+@pytest.fixture(params=["interpreter", pytest.param("cuda", marks=pytest.mark.gpu)])
+def kernel_path(request) -> tuple[torch.device, str]:
+    """(device, generate()'s kernel) of the generation kernels: the Triton kernel on the CPU under
+    TRITON_INTERPRET=1 (skipped otherwise), and "auto" on the GPU (the cluster kernel where it runs)."""
+    if request.param == "interpreter":
+        return request.getfixturevalue("kernel_device"), "triton"
+    return torch.device("cuda"), "auto"
+
+
+@pytest.mark.parametrize("design", ["auto", "torch"])
+def test_serial_chain_auto_design(device, design):
+    """design="auto" (the default) runs the fastest design here: the PyTorch loop on the CPU (also under the
+    interpreter), on a GPU the cluster design up to 16 streams where cuda-core and the GPU allow it, else the
+    stream design; the same bits as that design named."""
+    from speechkernels.wavenet.cuda_runtime import clusters_available
+    from speechkernels.wavenet.proxy import auto_design
+
+    w, x0 = chain_case(6, 32, 3, "tanh", seed=12)
+    w, x0 = w.to(device), x0.to(device)
+    if device.type == "cpu":
+        expected = "torch"
+    else:
+        expected = "cluster" if clusters_available() else "stream"
+    assert auto_design(w, x0) == expected
+    if device.type == "cuda":  # beyond 16 streams the stream design
+        assert auto_design(w, torch.zeros(17, 32, device=device)) == "stream"
+    out = serial_chain(w, x0, 3) if design == "auto" else serial_chain(w, x0, 3, design="auto")
+    assert torch.equal(out, serial_chain(w, x0, 3, design=expected))
+    assert_chain_close(out, serial_chain_reference(w.cpu(), x0.cpu(), n_samples=3))
+    for bad in ("fastest", "Auto", None, 3):
+        with pytest.raises(ValueError, match=r"design must be one of 'auto', 'torch', 'stream'"):
+            serial_chain(w, x0, 3, design=bad)
+
+
+def test_vocoder_weights_packed_once_per_parameter_version():
+    """The kernels' weights are packed once and reused while the parameters are unchanged; an in-place update
+    (an optimizer step, load_state_dict, a copy under no_grad) or a new parameter packs them again."""
+    net = small_model()
+    w = vocoder_weights(net)
+    assert vocoder_weights(net) is w
+    for p in (w.w_past, w.w_cur, w.b_cur, w.w_res, w.b_skip, w.w_head2, w.dilations):
+        assert type(p) is torch.Tensor and not p.requires_grad  # plain tensors, no parameters
+    assert w.w_past.shape == (6, 12, 8) and w.queue_slots == sum(net.dilations) and w.start_class == 16
+    torch.testing.assert_close(w.w_res[2], net.w_res[2].weight, rtol=0, atol=0)
+
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    net(torch.zeros(1, 4, dtype=torch.long), torch.randn(1, 5, 1), torch.tensor([1])).sum().backward()
+    opt.step()
+    w2 = vocoder_weights(net)
+    assert w2 is not w and vocoder_weights(net) is w2
+    torch.testing.assert_close(w2.w_res[2], net.w_res[2].weight, rtol=0, atol=0)
+    assert not torch.equal(w2.w_res, w.w_res)
+
+    net.load_state_dict(small_model(seed=1).state_dict())
+    w3 = vocoder_weights(net)
+    assert w3 is not w2
+    torch.testing.assert_close(w3.w_head2, small_model(seed=1).head2.weight, rtol=0, atol=0)
+    net.head2.bias = torch.nn.Parameter(net.head2.bias.detach() + 1)  # a new tensor, same version count
+    assert vocoder_weights(net) is not w3
+
+
+def test_generate_reuses_packed_weights(kernel_path, monkeypatch):
+    """Repeated generate() calls pack the weights once; after an in-place update the kernel packs them again and
+    draws what the PyTorch path draws from the updated model."""
+    from speechkernels.wavenet import weights as weights_module
+
+    device, kernel = kernel_path
+    packs = []
+    pack = weights_module.pack_vocoder_weights
+    monkeypatch.setattr(weights_module, "pack_vocoder_weights", lambda model: packs.append(1) or pack(model))
+    wide = dict(residual_channels=64, gate_channels=128, skip_channels=256, classes=256)
+    net = small_model(**(wide if device.type == "cuda" else {})).to(device)
+    cond, spk = torch.randn(2, 5, 6, device=device), torch.tensor([2, 0], device=device)
+
+    def run(k):
+        return net.generate(cond, 12, 0.9, torch.Generator(device).manual_seed(4), spk, kernel=k)
+
+    a = run(kernel)
+    w = vocoder_weights(net)
+    assert torch.equal(run(kernel), a) and len(packs) == 1 and vocoder_weights(net) is w
+    with torch.no_grad():  # favour the high classes
+        net.head2.bias.add_(torch.linspace(0, 4, net.classes, device=device))
+    b = run(kernel)
+    assert len(packs) == 2 and vocoder_weights(net) is not w
+    assert not torch.equal(a, b)
+    ref = run("torch")
+    if device.type == "cpu":
+        assert torch.equal(b, ref)
+    else:  # the same classes but for a rare float32 boundary case
+        assert (b == ref).float().mean() > 0.95

@@ -20,10 +20,11 @@ import time
 import torch
 
 from speechkernels.wavenet import WaveNet, serial_chain
-from speechkernels.wavenet.generate import generate_cuda_graph
-from speechkernels.wavenet.reference import activation_fn
+from speechkernels.wavenet.cuda_runtime import clusters_available
+from speechkernels.wavenet.generation import cluster_kernel_available
 
 from .common import environment, write_json
+from .wavenet_baselines import generate_cuda_graph, proxy_graph
 
 PROXY = [(dtype, B) for dtype in ("float32", "bfloat16") for B in (1, 8, 132, 1024)]
 VOCODER = [(layers, B) for layers in (20, 30) for B in (1, 8, 132)]
@@ -66,43 +67,14 @@ def timed(fn, n_max: int, device: torch.device, reps: int, seconds: float) -> tu
     return statistics.median(once(n) for _ in range(reps)), n
 
 
-def proxy_graph(w: torch.Tensor, x0: torch.Tensor, activation: str = "tanh"):
-    """The PyTorch baseline with one CUDA graph per sample (L matrix products and the copy back); returns a
-    function that replays it n times."""
-    act = activation_fn(activation)
-    w_t = w.float().transpose(1, 2).contiguous()
-    x = x0.float().clone()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm-up outside the capture, as CUDA graphs require
-        y = x
-        for i in range(w_t.shape[0]):
-            y = act(y @ w_t[i])
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = x
-        for i in range(w_t.shape[0]):
-            y = act(y @ w_t[i])
-        x.copy_(y)
-
-    def run(n):
-        for _ in range(n):
-            graph.replay()
-
-    return run
-
-
 def proxy_implementations(w: torch.Tensor, x0: torch.Tensor, designs: str):
     """(name, function running n samples) of the proxy: PyTorch eager, and on the GPU PyTorch with a CUDA graph
     per sample and the kernel designs (the cluster design where cuda-core and the GPU allow it)."""
-    out = [("torch eager", lambda n: serial_chain(w, x0, n))]
+    out = [("torch eager", lambda n: serial_chain(w, x0, n, design="torch"))]
     if w.is_cuda:
-        from speechkernels.wavenet import cluster
-
         out.append(("torch graph", proxy_graph(w, x0)))
         for design in designs.split(",") if designs else []:
-            if design in ("cluster", "partials", "pipeline") and not cluster.available():
+            if design in ("cluster", "partials", "pipeline") and not clusters_available():
                 continue
             if design == "pipeline" and w.dtype != torch.bfloat16:  # bfloat16 weights only
                 continue
@@ -117,11 +89,9 @@ def vocoder_implementations(net: WaveNet, cond: torch.Tensor):
     gen = torch.Generator(device=cond.device).manual_seed(0)
     out = [("torch eager", lambda n: net.generate(cond, n, generator=gen, kernel="torch"))]
     if cond.is_cuda:
-        from speechkernels.wavenet import cluster_vocoder
-
         out.append(("torch graph", lambda n: generate_cuda_graph(net, cond, n, generator=gen)))
         out.append(("triton", lambda n: net.generate(cond, n, generator=gen, kernel="triton")))
-        if cluster_vocoder.available(net):
+        if cluster_kernel_available(net):
             for wd in (torch.float32, torch.bfloat16):
 
                 def cluster(n, wd=wd):

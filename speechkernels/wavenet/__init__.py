@@ -1,5 +1,8 @@
+"""WaveNet inference: the vocoder (``WaveNet``, its generation on the GPU), the serial-chain proxy
+(``serial_chain``) and the audio helpers. Imports run one way: model -> generation -> kernels -> cuda_runtime."""
+
+from .audio import mu_law_decode, mu_law_encode, save_wav
 from .model import WaveNet
-from .proxy import serial_chain
-from .reference import mu_law_decode, mu_law_encode, save_wav, serial_chain_reference
+from .proxy import serial_chain, serial_chain_reference
 
 __all__ = ["WaveNet", "serial_chain", "serial_chain_reference", "mu_law_encode", "mu_law_decode", "save_wav"]

@@ -1,8 +1,8 @@
 """WaveNet vocoder generation on a thread-block cluster (CUDA C++ through ``cuda.core``; optional, Hopper or
-newer; the Triton kernel in ``kernels.py`` is the fallback).
+newer; the Triton kernel in ``triton_vocoder.py`` is the fallback).
 
 One cluster of ``C`` CTAs per stream, all samples in one launch. Per layer one exchange through distributed
-shared memory (``st.async`` completing bytes on each CTA's mbarrier, as ``cluster.py``):
+shared memory (``st.async`` completing bytes on each CTA's mbarrier, as ``proxy/cluster.py``):
 
 - CTA r computes gate units j in [r G2/C, (r+1) G2/C), one per warp: four lane groups hold the rows
   tanh/sigmoid of the current-input matrix and of the past-input matrix. The past product W_past x is computed
@@ -11,9 +11,11 @@ shared memory (``st.async`` completing bytes on each CTA's mbarrier, as ``cluste
 - z_j goes to every CTA; each CTA then has the whole z and computes the whole residual update itself (no second
   exchange) and its rows of the skip sum (kept un-reduced per lane until the head).
 - Head: relu(skip) rows, head1 rows and the logits' rows are exchanged in turn; every CTA samples the same class
-  from the same logits and uniform (inverse CDF, as ``generate_incremental``).
+  from the same logits and uniform (inverse CDF, as the PyTorch path).
 Weights stream from L2, each layer's loaded one layer ahead into registers; the head's rows stay in registers.
 The 8 lanes of a group take interleaved 16-byte chunks of every vector (free of shared-memory bank conflicts).
+
+The kernel's source: ``csrc/wavenet_cluster.cu``, compiled after ``csrc/cluster_common.cuh``.
 """
 
 from __future__ import annotations
@@ -22,323 +24,19 @@ import functools
 
 import torch
 
-from .cluster import _arch, _compile, _launch
-from .kernels import inverse_temperature
-
-_SOURCE = r"""
-#define ZC (G2 / C)
-#define NW ZC
-#define NT (NW * 32)
-#define NG (NW * 4)
-#define RCL (R / 8)
-#define ZCL (G2 / 8)
-#define HCL (SK / 8)
-#define RR (R / NG)
-#define SR (SK / C / NG)
-#define H2R (NC / C / NG)
-#define EXMAX (G2 > SK ? (G2 > NC ? G2 : NC) : (SK > NC ? SK : NC))
-#define VPL (NC / 32)
-#define MAXL 512
-
-__device__ __forceinline__ void st_async1(u32 addr, float v, u32 bar) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
-               :: "r"(addr), "r"(__float_as_uint(v)), "r"(bar) : "memory");
-}
-
-// A lane's columns of a vector come in chunks of WPV = 4: with VIL chunk k of lane l holds columns (l + 8 k) 4 + ..,
-// so that the 8 lanes of a group read 16 contiguous bytes each (no shared-memory bank conflicts); without, lane l
-// holds a contiguous run. dotv's x: chunk k at x + XS k (CSTEP in shared memory, WPV in a register copy).
-#if WBF16
-typedef uint2 wv;  // 4 bfloat16
-#define WPV 4
-typedef unsigned short wtype;
-template <int XS>
-__device__ __forceinline__ float dotv(const wv* w, const float* x, int nv) {
-  float a0 = 0.f, a1 = 0.f;
-#pragma unroll
-  for (int k = 0; k < nv; k++) {
-    const float4 xv = *(const float4*)(x + XS * k);
-    a0 = fmaf(__uint_as_float(w[k].x << 16), xv.x, a0); a1 = fmaf(__uint_as_float(w[k].x & 0xffff0000u), xv.y, a1);
-    a0 = fmaf(__uint_as_float(w[k].y << 16), xv.z, a0); a1 = fmaf(__uint_as_float(w[k].y & 0xffff0000u), xv.w, a1);
-  }
-  return a0 + a1;
-}
-#else
-typedef float4 wv;
-#define WPV 4
-typedef float wtype;
-template <int XS>
-__device__ __forceinline__ float dotv(const wv* w, const float* x, int nv) {
-  float a0 = 0.f, a1 = 0.f;
-#pragma unroll
-  for (int k = 0; k < nv; k++) {
-    const float4 xv = *(const float4*)(x + XS * k);
-    a0 = fmaf(w[k].x, xv.x, a0); a1 = fmaf(w[k].y, xv.y, a1);
-    a0 = fmaf(w[k].z, xv.z, a0); a1 = fmaf(w[k].w, xv.w, a1);
-  }
-  return a0 + a1;
-}
-#endif
-#if VIL
-#define CSTEP (8 * WPV)      // from one chunk of a lane to its next, in a row or a vector
-#define LOFF(N) (l * WPV)    // a lane's first column (N: its column count)
-#else
-#define CSTEP WPV
-#define LOFF(N) (l * (N))
-#endif
-__device__ __forceinline__ void ldw(wv* dst, const wtype* p, int nv) {
-#pragma unroll
-  for (int k = 0; k < nv; k++) dst[k] = __ldg((const wv*)(p + CSTEP * k));
-}
-// this lane's N columns of a shared vector into registers, chunk after chunk
-template <int N>
-__device__ __forceinline__ void ldx(float* dst, const float* v, int l) {
-#pragma unroll
-  for (int k = 0; k < N; k += 4) *(float4*)&dst[k] = *(const float4*)&v[LOFF(N) + CSTEP * (k / WPV) + k % WPV];
-}
-__device__ __forceinline__ float red8(float a) {
-  a += __shfl_xor_sync(0xffffffffu, a, 4);
-  a += __shfl_xor_sync(0xffffffffu, a, 2);
-  return a + __shfl_xor_sync(0xffffffffu, a, 1);
-}
-__device__ __forceinline__ float sigm(float a) { return 1.0f / (1.0f + expf(-a)); }
-
-// one layer's weights of this lane: its gate row (8 lanes x RCL), its residual rows and skip rows (ZCL each)
-struct LW {
-  wv g[RCL / WPV];
-  wv r[RR][ZCL / WPV];
-  wv s[SR][ZCL / WPV];
-  float br[RR];  // residual biases of the rows
-  float cb;  // conditioning + bias of the gate row (groups 0 and 1)
-  float q;   // the queued past product for this step (groups 2 and 3)
-  int slot;  // its place in the queue (the product of this step replaces it)
-};
-
-extern "C" __global__ void __launch_bounds__(NT, 1)
-wavenet_cluster(const wtype* __restrict__ wg,  // [L][C][NW][4][R]: rows cur_t, cur_s, past_t, past_s of unit j
-                const wtype* __restrict__ wr, const float* __restrict__ br,  // [L][R][G2], [L][R]
-                const wtype* __restrict__ ws, const float* __restrict__ bs,  // [L][SK][G2], [SK] (summed)
-                const wtype* __restrict__ w1, const float* __restrict__ b1,  // [SK][SK], [SK]
-                const wtype* __restrict__ w2, const float* __restrict__ b2,  // [NC][SK], [NC]
-                const float* __restrict__ embed,  // [NC][R]
-                const float* __restrict__ cb,  // [B][F][L][2 G2]: conditioning and current-input bias
-                const int* __restrict__ dil, const int* __restrict__ qoff,  // [L]
-                float* __restrict__ queue,  // [B][C][Q][NW][2] zeros
-                const float* __restrict__ uni,  // [n][B]
-                long long* __restrict__ out,  // [B][n]
-                int B, int L, int F, int Q, int hop, int n, int start, float inv_temp) {
-  __shared__ __align__(16) float xs[2][R];
-  __shared__ __align__(16) float ex[2][EXMAX];
-  __shared__ __align__(8) u64 bars[2];
-  __shared__ int s_sample;
-  __shared__ int s_dil[MAXL], s_qoff[MAXL];
-  extern __shared__ __align__(16) float s_embed[];  // [NC][R]: the next sample's input without a trip to L2
-  const u32 rank = cluster_rank();
-  const int b = blockIdx.x / C;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 3, l = lane & 7;
-  const int gi = warp * 4 + grp;
-  const int j = rank * ZC + warp;
-  const u32 bar[2] = {smem_addr(&bars[0]), smem_addr(&bars[1])};
-  float* qb = queue + ((long long)b * C + rank) * Q * NW * 2 + warp * 2 + (grp & 1);
-  if (threadIdx.x == 0) {
-    mbar_init(bar[0], 1);
-    mbar_init(bar[1], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  for (int i = threadIdx.x; i < R; i += NT) xs[0][i] = embed[(long long)start * R + i];
-  for (int i = threadIdx.x; i < NC * R; i += NT) s_embed[i] = embed[i];
-  for (int i = threadIdx.x; i < L; i += NT) {
-    s_dil[i] = dil[i];
-    s_qoff[i] = qoff[i];
-  }
-  // biases of this lane's skip, head1 and logit rows (constants: off the critical path)
-  float bsk[SR], bh1[SR], bh2[H2R];
-#pragma unroll
-  for (int k = 0; k < SR; k++) {
-    bsk[k] = bs[rank * (SK / C) + gi * SR + k];
-    bh1[k] = b1[rank * (SK / C) + gi * SR + k];
-  }
-#pragma unroll
-  for (int k = 0; k < H2R; k++) bh2[k] = b2[rank * (NC / C) + gi * H2R + k];
-  cluster_sync();
-  if (threadIdx.x == 0) mbar_arrive_expect(bar[0], G2 * 4);  // event 0: layer 0's z
-
-  // head rows of this lane, kept in registers
-  wv h1w[SR][HCL / WPV], h2w[H2R][HCL / WPV];
-#pragma unroll
-  for (int k = 0; k < SR; k++)
-    ldw(h1w[k], w1 + (long long)(rank * (SK / C) + gi * SR + k) * SK + LOFF(HCL), HCL / WPV);
-#pragma unroll
-  for (int k = 0; k < H2R; k++)
-    ldw(h2w[k], w2 + (long long)(rank * (NC / C) + gi * H2R + k) * SK + LOFF(HCL), HCL / WPV);
-
-  auto load_layer = [&](LW& w, int t, int i) {
-    ldw(w.g, wg + ((((long long)i * C + rank) * NW + warp) * 4 + grp) * R + LOFF(RCL), RCL / WPV);
-#pragma unroll
-    for (int k = 0; k < RR; k++) ldw(w.r[k], wr + ((long long)i * R + gi * RR + k) * G2 + LOFF(ZCL), ZCL / WPV);
-#pragma unroll
-    for (int k = 0; k < SR; k++)
-      ldw(w.s[k], ws + ((long long)i * SK + rank * (SK / C) + gi * SR + k) * G2 + LOFF(ZCL), ZCL / WPV);
-#pragma unroll
-    for (int k = 0; k < RR; k++) w.br[k] = __ldg(br + (long long)i * R + gi * RR + k);
-    const int frame = min(t / hop, F - 1);
-    w.cb = (grp < 2) ? __ldg(cb + (((long long)b * F + frame) * L + i) * 2 * G2 + grp * G2 + j) : 0.0f;
-    w.slot = (s_qoff[i] + t % s_dil[i]) * NW * 2;
-    w.q = (grp >= 2 && t < n) ? qb[w.slot] : 0.0f;
-  };
-  long long e = 0;  // exchange events so far: L per sample (z), then relu(skip), head1, logits
-  int xb = 0, t = 0, i = 0;
-  float sk[SR];
-#pragma unroll
-  for (int k = 0; k < SR; k++) sk[k] = 0.0f;
-  float u = GREEDY ? 0.0f : __ldg(uni + b);
-  float zprev[ZCL];  // the last z seen by this lane (its ZCL columns), for the skip rows one layer late
-
-  // one layer (and the head after the last): weights in cur, the next layer's loaded into nxt meanwhile
-  auto step = [&](LW& cur, LW& nxt) {
-    // ---- gate unit j of layer i on x = xs[xb]
-    const float a = red8(dotv<CSTEP>(cur.g, &xs[xb][LOFF(RCL)], RCL / WPV));
-    const float a_s = __shfl_sync(0xffffffffu, a, (lane + 8) & 31);
-    const float q_t = __shfl_sync(0xffffffffu, cur.q, (lane + 16) & 31);
-    const float q_s = __shfl_sync(0xffffffffu, cur.q, (lane + 24) & 31);
-    const float cb_s = __shfl_sync(0xffffffffu, cur.cb, (lane + 8) & 31);
-    u32 eb = (u32)(e & 1);
-    if (grp == 0 && l < C) {
-      const float at = a + q_t + cur.cb, as = a_s + q_s + cb_s;
-      const float z = (1.0f - 2.0f / (expf(2.0f * at) + 1.0f)) * sigm(as);
-      st_async1(mapa(smem_addr(&ex[eb][j]), l), z, mapa(bar[eb], l));
-    }
-    // off the critical path while z travels: queue W_past x, the previous layer's skip rows (its weights are
-    // still in nxt), then the next layer's weights into nxt
-    if (grp >= 2 && l == 0) qb[cur.slot] = a;
-    if (i > 0) {
-#pragma unroll
-      for (int k = 0; k < SR; k++) sk[k] += dotv<WPV>(nxt.s[k], zprev, ZCL / WPV);
-    }
-    if (i + 1 == L) load_layer(nxt, t + 1, 0); else load_layer(nxt, t, i + 1);
-    // ---- the whole z: the residual update and this CTA's skip rows
-    mbar_try_wait(bar[eb], (u32)((e >> 1) & 1));
-    if (threadIdx.x == 0) mbar_arrive_expect(bar[eb ^ 1], (i + 1 == L ? SK : G2) * 4);
-    e++;
-    float* zc = zprev;
-    ldx<ZCL>(zc, ex[eb], l);
-    if (i + 1 == L) {  // the last layer's skip rows now: the head needs them
-#pragma unroll
-      for (int k = 0; k < SR; k++) sk[k] += dotv<WPV>(cur.s[k], zc, ZCL / WPV);
-    }
-    if (i + 1 < L) {
-#pragma unroll
-      for (int k = 0; k < RR; k++) {
-        const int row = gi * RR + k;
-        const float y = red8(dotv<WPV>(cur.r[k], zc, ZCL / WPV));
-        if (l == 0) xs[xb ^ 1][row] = xs[xb][row] + y + cur.br[k];
-      }
-    }
-    __syncthreads();
-    xb ^= 1;
-    if (++i < L) return;
-    // ---- head: relu(skip) rows -> all, head1 rows -> all, logit rows -> all, then sampling
-    eb = (u32)(e & 1);
-#pragma unroll
-    for (int k = 0; k < SR; k++) {
-      const int row = rank * (SK / C) + gi * SR + k;
-      const float h = fmaxf(red8(sk[k]) + bsk[k], 0.0f);
-      sk[k] = 0.0f;
-      for (int d = l; d < C; d += 8) st_async1(mapa(smem_addr(&ex[eb][row]), d), h, mapa(bar[eb], d));
-    }
-    mbar_try_wait(bar[eb], (u32)((e >> 1) & 1));
-    if (threadIdx.x == 0) mbar_arrive_expect(bar[eb ^ 1], SK * 4);
-    e++;
-    float hc[HCL];
-    ldx<HCL>(hc, ex[eb], l);
-    eb ^= 1;
-#pragma unroll
-    for (int k = 0; k < SR; k++) {
-      const int row = rank * (SK / C) + gi * SR + k;
-      const float h = fmaxf(red8(dotv<WPV>(h1w[k], hc, HCL / WPV)) + bh1[k], 0.0f);
-      for (int d = l; d < C; d += 8) st_async1(mapa(smem_addr(&ex[eb][row]), d), h, mapa(bar[eb], d));
-    }
-    mbar_try_wait(bar[eb], (u32)((e >> 1) & 1));
-    if (threadIdx.x == 0) mbar_arrive_expect(bar[eb ^ 1], NC * 4);
-    e++;
-    ldx<HCL>(hc, ex[eb], l);
-    eb ^= 1;
-#pragma unroll
-    for (int k = 0; k < H2R; k++) {
-      const int row = rank * (NC / C) + gi * H2R + k;
-      const float y = red8(dotv<WPV>(h2w[k], hc, HCL / WPV)) + bh2[k];
-      for (int d = l; d < C; d += 8) st_async1(mapa(smem_addr(&ex[eb][row]), d), y, mapa(bar[eb], d));
-    }
-    mbar_try_wait(bar[eb], (u32)((e >> 1) & 1));
-    if (threadIdx.x == 0) mbar_arrive_expect(bar[eb ^ 1], G2 * 4);
-    e++;
-    if (warp == 0) {  // sampling: lane owns classes [lane VPL, (lane + 1) VPL)
-      float v[VPL];
-#pragma unroll
-      for (int k = 0; k < VPL; k++) v[k] = ex[eb][lane * VPL + k];
-      float m = v[0];
-#pragma unroll
-      for (int k = 1; k < VPL; k++) m = fmaxf(m, v[k]);
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-      int cnt = 0;
-#if GREEDY
-      int first = NC;
-#pragma unroll
-      for (int k = VPL - 1; k >= 0; k--) first = (v[k] == m) ? lane * VPL + k : first;
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) first = min(first, __shfl_xor_sync(0xffffffffu, first, o));
-      cnt = first;
-#else
-      float c[VPL], run = 0.0f;
-#pragma unroll
-      for (int k = 0; k < VPL; k++) { run += expf((v[k] - m) * inv_temp); c[k] = run; }
-      float incl = run;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const float y = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += y;
-      }
-      const float total = __shfl_sync(0xffffffffu, incl, 31), before = incl - run;
-      const float target = u * total;
-#pragma unroll
-      for (int k = 0; k < VPL; k++) cnt += (before + c[k] < target) ? 1 : 0;
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
-#endif
-      if (lane == 0) {
-        cnt = min(cnt, NC - 1);
-        s_sample = cnt;
-        if (rank == 0) out[(long long)b * n + t] = cnt;
-      }
-    }
-    __syncthreads();
-    const int smp = s_sample;
-    for (int r = threadIdx.x; r < R; r += NT) xs[xb][r] = s_embed[smp * R + r];
-    __syncthreads();
-    i = 0;
-    t++;
-    if (!GREEDY && t < n) u = __ldg(uni + (long long)t * B + b);
-  };
-
-  LW wa, wb;
-  load_layer(wa, 0, 0);
-  const long long steps = (long long)n * L;
-  for (long long k = 0; k < steps; k += 2) {
-    step(wa, wb);
-    if (k + 1 < steps) step(wb, wa);
-  }
-  cluster_sync();
-}
-"""
+from .cuda_runtime import clusters_available, compile_cluster_kernel, device_arch, launch, set_dynamic_shared_memory
+from .weights import VocoderWeights, frame_bias, inverse_temperature
 
 
-def config(model, C: int = 8) -> dict:
-    """Compile-time sizes of the cluster kernel for ``model``; raises ValueError when the shapes do not split."""
-    R, G2, SK, NC = model.residual_channels, model.gate_channels // 2, model.skip_channels, model.classes
+def vocoder_cluster_config(
+    layers: int, residual_channels: int, gate_channels: int, skip_channels: int, classes: int, C: int = 8
+) -> dict:
+    """Compile-time sizes of the cluster kernel for a WaveNet of these widths over clusters of C CTAs; raises
+    ValueError when the shapes do not split."""
+    R, G2, SK, NC = residual_channels, gate_channels // 2, skip_channels, classes
     cfg = {"R": R, "G2": G2, "SK": SK, "NC": NC, "C": C}
     ok = (
-        model.layers <= 512
+        layers <= 512
         and C <= 8
         and G2 % C == 0
         and _embed_bytes(R, NC) <= 160 * 1024
@@ -355,34 +53,31 @@ def config(model, C: int = 8) -> dict:
     return cfg
 
 
-def available(model, C: int = 8) -> bool:
-    from . import cluster
-
-    if not cluster.available():
+def vocoder_cluster_supported(
+    layers: int, residual_channels: int, gate_channels: int, skip_channels: int, classes: int, C: int = 8
+) -> bool:
+    """Whether the cluster kernel runs here (``clusters_available``) for a WaveNet of these widths."""
+    if not clusters_available():
         return False
     try:
-        config(model, C)
+        vocoder_cluster_config(layers, residual_channels, gate_channels, skip_channels, classes, C)
     except ValueError:
         return False
     return True
 
 
 @functools.cache
-def _kernel(
+def vocoder_cluster_kernel(
     R: int, G2: int, SK: int, NC: int, C: int, WBF16: int, GREEDY: int, arch: str, ACQ: int | None = None, VIL: int = 1
 ):
-    """VIL 1: the lanes of a group take interleaved 16-byte chunks of each vector (no bank conflicts)."""
+    """The compiled kernel for ``vocoder_cluster_config``'s sizes, the weight type (WBF16) and greedy sampling;
+    ACQ the wait's semantics (cluster_common.cuh; 0 unless given: measured faster here); VIL 1: the lanes of a
+    group take interleaved 16-byte chunks of each vector (no bank conflicts)."""
     defines = dict(R=R, G2=G2, SK=SK, NC=NC, C=C, WBF16=WBF16, GREEDY=GREEDY, VIL=VIL)
-    if ACQ is not None:  # the wait's semantics (cluster.COMMON; 0 unless given: measured faster here)
+    if ACQ is not None:
         defines["ACQ"] = ACQ
-    kernel = _compile("wavenet_cluster", _SOURCE, arch, C, defines)
-    from cuda.bindings import driver
-
-    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    dev = driver.CUdevice(torch.cuda.current_device())
-    (err,) = driver.cuKernelSetAttribute(attr, _embed_bytes(R, NC), kernel.handle, dev)
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise ValueError(f"the cluster vocoder kernel cannot have {_embed_bytes(R, NC)} B of shared memory ({err})")
+    kernel = compile_cluster_kernel("wavenet_cluster", "wavenet_cluster.cu", arch, defines, C)
+    set_dynamic_shared_memory(kernel, _embed_bytes(R, NC), "the cluster vocoder kernel")
     return kernel
 
 
@@ -390,40 +85,32 @@ def _embed_bytes(R: int, NC: int) -> int:
     return NC * R * 4
 
 
-def pack(model, cond, g, weights_dtype: torch.dtype, C: int) -> dict:
-    """The model's weights in the kernel's layouts (``weights_dtype``: float32 or bfloat16) and the conditioning
-    per frame [B, F, L, G] (the current-input bias folded in)."""
-    L, R, G = model.layers, model.residual_channels, model.gate_channels
-    G2 = G // 2
-    dev = model.embed.weight.device
-
-    from .model import stack_layers as stack
-
-    wc, wp = stack(model.w_cur), stack(model.w_past)  # [L, G, R]
-    # rows of unit j: cur tanh, cur sigmoid, past tanh, past sigmoid; units of CTA r, warp w: j = r G2/C + w
-    wg = torch.stack([wc[:, :G2], wc[:, G2:], wp[:, :G2], wp[:, G2:]], dim=2)  # [L, G2, 4, R]
-    wg = wg.reshape(L, C, G2 // C, 4, R)
-    dil, qoff, _ = model.queue_layout(dev)
-    wt = weights_dtype
-    return {
-        "wg": wg.to(wt).contiguous(),
-        "wr": stack(model.w_res).to(wt).contiguous(),  # [L, R, G2]
-        "br": stack(model.w_res, "bias").contiguous(),
-        "ws": stack(model.w_skip).to(wt).contiguous(),  # [L, SK, G2]
-        "bs": stack(model.w_skip, "bias").sum(0).contiguous(),
-        "w1": model.head1.weight.to(wt).contiguous(),
-        "b1": model.head1.bias.float().contiguous(),
-        "w2": model.head2.weight.to(wt).contiguous(),
-        "b2": model.head2.bias.float().contiguous(),
-        "embed": model.embed.weight.float().contiguous(),
-        "cb": model.frame_bias(cond, g).contiguous(),
-        "dil": dil,
-        "qoff": qoff,
-    }
+def cluster_layout(weights: VocoderWeights, weights_dtype: torch.dtype, C: int) -> dict:
+    """The weights in the kernel's layouts (``weights_dtype``: float32 or bfloat16 matrices), packed once per
+    weights, dtype and cluster size (kept in ``weights.layouts``)."""
+    key = ("cluster", weights_dtype, C)
+    if key not in weights.layouts:
+        w, wt = weights, weights_dtype
+        L, R, G2 = w.layers, w.residual_channels, w.gate_channels // 2
+        # rows of unit j: cur tanh, cur sigmoid, past tanh, past sigmoid; units of CTA r, warp w: j = r G2/C + w
+        wg = torch.stack([w.w_cur[:, :G2], w.w_cur[:, G2:], w.w_past[:, :G2], w.w_past[:, G2:]], dim=2)
+        wg = wg.reshape(L, C, G2 // C, 4, R)  # [L, G2, 4, R] split by CTA
+        weights.layouts[key] = {
+            "wg": wg.to(wt).contiguous(),
+            "wr": w.w_res.to(wt).contiguous(),  # [L, R, G2]
+            "br": w.b_res.contiguous(),
+            "ws": w.w_skip.to(wt).contiguous(),  # [L, SK, G2]
+            "bs": w.b_skip.sum(0).contiguous(),
+            "w1": w.w_head1.to(wt).contiguous(),
+            "b1": w.b_head1,
+            "w2": w.w_head2.to(wt).contiguous(),
+            "b2": w.b_head2,
+        }
+    return weights.layouts[key]
 
 
 def wavenet_generate_cluster(
-    model,
+    weights: VocoderWeights,
     cond: torch.Tensor | None,
     g: torch.Tensor | None,
     uniforms: torch.Tensor,
@@ -431,27 +118,37 @@ def wavenet_generate_cluster(
     weights_dtype: torch.dtype = torch.float32,
     C: int = 8,
 ) -> torch.Tensor:
-    """Launcher: one cluster of C CTAs per stream, all samples in one launch ([B, n_samples] int64)."""
+    """Launcher: one cluster of C CTAs per stream, all samples in one launch ([B, n_samples] int64).
+
+    Args:
+        weights: the model's weights (``weights.vocoder_weights``).
+        cond: [B, cond_channels, frames] or None; g: [B, speaker_channels] speaker embeddings or None.
+        uniforms: [n_samples, B] numbers in [0, 1).
+        weights_dtype: torch.float32 or torch.bfloat16: the type the kernel reads the matrices in (float32
+            arithmetic).
+    """
     import numpy as np
 
-    cfg = config(model, C)
+    w = weights
+    cfg = vocoder_cluster_config(w.layers, w.residual_channels, w.gate_channels, w.skip_channels, w.classes, C)
     n, B = uniforms.shape
     dev = uniforms.device
-    p = pack(model, cond, g, weights_dtype, C)
-    cb = p["cb"].expand(B, p["cb"].shape[1], model.layers, model.gate_channels).contiguous()
-    Q = sum(model.dilations)
-    queue = torch.zeros(B, C, Q, model.gate_channels // 2 // C, 2, device=dev)
+    p = cluster_layout(w, weights_dtype, C)
+    cb = frame_bias(w, cond, g).contiguous()
+    cb = cb.expand(B, cb.shape[1], w.layers, w.gate_channels).contiguous()
+    Q = w.queue_slots
+    queue = torch.zeros(B, C, Q, w.gate_channels // 2 // C, 2, device=dev)
     out = torch.empty(B, n, dtype=torch.long, device=dev)
     u = uniforms.float().contiguous()
-    kernel = _kernel(**cfg, WBF16=int(weights_dtype == torch.bfloat16), GREEDY=int(temperature == 0),
-                     arch=_arch(dev))  # fmt: skip
+    kernel = vocoder_cluster_kernel(**cfg, WBF16=int(weights_dtype == torch.bfloat16), GREEDY=int(temperature == 0),
+                                    arch=device_arch(dev))  # fmt: skip
     nt = 32 * (cfg["G2"] // C)
-    hop = model.hop_length if cond is not None else 1 << 30
-    tensors = (p["wg"], p["wr"], p["br"], p["ws"], p["bs"], p["w1"], p["b1"], p["w2"], p["b2"], p["embed"], cb,
-               p["dil"], p["qoff"], queue, u, out)  # fmt: skip
+    hop = w.hop_length if cond is not None else 1 << 30
+    tensors = (p["wg"], p["wr"], p["br"], p["ws"], p["bs"], p["w1"], p["b1"], p["w2"], p["b2"], w.embed, cb,
+               w.dilations, w.queue_offsets, queue, u, out)  # fmt: skip
     inv_temp = inverse_temperature(temperature)  # finite in float32 however small the temperature
     args = [np.uint64(x.data_ptr()) for x in tensors]
-    args += [np.int32(v) for v in (B, model.layers, cb.shape[1], Q, hop, n, model.start_class())]
+    args += [np.int32(v) for v in (B, w.layers, cb.shape[1], Q, hop, n, w.start_class)]
     args.append(np.float32(inv_temp))
-    _launch(kernel, dev, B, nt, args, cluster=C, shmem=_embed_bytes(cfg["R"], cfg["NC"]))
+    launch(kernel, dev, B, nt, args, cluster=C, shmem=_embed_bytes(cfg["R"], cfg["NC"]))
     return out

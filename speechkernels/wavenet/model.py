@@ -13,12 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._utils import INDEX_DTYPES, as_choice, as_index_tensor, as_int, check_float_input, check_in_range
-
-
-def stack_layers(mods, attr: str = "weight") -> torch.Tensor:
-    """A per-layer parameter of a ModuleList stacked into one [L, ...] float32 tensor."""
-    return torch.stack([getattr(m, attr) for m in mods]).float()
+from .._utils import INDEX_DTYPES, as_index_tensor, as_int, check_float_input, check_in_range
+from . import generation
 
 
 class WaveNet(nn.Module):
@@ -150,25 +146,6 @@ class WaveNet(nn.Module):
             return None
         return cond.transpose(1, 2).repeat_interleave(self.hop_length, dim=1)[:, :n_samples]
 
-    def frame_bias(self, cond: torch.Tensor | None, g: torch.Tensor | None) -> torch.Tensor:
-        """Each layer's gate bias per conditioning frame, [B or 1, frames or 1, L, gate] float32: the current
-        input's bias plus the conditioning terms (``layer_bias`` per frame instead of per sample; the kernels
-        read it once per hop)."""
-        out = stack_layers(self.w_cur, "bias")[None, None]
-        if cond is not None:
-            frames = cond.transpose(1, 2).float()
-            out = out + torch.stack([self.w_cond[i](frames) for i in range(self.layers)], dim=2)
-        if g is not None:
-            out = out + torch.stack([self.w_speaker[i](g) for i in range(self.layers)], dim=1)[:, None]
-        return out
-
-    def queue_layout(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """The dilation queues laid end to end, as the kernels keep them: (dilations [L] int32, each layer's
-        first slot [L] int32, slots in all)."""
-        dil = torch.tensor(self.dilations, dtype=torch.int32, device=device)
-        first = torch.tensor([sum(self.dilations[:i]) for i in range(self.layers)], dtype=torch.int32, device=device)
-        return dil, first, sum(self.dilations)
-
     def layer_bias(self, i: int, cond_up: torch.Tensor | None, g: torch.Tensor | None) -> torch.Tensor | float:
         """Layer i's conditioning term [B, T, gate] (or 0)."""
         out = 0.0
@@ -255,21 +232,10 @@ class WaveNet(nn.Module):
         for up to 16 streams where it is available, else the Triton kernel; on the CPU the PyTorch path. Every
         path draws the same classes from the same uniform numbers (up to float32 rounding at a class boundary).
         ``weights_dtype``: torch.bfloat16 lets the cluster kernel read bfloat16 copies of the matrices (float32
-        arithmetic).
+        arithmetic). The kernels read the weights packed once per parameter version (``weights.vocoder_weights``:
+        packed again after an in-place update, an optimizer step or load_state_dict).
         """
-        from .generate import generate_incremental, generate_kernel
-
-        kernel = as_choice(kernel, "kernel", ("auto", "torch", "triton", "cluster"))
-        if weights_dtype not in (torch.float32, torch.bfloat16):
-            raise ValueError(f"weights_dtype must be torch.float32 or torch.bfloat16, got {weights_dtype}")
-        on_cuda = self.embed.weight.is_cuda
-        if kernel == "auto":
-            kernel = "kernel" if on_cuda else "torch"
-        if kernel == "torch":
-            if weights_dtype != torch.float32:
-                raise ValueError("weights_dtype=torch.bfloat16 needs kernel='cluster'")
-            return generate_incremental(self, cond, n_samples, temperature, generator, speaker, batch)[0]
-        return generate_kernel(self, cond, n_samples, temperature, generator, speaker, batch, kernel, weights_dtype)
+        return generation.generate(self, cond, n_samples, temperature, generator, speaker, batch, kernel, weights_dtype)
 
 
 def _streams(name: str, n: int) -> str:

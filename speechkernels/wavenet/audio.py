@@ -1,4 +1,4 @@
-"""WaveNet references in plain PyTorch: mu-law companding, the serial-chain proxy in float64, WAV output."""
+"""Audio helpers of the vocoder in plain PyTorch: mu-law companding (the classes the model predicts) and WAV output."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ import wave
 
 import torch
 
-from .._utils import as_choice, as_int, check_float_input, check_in_range, check_integer_tensor
-
-ACTIVATIONS = ("tanh", "relu")
+from .._utils import as_int, check_float_input, check_in_range, check_integer_tensor
 
 
 def mu_law_encode(audio: torch.Tensor, classes: int = 256) -> torch.Tensor:
@@ -43,34 +41,6 @@ def mu_law_decode(classes_: torch.Tensor, classes: int = 256) -> torch.Tensor:
     mu = classes - 1
     y = 2 * classes_.float() / mu - 1
     return torch.sign(y) * ((1 + mu) ** y.abs() - 1) / mu
-
-
-def activation_fn(name: str):
-    """torch.tanh or torch.relu by name ("tanh" or "relu")."""
-    return torch.tanh if as_choice(name, "activation", ACTIVATIONS) == "tanh" else torch.relu
-
-
-def serial_chain_reference(
-    weights: torch.Tensor, x0: torch.Tensor, n_samples: int, activation: str = "tanh"
-) -> torch.Tensor:
-    """The proxy in float64: per sample x <- act(W_i x) for i = 1..L, the last x feeding the next sample.
-    weights [L, H, H], x0 [B, H] float, n_samples >= 1. Returns the final x [B, H] (float64)."""
-    check_float_input(weights, "weights")
-    check_float_input(x0, "x0")
-    if weights.dim() != 3 or weights.shape[1] != weights.shape[2]:
-        raise ValueError(f"weights must be [L, H, H], got {tuple(weights.shape)}")
-    if x0.dim() != 2 or x0.shape[1] != weights.shape[2]:
-        raise ValueError(f"x0 must be [B, H={weights.shape[2]}], got {tuple(x0.shape)}")
-    if x0.device != weights.device:
-        raise ValueError(f"x0 is on {x0.device} but weights on {weights.device}")
-    n_samples = as_int(n_samples, "n_samples", minimum=1)
-    act = activation_fn(activation)
-    w = weights.double()
-    x = x0.double()
-    for _ in range(n_samples):
-        for i in range(w.shape[0]):
-            x = act(x @ w[i].T)
-    return x
 
 
 def save_wav(path: str, audio: torch.Tensor, sample_rate: int) -> None:

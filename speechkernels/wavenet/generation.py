@@ -1,0 +1,150 @@
+"""WaveNet generation: the argument checks (once per call), the uniform numbers drawn up front, and the choice of
+path: the PyTorch incremental path (``incremental.py``, the CPU's and the reference), the Triton kernel
+(``triton_vocoder.py``) or the thread-block cluster kernel (``cluster_vocoder.py``). The kernels take the
+model's weights as plain tensors (``weights.vocoder_weights``, packed once per parameter version)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .._utils import as_bool, as_choice, as_float, as_generator, as_int, check_float_input, triton_interpreting
+from .cluster_vocoder import vocoder_cluster_supported, wavenet_generate_cluster
+from .incremental import IncrementalState, sample_incremental
+from .triton_vocoder import wavenet_generate
+from .weights import vocoder_weights
+
+KERNELS = ("auto", "torch", "triton", "cluster")  # generate()'s paths; "auto" chooses (``generate``)
+MAX_CLUSTER_STREAMS = 16  # "auto" takes the cluster kernel up to this many streams, the Triton kernel beyond
+
+
+class GenerationArgs(NamedTuple):
+    """The normalised arguments of a generation run (``check_generation``)."""
+
+    cond: torch.Tensor | None  # [B, cond_channels, frames] in the parameters' dtype, on the model's device
+    g: torch.Tensor | None  # [B, speaker_channels] speaker embeddings
+    uniforms: torch.Tensor  # [n_samples, B] on the model's device
+    n_samples: int
+    temperature: float
+
+
+def check_generation(model, cond, n_samples, temperature, generator, speaker, batch, uniforms) -> GenerationArgs:
+    """Argument checks of a generation run (once per call: one read of the speaker ids' min and max); draws the
+    uniforms from ``generator`` unless given."""
+    n_samples = as_int(n_samples, "n_samples", minimum=1)
+    temperature = as_float(temperature, "temperature", minimum=0.0, finite=True)
+    generator = as_generator(generator)
+    if batch is not None:
+        batch = as_int(batch, "batch", minimum=1)
+    cond, speaker, B = model.check_inputs(cond, speaker, batch, n_samples)
+    dev = model.embed.weight.device
+    if uniforms is None:
+        uniforms = torch.rand(n_samples, B, generator=generator, device=dev if generator is None else generator.device)
+    else:
+        check_float_input(uniforms, "uniforms")
+    uniforms = uniforms.to(dev)
+    if uniforms.shape != (n_samples, B):
+        raise ValueError(f"uniforms must be [n_samples={n_samples}, B={B}], got {tuple(uniforms.shape)}")
+    g = model.speaker_embed(speaker) if speaker is not None else None
+    return GenerationArgs(cond, g, uniforms, n_samples, temperature)
+
+
+def incremental_state(model, cond, n_samples, temperature, generator, speaker, batch, uniforms) -> IncrementalState:
+    """Argument checks and the PyTorch path's state of a generation run."""
+    a = check_generation(model, cond, n_samples, temperature, generator, speaker, batch, uniforms)
+    return IncrementalState(model, model.upsample(a.cond, a.n_samples), a.g, a.uniforms, a.temperature)
+
+
+def cluster_kernel_available(model, C: int = 8) -> bool:
+    """Whether ``generate(kernel="cluster")`` can run ``model`` here: cuda-core, a GPU of compute capability 9.0 or
+    newer, and widths that split over clusters of C CTAs (``cluster_vocoder.vocoder_cluster_config``)."""
+    sizes = (model.layers, model.residual_channels, model.gate_channels, model.skip_channels, model.classes)
+    return vocoder_cluster_supported(*sizes, C)
+
+
+def check_weights_dtype(weights_dtype: torch.dtype) -> None:
+    if weights_dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"weights_dtype must be torch.float32 or torch.bfloat16, got {weights_dtype}")
+
+
+def generate(
+    model,
+    cond: torch.Tensor | None,
+    n_samples: int,
+    temperature: float = 1.0,
+    generator: torch.Generator | None = None,
+    speaker: torch.Tensor | None = None,
+    batch: int | None = None,
+    kernel: str = "auto",
+    weights_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """``WaveNet.generate``: [B, n_samples] int64. ``kernel`` "auto" is the PyTorch path for a model on the CPU and
+    ``generate_kernel``'s choice for one on a GPU."""
+    kernel = as_choice(kernel, "kernel", KERNELS)
+    check_weights_dtype(weights_dtype)
+    if kernel == "auto" and not model.embed.weight.is_cuda:
+        kernel = "torch"
+    if kernel == "torch":
+        if weights_dtype != torch.float32:
+            raise ValueError("weights_dtype=torch.bfloat16 needs kernel='cluster'")
+        return generate_incremental(model, cond, n_samples, temperature, generator, speaker, batch)[0]
+    return generate_kernel(model, cond, n_samples, temperature, generator, speaker, batch, kernel, weights_dtype)
+
+
+@torch.no_grad()
+def generate_incremental(
+    model,
+    cond: torch.Tensor | None,
+    n_samples: int,
+    temperature: float = 1.0,
+    generator: torch.Generator | None = None,
+    speaker: torch.Tensor | None = None,
+    batch: int | None = None,
+    uniforms: torch.Tensor | None = None,
+    return_logits: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The PyTorch path: (classes [B, n_samples] int64, logits [B, classes, n_samples] or None).
+
+    uniforms: [n_samples, B] numbers in [0, 1) to sample with (default: drawn from ``generator``).
+    """
+    return_logits = as_bool(return_logits, "return_logits")
+    state = incremental_state(model, cond, n_samples, temperature, generator, speaker, batch, uniforms)
+    return sample_incremental(state, return_logits)
+
+
+@torch.no_grad()
+def generate_kernel(
+    model,
+    cond: torch.Tensor | None,
+    n_samples: int,
+    temperature: float,
+    generator: torch.Generator | None,
+    speaker: torch.Tensor | None,
+    batch: int | None,
+    kernel: str,
+    weights_dtype: torch.dtype,
+    uniforms: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Generation by one of the GPU kernels ("triton", "cluster", or "auto": the cluster kernel for up to 16
+    streams where it is available, else the Triton kernel); [B, n_samples] int64."""
+    kernel = as_choice(kernel, "kernel", ("auto", "triton", "cluster"))
+    check_weights_dtype(weights_dtype)
+    # the kernels read the conditioning per frame: no upsampled copy
+    a = check_generation(model, cond, n_samples, temperature, generator, speaker, batch, uniforms)
+    dev = a.uniforms.device
+    if not (dev.type == "cuda" or (kernel == "triton" and triton_interpreting())):
+        raise ValueError(f"kernel={kernel!r} needs the model on a CUDA device")
+    B = a.uniforms.shape[1]
+    if kernel == "auto":
+        kernel = "cluster" if B <= MAX_CLUSTER_STREAMS and cluster_kernel_available(model) else "triton"
+    if kernel == "cluster":
+        if not cluster_kernel_available(model):
+            raise ValueError(
+                "kernel='cluster' needs cuda-core, a GPU of compute capability >= 9.0 and a model whose widths "
+                "split over the cluster (speechkernels.wavenet.cluster_vocoder.vocoder_cluster_config)"
+            )
+        return wavenet_generate_cluster(vocoder_weights(model), a.cond, a.g, a.uniforms, a.temperature, weights_dtype)
+    if weights_dtype != torch.float32:
+        raise ValueError("weights_dtype=torch.bfloat16 needs kernel='cluster'")
+    return wavenet_generate(vocoder_weights(model), a.cond, a.g, a.uniforms, a.temperature)

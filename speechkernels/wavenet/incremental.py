@@ -1,0 +1,81 @@
+"""Incremental WaveNet generation in PyTorch (Fast WaveNet): each layer keeps a queue of its last d_i inputs,
+so a sample costs O(layers) work instead of a pass over the receptive field. This is the reference the kernels
+follow: sampling draws one uniform number per stream and sample and inverts the softmax's cumulative
+distribution (a GPU kernel given the same numbers draws the same classes). The step keeps its position as a
+device tensor, so that one step can be captured in a CUDA graph and replayed (the benchmark's baseline)."""
+
+from __future__ import annotations
+
+import torch
+
+
+class IncrementalState:
+    """The queues, the previous samples and the position of a batch of streams; ``step()`` makes one sample.
+
+    Args:
+        model: a WaveNet.
+        cond_up: [B, n_samples, cond_channels] upsampled local conditioning, or None.
+        g: [B, speaker_channels] speaker embeddings, or None.
+        uniforms: [n_samples, B] numbers in [0, 1) to sample with.
+        temperature: > 0 samples from softmax(logits / temperature), 0 takes the most likely class.
+    """
+
+    def __init__(self, model, cond_up, g, uniforms: torch.Tensor, temperature: float) -> None:
+        self.model, self.uniforms, self.temperature = model, uniforms, temperature
+        B = uniforms.shape[1]
+        dev = uniforms.device
+        # per layer: its inputs of the last d steps, a ring indexed by t mod d (zeros before the start)
+        self.queues = [torch.zeros(B, d, model.residual_channels, device=dev) for d in model.dilations]
+        # the conditioning terms do not depend on the samples: per layer [B, n_samples or 1, gate], or None
+        self.bias = [model.layer_bias(i, cond_up, g) for i in range(model.layers)]
+        self.bias = [None if isinstance(b, float) else b for b in self.bias]
+        self.prev = torch.full((B,), model.start_class(), dtype=torch.long, device=dev)
+        self.t = torch.zeros(1, dtype=torch.long, device=dev)
+        self.logits = torch.empty(B, model.classes, device=dev)
+
+    def step(self) -> torch.Tensor:
+        """One sample per stream ([B] int64, also kept as the next step's input); self.logits holds its logits."""
+        m = self.model
+        x = m.embed(self.prev)
+        skips = 0.0
+        for i, d in enumerate(m.dilations):
+            slot = self.t % d
+            q = self.queues[i]
+            b = self.bias[i]
+            if b is None:
+                b = 0.0
+            else:  # local conditioning varies over time, global does not
+                b = b.index_select(1, self.t).squeeze(1) if b.shape[1] > 1 else b[:, 0]
+            skip, x_next = m.layer(i, q.index_select(1, slot).squeeze(1), x, b)
+            q.index_copy_(1, slot, x.unsqueeze(1))
+            skips = skips + skip
+            x = x_next
+        logits = m.head(skips)
+        self.logits.copy_(logits)
+        if self.temperature == 0:
+            sample = logits.argmax(dim=1)
+        else:
+            u = self.uniforms.index_select(0, self.t).squeeze(0).double()
+            z = logits.double()
+            if self.temperature < 1e-300:  # z / temperature could overflow to inf (and the softmax to NaN):
+                z = z - z.amax(dim=1, keepdim=True)  # shifted, the maximum's term stays exp(0) = 1
+            cdf = torch.softmax(z / self.temperature, dim=1).cumsum(dim=1)
+            sample = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).squeeze(1).clamp(max=m.classes - 1)
+        self.prev.copy_(sample)
+        self.t += 1
+        return self.prev
+
+
+@torch.no_grad()
+def sample_incremental(
+    state: IncrementalState, return_logits: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Runs ``state`` for all its samples: (classes [B, n_samples] int64, logits [B, classes, n_samples] or None)."""
+    n_samples, B = state.uniforms.shape
+    out = torch.empty(B, n_samples, dtype=torch.long, device=state.prev.device)
+    all_logits = torch.empty(B, state.model.classes, n_samples, device=out.device) if return_logits else None
+    for t in range(n_samples):
+        out[:, t] = state.step()
+        if all_logits is not None:
+            all_logits[:, :, t] = state.logits
+    return out, all_logits

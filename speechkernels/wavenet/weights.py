@@ -1,0 +1,134 @@
+"""What the generation kernels read, as plain tensors: the vocoder's weights packed once per kind of matrix
+(``VocoderWeights``, built from a WaveNet's parameters by ``pack_vocoder_weights`` and cached per parameter
+version by ``vocoder_weights``), the conditioning per frame (``frame_bias``) and the sampling's inverse
+temperature. No launcher sees the module."""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+
+import torch
+import torch.nn.functional as F
+
+FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class VocoderWeights:
+    """A WaveNet's weights as the generation kernels read them (float32, contiguous, on the model's device), its
+    sizes, and its dilation queues' layout. ``layouts`` keeps what a kernel derives from them once (the cluster
+    kernel's packed matrices per weight dtype and cluster size)."""
+
+    layers: int
+    residual_channels: int
+    gate_channels: int
+    skip_channels: int
+    classes: int
+    hop_length: int
+    start_class: int  # the input before the first sample
+    queue_slots: int  # sum of the dilations: a stream's queue rows
+    embed: torch.Tensor  # [classes, R]
+    w_past: torch.Tensor  # [L, G, R]
+    w_cur: torch.Tensor  # [L, G, R]
+    b_cur: torch.Tensor  # [L, G]
+    w_res: torch.Tensor  # [L, R, G/2]
+    b_res: torch.Tensor  # [L, R]
+    w_skip: torch.Tensor  # [L, S, G/2]
+    b_skip: torch.Tensor  # [L, S]
+    w_head1: torch.Tensor  # [S, S]
+    b_head1: torch.Tensor  # [S]
+    w_head2: torch.Tensor  # [classes, S]
+    b_head2: torch.Tensor  # [classes]
+    dilations: torch.Tensor  # [L] int32
+    queue_offsets: torch.Tensor  # [L] int32: each layer's first row in a stream's queue block
+    w_cond: tuple[torch.Tensor, ...] | None  # per layer [G, cond_channels] (the parameters' own), or None
+    w_speaker: tuple[torch.Tensor, ...] | None  # per layer [G, speaker_channels], or None
+    layouts: dict = dataclasses.field(default_factory=dict, repr=False)
+
+
+def stack_layers(mods, attr: str = "weight") -> torch.Tensor:
+    """A per-layer parameter of a ModuleList stacked into one [L, ...] float32 tensor."""
+    return torch.stack([getattr(m, attr) for m in mods]).float()
+
+
+@torch.no_grad()
+def pack_vocoder_weights(model) -> VocoderWeights:
+    """The weights of ``model`` (a WaveNet) in the kernels' layouts; a new copy on every call."""
+    dev = model.embed.weight.device
+    dil = model.dilations
+    first = [sum(dil[:i]) for i in range(model.layers)]
+
+    def own(mods):  # the conditioning matrices as the module applies them, layer by layer
+        return None if mods is None else tuple(m.weight.detach() for m in mods)
+
+    return VocoderWeights(
+        layers=model.layers,
+        residual_channels=model.residual_channels,
+        gate_channels=model.gate_channels,
+        skip_channels=model.skip_channels,
+        classes=model.classes,
+        hop_length=model.hop_length,
+        start_class=model.start_class(),
+        queue_slots=sum(dil),
+        embed=model.embed.weight.detach().float().contiguous(),
+        w_past=stack_layers(model.w_past),
+        w_cur=stack_layers(model.w_cur),
+        b_cur=stack_layers(model.w_cur, "bias"),
+        w_res=stack_layers(model.w_res),
+        b_res=stack_layers(model.w_res, "bias"),
+        w_skip=stack_layers(model.w_skip),
+        b_skip=stack_layers(model.w_skip, "bias"),
+        w_head1=model.head1.weight.detach().float().contiguous(),
+        b_head1=model.head1.bias.detach().float().contiguous(),
+        w_head2=model.head2.weight.detach().float().contiguous(),
+        b_head2=model.head2.bias.detach().float().contiguous(),
+        dilations=torch.tensor(dil, dtype=torch.int32, device=dev),
+        queue_offsets=torch.tensor(first, dtype=torch.int32, device=dev),
+        w_cond=own(model.w_cond),
+        w_speaker=own(model.w_speaker),
+    )
+
+
+_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> (parameter key, VocoderWeights)
+
+
+def parameter_key(model) -> tuple:
+    """What the packed weights depend on: each parameter's storage, dtype, shape and version counter (bumped by
+    every in-place update: optimizer steps, load_state_dict, ``copy_`` under no_grad)."""
+    return tuple(
+        (name, p.data_ptr(), p.dtype, p.device, tuple(p.shape), p._version) for name, p in model.named_parameters()
+    )
+
+
+def vocoder_weights(model) -> VocoderWeights:
+    """``pack_vocoder_weights(model)``, packed again only when a parameter has changed since the last call."""
+    key = parameter_key(model)
+    cached = _CACHE.get(model)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    weights = pack_vocoder_weights(model)
+    _CACHE[model] = (key, weights)
+    return weights
+
+
+def frame_bias(weights: VocoderWeights, cond: torch.Tensor | None, g: torch.Tensor | None) -> torch.Tensor:
+    """Each layer's gate bias per conditioning frame, [B or 1, frames or 1, L, G] float32: the current input's
+    bias plus the conditioning terms (the model's per-sample bias, per frame instead; the kernels read it once
+    per hop). cond: [B, cond_channels, frames] or None; g: [B, speaker_channels] speaker embeddings or None."""
+    out = weights.b_cur[None, None]
+    if cond is not None:
+        frames = cond.transpose(1, 2).float()
+        out = out + torch.stack([F.linear(frames, w) for w in weights.w_cond], dim=2)
+    if g is not None:
+        out = out + torch.stack([F.linear(g, w) for w in weights.w_speaker], dim=1)[:, None]
+    return out
+
+
+def inverse_temperature(temperature: float) -> float:
+    """The generation kernels' float32 scalar 1 / temperature (0 for temperature 0: greedy), clamped to the largest
+    finite float32 (Triton's ``_wavenet_generate_kernel`` and the cluster kernel of ``cluster_vocoder``). Unclamped,
+    a temperature below ~3e-39 would make it inf, and (logits - max) * inf NaN at the maximum: every sample class 0.
+    Clamped, the maximum's term stays exp(0) = 1 and the others underflow to 0: the most likely class (ties drawn
+    among), as the PyTorch path's float64 softmax."""
+    return min(1.0 / temperature, FLOAT32_MAX) if temperature > 0 else 0.0
