@@ -28,15 +28,19 @@ def _skip_gpu_tests_without_cuda(request):
         pytest.skip("needs a CUDA GPU")
 
 
+@pytest.fixture
+def interpreter() -> torch.device:
+    """The CPU, where the Triton kernels run under TRITON_INTERPRET=1 (the test is skipped otherwise)."""
+    if not triton_interpreting():
+        pytest.skip("set TRITON_INTERPRET=1 to run the Triton kernels on the CPU")
+    return torch.device("cpu")
+
+
 @pytest.fixture(params=["interpreter", pytest.param("cuda", marks=pytest.mark.gpu)])
 def kernel_device(request) -> torch.device:
     """Where a kernel test runs: the CPU under TRITON_INTERPRET=1 (skipped otherwise), and the GPU (marked gpu).
     One test body for both; a test that needs other sizes on the GPU says so from ``device.type``."""
-    if request.param == "cuda":
-        return torch.device("cuda")
-    if not triton_interpreting():
-        pytest.skip("set TRITON_INTERPRET=1 to run the Triton kernels on the CPU")
-    return torch.device("cpu")
+    return torch.device("cuda") if request.param == "cuda" else request.getfixturevalue("interpreter")
 
 
 @pytest.fixture

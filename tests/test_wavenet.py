@@ -64,7 +64,7 @@ def test_serial_chain_matches_float64_loop(activation, dtype):
 @pytest.mark.parametrize("activation", ["tanh", "relu"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("H", [16, 13])
-def test_serial_chain_stream_kernel_matches_float64_loop(kernel_device, activation, dtype, H):
+def test_serial_chain_stream_kernel_matches_float64_loop(interpreter, activation, dtype, H):
     """The one-program-per-stream Triton kernel under the interpreter (no bfloat16 there: float16 stands in for a
     16-bit weight format, the GPU test covers bfloat16)."""
     L, B = 4, 3
@@ -80,7 +80,7 @@ def test_serial_chain_stream_kernel_matches_float64_loop(kernel_device, activati
         torch.testing.assert_close(serial_chain(w, x0_t, 5, activation, design="stream"), out)
 
 
-def test_serial_chain_barrier_kernel_matches_float64_loop(kernel_device):
+def test_serial_chain_barrier_kernel_matches_float64_loop(interpreter):
     """The post's design under the interpreter: one program (programs run one after another there, so the grid
     barrier can only be passed alone); the GPU test runs it with H / 16 programs."""
     L, H, B = 3, 24, 19  # B over one 16-stream block
@@ -496,7 +496,7 @@ def test_inverse_temperature_is_a_finite_float32():
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in multiply")  # (logits - max) * 3.4e38 -> -inf: exp 0
-def test_generate_kernel_tiny_temperature_matches_torch(kernel_device):
+def test_generate_kernel_tiny_temperature_matches_torch(interpreter):
     """A temperature too small for its reciprocal in float32 (< ~3e-39): the Triton kernel samples the most likely
     class, as the PyTorch path's float64 softmax, rather than NaN probabilities (every sample class 0)."""
     net = small_model()
@@ -557,7 +557,7 @@ def test_proxy_and_reference_take_integer_like_scalars(tmp_path):
         assert f.getframerate() == 8000
 
 
-def test_generate_kernel_choice_and_bad_arguments(kernel_device):
+def test_generate_kernel_choice_and_bad_arguments(interpreter):
     net = small_model()
     cond, spk = torch.randn(2, 5, 10), torch.tensor([2, 0])
     a = net.generate(cond, 9, generator=torch.Generator().manual_seed(5), speaker=spk)  # CPU: the PyTorch path
@@ -620,7 +620,7 @@ def test_tiny_model_learns_a_tone():
 @pytest.mark.parametrize(
     "kw, temperature", [({}, 0.9), (dict(speakers=0), 0.0), (dict(cond_channels=0, speakers=0), 0.9)]
 )
-def test_generate_kernel_matches_incremental_path(kernel_device, kw, temperature):
+def test_generate_kernel_matches_incremental_path(interpreter, kw, temperature):
     """The one-program-per-stream Triton kernel (interpreter) draws the PyTorch path's samples from the same
     uniforms."""
     from speechkernels.wavenet.triton_vocoder import wavenet_generate
@@ -688,7 +688,7 @@ def kernel_path(request) -> tuple[torch.device, str]:
     """(device, generate()'s kernel) of the generation kernels: the Triton kernel on the CPU under
     TRITON_INTERPRET=1 (skipped otherwise), and "auto" on the GPU (the cluster kernel where it runs)."""
     if request.param == "interpreter":
-        return request.getfixturevalue("kernel_device"), "triton"
+        return request.getfixturevalue("interpreter"), "triton"
     return torch.device("cuda"), "auto"
 
 
