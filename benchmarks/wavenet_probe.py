@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import pathlib
 
 import numpy as np
 import torch
@@ -22,19 +23,7 @@ from speechkernels.wavenet import cuda_runtime, serial_chain_reference
 from speechkernels.wavenet.proxy import cluster
 from speechkernels.wavenet.proxy.triton_designs import serial_chain_barrier, serial_chain_stream
 
-READ_SRC = r"""
-extern "C" __global__ void read_l2(const float4* __restrict__ p, long long n4, int reps, float* out) {
-  float a = 0.f, b = 0.f, c = 0.f, d = 0.f;
-  for (int r = 0; r < reps; r++) {
-#pragma unroll 8
-    for (long long i = threadIdx.x; i < n4; i += blockDim.x) {
-      float4 v = __ldg(p + i);
-      a += v.x; b += v.y; c += v.z; d += v.w;
-    }
-  }
-  if (a + b + c + d == 1234.5f) out[blockIdx.x] = a;
-}
-"""
+READ_SRC = (pathlib.Path(__file__).parent / "csrc" / "read_l2.cu").read_text()
 
 
 def event_time(fn, reps=5):
