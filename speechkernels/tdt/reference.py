@@ -102,8 +102,8 @@ def _occupancies(w, ds, du, alpha, beta, log_p):
         end = torch.nn.functional.pad(beta, (0, du, 0, d), value=NEG_INF)[:, d : d + T, du : du + U1]
         occ = torch.exp(alpha[:, :T] + w[:, k] + end - lp)
         occ = torch.where(torch.isfinite(lp), occ, 0.0)
-        out[:, k] = torch.where(torch.isnan(lp) & (w[:, k] > NEG_INF), float("nan"), occ)
-    return torch.where(torch.isnan(w), float("nan"), out)
+        out[:, k] = torch.where(torch.isnan(lp) & (w[:, k] != NEG_INF), float("nan"), occ)  # NaN weights too
+    return out
 
 
 class _DurationLattice(torch.autograd.Function):
@@ -158,13 +158,22 @@ def _batch(x, targets, logit_lengths, target_lengths):
     return torch.where(valid, targets.to(x.device).long(), 0), T_n, U_n
 
 
-def _lattice_loss(wb, db, we, de, T_n, U_n, fastemit_lambda, fastemit_loss_scale):
-    N, _, T, U1 = wb.shape
-    wb = torch.where(torch.stack([_edge_masks(T_n, U_n, T, U1, d, False) for d in db], 1), wb, NEG_INF)
-    we = torch.where(torch.stack([_edge_masks(T_n, U_n, T, U1, d, True) for d in de], 1), we, NEG_INF)
+def _reference(logits, targets, logit_lengths, target_lengths, edges, clamp, reduction, fastemit_lambda,
+               fastemit_loss_scale) -> torch.Tensor:  # fmt: skip
+    """The loss of the lattice whose edges ``edges(x, labels)`` gives from float64 logits x: (blank weights
+    [N, Kb, T, U+1], their durations, label weights [N, Ke, T, U+1], their durations)."""
     scale = 1.0 + fastemit_lambda
-    return _DurationLattice.apply(wb, we, T_n, U_n, tuple(db), tuple(de), scale if fastemit_loss_scale else 1.0,
-                                  scale)  # fmt: skip
+
+    def per_sample(x):
+        tg, T_n, U_n = _batch(x, targets, logit_lengths, target_lengths)
+        wb, db, we, de = edges(x, tg)
+        N, _, T, U1 = wb.shape
+        wb = torch.where(torch.stack([_edge_masks(T_n, U_n, T, U1, d, False) for d in db], 1), wb, NEG_INF)
+        we = torch.where(torch.stack([_edge_masks(T_n, U_n, T, U1, d, True) for d in de], 1), we, NEG_INF)
+        return _DurationLattice.apply(wb, we, T_n, U_n, tuple(db), tuple(de),
+                                      scale if fastemit_loss_scale else 1.0, scale)  # fmt: skip
+
+    return reduce_loss(_TransducerReference.apply(logits, per_sample, clamp), reduction)
 
 
 def tdt_loss_reference(
@@ -189,19 +198,18 @@ def tdt_loss_reference(
     """
     D = len(durations)
 
-    def per_sample(x):
-        tg, T_n, U_n = _batch(x, targets, logit_lengths, target_lengths)
+    def edges(x, labels):
         V = x.shape[-1] - D
         b = blank + V if blank < 0 else blank
         lp = torch.log_softmax(x[..., :V], -1) - sigma
         ld = torch.log_softmax(x[..., V:], -1)
-        emit = label_log_probs(lp, tg)
-        db = [d for d in durations if d > 0]
+        emit = label_log_probs(lp, labels)
         wb = torch.stack([lp[..., b] + ld[..., i] for i, d in enumerate(durations) if d > 0], 1)
         we = torch.stack([emit + ld[..., i] for i in range(D)], 1)
-        return _lattice_loss(wb, db, we, list(durations), T_n, U_n, fastemit_lambda, fastemit_loss_scale)
+        return wb, [d for d in durations if d > 0], we, list(durations)
 
-    return reduce_loss(_TransducerReference.apply(logits, per_sample, clamp), reduction)
+    return _reference(logits, targets, logit_lengths, target_lengths, edges, clamp, reduction, fastemit_lambda,
+                      fastemit_loss_scale)  # fmt: skip
 
 
 def multiblank_rnnt_loss_reference(
@@ -225,14 +233,11 @@ def multiblank_rnnt_loss_reference(
         blank: index of the standard blank (negative: from the end).
     """
 
-    def per_sample(x):
-        tg, T_n, U_n = _batch(x, targets, logit_lengths, target_lengths)
-        C = x.shape[-1]
-        b = blank + C if blank < 0 else blank
+    def edges(x, labels):
+        b = blank + x.shape[-1] if blank < 0 else blank
         lp = torch.log_softmax(x, -1) - sigma
-        db = [1, *big_blank_durations]
         wb = torch.stack([lp[..., b]] + [lp[..., b - 1 - i] for i in range(len(big_blank_durations))], 1)
-        we = label_log_probs(lp, tg)[:, None]
-        return _lattice_loss(wb, db, we, [0], T_n, U_n, fastemit_lambda, fastemit_loss_scale)
+        return wb, [1, *big_blank_durations], label_log_probs(lp, labels)[:, None], [0]
 
-    return reduce_loss(_TransducerReference.apply(logits, per_sample, clamp), reduction)
+    return _reference(logits, targets, logit_lengths, target_lengths, edges, clamp, reduction, fastemit_lambda,
+                      fastemit_loss_scale)  # fmt: skip
