@@ -20,8 +20,9 @@ from speechkernels.wavenet import (
     serial_chain,
     serial_chain_reference,
 )
-from speechkernels.wavenet.generation import generate_incremental
-from speechkernels.wavenet.weights import vocoder_weights
+from speechkernels.wavenet.generation import incremental_state
+from speechkernels.wavenet.incremental import sample_incremental
+from speechkernels.wavenet.weights import VocoderInputs, vocoder_weights
 
 
 def chain_case(L, H, B, activation, dtype=torch.float32, seed=0):
@@ -257,6 +258,13 @@ def test_serial_chain_bad_arguments(args, match):
             serial_chain(torch.zeros(2, 3, 3), torch.zeros(1, 3), 1, design=design)
 
 
+def incremental_path(net, cond, n, temperature, generator, speaker, batch=None, uniforms=None, return_logits=False):
+    """The PyTorch path (the reference): (classes [B, n], logits [B, classes, n] or None)."""
+    with torch.no_grad():
+        state = incremental_state(net, cond, n, temperature, generator, speaker, batch, uniforms)
+        return sample_incremental(state, return_logits)
+
+
 def small_model(seed=0, **kw):
     torch.manual_seed(seed)
     cfg = dict(layers=6, cycle=3, residual_channels=8, gate_channels=12, skip_channels=10, classes=32,
@@ -272,13 +280,13 @@ def test_incremental_generation_matches_teacher_forced_forward(kw):
     g = torch.Generator().manual_seed(5)
     cond = torch.randn(B, 5, 10, generator=g) if net.cond_channels else None
     speaker = torch.tensor([0, 2, 1]) if net.speakers else None
-    samples, logits = generate_incremental(net, cond, n, 1.0, g, speaker, batch=B, return_logits=True)
+    samples, logits = incremental_path(net, cond, n, 1.0, g, speaker, batch=B, return_logits=True)
     assert samples.shape == (B, n) and samples.min() >= 0 and samples.max() < net.classes
     with torch.no_grad():
         ref = net(samples, cond, speaker)
     torch.testing.assert_close(logits, ref, rtol=0, atol=1e-4)
     # the samples follow the logits: greedy decoding picks each step's most likely class
-    greedy, glogits = generate_incremental(net, cond, n, 0.0, None, speaker, batch=B, return_logits=True)
+    greedy, glogits = incremental_path(net, cond, n, 0.0, None, speaker, batch=B, return_logits=True)
     assert torch.equal(greedy, glogits.argmax(dim=1))
 
 
@@ -289,7 +297,7 @@ def test_gpu_cuda_graph_generation_matches_eager(gpu):
     net = small_model().to(gpu)
     cond, spk = torch.randn(2, 5, 10, device=gpu), torch.tensor([2, 0], device=gpu)
     u = torch.rand(33, 2, generator=torch.Generator().manual_seed(7)).to(gpu)
-    eager, _ = generate_incremental(net, cond, 33, 0.8, None, spk, uniforms=u)
+    eager, _ = incremental_path(net, cond, 33, 0.8, None, spk, uniforms=u)
     torch.testing.assert_close(generate_cuda_graph(net, cond, 33, 0.8, None, spk, uniforms=u), eager, rtol=0, atol=0)
 
 
@@ -410,7 +418,7 @@ def test_forward_converts_cond_dtype():
         assert ref.dtype == torch.float32
         torch.testing.assert_close(net(audio, cond.double(), torch.tensor([0, 2], dtype=torch.int32)), ref)
         torch.testing.assert_close(net(audio, cond.half(), [0, 2]), ref)
-        out = generate_incremental(net, cond.double(), 8, 0.0, None, np.array([0, 2]), return_logits=True)[1]
+        out = incremental_path(net, cond.double(), 8, 0.0, None, np.array([0, 2]), return_logits=True)[1]
     torch.testing.assert_close(out, net(out.argmax(dim=1), cond, torch.tensor([0, 2])), rtol=0, atol=1e-4)
 
 
@@ -441,7 +449,7 @@ GENERATE_CASES = [
     "entry, model_kw, kw, match",
     [
         (entry, *case)
-        for entry in ("generate", "generate_incremental", "generate_cuda_graph", "generate_kernel")
+        for entry in ("generate", "incremental_state", "generate_cuda_graph", "generate_kernel")
         for case in GENERATE_CASES
         if "kernel" not in case[1] or entry in ("generate", "generate_kernel")
     ],
@@ -461,6 +469,8 @@ def test_generate_bad_arguments(entry, model_kw, kw, match):
     elif entry == "generate_kernel":
         args.setdefault("kernel", "triton")
         call = lambda: generation.generate_kernel(net, **args, weights_dtype=torch.float32)
+    elif entry == "incremental_state":
+        call = lambda: generation.incremental_state(net, **args, uniforms=None)
     else:
         module = wavenet_baselines if entry == "generate_cuda_graph" else generation
         call = lambda: getattr(module, entry)(net, **args)
@@ -631,10 +641,10 @@ def test_generate_kernel_matches_incremental_path(interpreter, kw, temperature):
     cond = torch.randn(B, 5, 8, generator=g) if net.cond_channels else None
     speaker = torch.tensor([1, 0, 2]) if net.speakers else None
     u = torch.rand(n, B, generator=g, dtype=torch.float64).float()
-    ref, _ = generate_incremental(net, cond, n, temperature, None, speaker, batch=B, uniforms=u)
+    ref, _ = incremental_path(net, cond, n, temperature, None, speaker, batch=B, uniforms=u)
     with torch.no_grad():
         spk = net.speaker_embed(speaker) if net.speakers else None
-        out = wavenet_generate(vocoder_weights(net), cond, spk, u, temperature)
+        out = wavenet_generate(vocoder_weights(net), VocoderInputs(cond, spk, u, temperature))
     assert torch.equal(out, ref)
 
 
@@ -656,11 +666,11 @@ def test_gpu_generate_kernel_matches_incremental_path(gpu, temperature, kernel):
     with torch.no_grad():
         g = net.speaker_embed(speaker)
         if kernel == "triton":
-            out = wavenet_generate(vocoder_weights(net), cond, g, u, temperature)
+            out = wavenet_generate(vocoder_weights(net), VocoderInputs(cond, g, u, temperature))
         else:
             wd = torch.bfloat16 if "bf16" in kernel else torch.float32
             C = 4 if "C=4" in kernel else 8
-            out = wavenet_generate_cluster(vocoder_weights(net), cond, g, u, temperature, wd, C)
+            out = wavenet_generate_cluster(vocoder_weights(net), VocoderInputs(cond, g, u, temperature), wd, C)
             if wd == torch.bfloat16:  # the same model with its matrices rounded as the kernel reads them
                 for name, prm in net.named_parameters():
                     if prm.dim() == 2 and not name.startswith(("embed", "speaker", "w_cond", "w_speaker")):

@@ -1,6 +1,6 @@
 """The PyTorch CUDA-graph baselines of the WaveNet benchmark: the serial-chain proxy with one graph per sample,
 and the vocoder's incremental generation with one step captured and replayed per sample (the same samples as
-the eager PyTorch path, ``speechkernels.wavenet.generation.generate_incremental``)."""
+the eager PyTorch path: ``wavenet.generation.incremental_state`` run by ``wavenet.incremental.sample_incremental``)."""
 
 from __future__ import annotations
 
@@ -48,8 +48,8 @@ def generate_cuda_graph(
     batch: int | None = None,
     uniforms: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The same samples as ``generate_incremental``, one step captured in a CUDA graph and replayed per sample
-    (CUDA tensors only); [B, n_samples] int64."""
+    """The same samples as the PyTorch path (``sample_incremental``), one step captured in a CUDA graph and
+    replayed per sample (CUDA tensors only); [B, n_samples] int64."""
     state = incremental_state(model, cond, n_samples, temperature, generator, speaker, batch, uniforms)
     if not state.prev.is_cuda:
         raise ValueError(f"generate_cuda_graph needs the model on a CUDA device, got {state.prev.device}")

@@ -7,7 +7,7 @@ import torch
 from .._loss_inputs import REDUCTIONS, Lengths, batch_lengths, check_labels, check_lengths, check_targets
 from .._op import LossModule, LossOp
 from .._utils import as_bool, as_choice, as_int, check_float_input, optional_kernels, use_triton
-from .reference import CTCLossReferenceFunction, read_log_softmax, reduce_loss
+from .reference import ctc_losses_reference, read_log_softmax, reduce_loss
 
 kernels = optional_kernels(__package__ + ".kernels")
 
@@ -217,7 +217,7 @@ def _reference_losses(x, targets, il, tl, blank, padded, logits):
         targets = targets[idx.clamp(max=max(targets.numel() - 1, 0))] if targets.numel() else idx
     if logits:
         x = read_log_softmax(x, il, lt)
-    return CTCLossReferenceFunction.apply(x, targets, il, lt, blank).to(out_dtype)
+    return ctc_losses_reference(x, targets, il, lt, blank).to(out_dtype)
 
 
 class CTCLoss(LossModule, loss=ctc_loss):

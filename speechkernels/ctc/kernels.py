@@ -120,17 +120,11 @@ def _ctc_prepare_kernel(
     meta_ptr,  # [META_ROWS * N + 1] int64 out
     srt_ptr,  # like targets, int64 out: per sample, (class << 32 | position) sorted, at the sample's base
     w_ptr,  # [N] float32 out: weight of the sample's loss in the reduction: 1 / (N * max(L, 1)) for "mean", else 1
-    N,
-    T,
+    N, T,
     S,  # padded width, or the concatenated length
-    C,
-    blank,
-    PADDED: tl.constexpr,
-    VALIDATE: tl.constexpr,
-    MEAN: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
+    C, blank,
+    PADDED: tl.constexpr, VALIDATE: tl.constexpr, MEAN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
     i_n = tl.program_id(0)
     if i_n == 0:
         tl.store(meta_ptr + _row_counter() * N, 0)
@@ -196,19 +190,10 @@ def _ctc_emission_kernel(
     x_ptr,  # [T, N, C] activations (any strides)
     lse_ptr,  # [N, T] float32 out (IS_LOGITS)
     lp_ptr,  # packed float32 out: per sample and frame, log2-prob of blank then of each label
-    tgt_ptr,
-    meta_ptr,
-    N,
-    T,
-    C,
-    stride_t,
-    stride_n,
-    stride_c,
-    blank,
-    IS_LOGITS: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-    BLOCK_L: tl.constexpr,
-):
+    tgt_ptr, meta_ptr,
+    N, T, C, stride_t, stride_n, stride_c, blank,
+    IS_LOGITS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_L: tl.constexpr,
+):  # fmt: skip
     i_r = tl.program_id(0).to(tl.int64)
     i_t = i_r // N
     i_n = i_r % N
@@ -395,17 +380,12 @@ def _ctc_recursion_kernel(
     logp_ptr,  # [N] float64 out: log2 p(labels | input)
     out_ptr,  # [] float32 out with REDUCE: sum over samples of loss * weight
     w_ptr,  # [N] float32 weights of the reduction (from _ctc_prepare_kernel)
-    tgt_ptr,
-    meta_ptr,
-    N,
-    T,
-    NEED_GRAD: tl.constexpr,
-    ZERO_INFINITY: tl.constexpr,
-    REDUCE: tl.constexpr,
+    tgt_ptr, meta_ptr,
+    N, T,
+    NEED_GRAD: tl.constexpr, ZERO_INFINITY: tl.constexpr, REDUCE: tl.constexpr,
     PARTS: tl.constexpr,  # 1: alpha (+ reduction), 2: beta (log p from logp_ptr), 3: both
-    BLOCK: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
+    BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
     i_n = tl.program_id(0).to(tl.int64)
     _recursions(lp_ptr, alpha_ptr, loss_ptr, logp_ptr, out_ptr, w_ptr, tgt_ptr, meta_ptr, N, T, i_n,
                 NEED_GRAD, ZERO_INFINITY, REDUCE, PARTS, BLOCK, BLOCK_N)  # fmt: skip
@@ -415,31 +395,11 @@ def _ctc_recursion_kernel(
 def _ctc_small_forward_kernel(
     x_ptr,  # [T, N, C] activations (any strides), C <= BLOCK_C
     lse_ptr,  # [N, T] float32 out (IS_LOGITS)
-    lp_ptr,
-    alpha_ptr,
-    loss_ptr,
-    logp_ptr,
-    out_ptr,
-    w_ptr,
-    tgt_ptr,
-    meta_ptr,
-    N,
-    T,
-    C,
-    stride_t,
-    stride_n,
-    stride_c,
-    blank,
-    IS_LOGITS: tl.constexpr,
-    NEED_GRAD: tl.constexpr,
-    ZERO_INFINITY: tl.constexpr,
-    REDUCE: tl.constexpr,
-    BLOCK: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_L: tl.constexpr,
-):
+    lp_ptr, alpha_ptr, loss_ptr, logp_ptr, out_ptr, w_ptr, tgt_ptr, meta_ptr,
+    N, T, C, stride_t, stride_n, stride_c, blank,
+    IS_LOGITS: tl.constexpr, NEED_GRAD: tl.constexpr, ZERO_INFINITY: tl.constexpr, REDUCE: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_L: tl.constexpr,
+):  # fmt: skip
     """Emission pass and recursions of one sample in one program, for small problems (few classes), where a
     launch costs more host time than the grid-wide emission pass saves: frames are taken BLOCK_T at a time
     as [BLOCK_T, BLOCK_C] tiles, so the sample's emissions cost T / BLOCK_T dependent steps."""
@@ -492,21 +452,9 @@ def _ctc_grad_kernel(
     w_ptr,  # [N] float32 weights of the reduction (REDUCED)
     srt_ptr,  # sorted (class << 32 | position) keys from _ctc_prepare_kernel
     meta_ptr,
-    N,
-    T,
-    C,
-    stride_t,
-    stride_n,
-    stride_c,
-    gstride_t,
-    gstride_n,
-    gstride_c,
-    blank,
-    IS_LOGITS: tl.constexpr,
-    REDUCED: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
+    N, T, C, stride_t, stride_n, stride_c, gstride_t, gstride_n, gstride_c, blank,
+    IS_LOGITS: tl.constexpr, REDUCED: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
     i_r = tl.program_id(0).to(tl.int64)
     i_t = i_r // N
     i_n = i_r % N

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from .._reference import LossWithGradient
+
 NEG_INF = float("-inf")
 
 
@@ -126,24 +128,14 @@ def ctc_forward_backward_reference(
     return loss, grad
 
 
-class CTCLossReferenceFunction(torch.autograd.Function):
-    """Per-sample CTC loss with the forward-backward gradient, differentiable with respect to log_probs."""
+def ctc_losses_reference(log_probs, targets, input_lengths, target_lengths, blank) -> torch.Tensor:
+    """Per-sample CTC losses with the forward-backward gradient, differentiable with respect to log_probs."""
 
-    @staticmethod
-    def forward(ctx, log_probs, targets, input_lengths, target_lengths, blank):
-        loss, grad = ctc_forward_backward_reference(
-            log_probs, targets, input_lengths, target_lengths, blank, need_grad=log_probs.requires_grad
-        )
-        ctx.save_for_backward(grad)
-        ctx.in_dtype = log_probs.dtype
-        return loss.to(log_probs.dtype if log_probs.dtype == torch.float64 else torch.float32)
+    def compute(x):
+        return ctc_forward_backward_reference(x, targets, input_lengths, target_lengths, blank,
+                                              need_grad=x.requires_grad)  # fmt: skip
 
-    @staticmethod
-    def backward(ctx, grad_loss):
-        (grad,) = ctx.saved_tensors
-        g = grad * grad_loss.to(torch.float64)[None, :, None]
-        # targets, input_lengths, target_lengths, blank are not differentiable
-        return g.to(ctx.in_dtype), None, None, None, None
+    return LossWithGradient.apply(log_probs, compute, 1)
 
 
 def ctc_loss_reference(
@@ -163,7 +155,7 @@ def ctc_loss_reference(
     past each input length masked out first (they are not read: a NaN there reaches neither loss nor gradient).
     """
     x = read_log_softmax(log_probs, input_lengths, target_lengths) if logits else log_probs
-    loss = CTCLossReferenceFunction.apply(x, targets, input_lengths, target_lengths, blank)
+    loss = ctc_losses_reference(x, targets, input_lengths, target_lengths, blank)
     if logits and log_probs.dtype != torch.float64:
         loss = loss.to(torch.float32)
     return reduce_loss(loss, target_lengths, reduction, zero_infinity)

@@ -8,7 +8,7 @@ import torch
 from .._loss_inputs import REDUCTIONS, Lengths, batch_lengths, check_labels, check_lengths, check_targets
 from .._op import LossModule, LossOp
 from .._utils import INDEX_DTYPES, as_bool, as_choice, as_float, as_int, check_float_input, optional_kernels, use_triton
-from .reference import RNNT_TYPES, RNNTLossReferenceFunction, reduce_loss
+from .reference import RNNT_TYPES, reduce_loss, rnnt_losses_reference
 
 kernels = optional_kernels(__package__ + ".kernels")
 
@@ -110,13 +110,13 @@ def _backward(grad_loss, x, targets, il, tl, lse, occ, logp, blank, fused, faste
     logits."""
     args = (blank, fused, fastemit_lambda, clamp, rna, reduction)
     if not reuse_logits:
-        return kernels.rnnt_backward(grad_loss, x, targets, il, tl, lse, occ, logp, *args)
+        return kernels.rnnt_backward(grad_loss, x, targets, il, tl, (lse, occ, logp), *args)
     # each cell's logits are read before its gradient is written over them; then the logits' version counter
     # moves on, so that any later reader of them (the backward of the op that made them, of another op that
     # saved them, a second backward through this one) fails with autograd's in-place error instead of reading
     # the gradient as logits
     grad = x.detach()
-    kernels.rnnt_backward(grad_loss, x, targets, il, tl, lse, occ, logp, *args, out=grad, recompute_lse=True)
+    kernels.rnnt_backward(grad_loss, x, targets, il, tl, (lse, occ, logp), *args, out=grad, recompute_lse=True)
     torch.autograd.graph.increment_version(grad)
     return grad
 
@@ -225,7 +225,7 @@ def rnnt_loss(
     il, tl = il.long(), tl.long()
     if validate:
         check_contents(T, U1 - 1, V, targets, il, tl, blank)
-    loss = RNNTLossReferenceFunction.apply(
+    loss = rnnt_losses_reference(
         logits, targets, il, tl, blank, fused_log_softmax, fastemit_lambda, clamp, rnnt_type, fastemit_loss_scale
     )
     return reduce_loss(loss, reduction)

@@ -30,10 +30,8 @@ def _forward(enc, pred, weight, bias, targets, il, tl, blank, activation, dropou
     edge occupancies, log p; fastemit_lambda and clamp are the backward's)."""
     if validate:
         validate_on_device(enc.shape[1], pred.shape[1] - 1, weight.shape[0], targets, il, tl, blank)
-    return joint_kernels.joint_forward(
-        enc, pred, weight, bias, targets, il, tl, blank, activation, dropout, (seed_lo, seed_hi), loss_scale, rna,
-        need_grad, reduction,
-    )  # fmt: skip
+    joint = joint_kernels.JointNetwork(enc, pred, weight, bias, activation, dropout, (seed_lo, seed_hi))
+    return joint_kernels.joint_forward(joint, targets, il, tl, blank, loss_scale, rna, need_grad, reduction)
 
 
 def _forward_fake(enc, pred, weight, bias, targets, il, tl, blank, activation, dropout, seed_lo, seed_hi,
@@ -48,10 +46,9 @@ def _forward_fake(enc, pred, weight, bias, targets, il, tl, blank, activation, d
 def _backward(grad_loss, enc, pred, weight, bias, targets, il, tl, lse, occ, logp, blank, activation, dropout,
               seed_lo, seed_hi, fastemit_lambda, clamp, rna, reduction):  # fmt: skip
     """Gradients for enc, pred, weight and bias (None without a bias)."""
-    return joint_kernels.joint_backward(
-        grad_loss, enc, pred, weight, bias, targets, il, tl, lse, occ, logp, blank, activation, dropout,
-        (seed_lo, seed_hi), fastemit_lambda, clamp, rna, reduction,
-    )  # fmt: skip
+    joint = joint_kernels.JointNetwork(enc, pred, weight, bias, activation, dropout, (seed_lo, seed_hi))
+    return joint_kernels.joint_backward(grad_loss, joint, targets, il, tl, (lse, occ, logp), blank, fastemit_lambda,
+                                        clamp, rna, reduction)  # fmt: skip
 
 
 JOINT_LOSS_OP = None

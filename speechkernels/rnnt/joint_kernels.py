@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -101,25 +102,18 @@ def _pre(p_e, p_p, m_row, k, m_k, s_eh, s_ph):
 
 
 @triton.jit
-def _hidden(p_e, p_p, m_row, cell, k, m_k, s_eh, s_ph, seed_lo, seed_hi, threshold, drop_scale,
-            ACT: tl.constexpr, DROPOUT: tl.constexpr, DROP_SHIFT: tl.constexpr):  # fmt: skip
-    """The hidden vectors' features k: dropout(act(enc + pred)), [BM, BK] float32, 0 off the cells."""
+def _hidden(p_e, p_p, m_row, cell, k, m_k, s_eh, s_ph, seed_lo, seed_hi, threshold, drop_scale, ACT: tl.constexpr,
+            DROPOUT: tl.constexpr, DROP_SHIFT: tl.constexpr, GRAD: tl.constexpr = False):  # fmt: skip
+    """The hidden vectors' features k: dropout(act(enc + pred)), [BM, BK] float32, 0 off the cells; GRAD: instead
+    d h / d (enc + pred), act' times dropout's mask and scale."""
     x, m = _pre(p_e, p_p, m_row, k, m_k, s_eh, s_ph)
-    h = _act(x, ACT)
+    if GRAD:
+        h = _act_grad(x, ACT)
+    else:
+        h = _act(x, ACT)
     if DROPOUT:
         h = tl.where(_keep(cell, k, seed_lo, seed_hi, threshold, DROP_SHIFT), h * drop_scale, 0.0)
     return tl.where(m, h, 0.0)
-
-
-@triton.jit
-def _hidden_grad(p_e, p_p, m_row, cell, k, m_k, s_eh, s_ph, seed_lo, seed_hi, threshold, drop_scale,
-                 ACT: tl.constexpr, DROPOUT: tl.constexpr, DROP_SHIFT: tl.constexpr):  # fmt: skip
-    """d h / d (enc + pred) for features k: act' times dropout's mask and scale, [BM, BK] float32."""
-    x, m = _pre(p_e, p_p, m_row, k, m_k, s_eh, s_ph)
-    f = _act_grad(x, ACT)
-    if DROPOUT:
-        f = tl.where(_keep(cell, k, seed_lo, seed_hi, threshold, DROP_SHIFT), f * drop_scale, 0.0)
-    return tl.where(m, f, 0.0)
 
 
 @triton.jit
@@ -200,38 +194,16 @@ def _split(x, DT: tl.constexpr):
 def _joint_hidden_kernel(
     enc_ptr,  # [N, T, H]
     pred_ptr,  # [N, U+1, H]
-    il_ptr,
-    tl_ptr,
+    il_ptr, tl_ptr,
     h_ptr,  # [rows, s_h] out: the chunk's hidden vectors (DT; SPLIT: segments hi, lo of s_seg columns)
     n0,  # the chunk: samples [n0, n0 + tiles / (n_tb * UC)), labels [u0, u0 + UC)
-    u0,
-    UC,
-    tiles,
-    T,
-    U1,
-    H,
-    n_tb,
-    s_h,
-    s_seg,
-    s_en,
-    s_et,
-    s_eh,
-    s_pn,
-    s_pu,
-    s_ph,
-    seed_lo,
-    seed_hi,
-    threshold,
-    drop_scale,
-    ACT: tl.constexpr,
-    DROPOUT: tl.constexpr,
-    DROP_SHIFT: tl.constexpr,
-    DT: tl.constexpr,
-    SPLIT: tl.constexpr,
-    BT: tl.constexpr,
-    BM: tl.constexpr,
-    BK: tl.constexpr,
-):
+    u0, UC, tiles, T, U1, H, n_tb,
+    s_h, s_seg,  # h's rows and segments
+    s_en, s_et, s_eh, s_pn, s_pu, s_ph,  # enc's and pred's strides
+    seed_lo, seed_hi, threshold, drop_scale,  # dropout (``_keep``)
+    ACT: tl.constexpr, DROPOUT: tl.constexpr, DROP_SHIFT: tl.constexpr, DT: tl.constexpr, SPLIT: tl.constexpr,
+    BT: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+):  # fmt: skip
     """Program (BM rows, BK features): dropout(act(enc + pred)), 0 in cells without edges and in the columns
     [H, s_seg); SPLIT (float32 inputs): ``_split``'s hi and lo, in two segments of s_seg columns."""
     i, n, t, u = _chunk_cells(tl.program_id(0) * (BM // BT), n0, u0, UC, n_tb, BT, BM)
@@ -290,35 +262,16 @@ def _joint_lattice_kernel(
     w_ptr,  # the same ([V, s_w])
     b_ptr,  # [V] (HAS_BIAS)
     tgt_ptr,  # [N, U]
-    il_ptr,
-    tl_ptr,
+    il_ptr, tl_ptr,
     lse_ptr,  # [N * T * (U+1)] float32 out: natural-log log-sum-exp per cell
     lat_ptr,  # [N * T * (U+1), 2] float32 out: log2 p(blank), log2 p(next label), skewed as cell_offsets
     cnt_ptr,  # int32: zeroed here for the batch reduction of the recursions
-    n0,
-    u0,
-    UC,
-    tiles,
-    T,
-    U1,
-    V,
-    H,
-    n_tb,
+    n0, u0, UC, tiles, T, U1, V, H, n_tb,
     V_main,  # classes [0, V_main) in chunks of BV, the rest (at most BVT - 1 - BM / BT) with the gathered rows
-    s_wv,
-    s_w,
-    stride_tg,
-    blank,
-    HAS_BIAS: tl.constexpr,
-    DT: tl.constexpr,
-    SPLIT: tl.constexpr,
-    RNA: tl.constexpr,
-    BT: tl.constexpr,
-    BM: tl.constexpr,
-    BV: tl.constexpr,
-    BVT: tl.constexpr,
-    BK: tl.constexpr,
-):
+    s_wv, s_w, stride_tg, blank,
+    HAS_BIAS: tl.constexpr, DT: tl.constexpr, SPLIT: tl.constexpr, RNA: tl.constexpr,
+    BT: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr, BVT: tl.constexpr, BK: tl.constexpr,
+):  # fmt: skip
     """Program = BM rows of the chunk: online log-sum-exp over the classes, the lattice's two log2 probabilities."""
     pid = tl.program_id(0)
     if pid == 0:
@@ -411,11 +364,7 @@ def _joint_dlogits_kernel(
     h_desc,  # blocks [BM, BK]
     w_desc,  # blocks [BV, BK]
     wt_desc,  # blocks [BVT, BK]
-    b_ptr,
-    tgt_ptr,
-    il_ptr,
-    tl_ptr,
-    lse_ptr,
+    b_ptr, tgt_ptr, il_ptr, tl_ptr, lse_ptr,
     occ_ptr,  # [N * T * (U+1), 2] edge occupancies (skewed)
     logp_ptr,  # [N] float64 log2 p
     gloss_ptr,  # upstream gradient per sample (stride 0: one for the batch)
@@ -424,35 +373,12 @@ def _joint_dlogits_kernel(
     dst_desc,  # the same, blocks [BM, BVT]
     flag_ptr,  # [tiles] int32 out: rows written (the frames with edges) where the tile has work, else 0
     gbp_ptr,  # [rows / BM, V] float32 in/out (HAS_BIAS): column sums per block of rows, over the chunks
-    gloss_stride,
-    gscale,
-    n0,
-    u0,
-    UC,
-    tiles,
-    T,
-    U1,
-    V,
-    H,
-    n_tb,
-    V_main,
-    s_ds,
-    s_lo,
-    stride_tg,
-    blank,
-    fastemit_scale,
-    clamp,
-    HAS_BIAS: tl.constexpr,
-    DT: tl.constexpr,
-    SPLIT: tl.constexpr,
-    CLAMP: tl.constexpr,
-    RNA: tl.constexpr,
-    BT: tl.constexpr,
-    BM: tl.constexpr,
-    BV: tl.constexpr,
-    BVT: tl.constexpr,
-    BK: tl.constexpr,
-):
+    gloss_stride, gscale,
+    n0, u0, UC, tiles, T, U1, V, H, n_tb, V_main, s_ds, s_lo, stride_tg, blank,
+    fastemit_scale, clamp,
+    HAS_BIAS: tl.constexpr, DT: tl.constexpr, SPLIT: tl.constexpr, CLAMP: tl.constexpr, RNA: tl.constexpr,
+    BT: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr, BVT: tl.constexpr, BK: tl.constexpr,
+):  # fmt: skip
     """Program = BM rows (BM / BT tiles) of the chunk x one chunk of classes (BV wide, or BVT for the last few):
     which cells take part (edges, a possible sample), their occupancies (the label's times 1 + lambda), the
     sample's upstream gradient (NaN for a NaN loss); the tiles' flags (by the first class chunk's program);
@@ -503,38 +429,17 @@ def _joint_dlogits_kernel(
 
 @triton.jit(do_not_specialize=["seed_lo", "seed_hi", "threshold"])
 def _joint_grad_rows_kernel(
-    enc_ptr,
-    pred_ptr,
+    enc_ptr, pred_ptr,
     dh_ptr,  # [rows, s_dh]: the chunk's hidden vectors' gradient (its logits' gradient times the weight)
     flag_ptr,  # the chunk's tiles' flags (``_joint_dlogits_kernel``)
     genc_ptr,  # [N, T, H] float32 in/out: the encoder rows' gradient
     gpred_ptr,  # [samples, n_fb, UC, H] float32 out: the chunk's predictor rows, per (sample, block of FB frames)
-    n0,
-    u0,
-    UC,
-    T,
-    U1,
-    H,
-    n_tb,
-    n_fb,
-    s_dh,
-    s_en,
-    s_et,
-    s_eh,
-    s_pn,
-    s_pu,
-    s_ph,
-    seed_lo,
-    seed_hi,
-    threshold,
-    drop_scale,
-    ACT: tl.constexpr,
-    DROPOUT: tl.constexpr,
-    DROP_SHIFT: tl.constexpr,
-    BT: tl.constexpr,
-    FB: tl.constexpr,
-    BN: tl.constexpr,
-):
+    n0, u0, UC, T, U1, H, n_tb, n_fb, s_dh,
+    s_en, s_et, s_eh, s_pn, s_pu, s_ph,  # enc's and pred's strides
+    seed_lo, seed_hi, threshold, drop_scale,  # dropout (``_keep``)
+    ACT: tl.constexpr, DROPOUT: tl.constexpr, DROP_SHIFT: tl.constexpr,
+    BT: tl.constexpr, FB: tl.constexpr, BN: tl.constexpr,
+):  # fmt: skip
     """Program (piece of BN features, sample and block of FB frames: FB / BT tiles a label): label by label, the
     hidden vectors' gradient times d h / d (enc + pred); summed over the labels into the encoder rows (registers,
     then added once) and over the frames into the frame block's share of each predictor row (all written: 0 where
@@ -560,8 +465,8 @@ def _joint_grad_rows_kernel(
             dh = tl.load(dh_ptr + rows[:, None] + k[None, :], mask=m, other=0.0).to(tl.float32)
             u = u0 + j
             p_p = pred_ptr + n * s_pn + u.to(tl.int64) * s_pu + tl.zeros([FB], tl.int64)
-            d = _hidden_grad(p_e, p_p, m_row, (n * T + t) * U1 + u, k, m_k, s_eh, s_ph, seed_lo, seed_hi, threshold,
-                             drop_scale, ACT, DROPOUT, DROP_SHIFT)  # fmt: skip
+            d = _hidden(p_e, p_p, m_row, (n * T + t) * U1 + u, k, m_k, s_eh, s_ph, seed_lo, seed_hi, threshold,
+                        drop_scale, ACT, DROPOUT, DROP_SHIFT, GRAD=True)  # fmt: skip
             # (where, not a product: a NaN weight leaves the rows of cells without edges alone)
             part = tl.where(m, dh * d, 0.0)
             acc_enc += part
@@ -601,10 +506,11 @@ def _blocks(enc: torch.Tensor, kernel: str) -> dict:
     return blk
 
 
-def _common(enc, pred, weight, bias, dropout, seed, activation):
+def _common(joint: JointNetwork):
     """Arguments every kernel takes: strides, the dropout hash's parameters, the constexpr flags."""
     from .joint_reference import drop_threshold
 
+    enc, pred, weight, bias, activation, dropout, seed = joint
     args = (enc.stride(0), enc.stride(1), enc.stride(2), pred.stride(0), pred.stride(1), pred.stride(2))
     drop = (seed[0], seed[1], drop_threshold(dropout), 1.0 / (1.0 - dropout))
     split = weight.dtype == torch.float32
@@ -673,18 +579,27 @@ def _products_dtype(weight: torch.Tensor) -> torch.dtype:
     return SPLIT_DTYPE if weight.dtype == torch.float32 else weight.dtype
 
 
+class JointNetwork(NamedTuple):
+    """The joint network, logits = dropout(act(enc + pred)) @ weight.T + bias: its inputs (enc [N, T, H], pred
+    [N, U+1, H], weight [V, H], bias [V] or None; one float dtype, any strides, on one device) and its hidden
+    layer's settings (activation: a name of ``ACTIVATIONS``; dropout: the probability; seed: dropout's hash, two
+    integers in [0, 2^31))."""
+
+    enc: torch.Tensor
+    pred: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    activation: str
+    dropout: float
+    seed: tuple[int, int]
+
+
 def joint_forward(
-    enc: torch.Tensor,
-    pred: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
+    joint: JointNetwork,
     targets: torch.Tensor,
     logit_lengths: torch.Tensor,
     target_lengths: torch.Tensor,
     blank: int,
-    activation: str,
-    dropout: float,
-    seed: tuple[int, int],
     loss_scale: float,
     rnna: bool,
     need_grad: bool,
@@ -694,16 +609,16 @@ def joint_forward(
     takes (log-sum-exps, occupancies, log2 p).
 
     Args:
-        enc: [N, T, H], pred: [N, U+1, H], weight: [V, H], bias: [V] or None, one float dtype, any strides.
+        joint: the joint network (``JointNetwork``).
         targets: [N, U] int32/int64 (unit stride along U); lengths: [N] int32/int64; all on enc's device.
-        seed: two integers in [0, 2^31) (dropout's hash).
     """
+    enc, pred, weight, bias = joint[:4]
     N, T, H = enc.shape
     U1 = pred.shape[1]
     V = weight.shape[0]
     dev = enc.device
     lse, lat, aux = lattice_buffers(N, T, U1, dev, True)
-    strides, seeds, meta = _common(enc, pred, weight, bias, dropout, seed, activation)
+    strides, seeds, meta = _common(joint)
     bh, bf = _blocks(enc, "hidden"), _blocks(enc, "forward")
     BT = _blocks(enc, "tile")["BT"]
     n_tb = triton.cdiv(T, BT)
@@ -732,37 +647,32 @@ def joint_forward(
 
 def joint_backward(
     grad_out: torch.Tensor,
-    enc: torch.Tensor,
-    pred: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
+    joint: JointNetwork,
     targets: torch.Tensor,
     logit_lengths: torch.Tensor,
     target_lengths: torch.Tensor,
-    lse: torch.Tensor,
-    occ: torch.Tensor,
-    logp: torch.Tensor,
+    state: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     blank: int,
-    activation: str,
-    dropout: float,
-    seed: tuple[int, int],
     fastemit_lambda: float,
     clamp: float,
     rnna: bool,
     reduction: str = "none",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Gradients of sum(grad_out * loss) (reduction "none"; else of grad_out * the sum or batch mean) with
-    respect to enc, pred, weight and bias, in their dtypes.
+    respect to enc, pred, weight and bias, in their dtypes; ``state``: ``joint_forward``'s (log-sum-exps, edge
+    occupancies, log2 p).
 
     Chunk by chunk of tiles (samples x labels, all frames; at most ``CHUNK_BYTES`` of hidden vectors and logits'
     gradient): the logits' gradient of the chunk's tiles, then its products with the hidden vectors (into the
     weight) and with the weight (into the encoder and predictor rows). Each product runs in one fixed order; no
     atomics: deterministic."""
+    enc, pred, weight, bias = joint[:4]
     N, T, H = enc.shape
     U1 = pred.shape[1]
     V = weight.shape[0]
     dev = enc.device
-    strides, seeds, meta = _common(enc, pred, weight, bias, dropout, seed, activation)
+    lse, occ, logp = state
+    strides, seeds, meta = _common(joint)
     gstride = grad_out.stride(0) if reduction == "none" else 0
     gscale = 1.0 / N if reduction == "mean" else 1.0
     act = {k: meta[k] for k in ("ACT", "DROPOUT", "DROP_SHIFT")}

@@ -98,22 +98,12 @@ def _rnnt_lattice_kernel(
     il_ptr,  # [N] int32/int64 frames per sample
     tl_ptr,  # [N] int32/int64 labels per sample
     cnt_ptr,  # int32: zeroed here for the batch reduction of the join kernel (or the halves kernel, loss only)
-    T,
-    U1,
-    V,
-    stride_n,
-    stride_t,
-    stride_u,
-    stride_v,
-    stride_tg,
-    blank,
+    T, U1, V, stride_n, stride_t, stride_u, stride_v, stride_tg, blank,
     FUSED: tl.constexpr,
     STORE_LSE: tl.constexpr,  # else the gradient kernel computes it again (saves a float per cell)
     ONE_CHUNK: tl.constexpr,  # V <= BLOCK_V
-    RNA: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-):
+    RNA: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+):  # fmt: skip
     o_r, n, t, u, m_r, T_n, U_n = _row_cells(il_ptr, tl_ptr, T, U1, BLOCK_R)
     if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
         tl.store(cnt_ptr, 0)
@@ -142,15 +132,9 @@ def _rnnt_validate_kernel(
     il_ptr,  # [N] int32/int64
     tl_ptr,  # [N] int32/int64
     flag_ptr,  # int32 out: 1 frames, 2 labels count, 4 label outside [0, V), 8 label == blank (any sample)
-    N,
-    T,
-    U,
-    V,
-    stride_tg,
-    blank,
-    BLOCK_N: tl.constexpr,
-    BLOCK_J: tl.constexpr,
-):
+    N, T, U, V, stride_tg, blank,
+    BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr,
+):  # fmt: skip
     """One program over the whole batch, so that one value is read back (no reduction launch)."""
     o_n = tl.arange(0, BLOCK_N)
     o_j = tl.arange(0, BLOCK_J)
@@ -331,19 +315,12 @@ def _rnnt_halves_kernel(
     aux_ptr,  # int32 [1 + 2N]: the batch reduction's counter (zeroed by the lattice kernel), NaN counts
     loss_ptr,  # [N + 1] float32 out (not SPLIT): per-sample losses, then the batch reduction (REDUCE)
     logp_ptr,  # [N] float64 out (not SPLIT): log2 p(y | x)
-    il_ptr,
-    tl_ptr,
-    N,
-    T,
-    U1,
+    il_ptr, tl_ptr,
+    N, T, U1,
     loss_scale,  # the reported loss's factor: 1 + lambda (FastEmit as NeMo reports it) or 1
     reduce_scale,  # 1 (sum) or 1 / N (mean)
-    SPLIT: tl.constexpr,
-    REDUCE: tl.constexpr,
-    RNA: tl.constexpr,
-    BLOCK_U: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
+    SPLIT: tl.constexpr, REDUCE: tl.constexpr, RNA: tl.constexpr, BLOCK_U: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
     """SPLIT (for the gradient): sample n's steps 0..D (D = T_n + U_n, T_n for RNA) cut at M = D // 2; program
     (n, 0) runs alpha over steps 0..M, program (n, 1) beta over steps D..M, each storing its values at its
     steps' nodes (disjoint; beta on step M apart), concurrently: the serial chain is half of alpha-then-beta.
@@ -436,21 +413,10 @@ def _rnnt_join_kernel(
     lat_ptr,  # log2 lattice in; edge occupancies out, in place
     state_ptr,  # alpha on steps 0..M, beta on steps M+1..D (the halves kernel's)
     mid_ptr,  # beta on step M
-    aux_ptr,
-    loss_ptr,
-    logp_ptr,
-    il_ptr,
-    tl_ptr,
-    N,
-    T,
-    U1,
-    loss_scale,
-    reduce_scale,
-    REDUCE: tl.constexpr,
-    RNA: tl.constexpr,
-    BLOCK_U: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
+    aux_ptr, loss_ptr, logp_ptr, il_ptr, tl_ptr,
+    N, T, U1, loss_scale, reduce_scale,
+    REDUCE: tl.constexpr, RNA: tl.constexpr, BLOCK_U: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
     """After the halves kernel: log p from the cut (sum over step M's nodes of alpha * beta), then program
     (n, 0) runs alpha on over steps M+1..D with the occupancies of the edges out of steps M..D-1, program
     (n, 1) beta on over steps M-1..0 with those out of steps M-1..0 (disjoint lattice cells)."""
@@ -532,32 +498,13 @@ def _rnnt_grad_kernel(
     gloss_ptr,  # upstream gradient per sample (stride 0: one for the batch)
     gloss_stride,
     gscale,  # 1, or 1 / N for a batch mean
-    tgt_ptr,
-    il_ptr,
-    tl_ptr,
-    T,
-    U1,
-    V,
-    stride_n,
-    stride_t,
-    stride_u,
-    stride_v,
-    gstride_n,
-    gstride_t,
-    gstride_u,
-    gstride_v,
-    stride_tg,
-    blank,
-    fastemit_scale,
-    clamp,
+    tgt_ptr, il_ptr, tl_ptr,
+    T, U1, V, stride_n, stride_t, stride_u, stride_v, gstride_n, gstride_t, gstride_u, gstride_v, stride_tg, blank,
+    fastemit_scale, clamp,
     FUSED: tl.constexpr,
     LOAD_LSE: tl.constexpr,  # else computed here
-    ONE_CHUNK: tl.constexpr,
-    CLAMP: tl.constexpr,
-    RNA: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-):
+    ONE_CHUNK: tl.constexpr, CLAMP: tl.constexpr, RNA: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+):  # fmt: skip
     o_r, n, t, u, in_range, T_n, U_n = _row_cells(il_ptr, tl_ptr, T, U1, BLOCK_R)
     logp = tl.load(logp_ptr + n)
     active = tl.where((t < T_n) & (logp != float("-inf")), in_range & (u <= U_n), False)
@@ -737,9 +684,7 @@ def rnnt_backward(
     targets: torch.Tensor,
     logit_lengths: torch.Tensor,
     target_lengths: torch.Tensor,
-    lse: torch.Tensor,
-    occ: torch.Tensor,
-    logp: torch.Tensor,
+    state: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     blank: int,
     fused: bool,
     fastemit_lambda: float,
@@ -751,8 +696,10 @@ def rnnt_backward(
 ) -> torch.Tensor:
     """Gradient of the loss with respect to x, in x's dtype: of sum(grad_out * loss) for reduction "none"
     (grad_out: [N]), else of grad_out * the sum or batch mean (grad_out: 0-dim). Into ``out`` when given, which
-    may be x's own storage (each cell's logits are read before its gradient is written)."""
+    may be x's own storage (each cell's logits are read before its gradient is written). ``state``: the
+    forward's (log-sum-exps, edge occupancies, log2 p)."""
     N, T, U1, V = x.shape
+    lse, occ, logp = state
     grad = out if out is not None else kernel_output_like(x)
     block_r, block_v, warps = _row_blocks(U1, V)
     _rnnt_grad_kernel[(N * T, triton.cdiv(U1, block_r))](

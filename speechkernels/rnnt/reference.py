@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import torch
 
+from .._reference import LossWithGradient
+
 NEG_INF = float("-inf")
 RNNT_TYPES = ("rnnt", "rna")
 
@@ -186,28 +188,18 @@ def rnnt_forward_backward_reference(
     return loss, grad
 
 
-class RNNTLossReferenceFunction(torch.autograd.Function):
-    """Per-sample loss with the analytic gradient of ``rnnt_forward_backward_reference`` (gradcheck'd)."""
+def rnnt_losses_reference(logits, targets, logit_lengths, target_lengths, blank, fused, fastemit_lambda, clamp,
+                          rnnt_type, fastemit_loss_scale=True) -> torch.Tensor:  # fmt: skip
+    """Per-sample losses with the analytic gradient of ``rnnt_forward_backward_reference`` (gradcheck'd), in
+    float32 for every input dtype but float64, as the kernels return them."""
 
-    @staticmethod
-    def forward(
-        ctx, logits, targets, logit_lengths, target_lengths, blank, fused, fastemit_lambda, clamp, rnnt_type,
-        fastemit_loss_scale=True,
-    ):  # fmt: skip
-        loss, grad = rnnt_forward_backward_reference(
-            logits, targets, logit_lengths, target_lengths, blank, fused, fastemit_lambda, clamp, rnnt_type,
-            need_grad=logits.requires_grad, fastemit_loss_scale=fastemit_loss_scale,
+    def compute(x):
+        return rnnt_forward_backward_reference(
+            x, targets, logit_lengths, target_lengths, blank, fused, fastemit_lambda, clamp, rnnt_type,
+            need_grad=x.requires_grad, fastemit_loss_scale=fastemit_loss_scale,
         )  # fmt: skip
-        ctx.save_for_backward(grad)
-        ctx.dtype = logits.dtype
-        # float32 for every input dtype but float64, as the kernels return it
-        return loss.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
 
-    @staticmethod
-    def backward(ctx, grad_loss):
-        (grad,) = ctx.saved_tensors
-        g = grad_loss.to(grad.dtype)[:, None, None, None]
-        return (grad * g).to(ctx.dtype), None, None, None, None, None, None, None, None, None
+    return LossWithGradient.apply(logits, compute, 0)
 
 
 def reduce_loss(loss: torch.Tensor, reduction: str) -> torch.Tensor:
@@ -232,7 +224,7 @@ def rnnt_loss_reference(
     """The reference with torchaudio's signature (no argument checks): float64 arithmetic, any device."""
     V = logits.shape[-1]
     blank = blank + V if blank < 0 else blank
-    loss = RNNTLossReferenceFunction.apply(
+    loss = rnnt_losses_reference(
         logits, targets, logit_lengths, target_lengths, blank, fused_log_softmax, fastemit_lambda, clamp, rnnt_type,
         fastemit_loss_scale,
     )  # fmt: skip

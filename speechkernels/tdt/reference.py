@@ -32,6 +32,7 @@ from collections.abc import Sequence
 
 import torch
 
+from .._reference import LossWithGradient
 from ..rnnt.reference import reduce_loss
 
 NEG_INF = float("-inf")
@@ -127,26 +128,20 @@ class _DurationLattice(torch.autograd.Function):
         return gb, ge, None, None, None, None, None, None
 
 
-class _TransducerReference(torch.autograd.Function):
+def _losses(logits, per_sample, clamp) -> torch.Tensor:
     """Per-sample loss ``per_sample(x)`` of float64 logits x, its gradient computed with the loss (a unit upstream
     gradient per sample) and clamped there, as the kernels do, then scaled by the upstream gradient."""
 
-    @staticmethod
-    def forward(ctx, logits, per_sample, clamp):
+    def compute(x):
         with torch.enable_grad():
-            x = logits.detach().to(torch.float64).requires_grad_(logits.requires_grad)
+            x = x.detach().to(torch.float64).requires_grad_(logits.requires_grad)
             loss = per_sample(x)
             grad = torch.autograd.grad(loss.sum(), x)[0] if logits.requires_grad else None
         if grad is not None and clamp > 0:
             grad = grad.clamp(-clamp, clamp)
-        ctx.save_for_backward(grad)
-        ctx.dtype = logits.dtype
-        return loss.detach().to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
+        return loss.detach(), grad
 
-    @staticmethod
-    def backward(ctx, grad_loss):
-        (grad,) = ctx.saved_tensors
-        return (grad * grad_loss.to(grad.dtype)[:, None, None, None]).to(ctx.dtype), None, None
+    return LossWithGradient.apply(logits, compute, 0)
 
 
 def _batch(x, targets, logit_lengths, target_lengths):
@@ -158,10 +153,12 @@ def _batch(x, targets, logit_lengths, target_lengths):
     return torch.where(valid, targets.to(x.device).long(), 0), T_n, U_n
 
 
-def _reference(logits, targets, logit_lengths, target_lengths, edges, clamp, reduction, fastemit_lambda,
-               fastemit_loss_scale) -> torch.Tensor:  # fmt: skip
+def _reference(logits, targets, logit_lengths, target_lengths, edges, reduction: str = "mean", clamp: float = -1.0,
+               fastemit_lambda: float = 0.0, fastemit_loss_scale: bool = True) -> torch.Tensor:  # fmt: skip
     """The loss of the lattice whose edges ``edges(x, labels)`` gives from float64 logits x: (blank weights
-    [N, Kb, T, U+1], their durations, label weights [N, Ke, T, U+1], their durations)."""
+    [N, Kb, T, U+1], their durations, label weights [N, Ke, T, U+1], their durations). The options as
+    ``rnnt_loss``'s: the reduction, the gradient's clamp, FastEmit's lambda and whether the loss reports its
+    factor 1 + lambda."""
     scale = 1.0 + fastemit_lambda
 
     def per_sample(x):
@@ -173,7 +170,7 @@ def _reference(logits, targets, logit_lengths, target_lengths, edges, clamp, red
         return _DurationLattice.apply(wb, we, T_n, U_n, tuple(db), tuple(de),
                                       scale if fastemit_loss_scale else 1.0, scale)  # fmt: skip
 
-    return reduce_loss(_TransducerReference.apply(logits, per_sample, clamp), reduction)
+    return reduce_loss(_losses(logits, per_sample, clamp), reduction)
 
 
 def tdt_loss_reference(
@@ -184,10 +181,7 @@ def tdt_loss_reference(
     durations: Sequence[int],
     blank: int = -1,
     sigma: float = 0.0,
-    reduction: str = "mean",
-    clamp: float = -1.0,
-    fastemit_lambda: float = 0.0,
-    fastemit_loss_scale: bool = True,
+    **options,
 ) -> torch.Tensor:
     """The TDT loss in float64 (no argument checks; the gradient by autograd through the lattice's analytic one).
 
@@ -195,6 +189,8 @@ def tdt_loss_reference(
         logits: [N, T, U+1, V + D]: V token logits (the blank among them), then D duration logits.
         durations: the D durations (distinct, >= 0; 0 is a label's duration only).
         blank: index of the blank among the V tokens (negative: from the end of the tokens).
+        sigma: the logit undernormalisation subtracted from every token's log-probability.
+        options: reduction ("mean", "sum", "none"), clamp, fastemit_lambda, fastemit_loss_scale, as ``rnnt_loss``'s.
     """
     D = len(durations)
 
@@ -208,8 +204,7 @@ def tdt_loss_reference(
         we = torch.stack([emit + ld[..., i] for i in range(D)], 1)
         return wb, [d for d in durations if d > 0], we, list(durations)
 
-    return _reference(logits, targets, logit_lengths, target_lengths, edges, clamp, reduction, fastemit_lambda,
-                      fastemit_loss_scale)  # fmt: skip
+    return _reference(logits, targets, logit_lengths, target_lengths, edges, **options)
 
 
 def multiblank_rnnt_loss_reference(
@@ -220,10 +215,7 @@ def multiblank_rnnt_loss_reference(
     big_blank_durations: Sequence[int],
     blank: int = -1,
     sigma: float = 0.0,
-    reduction: str = "mean",
-    clamp: float = -1.0,
-    fastemit_lambda: float = 0.0,
-    fastemit_loss_scale: bool = True,
+    **options,
 ) -> torch.Tensor:
     """The multi-blank transducer loss in float64 (no argument checks).
 
@@ -231,6 +223,7 @@ def multiblank_rnnt_loss_reference(
         logits: [N, T, U+1, V + B]: big blank i at index blank - 1 - i, before the standard blank.
         big_blank_durations: the B big blanks' durations (each >= 2).
         blank: index of the standard blank (negative: from the end).
+        sigma, options: as ``tdt_loss_reference``'s.
     """
 
     def edges(x, labels):
@@ -239,5 +232,4 @@ def multiblank_rnnt_loss_reference(
         wb = torch.stack([lp[..., b]] + [lp[..., b - 1 - i] for i in range(len(big_blank_durations))], 1)
         return wb, [1, *big_blank_durations], label_log_probs(lp, labels)[:, None], [0]
 
-    return _reference(logits, targets, logit_lengths, target_lengths, edges, clamp, reduction, fastemit_lambda,
-                      fastemit_loss_scale)  # fmt: skip
+    return _reference(logits, targets, logit_lengths, target_lengths, edges, **options)

@@ -25,7 +25,7 @@ import functools
 import torch
 
 from .cuda_runtime import clusters_available, compile_cluster_kernel, device_arch, launch, set_dynamic_shared_memory
-from .weights import VocoderWeights, frame_bias, inverse_temperature
+from .weights import VocoderInputs, VocoderWeights, frame_bias, inverse_temperature
 
 
 def vocoder_cluster_config(
@@ -110,26 +110,15 @@ def cluster_layout(weights: VocoderWeights, weights_dtype: torch.dtype, C: int) 
 
 
 def wavenet_generate_cluster(
-    weights: VocoderWeights,
-    cond: torch.Tensor | None,
-    g: torch.Tensor | None,
-    uniforms: torch.Tensor,
-    temperature: float,
-    weights_dtype: torch.dtype = torch.float32,
-    C: int = 8,
+    weights: VocoderWeights, inputs: VocoderInputs, weights_dtype: torch.dtype = torch.float32, C: int = 8
 ) -> torch.Tensor:
-    """Launcher: one cluster of C CTAs per stream, all samples in one launch ([B, n_samples] int64).
-
-    Args:
-        weights: the model's weights (``weights.vocoder_weights``).
-        cond: [B, cond_channels, frames] or None; g: [B, speaker_channels] speaker embeddings or None.
-        uniforms: [n_samples, B] numbers in [0, 1).
-        weights_dtype: torch.float32 or torch.bfloat16: the type the kernel reads the matrices in (float32
-            arithmetic).
-    """
+    """Launcher: one cluster of C CTAs per stream, all samples in one launch ([B, n_samples] int64), from the
+    model's weights (``weights.vocoder_weights``) and a run's checked inputs. ``weights_dtype``: torch.float32 or
+    torch.bfloat16, the type the kernel reads the matrices in (float32 arithmetic)."""
     import numpy as np
 
     w = weights
+    cond, g, uniforms, temperature = inputs
     cfg = vocoder_cluster_config(w.layers, w.residual_channels, w.gate_channels, w.skip_channels, w.classes, C)
     n, B = uniforms.shape
     dev = uniforms.device

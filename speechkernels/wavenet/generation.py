@@ -5,31 +5,19 @@ model's weights as plain tensors (``weights.vocoder_weights``, packed once per p
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
-from .._utils import as_bool, as_choice, as_float, as_generator, as_int, check_float_input, triton_interpreting
+from .._utils import as_choice, as_float, as_generator, as_int, check_float_input, triton_interpreting
 from .cluster_vocoder import vocoder_cluster_supported, wavenet_generate_cluster
 from .incremental import IncrementalState, sample_incremental
 from .triton_vocoder import wavenet_generate
-from .weights import vocoder_weights
+from .weights import VocoderInputs, vocoder_weights
 
 KERNELS = ("auto", "torch", "triton", "cluster")  # generate()'s paths; "auto" chooses (``generate``)
 MAX_CLUSTER_STREAMS = 16  # "auto" takes the cluster kernel up to this many streams, the Triton kernel beyond
 
 
-class GenerationArgs(NamedTuple):
-    """The normalised arguments of a generation run (``check_generation``)."""
-
-    cond: torch.Tensor | None  # [B, cond_channels, frames] in the parameters' dtype, on the model's device
-    g: torch.Tensor | None  # [B, speaker_channels] speaker embeddings
-    uniforms: torch.Tensor  # [n_samples, B] on the model's device
-    n_samples: int
-    temperature: float
-
-
-def check_generation(model, cond, n_samples, temperature, generator, speaker, batch, uniforms) -> GenerationArgs:
+def check_generation(model, cond, n_samples, temperature, generator, speaker, batch, uniforms) -> VocoderInputs:
     """Argument checks of a generation run (once per call: one read of the speaker ids' min and max); draws the
     uniforms from ``generator`` unless given."""
     n_samples = as_int(n_samples, "n_samples", minimum=1)
@@ -47,13 +35,15 @@ def check_generation(model, cond, n_samples, temperature, generator, speaker, ba
     if uniforms.shape != (n_samples, B):
         raise ValueError(f"uniforms must be [n_samples={n_samples}, B={B}], got {tuple(uniforms.shape)}")
     g = model.speaker_embed(speaker) if speaker is not None else None
-    return GenerationArgs(cond, g, uniforms, n_samples, temperature)
+    return VocoderInputs(cond, g, uniforms, temperature)
 
 
 def incremental_state(model, cond, n_samples, temperature, generator, speaker, batch, uniforms) -> IncrementalState:
-    """Argument checks and the PyTorch path's state of a generation run."""
+    """Argument checks and the PyTorch path's state of a generation run (``sample_incremental`` runs it: the
+    reference path; ``uniforms``: [n_samples, B] numbers in [0, 1) to sample with, or None: drawn from
+    ``generator``)."""
     a = check_generation(model, cond, n_samples, temperature, generator, speaker, batch, uniforms)
-    return IncrementalState(model, model.upsample(a.cond, a.n_samples), a.g, a.uniforms, a.temperature)
+    return IncrementalState(model, model.upsample(a.cond, a.uniforms.shape[0]), a.g, a.uniforms, a.temperature)
 
 
 def cluster_kernel_available(model, C: int = 8) -> bool:
@@ -79,8 +69,25 @@ def generate(
     kernel: str = "auto",
     weights_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """``WaveNet.generate``: [B, n_samples] int64. ``kernel`` "auto" is the PyTorch path for a model on the CPU and
-    ``generate_kernel``'s choice for one on a GPU."""
+    """``WaveNet.generate`` (this function is the module's method): samples n_samples mu-law classes per stream,
+    one at a time ([B, n_samples] int64).
+
+    ``temperature`` 0 takes the most likely class; ``generator`` seeds the sampling (one uniform number per
+    stream and sample, drawn on the model's device up front: no host synchronisation per sample). Without
+    conditioning, ``batch`` gives B; given with conditioning, it must agree with cond's and speaker's B.
+    ``cond``: [B, cond_channels, frames] float (converted to the parameters' dtype), None exactly when the model
+    has no local conditioning; ``speaker``: [B] integer ids (a tensor, or a sequence or numpy array of ints),
+    None exactly when the model has no speakers.
+
+    ``kernel``: "torch" (the PyTorch incremental path: per-layer dilation queues, O(layers) work per sample;
+    the CPU's), "triton" (one program per stream, all samples in one launch), "cluster" (one thread-block
+    cluster per stream, CUDA C++ through cuda-core on Hopper or newer), or "auto": on CUDA the cluster kernel
+    for up to 16 streams where it is available, else the Triton kernel; on the CPU the PyTorch path. Every
+    path draws the same classes from the same uniform numbers (up to float32 rounding at a class boundary).
+    ``weights_dtype``: torch.bfloat16 lets the cluster kernel read bfloat16 copies of the matrices (float32
+    arithmetic). The kernels read the weights packed once per parameter version (``weights.vocoder_weights``:
+    packed again after an in-place update, an optimizer step or load_state_dict).
+    """
     kernel = as_choice(kernel, "kernel", KERNELS)
     check_weights_dtype(weights_dtype)
     if kernel == "auto" and not model.embed.weight.is_cuda:
@@ -88,29 +95,10 @@ def generate(
     if kernel == "torch":
         if weights_dtype != torch.float32:
             raise ValueError("weights_dtype=torch.bfloat16 needs kernel='cluster'")
-        return generate_incremental(model, cond, n_samples, temperature, generator, speaker, batch)[0]
+        with torch.no_grad():
+            state = incremental_state(model, cond, n_samples, temperature, generator, speaker, batch, None)
+            return sample_incremental(state)[0]
     return generate_kernel(model, cond, n_samples, temperature, generator, speaker, batch, kernel, weights_dtype)
-
-
-@torch.no_grad()
-def generate_incremental(
-    model,
-    cond: torch.Tensor | None,
-    n_samples: int,
-    temperature: float = 1.0,
-    generator: torch.Generator | None = None,
-    speaker: torch.Tensor | None = None,
-    batch: int | None = None,
-    uniforms: torch.Tensor | None = None,
-    return_logits: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The PyTorch path: (classes [B, n_samples] int64, logits [B, classes, n_samples] or None).
-
-    uniforms: [n_samples, B] numbers in [0, 1) to sample with (default: drawn from ``generator``).
-    """
-    return_logits = as_bool(return_logits, "return_logits")
-    state = incremental_state(model, cond, n_samples, temperature, generator, speaker, batch, uniforms)
-    return sample_incremental(state, return_logits)
 
 
 @torch.no_grad()
@@ -144,7 +132,7 @@ def generate_kernel(
                 "kernel='cluster' needs cuda-core, a GPU of compute capability >= 9.0 and a model whose widths "
                 "split over the cluster (speechkernels.wavenet.cluster_vocoder.vocoder_cluster_config)"
             )
-        return wavenet_generate_cluster(vocoder_weights(model), a.cond, a.g, a.uniforms, a.temperature, weights_dtype)
+        return wavenet_generate_cluster(vocoder_weights(model), a, weights_dtype)
     if weights_dtype != torch.float32:
         raise ValueError("weights_dtype=torch.bfloat16 needs kernel='cluster'")
-    return wavenet_generate(vocoder_weights(model), a.cond, a.g, a.uniforms, a.temperature)
+    return wavenet_generate(vocoder_weights(model), a)

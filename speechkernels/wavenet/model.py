@@ -105,16 +105,13 @@ class WaveNet(nn.Module):
         n_samples = as_int(n_samples, "n_samples", minimum=1)
         w = self.embed.weight
         sizes = [] if batch is None else [(batch_name, batch)]  # (argument, its number of streams)
-        if not self.cond_channels:
-            if cond is not None:
-                raise ValueError("cond must be None: the model has no local conditioning (cond_channels=0)")
-        else:
-            if cond is None:
-                raise ValueError(f"cond must be [B, cond_channels={self.cond_channels}, frames], got None")
+        cond_shape = f"cond must be [B, cond_channels={self.cond_channels}, frames]"
+        no_cond = "cond must be None: the model has no local conditioning (cond_channels=0)"
+        if _given(cond, self.cond_channels > 0, f"{cond_shape}, got None", no_cond):
             check_float_input(cond, "cond")
             if cond.dim() != 3 or cond.shape[1] != self.cond_channels:
                 shape = tuple(cond.shape)
-                raise ValueError(f"cond must be [B, cond_channels={self.cond_channels}, frames], got {shape}")
+                raise ValueError(f"{cond_shape}, got {shape}")
             if cond.shape[2] * self.hop_length < n_samples:
                 raise ValueError(
                     f"cond's {cond.shape[2]} frames x hop_length {self.hop_length} = "
@@ -122,12 +119,9 @@ class WaveNet(nn.Module):
                 )
             sizes.append(("cond", cond.shape[0]))
             cond = cond.to(device=w.device, dtype=w.dtype)  # no copy when it already matches
-        if not self.speakers:
-            if speaker is not None:
-                raise ValueError("speaker must be None: the model has no speakers (speakers=0)")
-        else:
-            if speaker is None:
-                raise ValueError(f"speaker is required: the model has {self.speakers} speakers")
+        needs_speaker = f"speaker is required: the model has {self.speakers} speakers"
+        no_speaker = "speaker must be None: the model has no speakers (speakers=0)"
+        if _given(speaker, self.speakers > 0, needs_speaker, no_speaker):
             speaker = as_index_tensor(speaker, "speaker", w.device)
             sizes.append(("speaker", speaker.shape[0]))
         for other in sizes[1:]:
@@ -206,36 +200,17 @@ class WaveNet(nn.Module):
         """Logits [..., classes] from the sum of the skips."""
         return self.head2(torch.relu(self.head1(torch.relu(skips))))
 
-    def generate(
-        self,
-        cond: torch.Tensor | None,
-        n_samples: int,
-        temperature: float = 1.0,
-        generator: torch.Generator | None = None,
-        speaker: torch.Tensor | None = None,
-        batch: int | None = None,
-        kernel: str = "auto",
-        weights_dtype: torch.dtype = torch.float32,
-    ) -> torch.Tensor:
-        """Samples n_samples mu-law classes per stream, one at a time ([B, n_samples] int64).
+    generate = generation.generate
 
-        ``temperature`` 0 takes the most likely class; ``generator`` seeds the sampling (one uniform number per
-        stream and sample, drawn on the model's device up front: no host synchronisation per sample). Without
-        conditioning, ``batch`` gives B; given with conditioning, it must agree with cond's and speaker's B.
-        ``cond``: [B, cond_channels, frames] float (converted to the parameters' dtype), None exactly when the model
-        has no local conditioning; ``speaker``: [B] integer ids (a tensor, or a sequence or numpy array of ints),
-        None exactly when the model has no speakers.
 
-        ``kernel``: "torch" (the PyTorch incremental path: per-layer dilation queues, O(layers) work per sample;
-        the CPU's), "triton" (one program per stream, all samples in one launch), "cluster" (one thread-block
-        cluster per stream, CUDA C++ through cuda-core on Hopper or newer), or "auto": on CUDA the cluster kernel
-        for up to 16 streams where it is available, else the Triton kernel; on the CPU the PyTorch path. Every
-        path draws the same classes from the same uniform numbers (up to float32 rounding at a class boundary).
-        ``weights_dtype``: torch.bfloat16 lets the cluster kernel read bfloat16 copies of the matrices (float32
-        arithmetic). The kernels read the weights packed once per parameter version (``weights.vocoder_weights``:
-        packed again after an in-place update, an optimizer step or load_state_dict).
-        """
-        return generation.generate(self, cond, n_samples, temperature, generator, speaker, batch, kernel, weights_dtype)
+def _given(value, wanted: bool, missing: str, unwanted: str) -> bool:
+    """Whether an optional input is given, after checking that it is exactly when the model wants it (the
+    messages of the two mistakes)."""
+    if wanted and value is None:
+        raise ValueError(missing)
+    if not wanted and value is not None:
+        raise ValueError(unwanted)
+    return value is not None
 
 
 def _streams(name: str, n: int) -> str:

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from .._utils import next_power_of_2
-from .weights import VocoderWeights, frame_bias, inverse_temperature
+from .weights import VocoderInputs, VocoderWeights, frame_bias, inverse_temperature
 
 
 @triton.jit
@@ -111,23 +111,10 @@ def _wavenet_generate_kernel(
         prev = sample
 
 
-def wavenet_generate(
-    weights: VocoderWeights,
-    cond: torch.Tensor | None,
-    g: torch.Tensor | None,
-    uniforms: torch.Tensor,
-    temperature: float,
-) -> torch.Tensor:
-    """Launcher of ``_wavenet_generate_kernel``: one program per stream, all samples in one launch.
-
-    Args:
-        weights: the model's weights (``weights.vocoder_weights``).
-        cond: [B, cond_channels, frames] or None; g: [B, speaker_channels] speaker embeddings or None.
-        uniforms: [n_samples, B] numbers in [0, 1).
-
-    Returns:
-        [B, n_samples] int64 classes.
-    """
+def wavenet_generate(weights: VocoderWeights, inputs: VocoderInputs) -> torch.Tensor:
+    """Launcher of ``_wavenet_generate_kernel``: one program per stream, all samples in one launch; the model's
+    weights (``weights.vocoder_weights``) and a run's checked inputs. Returns [B, n_samples] int64 classes."""
+    cond, g, uniforms, temperature = inputs
     n, B = uniforms.shape
     dev = uniforms.device
     w = weights

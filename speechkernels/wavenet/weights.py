@@ -1,12 +1,13 @@
 """What the generation kernels read, as plain tensors: the vocoder's weights packed once per kind of matrix
 (``VocoderWeights``, built from a WaveNet's parameters by ``pack_vocoder_weights`` and cached per parameter
 version by ``vocoder_weights``), the conditioning per frame (``frame_bias``) and the sampling's inverse
-temperature. No launcher sees the module."""
+temperature; a run's checked inputs (``VocoderInputs``). No launcher sees the module."""
 
 from __future__ import annotations
 
 import dataclasses
 import weakref
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +46,16 @@ class VocoderWeights:
     w_cond: tuple[torch.Tensor, ...] | None  # per layer [G, cond_channels] (the parameters' own), or None
     w_speaker: tuple[torch.Tensor, ...] | None  # per layer [G, speaker_channels], or None
     layouts: dict = dataclasses.field(default_factory=dict, repr=False)
+
+
+class VocoderInputs(NamedTuple):
+    """A generation run's inputs after the checks (``generation.check_generation``), as the launchers take them
+    beside the weights."""
+
+    cond: torch.Tensor | None  # [B, cond_channels, frames] in the parameters' dtype, on their device; or None
+    g: torch.Tensor | None  # [B, speaker_channels] speaker embeddings, or None
+    uniforms: torch.Tensor  # [n_samples, B] numbers in [0, 1) to sample with, on the model's device
+    temperature: float  # 0: the most likely class
 
 
 def stack_layers(mods, attr: str = "weight") -> torch.Tensor:

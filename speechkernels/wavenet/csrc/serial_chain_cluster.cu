@@ -52,14 +52,6 @@ __device__ __forceinline__ float4 wfloat(wvec v) { return v; }
 typedef float wtype;
 #endif
 
-__device__ __forceinline__ float act(float y) {
-#if RELU
-  return fmaxf(y, 0.0f);
-#else
-  return tanh_fast(y);
-#endif
-}
-
 extern "C" __global__ void __launch_bounds__(NT, 1)
 serial_chain_cluster(const wtype* __restrict__ w, const float* __restrict__ x0, float* __restrict__ out,
                      int L, long long K, int B) {

@@ -27,14 +27,6 @@ __device__ __forceinline__ void wload(const wtype* p, u32* r) {
 __device__ __forceinline__ float wget(const u32* r, int j) { return __uint_as_float(r[j]); }
 #endif
 
-__device__ __forceinline__ float act(float y) {
-#if RELU
-  return fmaxf(y, 0.0f);
-#else
-  return tanh_fast(y);
-#endif
-}
-
 extern "C" __global__ void __launch_bounds__(H, 1)
 serial_chain_partials(const wtype* __restrict__ w, const float* __restrict__ x0, float* __restrict__ out, int L,
                       long long K) {

@@ -23,14 +23,6 @@ __device__ __forceinline__ void split3(float v0, float v1, u32 p[3]) {
   p[2] = pack_hi(r0 - m0, r1 - m1);
 }
 
-__device__ __forceinline__ float act(float y) {
-#if RELU
-  return fmaxf(y, 0.0f);
-#else
-  return tanh_fast(y);
-#endif
-}
-
 __device__ __forceinline__ void mma(float c[4], const u32 a[4], u32 b0, u32 b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};"

@@ -22,35 +22,28 @@ __device__ __forceinline__ void st_async1(u32 addr, float v, u32 bar) {
 // holds a contiguous run. dotv's x: chunk k at x + XS k (CSTEP in shared memory, WPV in a register copy).
 #if WBF16
 typedef uint2 wv;  // 4 bfloat16
-#define WPV 4
 typedef unsigned short wtype;
-template <int XS>
-__device__ __forceinline__ float dotv(const wv* w, const float* x, int nv) {
-  float a0 = 0.f, a1 = 0.f;
-#pragma unroll
-  for (int k = 0; k < nv; k++) {
-    const float4 xv = *(const float4*)(x + XS * k);
-    a0 = fmaf(__uint_as_float(w[k].x << 16), xv.x, a0); a1 = fmaf(__uint_as_float(w[k].x & 0xffff0000u), xv.y, a1);
-    a0 = fmaf(__uint_as_float(w[k].y << 16), xv.z, a0); a1 = fmaf(__uint_as_float(w[k].y & 0xffff0000u), xv.w, a1);
-  }
-  return a0 + a1;
+__device__ __forceinline__ float4 wfloat4(wv v) {
+  return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
+                     __uint_as_float(v.y & 0xffff0000u));
 }
 #else
 typedef float4 wv;
-#define WPV 4
 typedef float wtype;
+__device__ __forceinline__ float4 wfloat4(wv v) { return v; }
+#endif
+#define WPV 4
 template <int XS>
 __device__ __forceinline__ float dotv(const wv* w, const float* x, int nv) {
   float a0 = 0.f, a1 = 0.f;
 #pragma unroll
   for (int k = 0; k < nv; k++) {
-    const float4 xv = *(const float4*)(x + XS * k);
-    a0 = fmaf(w[k].x, xv.x, a0); a1 = fmaf(w[k].y, xv.y, a1);
-    a0 = fmaf(w[k].z, xv.z, a0); a1 = fmaf(w[k].w, xv.w, a1);
+    const float4 xv = *(const float4*)(x + XS * k), wk = wfloat4(w[k]);
+    a0 = fmaf(wk.x, xv.x, a0); a1 = fmaf(wk.y, xv.y, a1);
+    a0 = fmaf(wk.z, xv.z, a0); a1 = fmaf(wk.w, xv.w, a1);
   }
   return a0 + a1;
 }
-#endif
 #if VIL
 #define CSTEP (8 * WPV)      // from one chunk of a lane to its next, in a row or a vector
 #define LOFF(N) (l * WPV)    // a lane's first column (N: its column count)
