@@ -3,6 +3,20 @@
 from . import wavenet
 from .ctc import CTCLoss, ctc_loss
 from .rnnt import RNNTJointLoss, RNNTLoss, rnnt_joint_loss, rnnt_loss
+from .tdt import MultiblankRNNTLoss, TDTLoss, multiblank_rnnt_loss, tdt_loss
 
 __version__ = "0.1.0"
-__all__ = ["CTCLoss", "ctc_loss", "RNNTLoss", "rnnt_loss", "RNNTJointLoss", "rnnt_joint_loss", "wavenet", "__version__"]
+__all__ = [
+    "CTCLoss",
+    "ctc_loss",
+    "RNNTLoss",
+    "rnnt_loss",
+    "RNNTJointLoss",
+    "rnnt_joint_loss",
+    "TDTLoss",
+    "tdt_loss",
+    "MultiblankRNNTLoss",
+    "multiblank_rnnt_loss",
+    "wavenet",
+    "__version__",
+]

@@ -163,3 +163,233 @@ def test_impossible_samples_and_nan_confinement():
     labels = lambda t, u: [(d, lp[t, u, targets[1, u]] + ld[t, u, i]) for i, d in enumerate([0, 2])]  # noqa: E731
     expected = path_sum(4, 1, blanks, labels)
     torch.testing.assert_close(values[1], expected.to(loss.dtype))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the public API (speechkernels.tdt_loss, multiblank_rnnt_loss and their modules)
+
+
+def tdt_case(seed, N, T, U, V, D, *, blank=-1, dtype=torch.float64):
+    """make_case for V tokens and D durations: labels among the tokens, never the blank."""
+    return make_case(seed, N, T, U, V + D, avoid=(blank % V, *range(V, V + D)), dtype=dtype)
+
+
+def grads_of(fn, x, upstream=None):
+    xi = x.detach().clone().requires_grad_()
+    loss = fn(xi)
+    loss.backward(torch.ones_like(loss) if upstream is None else upstream)
+    return loss.detach(), xi.grad
+
+
+TDT_OPTIONS = [
+    dict(),
+    dict(reduction="sum", sigma=0.05),
+    dict(reduction="none", clamp=0.02, fastemit_lambda=0.3),
+    dict(reduction="none", fused_log_softmax=False, fastemit_loss_scale=False, fastemit_lambda=0.1),
+    dict(blank=0, sigma=0.1),
+]
+
+
+@pytest.mark.parametrize("opts", TDT_OPTIONS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_tdt_loss_matches_reference(opts, dtype):
+    """Values and gradients of the public loss against the float64 reference on fresh random inputs (ragged
+    lengths, a sample without labels), for each option; float32 in, float32 out."""
+    from speechkernels import tdt_loss
+
+    durations = [0, 1, 2, 4]
+    blank = opts.get("blank", -1)
+    x, targets, il, tl = tdt_case(60 + len(opts), 4, 7, 3, 6, 4, blank=blank, dtype=dtype)
+    tl[1] = 0
+    x = x if opts.get("fused_log_softmax", True) else torch.log_softmax(x, -1)
+    loss, grad = grads_of(lambda v: tdt_loss(v, targets, il, tl, durations, **opts), x)
+    ropts = {k: v for k, v in opts.items() if k not in ("blank", "sigma")}
+    ropts.setdefault("reduction", "mean")
+    ref, rgrad = grads_of(lambda v: tdt_loss_reference(v, targets, il, tl, durations, blank, opts.get("sigma", 0.0),
+                                                       **ropts), x.double())  # fmt: skip
+    assert loss.dtype == dtype and grad.dtype == dtype
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(loss.double(), ref, **tol)
+    torch.testing.assert_close(grad.double(), rgrad, **tol)
+
+
+def test_tdt_clamp_leaves_the_durations_gradient():
+    """clamp bounds the token logits' gradient only (as NeMo): the duration logits' is the unclamped one."""
+    from speechkernels import tdt_loss
+
+    x, targets, il, tl = tdt_case(70, 2, 6, 2, 5, 3)
+    _, free = grads_of(lambda v: tdt_loss(v, targets, il, tl, [0, 1, 3], reduction="sum"), x)
+    _, clamped = grads_of(lambda v: tdt_loss(v, targets, il, tl, [0, 1, 3], reduction="sum", clamp=0.01), x)
+    assert free[..., :5].abs().max() > 0.01 and clamped[..., :5].abs().max() <= 0.01
+    torch.testing.assert_close(clamped[..., :5], free[..., :5].clamp(-0.01, 0.01))
+    torch.testing.assert_close(clamped[..., 5:], free[..., 5:])
+
+
+@pytest.mark.parametrize("opts", [dict(), dict(reduction="none", sigma=0.05, clamp=0.03, fastemit_lambda=0.2)])
+def test_multiblank_loss_matches_reference(opts):
+    """The public multi-blank loss against its reference (values and gradients)."""
+    from speechkernels import multiblank_rnnt_loss
+
+    x, targets, il, tl = make_case(71, 3, 8, 3, 7, avoid=(4, 5, 6))
+    loss, grad = grads_of(lambda v: multiblank_rnnt_loss(v, targets, il, tl, [2, 4], **opts), x)
+    ro = {k: v for k, v in opts.items() if k != "sigma"}
+    ref, rgrad = grads_of(lambda v: multiblank_rnnt_loss_reference(v, targets, il, tl, [2, 4], -1,
+                                                                   opts.get("sigma", 0.0), **ro), x)  # fmt: skip
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(grad, rgrad)
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_multiblank_loss_without_big_blanks_is_rnnt_loss(reduction):
+    """Without big blanks the multi-blank loss is rnnt_loss (values and gradients, float32)."""
+    from speechkernels import multiblank_rnnt_loss, rnnt_loss
+
+    y, targets, il, tl = make_case(72, 3, 6, 3, 5, avoid=(4,), dtype=torch.float32)
+    ours = grads_of(lambda v: multiblank_rnnt_loss(v, targets, il, tl, [], reduction=reduction), y)
+    theirs = grads_of(lambda v: rnnt_loss(v, targets, il, tl, reduction=reduction), y)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_tdt_omega_draws_from_the_generator():
+    """omega: one draw per call from ``generator`` (reproducible with a seed); the chosen RNN-T loss is rnnt_loss
+    of the token logits, with a zero gradient for the durations; omega=0 draws nothing."""
+    from speechkernels import rnnt_loss, tdt_loss
+
+    x, targets, il, tl = tdt_case(73, 3, 6, 2, 5, 3, dtype=torch.float32)
+    kw = dict(reduction="none", fastemit_lambda=0.1, clamp=0.05)
+    tdt = grads_of(lambda v: tdt_loss(v, targets, il, tl, [0, 1, 2], **kw), x)
+    rnnt = grads_of(lambda v: rnnt_loss(v[..., :5], targets, il, tl, -1, 0.05, "none", fastemit_lambda=0.1), x)
+    assert (rnnt[1][..., 5:] == 0).all()
+
+    def run(seed, calls):
+        g = torch.Generator().manual_seed(seed)
+        out = [grads_of(lambda v: tdt_loss(v, targets, il, tl, [0, 1, 2], omega=0.5, generator=g, **kw), x)
+               for _ in range(calls)]  # fmt: skip
+        return out
+
+    first, again = run(5, 12), run(5, 12)
+    picks = []
+    for (loss, grad), (loss2, grad2) in zip(first, again, strict=True):
+        assert torch.equal(loss, loss2) and torch.equal(grad, grad2)
+        is_rnnt = torch.equal(loss, rnnt[0])
+        assert is_rnnt or torch.equal(loss, tdt[0])
+        torch.testing.assert_close(grad, rnnt[1] if is_rnnt else tdt[1])
+        picks.append(is_rnnt)
+    g = torch.Generator().manual_seed(5)
+    assert picks == [torch.rand((), generator=g).item() < 0.5 for _ in range(12)]
+    assert 0 < sum(picks) < 12
+    always = grads_of(lambda v: tdt_loss(v, targets, il, tl, [0, 1, 2], omega=1.0, **kw), x)
+    torch.testing.assert_close(always, rnnt)
+    g = torch.Generator().manual_seed(3)
+    state = g.get_state()
+    tdt_loss(x, targets, il, tl, [0, 1, 2], generator=g)
+    assert torch.equal(g.get_state(), state)
+
+
+@pytest.mark.parametrize("T, U, durations", [(1, 0, [1]), (1, 2, [0, 1]), (5, 0, [2, 3]), (4, 2, [0, 3])])
+def test_tdt_small_shapes_match_reference(T, U, durations):
+    """U = 0, T = 1, durations that overshoot T: the public loss is the reference's."""
+    from speechkernels import tdt_loss
+
+    x, targets, il, tl = tdt_case(74 + T, 3, T, U, 4, len(durations))
+    loss, grad = grads_of(lambda v: tdt_loss(v, targets, il, tl, durations, reduction="none"), x)
+    ref, rgrad = grads_of(lambda v: tdt_loss_reference(v, targets, il, tl, durations, reduction="none"), x)
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(grad, rgrad)
+
+
+def test_tdt_no_frames_and_nan_confinement():
+    """A sample with no frames (+inf, zero gradient); a NaN in a cell no sample reads has no effect, one in a cell
+    a sample reads makes that sample's loss NaN only."""
+    from speechkernels import tdt_loss
+
+    x, targets, il, tl = tdt_case(80, 3, 5, 2, 4, 3)
+    il, tl = torch.tensor([0, 3, 5]), torch.tensor([1, 2, 1])
+    x[1, 4] = math.nan  # past sample 1's frames
+    x[1, 1, 2] = math.nan  # read by sample 1? t=1 < 3, u=2 <= 2: yes
+    x[2, 0, 2] = math.nan  # past sample 2's labels
+    loss, grad = grads_of(lambda v: tdt_loss(v, targets, il, tl, [0, 1, 2], reduction="none"), x)
+    assert math.isinf(loss[0]) and (grad[0] == 0).all()
+    assert math.isnan(loss[1]) and math.isfinite(loss[2])
+    assert torch.isfinite(grad[2]).all() and (grad[2, :, 2] == 0).all()
+
+
+def test_tdt_module_forms():
+    """TDTLoss and MultiblankRNNTLoss take the functions' options (same names, defaults) and give their values."""
+    import inspect
+
+    from speechkernels import MultiblankRNNTLoss, TDTLoss, multiblank_rnnt_loss, tdt_loss
+
+    x, targets, il, tl = tdt_case(81, 2, 5, 2, 6, 2, dtype=torch.float32)
+    crit = TDTLoss([0, 2], sigma=0.05, reduction="sum")
+    torch.testing.assert_close(crit(x, targets, il, tl), tdt_loss(x, targets, il, tl, [0, 2], sigma=0.05,
+                                                                  reduction="sum"))  # fmt: skip
+    assert list(inspect.signature(TDTLoss).parameters) == list(inspect.signature(tdt_loss).parameters)[4:]
+    y = x[..., :6]
+    crit = MultiblankRNNTLoss(big_blank_durations=[3], clamp=0.1)
+    torch.testing.assert_close(crit(y, targets.clamp(max=3), il, tl),
+                               multiblank_rnnt_loss(y, targets.clamp(max=3), il, tl, [3], clamp=0.1))  # fmt: skip
+    with pytest.raises(TypeError, match="durations"):
+        TDTLoss()
+    with pytest.raises(TypeError, match="bogus"):
+        tdt_loss(x, targets, il, tl, [0, 2], bogus=1)
+
+
+BAD_TDT = [
+    (dict(durations=[]), "durations must hold a positive duration"),
+    (dict(durations=[0]), "durations must hold a positive duration"),
+    (dict(durations=[0, 1, 1]), "durations must be distinct"),
+    (dict(durations=[-1, 1]), r"durations\[0\] must be >= 0"),
+    (dict(durations=[0, 1.5]), r"durations\[1\] must be an integer"),
+    (dict(durations="01"), "durations must be a sequence of integers"),
+    (dict(durations=torch.tensor([0.0, 1.0])), "durations must be a sequence of integers"),
+    (dict(omega=1.5), "omega must be a probability"),
+    (dict(omega=-0.1), "omega must be >= 0"),
+    (dict(omega=math.nan), "omega must be a number, got nan"),
+    (dict(generator=3), "generator must be a torch.Generator"),
+    (dict(sigma=math.inf), "sigma must be a finite number"),
+    (dict(blank=6), r"blank=6 is outside \[-V, V\) for V=6 token classes"),
+    (dict(reduction="avg"), "reduction must be one of"),
+    (dict(fastemit_lambda=-1.0), "fastemit_lambda must be >= 0"),
+    (dict(durations=list(range(1, 10))), "leaves no token class"),
+    (dict(targets_value=5), r"targets\[0, 0\]=5 equals blank=5"),
+    (dict(targets_value=6), r"targets\[0, 0\]=6 is outside \[0, V=6\)"),
+    (dict(il=[9, 5]), r"logit_lengths\[0\]=9 is outside \[0, T=5\]"),
+    (dict(tl=[1]), "target_lengths has 1 entries but the batch size is 2"),
+]
+
+
+@pytest.mark.parametrize("kw, match", BAD_TDT)
+def test_tdt_bad_arguments(kw, match):
+    from speechkernels import tdt_loss
+
+    x, targets, il, tl = tdt_case(82, 2, 5, 2, 6, 3, dtype=torch.float32)
+    kw = dict(kw)
+    if "targets_value" in kw:
+        targets[0, 0] = kw.pop("targets_value")
+    args = dict(durations=[0, 1, 2], logit_lengths=kw.pop("il", il), target_lengths=kw.pop("tl", tl)) | kw
+    with pytest.raises(ValueError, match=match):
+        tdt_loss(x, targets, **args)
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(big_blank_durations=[1, 2]), r"big_blank_durations\[0\] must be >= 2"),
+        (dict(big_blank_durations=[2, 2]), "big_blank_durations must be distinct"),
+        (dict(blank=1), "leaves no room"),
+        (dict(targets_value=5), r"targets\[0, 0\]=5 is a big blank \(indices 4 to 5\)"),
+        (dict(targets_value=6), r"targets\[0, 0\]=6 equals blank=6"),
+        (dict(blank=7), r"blank=7 is outside \[-V, V\) for V=7"),
+    ],
+)
+def test_multiblank_bad_arguments(kw, match):
+    from speechkernels import multiblank_rnnt_loss
+
+    x, targets, il, tl = make_case(83, 2, 5, 2, 7, avoid=(4, 5, 6), dtype=torch.float32)
+    kw = dict(kw)
+    if "targets_value" in kw:
+        targets[0, 0] = kw.pop("targets_value")
+    args = dict(big_blank_durations=[2, 4]) | kw
+    with pytest.raises(ValueError, match=match):
+        multiblank_rnnt_loss(x, targets, il, tl, **args)

@@ -1,3 +1,11 @@
+from .api import MultiblankRNNTLoss, TDTLoss, multiblank_rnnt_loss, tdt_loss
 from .reference import multiblank_rnnt_loss_reference, tdt_loss_reference
 
-__all__ = ["multiblank_rnnt_loss_reference", "tdt_loss_reference"]
+__all__ = [
+    "MultiblankRNNTLoss",
+    "TDTLoss",
+    "multiblank_rnnt_loss",
+    "multiblank_rnnt_loss_reference",
+    "tdt_loss",
+    "tdt_loss_reference",
+]

@@ -20,8 +20,8 @@ Paths run from (0, 0) to (T_n, U_n), and the loss is -log of the sum over paths 
 
 The gradient with respect to an edge weight is minus the edge's occupancy exp(alpha + w + beta - log p); FastEmit
 multiplies the label edges' gradient by 1 + lambda (the loss by 1 + lambda too with ``fastemit_loss_scale``, as
-``rnnt_loss``); ``clamp`` > 0 clamps the gradient of the logits. A sample with no path has an infinite loss and a
-zero gradient; a NaN among the weights a sample reads makes its loss NaN.
+``rnnt_loss``); ``clamp`` > 0 clamps the gradient of the token logits (not the durations', as NeMo). A sample with
+no path has an infinite loss and a zero gradient; a NaN among the weights a sample reads makes its loss NaN.
 
 alpha and beta run over anti-diagonals (t + u constant): every edge ends on a later diagonal than it starts.
 """
@@ -128,9 +128,10 @@ class _DurationLattice(torch.autograd.Function):
         return gb, ge, None, None, None, None, None, None
 
 
-def _losses(logits, per_sample, clamp) -> torch.Tensor:
+def _losses(logits, per_sample, clamp, clamp_cols) -> torch.Tensor:
     """Per-sample loss ``per_sample(x)`` of float64 logits x, its gradient computed with the loss (a unit upstream
-    gradient per sample) and clamped there, as the kernels do, then scaled by the upstream gradient."""
+    gradient per sample) and clamped there (its first ``clamp_cols`` columns: the tokens'), as the kernels do, then
+    scaled by the upstream gradient."""
 
     def compute(x):
         with torch.enable_grad():
@@ -138,7 +139,7 @@ def _losses(logits, per_sample, clamp) -> torch.Tensor:
             loss = per_sample(x)
             grad = torch.autograd.grad(loss.sum(), x)[0] if logits.requires_grad else None
         if grad is not None and clamp > 0:
-            grad = grad.clamp(-clamp, clamp)
+            grad[..., :clamp_cols] = grad[..., :clamp_cols].clamp(-clamp, clamp)
         return loss.detach(), grad
 
     return LossWithGradient.apply(logits, compute, 0)
@@ -153,24 +154,28 @@ def _batch(x, targets, logit_lengths, target_lengths):
     return torch.where(valid, targets.to(x.device).long(), 0), T_n, U_n
 
 
-def _reference(logits, targets, logit_lengths, target_lengths, edges, reduction: str = "mean", clamp: float = -1.0,
-               fastemit_lambda: float = 0.0, fastemit_loss_scale: bool = True) -> torch.Tensor:  # fmt: skip
+def _reference(logits, targets, logit_lengths, target_lengths, edges, tokens, reduction: str = "mean",
+               clamp: float = -1.0, fastemit_lambda: float = 0.0, fastemit_loss_scale: bool = True):  # fmt: skip
     """The loss of the lattice whose edges ``edges(x, labels)`` gives from float64 logits x: (blank weights
-    [N, Kb, T, U+1], their durations, label weights [N, Ke, T, U+1], their durations). The options as
-    ``rnnt_loss``'s: the reduction, the gradient's clamp, FastEmit's lambda and whether the loss reports its
-    factor 1 + lambda."""
+    [N, Kb, T, U+1], their durations, label weights [N, Ke, T, U+1], their durations); ``tokens``: the token
+    logits' count (the columns ``clamp`` applies to). The options as ``rnnt_loss``'s: the reduction, the
+    gradient's clamp, FastEmit's lambda and whether the loss reports its factor 1 + lambda. Cells a sample does
+    not read are zeroed first: a NaN there reaches neither its loss nor its gradient."""
     scale = 1.0 + fastemit_lambda
 
     def per_sample(x):
         tg, T_n, U_n = _batch(x, targets, logit_lengths, target_lengths)
-        wb, db, we, de = edges(x, tg)
+        N, T, U1, _ = x.shape
+        t, u = torch.arange(T, device=x.device), torch.arange(U1, device=x.device)
+        read = (t[None, :, None] < T_n[:, None, None]) & (u[None, None, :] <= U_n[:, None, None])
+        wb, db, we, de = edges(torch.where(read[..., None], x, 0.0), tg)
         N, _, T, U1 = wb.shape
         wb = torch.where(torch.stack([_edge_masks(T_n, U_n, T, U1, d, False) for d in db], 1), wb, NEG_INF)
         we = torch.where(torch.stack([_edge_masks(T_n, U_n, T, U1, d, True) for d in de], 1), we, NEG_INF)
         return _DurationLattice.apply(wb, we, T_n, U_n, tuple(db), tuple(de),
                                       scale if fastemit_loss_scale else 1.0, scale)  # fmt: skip
 
-    return reduce_loss(_losses(logits, per_sample, clamp), reduction)
+    return reduce_loss(_losses(logits, per_sample, clamp, tokens), reduction)
 
 
 def tdt_loss_reference(
@@ -181,6 +186,7 @@ def tdt_loss_reference(
     durations: Sequence[int],
     blank: int = -1,
     sigma: float = 0.0,
+    fused_log_softmax: bool = True,
     **options,
 ) -> torch.Tensor:
     """The TDT loss in float64 (no argument checks; the gradient by autograd through the lattice's analytic one).
@@ -190,21 +196,23 @@ def tdt_loss_reference(
         durations: the D durations (distinct, >= 0; 0 is a label's duration only).
         blank: index of the blank among the V tokens (negative: from the end of the tokens).
         sigma: the logit undernormalisation subtracted from every token's log-probability.
-        options: reduction ("mean", "sum", "none"), clamp, fastemit_lambda, fastemit_loss_scale, as ``rnnt_loss``'s.
+        fused_log_softmax: False: the logits are the token and duration log-probabilities already.
+        options: reduction ("mean", "sum", "none"), clamp (of the token logits' gradient, as NeMo), fastemit_lambda,
+            fastemit_loss_scale, as ``rnnt_loss``'s.
     """
     D = len(durations)
 
     def edges(x, labels):
         V = x.shape[-1] - D
         b = blank + V if blank < 0 else blank
-        lp = torch.log_softmax(x[..., :V], -1) - sigma
-        ld = torch.log_softmax(x[..., V:], -1)
+        lp, ld = (torch.log_softmax(h, -1) if fused_log_softmax else h for h in (x[..., :V], x[..., V:]))
+        lp = lp - sigma
         emit = label_log_probs(lp, labels)
         wb = torch.stack([lp[..., b] + ld[..., i] for i, d in enumerate(durations) if d > 0], 1)
         we = torch.stack([emit + ld[..., i] for i in range(D)], 1)
         return wb, [d for d in durations if d > 0], we, list(durations)
 
-    return _reference(logits, targets, logit_lengths, target_lengths, edges, **options)
+    return _reference(logits, targets, logit_lengths, target_lengths, edges, logits.shape[-1] - D, **options)
 
 
 def multiblank_rnnt_loss_reference(
@@ -215,6 +223,7 @@ def multiblank_rnnt_loss_reference(
     big_blank_durations: Sequence[int],
     blank: int = -1,
     sigma: float = 0.0,
+    fused_log_softmax: bool = True,
     **options,
 ) -> torch.Tensor:
     """The multi-blank transducer loss in float64 (no argument checks).
@@ -223,13 +232,13 @@ def multiblank_rnnt_loss_reference(
         logits: [N, T, U+1, V + B]: big blank i at index blank - 1 - i, before the standard blank.
         big_blank_durations: the B big blanks' durations (each >= 2).
         blank: index of the standard blank (negative: from the end).
-        sigma, options: as ``tdt_loss_reference``'s.
+        sigma, fused_log_softmax, options: as ``tdt_loss_reference``'s.
     """
 
     def edges(x, labels):
         b = blank + x.shape[-1] if blank < 0 else blank
-        lp = torch.log_softmax(x, -1) - sigma
+        lp = (torch.log_softmax(x, -1) if fused_log_softmax else x) - sigma
         wb = torch.stack([lp[..., b]] + [lp[..., b - 1 - i] for i in range(len(big_blank_durations))], 1)
         return wb, [1, *big_blank_durations], label_log_probs(lp, labels)[:, None], [0]
 
-    return _reference(logits, targets, logit_lengths, target_lengths, edges, **options)
+    return _reference(logits, targets, logit_lengths, target_lengths, edges, logits.shape[-1], **options)

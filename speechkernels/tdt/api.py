@@ -1,0 +1,244 @@
+"""Public Token-and-Duration Transducer (TDT) and multi-blank transducer losses: argument checks, the draw of
+``omega``, dispatch (today the float64 reference on every device), autograd.
+
+The two losses share one set of options (``transducer_options``: its parameters are theirs, keyword-only, with the
+same names and defaults), so that they cannot drift apart; ``inspect.signature`` and ``help`` show them in full.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import torch
+
+from .._loss_inputs import REDUCTIONS, Lengths, first_index
+from .._op import LossModule
+from .._utils import as_bool, as_choice, as_float, as_generator, as_int, check_float_input
+from ..rnnt.api import check_contents, check_loss_arguments, rnnt_loss
+from ..rnnt.reference import reduce_loss
+from .reference import multiblank_rnnt_loss_reference, tdt_loss_reference
+
+
+class TransducerOptions(NamedTuple):
+    """The checked options of a TDT or multi-blank loss (``transducer_options``)."""
+
+    blank: int
+    sigma: float
+    reduction: str
+    clamp: float
+    fastemit_lambda: float
+    fastemit_loss_scale: bool
+    fused_log_softmax: bool
+    validate: bool
+
+
+def transducer_options(
+    blank: int = -1,
+    sigma: float = 0.0,
+    reduction: str = "mean",
+    clamp: float = -1.0,
+    fastemit_lambda: float = 0.0,
+    fastemit_loss_scale: bool = True,
+    fused_log_softmax: bool = True,
+    validate: bool = True,
+) -> TransducerOptions:
+    """The options both losses take, checked (a ValueError names a bad one; blank is checked against the classes
+    later)."""
+    return TransducerOptions(
+        as_int(blank, "blank"), as_float(sigma, "sigma", finite=True), as_choice(reduction, "reduction", REDUCTIONS),
+        as_float(clamp, "clamp"), as_float(fastemit_lambda, "fastemit_lambda", minimum=0.0, finite=True),
+        as_bool(fastemit_loss_scale, "fastemit_loss_scale"), as_bool(fused_log_softmax, "fused_log_softmax"),
+        as_bool(validate, "validate"),
+    )  # fmt: skip
+
+
+def _with_options(loss: Callable) -> Callable:
+    """``loss(*inputs, **options)`` shown with ``transducer_options``' parameters as its keyword-only ones."""
+    own = [p for p in inspect.signature(loss).parameters.values() if p.kind is not p.VAR_KEYWORD]
+    shared = [p.replace(kind=p.KEYWORD_ONLY) for p in inspect.signature(transducer_options).parameters.values()]
+    loss.__signature__ = inspect.Signature(own + shared, return_annotation=torch.Tensor)
+    return loss
+
+
+def _durations(value, name: str, minimum: int) -> tuple[int, ...]:
+    """A non-empty sequence of distinct integers >= minimum (a list, tuple, numpy array or 1-D integer tensor)."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 1 or value.dtype.is_floating_point or value.dtype == torch.bool:
+            raise ValueError(f"{name} must be a sequence of integers, got a tensor of shape "
+                             f"{tuple(value.shape)} and dtype {value.dtype}")  # fmt: skip
+        value = value.tolist()
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) and not hasattr(value, "__len__"):
+        raise ValueError(f"{name} must be a sequence of integers, got {type(value).__name__}")
+    out = tuple(as_int(d, f"{name}[{i}]", minimum=minimum) for i, d in enumerate(value))
+    if len(set(out)) != len(out):
+        raise ValueError(f"{name} must be distinct, got {list(out)}")
+    return out
+
+
+def _check_logits(logits, extra: int, what: str) -> tuple[int, int, int, int]:
+    """(N, T, U + 1, V): V the token classes, the last dimension less the ``extra`` columns (``what``)."""
+    check_float_input(logits, "logits")
+    if logits.dim() != 4:
+        raise ValueError(f"logits must have 4 dimensions [N, T, U+1, V + {what}], got shape {tuple(logits.shape)}")
+    N, T, U1, C = logits.shape
+    if C <= extra:
+        raise ValueError(f"logits.shape[3]={C} leaves no token class after the {extra} {what}")
+    return N, T, U1, C - extra
+
+
+def _inputs(logits, targets, logit_lengths, target_lengths, opts: TransducerOptions, V: int, classes_of: str):
+    """Lengths on the logits' device, blank in [0, V), targets on the device; the contents checked (validate)."""
+    N, T, U1, _ = logits.shape
+    dev = logits.device
+    il, tl, blank = check_loss_arguments(targets, logit_lengths, target_lengths, opts.blank, opts.reduction, N, U1,
+                                         V, dev, "logits", "logits.shape[2]", classes_of)  # fmt: skip
+    il, tl, targets = il.long(), tl.long(), targets.to(dev)
+    if opts.validate:
+        check_contents(T, U1 - 1, V, targets, il, tl, blank)
+    return targets, il, tl, blank
+
+
+@_with_options
+def tdt_loss(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    logit_lengths: Lengths,
+    target_lengths: Lengths,
+    durations: Sequence[int],
+    *,
+    omega: float = 0.0,
+    generator: torch.Generator | None = None,
+    **options,
+) -> torch.Tensor:
+    """Token-and-Duration Transducer loss (Xu et al. 2023; NVIDIA's Parakeet-TDT models).
+
+    Args:
+        logits: [N, T, U+1, V + D] float: the V token logits (the blank among them), then the D duration logits
+            (``fused_log_softmax=False``: the token and the duration log-probabilities). The tokens and the
+            durations have separate softmaxes.
+        targets: [N, U] int32/int64 labels in [0, V), never the blank; entries past ``target_lengths`` are ignored.
+        logit_lengths, target_lengths: [N] frames and labels per sample, as ``rnnt_loss`` takes them.
+        durations: the D durations, in the duration logits' order: distinct integers >= 0, at least one > 0
+            (e.g. [0, 1, 2, 3, 4]). A blank lasts a positive duration; a label may last 0 frames (the next label
+            is emitted at the same frame). A path ends with a blank landing on the sample's last frame exactly.
+        omega: the probability that the call computes the plain RNN-T loss of the token logits instead (one draw
+            from ``generator`` per call, for the whole batch; the duration logits then get a zero gradient; no
+            sigma in that loss), as NeMo's training recipe mixes them.
+        generator: the source of omega's draw (None: torch's default CPU generator): a seeded generator makes
+            the choice reproducible. A CUDA generator costs a synchronisation per call.
+        blank: index of the blank among the V tokens; negative counts from the end of the tokens (-1: the last
+            token, NeMo's layout).
+        sigma: the logit under-normalisation (the paper's and NeMo's): subtracted from every token
+            log-probability of the path (blank or label).
+        reduction: "none" ([N] losses), "sum", or "mean" (over the batch).
+        clamp: when > 0, the token logits' gradient is clamped to [-clamp, clamp] (the durations' is not, as NeMo).
+        fastemit_lambda, fastemit_loss_scale: FastEmit as ``rnnt_loss``: the label edges' gradient (every
+            duration) times 1 + lambda; the reported loss too with ``fastemit_loss_scale`` (NeMo's convention).
+        fused_log_softmax: see ``logits``.
+        validate: check lengths and labels against the tensors' contents (reads them once).
+
+    Returns:
+        The loss: [N] with ``reduction="none"``, else a scalar; float64 for float64 logits, else float32. +inf
+        for a sample with no path (its gradient is zero), NaN for a sample that reads a NaN (only that sample).
+
+    Raises:
+        ValueError: an argument of the wrong type, shape or value, naming it.
+
+    Example:
+        >>> logits = torch.randn(2, 10, 4, 6 + 3, requires_grad=True)  # 6 tokens (blank last), durations 0, 1, 2
+        >>> loss = tdt_loss(logits, torch.randint(0, 5, (2, 3)), [10, 8], [3, 2], durations=[0, 1, 2])
+        >>> loss.backward()
+    """
+    opts = transducer_options(**options)
+    durations = _durations(durations, "durations", 0)
+    if not durations or max(durations) == 0:
+        raise ValueError(f"durations must hold a positive duration (a blank's), got {list(durations)}")
+    omega = as_float(omega, "omega", minimum=0.0)
+    if omega > 1.0:
+        raise ValueError(f"omega must be a probability in [0, 1], got {omega}")
+    generator = as_generator(generator)
+    N, T, U1, V = _check_logits(logits, len(durations), "durations")
+    if not -V <= opts.blank < V:
+        raise ValueError(f"blank={opts.blank} is outside [-V, V) for V={V} token classes "
+                         f"(logits.shape[3] - len(durations))")  # fmt: skip
+    if omega > 0.0:
+        dev = generator.device if generator is not None else "cpu"
+        if torch.rand((), generator=generator, device=dev).item() < omega:
+            return rnnt_loss(logits[..., :V], targets, logit_lengths, target_lengths, opts.blank, opts.clamp,
+                             opts.reduction, opts.fused_log_softmax, fastemit_lambda=opts.fastemit_lambda,
+                             fastemit_loss_scale=opts.fastemit_loss_scale, validate=opts.validate)  # fmt: skip
+    targets, il, tl, blank = _inputs(logits, targets, logit_lengths, target_lengths, opts, V, " token classes")
+    loss = tdt_loss_reference(logits, targets, il, tl, durations, blank, opts.sigma, opts.fused_log_softmax,
+                              reduction="none", clamp=opts.clamp, fastemit_lambda=opts.fastemit_lambda,
+                              fastemit_loss_scale=opts.fastemit_loss_scale)  # fmt: skip
+    return reduce_loss(loss, opts.reduction)
+
+
+@_with_options
+def multiblank_rnnt_loss(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    logit_lengths: Lengths,
+    target_lengths: Lengths,
+    big_blank_durations: Sequence[int],
+    **options,
+) -> torch.Tensor:
+    """Multi-blank transducer loss (Xu et al. 2022): big blanks that consume several frames at once.
+
+    Args:
+        logits: [N, T, U+1, V] float, one softmax over all V classes, laid out as NeMo's: the standard blank at
+            ``blank`` (default the last class), big blank i at ``blank - 1 - i`` (for durations [2, 4, 8]:
+            ..., 8, 4, 2, blank).
+        targets: [N, U] int32/int64 labels in [0, V), none of them a blank or a big blank.
+        logit_lengths, target_lengths: as ``rnnt_loss`` takes them.
+        big_blank_durations: the big blanks' durations: distinct integers >= 2 (the standard blank lasts 1
+            frame, a label 0).
+        blank, sigma, reduction, clamp, fastemit_lambda, fastemit_loss_scale, fused_log_softmax, validate: as
+            ``tdt_loss`` (sigma: subtracted from every class's log-probability; clamp: of the whole gradient).
+
+    Returns:
+        As ``tdt_loss``. Without big blanks (and sigma = 0) it is ``rnnt_loss``.
+
+    Example:
+        >>> logits = torch.randn(2, 10, 4, 8, requires_grad=True)  # 5 labels, big blanks 4 and 2, the blank
+        >>> loss = multiblank_rnnt_loss(logits, torch.randint(0, 5, (2, 3)), [10, 8], [3, 2], [2, 4])
+    """
+    opts = transducer_options(**options)
+    big = _durations(big_blank_durations, "big_blank_durations", 2)
+    N, T, U1, V = _check_logits(logits, 0, "big blanks")
+    if not -V <= opts.blank < V:
+        raise ValueError(f"blank={opts.blank} is outside [-V, V) for V={V}")
+    b = opts.blank + V if opts.blank < 0 else opts.blank
+    if b < len(big):
+        raise ValueError(f"the {len(big)} big blanks sit before the blank (indices {b - len(big)} to {b - 1}): "
+                         f"blank={opts.blank} leaves no room for them in V={V} classes")  # fmt: skip
+    targets, il, tl, blank = _inputs(logits, targets, logit_lengths, target_lengths, opts, V, "")
+    if opts.validate and big:
+        U = U1 - 1
+        valid = torch.arange(U, device=targets.device)[None, :] < tl[:, None]
+        bad = valid & (targets >= blank - len(big)) & (targets < blank)
+        if bad.any():
+            flat = first_index(bad.reshape(-1))
+            raise ValueError(f"targets[{flat // U}, {flat % U}]={int(targets.reshape(-1)[flat])} is a big blank "
+                             f"(indices {blank - len(big)} to {blank - 1})")  # fmt: skip
+    loss = multiblank_rnnt_loss_reference(logits, targets, il, tl, big, blank, opts.sigma, opts.fused_log_softmax,
+                                          reduction="none", clamp=opts.clamp, fastemit_lambda=opts.fastemit_lambda,
+                                          fastemit_loss_scale=opts.fastemit_loss_scale)  # fmt: skip
+    return reduce_loss(loss, opts.reduction)
+
+
+class TDTLoss(LossModule, loss=tdt_loss):
+    """Module form of :func:`tdt_loss`: the constructor takes ``durations`` and its keyword options with the same
+    defaults; ``forward`` its tensors.
+
+    Example:
+        >>> criterion = TDTLoss(durations=[0, 1, 2, 3, 4], sigma=0.05, omega=0.1)
+        >>> loss = criterion(logits, targets, logit_lengths, target_lengths)
+    """
+
+
+class MultiblankRNNTLoss(LossModule, loss=multiblank_rnnt_loss):
+    """Module form of :func:`multiblank_rnnt_loss`: the constructor takes ``big_blank_durations`` and its keyword
+    options with the same defaults; ``forward`` its tensors."""
