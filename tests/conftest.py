@@ -86,6 +86,8 @@ def loss_path(request, monkeypatch) -> LossPath:
     from speechkernels.rnnt import joint as joint_api
     from speechkernels.rnnt import joint_kernels
     from speechkernels.rnnt import kernels as rnnt_kernels
+    from speechkernels.tdt import api as tdt_api
+    from speechkernels.tdt import kernels as tdt_kernels
 
     if request.param == "triton" and not triton_interpreting():
         pytest.skip("set TRITON_INTERPRET=1 to run the Triton kernels on the CPU")
@@ -94,8 +96,9 @@ def loss_path(request, monkeypatch) -> LossPath:
         monkeypatch.setattr(ctc_api, "kernels", None)
         monkeypatch.setattr(rnnt_api, "kernels", None)
         monkeypatch.setattr(joint_api, "joint_kernels", None)
+        monkeypatch.setattr(tdt_api, "kernels", None)
     for module, name in ((ctc_kernels, "ctc_forward"), (rnnt_kernels, "rnnt_forward"),
-                         (joint_kernels, "joint_forward")):  # fmt: skip
+                         (joint_kernels, "joint_forward"), (tdt_kernels, "tdt_forward")):  # fmt: skip
         real = getattr(module, name)
 
         def spy(*args, _real=real, **kwargs):

@@ -181,6 +181,10 @@ def grads_of(fn, x, upstream=None):
     return loss.detach(), xi.grad
 
 
+def on(device, *tensors):
+    return [t.to(device) for t in tensors]
+
+
 TDT_OPTIONS = [
     dict(),
     dict(reduction="sum", sigma=0.05),
@@ -192,9 +196,9 @@ TDT_OPTIONS = [
 
 @pytest.mark.parametrize("opts", TDT_OPTIONS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_tdt_loss_matches_reference(opts, dtype):
-    """Values and gradients of the public loss against the float64 reference on fresh random inputs (ragged
-    lengths, a sample without labels), for each option; float32 in, float32 out."""
+def test_tdt_loss_matches_reference(loss_path, opts, dtype):
+    """Values and gradients of the public loss (each path) against the float64 reference on fresh random inputs
+    (ragged lengths, a sample without labels), for each option; float32 in, float32 out."""
     from speechkernels import tdt_loss
 
     durations = [0, 1, 2, 4]
@@ -202,7 +206,10 @@ def test_tdt_loss_matches_reference(opts, dtype):
     x, targets, il, tl = tdt_case(60 + len(opts), 4, 7, 3, 6, 4, blank=blank, dtype=dtype)
     tl[1] = 0
     x = x if opts.get("fused_log_softmax", True) else torch.log_softmax(x, -1)
-    loss, grad = grads_of(lambda v: tdt_loss(v, targets, il, tl, durations, **opts), x)
+    xd, td, ild, tld = on(loss_path.device, x, targets, il, tl)
+    loss, grad = grads_of(lambda v: tdt_loss(v, td, ild, tld, durations, **opts), xd)
+    loss_path.check_ran(dtype != torch.float64)
+    loss, grad = loss.cpu(), grad.cpu()
     ropts = {k: v for k, v in opts.items() if k not in ("blank", "sigma")}
     ropts.setdefault("reduction", "mean")
     ref, rgrad = grads_of(lambda v: tdt_loss_reference(v, targets, il, tl, durations, blank, opts.get("sigma", 0.0),
@@ -225,26 +232,30 @@ def test_tdt_clamp_leaves_the_durations_gradient():
     torch.testing.assert_close(clamped[..., 5:], free[..., 5:])
 
 
-@pytest.mark.parametrize("opts", [dict(), dict(reduction="none", sigma=0.05, clamp=0.03, fastemit_lambda=0.2)])
-def test_multiblank_loss_matches_reference(opts):
-    """The public multi-blank loss against its reference (values and gradients)."""
+@pytest.mark.parametrize("opts", [dict(), dict(reduction="none", sigma=0.05, clamp=0.03, fastemit_lambda=0.2),
+                                  dict(reduction="sum", fused_log_softmax=False)])  # fmt: skip
+def test_multiblank_loss_matches_reference(loss_path, opts):
+    """The public multi-blank loss (each path, float32) against its float64 reference (values and gradients)."""
     from speechkernels import multiblank_rnnt_loss
 
     x, targets, il, tl = make_case(71, 3, 8, 3, 7, avoid=(4, 5, 6))
-    loss, grad = grads_of(lambda v: multiblank_rnnt_loss(v, targets, il, tl, [2, 4], **opts), x)
+    x = x if opts.get("fused_log_softmax", True) else torch.log_softmax(x, -1)
+    xd, td, ild, tld = on(loss_path.device, x.float(), targets, il, tl)
+    loss, grad = grads_of(lambda v: multiblank_rnnt_loss(v, td, ild, tld, [2, 4], **opts), xd)
+    loss_path.check_ran()
     ro = {k: v for k, v in opts.items() if k != "sigma"}
     ref, rgrad = grads_of(lambda v: multiblank_rnnt_loss_reference(v, targets, il, tl, [2, 4], -1,
                                                                    opts.get("sigma", 0.0), **ro), x)  # fmt: skip
-    torch.testing.assert_close(loss, ref)
-    torch.testing.assert_close(grad, rgrad)
+    torch.testing.assert_close(loss.cpu().double(), ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad.cpu().double(), rgrad, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
-def test_multiblank_loss_without_big_blanks_is_rnnt_loss(reduction):
-    """Without big blanks the multi-blank loss is rnnt_loss (values and gradients, float32)."""
+def test_multiblank_loss_without_big_blanks_is_rnnt_loss(loss_path, reduction):
+    """Without big blanks the multi-blank loss is rnnt_loss (values and gradients, float32, each path)."""
     from speechkernels import multiblank_rnnt_loss, rnnt_loss
 
-    y, targets, il, tl = make_case(72, 3, 6, 3, 5, avoid=(4,), dtype=torch.float32)
+    y, targets, il, tl = on(loss_path.device, *make_case(72, 3, 6, 3, 5, avoid=(4,), dtype=torch.float32))
     ours = grads_of(lambda v: multiblank_rnnt_loss(v, targets, il, tl, [], reduction=reduction), y)
     theirs = grads_of(lambda v: rnnt_loss(v, targets, il, tl, reduction=reduction), y)
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
@@ -287,28 +298,32 @@ def test_tdt_omega_draws_from_the_generator():
 
 
 @pytest.mark.parametrize("T, U, durations", [(1, 0, [1]), (1, 2, [0, 1]), (5, 0, [2, 3]), (4, 2, [0, 3])])
-def test_tdt_small_shapes_match_reference(T, U, durations):
-    """U = 0, T = 1, durations that overshoot T: the public loss is the reference's."""
+def test_tdt_small_shapes_match_reference(loss_path, T, U, durations):
+    """U = 0, T = 1, durations that overshoot T: the public loss (each path, float32) is the reference's."""
     from speechkernels import tdt_loss
 
     x, targets, il, tl = tdt_case(74 + T, 3, T, U, 4, len(durations))
-    loss, grad = grads_of(lambda v: tdt_loss(v, targets, il, tl, durations, reduction="none"), x)
+    xd, td, ild, tld = on(loss_path.device, x.float(), targets, il, tl)
+    loss, grad = grads_of(lambda v: tdt_loss(v, td, ild, tld, durations, reduction="none"), xd)
     ref, rgrad = grads_of(lambda v: tdt_loss_reference(v, targets, il, tl, durations, reduction="none"), x)
-    torch.testing.assert_close(loss, ref)
-    torch.testing.assert_close(grad, rgrad)
+    torch.testing.assert_close(loss.cpu().double(), ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad.cpu().double(), rgrad, rtol=1e-5, atol=1e-5)
 
 
-def test_tdt_no_frames_and_nan_confinement():
+def test_tdt_no_frames_and_nan_confinement(loss_path):
     """A sample with no frames (+inf, zero gradient); a NaN in a cell no sample reads has no effect, one in a cell
-    a sample reads makes that sample's loss NaN only."""
+    a sample reads makes that sample's loss NaN only (each path)."""
     from speechkernels import tdt_loss
 
-    x, targets, il, tl = tdt_case(80, 3, 5, 2, 4, 3)
+    x, targets, il, tl = tdt_case(80, 3, 5, 2, 4, 3, dtype=torch.float32)
     il, tl = torch.tensor([0, 3, 5]), torch.tensor([1, 2, 1])
     x[1, 4] = math.nan  # past sample 1's frames
-    x[1, 1, 2] = math.nan  # read by sample 1? t=1 < 3, u=2 <= 2: yes
+    x[1, 1, 2] = math.nan  # read by sample 1 (t=1 < 3, u=2 <= 2)
     x[2, 0, 2] = math.nan  # past sample 2's labels
+    x, targets, il, tl = on(loss_path.device, x, targets, il, tl)
     loss, grad = grads_of(lambda v: tdt_loss(v, targets, il, tl, [0, 1, 2], reduction="none"), x)
+    loss_path.check_ran()
+    loss, grad = loss.cpu(), grad.cpu()
     assert math.isinf(loss[0]) and (grad[0] == 0).all()
     assert math.isnan(loss[1]) and math.isfinite(loss[2])
     assert torch.isfinite(grad[2]).all() and (grad[2, :, 2] == 0).all()

@@ -46,7 +46,7 @@ def sample_lengths(il_ptr, tl_ptr, n, mask, T, U1):
 
 
 @triton.jit
-def _row_cells(il_ptr, tl_ptr, T, U1, BLOCK_R: tl.constexpr):
+def row_cells(il_ptr, tl_ptr, T, U1, BLOCK_R: tl.constexpr):
     """This program's BLOCK_R cells: row (n, t) = program_id(0) (one scalar division), u from program_id(1).
     Returns the cells' indices (n * T + t) * (U + 1) + u, n, t, u, which exist, and sample n's lengths."""
     nt = tl.program_id(0)
@@ -69,7 +69,7 @@ def cell_offsets(n, t, u, T, U1, RNA: tl.constexpr):
 
 
 @triton.jit
-def _row_lse(p_x, m_r, stride_v, V, ONE_CHUNK: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):
+def row_lse(p_x, m_r, stride_v, V, ONE_CHUNK: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):
     """Natural-log log-sum-exp of the V scores of each of BLOCK_R cells (p_x: their first scores; 0 where m_r
     is False)."""
     o_v = tl.arange(0, BLOCK_V)
@@ -104,7 +104,7 @@ def _rnnt_lattice_kernel(
     ONE_CHUNK: tl.constexpr,  # V <= BLOCK_V
     RNA: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
 ):  # fmt: skip
-    o_r, n, t, u, m_r, T_n, U_n = _row_cells(il_ptr, tl_ptr, T, U1, BLOCK_R)
+    o_r, n, t, u, m_r, T_n, U_n = row_cells(il_ptr, tl_ptr, T, U1, BLOCK_R)
     if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
         tl.store(cnt_ptr, 0)
     # only cells with edges are read: t < T_n and u <= U_n
@@ -113,7 +113,7 @@ def _rnnt_lattice_kernel(
     p_x = x_ptr + n * stride_n + t * stride_t + u.to(tl.int64) * stride_u
     lse = tl.zeros([BLOCK_R], tl.float32)
     if FUSED:
-        lse = _row_lse(p_x, m_r, stride_v, V, ONE_CHUNK, BLOCK_R, BLOCK_V)
+        lse = row_lse(p_x, m_r, stride_v, V, ONE_CHUNK, BLOCK_R, BLOCK_V)
         if STORE_LSE:
             tl.store(lse_ptr + o_r, lse, mask=m_r)
     x_blank = tl.load(p_x + blank * stride_v, mask=m_r, other=0.0).to(tl.float32)
@@ -505,7 +505,7 @@ def _rnnt_grad_kernel(
     LOAD_LSE: tl.constexpr,  # else computed here
     ONE_CHUNK: tl.constexpr, CLAMP: tl.constexpr, RNA: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
 ):  # fmt: skip
-    o_r, n, t, u, in_range, T_n, U_n = _row_cells(il_ptr, tl_ptr, T, U1, BLOCK_R)
+    o_r, n, t, u, in_range, T_n, U_n = row_cells(il_ptr, tl_ptr, T, U1, BLOCK_R)
     logp = tl.load(logp_ptr + n)
     active = tl.where((t < T_n) & (logp != float("-inf")), in_range & (u <= U_n), False)
     has_label = active & (u < U_n)
@@ -526,7 +526,7 @@ def _rnnt_grad_kernel(
         if LOAD_LSE:
             lse = tl.load(lse_ptr + o_r, mask=active, other=0.0)
         else:  # a pass over the cells' scores first (they are read before any gradient is written)
-            lse = _row_lse(p_x, active, stride_v, V, ONE_CHUNK, BLOCK_R, BLOCK_V)
+            lse = row_lse(p_x, active, stride_v, V, ONE_CHUNK, BLOCK_R, BLOCK_V)
     p_g = grad_ptr + n * gstride_n + t * gstride_t + u.to(tl.int64) * gstride_u
     o_v = tl.arange(0, BLOCK_V)
     for v0 in range(0, V, BLOCK_V):

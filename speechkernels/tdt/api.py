@@ -1,5 +1,6 @@
 """Public Token-and-Duration Transducer (TDT) and multi-blank transducer losses: argument checks, the draw of
-``omega``, dispatch (today the float64 reference on every device), autograd.
+``omega``, dispatch to the Triton kernels (CUDA tensors, or CPU ones under the interpreter) or the float64
+reference, autograd.
 
 The two losses share one set of options (``transducer_options``: its parameters are theirs, keyword-only, with the
 same names and defaults), so that they cannot drift apart; ``inspect.signature`` and ``help`` show them in full.
@@ -14,11 +15,52 @@ from typing import NamedTuple
 import torch
 
 from .._loss_inputs import REDUCTIONS, Lengths, first_index
-from .._op import LossModule
-from .._utils import as_bool, as_choice, as_float, as_generator, as_int, check_float_input
-from ..rnnt.api import check_contents, check_loss_arguments, rnnt_loss
+from .._op import LossModule, LossOp
+from .._utils import as_bool, as_choice, as_float, as_generator, as_int, check_float_input, optional_kernels, use_triton
+from ..rnnt.api import check_contents, check_loss_arguments, rnnt_loss, validate_on_device
 from ..rnnt.reference import reduce_loss
 from .reference import multiblank_rnnt_loss_reference, tdt_loss_reference
+
+kernels = optional_kernels(__package__ + ".kernels")
+
+_INPUTS = (
+    "Tensor x, Tensor targets, Tensor il, Tensor tl, str kind, int[] durations, int blank, float sigma, bool fused, "
+    "float fastemit_lambda, float loss_scale, float clamp, bool need_grad, str reduction"
+)
+
+
+def _forward(x, targets, il, tl, kind, durations, blank, sigma, fused, fastemit_lambda, loss_scale, clamp, need_grad,
+             reduction):  # fmt: skip
+    """The kernels' per-sample losses, reduced; the state: log-sum-exps, lattice, alpha, beta, log2 p."""
+    loss, state = kernels.tdt_forward(x, targets, il, tl, kind, tuple(durations), blank, sigma, fused, loss_scale,
+                                      need_grad)  # fmt: skip
+    return reduce_loss(loss, reduction), state
+
+
+def _forward_fake(x, targets, il, tl, kind, durations, blank, sigma, fused, fastemit_lambda, loss_scale, clamp,
+                  need_grad, reduction):  # fmt: skip
+    N, T, U1, _ = x.shape
+    cells, states = N * T * U1, N * (T + 1) * U1
+    f32, f64 = dict(dtype=torch.float32), dict(dtype=torch.float64)
+    return (
+        x.new_empty(N if reduction == "none" else (), **f32),
+        x.new_empty(cells if fused else 0, **f32),
+        x.new_empty(cells * (2 + len(durations)), **f32),
+        x.new_empty(states, **f64),
+        x.new_empty(states if need_grad else 0, **f64),
+        x.new_empty(N, **f64),
+    )
+
+
+def _backward(grad_loss, x, targets, il, tl, lse, lat, alpha, beta, logp, kind, durations, blank, fused,
+              fastemit_lambda, clamp, reduction):  # fmt: skip
+    return kernels.tdt_backward(grad_loss, x, targets, il, tl, (lse, lat, alpha, beta, logp), kind, tuple(durations),
+                                blank, fused, fastemit_lambda, clamp, reduction)  # fmt: skip
+
+
+TDT_LOSS_OP = None
+if kernels is not None:
+    TDT_LOSS_OP = LossOp("speechkernels::tdt_loss", _INPUTS, _forward, _forward_fake, _backward, n_state=5, grads="x")
 
 
 class TransducerOptions(NamedTuple):
@@ -89,15 +131,41 @@ def _check_logits(logits, extra: int, what: str) -> tuple[int, int, int, int]:
 
 
 def _inputs(logits, targets, logit_lengths, target_lengths, opts: TransducerOptions, V: int, classes_of: str):
-    """Lengths on the logits' device, blank in [0, V), targets on the device; the contents checked (validate)."""
+    """Lengths on the logits' device, blank in [0, V), targets on the device; the contents checked (validate: on
+    the kernels' path by a device-side check, one value read back)."""
     N, T, U1, _ = logits.shape
     dev = logits.device
     il, tl, blank = check_loss_arguments(targets, logit_lengths, target_lengths, opts.blank, opts.reduction, N, U1,
                                          V, dev, "logits", "logits.shape[2]", classes_of)  # fmt: skip
-    il, tl, targets = il.long(), tl.long(), targets.to(dev)
+    targets = targets.to(dev)
+    if _on_kernels(logits):
+        if opts.validate:
+            validate_on_device(T, U1 - 1, V, targets, il, tl, blank)
+        return targets.contiguous(), il, tl, blank
+    il, tl = il.long(), tl.long()
     if opts.validate:
         check_contents(T, U1 - 1, V, targets, il, tl, blank)
     return targets, il, tl, blank
+
+
+def _on_kernels(logits: torch.Tensor) -> bool:
+    N, T = logits.shape[:2]
+    return kernels is not None and use_triton(logits) and N > 0 and T > 0
+
+
+def _loss(kind, logits, targets, il, tl, durations, blank, opts: TransducerOptions) -> torch.Tensor:
+    """The loss, by the kernels where they take the logits, else by the float64 reference."""
+    if _on_kernels(logits):
+        need_grad = torch.is_grad_enabled() and logits.requires_grad
+        loss_scale = 1.0 + opts.fastemit_lambda if opts.fastemit_loss_scale else 1.0
+        return TDT_LOSS_OP.apply(logits, targets, il, tl, kind, list(durations), blank, opts.sigma,
+                                 opts.fused_log_softmax, opts.fastemit_lambda, loss_scale, opts.clamp, need_grad,
+                                 opts.reduction)  # fmt: skip
+    reference = tdt_loss_reference if kind == "tdt" else multiblank_rnnt_loss_reference
+    loss = reference(logits, targets, il, tl, durations, blank, opts.sigma, opts.fused_log_softmax, reduction="none",
+                     clamp=opts.clamp, fastemit_lambda=opts.fastemit_lambda,
+                     fastemit_loss_scale=opts.fastemit_loss_scale)  # fmt: skip
+    return reduce_loss(loss, opts.reduction)
 
 
 @_with_options
@@ -170,10 +238,7 @@ def tdt_loss(
                              opts.reduction, opts.fused_log_softmax, fastemit_lambda=opts.fastemit_lambda,
                              fastemit_loss_scale=opts.fastemit_loss_scale, validate=opts.validate)  # fmt: skip
     targets, il, tl, blank = _inputs(logits, targets, logit_lengths, target_lengths, opts, V, " token classes")
-    loss = tdt_loss_reference(logits, targets, il, tl, durations, blank, opts.sigma, opts.fused_log_softmax,
-                              reduction="none", clamp=opts.clamp, fastemit_lambda=opts.fastemit_lambda,
-                              fastemit_loss_scale=opts.fastemit_loss_scale)  # fmt: skip
-    return reduce_loss(loss, opts.reduction)
+    return _loss("tdt", logits, targets, il, tl, durations, blank, opts)
 
 
 @_with_options
@@ -223,10 +288,7 @@ def multiblank_rnnt_loss(
             flat = first_index(bad.reshape(-1))
             raise ValueError(f"targets[{flat // U}, {flat % U}]={int(targets.reshape(-1)[flat])} is a big blank "
                              f"(indices {blank - len(big)} to {blank - 1})")  # fmt: skip
-    loss = multiblank_rnnt_loss_reference(logits, targets, il, tl, big, blank, opts.sigma, opts.fused_log_softmax,
-                                          reduction="none", clamp=opts.clamp, fastemit_lambda=opts.fastemit_lambda,
-                                          fastemit_loss_scale=opts.fastemit_loss_scale)  # fmt: skip
-    return reduce_loss(loss, opts.reduction)
+    return _loss("multiblank", logits, targets, il, tl, big, blank, opts)
 
 
 class TDTLoss(LossModule, loss=tdt_loss):

@@ -1,0 +1,366 @@
+"""Triton kernels of the TDT and multi-blank transducer losses (see ``reference.py`` for the lattice).
+
+Per cell (n, t, u) the lattice keeps K = 2 + X log2 entries: the blank token, the next label's token (neg() when
+u = U_n), then X more: TDT's duration log-probabilities (their own log-softmax), or the multi-blank loss's big
+blanks (the tokens' softmax). Every edge weighs one entry plus, optionally, a second (TDT: token + duration); an
+edge table on the device lists per edge its duration and entries, blank edges first.
+
+1. ``_tdt_lattice_kernel``: program = up to BLOCK_R cells of a row (n, t): the tokens' log-sum-exp (natural log,
+   kept for the backward), the K entries, NaN counts per sample.
+2. ``_tdt_recursion_kernel``: program = a sample: alpha frame by frame, t = 0 .. T_n, each frame's 0-frame label
+   edges by a scan along u (x_u = lae(a_u, x_{u-1} + c_u) composes as affine maps of the log semiring); log2 p;
+   then beta backwards, likewise. State in float64.
+3. ``_tdt_grad_kernel``: program = cells of a row: each edge's occupancy exp2(alpha + w + beta - log2 p), their
+   sums per entry, then the logits' gradient (softmax times the cell's total minus the entries' sums).
+
+Deterministic: no atomics but the NaN counts (integers).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from .._logspace import lae, log2e, lse_total, neg
+from .._utils import kernel_output, next_power_of_2
+from ..rnnt.kernels import row_cells, row_lse, sample_lengths
+
+
+@triton.jit
+def _tdt_lattice_kernel(
+    x_ptr,  # [N, T, U+1, C] scores or log-probs (any strides)
+    lse_ptr,  # [N * T * (U+1)] float32 out (FUSED): the tokens' natural-log log-sum-exp
+    lat_ptr,  # [N * T * (U+1), K] float32 out: log2 entries (blank, label, X extra)
+    nan_ptr,  # [N] int32 in/out (zeroed): cells with a NaN entry
+    tgt_ptr, il_ptr, tl_ptr,
+    T, U1, V, X, stride_n, stride_t, stride_u, stride_v, stride_tg, blank, sigma2,
+    FUSED: tl.constexpr,
+    MULTI: tl.constexpr,  # extra entries: big blanks (blank - 1 - i, in the tokens' softmax), else durations
+    ONE_CHUNK: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_X: tl.constexpr,
+):  # fmt: skip
+    o_r, n, t, u, m_r, T_n, U_n = row_cells(il_ptr, tl_ptr, T, U1, BLOCK_R)
+    m_r = tl.where(t < T_n, m_r & (u <= U_n), False)
+    p_x = x_ptr + n * stride_n + t * stride_t + u.to(tl.int64) * stride_u
+    lse = tl.zeros([BLOCK_R], tl.float32)
+    if FUSED:
+        lse = row_lse(p_x, m_r, stride_v, V, ONE_CHUNK, BLOCK_R, BLOCK_V)
+        tl.store(lse_ptr + o_r, lse, mask=m_r)
+    x_blank = tl.load(p_x + blank * stride_v, mask=m_r, other=0.0).to(tl.float32)
+    has_label = m_r & (u < U_n)
+    lab = tl.load(tgt_ptr + n * stride_tg + u, mask=has_label, other=0).to(tl.int64)
+    lab = tl.minimum(tl.maximum(lab, 0), V - 1)
+    x_label = tl.load(p_x + lab * stride_v, mask=has_label, other=0.0).to(tl.float32)
+    lp_b = (x_blank - lse) * log2e() - sigma2
+    lp_y = tl.where(has_label, (x_label - lse) * log2e() - sigma2, neg())
+    o_x = tl.arange(0, BLOCK_X)
+    m_x = m_r[:, None] & (o_x < X)[None, :]
+    if MULTI:
+        xx = tl.load(p_x[:, None] + (blank - 1 - o_x)[None, :] * stride_v, mask=m_x, other=0.0).to(tl.float32)
+        ext = (xx - lse[:, None]) * log2e() - sigma2
+    else:
+        xx = tl.load(p_x[:, None] + (V + o_x)[None, :] * stride_v, mask=m_x, other=float("-inf")).to(tl.float32)
+        ext = xx * log2e()
+        if FUSED:
+            ext = ext - tl.where(m_r, lse_total(ext, 1.0, 1), 0.0)[:, None]
+    K = 2 + X
+    p_lat = lat_ptr + o_r * K
+    tl.store(p_lat, lp_b, mask=m_r)
+    tl.store(p_lat + 1, lp_y, mask=m_r)
+    tl.store(p_lat[:, None] + 2 + o_x[None, :], ext, mask=m_x)
+    nan_x = tl.sum(tl.where(m_x & (ext != ext), 1, 0), axis=1)
+    bad = tl.where(m_r & ((lp_b != lp_b) | (lp_y != lp_y) | (nan_x > 0)), 1, 0)
+    n_bad = tl.sum(bad, axis=0)
+    if n_bad > 0:
+        tl.atomic_add(nan_ptr + n, n_bad)
+
+
+@triton.jit
+def _compose(a1, c1, a2, c2):
+    """Two steps x -> lae(a, x + c) of a scan, the first then the second (log2, float64)."""
+    return lae(a2, a1 + c2), c1 + c2
+
+
+@triton.jit
+def _weight(p_cell, e_ptr, k, mask):
+    """Edge k's weight at the cells p_cell (entries a, then b unless -1), and its duration."""
+    d = tl.load(e_ptr + 3 * k)
+    ea = tl.load(e_ptr + 3 * k + 1)
+    eb = tl.load(e_ptr + 3 * k + 2)
+    w = tl.load(p_cell + ea, mask=mask, other=0.0) + tl.load(p_cell + eb, mask=mask & (eb >= 0), other=0.0)
+    return w.to(tl.float64), d
+
+
+@triton.jit
+def _tdt_recursion_kernel(
+    lat_ptr, alpha_ptr, beta_ptr,  # alpha, beta: [N, T+1, U+1] float64 out
+    logp_ptr,  # [N] float64 out: log2 p (-inf without a path, NaN with a NaN entry)
+    nan_ptr, edge_ptr, il_ptr, tl_ptr,
+    T, U1, K, zero_a, zero_b,  # the 0-frame label edge's entries (zero_a -1: none)
+    NB: tl.constexpr, NE: tl.constexpr,  # blank edges, then label edges of positive durations, in edge_ptr
+    BETA: tl.constexpr, BLOCK_U: tl.constexpr,
+):  # fmt: skip
+    n = tl.program_id(0).to(tl.int64)
+    T_n, U_n = sample_lengths(il_ptr, tl_ptr, n, True, T, U1)
+    o_u = tl.arange(0, BLOCK_U)
+    m_u = o_u <= U_n
+    p_a = alpha_ptr + n * (T + 1) * U1
+    p_b = beta_ptr + n * (T + 1) * U1
+    p_lat = lat_ptr + n * T * U1 * K
+    for t in range(0, T_n + 1):
+        a = tl.where(o_u + t == 0, 0.0, neg()).to(tl.float64)
+        for k in tl.static_range(NB):
+            d = tl.load(edge_ptr + 3 * k)
+            ok = tl.where(t - d >= 0, m_u, False)
+            w, d = _weight(p_lat + ((t - d) * U1 + o_u) * K, edge_ptr, k, ok)
+            prev = tl.load(p_a + (t - d) * U1 + o_u, mask=ok, other=0.0)
+            a = tl.where(ok, lae(a, prev + w), a)
+        for k in tl.static_range(NB, NB + NE):
+            d = tl.load(edge_ptr + 3 * k)
+            ok = tl.where((t - d >= 0) & (t < T_n), m_u & (o_u >= 1), False)
+            w, d = _weight(p_lat + ((t - d) * U1 + o_u - 1) * K, edge_ptr, k, ok)
+            prev = tl.load(p_a + (t - d) * U1 + o_u - 1, mask=ok, other=0.0)
+            a = tl.where(ok, lae(a, prev + w), a)
+        ok = tl.where((t < T_n) & (zero_a >= 0), m_u & (o_u >= 1), False)
+        p_c = p_lat + (t * U1 + o_u - 1) * K
+        c = tl.load(p_c + zero_a, mask=ok, other=0.0) + tl.load(p_c + zero_b, mask=ok & (zero_b >= 0), other=0.0)
+        c = tl.where(ok, c.to(tl.float64), neg())
+        a, _c = tl.associative_scan((a, c), 0, _compose)
+        tl.store(p_a + t * U1 + o_u, a, mask=m_u)
+        tl.debug_barrier()
+    logp = tl.sum(tl.where(o_u == U_n, tl.load(p_a + T_n * U1 + o_u, mask=m_u, other=0.0), 0.0), axis=0)
+    logp = tl.where(logp < neg() * 0.5, float("-inf"), logp)
+    logp = tl.where(tl.load(nan_ptr + n) > 0, float("nan"), logp)
+    tl.store(logp_ptr + n, logp)
+    if BETA:
+        for i in range(0, T_n + 1):
+            t = T_n - i
+            b = tl.where(t == T_n, tl.where(o_u == U_n, 0.0, neg()), neg()).to(tl.float64)
+            p_c = p_lat + (t * U1 + o_u) * K
+            for k in tl.static_range(NB):
+                d = tl.load(edge_ptr + 3 * k)
+                ok = tl.where((t < T_n) & (t + d <= T_n), m_u, False)
+                w, d = _weight(p_c, edge_ptr, k, ok)
+                nxt = tl.load(p_b + (t + d) * U1 + o_u, mask=ok, other=0.0)
+                b = tl.where(ok, lae(b, nxt + w), b)
+            for k in tl.static_range(NB, NB + NE):
+                d = tl.load(edge_ptr + 3 * k)
+                ok = tl.where(t + d < T_n, m_u & (o_u < U_n), False)
+                w, d = _weight(p_c, edge_ptr, k, ok)
+                nxt = tl.load(p_b + (t + d) * U1 + o_u + 1, mask=ok, other=0.0)
+                b = tl.where(ok, lae(b, nxt + w), b)
+            ok = tl.where((t < T_n) & (zero_a >= 0), m_u & (o_u < U_n), False)
+            c = tl.load(p_c + zero_a, mask=ok, other=0.0) + tl.load(p_c + zero_b, mask=ok & (zero_b >= 0), other=0.0)
+            c = tl.where(ok, c.to(tl.float64), neg())
+            b, _c = tl.associative_scan((b, c), 0, _compose, reverse=True)
+            tl.store(p_b + t * U1 + o_u, b, mask=m_u)
+            tl.debug_barrier()
+
+
+@triton.jit
+def _entry(rows, o_k, e):
+    """Column e of the [R, BLOCK_K] block rows (0 where e < 0)."""
+    return tl.sum(tl.where(o_k[None, :] == e, rows, 0.0), axis=1)
+
+
+@triton.jit
+def _add_occupancy(E, o_k, ea, eb, occ):
+    return E + tl.where((o_k[None, :] == ea) | (o_k[None, :] == eb), occ[:, None], 0.0)
+
+
+@triton.jit
+def _tdt_grad_kernel(
+    x_ptr, grad_ptr, lse_ptr, lat_ptr, alpha_ptr, beta_ptr, logp_ptr,
+    gloss_ptr,  # upstream gradient per sample (stride 0: one for the batch)
+    gloss_stride, gscale, edge_ptr, tgt_ptr, il_ptr, tl_ptr,
+    T, U1, V, X, K, zero_a, zero_b, stride_n, stride_t, stride_u, stride_v, gstride_n, gstride_t, gstride_u,
+    gstride_v, stride_tg, blank, fastemit_scale, clamp,
+    NB: tl.constexpr, NE: tl.constexpr, FUSED: tl.constexpr, MULTI: tl.constexpr, CLAMP: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    o_r, n, t, u, in_range, T_n, U_n = row_cells(il_ptr, tl_ptr, T, U1, BLOCK_R)
+    logp = tl.load(logp_ptr + n)
+    active = tl.where((t < T_n) & (logp != float("-inf")), in_range & (u <= U_n), False)
+    has_label = active & (u < U_n)
+    # (logp - logp) is NaN for a NaN loss: then the gradient of every score the sample reads is NaN
+    g = tl.load(gloss_ptr + n * gloss_stride).to(tl.float32) * gscale
+    g = g + tl.where(active, logp - logp, 0.0).to(tl.float32)
+    o_k = tl.arange(0, BLOCK_K)
+    rows = tl.load(lat_ptr + o_r[:, None] * K + o_k[None, :], mask=active[:, None] & (o_k < K)[None, :], other=0.0)
+    p_s = n * (T + 1) * U1 + t * U1 + u
+    al = tl.load(alpha_ptr + p_s, mask=active, other=0.0) - logp
+    E = tl.zeros([BLOCK_R, BLOCK_K], tl.float32)  # per entry: minus its gradient (the occupancies using it)
+    for k in tl.static_range(NB):
+        d = tl.load(edge_ptr + 3 * k)
+        ea = tl.load(edge_ptr + 3 * k + 1)
+        eb = tl.load(edge_ptr + 3 * k + 2)
+        ok = tl.where(t + d <= T_n, active, False)
+        w = _entry(rows, o_k, ea) + _entry(rows, o_k, eb)
+        bn = tl.load(beta_ptr + p_s + d * U1, mask=ok, other=0.0)
+        E = _add_occupancy(E, o_k, ea, eb, tl.where(ok, tl.exp2((al + w + bn).to(tl.float32)), 0.0))
+    for k in tl.static_range(NB, NB + NE + 1):  # the label edges, then the 0-frame one
+        if k < NB + NE:
+            d = tl.load(edge_ptr + 3 * k)
+            ea = tl.load(edge_ptr + 3 * k + 1)
+            eb = tl.load(edge_ptr + 3 * k + 2)
+        else:
+            d = 0
+            ea = zero_a
+            eb = zero_b
+        ok = tl.where((t + d < T_n) & (ea >= 0), has_label, False)
+        w = _entry(rows, o_k, ea) + _entry(rows, o_k, eb)
+        bn = tl.load(beta_ptr + p_s + d * U1 + 1, mask=ok, other=0.0)
+        occ = tl.where(ok, tl.exp2((al + w + bn).to(tl.float32)), 0.0) * fastemit_scale
+        E = _add_occupancy(E, o_k, ea, eb, occ)
+    e_blank = _entry(E, o_k, 0)
+    e_label = _entry(E, o_k, 1)
+    e_extra = tl.where((o_k >= 2)[None, :], E, 0.0)
+    total = e_blank + e_label  # the tokens' occupancy (each edge uses one token entry)
+    if MULTI:
+        total += tl.sum(e_extra, axis=1)
+    lab = tl.load(tgt_ptr + n * stride_tg + u, mask=has_label, other=-1).to(tl.int64)
+    lab = tl.where(has_label, tl.minimum(tl.maximum(lab, 0), V - 1), -1).to(tl.int32)
+    p_x = x_ptr + n * stride_n + t * stride_t + u.to(tl.int64) * stride_u
+    p_g = grad_ptr + n * gstride_n + t * gstride_t + u.to(tl.int64) * gstride_u
+    lse = tl.zeros([BLOCK_R], tl.float32)
+    if FUSED:
+        lse = tl.load(lse_ptr + o_r, mask=active, other=0.0)
+    o_v = tl.arange(0, BLOCK_V)
+    for v0 in range(0, V, BLOCK_V):
+        v = v0 + o_v
+        m = in_range[:, None] & (v < V)[None, :]
+        b_g = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)
+        if FUSED:
+            b_x = tl.load(p_x[:, None] + v[None, :] * stride_v, mask=m & active[:, None], other=0.0).to(tl.float32)
+            b_g = tl.exp2((b_x - lse[:, None]) * log2e()) * total[:, None]
+        b_g -= tl.where(v[None, :] == blank, e_blank[:, None], 0.0)
+        b_g -= tl.where(v[None, :] == lab[:, None], e_label[:, None], 0.0)
+        read = (v[None, :] == blank) | (v[None, :] == lab[:, None])
+        if MULTI:  # big blank i is class blank - 1 - i, entry 2 + i
+            for i in range(X):
+                b_g -= tl.where(v[None, :] == blank - 1 - i, _entry(E, o_k, 2 + i)[:, None], 0.0)
+            read = read | ((v < blank) & (v >= blank - X))[None, :]
+        if CLAMP:
+            b_g = tl.minimum(tl.maximum(b_g, -clamp), clamp)
+        if FUSED:
+            b_g = tl.where(active[:, None], g[:, None] * b_g, 0.0)
+        else:
+            b_g = tl.where(active[:, None] & read, g[:, None] * b_g, 0.0)
+        tl.store(p_g[:, None] + v[None, :] * gstride_v, b_g.to(grad_ptr.dtype.element_ty), mask=m)
+    if not MULTI:  # the duration logits: their own softmax, no clamp (as NeMo)
+        g_d = -e_extra
+        if FUSED:
+            g_d += tl.where((o_k >= 2)[None, :] & (o_k < K)[None, :], tl.exp2(rows), 0.0) * total[:, None]
+        g_d = tl.where(active[:, None], g[:, None] * g_d, 0.0)
+        m_d = in_range[:, None] & (o_k >= 2)[None, :] & (o_k < K)[None, :]
+        tl.store(p_g[:, None] + (V - 2 + o_k)[None, :] * gstride_v, g_d.to(grad_ptr.dtype.element_ty), mask=m_d)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# launchers
+
+
+@functools.cache
+def _edge_table(kind: str, durations: tuple[int, ...], device: torch.device):
+    """(edges [NB + NE, 3] int32 on ``device``: duration, entry a, entry b per edge, blank edges first; NB; NE;
+    the 0-frame label edge's entries (-1: none))."""
+    if kind == "tdt":
+        blanks = [(d, 0, 2 + i) for i, d in enumerate(durations) if d > 0]
+        labels = [(d, 1, 2 + i) for i, d in enumerate(durations) if d > 0]
+        zero = next(((1, 2 + i) for i, d in enumerate(durations) if d == 0), (-1, -1))
+    else:
+        blanks = [(1, 0, -1)] + [(d, 2 + i, -1) for i, d in enumerate(durations)]
+        labels, zero = [], (1, -1)
+    table = torch.tensor(blanks + labels + [(0, -1, -1)], dtype=torch.int32).to(device)
+    return table, len(blanks), len(labels), zero
+
+
+def _row_blocks(U1: int, V: int) -> tuple[int, int]:
+    """(cells per program, classes per chunk) of the passes over the logits (as the RNN-T kernels')."""
+    block_v = min(next_power_of_2(V), 1024)
+    return max(1, min(next_power_of_2(U1), 8, 1024 // block_v)), block_v
+
+
+def tdt_forward(
+    x: torch.Tensor,
+    targets: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    kind: str,
+    durations: tuple[int, ...],
+    blank: int,
+    sigma: float,
+    fused: bool,
+    loss_scale: float,
+    need_grad: bool,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """Per-sample losses ([N] float32: -ln p times loss_scale; +inf without a path, NaN with a NaN read) and the
+    backward's state (log-sum-exps, lattice, alpha, beta, log2 p).
+
+    Args:
+        x: [N, T, U+1, C]: "tdt": C = V + len(durations) (tokens, then durations); "multiblank": C = V, the big
+            blanks (durations ``durations``) at blank - 1 - i.
+        blank: in [0, V) (TDT: among the tokens).
+    """
+    N, T, U1, C = x.shape
+    X = len(durations)
+    V = C - X if kind == "tdt" else C
+    dev = x.device
+    cells = N * T * U1
+    K = 2 + X
+    lse = kernel_output(cells if fused else 0, dtype=torch.float32, device=dev)
+    lat = kernel_output(cells * K, dtype=torch.float32, device=dev)
+    nan = torch.zeros(N, dtype=torch.int32, device=dev)
+    block_r, block_v = _row_blocks(U1, V)
+    _tdt_lattice_kernel[(N * T, triton.cdiv(U1, block_r))](
+        x, lse, lat, nan, targets, logit_lengths, target_lengths, T, U1, V, X, *x.stride(), targets.stride(0), blank,
+        sigma * 1.4426950408889634, FUSED=fused, MULTI=kind == "multiblank", ONE_CHUNK=V <= block_v, BLOCK_R=block_r,
+        BLOCK_V=block_v, BLOCK_X=next_power_of_2(max(X, 1)), num_warps=1,
+    )  # fmt: skip
+    edges, nb, ne, (zero_a, zero_b) = _edge_table(kind, durations, dev)
+    alpha = kernel_output(N * (T + 1) * U1, dtype=torch.float64, device=dev)
+    beta = kernel_output(N * (T + 1) * U1 if need_grad else 0, dtype=torch.float64, device=dev)
+    logp = kernel_output(N, dtype=torch.float64, device=dev)
+    block_u = next_power_of_2(U1)
+    _tdt_recursion_kernel[(N,)](
+        lat, alpha, beta, logp, nan, edges, logit_lengths, target_lengths, T, U1, K, zero_a, zero_b, NB=nb, NE=ne,
+        BETA=need_grad, BLOCK_U=block_u, num_warps=max(1, min(16, block_u // 32)),
+    )  # fmt: skip
+    loss = (logp * (-0.6931471805599453 * loss_scale)).to(torch.float32)
+    return loss, (lse, lat, alpha, beta, logp)
+
+
+def tdt_backward(
+    grad_out: torch.Tensor,
+    x: torch.Tensor,
+    targets: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    state: tuple[torch.Tensor, ...],
+    kind: str,
+    durations: tuple[int, ...],
+    blank: int,
+    fused: bool,
+    fastemit_lambda: float,
+    clamp: float,
+    reduction: str,
+) -> torch.Tensor:
+    """Gradient with respect to x, in x's dtype, of sum(grad_out * loss) (reduction "none": grad_out [N]) or of
+    grad_out * the batch sum or mean (grad_out 0-dim); ``state``: ``tdt_forward``'s."""
+    lse, lat, alpha, beta, logp = state
+    N, T, U1, C = x.shape
+    X = len(durations)
+    V = C - X if kind == "tdt" else C
+    grad = torch.empty_like(x)
+    edges, nb, ne, (zero_a, zero_b) = _edge_table(kind, durations, x.device)
+    block_r, block_v = _row_blocks(U1, V)
+    _tdt_grad_kernel[(N * T, triton.cdiv(U1, block_r))](
+        x, grad, lse, lat, alpha, beta, logp, grad_out, grad_out.stride(0) if reduction == "none" else 0,
+        1.0 / N if reduction == "mean" else 1.0, edges, targets, logit_lengths, target_lengths, T, U1, V, X, 2 + X,
+        zero_a, zero_b, *x.stride(), *grad.stride(), targets.stride(0), blank, 1.0 + fastemit_lambda, max(clamp, 0.0),
+        NB=nb, NE=ne, FUSED=fused, MULTI=kind == "multiblank", CLAMP=clamp > 0, BLOCK_R=block_r, BLOCK_V=block_v,
+        BLOCK_K=next_power_of_2(2 + X), num_warps=1,
+    )  # fmt: skip
+    return grad
