@@ -1,7 +1,7 @@
 import argparse
 import sys
 
-from . import ctc, joint, rnnt, wavenet
+from . import ctc, joint, rnnt, tdt, wavenet
 
 
 def main(argv=None) -> int:
@@ -13,6 +13,8 @@ def main(argv=None) -> int:
     rnnt.add_arguments(p)
     p = sub.add_parser("joint", help="joint network + RNN-T loss: a transducer joint's training step")
     joint.add_arguments(p)
+    p = sub.add_parser("tdt", help="TDT and multi-blank transducer losses against rnnt_loss")
+    tdt.add_arguments(p)
     p = sub.add_parser("wavenet", help="WaveNet inference: the serial-chain proxy and the vocoder")
     wavenet.add_arguments(p)
     p = sub.add_parser("all", help="every benchmark above with its defaults")
@@ -21,7 +23,13 @@ def main(argv=None) -> int:
     if args.what == "all":
         device = ["--device", args.device] if args.device else []
         rc = 0
-        for what, run in (("ctc", ctc.run), ("rnnt", rnnt.run), ("joint", joint.run), ("wavenet", wavenet.run)):
+        for what, run in (
+            ("ctc", ctc.run),
+            ("rnnt", rnnt.run),
+            ("joint", joint.run),
+            ("tdt", tdt.run),
+            ("wavenet", wavenet.run),
+        ):
             rc |= run(parser.parse_args([what, *device]))
         return rc
     if args.what == "ctc":
@@ -30,6 +38,8 @@ def main(argv=None) -> int:
         return rnnt.run(args)
     if args.what == "joint":
         return joint.run(args)
+    if args.what == "tdt":
+        return tdt.run(args)
     if args.what == "wavenet":
         return wavenet.run(args)
     return 1

@@ -1,0 +1,105 @@
+"""TDT and multi-blank transducer losses: forward+backward from logits, against our own rnnt_loss at the same
+(N, T, U, V) (the token logits alone).
+
+Rows (N, T, U, V, D): (32, 400, 128, 1025, 5), (16, 250-400 ragged, 40-100 ragged, 8193, 5), (8, 1500, 300, 1025,
+5) with durations [0, 1, 2, 3, 4]; multi-blank (32, 400, 128, 1025 + 3 big blanks of durations [2, 4, 8]). U counts
+the labels (logits [N, T, U + 1, V + D]). Times are medians of CUDA-event-timed calls after warm-up, the losses
+taking turns call by call; memory is the peak allocated above what existed before the call. The error columns
+(small CPU rows only) compare with the float64 reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+import speechkernels as sk
+from speechkernels.tdt.reference import multiblank_rnnt_loss_reference, tdt_loss_reference
+
+from .common import environment, fmt_mb, fmt_ms, time_forward_backward, write_json
+
+DURATIONS = [0, 1, 2, 3, 4]
+BIG_BLANKS = [2, 4, 8]
+# (kind, N, (T_min, T), (U_min, U), V, extra columns)
+ROWS = [
+    ("tdt", 32, (400, 400), (128, 128), 1025, 5),
+    ("tdt", 16, (250, 400), (40, 100), 8193, 5),
+    ("tdt", 8, (1500, 1500), (300, 300), 1025, 5),
+    ("multiblank", 32, (400, 400), (128, 128), 1025, 3),
+]
+CPU_DEMO = [("tdt", 2, (20, 20), (5, 5), 28, 5), ("multiblank", 2, (20, 20), (5, 5), 28, 3)]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    p.add_argument("--json", default=None, help="write the rows and the environment to this JSON file")
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+
+
+def make_inputs(kind, N, T_range, U_range, V, X, device, dtype, seed=0):
+    """Logits [N, T, U + 1, V + X] (TDT: V tokens, the blank last, then X duration columns; multi-blank: V
+    tokens less the blank, the X big blanks, the blank), labels in [0, V - 1) (never a blank), lengths uniform in
+    the ranges (the longest sample spans the tensor)."""
+    g = torch.Generator(device="cpu").manual_seed(seed * 7919 + N * 31 + T_range[1] * 17 + V)
+    T, U = T_range[1], U_range[1]
+    logits = torch.randn(N, T, U + 1, V + X, generator=g).to(device, dtype)
+    targets = torch.randint(0, V - 1, (N, U), generator=g, dtype=torch.int32).to(device)
+    il = torch.randint(T_range[0], T + 1, (N,), generator=g, dtype=torch.int32)
+    tl = torch.randint(U_range[0], U + 1, (N,), generator=g, dtype=torch.int32)
+    il[0], tl[0] = T, U
+    return logits, targets, il.to(device), tl.to(device)
+
+
+def losses(kind, targets, il, tl, V):
+    """name -> function of the logits to the batch-mean loss: ours, and rnnt_loss of the token logits."""
+    if kind == "tdt":
+        ours = lambda v: sk.tdt_loss(v, targets, il, tl, DURATIONS, blank=V - 1)  # noqa: E731
+    else:
+        ours = lambda v: sk.multiblank_rnnt_loss(v, targets, il, tl, BIG_BLANKS)  # noqa: E731
+    return {kind: ours, "rnnt": lambda v: sk.rnnt_loss(v[..., :V], targets, il, tl, blank=V - 1)}
+
+
+def errors(kind, logits, targets, il, tl, V):
+    """(loss error, gradient error) of ours against the float64 reference (small rows)."""
+    x = logits.detach().double().requires_grad_()
+    if kind == "tdt":
+        ref = tdt_loss_reference(x, targets, il, tl, DURATIONS, V - 1)
+    else:
+        ref = multiblank_rnnt_loss_reference(x, targets, il, tl, BIG_BLANKS)
+    ref.backward()
+    y = logits.detach().clone().requires_grad_()
+    ours = losses(kind, targets, il, tl, V)[kind](y)
+    ours.backward()
+    return abs(ours.item() - ref.item()) / abs(ref.item()), (y.grad.double() - x.grad).abs().max().item()
+
+
+def run(args) -> int:
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = getattr(torch, args.dtype)
+    rows = ROWS if device.type == "cuda" else CPU_DEMO
+    env = environment(device)
+    print(f"# TDT and multi-blank losses, forward+backward ({args.dtype}), {env['device']}, torch {env['torch']}, "
+          f"triton {env['triton']}, median of {args.reps}; rnnt: rnnt_loss of the token logits")  # fmt: skip
+    print(f"{'kind':>10} {'N':>3} {'T':>9} {'U':>8} {'V':>5} {'X':>2} | {'ours ms':>8} {'rnnt ms':>8} {'ratio':>6} | "
+          f"{'MB ours':>8} {'MB rnnt':>8} | loss err  grad err")  # fmt: skip
+    out = []
+    for kind, N, T_range, U_range, V, X in rows:
+        logits, targets, il, tl = make_inputs(kind, N, T_range, U_range, V, X, device, dtype)
+        C = V if kind == "tdt" else V + X  # the token logits rnnt_loss takes: TDT's tokens; all classes
+        res = time_forward_backward(losses(kind, targets, il, tl, C), logits, device, args.reps)
+        ours, rnnt = res[kind], res["rnnt"]
+        err = errors(kind, logits, targets, il, tl, C) if device.type == "cpu" else (None, None)
+        row = dict(kind=kind, N=N, T=list(T_range), U=list(U_range), V=V, X=X, dtype=args.dtype, ours=ours, rnnt=rnnt,
+                   ratio=ours["ms"] / rnnt["ms"], loss_err=err[0], grad_err=err[1])  # fmt: skip
+        out.append(row)
+        t_s = f"{T_range[0]}-{T_range[1]}" if T_range[0] != T_range[1] else str(T_range[1])
+        u_s = f"{U_range[0]}-{U_range[1]}" if U_range[0] != U_range[1] else str(U_range[1])
+        e_s = f"{err[0]:.1e}  {err[1]:.1e}" if err[0] is not None else "   -        -"
+        print(f"{kind:>10} {N:>3} {t_s:>9} {u_s:>8} {V:>5} {X:>2} | {fmt_ms(ours)} {fmt_ms(rnnt)} "
+              f"{row['ratio']:>6.2f} | {fmt_mb(ours)} {fmt_mb(rnnt)} | {e_s}", flush=True)  # fmt: skip
+        del logits
+    if args.json:
+        write_json(args.json, {"benchmark": "tdt", "environment": env, "rows": out})
+    return 0
