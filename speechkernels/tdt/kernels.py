@@ -238,10 +238,8 @@ def _tdt_grad_kernel(
         b_g -= tl.where(v[None, :] == blank, e_blank[:, None], 0.0)
         b_g -= tl.where(v[None, :] == lab[:, None], e_label[:, None], 0.0)
         read = (v[None, :] == blank) | (v[None, :] == lab[:, None])
-        if MULTI:  # big blank i is class blank - 1 - i, entry 2 + i
-            for i in range(X):
-                b_g -= tl.where(v[None, :] == blank - 1 - i, _entry(E, o_k, 2 + i)[:, None], 0.0)
-            read = read | ((v < blank) & (v >= blank - X))[None, :]
+        if MULTI:  # the big blanks' columns are written below
+            m = m & ((v < blank - X) | (v >= blank))[None, :]
         if CLAMP:
             b_g = tl.minimum(tl.maximum(b_g, -clamp), clamp)
         if FUSED:
@@ -249,7 +247,18 @@ def _tdt_grad_kernel(
         else:
             b_g = tl.where(active[:, None] & read, g[:, None] * b_g, 0.0)
         tl.store(p_g[:, None] + v[None, :] * gstride_v, b_g.to(grad_ptr.dtype.element_ty), mask=m)
-    if not MULTI:  # the duration logits: their own softmax, no clamp (as NeMo)
+    if MULTI:  # big blank i: class blank - 1 - i, entry 2 + i
+        m_x = in_range[:, None] & (o_k >= 2)[None, :] & (o_k < K)[None, :]
+        cls = blank + 1 - o_k
+        b_g = -e_extra
+        if FUSED:
+            b_x = tl.load(p_x[:, None] + cls[None, :] * stride_v, mask=m_x & active[:, None], other=0.0)
+            b_g += tl.exp2((b_x.to(tl.float32) - lse[:, None]) * log2e()) * total[:, None]
+        if CLAMP:
+            b_g = tl.minimum(tl.maximum(b_g, -clamp), clamp)
+        b_g = tl.where(active[:, None], g[:, None] * b_g, 0.0)
+        tl.store(p_g[:, None] + cls[None, :] * gstride_v, b_g.to(grad_ptr.dtype.element_ty), mask=m_x)
+    else:  # the duration logits: their own softmax, no clamp (as NeMo)
         g_d = -e_extra
         if FUSED:
             g_d += tl.where((o_k >= 2)[None, :] & (o_k < K)[None, :], tl.exp2(rows), 0.0) * total[:, None]
