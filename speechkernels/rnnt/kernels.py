@@ -58,6 +58,49 @@ def row_cells(il_ptr, tl_ptr, T, U1, BLOCK_R: tl.constexpr):
 
 
 @triton.jit
+def grad_cells(il_ptr, tl_ptr, logp_ptr, gloss_ptr, gloss_stride, gscale, T, U1, BLOCK_R: tl.constexpr):
+    """A gradient pass's cells (``row_cells``), then the sample's log2 p, which cells take part (those with
+    edges, of a sample with a path), which have a label edge, and the sample's upstream gradient times gscale:
+    NaN for a NaN loss ((logp - logp) is NaN), so that the gradient of every score the sample reads is NaN."""
+    o_r, n, t, u, in_range, T_n, U_n = row_cells(il_ptr, tl_ptr, T, U1, BLOCK_R)
+    logp = tl.load(logp_ptr + n)
+    active = tl.where((t < T_n) & (logp != float("-inf")), in_range & (u <= U_n), False)
+    has_label = active & (u < U_n)
+    g = tl.load(gloss_ptr + n * gloss_stride).to(tl.float32) * gscale
+    g = g + tl.where(active, logp - logp, 0.0).to(tl.float32)
+    return o_r, n, t, u, in_range, T_n, U_n, logp, active, has_label, g
+
+
+@triton.jit
+def score_grad_chunks(p_x, p_g, lse, in_range, active, lab, occ_all, occ_blank, occ_label, g, V, blank, clamp,
+                      stride_v, gstride_v, skip_lo, skip_hi, FUSED: tl.constexpr, CLAMP: tl.constexpr,
+                      SKIP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
+    """The gradient of the V scores of BLOCK_R cells (p_x, into p_g), chunk by chunk: g * (softmax * occ_all
+    (FUSED) - occ_blank at the blank - occ_label at the label), clamped first (CLAMP), as torchaudio does; with
+    SKIP, the columns [skip_lo, skip_hi) are left for the caller."""
+    o_v = tl.arange(0, BLOCK_V)
+    for v0 in range(0, V, BLOCK_V):
+        v = v0 + o_v
+        m = in_range[:, None] & (v < V)[None, :]
+        if SKIP:
+            m = m & ((v < skip_lo) | (v >= skip_hi))[None, :]
+        b_g = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)
+        if FUSED:
+            b_x = tl.load(p_x[:, None] + v[None, :] * stride_v, mask=m & active[:, None], other=0.0).to(tl.float32)
+            b_g = tl.exp2((b_x - lse[:, None]) * log2e()) * occ_all[:, None]
+        b_g -= tl.where(v[None, :] == blank, occ_blank[:, None], 0.0)
+        b_g -= tl.where(v[None, :] == lab[:, None], occ_label[:, None], 0.0)
+        if CLAMP:
+            b_g = tl.minimum(tl.maximum(b_g, -clamp), clamp)
+        if FUSED:  # every score of a cell is read (its log-sum-exp)
+            b_g = tl.where(active[:, None], g[:, None] * b_g, 0.0)
+        else:  # only the blank and the next label are: a NaN loss leaves the other scores' zero gradient alone
+            read = (v[None, :] == blank) | (v[None, :] == lab[:, None])
+            b_g = tl.where(active[:, None] & read, g[:, None] * b_g, 0.0)
+        tl.store(p_g[:, None] + v[None, :] * gstride_v, b_g.to(p_g.dtype.element_ty), mask=m)
+
+
+@triton.jit
 def cell_offsets(n, t, u, T, U1, RNA: tl.constexpr):
     """Offsets of cells (n, t, u) in the [N, T, U+1, 2] lattice: RNN-T's rows are skewed (see _lat_row). The
     row in 32 bits (a 64-bit remainder costs a hundred instructions)."""
@@ -90,6 +133,31 @@ def row_lse(p_x, m_r, stride_v, V, ONE_CHUNK: tl.constexpr, BLOCK_R: tl.constexp
 
 
 @triton.jit
+def cell_scores(x_ptr, lse_ptr, tgt_ptr, il_ptr, tl_ptr, T, U1, V, stride_n, stride_t, stride_u, stride_v, stride_tg,
+                blank, FUSED: tl.constexpr, STORE_LSE: tl.constexpr, ONE_CHUNK: tl.constexpr, BLOCK_R: tl.constexpr,
+                BLOCK_V: tl.constexpr):  # fmt: skip
+    """A lattice pass's cells (``row_cells``; m_r: those with edges, t < T_n and u <= U_n, the only ones read),
+    their scores' pointers, the natural-log log-sum-exp of their V scores (FUSED, else 0; stored with STORE_LSE),
+    and the log2 probabilities of the blank and of the next label (neg() where there is none)."""
+    o_r, n, t, u, m_r, T_n, U_n = row_cells(il_ptr, tl_ptr, T, U1, BLOCK_R)
+    # (a block mask and a scalar condition combine through where: the interpreter rejects block & scalar)
+    m_r = tl.where(t < T_n, m_r & (u <= U_n), False)
+    p_x = x_ptr + n * stride_n + t * stride_t + u.to(tl.int64) * stride_u
+    lse = tl.zeros([BLOCK_R], tl.float32)
+    if FUSED:
+        lse = row_lse(p_x, m_r, stride_v, V, ONE_CHUNK, BLOCK_R, BLOCK_V)
+        if STORE_LSE:
+            tl.store(lse_ptr + o_r, lse, mask=m_r)
+    x_blank = tl.load(p_x + blank * stride_v, mask=m_r, other=0.0).to(tl.float32)
+    has_label = m_r & (u < U_n)
+    lab = tl.load(tgt_ptr + n * stride_tg + u, mask=has_label, other=0).to(tl.int64)
+    lab = tl.minimum(tl.maximum(lab, 0), V - 1)
+    x_label = tl.load(p_x + lab * stride_v, mask=has_label, other=0.0).to(tl.float32)
+    lp_y = tl.where(has_label, (x_label - lse) * log2e(), neg())
+    return o_r, n, t, u, m_r, T_n, U_n, p_x, lse, (x_blank - lse) * log2e(), lp_y
+
+
+@triton.jit
 def _rnnt_lattice_kernel(
     x_ptr,  # [N, T, U+1, V] scores or log-probs (any strides)
     lse_ptr,  # [N * T * (U+1)] float32 out: natural-log log-sum-exp per cell (FUSED and STORE_LSE)
@@ -104,26 +172,15 @@ def _rnnt_lattice_kernel(
     ONE_CHUNK: tl.constexpr,  # V <= BLOCK_V
     RNA: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
 ):  # fmt: skip
-    o_r, n, t, u, m_r, T_n, U_n = row_cells(il_ptr, tl_ptr, T, U1, BLOCK_R)
     if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
         tl.store(cnt_ptr, 0)
-    # only cells with edges are read: t < T_n and u <= U_n
-    # (a block mask and a scalar condition combine through where: the interpreter rejects block & scalar)
-    m_r = tl.where(t < T_n, m_r & (u <= U_n), False)
-    p_x = x_ptr + n * stride_n + t * stride_t + u.to(tl.int64) * stride_u
-    lse = tl.zeros([BLOCK_R], tl.float32)
-    if FUSED:
-        lse = row_lse(p_x, m_r, stride_v, V, ONE_CHUNK, BLOCK_R, BLOCK_V)
-        if STORE_LSE:
-            tl.store(lse_ptr + o_r, lse, mask=m_r)
-    x_blank = tl.load(p_x + blank * stride_v, mask=m_r, other=0.0).to(tl.float32)
-    has_label = m_r & (u < U_n)
-    lab = tl.load(tgt_ptr + n * stride_tg + u, mask=has_label, other=0).to(tl.int64)
-    lab = tl.minimum(tl.maximum(lab, 0), V - 1)
-    x_label = tl.load(p_x + lab * stride_v, mask=has_label, other=0.0).to(tl.float32)
+    o_r, n, t, u, m_r, T_n, U_n, p_x, lse, lp_b, lp_y = cell_scores(
+        x_ptr, lse_ptr, tgt_ptr, il_ptr, tl_ptr, T, U1, V, stride_n, stride_t, stride_u, stride_v, stride_tg, blank,
+        FUSED, STORE_LSE, ONE_CHUNK, BLOCK_R, BLOCK_V,
+    )  # fmt: skip
     p_cell = lat_ptr + cell_offsets(n, t, u, T, U1, RNA)
-    tl.store(p_cell, (x_blank - lse) * log2e(), mask=m_r)
-    tl.store(p_cell + 1, tl.where(has_label, (x_label - lse) * log2e(), neg()), mask=m_r)
+    tl.store(p_cell, lp_b, mask=m_r)
+    tl.store(p_cell + 1, lp_y, mask=m_r)
 
 
 @triton.jit
@@ -505,13 +562,9 @@ def _rnnt_grad_kernel(
     LOAD_LSE: tl.constexpr,  # else computed here
     ONE_CHUNK: tl.constexpr, CLAMP: tl.constexpr, RNA: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
 ):  # fmt: skip
-    o_r, n, t, u, in_range, T_n, U_n = row_cells(il_ptr, tl_ptr, T, U1, BLOCK_R)
-    logp = tl.load(logp_ptr + n)
-    active = tl.where((t < T_n) & (logp != float("-inf")), in_range & (u <= U_n), False)
-    has_label = active & (u < U_n)
-    # (logp - logp) is NaN for a NaN loss: then the gradient of every score the sample reads is NaN
-    g = tl.load(gloss_ptr + n * gloss_stride).to(tl.float32) * gscale
-    g = g + tl.where(active, logp - logp, 0.0).to(tl.float32)
+    o_r, n, t, u, in_range, T_n, U_n, logp, active, has_label, g = grad_cells(
+        il_ptr, tl_ptr, logp_ptr, gloss_ptr, gloss_stride, gscale, T, U1, BLOCK_R
+    )
     p_cell = occ_ptr + cell_offsets(n, t, u, T, U1, RNA)
     occ_b = tl.load(p_cell, mask=active, other=0.0)
     occ_e = tl.load(p_cell + 1, mask=has_label, other=0.0) * fastemit_scale
@@ -528,25 +581,8 @@ def _rnnt_grad_kernel(
         else:  # a pass over the cells' scores first (they are read before any gradient is written)
             lse = row_lse(p_x, active, stride_v, V, ONE_CHUNK, BLOCK_R, BLOCK_V)
     p_g = grad_ptr + n * gstride_n + t * gstride_t + u.to(tl.int64) * gstride_u
-    o_v = tl.arange(0, BLOCK_V)
-    for v0 in range(0, V, BLOCK_V):
-        v = v0 + o_v
-        m = in_range[:, None] & (v < V)[None, :]
-        b_g = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)
-        if FUSED:
-            b_x = tl.load(p_x[:, None] + v[None, :] * stride_v, mask=m & active[:, None], other=0.0).to(tl.float32)
-            b_g = tl.exp2((b_x - lse[:, None]) * log2e()) * (occ_b + occ_e)[:, None]
-        b_g -= tl.where(v[None, :] == blank, occ_b[:, None], 0.0)
-        b_g -= tl.where(v[None, :] == lab[:, None], occ_e[:, None], 0.0)
-        # clamped before the upstream gradient scales it, as torchaudio does
-        if CLAMP:
-            b_g = tl.minimum(tl.maximum(b_g, -clamp), clamp)
-        if FUSED:  # every score of a cell is read (its log-sum-exp)
-            b_g = tl.where(active[:, None], g[:, None] * b_g, 0.0)
-        else:  # only the blank and the next label are: a NaN loss leaves the other scores' zero gradient alone
-            read = (v[None, :] == blank) | (v[None, :] == lab[:, None])
-            b_g = tl.where(active[:, None] & read, g[:, None] * b_g, 0.0)
-        tl.store(p_g[:, None] + v[None, :] * gstride_v, b_g.to(grad_ptr.dtype.element_ty), mask=m)
+    score_grad_chunks(p_x, p_g, lse, in_range, active, lab, occ_b + occ_e, occ_b, occ_e, g, V, blank, clamp, stride_v,
+                      gstride_v, 0, 0, FUSED, CLAMP, False, BLOCK_R, BLOCK_V)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -203,7 +203,8 @@ def tdt_loss(
         reduction: "none" ([N] losses), "sum", or "mean" (over the batch).
         clamp: when > 0, the token logits' gradient is clamped to [-clamp, clamp] (the durations' is not, as NeMo).
         fastemit_lambda, fastemit_loss_scale: FastEmit as ``rnnt_loss``: the label edges' gradient (every
-            duration) times 1 + lambda; the reported loss too with ``fastemit_loss_scale`` (NeMo's convention).
+            duration) times 1 + lambda, so the duration logits' too (NeMo's TDT kernel leaves those out); the
+            reported loss times 1 + lambda with ``fastemit_loss_scale`` (NeMo's convention).
         fused_log_softmax: see ``logits``.
         validate: check lengths and labels against the tensors' contents (reads them once).
 

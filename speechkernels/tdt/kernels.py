@@ -26,7 +26,7 @@ import triton.language as tl
 
 from .._logspace import lae, log2e, lse_total, neg
 from .._utils import kernel_output, next_power_of_2
-from ..rnnt.kernels import row_cells, row_lse, sample_lengths
+from ..rnnt.kernels import cell_scores, grad_cells, sample_lengths, score_grad_chunks
 
 
 @triton.jit
@@ -41,20 +41,12 @@ def _tdt_lattice_kernel(
     MULTI: tl.constexpr,  # extra entries: big blanks (blank - 1 - i, in the tokens' softmax), else durations
     ONE_CHUNK: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_X: tl.constexpr,
 ):  # fmt: skip
-    o_r, n, t, u, m_r, T_n, U_n = row_cells(il_ptr, tl_ptr, T, U1, BLOCK_R)
-    m_r = tl.where(t < T_n, m_r & (u <= U_n), False)
-    p_x = x_ptr + n * stride_n + t * stride_t + u.to(tl.int64) * stride_u
-    lse = tl.zeros([BLOCK_R], tl.float32)
-    if FUSED:
-        lse = row_lse(p_x, m_r, stride_v, V, ONE_CHUNK, BLOCK_R, BLOCK_V)
-        tl.store(lse_ptr + o_r, lse, mask=m_r)
-    x_blank = tl.load(p_x + blank * stride_v, mask=m_r, other=0.0).to(tl.float32)
-    has_label = m_r & (u < U_n)
-    lab = tl.load(tgt_ptr + n * stride_tg + u, mask=has_label, other=0).to(tl.int64)
-    lab = tl.minimum(tl.maximum(lab, 0), V - 1)
-    x_label = tl.load(p_x + lab * stride_v, mask=has_label, other=0.0).to(tl.float32)
-    lp_b = (x_blank - lse) * log2e() - sigma2
-    lp_y = tl.where(has_label, (x_label - lse) * log2e() - sigma2, neg())
+    o_r, n, t, u, m_r, T_n, U_n, p_x, lse, lp_b, lp_y = cell_scores(
+        x_ptr, lse_ptr, tgt_ptr, il_ptr, tl_ptr, T, U1, V, stride_n, stride_t, stride_u, stride_v, stride_tg, blank,
+        FUSED, FUSED, ONE_CHUNK, BLOCK_R, BLOCK_V,
+    )  # fmt: skip
+    lp_b -= sigma2  # sigma: once per token emitted (neg() stays far below any path)
+    lp_y -= sigma2
     o_x = tl.arange(0, BLOCK_X)
     m_x = m_r[:, None] & (o_x < X)[None, :]
     if MULTI:
@@ -180,13 +172,9 @@ def _tdt_grad_kernel(
     NB: tl.constexpr, NE: tl.constexpr, FUSED: tl.constexpr, MULTI: tl.constexpr, CLAMP: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    o_r, n, t, u, in_range, T_n, U_n = row_cells(il_ptr, tl_ptr, T, U1, BLOCK_R)
-    logp = tl.load(logp_ptr + n)
-    active = tl.where((t < T_n) & (logp != float("-inf")), in_range & (u <= U_n), False)
-    has_label = active & (u < U_n)
-    # (logp - logp) is NaN for a NaN loss: then the gradient of every score the sample reads is NaN
-    g = tl.load(gloss_ptr + n * gloss_stride).to(tl.float32) * gscale
-    g = g + tl.where(active, logp - logp, 0.0).to(tl.float32)
+    o_r, n, t, u, in_range, T_n, U_n, logp, active, has_label, g = grad_cells(
+        il_ptr, tl_ptr, logp_ptr, gloss_ptr, gloss_stride, gscale, T, U1, BLOCK_R
+    )
     o_k = tl.arange(0, BLOCK_K)
     rows = tl.load(lat_ptr + o_r[:, None] * K + o_k[None, :], mask=active[:, None] & (o_k < K)[None, :], other=0.0)
     p_s = n * (T + 1) * U1 + t * U1 + u
@@ -227,26 +215,9 @@ def _tdt_grad_kernel(
     lse = tl.zeros([BLOCK_R], tl.float32)
     if FUSED:
         lse = tl.load(lse_ptr + o_r, mask=active, other=0.0)
-    o_v = tl.arange(0, BLOCK_V)
-    for v0 in range(0, V, BLOCK_V):
-        v = v0 + o_v
-        m = in_range[:, None] & (v < V)[None, :]
-        b_g = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)
-        if FUSED:
-            b_x = tl.load(p_x[:, None] + v[None, :] * stride_v, mask=m & active[:, None], other=0.0).to(tl.float32)
-            b_g = tl.exp2((b_x - lse[:, None]) * log2e()) * total[:, None]
-        b_g -= tl.where(v[None, :] == blank, e_blank[:, None], 0.0)
-        b_g -= tl.where(v[None, :] == lab[:, None], e_label[:, None], 0.0)
-        read = (v[None, :] == blank) | (v[None, :] == lab[:, None])
-        if MULTI:  # the big blanks' columns are written below
-            m = m & ((v < blank - X) | (v >= blank))[None, :]
-        if CLAMP:
-            b_g = tl.minimum(tl.maximum(b_g, -clamp), clamp)
-        if FUSED:
-            b_g = tl.where(active[:, None], g[:, None] * b_g, 0.0)
-        else:
-            b_g = tl.where(active[:, None] & read, g[:, None] * b_g, 0.0)
-        tl.store(p_g[:, None] + v[None, :] * gstride_v, b_g.to(grad_ptr.dtype.element_ty), mask=m)
+    # the tokens' scores (multi-blank: but the big blanks' columns, written below)
+    score_grad_chunks(p_x, p_g, lse, in_range, active, lab, total, e_blank, e_label, g, V, blank, clamp, stride_v,
+                      gstride_v, blank - X, blank, FUSED, CLAMP, MULTI, BLOCK_R, BLOCK_V)  # fmt: skip
     if MULTI:  # big blank i: class blank - 1 - i, entry 2 + i
         m_x = in_range[:, None] & (o_k >= 2)[None, :] & (o_k < K)[None, :]
         cls = blank + 1 - o_k
