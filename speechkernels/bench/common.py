@@ -178,3 +178,8 @@ def kernel_times_ms(fn: Callable[[], object], calls: int = 5) -> dict[str, float
         if e.device_type.name == "CUDA":
             per[e.name[:60]] = per.get(e.name[:60], 0.0) + e.device_time / calls / 1e3
     return dict(sorted(per.items(), key=lambda kv: -kv[1]))
+
+
+def print_title(what: str, env: dict, reps: int, note: str = " after warm-up") -> None:
+    """A benchmark table's first line: what it measures, the GPU and versions, the statistic."""
+    print(f"# {what}, {env['device']}, torch {env['torch']}, triton {env['triton']}, median of {reps}{note}")

@@ -18,7 +18,7 @@ import torch
 import speechkernels as sk
 from speechkernels.ctc.reference import ctc_loss_reference
 
-from .common import environment, fmt_mb, fmt_ms, time_forward_backward, write_json
+from .common import environment, fmt_mb, fmt_ms, print_title, time_forward_backward, write_json
 
 T150 = [(150, n, c) for c in (28, 5000) for n in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
 T1500 = [(1500, n, c) for c in (29, 1000) for n in (1, 32, 128)]
@@ -119,8 +119,7 @@ def run(args) -> int:
         wanted = {tuple(int(v) for v in r.split("x")) for r in args.rows.split(",")}
         rows = [r for r in rows if r in wanted] or sorted(wanted)
     env = environment(device)
-    print(f"# CTC loss, forward+backward from activations, {env['device']}, torch {env['torch']}, "
-          f"triton {env['triton']}, median of {args.reps} after warm-up")  # fmt: skip
+    print_title("CTC loss, forward+backward from activations", env, args.reps)
     results = []
     header = (f"{'T':>5} {'N':>4} {'C':>5} | {'sk logits':>9} {'sk lp':>8} {'native':>8} {'cudnn':>8} | "
               f"{'x best':>6} {'x(lp)':>6} | {'MB sk':>7} {'MB nat':>7} | {'loss err':>8} {'grad err':>8}")  # fmt: skip

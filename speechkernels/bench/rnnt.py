@@ -20,7 +20,7 @@ import torch
 import speechkernels as sk
 from speechkernels.rnnt.reference import rnnt_forward_backward_reference
 
-from .common import environment, fmt_mb, fmt_ms, peak_extra_memory, time_forward_backward, write_json
+from .common import environment, fmt_mb, fmt_ms, peak_extra_memory, print_title, time_forward_backward, write_json
 
 SHAPES = [(150, 40, 28), (150, 20, 5000), (1500, 300, 50)]
 ROWS = [(T, U, V, N) for T, U, V in SHAPES for N in (1, 16, 32, 64, 128)]
@@ -120,8 +120,7 @@ def run(args) -> int:
         wanted = {tuple(int(v) for v in r.split("x")) for r in args.rows.split(",")}
         rows = [r for r in rows if r in wanted] or sorted(wanted)
     env = environment(device)
-    print(f"# RNN-T loss, forward+backward from logits, {env['device']}, torch {env['torch']}, "
-          f"triton {env['triton']}, median of {args.reps} after warm-up")  # fmt: skip
+    print_title("RNN-T loss, forward+backward from logits", env, args.reps)
     print(f"{'T':>5} {'U':>4} {'V':>5} {'N':>4} | {'sk ms':>8} {'taudio':>8} {'warp':>8} | {'x best':>6} | "
           f"{'MB sk':>8} {'reuse':>6} {'MB ta':>8} | {'loss err':>8} {'grad err':>8}")  # fmt: skip
     results = []

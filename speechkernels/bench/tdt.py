@@ -18,7 +18,7 @@ import torch
 import speechkernels as sk
 from speechkernels.tdt.reference import multiblank_rnnt_loss_reference, tdt_loss_reference
 
-from .common import environment, fmt_mb, fmt_ms, time_forward_backward, write_json
+from .common import environment, fmt_mb, fmt_ms, print_title, time_forward_backward, write_json
 
 DURATIONS = [0, 1, 2, 3, 4]
 BIG_BLANKS = [2, 4, 8]
@@ -89,8 +89,12 @@ def run(args) -> int:
     dtype = getattr(torch, args.dtype)
     rows = ROWS if device.type == "cuda" else CPU_DEMO
     env = environment(device)
-    print(f"# TDT and multi-blank losses, forward+backward ({args.dtype}), {env['device']}, torch {env['torch']}, "
-          f"triton {env['triton']}, median of {args.reps}; rnnt: rnnt_loss of the token logits")  # fmt: skip
+    print_title(
+        f"TDT and multi-blank losses, forward+backward ({args.dtype})",
+        env,
+        args.reps,
+        "; rnnt: rnnt_loss of the token logits",
+    )
     print(f"{'kind':>10} {'N':>3} {'T':>9} {'U':>8} {'V':>5} {'X':>2} | {'ours ms':>8} {'rnnt ms':>8} {'ratio':>6} | "
           f"{'MB ours':>8} {'MB rnnt':>8} | loss err  grad err")  # fmt: skip
     out = []

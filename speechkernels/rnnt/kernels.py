@@ -133,13 +133,12 @@ def row_lse(p_x, m_r, stride_v, V, ONE_CHUNK: tl.constexpr, BLOCK_R: tl.constexp
 
 
 @triton.jit
-def cell_scores(x_ptr, lse_ptr, tgt_ptr, il_ptr, tl_ptr, T, U1, V, stride_n, stride_t, stride_u, stride_v, stride_tg,
-                blank, FUSED: tl.constexpr, STORE_LSE: tl.constexpr, ONE_CHUNK: tl.constexpr, BLOCK_R: tl.constexpr,
-                BLOCK_V: tl.constexpr):  # fmt: skip
-    """A lattice pass's cells (``row_cells``; m_r: those with edges, t < T_n and u <= U_n, the only ones read),
+def cell_scores(o_r, n, t, u, m_r, T_n, U_n, x_ptr, lse_ptr, tgt_ptr, V, stride_n, stride_t, stride_u, stride_v,
+                stride_tg, blank, FUSED: tl.constexpr, STORE_LSE: tl.constexpr, ONE_CHUNK: tl.constexpr,
+                BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
+    """For a lattice pass's cells (``row_cells``): which are read (m_r: those with edges, t < T_n and u <= U_n),
     their scores' pointers, the natural-log log-sum-exp of their V scores (FUSED, else 0; stored with STORE_LSE),
     and the log2 probabilities of the blank and of the next label (neg() where there is none)."""
-    o_r, n, t, u, m_r, T_n, U_n = row_cells(il_ptr, tl_ptr, T, U1, BLOCK_R)
     # (a block mask and a scalar condition combine through where: the interpreter rejects block & scalar)
     m_r = tl.where(t < T_n, m_r & (u <= U_n), False)
     p_x = x_ptr + n * stride_n + t * stride_t + u.to(tl.int64) * stride_u
@@ -154,7 +153,7 @@ def cell_scores(x_ptr, lse_ptr, tgt_ptr, il_ptr, tl_ptr, T, U1, V, stride_n, str
     lab = tl.minimum(tl.maximum(lab, 0), V - 1)
     x_label = tl.load(p_x + lab * stride_v, mask=has_label, other=0.0).to(tl.float32)
     lp_y = tl.where(has_label, (x_label - lse) * log2e(), neg())
-    return o_r, n, t, u, m_r, T_n, U_n, p_x, lse, (x_blank - lse) * log2e(), lp_y
+    return m_r, p_x, lse, (x_blank - lse) * log2e(), lp_y
 
 
 @triton.jit
@@ -172,12 +171,12 @@ def _rnnt_lattice_kernel(
     ONE_CHUNK: tl.constexpr,  # V <= BLOCK_V
     RNA: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
 ):  # fmt: skip
+    o_r, n, t, u, m_r, T_n, U_n = row_cells(il_ptr, tl_ptr, T, U1, BLOCK_R)
     if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
         tl.store(cnt_ptr, 0)
-    o_r, n, t, u, m_r, T_n, U_n, p_x, lse, lp_b, lp_y = cell_scores(
-        x_ptr, lse_ptr, tgt_ptr, il_ptr, tl_ptr, T, U1, V, stride_n, stride_t, stride_u, stride_v, stride_tg, blank,
-        FUSED, STORE_LSE, ONE_CHUNK, BLOCK_R, BLOCK_V,
-    )  # fmt: skip
+    m_r, p_x, lse, lp_b, lp_y = cell_scores(o_r, n, t, u, m_r, T_n, U_n, x_ptr, lse_ptr, tgt_ptr, V, stride_n, stride_t,
+                                            stride_u, stride_v, stride_tg, blank, FUSED, STORE_LSE, ONE_CHUNK, BLOCK_R,
+                                            BLOCK_V)  # fmt: skip
     p_cell = lat_ptr + cell_offsets(n, t, u, T, U1, RNA)
     tl.store(p_cell, lp_b, mask=m_r)
     tl.store(p_cell + 1, lp_y, mask=m_r)

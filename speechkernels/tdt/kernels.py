@@ -26,7 +26,7 @@ import triton.language as tl
 
 from .._logspace import lae, log2e, lse_total, neg
 from .._utils import kernel_output, next_power_of_2
-from ..rnnt.kernels import cell_scores, grad_cells, sample_lengths, score_grad_chunks
+from ..rnnt.kernels import cell_scores, grad_cells, row_cells, sample_lengths, score_grad_chunks
 
 
 @triton.jit
@@ -41,10 +41,10 @@ def _tdt_lattice_kernel(
     MULTI: tl.constexpr,  # extra entries: big blanks (blank - 1 - i, in the tokens' softmax), else durations
     ONE_CHUNK: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_X: tl.constexpr,
 ):  # fmt: skip
-    o_r, n, t, u, m_r, T_n, U_n, p_x, lse, lp_b, lp_y = cell_scores(
-        x_ptr, lse_ptr, tgt_ptr, il_ptr, tl_ptr, T, U1, V, stride_n, stride_t, stride_u, stride_v, stride_tg, blank,
-        FUSED, FUSED, ONE_CHUNK, BLOCK_R, BLOCK_V,
-    )  # fmt: skip
+    o_r, n, t, u, m_r, T_n, U_n = row_cells(il_ptr, tl_ptr, T, U1, BLOCK_R)
+    m_r, p_x, lse, lp_b, lp_y = cell_scores(o_r, n, t, u, m_r, T_n, U_n, x_ptr, lse_ptr, tgt_ptr, V, stride_n, stride_t,
+                                            stride_u, stride_v, stride_tg, blank, FUSED, FUSED, ONE_CHUNK, BLOCK_R,
+                                            BLOCK_V)  # fmt: skip
     lp_b -= sigma2  # sigma: once per token emitted (neg() stays far below any path)
     lp_y -= sigma2
     o_x = tl.arange(0, BLOCK_X)
