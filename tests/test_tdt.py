@@ -371,6 +371,13 @@ BAD_TDT = [
     (dict(targets_value=6), r"targets\[0, 0\]=6 is outside \[0, V=6\)"),
     (dict(il=[9, 5]), r"logit_lengths\[0\]=9 is outside \[0, T=5\]"),
     (dict(tl=[1]), "target_lengths has 1 entries but the batch size is 2"),
+    (dict(clamp="a"), "clamp must be a real number"),
+    (dict(fused_log_softmax=2), "fused_log_softmax must be True or False"),
+    (dict(validate="yes"), "validate must be True or False"),
+    (dict(fastemit_loss_scale=None), "fastemit_loss_scale must be True or False"),
+    (dict(logits_dims=3), "logits must have 4 dimensions"),
+    (dict(logits_dtype=torch.int64), "logits must be float16, bfloat16, float32 or float64"),
+    (dict(targets_dtype=torch.float32), "targets must be int32 or int64"),
 ]
 
 
@@ -382,6 +389,10 @@ def test_tdt_bad_arguments(kw, match):
     kw = dict(kw)
     if "targets_value" in kw:
         targets[0, 0] = kw.pop("targets_value")
+    if "logits_dims" in kw:
+        x = x[0] if kw.pop("logits_dims") == 3 else x
+    x = x.to(kw.pop("logits_dtype", x.dtype))
+    targets = targets.to(kw.pop("targets_dtype", targets.dtype))
     args = dict(durations=[0, 1, 2], logit_lengths=kw.pop("il", il), target_lengths=kw.pop("tl", tl)) | kw
     with pytest.raises(ValueError, match=match):
         tdt_loss(x, targets, **args)

@@ -111,7 +111,7 @@ def _durations(value, name: str, minimum: int) -> tuple[int, ...]:
             raise ValueError(f"{name} must be a sequence of integers, got a tensor of shape "
                              f"{tuple(value.shape)} and dtype {value.dtype}")  # fmt: skip
         value = value.tolist()
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) and not hasattr(value, "__len__"):
+    if isinstance(value, (str, bytes)) or (not isinstance(value, Sequence) and not hasattr(value, "__len__")):
         raise ValueError(f"{name} must be a sequence of integers, got {type(value).__name__}")
     out = tuple(as_int(d, f"{name}[{i}]", minimum=minimum) for i, d in enumerate(value))
     if len(set(out)) != len(out):
