@@ -53,6 +53,8 @@ class LossOp:
         self._saved = [index[a] for a in saved]
         self._args = [index[a] for a in backward_args]
         self._grads = [index[a] for a in grads]
+        self._optional_grads = [index[a] for a in grads if self.types[a].endswith("?")]
+        self._no_grads = (None,) * len(self.names)
         self._forward, self._backward, self._n_state = forward, backward, n_state
         self._function = self._eager_function()
         self._fwd_op, self._bwd_op = self._library_ops(forward_fake, saved, backward_args)
@@ -82,15 +84,26 @@ class LossOp:
 
     # -----------------------------------------------------------------------------------------------------------
 
-    def _grads_of_inputs(self, inputs, grads) -> tuple:
-        """The backward's gradients placed at their inputs' positions (None for every other input, and for an
-        input that is None)."""
-        if not isinstance(grads, (tuple, list)):
-            grads = (grads,)
-        out = [None] * len(inputs)
-        for i, g in zip(self._grads, grads, strict=True):
-            out[i] = None if inputs[i] is None else g
+    def _grads_of_inputs(self, grads, missing: tuple) -> tuple:
+        """The backward's gradients placed at their inputs' positions: None for every other input, and for the
+        inputs in ``missing`` (optional inputs with a gradient that were None)."""
+        out = list(self._no_grads)
+        if isinstance(grads, (tuple, list)):
+            for i, g in zip(self._grads, grads, strict=True):
+                out[i] = g
+        else:
+            (i,) = self._grads
+            out[i] = grads
+        for i in missing:
+            out[i] = None
         return tuple(out)
+
+    def _save(self, ctx, inputs, state) -> None:
+        """What the backward needs, on ``ctx``: the saved inputs and the state as tensors, the non-tensor inputs,
+        and which optional inputs with a gradient were None."""
+        ctx.save_for_backward(*[inputs[i] for i in self._saved], *state)
+        ctx.args = [inputs[i] for i in self._args]
+        ctx.missing = [i for i in self._optional_grads if inputs[i] is None] if self._optional_grads else ()
 
     def _eager_function(self) -> type:
         op = self
@@ -99,15 +112,12 @@ class LossOp:
             @staticmethod
             def forward(ctx, *inputs):
                 out, state = op._forward(*inputs)
-                ctx.save_for_backward(*(inputs[i] for i in op._saved), *state)
-                ctx.args = tuple(inputs[i] for i in op._args)
-                ctx.present = tuple(x is not None for x in inputs)
+                op._save(ctx, inputs, state)
                 return out
 
             @staticmethod
             def backward(ctx, grad_out):
-                grads = op._backward(grad_out, *ctx.saved_tensors, *ctx.args)
-                return op._grads_of_inputs([0 if p else None for p in ctx.present], grads)
+                return op._grads_of_inputs(op._backward(grad_out, *ctx.saved_tensors, *ctx.args), ctx.missing)
 
         Function.__name__ = Function.__qualname__ = _camel(self.name) + "Function"
         return Function
@@ -147,14 +157,11 @@ class LossOp:
 
         def setup_context(ctx, inputs, output):
             _out, *state = output
-            ctx.save_for_backward(*(inputs[i] for i in self._saved), *state)
-            ctx.args = tuple(inputs[i] for i in self._args)
-            ctx.present = tuple(x is not None for x in inputs)
+            self._save(ctx, inputs, state)
             ctx.mark_non_differentiable(*state)
 
         def backward(ctx, grad_out, *_grads_of_the_state):
-            grads = bwd_op(grad_out, *ctx.saved_tensors, *ctx.args)
-            return self._grads_of_inputs([0 if p else None for p in ctx.present], grads)
+            return self._grads_of_inputs(bwd_op(grad_out, *ctx.saved_tensors, *ctx.args), ctx.missing)
 
         fwd_op.register_autograd(backward, setup_context=setup_context)
         return fwd_op, bwd_op

@@ -31,36 +31,33 @@ _INPUTS = (
 
 def _forward(x, targets, il, tl, kind, durations, blank, sigma, fused, fastemit_lambda, loss_scale, clamp, need_grad,
              reduction):  # fmt: skip
-    """The kernels' per-sample losses, reduced; the state: log-sum-exps, lattice, alpha, beta, log2 p."""
-    loss, state = kernels.tdt_forward(x, targets, il, tl, kind, tuple(durations), blank, sigma, fused, loss_scale,
-                                      need_grad)  # fmt: skip
+    """The kernels' per-sample losses, reduced; the state: log-sum-exps, the entries' coefficients, log2 p."""
+    loss, state = kernels.tdt_forward(x, targets, il, tl, kind, tuple(durations), blank, sigma, fused,
+                                      fastemit_lambda, loss_scale, need_grad)  # fmt: skip
     return reduce_loss(loss, reduction), state
 
 
 def _forward_fake(x, targets, il, tl, kind, durations, blank, sigma, fused, fastemit_lambda, loss_scale, clamp,
                   need_grad, reduction):  # fmt: skip
     N, T, U1, _ = x.shape
-    cells, states = N * T * U1, N * (T + 1) * U1
-    f32, f64 = dict(dtype=torch.float32), dict(dtype=torch.float64)
+    cells = N * T * U1
+    f32 = dict(dtype=torch.float32)
     return (
         x.new_empty(N if reduction == "none" else (), **f32),
         x.new_empty(cells if fused else 0, **f32),
         x.new_empty(cells * (2 + len(durations)), **f32),
-        x.new_empty(states, **f64),
-        x.new_empty(states if need_grad else 0, **f64),
-        x.new_empty(N, **f64),
+        x.new_empty(N, dtype=torch.float64),
     )
 
 
-def _backward(grad_loss, x, targets, il, tl, lse, lat, alpha, beta, logp, kind, durations, blank, fused,
-              fastemit_lambda, clamp, reduction):  # fmt: skip
-    return kernels.tdt_backward(grad_loss, x, targets, il, tl, (lse, lat, alpha, beta, logp), kind, tuple(durations),
-                                blank, fused, fastemit_lambda, clamp, reduction)  # fmt: skip
+def _backward(grad_loss, x, targets, il, tl, lse, occ, logp, kind, durations, blank, fused, clamp, reduction):
+    return kernels.tdt_backward(grad_loss, x, targets, il, tl, (lse, occ, logp), kind, tuple(durations), blank, fused,
+                                clamp, reduction)  # fmt: skip
 
 
 TDT_LOSS_OP = None
 if kernels is not None:
-    TDT_LOSS_OP = LossOp("speechkernels::tdt_loss", _INPUTS, _forward, _forward_fake, _backward, n_state=5, grads="x")
+    TDT_LOSS_OP = LossOp("speechkernels::tdt_loss", _INPUTS, _forward, _forward_fake, _backward, n_state=3, grads="x")
 
 
 class TransducerOptions(NamedTuple):

@@ -10,8 +10,11 @@ edge table on the device lists per edge its duration and entries, blank edges fi
 2. ``_tdt_recursion_kernel``: program = a sample: alpha frame by frame, t = 0 .. T_n, each frame's 0-frame label
    edges by a scan along u (x_u = lae(a_u, x_{u-1} + c_u) composes as affine maps of the log semiring); log2 p;
    then beta backwards, likewise. State in float64.
-3. ``_tdt_grad_kernel``: program = cells of a row: each edge's occupancy exp2(alpha + w + beta - log2 p), their
-   sums per entry, then the logits' gradient (softmax times the cell's total minus the entries' sums).
+3. ``_tdt_occupancy_kernel`` (with a gradient to come): program = a row (n, t): each edge's occupancy
+   exp2(alpha + w + beta - log2 p), their sums per entry, written over the row's entries; alpha and beta are then
+   dropped.
+4. ``_tdt_grad_kernel``: program = cells of a row: the logits' gradient from the entries' sums (softmax times the
+   cell's total minus the sums).
 
 Deterministic: no atomics but the NaN counts (integers).
 """
@@ -25,7 +28,7 @@ import triton
 import triton.language as tl
 
 from .._logspace import lae, log2e, lse_total, neg
-from .._utils import kernel_output, next_power_of_2
+from .._utils import kernel_output, kernel_output_like, next_power_of_2
 from ..rnnt.kernels import cell_scores, grad_cells, row_cells, sample_lengths, score_grad_chunks
 
 
@@ -163,23 +166,32 @@ def _add_occupancy(E, o_k, ea, eb, occ):
 
 
 @triton.jit
-def _tdt_grad_kernel(
-    x_ptr, grad_ptr, lse_ptr, lat_ptr, alpha_ptr, beta_ptr, logp_ptr,
-    gloss_ptr,  # upstream gradient per sample (stride 0: one for the batch)
-    gloss_stride, gscale, edge_ptr, tgt_ptr, il_ptr, tl_ptr,
-    T, U1, V, X, K, zero_a, zero_b, stride_n, stride_t, stride_u, stride_v, gstride_n, gstride_t, gstride_u,
-    gstride_v, stride_tg, blank, fastemit_scale, clamp,
-    NB: tl.constexpr, NE: tl.constexpr, FUSED: tl.constexpr, MULTI: tl.constexpr, CLAMP: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+def _tdt_occupancy_kernel(
+    lat_ptr,  # [N * T * (U+1), K] float32: in, the log2 entries; out, each entry's coefficient (see below)
+    alpha_ptr, beta_ptr, logp_ptr, edge_ptr, il_ptr, tl_ptr,
+    T, U1, K, zero_a, zero_b, fastemit_scale,
+    NB: tl.constexpr, NE: tl.constexpr, FUSED: tl.constexpr, MULTI: tl.constexpr, BLOCK_U: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    o_r, n, t, u, in_range, T_n, U_n, logp, active, has_label, g = grad_cells(
-        il_ptr, tl_ptr, logp_ptr, gloss_ptr, gloss_stride, gscale, T, U1, BLOCK_R
-    )
+    """Program = a row (n, t): each edge's occupancy exp2(alpha + w + beta - log2 p) (label edges times the
+    FastEmit scale), summed per entry it weighs with: E. Written over the row's entries: E for the tokens' two and
+    the big blanks; TDT's durations, their own softmax's gradient over the occupancy (softmax (FUSED) times the
+    tokens' total, less E). Zero in cells without edges or of a sample without a path."""
+    nt = tl.program_id(0)
+    n = nt // T
+    t = nt - n * T
+    T_n, U_n = sample_lengths(il_ptr, tl_ptr, n, True, T, U1)
+    logp = tl.load(logp_ptr + n)
+    o_u = tl.arange(0, BLOCK_U)
     o_k = tl.arange(0, BLOCK_K)
-    rows = tl.load(lat_ptr + o_r[:, None] * K + o_k[None, :], mask=active[:, None] & (o_k < K)[None, :], other=0.0)
-    p_s = n * (T + 1) * U1 + t * U1 + u
+    active = tl.where((t < T_n) & (logp != float("-inf")), o_u <= U_n, False)
+    has_label = active & (o_u < U_n)
+    p_lat = lat_ptr + (nt.to(tl.int64) * U1 + o_u)[:, None] * K + o_k[None, :]
+    m_k = (o_k < K)[None, :]
+    rows = tl.load(p_lat, mask=active[:, None] & m_k, other=0.0)
+    p_s = (n.to(tl.int64) * (T + 1) + t) * U1 + o_u
     al = tl.load(alpha_ptr + p_s, mask=active, other=0.0) - logp
-    E = tl.zeros([BLOCK_R, BLOCK_K], tl.float32)  # per entry: minus its gradient (the occupancies using it)
+    E = tl.zeros([BLOCK_U, BLOCK_K], tl.float32)
     for k in tl.static_range(NB):
         d = tl.load(edge_ptr + 3 * k)
         ea = tl.load(edge_ptr + 3 * k + 1)
@@ -202,9 +214,36 @@ def _tdt_grad_kernel(
         bn = tl.load(beta_ptr + p_s + d * U1 + 1, mask=ok, other=0.0)
         occ = tl.where(ok, tl.exp2((al + w + bn).to(tl.float32)), 0.0) * fastemit_scale
         E = _add_occupancy(E, o_k, ea, eb, occ)
+    if not MULTI:  # the durations' gradient: of their own log-softmax, its total the tokens' occupancy
+        coef = -E
+        if FUSED:
+            total = _entry(E, o_k, 0) + _entry(E, o_k, 1)
+            coef += tl.where(active[:, None], tl.exp2(rows), 0.0) * total[:, None]
+        E = tl.where((o_k >= 2)[None, :], coef, E)
+    tl.store(p_lat, E, mask=(o_u < U1)[:, None] & m_k)
+
+
+@triton.jit
+def _tdt_grad_kernel(
+    x_ptr, grad_ptr, lse_ptr,
+    occ_ptr,  # [N * T * (U+1), K] float32: the occupancy kernel's coefficients
+    logp_ptr,
+    gloss_ptr,  # upstream gradient per sample (stride 0: one for the batch)
+    gloss_stride, gscale, tgt_ptr, il_ptr, tl_ptr,
+    T, U1, V, X, K, stride_n, stride_t, stride_u, stride_v, gstride_n, gstride_t, gstride_u, gstride_v, stride_tg,
+    blank, clamp,
+    FUSED: tl.constexpr, MULTI: tl.constexpr, CLAMP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    o_r, n, t, u, in_range, T_n, U_n, logp, active, has_label, g = grad_cells(
+        il_ptr, tl_ptr, logp_ptr, gloss_ptr, gloss_stride, gscale, T, U1, BLOCK_R
+    )
+    o_k = tl.arange(0, BLOCK_K)
+    m_k = (o_k >= 2)[None, :] & (o_k < K)[None, :]
+    E = tl.load(occ_ptr + o_r[:, None] * K + o_k[None, :], mask=active[:, None] & (o_k < K)[None, :], other=0.0)
     e_blank = _entry(E, o_k, 0)
     e_label = _entry(E, o_k, 1)
-    e_extra = tl.where((o_k >= 2)[None, :], E, 0.0)
+    e_extra = tl.where(m_k, E, 0.0)
     total = e_blank + e_label  # the tokens' occupancy (each edge uses one token entry)
     if MULTI:
         total += tl.sum(e_extra, axis=1)
@@ -218,8 +257,8 @@ def _tdt_grad_kernel(
     # the tokens' scores (multi-blank: but the big blanks' columns, written below)
     score_grad_chunks(p_x, p_g, lse, in_range, active, lab, total, e_blank, e_label, g, V, blank, clamp, stride_v,
                       gstride_v, blank - X, blank, FUSED, CLAMP, MULTI, BLOCK_R, BLOCK_V)  # fmt: skip
+    m_x = in_range[:, None] & m_k
     if MULTI:  # big blank i: class blank - 1 - i, entry 2 + i
-        m_x = in_range[:, None] & (o_k >= 2)[None, :] & (o_k < K)[None, :]
         cls = blank + 1 - o_k
         b_g = -e_extra
         if FUSED:
@@ -229,13 +268,9 @@ def _tdt_grad_kernel(
             b_g = tl.minimum(tl.maximum(b_g, -clamp), clamp)
         b_g = tl.where(active[:, None], g[:, None] * b_g, 0.0)
         tl.store(p_g[:, None] + cls[None, :] * gstride_v, b_g.to(grad_ptr.dtype.element_ty), mask=m_x)
-    else:  # the duration logits: their own softmax, no clamp (as NeMo)
-        g_d = -e_extra
-        if FUSED:
-            g_d += tl.where((o_k >= 2)[None, :] & (o_k < K)[None, :], tl.exp2(rows), 0.0) * total[:, None]
-        g_d = tl.where(active[:, None], g[:, None] * g_d, 0.0)
-        m_d = in_range[:, None] & (o_k >= 2)[None, :] & (o_k < K)[None, :]
-        tl.store(p_g[:, None] + (V - 2 + o_k)[None, :] * gstride_v, g_d.to(grad_ptr.dtype.element_ty), mask=m_d)
+    else:  # the duration logits (their gradient from the occupancy kernel), no clamp (as NeMo)
+        g_d = tl.where(active[:, None], g[:, None] * e_extra, 0.0)
+        tl.store(p_g[:, None] + (V - 2 + o_k)[None, :] * gstride_v, g_d.to(grad_ptr.dtype.element_ty), mask=m_x)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -273,11 +308,13 @@ def tdt_forward(
     blank: int,
     sigma: float,
     fused: bool,
+    fastemit_lambda: float,
     loss_scale: float,
     need_grad: bool,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """Per-sample losses ([N] float32: -ln p times loss_scale; +inf without a path, NaN with a NaN read) and the
-    backward's state (log-sum-exps, lattice, alpha, beta, log2 p).
+    backward's state (log-sum-exps, the entries' coefficients (``_tdt_occupancy_kernel``; with ``need_grad``),
+    log2 p).
 
     Args:
         x: [N, T, U+1, C]: "tdt": C = V + len(durations) (tokens, then durations); "multiblank": C = V, the big
@@ -308,8 +345,16 @@ def tdt_forward(
         lat, alpha, beta, logp, nan, edges, logit_lengths, target_lengths, T, U1, K, zero_a, zero_b, NB=nb, NE=ne,
         BETA=need_grad, BLOCK_U=block_u, num_warps=max(1, min(16, block_u // 32)),
     )  # fmt: skip
+    if need_grad:
+        block_u = next_power_of_2(U1)
+        _tdt_occupancy_kernel[(N * T,)](
+            lat, alpha, beta, logp, edges, logit_lengths, target_lengths, T, U1, K, zero_a, zero_b,
+            1.0 + fastemit_lambda,
+            NB=nb, NE=ne, FUSED=fused, MULTI=kind == "multiblank", BLOCK_U=block_u, BLOCK_K=next_power_of_2(K),
+            num_warps=max(1, min(8, block_u * next_power_of_2(K) // 256)),
+        )  # fmt: skip
     loss = (logp * (-0.6931471805599453 * loss_scale)).to(torch.float32)
-    return loss, (lse, lat, alpha, beta, logp)
+    return loss, (lse, lat, logp)
 
 
 def tdt_backward(
@@ -323,24 +368,22 @@ def tdt_backward(
     durations: tuple[int, ...],
     blank: int,
     fused: bool,
-    fastemit_lambda: float,
     clamp: float,
     reduction: str,
 ) -> torch.Tensor:
     """Gradient with respect to x, in x's dtype, of sum(grad_out * loss) (reduction "none": grad_out [N]) or of
     grad_out * the batch sum or mean (grad_out 0-dim); ``state``: ``tdt_forward``'s."""
-    lse, lat, alpha, beta, logp = state
+    lse, occ, logp = state
     N, T, U1, C = x.shape
     X = len(durations)
     V = C - X if kind == "tdt" else C
-    grad = torch.empty_like(x)
-    edges, nb, ne, (zero_a, zero_b) = _edge_table(kind, durations, x.device)
+    grad = kernel_output_like(x)
     block_r, block_v = _row_blocks(U1, V)
     _tdt_grad_kernel[(N * T, triton.cdiv(U1, block_r))](
-        x, grad, lse, lat, alpha, beta, logp, grad_out, grad_out.stride(0) if reduction == "none" else 0,
-        1.0 / N if reduction == "mean" else 1.0, edges, targets, logit_lengths, target_lengths, T, U1, V, X, 2 + X,
-        zero_a, zero_b, *x.stride(), *grad.stride(), targets.stride(0), blank, 1.0 + fastemit_lambda, max(clamp, 0.0),
-        NB=nb, NE=ne, FUSED=fused, MULTI=kind == "multiblank", CLAMP=clamp > 0, BLOCK_R=block_r, BLOCK_V=block_v,
+        x, grad, lse, occ, logp, grad_out, grad_out.stride(0) if reduction == "none" else 0,
+        1.0 / N if reduction == "mean" else 1.0, targets, logit_lengths, target_lengths, T, U1, V, X, 2 + X,
+        *x.stride(), *grad.stride(), targets.stride(0), blank, max(clamp, 0.0), FUSED=fused,
+        MULTI=kind == "multiblank", CLAMP=clamp > 0, BLOCK_R=block_r, BLOCK_V=block_v,
         BLOCK_K=next_power_of_2(2 + X), num_warps=1,
     )  # fmt: skip
     return grad
