@@ -233,20 +233,20 @@ def _tdt_grad_kernel(
     T, U1, V, X, K, stride_n, stride_t, stride_u, stride_v, gstride_n, gstride_t, gstride_u, gstride_v, stride_tg,
     blank, clamp,
     FUSED: tl.constexpr, MULTI: tl.constexpr, CLAMP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    BLOCK_X: tl.constexpr,  # = X
 ):  # fmt: skip
     o_r, n, t, u, in_range, T_n, U_n, logp, active, has_label, g = grad_cells(
         il_ptr, tl_ptr, logp_ptr, gloss_ptr, gloss_stride, gscale, T, U1, BLOCK_R
     )
-    o_k = tl.arange(0, BLOCK_K)
-    m_k = (o_k >= 2)[None, :] & (o_k < K)[None, :]
-    E = tl.load(occ_ptr + o_r[:, None] * K + o_k[None, :], mask=active[:, None] & (o_k < K)[None, :], other=0.0)
-    e_blank = _entry(E, o_k, 0)
-    e_label = _entry(E, o_k, 1)
-    e_extra = tl.where(m_k, E, 0.0)
+    # (per-cell vectors only, entry by entry: a [cells, K] block here changes the layout of the chunk loop's
+    # blocks, at 4x the time)
+    p_occ = occ_ptr + o_r * K
+    e_blank = tl.load(p_occ, mask=active, other=0.0)
+    e_label = tl.load(p_occ + 1, mask=active, other=0.0)
     total = e_blank + e_label  # the tokens' occupancy (each edge uses one token entry)
     if MULTI:
-        total += tl.sum(e_extra, axis=1)
+        for i in tl.static_range(BLOCK_X):
+            total += tl.load(p_occ + 2 + i, mask=active, other=0.0)
     lab = tl.load(tgt_ptr + n * stride_tg + u, mask=has_label, other=-1).to(tl.int64)
     lab = tl.where(has_label, tl.minimum(tl.maximum(lab, 0), V - 1), -1).to(tl.int32)
     p_x = x_ptr + n * stride_n + t * stride_t + u.to(tl.int64) * stride_u
@@ -257,20 +257,21 @@ def _tdt_grad_kernel(
     # the tokens' scores (multi-blank: but the big blanks' columns, written below)
     score_grad_chunks(p_x, p_g, lse, in_range, active, lab, total, e_blank, e_label, g, V, blank, clamp, stride_v,
                       gstride_v, blank - X, blank, FUSED, CLAMP, MULTI, BLOCK_R, BLOCK_V)  # fmt: skip
-    m_x = in_range[:, None] & m_k
-    if MULTI:  # big blank i: class blank - 1 - i, entry 2 + i
-        cls = blank + 1 - o_k
-        b_g = -e_extra
-        if FUSED:
-            b_x = tl.load(p_x[:, None] + cls[None, :] * stride_v, mask=m_x & active[:, None], other=0.0)
-            b_g += tl.exp2((b_x.to(tl.float32) - lse[:, None]) * log2e()) * total[:, None]
-        if CLAMP:
-            b_g = tl.minimum(tl.maximum(b_g, -clamp), clamp)
-        b_g = tl.where(active[:, None], g[:, None] * b_g, 0.0)
-        tl.store(p_g[:, None] + cls[None, :] * gstride_v, b_g.to(grad_ptr.dtype.element_ty), mask=m_x)
-    else:  # the duration logits (their gradient from the occupancy kernel), no clamp (as NeMo)
-        g_d = tl.where(active[:, None], g[:, None] * e_extra, 0.0)
-        tl.store(p_g[:, None] + (V - 2 + o_k)[None, :] * gstride_v, g_d.to(grad_ptr.dtype.element_ty), mask=m_x)
+    for i in tl.static_range(BLOCK_X):
+        e_i = tl.load(p_occ + 2 + i, mask=active, other=0.0)
+        if MULTI:  # big blank i: class blank - 1 - i
+            cls = blank - 1 - i
+            b_g = -e_i
+            if FUSED:
+                b_x = tl.load(p_x + cls * stride_v, mask=active, other=0.0).to(tl.float32)
+                b_g += tl.exp2((b_x - lse) * log2e()) * total
+            if CLAMP:
+                b_g = tl.minimum(tl.maximum(b_g, -clamp), clamp)
+        else:  # duration i (class V + i): its gradient from the occupancy kernel, no clamp (as NeMo)
+            cls = V + i
+            b_g = e_i
+        b_g = tl.where(active, g * b_g, 0.0)
+        tl.store(p_g + cls * gstride_v, b_g.to(grad_ptr.dtype.element_ty), mask=in_range)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -384,6 +385,6 @@ def tdt_backward(
         1.0 / N if reduction == "mean" else 1.0, targets, logit_lengths, target_lengths, T, U1, V, X, 2 + X,
         *x.stride(), *grad.stride(), targets.stride(0), blank, max(clamp, 0.0), FUSED=fused,
         MULTI=kind == "multiblank", CLAMP=clamp > 0, BLOCK_R=block_r, BLOCK_V=block_v,
-        BLOCK_K=next_power_of_2(2 + X), num_warps=1,
+        BLOCK_X=X, num_warps=1,
     )  # fmt: skip
     return grad
