@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from helpers import check_compiled_matches_eager, check_graph_replay_matches_eager
 
 from speechkernels.rnnt.reference import rnnt_loss_reference
 from speechkernels.tdt.reference import multiblank_rnnt_loss_reference, tdt_loss_reference
@@ -419,3 +420,97 @@ def test_multiblank_bad_arguments(kw, match):
     args = dict(big_blank_durations=[2, 4]) | kw
     with pytest.raises(ValueError, match=match):
         multiblank_rnnt_loss(x, targets, il, tl, **args)
+
+
+def _both_losses(device, dtype=torch.float32, seed=80, N=3, T=6, U=3, **opts):
+    """(name, loss of the logits, logits) for a TDT and a multi-blank problem on ``device``."""
+    from speechkernels import multiblank_rnnt_loss, tdt_loss
+
+    x, targets, il, tl = on(device, *tdt_case(seed, N, T, U, 6, 3))
+    xm, tm, ilm, tlm = on(device, *make_case(seed + 1, N, T, U, 7, avoid=(4, 5, 6)))
+    return [
+        ("tdt", lambda v: tdt_loss(v, targets, il, tl, [0, 1, 2], **opts), x.to(dtype)),
+        ("multiblank", lambda v: multiblank_rnnt_loss(v, tm, ilm, tlm, [2, 4], **opts), xm.to(dtype)),
+    ]
+
+
+def test_tdt_kernels_through_torch_compile(loss_path):
+    """The torch.library op (fake shapes, autograd registration) under torch.compile's whole-graph tracing, both
+    losses: aot_eager on the interpreter, inductor on the GPU (which checks the outputs' alignment)."""
+    if not loss_path.kernels:
+        pytest.skip("the kernels' op")
+    backend = "inductor" if loss_path.device.type == "cuda" else "aot_eager"
+    for _name, fn, x in _both_losses(loss_path.device, validate=False, reduction="none"):
+        check_compiled_matches_eager(lambda v, fn=fn: fn(v).sum() * 2.0, x, backend=backend)
+    loss_path.check_ran()
+
+
+@pytest.mark.gpu
+def test_gpu_tdt_cuda_graph_capture(gpu):
+    """Both losses and their backward captured in a CUDA graph (validate=False: no host synchronisation),
+    replayed on new logits: the eager loss and gradient."""
+    for _name, fn, x in _both_losses(gpu, seed=81, N=4, T=30, U=8, validate=False):
+        check_graph_replay_matches_eager(fn, x)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_tdt_half_precision(gpu, dtype):
+    """16-bit logits: float32 losses and gradients in the logits' dtype, against the float64 reference of the same
+    rounded logits (float32 sums inside)."""
+    from speechkernels import multiblank_rnnt_loss, tdt_loss
+
+    x, targets, il, tl = tdt_case(82, 4, 40, 12, 100, 5)
+    xh = x.to(dtype)
+    loss, grad = grads_of(lambda v: tdt_loss(v, *on(gpu, targets, il, tl), [0, 1, 2, 3, 4], reduction="none"),
+                          xh.to(gpu))  # fmt: skip
+    ref, rgrad = grads_of(lambda v: tdt_loss_reference(v, targets, il, tl, [0, 1, 2, 3, 4], -1, 0.0,
+                                                       reduction="none"), xh.double())  # fmt: skip
+    assert loss.dtype == torch.float32 and grad.dtype == dtype
+    torch.testing.assert_close(loss.cpu().double(), ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(grad.cpu().double(), rgrad, rtol=0, atol=1e-2)
+    xm, tm, ilm, tlm = make_case(83, 4, 40, 12, 103, avoid=(99, 100, 101, 102))
+    loss, grad = grads_of(lambda v: multiblank_rnnt_loss(v, *on(gpu, tm, ilm, tlm), [2, 4, 8], reduction="none"),
+                          xm.to(dtype).to(gpu))  # fmt: skip
+    ref, rgrad = grads_of(
+        lambda v: multiblank_rnnt_loss_reference(v, tm, ilm, tlm, [2, 4, 8], -1, 0.0, reduction="none"),
+        xm.to(dtype).double(),
+    )
+    torch.testing.assert_close(loss.cpu().double(), ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(grad.cpu().double(), rgrad, rtol=0, atol=1e-2)
+
+
+@pytest.mark.gpu
+def test_gpu_tdt_deterministic(gpu):
+    """Three runs, bit for bit the same losses and gradients (no atomics but integer NaN counts)."""
+    for _name, fn, x in _both_losses(gpu, seed=84, N=8, T=80, U=20, reduction="none"):
+        runs = [grads_of(lambda v, fn=fn: fn(v), x) for _ in range(3)]
+        for loss, grad in runs[1:]:
+            assert torch.equal(loss, runs[0][0]) and torch.equal(grad, runs[0][1])
+
+
+@pytest.mark.gpu
+def test_gpu_tdt_more_than_2_31_logits(gpu):
+    """N*T*(U+1)*(V+D) > 2^31 (float16): the batch's losses and the last sample's gradient equal those of its two
+    halves computed separately."""
+    from speechkernels import tdt_loss
+
+    N, T, U, V, D = 4, 400, 100, 14000, 3
+    assert N * T * (U + 1) * (V + D) > 2**31
+    g = torch.Generator(device="cuda").manual_seed(85)
+    x = torch.randn(N, T, U + 1, V + D, device="cuda", dtype=torch.float16, generator=g).requires_grad_()
+    targets = torch.randint(0, V - 1, (N, U), device="cuda", generator=g)
+    il = torch.tensor([400, 350, 380, 400], device="cuda")
+    tl = torch.tensor([100, 90, 60, 100], device="cuda")
+    loss = tdt_loss(x, targets, il, tl, [0, 1, 2], reduction="none")
+    loss.sum().backward()
+    grad_last = x.grad[3].clone()
+    x.grad = None
+    halves = []
+    for sl in (slice(0, 2), slice(2, 4)):
+        xh = x.detach()[sl].clone().requires_grad_()
+        lh = tdt_loss(xh, targets[sl], il[sl], tl[sl], [0, 1, 2], reduction="none")
+        lh.sum().backward()
+        halves.append((lh.detach(), xh.grad))
+    torch.testing.assert_close(loss.detach(), torch.cat([halves[0][0], halves[1][0]]), rtol=0, atol=0)
+    torch.testing.assert_close(grad_last, halves[1][1][1], rtol=0, atol=0)

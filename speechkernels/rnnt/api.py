@@ -91,17 +91,19 @@ def _forward(x, targets, il, tl, blank, fused, fastemit_lambda, loss_scale, clam
                                 not reuse_logits)  # fmt: skip
 
 
+def state_fake(like: torch.Tensor, N: int, reduction: str, lse_cells: int, occ_floats: int) -> tuple:
+    """Empty tensors as a transducer loss's forward kernels return them (a fake function's): the loss ([N] or a
+    scalar), the log-sum-exps and the occupancies (float32), log2 p per sample (float64)."""
+    f32 = dict(dtype=torch.float32)
+    return (like.new_empty(N if reduction == "none" else (), **f32), like.new_empty(lse_cells, **f32),
+            like.new_empty(occ_floats, **f32), like.new_empty(N, dtype=torch.float64))  # fmt: skip
+
+
 def _forward_fake(x, targets, il, tl, blank, fused, fastemit_lambda, loss_scale, clamp, rna, need_grad, validate,
                   reuse_logits, reduction):  # fmt: skip
     N, T, U1, _ = x.shape
     cells = N * T * U1
-    f32 = dict(dtype=torch.float32)
-    return (
-        x.new_empty(N if reduction == "none" else (), **f32),
-        x.new_empty(cells if fused and not reuse_logits else 0, **f32),
-        x.new_empty(2 * cells, **f32),
-        x.new_empty(N, dtype=torch.float64),
-    )
+    return state_fake(x, N, reduction, cells if fused and not reuse_logits else 0, 2 * cells)
 
 
 def _backward(grad_loss, x, targets, il, tl, lse, occ, logp, blank, fused, fastemit_lambda, clamp, rna, reduction,

@@ -10,7 +10,7 @@ import torch
 from .._loss_inputs import REDUCTIONS, Lengths
 from .._op import LossOp
 from .._utils import as_bool, as_choice, as_float, as_generator, as_int, check_float_input, optional_kernels, use_triton
-from .api import check_contents, check_loss_arguments, validate_on_device
+from .api import check_contents, check_loss_arguments, state_fake, validate_on_device
 from .joint_reference import ACTIVATIONS, RNNTJointLossReferenceFunction, activation_fn, joint_hidden
 from .reference import RNNT_TYPES, reduce_loss
 
@@ -37,10 +37,7 @@ def _forward(enc, pred, weight, bias, targets, il, tl, blank, activation, dropou
 def _forward_fake(enc, pred, weight, bias, targets, il, tl, blank, activation, dropout, seed_lo, seed_hi,
                   fastemit_lambda, loss_scale, clamp, rna, need_grad, validate, reduction):  # fmt: skip
     cells = enc.shape[0] * enc.shape[1] * pred.shape[1]
-    f32 = dict(dtype=torch.float32)
-    loss = enc.new_empty(enc.shape[0] if reduction == "none" else (), **f32)
-    return (loss, enc.new_empty(cells, **f32), enc.new_empty(2 * cells, **f32),
-            enc.new_empty(enc.shape[0], dtype=torch.float64))  # fmt: skip
+    return state_fake(enc, enc.shape[0], reduction, cells, 2 * cells)
 
 
 def _backward(grad_loss, enc, pred, weight, bias, targets, il, tl, lse, occ, logp, blank, activation, dropout,

@@ -17,7 +17,7 @@ import torch
 from .._loss_inputs import REDUCTIONS, Lengths, first_index
 from .._op import LossModule, LossOp
 from .._utils import as_bool, as_choice, as_float, as_generator, as_int, check_float_input, optional_kernels, use_triton
-from ..rnnt.api import check_contents, check_loss_arguments, rnnt_loss, validate_on_device
+from ..rnnt.api import check_contents, check_loss_arguments, rnnt_loss, state_fake, validate_on_device
 from ..rnnt.reference import reduce_loss
 from .reference import multiblank_rnnt_loss_reference, tdt_loss_reference
 
@@ -41,13 +41,7 @@ def _forward_fake(x, targets, il, tl, kind, durations, blank, sigma, fused, fast
                   need_grad, reduction):  # fmt: skip
     N, T, U1, _ = x.shape
     cells = N * T * U1
-    f32 = dict(dtype=torch.float32)
-    return (
-        x.new_empty(N if reduction == "none" else (), **f32),
-        x.new_empty(cells if fused else 0, **f32),
-        x.new_empty(cells * (2 + len(durations)), **f32),
-        x.new_empty(N, dtype=torch.float64),
-    )
+    return state_fake(x, N, reduction, cells if fused else 0, cells * (2 + len(durations)))
 
 
 def _backward(grad_loss, x, targets, il, tl, lse, occ, logp, kind, durations, blank, fused, clamp, reduction):
