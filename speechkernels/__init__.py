@@ -3,7 +3,7 @@
 from . import wavenet
 from .ctc import CTCLoss, ctc_loss
 from .rnnt import RNNTJointLoss, RNNTLoss, rnnt_joint_loss, rnnt_loss
-from .tdt import MultiblankRNNTLoss, TDTLoss, multiblank_rnnt_loss, tdt_loss
+from .tdt import MultiblankRNNTLoss, TDTJointLoss, TDTLoss, multiblank_rnnt_loss, tdt_joint_loss, tdt_loss
 
 __version__ = "0.1.0"
 __all__ = [
@@ -15,6 +15,8 @@ __all__ = [
     "rnnt_joint_loss",
     "TDTLoss",
     "tdt_loss",
+    "TDTJointLoss",
+    "tdt_joint_loss",
     "MultiblankRNNTLoss",
     "multiblank_rnnt_loss",
     "wavenet",

@@ -87,6 +87,7 @@ def loss_path(request, monkeypatch) -> LossPath:
     from speechkernels.rnnt import joint_kernels
     from speechkernels.rnnt import kernels as rnnt_kernels
     from speechkernels.tdt import api as tdt_api
+    from speechkernels.tdt import joint as tdt_joint_api
     from speechkernels.tdt import kernels as tdt_kernels
 
     if request.param == "triton" and not triton_interpreting():
@@ -97,8 +98,10 @@ def loss_path(request, monkeypatch) -> LossPath:
         monkeypatch.setattr(rnnt_api, "kernels", None)
         monkeypatch.setattr(joint_api, "joint_kernels", None)
         monkeypatch.setattr(tdt_api, "kernels", None)
+        monkeypatch.setattr(tdt_joint_api, "joint_kernels", None)
     for module, name in ((ctc_kernels, "ctc_forward"), (rnnt_kernels, "rnnt_forward"),
-                         (joint_kernels, "joint_forward"), (tdt_kernels, "tdt_forward")):  # fmt: skip
+                         (joint_kernels, "joint_forward"), (joint_kernels, "joint_lattice"),
+                         (tdt_kernels, "tdt_forward")):  # fmt: skip
         real = getattr(module, name)
 
         def spy(*args, _real=real, **kwargs):

@@ -170,7 +170,7 @@ def run(args) -> int:
                 ac = None if dtype == "float32" else (half or torch.bfloat16)
                 impls[name] = step_fn(fn, module, inputs, ac, device)
                 row.setdefault("autocast", {})[name] = None if ac is None else str(ac).replace("torch.", "")
-            row.update(_safe_times(impls, inputs[0], device, args.reps))
+            row.update(safe_times(impls, inputs[0], device, args.reps))
             if row.get("fused"):
                 row["fused"]["tflops"] = flop / row["fused"]["ms"] / 1e9
             peers = [row[p]["ms"] for p in ("sk", "torchaudio") if row.get(p)]
@@ -188,7 +188,7 @@ def run(args) -> int:
     return 0
 
 
-def _safe_times(impls, x, device, reps):
+def safe_times(impls, x, device, reps):
     """time_forward_backward, one implementation at a time where one runs out of memory (recorded as None)."""
     try:
         return time_forward_backward(impls, x, device, reps=reps, warmup=3)

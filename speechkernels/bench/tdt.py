@@ -7,6 +7,11 @@ the labels (logits [N, T, U + 1, V + D]). Times are medians of CUDA-event-timed 
 taking turns call by call, rnnt_loss on a contiguous copy of the token logits (* where no copy fits: on the slice
 of ours); memory is the peak allocated above
 what existed before the call. The error columns (small CPU rows only) compare with the float64 reference.
+
+Then the fused joint (``--joint``: this table only): a TDT model's joint training step (``TDTJointLoss``, joint 512 ->
+640 <- 640, relu, an output layer of V + D rows) against the RNN-T one at the same (N, T, U, V) (``RNNTJointLoss``,
+V rows) and against the TDT joint with its logits made (``module.joint`` then ``tdt_loss``), float32 and under
+bfloat16 autocast, as ``bench joint`` times its rows.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import torch
 import speechkernels as sk
 from speechkernels.tdt.reference import multiblank_rnnt_loss_reference, tdt_loss_reference
 
+from . import joint as joint_bench
 from .common import environment, fmt_mb, fmt_ms, print_title, time_forward_backward, write_json
 
 DURATIONS = [0, 1, 2, 3, 4]
@@ -30,6 +36,8 @@ ROWS = [
     ("multiblank", 32, (400, 400), (128, 128), 1025, 3),
 ]
 CPU_DEMO = [("tdt", 2, (20, 20), (5, 5), 28, 5), ("multiblank", 2, (20, 20), (5, 5), 28, 3)]
+JOINT_ROWS = [(32, 400, 128, 1025), (16, 400, 100, 8193)]  # (N, T, U, V), durations DURATIONS
+JOINT_CPU_DEMO = [(2, 30, 8, 33)]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,6 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", default=None, help="write the rows and the environment to this JSON file")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--joint", action="store_true", help="the fused joint's table (TDTJointLoss) instead")
 
 
 def make_inputs(kind, N, T_range, U_range, V, X, device, dtype, seed=0):
@@ -84,8 +93,50 @@ def errors(kind, logits, targets, il, tl, V):
     return abs(ours.item() - ref.item()) / abs(ref.item()), (y.grad.double() - x.grad).abs().max().item()
 
 
+def run_joint(args, device, env) -> int:
+    """The fused joint's table: TDTJointLoss against RNNTJointLoss (same N, T, U, V) and the unfused TDT joint."""
+    print_title("TDT joint network + loss, training step (forward+backward)", env, args.reps,
+                f"; joint {joint_bench.ENC_DIM}->{joint_bench.JOINT_DIM}<-{joint_bench.PRED_DIM} relu, durations "
+                f"{DURATIONS}")  # fmt: skip
+    print(f"{'N':>3} {'T':>5} {'U':>4} {'V':>5} {'dtype':>8} | {'tdt ms':>8} {'rnnt ms':>8} {'ratio':>6} "
+          f"{'unfused':>8} | {'MB tdt':>8} {'MB rnnt':>8} {'MB unf':>8}")  # fmt: skip
+    out = []
+    for N, T, U, V in JOINT_ROWS if device.type == "cuda" else JOINT_CPU_DEMO:
+        inputs = joint_bench.make_inputs(N, T, U, V, device)
+        torch.manual_seed(0)
+        tdt = sk.TDTJointLoss(joint_bench.ENC_DIM, joint_bench.PRED_DIM, joint_bench.JOINT_DIM, V, DURATIONS,
+                              blank=V - 1).to(device)  # fmt: skip
+        rnnt = joint_bench.make_module(V, device)
+
+        def unfused(e, p, tg, il, tl, tdt=tdt, V=V):
+            return sk.tdt_loss(tdt.joint(e, p), tg, il, tl, DURATIONS, blank=V - 1)
+
+        for dtype in ("float32", "bfloat16"):
+            ac = None if dtype == "float32" else torch.bfloat16
+            impls = {
+                "tdt": joint_bench.step_fn(tdt, tdt, inputs, ac, device),
+                "rnnt": joint_bench.step_fn(rnnt, rnnt, inputs, ac, device),
+                "unfused": joint_bench.step_fn(unfused, tdt, inputs, ac, device),
+            }
+            res = joint_bench.safe_times(impls, inputs[0], device, args.reps)
+            ratio = res["tdt"]["ms"] / res["rnnt"]["ms"] if res.get("tdt") and res.get("rnnt") else None
+            row = dict(N=N, T=T, U=U, V=V, durations=DURATIONS, dtype=dtype, ratio=ratio, **res)
+            out.append(row)
+            r_s = f"{ratio:>6.2f}" if ratio is not None else f"{'-':>6}"
+            print(f"{N:>3} {T:>5} {U:>4} {V:>5} {dtype:>8} | {fmt_ms(res['tdt'])} {fmt_ms(res['rnnt'])} {r_s} "
+                  f"{fmt_ms(res['unfused'])} | {fmt_mb(res['tdt'])} {fmt_mb(res['rnnt'])} {fmt_mb(res['unfused'])}",
+                  flush=True)  # fmt: skip
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    if args.json:
+        write_json(args.json, {"benchmark": "tdt_joint", "environment": env, "rows": out})
+    return 0
+
+
 def run(args) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.joint:
+        return run_joint(args, device, environment(device))
     dtype = getattr(torch, args.dtype)
     rows = ROWS if device.type == "cuda" else CPU_DEMO
     env = environment(device)

@@ -4,6 +4,7 @@ or the PyTorch reference, autograd; and the module owning the joint's three line
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 
 import torch
 
@@ -54,21 +55,21 @@ if joint_kernels is not None:
                            grads="enc pred weight bias")  # fmt: skip
 
 
-def _draw_seed(generator: torch.Generator | None) -> tuple[int, int]:
+def draw_seed(generator: torch.Generator | None) -> tuple[int, int]:
     """Dropout's two 31-bit seeds from ``generator`` (torch's default CPU generator when None)."""
     device = generator.device if generator is not None else "cpu"
     lo, hi = torch.randint(0, 2**31, (2,), generator=generator, device=device).tolist()
     return lo, hi
 
 
-def _as_dropout(value) -> float:
+def as_dropout(value) -> float:
     dropout = as_float(value, "dropout", minimum=0.0, finite=True)
     if not dropout < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {dropout}")
     return dropout
 
 
-def _check_tensors(enc, pred, weight, bias) -> tuple[int, int, int, int, int]:
+def _check_tensors(enc, pred, weight, bias) -> None:
     for x, name in ((enc, "enc"), (pred, "pred"), (weight, "weight")):
         check_float_input(x, name)
     if bias is not None:
@@ -98,7 +99,33 @@ def _check_tensors(enc, pred, weight, bias) -> tuple[int, int, int, int, int]:
     for x, name in ((pred, "pred"), (weight, "weight"), (bias, "bias")):
         if x is not None and x.device != enc.device:
             raise ValueError(f"{name} is on {x.device} but enc is on {enc.device}")
-    return N, T, pred.shape[1], H, V
+
+
+def joint_inputs(enc, pred, weight, bias, targets, logit_lengths, target_lengths, blank: int, reduction: str,
+                 extra: int = 0, what: str = ""):  # fmt: skip
+    """A fused joint loss's checked inputs: the joint's tensors (cast to autocast's dtype when it is on, else of
+    one dtype), the targets and lengths on enc's device, blank in [0, V) for the V token classes (the weight's
+    rows less its last ``extra``, the ``what``). Raises ValueError naming a bad argument."""
+    _check_tensors(enc, pred, weight, bias)
+    N, U1, V = enc.shape[0], pred.shape[1], weight.shape[0] - extra
+    if V < 1:
+        raise ValueError(f"weight.shape[0]={V + extra} leaves no token class after the {extra} {what}")
+    dev = enc.device
+    classes_of = f" token classes (weight.shape[0] - {extra} {what})" if extra else " (weight.shape[0])"
+    il, tl, blank = check_loss_arguments(
+        targets, logit_lengths, target_lengths, blank, reduction, N, U1, V, dev, "enc", "pred.shape[1]", classes_of
+    )
+    if torch.is_autocast_enabled(dev.type):
+        dt = torch.get_autocast_dtype(dev.type)
+        enc, pred, weight = enc.to(dt), pred.to(dt), weight.to(dt)
+        bias = None if bias is None else bias.to(dt)
+    else:
+        for x, name in ((pred, "pred"), (weight, "weight"), (bias, "bias")):
+            if x is not None and x.dtype != enc.dtype:
+                raise ValueError(
+                    f"{name} is {x.dtype} but enc is {enc.dtype}: pass one dtype, or run under torch.autocast"
+                )
+    return enc, pred, weight, bias, targets.to(dev), il, tl, blank
 
 
 def rnnt_joint_loss(
@@ -165,9 +192,8 @@ def rnnt_joint_loss(
         >>> loss = rnnt_joint_loss(enc, pred, out.weight, out.bias, targets, [50, 40], [5, 3], blank=0)
         >>> loss.backward()
     """
-    N, T, U1, H, V = _check_tensors(enc, pred, weight, bias)
     activation = as_choice(activation, "activation", ACTIVATIONS)
-    dropout = _as_dropout(dropout)
+    dropout = as_dropout(dropout)
     blank = as_int(blank, "blank")
     clamp = as_float(clamp, "clamp")
     reduction = as_choice(reduction, "reduction", REDUCTIONS)
@@ -176,24 +202,13 @@ def rnnt_joint_loss(
     rnnt_type = as_choice(rnnt_type, "rnnt_type", RNNT_TYPES)
     validate = as_bool(validate, "validate")
     generator = as_generator(generator)
+    enc, pred, weight, bias, targets, il, tl, blank = joint_inputs(
+        enc, pred, weight, bias, targets, logit_lengths, target_lengths, blank, reduction
+    )
+    N, T, H = enc.shape
+    U1, V = pred.shape[1], weight.shape[0]
     dev = enc.device
-    il, tl, blank = check_loss_arguments(
-        targets, logit_lengths, target_lengths, blank, reduction, N, U1, V, dev, "enc", "pred.shape[1]",
-        " (weight.shape[0])",
-    )  # fmt: skip
-    dev = enc.device
-    if torch.is_autocast_enabled(dev.type):
-        dt = torch.get_autocast_dtype(dev.type)
-        enc, pred, weight = enc.to(dt), pred.to(dt), weight.to(dt)
-        bias = None if bias is None else bias.to(dt)
-    else:
-        for x, name in ((pred, "pred"), (weight, "weight"), (bias, "bias")):
-            if x is not None and x.dtype != enc.dtype:
-                raise ValueError(
-                    f"{name} is {x.dtype} but enc is {enc.dtype}: pass one dtype, or run under torch.autocast"
-                )
-    targets = targets.to(dev)
-    seed = _draw_seed(generator) if dropout > 0 else (0, 0)
+    seed = draw_seed(generator) if dropout > 0 else (0, 0)
     loss_scale = 1.0 + fastemit_lambda if fastemit_loss_scale else 1.0
     with torch.autocast(dev.type, enabled=False):
         if joint_kernels is not None and use_triton(enc) and N > 0 and T > 0:
@@ -215,7 +230,68 @@ def rnnt_joint_loss(
         return reduce_loss(loss, reduction)
 
 
-class RNNTJointLoss(torch.nn.Module):
+class JointLossModule(torch.nn.Module):
+    """A transducer's joint network and its loss in one module (``class M(JointLossModule, loss=fn)``, fn a fused
+    joint loss): the encoder and predictor projections to the joint width, the activation, dropout and the output
+    layer, the loss computed by ``fn`` with the options (fn's keyword-only parameters but the joint's own and the
+    generator) the constructor took; its signature shows them."""
+
+    _loss: Callable
+    _options: dict[str, inspect.Parameter] = {}
+
+    def __init_subclass__(cls, loss: Callable | None = None, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if loss is None:
+            return
+        cls._loss = staticmethod(loss)
+        cls._options = {
+            name: p
+            for name, p in inspect.signature(loss).parameters.items()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY and name not in ("activation", "dropout", "generator")
+        }
+        own = list(inspect.signature(cls.__init__).parameters.values())[1:-1]
+        cls.__signature__ = inspect.Signature([*own, *cls._options.values()])
+
+    def _build(self, dims: tuple[int, int, int, int], extra: int, activation: str, dropout: float, device, dtype,
+               loss_options: dict) -> None:  # fmt: skip
+        """The layers (out: H -> vocab_size + extra) and the loss's options, checked."""
+        unknown = sorted(set(loss_options) - set(self._options))
+        if unknown:
+            raise TypeError(f"{type(self).__name__}: unexpected keyword arguments {unknown} (the loss's options: "
+                            f"{', '.join(self._options)})")  # fmt: skip
+        names = ("enc_dim", "pred_dim", "joint_dim", "vocab_size")
+        enc_dim, pred_dim, joint_dim, vocab_size = (as_int(x, k, minimum=1) for x, k in zip(dims, names, strict=True))
+        self.activation = as_choice(activation, "activation", ACTIVATIONS)
+        self.dropout = as_dropout(dropout)
+        factory = dict(device=device, dtype=dtype)
+        self.enc = torch.nn.Linear(enc_dim, joint_dim, **factory)
+        self.pred = torch.nn.Linear(pred_dim, joint_dim, **factory)
+        self.out = torch.nn.Linear(joint_dim, vocab_size + extra, **factory)
+        self.loss_args = {name: loss_options.get(name, p.default) for name, p in self._options.items()}
+
+    def _loss_of(self, encoder_outputs, predictor_outputs, *args, generator=None) -> torch.Tensor:
+        return self._loss(
+            self.enc(encoder_outputs), self.pred(predictor_outputs), self.out.weight, self.out.bias, *args,
+            activation=self.activation, dropout=self.dropout if self.training else 0.0, generator=generator,
+            **self.loss_args,
+        )  # fmt: skip
+
+    def joint(self, encoder_outputs: torch.Tensor, predictor_outputs: torch.Tensor) -> torch.Tensor:
+        """The logits [N, T, U+1, outputs] (or of any broadcastable [..., T, 1, enc_dim] and [..., 1, U, pred_dim]
+        pair, as greedy decoding uses), without dropout: materialised, for decoding."""
+        e = self.enc(encoder_outputs)
+        p = self.pred(predictor_outputs)
+        if e.dim() == 3 and p.dim() == 3:
+            e, p = e[:, :, None], p[:, None]
+        return self.out(activation_fn(self.activation)(e + p))
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation!r}, dropout={self.dropout}, " + ", ".join(
+            f"{k}={v!r}" for k, v in self.loss_args.items()
+        )
+
+
+class RNNTJointLoss(JointLossModule, loss=rnnt_joint_loss):
     """A transducer's joint network and its RNN-T loss in one module: the encoder and predictor projections to the
     joint width, the activation, dropout and the output layer, with the loss computed by :func:`rnnt_joint_loss`
     (the [N, T, U+1, V] logits never exist on the GPU).
@@ -254,20 +330,7 @@ class RNNTJointLoss(torch.nn.Module):
         **loss_options,
     ) -> None:
         super().__init__()
-        unknown = sorted(set(loss_options) - set(_LOSS_OPTIONS))
-        if unknown:
-            raise TypeError(f"RNNTJointLoss: unexpected keyword arguments {unknown} (the loss's options: "
-                            f"{', '.join(_LOSS_OPTIONS)})")  # fmt: skip
-        names = ("enc_dim", "pred_dim", "joint_dim", "vocab_size")
-        dims = (enc_dim, pred_dim, joint_dim, vocab_size)
-        enc_dim, pred_dim, joint_dim, vocab_size = (as_int(x, k, minimum=1) for x, k in zip(dims, names, strict=True))
-        self.activation = as_choice(activation, "activation", ACTIVATIONS)
-        self.dropout = _as_dropout(dropout)
-        factory = dict(device=device, dtype=dtype)
-        self.enc = torch.nn.Linear(enc_dim, joint_dim, **factory)
-        self.pred = torch.nn.Linear(pred_dim, joint_dim, **factory)
-        self.out = torch.nn.Linear(joint_dim, vocab_size, **factory)
-        self.loss_args = {name: loss_options.get(name, p.default) for name, p in _LOSS_OPTIONS.items()}
+        self._build((enc_dim, pred_dim, joint_dim, vocab_size), 0, activation, dropout, device, dtype, loss_options)
 
     def forward(
         self,
@@ -280,38 +343,8 @@ class RNNTJointLoss(torch.nn.Module):
     ) -> torch.Tensor:
         """The loss of encoder outputs [N, T, enc_dim] and predictor outputs [N, U+1, pred_dim] (the prediction
         network's states before each label and after the last) for ``targets`` [N, U]."""
-        return rnnt_joint_loss(
-            self.enc(encoder_outputs), self.pred(predictor_outputs), self.out.weight, self.out.bias, targets,
-            logit_lengths, target_lengths, activation=self.activation,
-            dropout=self.dropout if self.training else 0.0, generator=generator, **self.loss_args,
-        )  # fmt: skip
-
-    def joint(self, encoder_outputs: torch.Tensor, predictor_outputs: torch.Tensor) -> torch.Tensor:
-        """The logits [N, T, U+1, V] (or of any broadcastable [..., T, 1, enc_dim] and [..., 1, U, pred_dim]
-        pair, as greedy decoding uses), without dropout: materialised, for decoding."""
-        e = self.enc(encoder_outputs)
-        p = self.pred(predictor_outputs)
-        if e.dim() == 3 and p.dim() == 3:
-            e, p = e[:, :, None], p[:, None]
-        return self.out(activation_fn(self.activation)(e + p))
-
-    def extra_repr(self) -> str:
-        return f"activation={self.activation!r}, dropout={self.dropout}, " + ", ".join(
-            f"{k}={v!r}" for k, v in self.loss_args.items()
-        )
+        return self._loss_of(encoder_outputs, predictor_outputs, targets, logit_lengths, target_lengths,
+                             generator=generator)  # fmt: skip
 
 
-# the loss's keyword options the module takes (all but the joint network's own and the per-call generator)
-_LOSS_OPTIONS = {
-    name: p
-    for name, p in inspect.signature(rnnt_joint_loss).parameters.items()
-    if p.kind is inspect.Parameter.KEYWORD_ONLY and name not in ("activation", "dropout", "generator")
-}
-RNNTJointLoss.__signature__ = inspect.signature(RNNTJointLoss.__init__).replace(
-    parameters=[
-        *list(inspect.signature(RNNTJointLoss.__init__).parameters.values())[1:-1],
-        *_LOSS_OPTIONS.values(),
-    ]
-)
-
-__all__ = ["RNNTJointLoss", "rnnt_joint_loss", "joint_hidden"]
+__all__ = ["JointLossModule", "RNNTJointLoss", "rnnt_joint_loss", "joint_hidden"]

@@ -264,17 +264,21 @@ def _joint_lattice_kernel(
     tgt_ptr,  # [N, U]
     il_ptr, tl_ptr,
     lse_ptr,  # [N * T * (U+1)] float32 out: natural-log log-sum-exp per cell
-    lat_ptr,  # [N * T * (U+1), 2] float32 out: log2 p(blank), log2 p(next label), skewed as cell_offsets
-    cnt_ptr,  # int32: zeroed here for the batch reduction of the recursions
+    lat_ptr,  # [N * T * (U+1), 2] float32 out: log2 p(blank), log2 p(next label), skewed as cell_offsets (TDT:
+    # [N * T * (U+1), 2 + X], not skewed, then the X durations' log2 probabilities)
+    cnt_ptr,  # int32: zeroed here for the batch reduction of the recursions (TDT: [N], cells with a NaN entry)
     n0, u0, UC, tiles, T, U1, V, H, n_tb,
-    V_main,  # classes [0, V_main) in chunks of BV, the rest (at most BVT - 1 - BM / BT) with the gathered rows
+    V_main,  # classes [0, V_main) in chunks of BV, the rest (at most BVT - 1 - BM / BT (- X)) with the gathered rows
     s_wv, s_w, stride_tg, blank,
+    sigma2,  # TDT: sigma in log2 units, off each token's log-probability
     HAS_BIAS: tl.constexpr, DT: tl.constexpr, SPLIT: tl.constexpr, RNA: tl.constexpr,
+    X: tl.constexpr,  # TDT: duration classes V .. V + X - 1 (their own log-softmax); 0: RNN-T
     BT: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr, BVT: tl.constexpr, BK: tl.constexpr,
 ):  # fmt: skip
-    """Program = BM rows of the chunk: online log-sum-exp over the classes, the lattice's two log2 probabilities."""
+    """Program = BM rows of the chunk: online log-sum-exp over the classes [0, V), the lattice's log2
+    probabilities."""
     pid = tl.program_id(0)
-    if pid == 0:
+    if X == 0 and pid == 0:
         tl.store(cnt_ptr, 0)
     i, n, t, u = _chunk_cells(pid * (BM // BT), n0, u0, UC, n_tb, BT, BM)
     T_n, U_n = sample_lengths(il_ptr, tl_ptr, n, i < tiles, T, U1)
@@ -294,6 +298,10 @@ def _joint_lattice_kernel(
         lab_t = tl.max(tl.reshape(lab, (KT, BT)), axis=1)  # -1: none
         lab_j = tl.sum(tl.where(j[:, None] == n_rest + 1 + tl.arange(0, KT)[None, :], lab_t[None, :], 0), axis=1)
         cls = tl.where(j < n_rest, V_main + j, tl.where(j == n_rest, blank, tl.where(j <= n_rest + KT, lab_j, -1)))
+        j_dur = j - (n_rest + 1 + KT)  # TDT: the durations' columns next
+        is_dur = (j_dur >= 0) & (j_dur < X)
+        if X > 0:
+            cls = tl.where(is_dur, V + j_dur, cls)
         acc = _gathered_logits(h_desc, r0, w_ptr, b_ptr, cls, H, s_wv, s_w, HAS_BIAS, DT, SPLIT, BM, BVT, BK)
         b_m, b_s = lse_step_rows(b_m, b_s, tl.where((j < n_rest)[None, :], acc * log2e(), float("-inf")))
         x_blank = tl.sum(tl.where((j == n_rest)[None, :], acc, 0.0), axis=1)
@@ -303,27 +311,53 @@ def _joint_lattice_kernel(
         lse = (m_safe + tl.log2(b_s)) * ln2()
         cell = (n * T + t) * U1 + u
         tl.store(lse_ptr + cell, lse, mask=m_row)
-        p_cell = lat_ptr + cell_offsets(n, t.to(tl.int64), u, T, U1, RNA)
-        tl.store(p_cell, (x_blank - lse) * log2e(), mask=m_row)
-        tl.store(p_cell + 1, tl.where(has_label, (x_label - lse) * log2e(), neg()), mask=m_row)
+        lp_b = (x_blank - lse) * log2e()
+        lp_y = tl.where(has_label, (x_label - lse) * log2e(), neg())
+        if X == 0:
+            p_cell = lat_ptr + cell_offsets(n, t.to(tl.int64), u, T, U1, RNA)
+            tl.store(p_cell, lp_b, mask=m_row)
+            tl.store(p_cell + 1, lp_y, mask=m_row)
+        else:  # TDT: [cells, 2 + X]; sigma once per token; the durations' own log-softmax; NaN counts
+            lp_b -= sigma2
+            lp_y -= sigma2
+            x_d = tl.where(is_dur[None, :], acc * log2e(), float("-inf"))
+            m_d = tl.max(x_d, axis=1)
+            m_d = tl.where(m_d == float("-inf"), 0.0, m_d)
+            lp_d = x_d - (m_d + tl.log2(tl.sum(tl.exp2(x_d - m_d[:, None]), axis=1)))[:, None]
+            p_cell = lat_ptr + cell * (2 + X)
+            tl.store(p_cell, lp_b, mask=m_row)
+            tl.store(p_cell + 1, lp_y, mask=m_row)
+            tl.store(p_cell[:, None] + 2 + j_dur[None, :], lp_d, mask=m_row[:, None] & is_dur[None, :])
+            nan_d = tl.sum(tl.where(is_dur[None, :] & (lp_d != lp_d), 1, 0), axis=1)
+            bad = tl.where(m_row & ((lp_b != lp_b) | (lp_y != lp_y) | (nan_d > 0)), 1, 0)
+            tl.atomic_add(cnt_ptr + n, bad, mask=bad > 0)
 
 
 @triton.jit
-def _dlogits(acc, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, CLAMP: tl.constexpr):
+def _dlogits(acc, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, p_dur, V_tok, CLAMP: tl.constexpr,
+             X: tl.constexpr):  # fmt: skip
     """The logits' gradient [BM, BV] float32: g * (softmax * (occ_b + occ_e) - occ_b [blank] - occ_e [label]),
-    clamped before g (per row) scales it (as torchaudio clamps); 0 off the cells and classes."""
+    clamped before g (per row) scales it (as torchaudio clamps); 0 off the cells and classes. TDT (X > 0): the
+    classes from V_tok on are the durations, their gradient the occupancy kernel's coefficients (at p_dur, per
+    row), not clamped."""
     d = tl.exp2((acc - lse[:, None]) * log2e()) * (occ_b + occ_e)[:, None]
     d -= tl.where(v[None, :] == blank, occ_b[:, None], 0.0)
     d -= tl.where(v[None, :] == lab[:, None], occ_e[:, None], 0.0)
     if CLAMP:
         d = tl.minimum(tl.maximum(d, -clamp), clamp)
+    if X > 0:
+        j = v - V_tok
+        is_d = (j >= 0) & m_v
+        c = tl.load(p_dur[:, None] + j[None, :], mask=m_row[:, None] & is_d[None, :], other=0.0)
+        d = tl.where(is_d[None, :], c, d)
     return tl.where(m_row[:, None] & m_v[None, :], g[:, None] * d, 0.0)
 
 
 @triton.jit
 def _ds_chunk(ds_ptr, ds_desc, gbp_ptr, gbp_off, rows, v0, V, V_st, s_lo, h_desc, r0, w_desc, b_ptr, lab, lse, occ_b,
-              occ_e, g, clamp, H, m_row, blank, HAS_BIAS: tl.constexpr, DT: tl.constexpr, SPLIT: tl.constexpr,
-              CLAMP: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+              occ_e, g, clamp, H, m_row, blank, p_dur, V_tok, HAS_BIAS: tl.constexpr, DT: tl.constexpr,
+              SPLIT: tl.constexpr, CLAMP: tl.constexpr, X: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr,
+              BK: tl.constexpr):  # fmt: skip
     """One chunk of classes [v0, v0 + BV) (below V) of the rows' logits' gradient, stored at ``rows`` (in DT; the
     columns below V_st: zeros past V; SPLIT: ``_split``'s hi there, lo s_lo columns further and hi again 2 s_lo
     further, for the products [hi | lo | hi] @ [w_hi; w_hi; w_lo], hi^T @ [h_hi | h_lo] and lo^T @ h_hi), and its
@@ -331,7 +365,7 @@ def _ds_chunk(ds_ptr, ds_desc, gbp_ptr, gbp_off, rows, v0, V, V_st, s_lo, h_desc
     v = v0 + tl.arange(0, BV)
     m_v = v < V
     x = _logits(h_desc, r0, w_desc, v0, b_ptr, v, m_v, H, HAS_BIAS, DT, SPLIT, BM, BV, BK)
-    d = _dlogits(x, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, CLAMP)
+    d = _dlogits(x, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, p_dur, V_tok, CLAMP, X)
     if SPLIT:
         q = ds_ptr + rows[:, None] + v[None, :]
         hi, lo = _split(d, DT)
@@ -365,7 +399,7 @@ def _joint_dlogits_kernel(
     w_desc,  # blocks [BV, BK]
     wt_desc,  # blocks [BVT, BK]
     b_ptr, tgt_ptr, il_ptr, tl_ptr, lse_ptr,
-    occ_ptr,  # [N * T * (U+1), 2] edge occupancies (skewed)
+    occ_ptr,  # [N * T * (U+1), 2] edge occupancies (skewed); TDT: [N * T * (U+1), 2 + X], the occupancy kernel's
     logp_ptr,  # [N] float64 log2 p
     gloss_ptr,  # upstream gradient per sample (stride 0: one for the batch)
     ds_ptr,  # [rows, s_ds] out: the chunk's logits' gradient (DT; SPLIT: hi, lo, hi in segments of s_lo columns)
@@ -376,7 +410,9 @@ def _joint_dlogits_kernel(
     gloss_stride, gscale,
     n0, u0, UC, tiles, T, U1, V, H, n_tb, V_main, s_ds, s_lo, stride_tg, blank,
     fastemit_scale, clamp,
+    V_tok,  # the token classes (TDT: the durations after them, to V)
     HAS_BIAS: tl.constexpr, DT: tl.constexpr, SPLIT: tl.constexpr, CLAMP: tl.constexpr, RNA: tl.constexpr,
+    X: tl.constexpr,  # TDT's durations; 0: RNN-T
     BT: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr, BVT: tl.constexpr, BK: tl.constexpr,
 ):  # fmt: skip
     """Program = BM rows (BM / BT tiles) of the chunk x one chunk of classes (BV wide, or BVT for the last few):
@@ -394,7 +430,10 @@ def _joint_dlogits_kernel(
     logp = tl.load(logp_ptr + n, mask=i < tiles, other=float("-inf"))
     m_row = (i < tiles) & (t < T_n) & (u <= U_n) & (logp != float("-inf"))
     cell = (n * T + t) * U1 + u
-    p_cell = occ_ptr + cell_offsets(n, t.to(tl.int64), u, T, U1, RNA)
+    if X == 0:
+        p_cell = occ_ptr + cell_offsets(n, t.to(tl.int64), u, T, U1, RNA)
+    else:
+        p_cell = occ_ptr + cell * (2 + X)
     occ_b = tl.load(p_cell, mask=m_row, other=0.0)
     occ_e = tl.load(p_cell + 1, mask=m_row, other=0.0) * fastemit_scale
     g = tl.load(gloss_ptr + n * gloss_stride, mask=i < tiles, other=0.0).to(tl.float32) * gscale
@@ -416,15 +455,15 @@ def _joint_dlogits_kernel(
             _ds_zero(ds_ptr, rows, V_main + (cg - n_main) * BVT, s_lo, s_lo, DT, SPLIT, BM, BVT)
     else:
         lse = tl.load(lse_ptr + cell, mask=m_row, other=0.0)
-        lab, _has_label = _labels(tgt_ptr, stride_tg, n, u, m_row, U_n, V)
-        state = (b_ptr, lab, lse, occ_b, occ_e, g, clamp, H, m_row, blank)
+        lab, _has_label = _labels(tgt_ptr, stride_tg, n, u, m_row, U_n, V_tok)
+        state = (b_ptr, lab, lse, occ_b, occ_e, g, clamp, H, m_row, blank, p_cell + 2, V_tok)
         gbp = (gbp_ptr, pid.to(tl.int64) * V)
         if cg < n_main:
             _ds_chunk(ds_ptr, ds_desc, *gbp, rows, cg * BV, V_main, st_main, s_lo, h_desc, pid * BM, w_desc, *state,
-                      HAS_BIAS, DT, SPLIT, CLAMP, BM, BV, BK)  # fmt: skip
+                      HAS_BIAS, DT, SPLIT, CLAMP, X, BM, BV, BK)  # fmt: skip
         else:
             _ds_chunk(ds_ptr, dst_desc, *gbp, rows, V_main + (cg - n_main) * BVT, V, s_lo, s_lo, h_desc, pid * BM,
-                      wt_desc, *state, HAS_BIAS, DT, SPLIT, CLAMP, BM, BVT, BK)  # fmt: skip
+                      wt_desc, *state, HAS_BIAS, DT, SPLIT, CLAMP, X, BM, BVT, BK)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["seed_lo", "seed_hi", "threshold"])
@@ -612,15 +651,46 @@ def joint_forward(
         joint: the joint network (``JointNetwork``).
         targets: [N, U] int32/int64 (unit stride along U); lengths: [N] int32/int64; all on enc's device.
     """
+    N, T, _ = joint.enc.shape
+    U1 = joint.pred.shape[1]
+    lse, lat, aux = joint_lattice(joint, targets, logit_lengths, target_lengths, blank, rnna)
+    return rnnt_recursions(lse, lat, aux, logit_lengths, target_lengths, N, T, U1, loss_scale, rnna, need_grad,
+                           reduction)  # fmt: skip
+
+
+def joint_lattice(
+    joint: JointNetwork,
+    targets: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    blank: int,
+    rnna: bool,
+    durations: int = 0,
+    sigma: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The lattice of the joint network's logits, chunk by chunk: (log-sum-exps [cells] float32, lattice, aux).
+    RNN-T (``durations`` 0): the [cells, 2] log2 lattice of ``kernels.rnnt_recursions`` (skewed rows) and its
+    counter. TDT: the weight's last ``durations`` rows are the duration head: a [cells, 2 + durations] lattice
+    (blank, next label (less sigma, log2 units), the durations' log2 log-softmax) and [N] int32 NaN counts, as
+    ``tdt.kernels``' recursions take them."""
     enc, pred, weight, bias = joint[:4]
     N, T, H = enc.shape
     U1 = pred.shape[1]
     V = weight.shape[0]
+    V_tok = V - durations
     dev = enc.device
-    lse, lat, aux = lattice_buffers(N, T, U1, dev, True)
+    if durations:
+        cells = N * T * U1
+        lse = kernel_output(cells, dtype=torch.float32, device=dev)
+        lat = kernel_output(cells * (2 + durations), dtype=torch.float32, device=dev)
+        aux = torch.zeros(N, dtype=torch.int32, device=dev)
+    else:
+        lse, lat, aux = lattice_buffers(N, T, U1, dev, True)
     strides, seeds, meta = _common(joint)
     bh, bf = _blocks(enc, "hidden"), _blocks(enc, "forward")
     BT = _blocks(enc, "tile")["BT"]
+    reserved = 1 + bf["BM"] // BT + durations  # the narrow chunk's blank, labels and durations
+    bf = dict(bf, BVT=max(bf["BVT"], triton.next_power_of_2(reserved + 1)))
     n_tb = triton.cdiv(T, BT)
     split = meta["SPLIT"]
     s_h, s_ds = _widths(H, V, split, enc)
@@ -631,18 +701,17 @@ def joint_forward(
     nc, uc = _chunks(N, U1, n_tb * BT, h_cols * pdt.itemsize, dev, split)
     hbuf = kernel_output(_rows(nc * n_tb * uc * BT, bh["BM"], bf["BM"]), h_cols, dtype=pdt, device=dev)
     h_desc, w_desc = _descriptor(hbuf, [bf["BM"], bf["BK"]]), _descriptor(w_k, [bf["BV"], bf["BK"]])
-    v_main = _main_classes(V, bf, 1 + bf["BM"] // BT)
+    v_main = _main_classes(V_tok, bf, reserved)
     for n0, u0, tiles, _rows_n, ucc in _chunk_list(N, U1, n_tb, nc, uc):
         _stage_hidden(enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, n_tb, s_h, strides, seeds,
                       meta)  # fmt: skip
         _joint_lattice_kernel[(triton.cdiv(tiles * BT, bf["BM"]),)](
             h_desc, w_desc, w_k, bias, targets, logit_lengths, target_lengths, lse, lat, aux, n0, u0, ucc, tiles, T,
-            U1, V, k_h, n_tb, v_main, w_k.stride(0), w_k.shape[1], targets.stride(0), blank,
-            HAS_BIAS=bias is not None, DT=meta["DT"], SPLIT=split, RNA=rnna, BT=BT, BM=bf["BM"], BV=bf["BV"],
-            BVT=bf["BVT"], BK=bf["BK"], **_launch(bf),
+            U1, V_tok, k_h, n_tb, v_main, w_k.stride(0), w_k.shape[1], targets.stride(0), blank,
+            sigma * 1.4426950408889634, HAS_BIAS=bias is not None, DT=meta["DT"], SPLIT=split, RNA=rnna, X=durations,
+            BT=BT, BM=bf["BM"], BV=bf["BV"], BVT=bf["BVT"], BK=bf["BK"], **_launch(bf),
         )  # fmt: skip
-    return rnnt_recursions(lse, lat, aux, logit_lengths, target_lengths, N, T, U1, loss_scale, rnna, need_grad,
-                           reduction)  # fmt: skip
+    return lse, lat, aux
 
 
 def joint_backward(
@@ -657,10 +726,12 @@ def joint_backward(
     clamp: float,
     rnna: bool,
     reduction: str = "none",
+    durations: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Gradients of sum(grad_out * loss) (reduction "none"; else of grad_out * the sum or batch mean) with
     respect to enc, pred, weight and bias, in their dtypes; ``state``: ``joint_forward``'s (log-sum-exps, edge
-    occupancies, log2 p).
+    occupancies, log2 p). TDT (``durations`` > 0, the weight's last rows): the occupancies are the TDT occupancy
+    kernel's (the label's FastEmit scale included: ``fastemit_lambda`` is not applied again).
 
     Chunk by chunk of tiles (samples x labels, all frames; at most ``CHUNK_BYTES`` of hidden vectors and logits'
     gradient): the logits' gradient of the chunk's tiles, then its products with the hidden vectors (into the
@@ -713,9 +784,9 @@ def joint_backward(
         _joint_dlogits_kernel[(triton.cdiv(tiles * BT, b1["BM"]) * n_cg,)](
             h_desc, *w_descs, bias, targets, logit_lengths, target_lengths, lse, occ, logp, grad_out, ds, *ds_descs,
             flags, gbp, gstride, gscale, n0, u0, ucc, tiles, T, U1, V, k_h, n_tb, v_main, d_cols, s_ds,
-            targets.stride(0), blank, 1.0 + fastemit_lambda, max(clamp, 0.0), HAS_BIAS=bias is not None,
-            CLAMP=clamp > 0, RNA=rnna, BT=BT, BM=b1["BM"], BV=b1["BV"], BVT=b1["BVT"], BK=b1["BK"], **prec,
-            **_launch(b1),
+            targets.stride(0), blank, 1.0 if durations else 1.0 + fastemit_lambda, max(clamp, 0.0), V - durations,
+            HAS_BIAS=bias is not None, CLAMP=clamp > 0, RNA=rnna, X=durations, BT=BT, BM=b1["BM"], BV=b1["BV"],
+            BVT=b1["BVT"], BK=b1["BK"], **prec, **_launch(b1),
         )  # fmt: skip
         d, h = ds[: tiles * BT], hbuf[: tiles * BT]
         if split:  # the weight's gradient, then the hidden vectors' (float32, over the hidden vectors)

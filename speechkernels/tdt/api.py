@@ -110,6 +110,14 @@ def _durations(value, name: str, minimum: int) -> tuple[int, ...]:
     return out
 
 
+def durations_of(value) -> tuple[int, ...]:
+    """TDT's ``durations``, checked: distinct integers >= 0, at least one > 0 (a blank's)."""
+    durations = _durations(value, "durations", 0)
+    if not durations or max(durations) == 0:
+        raise ValueError(f"durations must hold a positive duration (a blank's), got {list(durations)}")
+    return durations
+
+
 def _check_logits(logits, extra: int, what: str) -> tuple[int, int, int, int]:
     """(N, T, U + 1, V): V the token classes, the last dimension less the ``extra`` columns (``what``)."""
     check_float_input(logits, "logits")
@@ -212,9 +220,7 @@ def tdt_loss(
         >>> loss.backward()
     """
     opts = transducer_options(**options)
-    durations = _durations(durations, "durations", 0)
-    if not durations or max(durations) == 0:
-        raise ValueError(f"durations must hold a positive duration (a blank's), got {list(durations)}")
+    durations = durations_of(durations)
     omega = as_float(omega, "omega", minimum=0.0)
     if omega > 1.0:
         raise ValueError(f"omega must be a probability in [0, 1], got {omega}")

@@ -337,6 +337,32 @@ def tdt_forward(
         sigma * 1.4426950408889634, FUSED=fused, MULTI=kind == "multiblank", ONE_CHUNK=V <= block_v, BLOCK_R=block_r,
         BLOCK_V=block_v, BLOCK_X=next_power_of_2(max(X, 1)), num_warps=1,
     )  # fmt: skip
+    loss, logp = tdt_recursions(lat, nan, logit_lengths, target_lengths, kind, durations, T, U1, fused,
+                                fastemit_lambda, loss_scale, need_grad)  # fmt: skip
+    return loss, (lse, lat, logp)
+
+
+def tdt_recursions(
+    lat: torch.Tensor,
+    nan: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    kind: str,
+    durations: tuple[int, ...],
+    T: int,
+    U1: int,
+    fused: bool,
+    fastemit_lambda: float,
+    loss_scale: float,
+    need_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """From a lattice ([N * T * (U+1), 2 + X] log2 entries, as ``_tdt_lattice_kernel`` writes it) and the NaN
+    counts per sample: the per-sample losses ([N] float32, -ln p times loss_scale) and log2 p ([N] float64); with
+    ``need_grad`` the lattice is then overwritten by the entries' coefficients (``_tdt_occupancy_kernel``; the
+    durations' with their softmax when ``fused``)."""
+    N = nan.shape[0]
+    K = 2 + len(durations)
+    dev = lat.device
     edges, nb, ne, (zero_a, zero_b) = _edge_table(kind, durations, dev)
     alpha = kernel_output(N * (T + 1) * U1, dtype=torch.float64, device=dev)
     beta = kernel_output(N * (T + 1) * U1 if need_grad else 0, dtype=torch.float64, device=dev)
@@ -347,15 +373,13 @@ def tdt_forward(
         BETA=need_grad, BLOCK_U=block_u, num_warps=max(1, min(16, block_u // 32)),
     )  # fmt: skip
     if need_grad:
-        block_u = next_power_of_2(U1)
         _tdt_occupancy_kernel[(N * T,)](
             lat, alpha, beta, logp, edges, logit_lengths, target_lengths, T, U1, K, zero_a, zero_b,
             1.0 + fastemit_lambda,
             NB=nb, NE=ne, FUSED=fused, MULTI=kind == "multiblank", BLOCK_U=block_u, BLOCK_K=next_power_of_2(K),
             num_warps=max(1, min(8, block_u * next_power_of_2(K) // 256)),
         )  # fmt: skip
-    loss = (logp * (-0.6931471805599453 * loss_scale)).to(torch.float32)
-    return loss, (lse, lat, logp)
+    return (logp * (-0.6931471805599453 * loss_scale)).to(torch.float32), logp
 
 
 def tdt_backward(

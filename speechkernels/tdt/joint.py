@@ -1,0 +1,228 @@
+"""The joint network fused with the TDT loss: the token and duration heads' logits never exist on the GPU. Argument
+checks, dispatch to the fused kernels (the RNN-T joint's chunked products, with the duration head's rows in the
+narrow chunk of gathered weight rows, then the TDT recursions) or to the PyTorch path (logits made, then
+``tdt_loss``), autograd; and the module owning the joint's layers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .._loss_inputs import REDUCTIONS, Lengths
+from .._op import LossOp
+from .._utils import as_bool, as_choice, as_float, as_generator, as_int, optional_kernels, use_triton
+from ..rnnt.api import state_fake, validate_on_device
+from ..rnnt.joint import JointLossModule, as_dropout, draw_seed, joint_inputs, rnnt_joint_loss
+from ..rnnt.joint_reference import ACTIVATIONS, joint_hidden
+from ..rnnt.reference import reduce_loss
+from .api import durations_of, tdt_loss
+
+joint_kernels = optional_kernels("speechkernels.rnnt.joint_kernels")
+tdt_kernels = optional_kernels(__package__ + ".kernels")
+
+_INPUTS = (
+    "Tensor enc, Tensor pred, Tensor weight, Tensor? bias, Tensor targets, Tensor il, Tensor tl, int[] durations, "
+    "int blank, str activation, float dropout, int seed_lo, int seed_hi, float sigma, float fastemit_lambda, "
+    "float loss_scale, float clamp, bool need_grad, bool validate, str reduction"
+)
+
+
+def _forward(enc, pred, weight, bias, targets, il, tl, durations, blank, activation, dropout, seed_lo, seed_hi, sigma,
+             fastemit_lambda, loss_scale, clamp, need_grad, validate, reduction):  # fmt: skip
+    """The lattice from the fused joint kernels, the TDT recursions; the loss reduced and the backward's state
+    (log-sum-exps, the entries' coefficients, log2 p)."""
+    N, T, _ = enc.shape
+    U1, X = pred.shape[1], len(durations)
+    if validate:
+        validate_on_device(T, U1 - 1, weight.shape[0] - X, targets, il, tl, blank)
+    joint = joint_kernels.JointNetwork(enc, pred, weight, bias, activation, dropout, (seed_lo, seed_hi))
+    lse, lat, nan = joint_kernels.joint_lattice(joint, targets, il, tl, blank, False, X, sigma)
+    loss, logp = tdt_kernels.tdt_recursions(lat, nan, il, tl, "tdt", tuple(durations), T, U1, True, fastemit_lambda,
+                                            loss_scale, need_grad)  # fmt: skip
+    return reduce_loss(loss, reduction), (lse, lat, logp)
+
+
+def _forward_fake(enc, pred, weight, bias, targets, il, tl, durations, blank, activation, dropout, seed_lo, seed_hi,
+                  sigma, fastemit_lambda, loss_scale, clamp, need_grad, validate, reduction):  # fmt: skip
+    cells = enc.shape[0] * enc.shape[1] * pred.shape[1]
+    return state_fake(enc, enc.shape[0], reduction, cells, cells * (2 + len(durations)))
+
+
+def _backward(grad_loss, enc, pred, weight, bias, targets, il, tl, lse, occ, logp, durations, blank, activation,
+              dropout, seed_lo, seed_hi, clamp, reduction):  # fmt: skip
+    """Gradients for enc, pred, weight and bias (None without a bias)."""
+    joint = joint_kernels.JointNetwork(enc, pred, weight, bias, activation, dropout, (seed_lo, seed_hi))
+    return joint_kernels.joint_backward(grad_loss, joint, targets, il, tl, (lse, occ, logp), blank, 0.0, clamp, False,
+                                        reduction, durations=len(durations))  # fmt: skip
+
+
+TDT_JOINT_LOSS_OP = None
+if joint_kernels is not None and tdt_kernels is not None:
+    TDT_JOINT_LOSS_OP = LossOp("speechkernels::tdt_joint_loss", _INPUTS, _forward, _forward_fake, _backward,
+                               n_state=3, grads="enc pred weight bias")  # fmt: skip
+
+
+def tdt_joint_loss(
+    enc: torch.Tensor,
+    pred: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    logit_lengths: Lengths,
+    target_lengths: Lengths,
+    durations: Sequence[int],
+    *,
+    activation: str = "relu",
+    dropout: float = 0.0,
+    blank: int = -1,
+    sigma: float = 0.0,
+    omega: float = 0.0,
+    reduction: str = "mean",
+    clamp: float = -1.0,
+    fastemit_lambda: float = 0.0,
+    fastemit_loss_scale: bool = True,
+    validate: bool = True,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """The TDT loss of the joint network ``logits = weight @ dropout(act(enc_t + pred_u)) + bias`` whose last
+    ``len(durations)`` outputs are the duration head (NeMo's TDT joint layout: one output layer of V + D rows, the
+    V token rows then the D duration rows), without materialising the [N, T, U+1, V + D] logits (on the GPU; the
+    PyTorch path makes them).
+
+    Equal to ``tdt_loss(F.linear(dropout(act(enc[:, :, None] + pred[:, None])), weight, bias), targets,
+    logit_lengths, target_lengths, durations, ...)`` with the same loss arguments, and differentiable with
+    respect to enc, pred, weight and bias.
+
+    Args:
+        enc, pred, activation, dropout, generator: as ``rnnt_joint_loss``'s (the generator also draws omega's
+            choice, before dropout's seed).
+        weight: [V + D, H]: the token rows (the blank among them), then the D duration rows; bias: [V + D] or None.
+        targets, logit_lengths, target_lengths: as ``tdt_loss``'s.
+        durations, blank, sigma, omega, reduction, clamp, fastemit_lambda, fastemit_loss_scale, validate: as
+            ``tdt_loss``'s (omega's RNN-T loss is ``rnnt_joint_loss`` of the token rows).
+
+    All of enc, pred, weight and bias share one dtype unless autocast is on (as ``rnnt_joint_loss``); the
+    products' precision is that function's.
+
+    Returns:
+        The loss: [N] with ``reduction="none"``, else a scalar; float64 for float64 inputs, else float32.
+
+    Raises:
+        ValueError: an argument of the wrong type, shape or value, naming it.
+
+    Example:
+        >>> enc = torch.randn(2, 50, 64, requires_grad=True)
+        >>> pred = torch.randn(2, 6, 64, requires_grad=True)
+        >>> out = torch.nn.Linear(64, 30 + 5)  # 30 tokens (blank last), durations 0 to 4
+        >>> targets = torch.randint(0, 29, (2, 5))
+        >>> loss = tdt_joint_loss(enc, pred, out.weight, out.bias, targets, [50, 40], [5, 3], [0, 1, 2, 3, 4])
+        >>> loss.backward()
+    """
+    durations = durations_of(durations)
+    activation = as_choice(activation, "activation", ACTIVATIONS)
+    dropout = as_dropout(dropout)
+    blank = as_int(blank, "blank")
+    sigma = as_float(sigma, "sigma", finite=True)
+    omega = as_float(omega, "omega", minimum=0.0)
+    if omega > 1.0:
+        raise ValueError(f"omega must be a probability in [0, 1], got {omega}")
+    clamp = as_float(clamp, "clamp")
+    reduction = as_choice(reduction, "reduction", REDUCTIONS)
+    fastemit_lambda = as_float(fastemit_lambda, "fastemit_lambda", minimum=0.0, finite=True)
+    fastemit_loss_scale = as_bool(fastemit_loss_scale, "fastemit_loss_scale")
+    validate = as_bool(validate, "validate")
+    generator = as_generator(generator)
+    X = len(durations)
+    enc, pred, weight, bias, targets, il, tl, blank_v = joint_inputs(
+        enc, pred, weight, bias, targets, logit_lengths, target_lengths, blank, reduction, X, "durations"
+    )
+    V = weight.shape[0] - X
+    if omega > 0.0:
+        dev = generator.device if generator is not None else "cpu"
+        if torch.rand((), generator=generator, device=dev).item() < omega:
+            return rnnt_joint_loss(
+                enc, pred, weight[:V], None if bias is None else bias[:V], targets, il, tl, activation=activation,
+                dropout=dropout, blank=blank, reduction=reduction, clamp=clamp, fastemit_lambda=fastemit_lambda,
+                fastemit_loss_scale=fastemit_loss_scale, validate=validate, generator=generator,
+            )  # fmt: skip
+    N, T, _ = enc.shape
+    dev = enc.device
+    seed = draw_seed(generator) if dropout > 0 else (0, 0)
+    loss_scale = 1.0 + fastemit_lambda if fastemit_loss_scale else 1.0
+    with torch.autocast(dev.type, enabled=False):
+        if joint_kernels is not None and tdt_kernels is not None and use_triton(enc) and N > 0 and T > 0:
+            need_grad = torch.is_grad_enabled() and any(
+                x is not None and x.requires_grad for x in (enc, pred, weight, bias)
+            )
+            return TDT_JOINT_LOSS_OP.apply(
+                enc, pred, weight, bias, targets.contiguous(), il, tl, list(durations), blank_v, activation, dropout,
+                *seed, sigma, fastemit_lambda, loss_scale, clamp, need_grad, validate, reduction,
+            )  # fmt: skip
+        logits = torch.nn.functional.linear(joint_hidden(enc, pred, 0, T, activation, dropout, seed), weight, bias)
+        return tdt_loss(
+            logits, targets, il, tl, durations, blank=blank_v, sigma=sigma, reduction=reduction, clamp=clamp,
+            fastemit_lambda=fastemit_lambda, fastemit_loss_scale=fastemit_loss_scale, validate=validate,
+        )  # fmt: skip
+
+
+class TDTJointLoss(JointLossModule, loss=tdt_joint_loss):
+    """A TDT model's joint network and its loss in one module: the encoder and predictor projections to the joint
+    width, the activation, dropout and one output layer of V + D rows (tokens, then durations), the loss computed
+    by :func:`tdt_joint_loss` (the logits never exist on the GPU).
+
+    Args:
+        enc_dim, pred_dim: widths of the encoder's and the prediction network's outputs.
+        joint_dim: the joint width H.
+        vocab_size: V, the token classes with the blank.
+        durations: the D durations (e.g. [0, 1, 2, 3, 4]).
+        activation, dropout: as in :func:`tdt_joint_loss` (dropout applies in training mode only).
+        device, dtype: the layers' (as ``torch.nn.Linear``'s).
+        **loss_options: the loss's keyword options (``blank``, ``sigma``, ``omega``, ``reduction``, ``clamp``,
+            ``fastemit_lambda``, ``fastemit_loss_scale``, ``validate``) with its defaults.
+
+    The layers are ``enc`` (enc_dim -> H), ``pred`` (pred_dim -> H) and ``out`` (H -> V + D). ``joint(...)``
+    gives the logits themselves (for decoding: tokens ``[..., :V]``, durations ``[..., V:]``).
+
+    Example:
+        >>> joint = TDTJointLoss(512, 640, 640, 1025, durations=[0, 1, 2, 3, 4], sigma=0.05)
+        >>> with torch.autocast("cuda", dtype=torch.bfloat16):
+        ...     loss = joint(encoder_out, predictor_out, targets, frames, labels)
+        >>> loss.backward()
+    """
+
+    def __init__(
+        self,
+        enc_dim: int,
+        pred_dim: int,
+        joint_dim: int,
+        vocab_size: int,
+        durations: Sequence[int],
+        activation: str = "relu",
+        dropout: float = 0.0,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        **loss_options,
+    ) -> None:
+        super().__init__()
+        self.durations = durations_of(durations)
+        dims = (enc_dim, pred_dim, joint_dim, vocab_size)
+        self._build(dims, len(self.durations), activation, dropout, device, dtype, loss_options)
+
+    def forward(
+        self,
+        encoder_outputs: torch.Tensor,
+        predictor_outputs: torch.Tensor,
+        targets: torch.Tensor,
+        logit_lengths: Lengths,
+        target_lengths: Lengths,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """The loss of encoder outputs [N, T, enc_dim] and predictor outputs [N, U+1, pred_dim] for ``targets``
+        [N, U]."""
+        return self._loss_of(encoder_outputs, predictor_outputs, targets, logit_lengths, target_lengths,
+                             self.durations, generator=generator)  # fmt: skip
+
+    def extra_repr(self) -> str:
+        return f"durations={list(self.durations)}, " + super().extra_repr()
