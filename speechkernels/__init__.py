@@ -3,7 +3,16 @@
 from . import wavenet
 from .ctc import CTCLoss, ctc_loss
 from .rnnt import RNNTJointLoss, RNNTLoss, rnnt_joint_loss, rnnt_loss
-from .tdt import MultiblankRNNTLoss, TDTJointLoss, TDTLoss, multiblank_rnnt_loss, tdt_joint_loss, tdt_loss
+from .tdt import (
+    MultiblankJointLoss,
+    MultiblankRNNTLoss,
+    TDTJointLoss,
+    TDTLoss,
+    multiblank_joint_loss,
+    multiblank_rnnt_loss,
+    tdt_joint_loss,
+    tdt_loss,
+)
 
 __version__ = "0.1.0"
 __all__ = [
@@ -19,6 +28,8 @@ __all__ = [
     "tdt_joint_loss",
     "MultiblankRNNTLoss",
     "multiblank_rnnt_loss",
+    "MultiblankJointLoss",
+    "multiblank_joint_loss",
     "wavenet",
     "__version__",
 ]

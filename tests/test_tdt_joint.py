@@ -273,3 +273,98 @@ def test_gpu_tdt_joint_module_autocast_and_graph_capture(gpu):
     check_graph_replay_matches_eager(
         lambda x: sk.tdt_joint_loss(x, p, w, None, tg, il, tl, [0, 1, 2, 3, 4], validate=False), e
     )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# multi-blank: big blanks among the V classes, before the blank
+
+BIG = [2, 4]
+
+
+def _check_multiblank_against_float64(path, N, T, U, H, V, opts, reduction="none", big=BIG, seed=0):
+    opts = dict(opts)
+    xs, tg, il, tl = make_case(N, T, U, H, V, 0, seed=seed, device=path.device)
+    tg = tg % (V - 1 - len(big))  # labels below the big blanks
+    upstream = torch.rand(N, device=path.device) if reduction == "none" else None
+
+    def run(dtype):
+        def f(e, p, w, b):
+            return sk.multiblank_joint_loss(e, p, w, b, tg, il, tl, big, reduction=reduction,
+                                            generator=torch.Generator().manual_seed(3), **opts)  # fmt: skip
+
+        return grads_of([x.to(dtype) for x in xs], f, upstream)
+
+    path.reset()
+    loss, grads = run(torch.float32)
+    path.check_ran()
+    ref_loss, ref_grads = run(torch.float64)
+    torch.testing.assert_close(loss.double(), ref_loss, rtol=1e-5, atol=1e-6)
+    for name, a, b in zip(("enc", "pred", "weight", "bias"), grads, ref_grads, strict=True):
+        assert rel(a, b) < 1e-4, (name, rel(a, b))
+
+
+@pytest.mark.parametrize(
+    "size, opts, reduction",
+    [
+        ((3, 9, 5, 20, 19), {}, "none"),
+        ((2, 8, 3, 20, 37), dict(sigma=0.05, clamp=0.02, fastemit_lambda=0.2, activation="tanh"), "sum"),
+        ((3, 4, 6, 24, 7), dict(dropout=0.2), "mean"),
+    ],
+)
+def test_multiblank_joint_loss_matches_float64(loss_path, size, opts, reduction):
+    _check_multiblank_against_float64(loss_path, *size, opts, reduction)
+
+
+def test_multiblank_joint_float64_path_is_the_unfused_composition():
+    xs, tg, il, tl = make_case(2, 5, 2, 8, 9, 0, dtype=torch.float64)
+    tg = tg % 6
+    ours = sk.multiblank_joint_loss(*xs, tg, il, tl, BIG, sigma=0.05, reduction="none")
+    logits = torch.nn.functional.linear(joint_hidden(xs[0], xs[1], 0, 5, "relu", 0.0, (0, 0)), xs[2], xs[3])
+    ref = sk.tdt.multiblank_rnnt_loss_reference(logits, tg, il, tl, BIG, 8, 0.05, reduction="none")
+    torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kw, match", [(dict(big=[1]), ">= 2"), (dict(blank=1), "no room"),
+                                       (dict(label=7), "is a big blank")])  # fmt: skip
+def test_multiblank_joint_bad_arguments(kw, match):
+    xs, tg, il, tl = make_case(2, 5, 2, 8, 9, 0)
+    tg = tg % 6
+    if "label" in kw:
+        tg[0, 0] = kw["label"]
+    with pytest.raises(ValueError, match=match):
+        sk.multiblank_joint_loss(*xs, tg, il, tl, kw.get("big", BIG), blank=kw.get("blank", -1))
+
+
+def test_multiblank_joint_module():
+    torch.manual_seed(0)
+    m = sk.MultiblankJointLoss(12, 10, 16, 11, [2, 4], sigma=0.05, reduction="sum")
+    enc, pred = torch.randn(2, 7, 12), torch.randn(2, 4, 10)
+    tg, il, tl = torch.randint(0, 8, (2, 3)), torch.tensor([7, 5]), torch.tensor([3, 1])
+    expected = sk.multiblank_rnnt_loss(m.joint(enc, pred), tg, il, tl, [2, 4], sigma=0.05, reduction="sum")
+    torch.testing.assert_close(m(enc, pred, tg, il, tl), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_gpu_multiblank_joint_loss_large_float32_and_16bit(gpu):
+    class Path:
+        device = gpu
+
+        def reset(self):
+            pass
+
+        def check_ran(self):
+            pass
+
+    _check_multiblank_against_float64(Path(), 4, 130, 37, 640, 1028, {"sigma": 0.02}, "none", big=[2, 4, 8])
+    xs, tg, il, tl = make_case(4, 70, 23, 200, 304, 0, device=gpu, seed=1)
+    tg = tg % 300
+    xs = [x.to(torch.bfloat16) for x in xs]
+
+    def f(e, p, w, b):
+        return sk.multiblank_joint_loss(e, p, w, b, tg, il, tl, [2, 4, 8], reduction="sum")
+
+    loss, grads = grads_of(xs, f)
+    ref_loss, ref_grads = grads_of([x.double() for x in xs], f)
+    assert rel(loss, ref_loss) < 1e-2
+    for a, b in zip(grads, ref_grads, strict=True):
+        assert torch.nn.functional.cosine_similarity(a.double().flatten(), b.flatten(), dim=0) > 0.999

@@ -273,6 +273,7 @@ def _joint_lattice_kernel(
     sigma2,  # TDT: sigma in log2 units, off each token's log-probability
     HAS_BIAS: tl.constexpr, DT: tl.constexpr, SPLIT: tl.constexpr, RNA: tl.constexpr,
     X: tl.constexpr,  # TDT: duration classes V .. V + X - 1 (their own log-softmax); 0: RNN-T
+    MULTI: tl.constexpr,  # with X: multi-blank's big blanks instead, classes blank - 1 - i (in the softmax)
     BT: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr, BVT: tl.constexpr, BK: tl.constexpr,
 ):  # fmt: skip
     """Program = BM rows of the chunk: online log-sum-exp over the classes [0, V), the lattice's log2
@@ -301,7 +302,7 @@ def _joint_lattice_kernel(
         j_dur = j - (n_rest + 1 + KT)  # TDT: the durations' columns next
         is_dur = (j_dur >= 0) & (j_dur < X)
         if X > 0:
-            cls = tl.where(is_dur, V + j_dur, cls)
+            cls = tl.where(is_dur, blank - 1 - j_dur if MULTI else V + j_dur, cls)
         acc = _gathered_logits(h_desc, r0, w_ptr, b_ptr, cls, H, s_wv, s_w, HAS_BIAS, DT, SPLIT, BM, BVT, BK)
         b_m, b_s = lse_step_rows(b_m, b_s, tl.where((j < n_rest)[None, :], acc * log2e(), float("-inf")))
         x_blank = tl.sum(tl.where((j == n_rest)[None, :], acc, 0.0), axis=1)
@@ -321,9 +322,12 @@ def _joint_lattice_kernel(
             lp_b -= sigma2
             lp_y -= sigma2
             x_d = tl.where(is_dur[None, :], acc * log2e(), float("-inf"))
-            m_d = tl.max(x_d, axis=1)
-            m_d = tl.where(m_d == float("-inf"), 0.0, m_d)
-            lp_d = x_d - (m_d + tl.log2(tl.sum(tl.exp2(x_d - m_d[:, None]), axis=1)))[:, None]
+            if MULTI:  # the big blanks' log-probabilities (the tokens' softmax), less sigma
+                lp_d = x_d - (lse * log2e() + sigma2)[:, None]
+            else:
+                m_d = tl.max(x_d, axis=1)
+                m_d = tl.where(m_d == float("-inf"), 0.0, m_d)
+                lp_d = x_d - (m_d + tl.log2(tl.sum(tl.exp2(x_d - m_d[:, None]), axis=1)))[:, None]
             p_cell = lat_ptr + cell * (2 + X)
             tl.store(p_cell, lp_b, mask=m_row)
             tl.store(p_cell + 1, lp_y, mask=m_row)
@@ -334,30 +338,33 @@ def _joint_lattice_kernel(
 
 
 @triton.jit
-def _dlogits(acc, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, p_dur, V_tok, CLAMP: tl.constexpr,
-             X: tl.constexpr):  # fmt: skip
-    """The logits' gradient [BM, BV] float32: g * (softmax * (occ_b + occ_e) - occ_b [blank] - occ_e [label]),
-    clamped before g (per row) scales it (as torchaudio clamps); 0 off the cells and classes. TDT (X > 0): the
-    classes from V_tok on are the durations, their gradient the occupancy kernel's coefficients (at p_dur, per
-    row), not clamped."""
-    d = tl.exp2((acc - lse[:, None]) * log2e()) * (occ_b + occ_e)[:, None]
+def _dlogits(acc, v, m_v, m_row, lse, occ_t, occ_b, occ_e, lab, g, blank, clamp, p_x, V_tok, CLAMP: tl.constexpr,
+             X: tl.constexpr, MULTI: tl.constexpr):  # fmt: skip
+    """The logits' gradient [BM, BV] float32: g * (softmax * occ_t - occ_b [blank] - occ_e [label]), clamped
+    before g (per row) scales it (as torchaudio clamps); 0 off the cells and classes. With X: TDT's classes from
+    V_tok on are the durations, their gradient the occupancy kernel's coefficients (at p_x, per row), not
+    clamped; multi-blank's big blank i (class blank - 1 - i) less its occupancy (at p_x + i)."""
+    d = tl.exp2((acc - lse[:, None]) * log2e()) * occ_t[:, None]
     d -= tl.where(v[None, :] == blank, occ_b[:, None], 0.0)
     d -= tl.where(v[None, :] == lab[:, None], occ_e[:, None], 0.0)
+    if X > 0:
+        j = blank - 1 - v if MULTI else v - V_tok
+        is_x = (j >= 0) & (j < X) & m_v
+        c = tl.load(p_x[:, None] + j[None, :], mask=m_row[:, None] & is_x[None, :], other=0.0)
+        if MULTI:
+            d -= c
     if CLAMP:
         d = tl.minimum(tl.maximum(d, -clamp), clamp)
-    if X > 0:
-        j = v - V_tok
-        is_d = (j >= 0) & m_v
-        c = tl.load(p_dur[:, None] + j[None, :], mask=m_row[:, None] & is_d[None, :], other=0.0)
-        d = tl.where(is_d[None, :], c, d)
+    if X > 0 and not MULTI:
+        d = tl.where(is_x[None, :], c, d)
     return tl.where(m_row[:, None] & m_v[None, :], g[:, None] * d, 0.0)
 
 
 @triton.jit
-def _ds_chunk(ds_ptr, ds_desc, gbp_ptr, gbp_off, rows, v0, V, V_st, s_lo, h_desc, r0, w_desc, b_ptr, lab, lse, occ_b,
-              occ_e, g, clamp, H, m_row, blank, p_dur, V_tok, HAS_BIAS: tl.constexpr, DT: tl.constexpr,
-              SPLIT: tl.constexpr, CLAMP: tl.constexpr, X: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr,
-              BK: tl.constexpr):  # fmt: skip
+def _ds_chunk(ds_ptr, ds_desc, gbp_ptr, gbp_off, rows, v0, V, V_st, s_lo, h_desc, r0, w_desc, b_ptr, lab, lse, occ_t,
+              occ_b, occ_e, g, clamp, H, m_row, blank, p_x, V_tok, HAS_BIAS: tl.constexpr, DT: tl.constexpr,
+              SPLIT: tl.constexpr, CLAMP: tl.constexpr, X: tl.constexpr, MULTI: tl.constexpr, BM: tl.constexpr,
+              BV: tl.constexpr, BK: tl.constexpr):  # fmt: skip
     """One chunk of classes [v0, v0 + BV) (below V) of the rows' logits' gradient, stored at ``rows`` (in DT; the
     columns below V_st: zeros past V; SPLIT: ``_split``'s hi there, lo s_lo columns further and hi again 2 s_lo
     further, for the products [hi | lo | hi] @ [w_hi; w_hi; w_lo], hi^T @ [h_hi | h_lo] and lo^T @ h_hi), and its
@@ -365,7 +372,7 @@ def _ds_chunk(ds_ptr, ds_desc, gbp_ptr, gbp_off, rows, v0, V, V_st, s_lo, h_desc
     v = v0 + tl.arange(0, BV)
     m_v = v < V
     x = _logits(h_desc, r0, w_desc, v0, b_ptr, v, m_v, H, HAS_BIAS, DT, SPLIT, BM, BV, BK)
-    d = _dlogits(x, v, m_v, m_row, lse, occ_b, occ_e, lab, g, blank, clamp, p_dur, V_tok, CLAMP, X)
+    d = _dlogits(x, v, m_v, m_row, lse, occ_t, occ_b, occ_e, lab, g, blank, clamp, p_x, V_tok, CLAMP, X, MULTI)
     if SPLIT:
         q = ds_ptr + rows[:, None] + v[None, :]
         hi, lo = _split(d, DT)
@@ -413,6 +420,7 @@ def _joint_dlogits_kernel(
     V_tok,  # the token classes (TDT: the durations after them, to V)
     HAS_BIAS: tl.constexpr, DT: tl.constexpr, SPLIT: tl.constexpr, CLAMP: tl.constexpr, RNA: tl.constexpr,
     X: tl.constexpr,  # TDT's durations; 0: RNN-T
+    MULTI: tl.constexpr,  # with X: multi-blank's big blanks instead
     BT: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr, BVT: tl.constexpr, BK: tl.constexpr,
 ):  # fmt: skip
     """Program = BM rows (BM / BT tiles) of the chunk x one chunk of classes (BV wide, or BVT for the last few):
@@ -436,10 +444,14 @@ def _joint_dlogits_kernel(
         p_cell = occ_ptr + cell * (2 + X)
     occ_b = tl.load(p_cell, mask=m_row, other=0.0)
     occ_e = tl.load(p_cell + 1, mask=m_row, other=0.0) * fastemit_scale
+    occ_t = occ_b + occ_e
+    if MULTI:  # the big blanks' occupancies: theirs too is the softmax's total
+        for k in tl.static_range(X):
+            occ_t += tl.load(p_cell + 2 + k, mask=m_row, other=0.0)
     g = tl.load(gloss_ptr + n * gloss_stride, mask=i < tiles, other=0.0).to(tl.float32) * gscale
     # NaN for a NaN loss: every read score's gradient is NaN then (an impossible sample's stays zero)
     g = g + tl.where(logp != float("-inf"), logp - logp, 0.0).to(tl.float32)
-    work = (m_row & ((occ_b + occ_e) != 0.0)) | (g != g)
+    work = (m_row & (occ_t != 0.0)) | (g != g)
     tile_work = tl.max(tl.reshape(work.to(tl.int32), (KT, BT)), axis=1)
     flags = tile_work * tl.sum(tl.reshape(m_row.to(tl.int32), (KT, BT)), axis=1)
     i_t = pid * KT + tl.arange(0, KT)
@@ -456,14 +468,14 @@ def _joint_dlogits_kernel(
     else:
         lse = tl.load(lse_ptr + cell, mask=m_row, other=0.0)
         lab, _has_label = _labels(tgt_ptr, stride_tg, n, u, m_row, U_n, V_tok)
-        state = (b_ptr, lab, lse, occ_b, occ_e, g, clamp, H, m_row, blank, p_cell + 2, V_tok)
+        state = (b_ptr, lab, lse, occ_t, occ_b, occ_e, g, clamp, H, m_row, blank, p_cell + 2, V_tok)
         gbp = (gbp_ptr, pid.to(tl.int64) * V)
         if cg < n_main:
             _ds_chunk(ds_ptr, ds_desc, *gbp, rows, cg * BV, V_main, st_main, s_lo, h_desc, pid * BM, w_desc, *state,
-                      HAS_BIAS, DT, SPLIT, CLAMP, X, BM, BV, BK)  # fmt: skip
+                      HAS_BIAS, DT, SPLIT, CLAMP, X, MULTI, BM, BV, BK)  # fmt: skip
         else:
             _ds_chunk(ds_ptr, dst_desc, *gbp, rows, V_main + (cg - n_main) * BVT, V, s_lo, s_lo, h_desc, pid * BM,
-                      wt_desc, *state, HAS_BIAS, DT, SPLIT, CLAMP, X, BM, BVT, BK)  # fmt: skip
+                      wt_desc, *state, HAS_BIAS, DT, SPLIT, CLAMP, X, MULTI, BM, BVT, BK)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["seed_lo", "seed_hi", "threshold"])
@@ -667,17 +679,19 @@ def joint_lattice(
     rnna: bool,
     durations: int = 0,
     sigma: float = 0.0,
+    multiblank: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The lattice of the joint network's logits, chunk by chunk: (log-sum-exps [cells] float32, lattice, aux).
     RNN-T (``durations`` 0): the [cells, 2] log2 lattice of ``kernels.rnnt_recursions`` (skewed rows) and its
     counter. TDT: the weight's last ``durations`` rows are the duration head: a [cells, 2 + durations] lattice
     (blank, next label (less sigma, log2 units), the durations' log2 log-softmax) and [N] int32 NaN counts, as
-    ``tdt.kernels``' recursions take them."""
+    ``tdt.kernels``' recursions take them. ``multiblank``: the ``durations`` extra entries are instead the big
+    blanks, classes blank - 1 - i among the V (their log2 probabilities less sigma, as the tokens')."""
     enc, pred, weight, bias = joint[:4]
     N, T, H = enc.shape
     U1 = pred.shape[1]
     V = weight.shape[0]
-    V_tok = V - durations
+    V_tok = V if multiblank else V - durations
     dev = enc.device
     if durations:
         cells = N * T * U1
@@ -709,7 +723,7 @@ def joint_lattice(
             h_desc, w_desc, w_k, bias, targets, logit_lengths, target_lengths, lse, lat, aux, n0, u0, ucc, tiles, T,
             U1, V_tok, k_h, n_tb, v_main, w_k.stride(0), w_k.shape[1], targets.stride(0), blank,
             sigma * 1.4426950408889634, HAS_BIAS=bias is not None, DT=meta["DT"], SPLIT=split, RNA=rnna, X=durations,
-            BT=BT, BM=bf["BM"], BV=bf["BV"], BVT=bf["BVT"], BK=bf["BK"], **_launch(bf),
+            MULTI=multiblank, BT=BT, BM=bf["BM"], BV=bf["BV"], BVT=bf["BVT"], BK=bf["BK"], **_launch(bf),
         )  # fmt: skip
     return lse, lat, aux
 
@@ -727,11 +741,13 @@ def joint_backward(
     rnna: bool,
     reduction: str = "none",
     durations: int = 0,
+    multiblank: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Gradients of sum(grad_out * loss) (reduction "none"; else of grad_out * the sum or batch mean) with
     respect to enc, pred, weight and bias, in their dtypes; ``state``: ``joint_forward``'s (log-sum-exps, edge
     occupancies, log2 p). TDT (``durations`` > 0, the weight's last rows): the occupancies are the TDT occupancy
-    kernel's (the label's FastEmit scale included: ``fastemit_lambda`` is not applied again).
+    kernel's (the label's FastEmit scale included: ``fastemit_lambda`` is not applied again); ``multiblank``: the
+    extra entries are big blanks.
 
     Chunk by chunk of tiles (samples x labels, all frames; at most ``CHUNK_BYTES`` of hidden vectors and logits'
     gradient): the logits' gradient of the chunk's tiles, then its products with the hidden vectors (into the
@@ -784,8 +800,9 @@ def joint_backward(
         _joint_dlogits_kernel[(triton.cdiv(tiles * BT, b1["BM"]) * n_cg,)](
             h_desc, *w_descs, bias, targets, logit_lengths, target_lengths, lse, occ, logp, grad_out, ds, *ds_descs,
             flags, gbp, gstride, gscale, n0, u0, ucc, tiles, T, U1, V, k_h, n_tb, v_main, d_cols, s_ds,
-            targets.stride(0), blank, 1.0 if durations else 1.0 + fastemit_lambda, max(clamp, 0.0), V - durations,
-            HAS_BIAS=bias is not None, CLAMP=clamp > 0, RNA=rnna, X=durations, BT=BT, BM=b1["BM"], BV=b1["BV"],
+            targets.stride(0), blank, 1.0 if durations else 1.0 + fastemit_lambda, max(clamp, 0.0),
+            V if multiblank else V - durations, HAS_BIAS=bias is not None, CLAMP=clamp > 0, RNA=rnna, X=durations,
+            MULTI=multiblank, BT=BT, BM=b1["BM"], BV=b1["BV"],
             BVT=b1["BVT"], BK=b1["BK"], **prec, **_launch(b1),
         )  # fmt: skip
         d, h = ds[: tiles * BT], hbuf[: tiles * BT]

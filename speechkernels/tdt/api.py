@@ -269,24 +269,41 @@ def multiblank_rnnt_loss(
         >>> loss = multiblank_rnnt_loss(logits, torch.randint(0, 5, (2, 3)), [10, 8], [3, 2], [2, 4])
     """
     opts = transducer_options(**options)
-    big = _durations(big_blank_durations, "big_blank_durations", 2)
+    big = big_blanks_of(big_blank_durations)
     N, T, U1, V = _check_logits(logits, 0, "big blanks")
     if not -V <= opts.blank < V:
         raise ValueError(f"blank={opts.blank} is outside [-V, V) for V={V}")
-    b = opts.blank + V if opts.blank < 0 else opts.blank
-    if b < len(big):
-        raise ValueError(f"the {len(big)} big blanks sit before the blank (indices {b - len(big)} to {b - 1}): "
-                         f"blank={opts.blank} leaves no room for them in V={V} classes")  # fmt: skip
+    check_big_blank_room(opts.blank, V, len(big))
     targets, il, tl, blank = _inputs(logits, targets, logit_lengths, target_lengths, opts, V, "")
-    if opts.validate and big:
-        U = U1 - 1
-        valid = torch.arange(U, device=targets.device)[None, :] < tl[:, None]
-        bad = valid & (targets >= blank - len(big)) & (targets < blank)
-        if bad.any():
-            flat = first_index(bad.reshape(-1))
-            raise ValueError(f"targets[{flat // U}, {flat % U}]={int(targets.reshape(-1)[flat])} is a big blank "
-                             f"(indices {blank - len(big)} to {blank - 1})")  # fmt: skip
+    if opts.validate:
+        check_no_big_blank_label(targets, tl, blank, len(big))
     return _loss("multiblank", logits, targets, il, tl, big, blank, opts)
+
+
+def big_blanks_of(value) -> tuple[int, ...]:
+    """Multi-blank's ``big_blank_durations``, checked: distinct integers >= 2."""
+    return _durations(value, "big_blank_durations", 2)
+
+
+def check_big_blank_room(blank: int, V: int, n_big: int) -> None:
+    """The big blanks sit before the blank: blank (in [-V, V)) leaves room for them among the V classes."""
+    b = blank + V if blank < 0 else blank
+    if b < n_big:
+        raise ValueError(f"the {n_big} big blanks sit before the blank (indices {b - n_big} to {b - 1}): "
+                         f"blank={blank} leaves no room for them in V={V} classes")  # fmt: skip
+
+
+def check_no_big_blank_label(targets: torch.Tensor, tl: torch.Tensor, blank: int, n_big: int) -> None:
+    """No label (within target_lengths) is a big blank (classes blank - n_big .. blank - 1); reads them once."""
+    if not n_big:
+        return
+    U = targets.shape[1]
+    valid = torch.arange(U, device=targets.device)[None, :] < tl[:, None]
+    bad = valid & (targets >= blank - n_big) & (targets < blank)
+    if bad.any():
+        flat = first_index(bad.reshape(-1))
+        raise ValueError(f"targets[{flat // U}, {flat % U}]={int(targets.reshape(-1)[flat])} is a big blank "
+                         f"(indices {blank - n_big} to {blank - 1})")  # fmt: skip
 
 
 class TDTLoss(LossModule, loss=tdt_loss):

@@ -1,7 +1,7 @@
-"""The joint network fused with the TDT loss: the token and duration heads' logits never exist on the GPU. Argument
-checks, dispatch to the fused kernels (the RNN-T joint's chunked products, with the duration head's rows in the
-narrow chunk of gathered weight rows, then the TDT recursions) or to the PyTorch path (logits made, then
-``tdt_loss``), autograd; and the module owning the joint's layers."""
+"""The joint network fused with the TDT and multi-blank losses: the logits never exist on the GPU. Argument checks,
+dispatch to the fused kernels (the RNN-T joint's chunked products, with the duration head's rows or the big blanks
+in the narrow chunk of gathered weight rows, then the TDT recursions) or to the PyTorch path (logits made, then
+``tdt_loss`` / ``multiblank_rnnt_loss``), autograd; and the modules owning the joint's layers."""
 
 from __future__ import annotations
 
@@ -16,45 +16,53 @@ from ..rnnt.api import state_fake, validate_on_device
 from ..rnnt.joint import JointLossModule, as_dropout, draw_seed, joint_inputs, rnnt_joint_loss
 from ..rnnt.joint_reference import ACTIVATIONS, joint_hidden
 from ..rnnt.reference import reduce_loss
-from .api import durations_of, tdt_loss
+from .api import (
+    big_blanks_of,
+    check_big_blank_room,
+    check_no_big_blank_label,
+    durations_of,
+    multiblank_rnnt_loss,
+    tdt_loss,
+)
 
 joint_kernels = optional_kernels("speechkernels.rnnt.joint_kernels")
 tdt_kernels = optional_kernels(__package__ + ".kernels")
 
 _INPUTS = (
-    "Tensor enc, Tensor pred, Tensor weight, Tensor? bias, Tensor targets, Tensor il, Tensor tl, int[] durations, "
+    "Tensor enc, Tensor pred, Tensor weight, Tensor? bias, Tensor targets, Tensor il, Tensor tl, str kind, "
+    "int[] durations, "
     "int blank, str activation, float dropout, int seed_lo, int seed_hi, float sigma, float fastemit_lambda, "
     "float loss_scale, float clamp, bool need_grad, bool validate, str reduction"
 )
 
 
-def _forward(enc, pred, weight, bias, targets, il, tl, durations, blank, activation, dropout, seed_lo, seed_hi, sigma,
-             fastemit_lambda, loss_scale, clamp, need_grad, validate, reduction):  # fmt: skip
+def _forward(enc, pred, weight, bias, targets, il, tl, kind, durations, blank, activation, dropout, seed_lo, seed_hi,
+             sigma, fastemit_lambda, loss_scale, clamp, need_grad, validate, reduction):  # fmt: skip
     """The lattice from the fused joint kernels, the TDT recursions; the loss reduced and the backward's state
     (log-sum-exps, the entries' coefficients, log2 p)."""
     N, T, _ = enc.shape
-    U1, X = pred.shape[1], len(durations)
+    U1, X, multi = pred.shape[1], len(durations), kind == "multiblank"
     if validate:
-        validate_on_device(T, U1 - 1, weight.shape[0] - X, targets, il, tl, blank)
+        validate_on_device(T, U1 - 1, weight.shape[0] - (0 if multi else X), targets, il, tl, blank)
     joint = joint_kernels.JointNetwork(enc, pred, weight, bias, activation, dropout, (seed_lo, seed_hi))
-    lse, lat, nan = joint_kernels.joint_lattice(joint, targets, il, tl, blank, False, X, sigma)
-    loss, logp = tdt_kernels.tdt_recursions(lat, nan, il, tl, "tdt", tuple(durations), T, U1, True, fastemit_lambda,
+    lse, lat, nan = joint_kernels.joint_lattice(joint, targets, il, tl, blank, False, X, sigma, multi)
+    loss, logp = tdt_kernels.tdt_recursions(lat, nan, il, tl, kind, tuple(durations), T, U1, True, fastemit_lambda,
                                             loss_scale, need_grad)  # fmt: skip
     return reduce_loss(loss, reduction), (lse, lat, logp)
 
 
-def _forward_fake(enc, pred, weight, bias, targets, il, tl, durations, blank, activation, dropout, seed_lo, seed_hi,
-                  sigma, fastemit_lambda, loss_scale, clamp, need_grad, validate, reduction):  # fmt: skip
+def _forward_fake(enc, pred, weight, bias, targets, il, tl, kind, durations, blank, activation, dropout, seed_lo,
+                  seed_hi, sigma, fastemit_lambda, loss_scale, clamp, need_grad, validate, reduction):  # fmt: skip
     cells = enc.shape[0] * enc.shape[1] * pred.shape[1]
     return state_fake(enc, enc.shape[0], reduction, cells, cells * (2 + len(durations)))
 
 
-def _backward(grad_loss, enc, pred, weight, bias, targets, il, tl, lse, occ, logp, durations, blank, activation,
-              dropout, seed_lo, seed_hi, clamp, reduction):  # fmt: skip
+def _backward(grad_loss, enc, pred, weight, bias, targets, il, tl, lse, occ, logp, kind, durations, blank,
+              activation, dropout, seed_lo, seed_hi, clamp, reduction):  # fmt: skip
     """Gradients for enc, pred, weight and bias (None without a bias)."""
     joint = joint_kernels.JointNetwork(enc, pred, weight, bias, activation, dropout, (seed_lo, seed_hi))
     return joint_kernels.joint_backward(grad_loss, joint, targets, il, tl, (lse, occ, logp), blank, 0.0, clamp, False,
-                                        reduction, durations=len(durations))  # fmt: skip
+                                        reduction, len(durations), kind == "multiblank")  # fmt: skip
 
 
 TDT_JOINT_LOSS_OP = None
@@ -146,6 +154,14 @@ def tdt_joint_loss(
                 dropout=dropout, blank=blank, reduction=reduction, clamp=clamp, fastemit_lambda=fastemit_lambda,
                 fastemit_loss_scale=fastemit_loss_scale, validate=validate, generator=generator,
             )  # fmt: skip
+    return _joint_loss("tdt", enc, pred, weight, bias, targets, il, tl, durations, blank_v, activation, dropout, sigma,
+                       reduction, clamp, fastemit_lambda, fastemit_loss_scale, validate, generator)  # fmt: skip
+
+
+def _joint_loss(kind, enc, pred, weight, bias, targets, il, tl, durations, blank, activation, dropout, sigma,
+                reduction, clamp, fastemit_lambda, fastemit_loss_scale, validate, generator):  # fmt: skip
+    """The loss of checked inputs: the fused kernels where they take them, else the logits made and the unfused
+    loss (``tdt_loss`` or ``multiblank_rnnt_loss``)."""
     N, T, _ = enc.shape
     dev = enc.device
     seed = draw_seed(generator) if dropout > 0 else (0, 0)
@@ -156,14 +172,69 @@ def tdt_joint_loss(
                 x is not None and x.requires_grad for x in (enc, pred, weight, bias)
             )
             return TDT_JOINT_LOSS_OP.apply(
-                enc, pred, weight, bias, targets.contiguous(), il, tl, list(durations), blank_v, activation, dropout,
-                *seed, sigma, fastemit_lambda, loss_scale, clamp, need_grad, validate, reduction,
+                enc, pred, weight, bias, targets.contiguous(), il, tl, kind, list(durations), blank, activation,
+                dropout, *seed, sigma, fastemit_lambda, loss_scale, clamp, need_grad, validate, reduction,
             )  # fmt: skip
         logits = torch.nn.functional.linear(joint_hidden(enc, pred, 0, T, activation, dropout, seed), weight, bias)
-        return tdt_loss(
-            logits, targets, il, tl, durations, blank=blank_v, sigma=sigma, reduction=reduction, clamp=clamp,
+        loss = tdt_loss if kind == "tdt" else multiblank_rnnt_loss
+        return loss(
+            logits, targets, il, tl, durations, blank=blank, sigma=sigma, reduction=reduction, clamp=clamp,
             fastemit_lambda=fastemit_lambda, fastemit_loss_scale=fastemit_loss_scale, validate=validate,
         )  # fmt: skip
+
+
+def multiblank_joint_loss(
+    enc: torch.Tensor,
+    pred: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    logit_lengths: Lengths,
+    target_lengths: Lengths,
+    big_blank_durations: Sequence[int],
+    *,
+    activation: str = "relu",
+    dropout: float = 0.0,
+    blank: int = -1,
+    sigma: float = 0.0,
+    reduction: str = "mean",
+    clamp: float = -1.0,
+    fastemit_lambda: float = 0.0,
+    fastemit_loss_scale: bool = True,
+    validate: bool = True,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """The multi-blank transducer loss of the joint network ``logits = weight @ dropout(act(enc_t + pred_u)) +
+    bias`` (weight [V, H]: one softmax over the V classes, big blank i at class ``blank - 1 - i`` as
+    ``multiblank_rnnt_loss`` lays them out), without materialising the [N, T, U+1, V] logits (on the GPU).
+
+    Equal to ``multiblank_rnnt_loss(F.linear(dropout(act(enc[:, :, None] + pred[:, None])), weight, bias), ...)``
+    with the same loss arguments; enc, pred, activation, dropout and generator as ``rnnt_joint_loss``'s, the rest
+    as ``multiblank_rnnt_loss``'s.
+
+    Example:
+        >>> out = torch.nn.Linear(64, 30)  # 26 labels, big blanks 8, 4, 2, the blank
+        >>> loss = multiblank_joint_loss(enc, pred, out.weight, out.bias, targets, [50, 40], [5, 3], [2, 4, 8])
+    """
+    big = big_blanks_of(big_blank_durations)
+    activation = as_choice(activation, "activation", ACTIVATIONS)
+    dropout = as_dropout(dropout)
+    blank = as_int(blank, "blank")
+    sigma = as_float(sigma, "sigma", finite=True)
+    clamp = as_float(clamp, "clamp")
+    reduction = as_choice(reduction, "reduction", REDUCTIONS)
+    fastemit_lambda = as_float(fastemit_lambda, "fastemit_lambda", minimum=0.0, finite=True)
+    fastemit_loss_scale = as_bool(fastemit_loss_scale, "fastemit_loss_scale")
+    validate = as_bool(validate, "validate")
+    generator = as_generator(generator)
+    enc, pred, weight, bias, targets, il, tl, blank_v = joint_inputs(
+        enc, pred, weight, bias, targets, logit_lengths, target_lengths, blank, reduction
+    )
+    check_big_blank_room(blank, weight.shape[0], len(big))
+    if validate:
+        check_no_big_blank_label(targets, tl, blank_v, len(big))
+    return _joint_loss("multiblank", enc, pred, weight, bias, targets, il, tl, big, blank_v, activation, dropout,
+                       sigma, reduction, clamp, fastemit_lambda, fastemit_loss_scale, validate, generator)  # fmt: skip
 
 
 class TDTJointLoss(JointLossModule, loss=tdt_joint_loss):
@@ -226,3 +297,50 @@ class TDTJointLoss(JointLossModule, loss=tdt_joint_loss):
 
     def extra_repr(self) -> str:
         return f"durations={list(self.durations)}, " + super().extra_repr()
+
+
+class MultiblankJointLoss(JointLossModule, loss=multiblank_joint_loss):
+    """A multi-blank transducer's joint network and its loss in one module (layers as :class:`RNNTJointLoss`'s,
+    the output layer's V rows holding the big blanks before the blank), the loss computed by
+    :func:`multiblank_joint_loss`.
+
+    Example:
+        >>> joint = MultiblankJointLoss(512, 640, 640, 1028, big_blank_durations=[2, 4, 8])
+        >>> loss = joint(encoder_out, predictor_out, targets, frames, labels)
+    """
+
+    def __init__(
+        self,
+        enc_dim: int,
+        pred_dim: int,
+        joint_dim: int,
+        vocab_size: int,
+        big_blank_durations: Sequence[int],
+        activation: str = "relu",
+        dropout: float = 0.0,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        **loss_options,
+    ) -> None:
+        super().__init__()
+        self.big_blank_durations = big_blanks_of(big_blank_durations)
+        dims = (enc_dim, pred_dim, joint_dim, vocab_size)
+        self._build(dims, 0, activation, dropout, device, dtype, loss_options)
+
+    def forward(
+        self,
+        encoder_outputs: torch.Tensor,
+        predictor_outputs: torch.Tensor,
+        targets: torch.Tensor,
+        logit_lengths: Lengths,
+        target_lengths: Lengths,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """The loss of encoder outputs [N, T, enc_dim] and predictor outputs [N, U+1, pred_dim] for ``targets``
+        [N, U]."""
+        return self._loss_of(encoder_outputs, predictor_outputs, targets, logit_lengths, target_lengths,
+                             self.big_blank_durations, generator=generator)  # fmt: skip
+
+    def extra_repr(self) -> str:
+        return f"big_blank_durations={list(self.big_blank_durations)}, " + super().extra_repr()
