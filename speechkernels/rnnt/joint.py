@@ -4,7 +4,7 @@ or the PyTorch reference, autograd; and the module owning the joint's three line
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -232,49 +232,90 @@ def rnnt_joint_loss(
 
 class JointLossModule(torch.nn.Module):
     """A transducer's joint network and its loss in one module (``class M(JointLossModule, loss=fn)``, fn a fused
-    joint loss): the encoder and predictor projections to the joint width, the activation, dropout and the output
+    joint loss; ``extra="durations"``: fn's positional argument after the lengths, taken by the constructor after
+    ``vocab_size``, checked by the class's ``_check_extra``, adding ``_extra_rows(value)`` rows to the output
+    layer): the encoder and predictor projections to the joint width, the activation, dropout and the output
     layer, the loss computed by ``fn`` with the options (fn's keyword-only parameters but the joint's own and the
-    generator) the constructor took; its signature shows them."""
+    generator) the constructor took. The constructor's signature (``inspect.signature``, ``help``) shows them:
+    ``(enc_dim, pred_dim, joint_dim, vocab_size, [extra], activation="relu", dropout=0.0, *, device=None,
+    dtype=None, **options)``."""
 
     _loss: Callable
+    _extra: str | None = None
     _options: dict[str, inspect.Parameter] = {}
 
-    def __init_subclass__(cls, loss: Callable | None = None, **kwargs) -> None:
+    def __init_subclass__(cls, loss: Callable | None = None, extra: str | None = None, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
         if loss is None:
             return
-        cls._loss = staticmethod(loss)
+        cls._loss, cls._extra = staticmethod(loss), extra
         cls._options = {
             name: p
             for name, p in inspect.signature(loss).parameters.items()
             if p.kind is inspect.Parameter.KEYWORD_ONLY and name not in ("activation", "dropout", "generator")
         }
-        own = list(inspect.signature(cls.__init__).parameters.values())[1:-1]
-        cls.__signature__ = inspect.Signature([*own, *cls._options.values()])
+        P = inspect.Parameter
+        dims = [
+            P(n, P.POSITIONAL_OR_KEYWORD, annotation=int) for n in ("enc_dim", "pred_dim", "joint_dim", "vocab_size")
+        ]
+        own = [P(extra, P.POSITIONAL_OR_KEYWORD, annotation=Sequence[int])] if extra else []
+        own += [P("activation", P.POSITIONAL_OR_KEYWORD, default="relu", annotation=str),
+                P("dropout", P.POSITIONAL_OR_KEYWORD, default=0.0, annotation=float),
+                P("device", P.KEYWORD_ONLY, default=None, annotation=torch.device | str | None),
+                P("dtype", P.KEYWORD_ONLY, default=None, annotation=torch.dtype | None)]  # fmt: skip
+        cls.__signature__ = inspect.Signature([*dims, *own, *cls._options.values()])
 
-    def _build(self, dims: tuple[int, int, int, int], extra: int, activation: str, dropout: float, device, dtype,
-               loss_options: dict) -> None:  # fmt: skip
-        """The layers (out: H -> vocab_size + extra) and the loss's options, checked."""
-        unknown = sorted(set(loss_options) - set(self._options))
-        if unknown:
-            raise TypeError(f"{type(self).__name__}: unexpected keyword arguments {unknown} (the loss's options: "
-                            f"{', '.join(self._options)})")  # fmt: skip
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__()
+        try:
+            bound = self.__signature__.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{type(self).__name__}: {e} (the loss's options: {', '.join(self._options)})") from None
+        bound.apply_defaults()
+        a = bound.arguments
         names = ("enc_dim", "pred_dim", "joint_dim", "vocab_size")
-        enc_dim, pred_dim, joint_dim, vocab_size = (as_int(x, k, minimum=1) for x, k in zip(dims, names, strict=True))
-        self.activation = as_choice(activation, "activation", ACTIVATIONS)
-        self.dropout = as_dropout(dropout)
-        factory = dict(device=device, dtype=dtype)
+        enc_dim, pred_dim, joint_dim, vocab_size = (as_int(a[k], k, minimum=1) for k in names)
+        rows = 0
+        if self._extra:
+            value = self._check_extra(a[self._extra])
+            setattr(self, self._extra, value)
+            rows = self._extra_rows(value)
+        self.activation = as_choice(a["activation"], "activation", ACTIVATIONS)
+        self.dropout = as_dropout(a["dropout"])
+        factory = dict(device=a["device"], dtype=a["dtype"])
         self.enc = torch.nn.Linear(enc_dim, joint_dim, **factory)
         self.pred = torch.nn.Linear(pred_dim, joint_dim, **factory)
-        self.out = torch.nn.Linear(joint_dim, vocab_size + extra, **factory)
-        self.loss_args = {name: loss_options.get(name, p.default) for name, p in self._options.items()}
+        self.out = torch.nn.Linear(joint_dim, vocab_size + rows, **factory)
+        self.loss_args = {name: a[name] for name in self._options}
 
-    def _loss_of(self, encoder_outputs, predictor_outputs, *args, generator=None) -> torch.Tensor:
+    @staticmethod
+    def _check_extra(value):
+        return value
+
+    @staticmethod
+    def _extra_rows(value) -> int:
+        return 0
+
+    def forward(
+        self,
+        encoder_outputs: torch.Tensor,
+        predictor_outputs: torch.Tensor,
+        targets: torch.Tensor,
+        logit_lengths: Lengths,
+        target_lengths: Lengths,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """The loss of encoder outputs [N, T, enc_dim] and predictor outputs [N, U+1, pred_dim] (the prediction
+        network's states before each label and after the last) for ``targets`` [N, U]."""
         return self._loss(
-            self.enc(encoder_outputs), self.pred(predictor_outputs), self.out.weight, self.out.bias, *args,
-            activation=self.activation, dropout=self.dropout if self.training else 0.0, generator=generator,
-            **self.loss_args,
+            self.enc(encoder_outputs), self.pred(predictor_outputs), self.out.weight, self.out.bias, targets,
+            logit_lengths, target_lengths, *self._loss_inputs(), activation=self.activation,
+            dropout=self.dropout if self.training else 0.0, generator=generator, **self.loss_args,
         )  # fmt: skip
+
+    def _loss_inputs(self) -> tuple:
+        """The loss's positional arguments after the lengths: the extra one, if any."""
+        return (getattr(self, self._extra),) if self._extra else ()
 
     def joint(self, encoder_outputs: torch.Tensor, predictor_outputs: torch.Tensor) -> torch.Tensor:
         """The logits [N, T, U+1, outputs] (or of any broadcastable [..., T, 1, enc_dim] and [..., 1, U, pred_dim]
@@ -286,8 +327,11 @@ class JointLossModule(torch.nn.Module):
         return self.out(activation_fn(self.activation)(e + p))
 
     def extra_repr(self) -> str:
-        return f"activation={self.activation!r}, dropout={self.dropout}, " + ", ".join(
-            f"{k}={v!r}" for k, v in self.loss_args.items()
+        extra = f"{self._extra}={list(getattr(self, self._extra))}, " if self._extra else ""
+        return (
+            extra
+            + f"activation={self.activation!r}, dropout={self.dropout}, "
+            + ", ".join(f"{k}={v!r}" for k, v in self.loss_args.items())
         )
 
 
@@ -315,36 +359,6 @@ class RNNTJointLoss(JointLossModule, loss=rnnt_joint_loss):
         ...     loss = joint(encoder_out, predictor_out, targets, frames, labels)  # [N, T, 512], [N, U+1, 640]
         >>> loss.backward()
     """
-
-    def __init__(
-        self,
-        enc_dim: int,
-        pred_dim: int,
-        joint_dim: int,
-        vocab_size: int,
-        activation: str = "relu",
-        dropout: float = 0.0,
-        *,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-        **loss_options,
-    ) -> None:
-        super().__init__()
-        self._build((enc_dim, pred_dim, joint_dim, vocab_size), 0, activation, dropout, device, dtype, loss_options)
-
-    def forward(
-        self,
-        encoder_outputs: torch.Tensor,
-        predictor_outputs: torch.Tensor,
-        targets: torch.Tensor,
-        logit_lengths: Lengths,
-        target_lengths: Lengths,
-        generator: torch.Generator | None = None,
-    ) -> torch.Tensor:
-        """The loss of encoder outputs [N, T, enc_dim] and predictor outputs [N, U+1, pred_dim] (the prediction
-        network's states before each label and after the last) for ``targets`` [N, U]."""
-        return self._loss_of(encoder_outputs, predictor_outputs, targets, logit_lengths, target_lengths,
-                             generator=generator)  # fmt: skip
 
 
 __all__ = ["JointLossModule", "RNNTJointLoss", "rnnt_joint_loss", "joint_hidden"]

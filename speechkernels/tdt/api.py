@@ -87,12 +87,17 @@ def transducer_options(
     )  # fmt: skip
 
 
-def _with_options(loss: Callable) -> Callable:
-    """``loss(*inputs, **options)`` shown with ``transducer_options``' parameters as its keyword-only ones."""
-    own = [p for p in inspect.signature(loss).parameters.values() if p.kind is not p.VAR_KEYWORD]
-    shared = [p.replace(kind=p.KEYWORD_ONLY) for p in inspect.signature(transducer_options).parameters.values()]
-    loss.__signature__ = inspect.Signature(own + shared, return_annotation=torch.Tensor)
-    return loss
+def with_options(options: Callable) -> Callable[[Callable], Callable]:
+    """A decorator: ``loss(*inputs, **kw)`` shown with ``options``' parameters as its keyword-only ones (after its
+    own), so that losses sharing an options function cannot drift apart."""
+
+    def decorate(loss: Callable) -> Callable:
+        own = [p for p in inspect.signature(loss).parameters.values() if p.kind is not p.VAR_KEYWORD]
+        shared = [p.replace(kind=p.KEYWORD_ONLY) for p in inspect.signature(options).parameters.values()]
+        loss.__signature__ = inspect.Signature(own + shared, return_annotation=torch.Tensor)
+        return loss
+
+    return decorate
 
 
 def _durations(value, name: str, minimum: int) -> tuple[int, ...]:
@@ -167,7 +172,7 @@ def _loss(kind, logits, targets, il, tl, durations, blank, opts: TransducerOptio
     return reduce_loss(loss, opts.reduction)
 
 
-@_with_options
+@with_options(transducer_options)
 def tdt_loss(
     logits: torch.Tensor,
     targets: torch.Tensor,
@@ -239,7 +244,7 @@ def tdt_loss(
     return _loss("tdt", logits, targets, il, tl, durations, blank, opts)
 
 
-@_with_options
+@with_options(transducer_options)
 def multiblank_rnnt_loss(
     logits: torch.Tensor,
     targets: torch.Tensor,

@@ -5,24 +5,29 @@ in the narrow chunk of gathered weight rows, then the TDT recursions) or to the 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
-from .._loss_inputs import REDUCTIONS, Lengths
+from .._loss_inputs import Lengths
 from .._op import LossOp
-from .._utils import as_bool, as_choice, as_float, as_generator, as_int, optional_kernels, use_triton
+from .._utils import as_choice, as_float, as_generator, optional_kernels, use_triton
 from ..rnnt.api import state_fake, validate_on_device
 from ..rnnt.joint import JointLossModule, as_dropout, draw_seed, joint_inputs, rnnt_joint_loss
 from ..rnnt.joint_reference import ACTIVATIONS, joint_hidden
 from ..rnnt.reference import reduce_loss
 from .api import (
+    TransducerOptions,
     big_blanks_of,
     check_big_blank_room,
     check_no_big_blank_label,
     durations_of,
     multiblank_rnnt_loss,
     tdt_loss,
+    transducer_options,
+    with_options,
 )
 
 joint_kernels = optional_kernels("speechkernels.rnnt.joint_kernels")
@@ -71,28 +76,39 @@ if joint_kernels is not None and tdt_kernels is not None:
                                n_state=3, grads="enc pred weight bias")  # fmt: skip
 
 
+class JointOptions(NamedTuple):
+    """The checked options of a fused TDT or multi-blank joint loss (``joint_options``): the joint's activation,
+    dropout and generator, and the loss's (``transducer_options``; the logits are scores)."""
+
+    activation: str
+    dropout: float
+    generator: torch.Generator | None
+    loss: TransducerOptions
+
+
+def joint_options(activation: str = "relu", dropout: float = 0.0, generator: torch.Generator | None = None,
+                  **loss) -> JointOptions:  # fmt: skip
+    """The options both fused losses take, checked (a ValueError names a bad one): the joint's, and the loss's as
+    ``transducer_options`` takes them (but ``fused_log_softmax``: the joint's outputs are scores)."""
+    if "fused_log_softmax" in loss:
+        raise TypeError("got an unexpected keyword argument 'fused_log_softmax' (the joint's outputs are scores)")
+    return JointOptions(as_choice(activation, "activation", ACTIVATIONS), as_dropout(dropout), as_generator(generator),
+                        transducer_options(**loss))  # fmt: skip
+
+
+joint_options.__signature__ = inspect.Signature(
+    [p for p in inspect.signature(joint_options).parameters.values() if p.kind is not p.VAR_KEYWORD]
+    + [p for p in inspect.signature(transducer_options).parameters.values() if p.name != "fused_log_softmax"],
+    return_annotation=JointOptions,
+)
+
+
+@with_options(joint_options)
 def tdt_joint_loss(
-    enc: torch.Tensor,
-    pred: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    targets: torch.Tensor,
-    logit_lengths: Lengths,
-    target_lengths: Lengths,
-    durations: Sequence[int],
-    *,
-    activation: str = "relu",
-    dropout: float = 0.0,
-    blank: int = -1,
-    sigma: float = 0.0,
-    omega: float = 0.0,
-    reduction: str = "mean",
-    clamp: float = -1.0,
-    fastemit_lambda: float = 0.0,
-    fastemit_loss_scale: bool = True,
-    validate: bool = True,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
+    enc: torch.Tensor, pred: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,  # the joint network
+    targets: torch.Tensor, logit_lengths: Lengths, target_lengths: Lengths,  # the labels
+    durations: Sequence[int], *, omega: float = 0.0, **options,
+) -> torch.Tensor:  # fmt: skip
     """The TDT loss of the joint network ``logits = weight @ dropout(act(enc_t + pred_u)) + bias`` whose last
     ``len(durations)`` outputs are the duration head (NeMo's TDT joint layout: one output layer of V + D rows, the
     V token rows then the D duration rows), without materialising the [N, T, U+1, V + D] logits (on the GPU; the
@@ -128,82 +144,71 @@ def tdt_joint_loss(
         >>> loss.backward()
     """
     durations = durations_of(durations)
-    activation = as_choice(activation, "activation", ACTIVATIONS)
-    dropout = as_dropout(dropout)
-    blank = as_int(blank, "blank")
-    sigma = as_float(sigma, "sigma", finite=True)
+    opts = joint_options(**options)
     omega = as_float(omega, "omega", minimum=0.0)
     if omega > 1.0:
         raise ValueError(f"omega must be a probability in [0, 1], got {omega}")
-    clamp = as_float(clamp, "clamp")
-    reduction = as_choice(reduction, "reduction", REDUCTIONS)
-    fastemit_lambda = as_float(fastemit_lambda, "fastemit_lambda", minimum=0.0, finite=True)
-    fastemit_loss_scale = as_bool(fastemit_loss_scale, "fastemit_loss_scale")
-    validate = as_bool(validate, "validate")
-    generator = as_generator(generator)
     X = len(durations)
     enc, pred, weight, bias, targets, il, tl, blank_v = joint_inputs(
-        enc, pred, weight, bias, targets, logit_lengths, target_lengths, blank, reduction, X, "durations"
+        enc,
+        pred,
+        weight,
+        bias,
+        targets,
+        logit_lengths,
+        target_lengths,
+        opts.loss.blank,
+        opts.loss.reduction,
+        X,
+        "durations",
     )
     V = weight.shape[0] - X
     if omega > 0.0:
-        dev = generator.device if generator is not None else "cpu"
-        if torch.rand((), generator=generator, device=dev).item() < omega:
+        dev = opts.generator.device if opts.generator is not None else "cpu"
+        if torch.rand((), generator=opts.generator, device=dev).item() < omega:
+            lo = opts.loss
             return rnnt_joint_loss(
-                enc, pred, weight[:V], None if bias is None else bias[:V], targets, il, tl, activation=activation,
-                dropout=dropout, blank=blank, reduction=reduction, clamp=clamp, fastemit_lambda=fastemit_lambda,
-                fastemit_loss_scale=fastemit_loss_scale, validate=validate, generator=generator,
+                enc, pred, weight[:V], None if bias is None else bias[:V], targets, il, tl, activation=opts.activation,
+                dropout=opts.dropout, blank=lo.blank, reduction=lo.reduction, clamp=lo.clamp,
+                fastemit_lambda=lo.fastemit_lambda, fastemit_loss_scale=lo.fastemit_loss_scale, validate=lo.validate,
+                generator=opts.generator,
             )  # fmt: skip
-    return _joint_loss("tdt", enc, pred, weight, bias, targets, il, tl, durations, blank_v, activation, dropout, sigma,
-                       reduction, clamp, fastemit_lambda, fastemit_loss_scale, validate, generator)  # fmt: skip
+    return _joint_loss("tdt", enc, pred, weight, bias, targets, il, tl, durations, blank_v, opts)
 
 
-def _joint_loss(kind, enc, pred, weight, bias, targets, il, tl, durations, blank, activation, dropout, sigma,
-                reduction, clamp, fastemit_lambda, fastemit_loss_scale, validate, generator):  # fmt: skip
+def _joint_loss(kind, enc, pred, weight, bias, targets, il, tl, durations, blank, opts: JointOptions):
     """The loss of checked inputs: the fused kernels where they take them, else the logits made and the unfused
     loss (``tdt_loss`` or ``multiblank_rnnt_loss``)."""
     N, T, _ = enc.shape
     dev = enc.device
-    seed = draw_seed(generator) if dropout > 0 else (0, 0)
-    loss_scale = 1.0 + fastemit_lambda if fastemit_loss_scale else 1.0
+    lo = opts.loss
+    seed = draw_seed(opts.generator) if opts.dropout > 0 else (0, 0)
+    loss_scale = 1.0 + lo.fastemit_lambda if lo.fastemit_loss_scale else 1.0
     with torch.autocast(dev.type, enabled=False):
         if joint_kernels is not None and tdt_kernels is not None and use_triton(enc) and N > 0 and T > 0:
             need_grad = torch.is_grad_enabled() and any(
                 x is not None and x.requires_grad for x in (enc, pred, weight, bias)
             )
             return TDT_JOINT_LOSS_OP.apply(
-                enc, pred, weight, bias, targets.contiguous(), il, tl, kind, list(durations), blank, activation,
-                dropout, *seed, sigma, fastemit_lambda, loss_scale, clamp, need_grad, validate, reduction,
+                enc, pred, weight, bias, targets.contiguous(), il, tl, kind, list(durations), blank, opts.activation,
+                opts.dropout, *seed, lo.sigma, lo.fastemit_lambda, loss_scale, lo.clamp, need_grad, lo.validate,
+                lo.reduction,
             )  # fmt: skip
-        logits = torch.nn.functional.linear(joint_hidden(enc, pred, 0, T, activation, dropout, seed), weight, bias)
+        h = joint_hidden(enc, pred, 0, T, opts.activation, opts.dropout, seed)
         loss = tdt_loss if kind == "tdt" else multiblank_rnnt_loss
         return loss(
-            logits, targets, il, tl, durations, blank=blank, sigma=sigma, reduction=reduction, clamp=clamp,
-            fastemit_lambda=fastemit_lambda, fastemit_loss_scale=fastemit_loss_scale, validate=validate,
+            torch.nn.functional.linear(h, weight, bias), targets, il, tl, durations, blank=blank, sigma=lo.sigma,
+            reduction=lo.reduction, clamp=lo.clamp, fastemit_lambda=lo.fastemit_lambda,
+            fastemit_loss_scale=lo.fastemit_loss_scale, validate=lo.validate,
         )  # fmt: skip
 
 
+@with_options(joint_options)
 def multiblank_joint_loss(
-    enc: torch.Tensor,
-    pred: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    targets: torch.Tensor,
-    logit_lengths: Lengths,
-    target_lengths: Lengths,
-    big_blank_durations: Sequence[int],
-    *,
-    activation: str = "relu",
-    dropout: float = 0.0,
-    blank: int = -1,
-    sigma: float = 0.0,
-    reduction: str = "mean",
-    clamp: float = -1.0,
-    fastemit_lambda: float = 0.0,
-    fastemit_loss_scale: bool = True,
-    validate: bool = True,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
+    enc: torch.Tensor, pred: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,  # the joint network
+    targets: torch.Tensor, logit_lengths: Lengths, target_lengths: Lengths,  # the labels
+    big_blank_durations: Sequence[int], **options,
+) -> torch.Tensor:  # fmt: skip
     """The multi-blank transducer loss of the joint network ``logits = weight @ dropout(act(enc_t + pred_u)) +
     bias`` (weight [V, H]: one softmax over the V classes, big blank i at class ``blank - 1 - i`` as
     ``multiblank_rnnt_loss`` lays them out), without materialising the [N, T, U+1, V] logits (on the GPU).
@@ -217,27 +222,17 @@ def multiblank_joint_loss(
         >>> loss = multiblank_joint_loss(enc, pred, out.weight, out.bias, targets, [50, 40], [5, 3], [2, 4, 8])
     """
     big = big_blanks_of(big_blank_durations)
-    activation = as_choice(activation, "activation", ACTIVATIONS)
-    dropout = as_dropout(dropout)
-    blank = as_int(blank, "blank")
-    sigma = as_float(sigma, "sigma", finite=True)
-    clamp = as_float(clamp, "clamp")
-    reduction = as_choice(reduction, "reduction", REDUCTIONS)
-    fastemit_lambda = as_float(fastemit_lambda, "fastemit_lambda", minimum=0.0, finite=True)
-    fastemit_loss_scale = as_bool(fastemit_loss_scale, "fastemit_loss_scale")
-    validate = as_bool(validate, "validate")
-    generator = as_generator(generator)
-    enc, pred, weight, bias, targets, il, tl, blank_v = joint_inputs(
-        enc, pred, weight, bias, targets, logit_lengths, target_lengths, blank, reduction
+    opts = joint_options(**options)
+    enc, pred, weight, bias, targets, il, tl, blank = joint_inputs(
+        enc, pred, weight, bias, targets, logit_lengths, target_lengths, opts.loss.blank, opts.loss.reduction
     )
-    check_big_blank_room(blank, weight.shape[0], len(big))
-    if validate:
-        check_no_big_blank_label(targets, tl, blank_v, len(big))
-    return _joint_loss("multiblank", enc, pred, weight, bias, targets, il, tl, big, blank_v, activation, dropout,
-                       sigma, reduction, clamp, fastemit_lambda, fastemit_loss_scale, validate, generator)  # fmt: skip
+    check_big_blank_room(opts.loss.blank, weight.shape[0], len(big))
+    if opts.loss.validate:
+        check_no_big_blank_label(targets, tl, blank, len(big))
+    return _joint_loss("multiblank", enc, pred, weight, bias, targets, il, tl, big, blank, opts)
 
 
-class TDTJointLoss(JointLossModule, loss=tdt_joint_loss):
+class TDTJointLoss(JointLossModule, loss=tdt_joint_loss, extra="durations"):
     """A TDT model's joint network and its loss in one module: the encoder and predictor projections to the joint
     width, the activation, dropout and one output layer of V + D rows (tokens, then durations), the loss computed
     by :func:`tdt_joint_loss` (the logits never exist on the GPU).
@@ -262,44 +257,16 @@ class TDTJointLoss(JointLossModule, loss=tdt_joint_loss):
         >>> loss.backward()
     """
 
-    def __init__(
-        self,
-        enc_dim: int,
-        pred_dim: int,
-        joint_dim: int,
-        vocab_size: int,
-        durations: Sequence[int],
-        activation: str = "relu",
-        dropout: float = 0.0,
-        *,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-        **loss_options,
-    ) -> None:
-        super().__init__()
-        self.durations = durations_of(durations)
-        dims = (enc_dim, pred_dim, joint_dim, vocab_size)
-        self._build(dims, len(self.durations), activation, dropout, device, dtype, loss_options)
+    @staticmethod
+    def _check_extra(value):
+        return durations_of(value)
 
-    def forward(
-        self,
-        encoder_outputs: torch.Tensor,
-        predictor_outputs: torch.Tensor,
-        targets: torch.Tensor,
-        logit_lengths: Lengths,
-        target_lengths: Lengths,
-        generator: torch.Generator | None = None,
-    ) -> torch.Tensor:
-        """The loss of encoder outputs [N, T, enc_dim] and predictor outputs [N, U+1, pred_dim] for ``targets``
-        [N, U]."""
-        return self._loss_of(encoder_outputs, predictor_outputs, targets, logit_lengths, target_lengths,
-                             self.durations, generator=generator)  # fmt: skip
-
-    def extra_repr(self) -> str:
-        return f"durations={list(self.durations)}, " + super().extra_repr()
+    @staticmethod
+    def _extra_rows(value) -> int:
+        return len(value)
 
 
-class MultiblankJointLoss(JointLossModule, loss=multiblank_joint_loss):
+class MultiblankJointLoss(JointLossModule, loss=multiblank_joint_loss, extra="big_blank_durations"):
     """A multi-blank transducer's joint network and its loss in one module (layers as :class:`RNNTJointLoss`'s,
     the output layer's V rows holding the big blanks before the blank), the loss computed by
     :func:`multiblank_joint_loss`.
@@ -309,38 +276,6 @@ class MultiblankJointLoss(JointLossModule, loss=multiblank_joint_loss):
         >>> loss = joint(encoder_out, predictor_out, targets, frames, labels)
     """
 
-    def __init__(
-        self,
-        enc_dim: int,
-        pred_dim: int,
-        joint_dim: int,
-        vocab_size: int,
-        big_blank_durations: Sequence[int],
-        activation: str = "relu",
-        dropout: float = 0.0,
-        *,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-        **loss_options,
-    ) -> None:
-        super().__init__()
-        self.big_blank_durations = big_blanks_of(big_blank_durations)
-        dims = (enc_dim, pred_dim, joint_dim, vocab_size)
-        self._build(dims, 0, activation, dropout, device, dtype, loss_options)
-
-    def forward(
-        self,
-        encoder_outputs: torch.Tensor,
-        predictor_outputs: torch.Tensor,
-        targets: torch.Tensor,
-        logit_lengths: Lengths,
-        target_lengths: Lengths,
-        generator: torch.Generator | None = None,
-    ) -> torch.Tensor:
-        """The loss of encoder outputs [N, T, enc_dim] and predictor outputs [N, U+1, pred_dim] for ``targets``
-        [N, U]."""
-        return self._loss_of(encoder_outputs, predictor_outputs, targets, logit_lengths, target_lengths,
-                             self.big_blank_durations, generator=generator)  # fmt: skip
-
-    def extra_repr(self) -> str:
-        return f"big_blank_durations={list(self.big_blank_durations)}, " + super().extra_repr()
+    @staticmethod
+    def _check_extra(value):
+        return big_blanks_of(value)
