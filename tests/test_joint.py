@@ -7,7 +7,14 @@ import inspect
 
 import pytest
 import torch
-from helpers import check_graph_replay_matches_eager
+from helpers import (
+    FixedPath,
+    check_float32_against_float64,
+    check_graph_replay_matches_eager,
+    count_calls,
+    leaf_grads,
+    rel,
+)
 
 import speechkernels as sk
 from speechkernels.rnnt import joint_reference
@@ -25,15 +32,7 @@ def joint_spy(monkeypatch):
     """Counts calls of the fused forward, so a test knows the kernels (not the reference) ran."""
     from speechkernels.rnnt import joint_kernels
 
-    calls = []
-    real = joint_kernels.joint_forward
-
-    def spy(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(joint_kernels, "joint_forward", spy)
-    return calls
+    return count_calls(monkeypatch, joint_kernels, "joint_forward")
 
 
 def make_case(N, T, U, H, V, *, seed=0, dtype=torch.float32, device="cpu", rna=False, scale=1.0):
@@ -52,16 +51,7 @@ def make_case(N, T, U, H, V, *, seed=0, dtype=torch.float32, device="cpu", rna=F
     return xs, targets.to(device), il.to(device), tl.to(device)
 
 
-def grads_of(xs, fn, upstream=None):
-    leaves = [x.detach().clone().requires_grad_() for x in xs]
-    loss = fn(*leaves)
-    out = upstream.to(loss.dtype) if upstream is not None else torch.ones_like(loss)
-    grads = torch.autograd.grad(loss, leaves, out, allow_unused=True)
-    return loss.detach(), grads
-
-
-def rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-300)).item()
+grads_of = leaf_grads
 
 
 OPTIONS = [
@@ -110,15 +100,7 @@ def _check_against_float64(path, N, T, U, H, V, opts, reduction="none", seed=0, 
 
         return grads_of([x.to(dtype) for x in xs], f, upstream)
 
-    path.reset()
-    loss, grads = run(torch.float32)
-    path.check_ran()
-    ref_loss, ref_grads = run(torch.float64)
-    assert loss.dtype == torch.float32
-    torch.testing.assert_close(loss.double(), ref_loss, rtol=loss_tol, atol=1e-6)
-    for name, a, b in zip(("enc", "pred", "weight", "bias"), grads, ref_grads, strict=True):
-        assert a.dtype == torch.float32
-        assert rel(a, b) < grad_tol, (name, rel(a, b))
+    check_float32_against_float64(path, run, loss_tol, grad_tol)
 
 
 @pytest.mark.parametrize(
@@ -281,16 +263,7 @@ def test_joint_module():
 @pytest.mark.gpu
 @pytest.mark.parametrize("size", [(4, 130, 37, 640, 1025), (3, 77, 50, 700, 301), (2, 200, 9, 96, 8193)])
 def test_gpu_joint_loss_large_float32(gpu, size):
-    class Path:
-        device = gpu
-
-        def reset(self):
-            pass
-
-        def check_ran(self):
-            pass
-
-    _check_against_float64(Path(), *size, {"activation": "relu"}, "none")
+    _check_against_float64(FixedPath(gpu), *size, {"activation": "relu"}, "none")
 
 
 def _check_16bit(device, dtype, opts, size):
