@@ -51,9 +51,6 @@ def make_case(N, T, U, H, V, *, seed=0, dtype=torch.float32, device="cpu", rna=F
     return xs, targets.to(device), il.to(device), tl.to(device)
 
 
-grads_of = leaf_grads
-
-
 OPTIONS = [
     dict(activation="relu"),
     dict(activation="tanh", rnnt_type="rna", fastemit_lambda=0.1),
@@ -81,8 +78,8 @@ def test_reference_matches_unfused_composition(opts, monkeypatch):
         logits = torch.nn.functional.linear(joint_hidden(e, p, 0, 7, act, drop, seed), w, b)
         return rnnt_loss_reference(logits, tg, il, tl, 0, clamp, "none", True, fe, rt, scale)
 
-    la, ga = grads_of(xs, fused, upstream)
-    lb, gb = grads_of(xs, unfused, upstream)
+    la, ga = leaf_grads(xs, fused, upstream)
+    lb, gb = leaf_grads(xs, unfused, upstream)
     torch.testing.assert_close(la, lb, rtol=1e-12, atol=1e-12)
     for a, b in zip(ga, gb, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
@@ -98,7 +95,7 @@ def _check_against_float64(path, N, T, U, H, V, opts, reduction="none", seed=0, 
             return sk.rnnt_joint_loss(e, p, w, b, tg, il, tl, blank=0, reduction=reduction,
                                       generator=torch.Generator().manual_seed(3), **opts)  # fmt: skip
 
-        return grads_of([x.to(dtype) for x in xs], f, upstream)
+        return leaf_grads([x.to(dtype) for x in xs], f, upstream)
 
     check_float32_against_float64(path, run, loss_tol, grad_tol)
 
@@ -158,7 +155,7 @@ def test_dropout_is_repeatable_and_seeded(loss_path):
     xs, tg, il, tl = make_case(2, 8, 4, 24, 13, device=loss_path.device)
 
     def run(seed):
-        return grads_of(xs, lambda e, p, w, b: sk.rnnt_joint_loss(
+        return leaf_grads(xs, lambda e, p, w, b: sk.rnnt_joint_loss(
             e, p, w, b, tg, il, tl, blank=0, dropout=0.4, generator=torch.Generator().manual_seed(seed)))  # fmt: skip
 
     (la, ga), (lb, gb), (lc, _) = run(1), run(1), run(2)
@@ -274,14 +271,14 @@ def _check_16bit(device, dtype, opts, size):
         return sk.rnnt_joint_loss(e, p, w, b, tg, il, tl, blank=0, reduction="sum",
                                   generator=torch.Generator().manual_seed(3), **opts)  # fmt: skip
 
-    loss, grads = grads_of(xs, f)
-    ref_loss, ref_grads = grads_of([x.double() for x in xs], f)
+    loss, grads = leaf_grads(xs, f)
+    ref_loss, ref_grads = leaf_grads([x.double() for x in xs], f)
     assert rel(loss, ref_loss) < 1e-2
     for a, b in zip(grads, ref_grads, strict=True):
         assert a.dtype == dtype
         cos = torch.nn.functional.cosine_similarity(a.double().flatten(), b.flatten(), dim=0)
         assert cos > 0.999, cos
-    again = grads_of(xs, f)
+    again = leaf_grads(xs, f)
     assert torch.equal(loss, again[0]) and all(torch.equal(a, b) for a, b in zip(grads, again[1], strict=True))
 
 
@@ -327,8 +324,8 @@ def _compiled_matches_eager(device, opts):
                                   **opts) * 2.0  # fmt: skip
 
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager" if device.type == "cpu" else "inductor")
-    la, ga = grads_of(xs, compiled)
-    lb, gb = grads_of(xs, f)
+    la, ga = leaf_grads(xs, compiled)
+    lb, gb = leaf_grads(xs, f)
     torch.testing.assert_close(la, lb, rtol=0, atol=0)
     for a, b in zip(ga, gb, strict=True):
         if b is None:

@@ -37,9 +37,6 @@ def make_case(N, T, U, H, V, D, *, seed=0, dtype=torch.float32, device="cpu"):
     return [x.to(device, dtype) for x in (enc, pred, weight, bias)], targets.to(device), il.to(device), tl.to(device)
 
 
-grads_of = leaf_grads
-
-
 OPTIONS = [
     dict(),
     dict(activation="tanh", sigma=0.05, fastemit_lambda=0.2),
@@ -63,7 +60,7 @@ def _check_against_float64(path, N, T, U, H, V, opts, reduction="none", duration
             return sk.tdt_joint_loss(e, p, w, b, tg, il, tl, durations, reduction=reduction,
                                      generator=torch.Generator().manual_seed(3), **opts)  # fmt: skip
 
-        return grads_of([x.to(dtype) if x is not None else None for x in xs], f, upstream)
+        return leaf_grads([x.to(dtype) if x is not None else None for x in xs], f, upstream)
 
     check_float32_against_float64(path, run)
 
@@ -144,6 +141,10 @@ BAD = [
     (dict(dropout=1.0), "dropout"),
     (dict(activation="gelu"), "activation"),
     (dict(reduction="avg"), "reduction"),
+    (dict(clamp="x"), "clamp"),
+    (dict(fastemit_lambda=-0.1), "fastemit_lambda"),
+    (dict(validate=1), "validate"),
+    (dict(generator="seed"), "generator"),
 ]
 
 
@@ -154,6 +155,15 @@ def test_tdt_joint_bad_arguments(kw, match):
     durations = kw.pop("durations", DURATIONS)
     with pytest.raises(ValueError, match=match):
         sk.tdt_joint_loss(*xs, tg, il, tl, durations, **kw)
+
+
+def test_joint_losses_refuse_fused_log_softmax():
+    """The joint's outputs are scores: the unfused losses' fused_log_softmax is no option of the fused ones."""
+    xs, tg, il, tl = make_case(2, 5, 2, 8, 9, 0)
+    with pytest.raises(TypeError, match="fused_log_softmax"):
+        sk.tdt_joint_loss(*xs, tg, il, tl, [1, 2], fused_log_softmax=False)
+    with pytest.raises(TypeError, match="fused_log_softmax"):
+        sk.multiblank_joint_loss(*xs, tg % 6, il, tl, [2], fused_log_softmax=True)
 
 
 def test_tdt_joint_module():
@@ -188,8 +198,8 @@ def test_tdt_joint_kernels_through_torch_compile(kernel_device, kernel_spy):
         return sk.tdt_joint_loss(enc, pred, weight, b, tg, il, tl, DURATIONS, validate=False, sigma=0.02) * 2.0
 
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager" if kernel_device.type == "cpu" else "inductor")
-    la, ga = grads_of(xs, compiled)
-    lb, gb = grads_of(xs, f)
+    la, ga = leaf_grads(xs, compiled)
+    lb, gb = leaf_grads(xs, f)
     torch.testing.assert_close(la, lb, rtol=0, atol=0)
     for a, b in zip(ga, gb, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
@@ -203,14 +213,14 @@ def _check_16bit(device, dtype, size):
     def f(e, p, w, b):
         return sk.tdt_joint_loss(e, p, w, b, tg, il, tl, DURATIONS, reduction="sum", sigma=0.02)
 
-    loss, grads = grads_of(xs, f)
-    ref_loss, ref_grads = grads_of([x.double() for x in xs], f)
+    loss, grads = leaf_grads(xs, f)
+    ref_loss, ref_grads = leaf_grads([x.double() for x in xs], f)
     assert rel(loss, ref_loss) < 1e-2
     for a, b in zip(grads, ref_grads, strict=True):
         assert a.dtype == dtype
         cos = torch.nn.functional.cosine_similarity(a.double().flatten(), b.flatten(), dim=0)
         assert cos > 0.999, cos
-    again = grads_of(xs, f)
+    again = leaf_grads(xs, f)
     assert torch.equal(loss, again[0]) and all(torch.equal(a, b) for a, b in zip(grads, again[1], strict=True))
 
 
@@ -266,7 +276,7 @@ def _check_multiblank_against_float64(path, N, T, U, H, V, opts, reduction="none
             return sk.multiblank_joint_loss(e, p, w, b, tg, il, tl, big, reduction=reduction,
                                             generator=torch.Generator().manual_seed(3), **opts)  # fmt: skip
 
-        return grads_of([x.to(dtype) for x in xs], f, upstream)
+        return leaf_grads([x.to(dtype) for x in xs], f, upstream)
 
     check_float32_against_float64(path, run)
 
@@ -322,8 +332,8 @@ def test_gpu_multiblank_joint_loss_large_float32_and_16bit(gpu):
     def f(e, p, w, b):
         return sk.multiblank_joint_loss(e, p, w, b, tg, il, tl, [2, 4, 8], reduction="sum")
 
-    loss, grads = grads_of(xs, f)
-    ref_loss, ref_grads = grads_of([x.double() for x in xs], f)
+    loss, grads = leaf_grads(xs, f)
+    ref_loss, ref_grads = leaf_grads([x.double() for x in xs], f)
     assert rel(loss, ref_loss) < 1e-2
     for a, b in zip(grads, ref_grads, strict=True):
         assert torch.nn.functional.cosine_similarity(a.double().flatten(), b.flatten(), dim=0) > 0.999

@@ -183,3 +183,31 @@ def kernel_times_ms(fn: Callable[[], object], calls: int = 5) -> dict[str, float
 def print_title(what: str, env: dict, reps: int, note: str = " after warm-up") -> None:
     """A benchmark table's first line: what it measures, the GPU and versions, the statistic."""
     print(f"# {what}, {env['device']}, torch {env['torch']}, triton {env['triton']}, median of {reps}{note}")
+
+
+def plot_bars(rows: list[dict], names: list[str], labels: list[str], title: str, time_label: str, path: str) -> None:
+    """A PNG of two panels of bars (log scales), one group per row, one bar per implementation in ``names``: the
+    entries' median milliseconds (``time_label``) and peak extra memory (MB); no bar where an entry is missing."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 1, figsize=(max(8, len(rows) * 1.9), 8))
+    width = 0.8 / max(1, len(names))
+
+    def value(r, name, key):
+        v = (r.get(name) or {}).get(key) or 0
+        return v / 1e6 if key == "peak_extra_bytes" else v
+
+    for ax, key, unit in ((axes[0], "ms", time_label), (axes[1], "peak_extra_bytes", "MB peak extra memory")):
+        for j, name in enumerate(names):
+            vals = [value(r, name, key) for r in rows]
+            ax.bar([i + (j - (len(names) - 1) / 2) * width for i in range(len(rows))], vals, width=width, label=name)
+        ax.set_yscale("log")
+        ax.set_ylabel(unit)
+        ax.set_xticks(range(len(rows)), labels, fontsize=8)
+    axes[0].legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)

@@ -27,7 +27,7 @@ import torch
 
 import speechkernels as sk
 
-from .common import environment, fmt_mb, fmt_ms, time_forward_backward, write_json
+from .common import environment, fmt_mb, fmt_ms, plot_bars, time_forward_backward, write_json
 
 ENC_DIM, PRED_DIM, JOINT_DIM = 512, 640, 640
 ROWS = [(32, 400, 128, 1025), (16, 400, 100, 8193), (64, 200, 60, 513), (8, 1500, 300, 1025)]
@@ -205,33 +205,10 @@ def safe_times(impls, x, device, reps):
 
 def plot(results: list[dict], path: str) -> None:
     """Bars per row and implementation: forward+backward time and peak extra memory (log scales)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names = [n for n in ("fused", "sk", "torchaudio") if any(r.get(n) for r in results)]
     labels = [f"{r['N']}x{r['T']}x{r['U']}x{r['V']}\n{r['dtype']}" for r in results]
-    fig, axes = plt.subplots(2, 1, figsize=(max(8, len(results) * 1.3), 8))
-    width = 0.8 / max(1, len(names))
-
-    def value(r, name, key):
-        v = (r.get(name) or {}).get(key) or 0
-        return v / 1e6 if key == "peak_extra_bytes" else v
-
-    for ax, key, unit in ((axes[0], "ms", "ms per training step"),
-                          (axes[1], "peak_extra_bytes", "MB peak extra memory")):  # fmt: skip
-        for j, name in enumerate(names):
-            vals = [value(r, name, key) for r in results]
-            ax.bar([i + (j - (len(names) - 1) / 2) * width for i in range(len(results))], vals, width=width,
-                   label=name)  # fmt: skip
-        ax.set_yscale("log")
-        ax.set_ylabel(unit)
-        ax.set_xticks(range(len(results)), labels, fontsize=8)
-    axes[0].legend()
-    fig.suptitle("joint network + RNN-T loss, forward+backward (missing bar: out of memory or not run)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    plot_bars(results, names, labels, "joint network + RNN-T loss, forward+backward (missing bar: out of memory or "
+              "not run)", "ms per training step", path)  # fmt: skip
 
 
 def print_row(row: dict) -> None:

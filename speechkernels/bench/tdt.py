@@ -24,7 +24,7 @@ import speechkernels as sk
 from speechkernels.tdt.reference import multiblank_rnnt_loss_reference, tdt_loss_reference
 
 from . import joint as joint_bench
-from .common import environment, fmt_mb, fmt_ms, print_title, time_forward_backward, write_json
+from .common import environment, fmt_mb, fmt_ms, plot_bars, print_title, time_forward_backward, write_json
 
 DURATIONS = [0, 1, 2, 3, 4]
 BIG_BLANKS = [2, 4, 8]
@@ -46,6 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--joint", action="store_true", help="the fused joint's table (TDTJointLoss) instead")
+    p.add_argument("--plot", default=None, help="write a PNG of the times and memory to this path")
 
 
 def make_inputs(kind, N, T_range, U_range, V, X, device, dtype, seed=0):
@@ -130,6 +131,9 @@ def run_joint(args, device, env) -> int:
                 torch.cuda.empty_cache()
     if args.json:
         write_json(args.json, {"benchmark": "tdt_joint", "environment": env, "rows": out})
+    if args.plot:
+        plot(out, ("tdt", "rnnt", "unfused"), "TDT joint (fused), RNN-T joint (fused), TDT joint with its logits made",
+             args.plot)  # fmt: skip
     return 0
 
 
@@ -175,4 +179,17 @@ def run(args) -> int:
         del logits, tokens
     if args.json:
         write_json(args.json, {"benchmark": "tdt", "environment": env, "rows": out})
+    if args.plot:
+        plot(out, ("ours", "rnnt"), "TDT / multi-blank loss (ours) and rnnt_loss of the token logits", args.plot)
     return 0
+
+
+def plot(rows: list[dict], names: tuple[str, ...], title: str, path: str) -> None:
+    """The rows' times and memory (``common.plot_bars``), labelled kind, N x T x U x V (+ X) and dtype."""
+
+    def label(r):
+        span = lambda v: v if isinstance(v, int) else f"{v[0]}-{v[1]}" if v[0] != v[1] else v[1]  # noqa: E731
+        extra = f"+{len(r['durations'])}" if "durations" in r else f"+{r['X']}"
+        return f"{r.get('kind', 'joint')}\n{r['N']}x{span(r['T'])}x{span(r['U'])}x{r['V']}{extra}\n{r['dtype']}"
+
+    plot_bars(rows, list(names), [label(r) for r in rows], title + ", forward+backward", "ms per call", path)
