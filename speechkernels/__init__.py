@@ -1,6 +1,7 @@
 """speechkernels: GPU kernels for speech models, in Triton."""
 
 from . import wavenet
+from .align import TokenSpans, ctc_forced_align, ctc_token_spans
 from .ctc import CTCLoss, ctc_loss
 from .rnnt import RNNTJointLoss, RNNTLoss, rnnt_joint_loss, rnnt_loss
 from .tdt import (
@@ -18,6 +19,9 @@ __version__ = "0.1.0"
 __all__ = [
     "CTCLoss",
     "ctc_loss",
+    "ctc_forced_align",
+    "ctc_token_spans",
+    "TokenSpans",
     "RNNTLoss",
     "rnnt_loss",
     "RNNTJointLoss",

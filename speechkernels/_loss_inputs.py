@@ -61,3 +61,50 @@ def check_labels(labels: torch.Tensor, valid: torch.Tensor, C: int, classes: str
 def first_index(mask: torch.Tensor) -> int:
     """Index of the first True in a 1-D bool tensor (error paths only: it synchronises)."""
     return int(mask.nonzero()[0, 0].item())
+
+
+def check_label_contents(
+    T: int, C: int, targets: torch.Tensor, il: torch.Tensor, tl: torch.Tensor, blank: int, padded: bool
+) -> None:
+    """The per-sample lengths and the labels of a CTC lattice (targets padded [N, S] or concatenated): every input
+    length in [0, T], every target length within the targets, every label in [0, C) and not the blank. Reads the
+    tensors (a synchronisation on the GPU)."""
+    il, tl = il.cpu(), tl.cpu()
+    check_lengths(il, "input_lengths", T, f"T={T}")
+    tg = targets.cpu().to(torch.int64)
+    if padded:
+        S = tg.shape[1]
+        check_lengths(tl, "target_lengths", S, f"targets.shape[1]={S}")
+        valid = torch.arange(S)[None, :] < tl[:, None]
+        position = lambda flat: divmod(flat, S)
+    else:
+        check_lengths(tl, "target_lengths", tg.numel(), f"{tg.numel()} (the concatenated targets)")
+        total = int(tl.sum())
+        if total > tg.numel():
+            raise ValueError(f"sum(target_lengths)={total} exceeds the {tg.numel()} concatenated targets")
+        ends = tl.cumsum(0)
+        valid = torch.arange(tg.numel()) < total
+
+        def position(flat):
+            n = int((ends <= flat).sum())
+            return n, flat - (int(ends[n - 1]) if n > 0 else 0)
+
+    def describe(flat, value):
+        n, j = position(flat)
+        return f"targets: label {value} of sample {n} (position {j})"
+
+    check_labels(tg, valid, C, "C", blank, describe)
+
+
+def padded_labels(targets: torch.Tensor, lengths: torch.Tensor, padded: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Labels as padded rows [N, S] and their counts, clamped as the kernels clamp them (unchecked input): a count
+    to [0, S]; with concatenated targets, sample n's labels follow sample n-1's and are cut at the tensor's end."""
+    lt = lengths.clamp(min=0)
+    if padded:
+        return targets, lt.clamp(max=targets.shape[1])
+    ends = lt.cumsum(0).clamp(max=targets.numel())
+    starts = torch.cat([ends.new_zeros(1), ends[:-1]])
+    lt = ends - starts
+    S = int(lt.max()) if lt.numel() else 0
+    idx = starts[:, None] + torch.arange(S, device=targets.device)[None, :]
+    return (targets[idx.clamp(max=max(targets.numel() - 1, 0))] if targets.numel() else idx), lt

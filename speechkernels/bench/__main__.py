@@ -1,7 +1,7 @@
 import argparse
 import sys
 
-from . import ctc, joint, rnnt, tdt, wavenet
+from . import align, ctc, joint, rnnt, tdt, wavenet
 
 
 def main(argv=None) -> int:
@@ -15,6 +15,8 @@ def main(argv=None) -> int:
     joint.add_arguments(p)
     p = sub.add_parser("tdt", help="TDT and multi-blank transducer losses against rnnt_loss")
     tdt.add_arguments(p)
+    p = sub.add_parser("align", help="CTC forced alignment against torchaudio's forced_align")
+    align.add_arguments(p)
     p = sub.add_parser("wavenet", help="WaveNet inference: the serial-chain proxy and the vocoder")
     wavenet.add_arguments(p)
     p = sub.add_parser("all", help="every benchmark above with its defaults")
@@ -28,6 +30,7 @@ def main(argv=None) -> int:
             ("rnnt", rnnt.run),
             ("joint", joint.run),
             ("tdt", tdt.run),
+            ("align", align.run),
             ("wavenet", wavenet.run),
         ):
             rc |= run(parser.parse_args([what, *device]))
@@ -40,6 +43,8 @@ def main(argv=None) -> int:
         return joint.run(args)
     if args.what == "tdt":
         return tdt.run(args)
+    if args.what == "align":
+        return align.run(args)
     if args.what == "wavenet":
         return wavenet.run(args)
     return 1

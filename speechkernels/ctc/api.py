@@ -4,46 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from .._loss_inputs import REDUCTIONS, Lengths, batch_lengths, check_labels, check_lengths, check_targets
+from .._loss_inputs import REDUCTIONS, Lengths, batch_lengths, check_label_contents, check_targets, padded_labels
 from .._op import LossModule, LossOp
 from .._utils import as_bool, as_choice, as_int, check_float_input, optional_kernels, use_triton
 from .reference import ctc_losses_reference, read_log_softmax, reduce_loss
 
 kernels = optional_kernels(__package__ + ".kernels")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# checks of tensor contents (they read the tensors: on the GPU path they run only to explain a failed check)
-
-
-def _check_contents(
-    T: int, C: int, targets: torch.Tensor, il: torch.Tensor, tl: torch.Tensor, blank: int, padded: bool
-) -> None:
-    il, tl = il.cpu(), tl.cpu()
-    check_lengths(il, "input_lengths", T, f"T={T}")
-    tg = targets.cpu().to(torch.int64)
-    if padded:
-        S = tg.shape[1]
-        check_lengths(tl, "target_lengths", S, f"targets.shape[1]={S}")
-        valid = torch.arange(S)[None, :] < tl[:, None]
-        position = lambda flat: divmod(flat, S)
-    else:
-        check_lengths(tl, "target_lengths", tg.numel(), f"{tg.numel()} (the concatenated targets)")
-        total = int(tl.sum())
-        if total > tg.numel():
-            raise ValueError(f"sum(target_lengths)={total} exceeds the {tg.numel()} concatenated targets")
-        ends = tl.cumsum(0)
-        valid = torch.arange(tg.numel()) < total
-
-        def position(flat):
-            n = int((ends <= flat).sum())
-            return n, flat - (int(ends[n - 1]) if n > 0 else 0)
-
-    def describe(flat, value):
-        n, j = position(flat)
-        return f"targets: label {value} of sample {n} (position {j})"
-
-    check_labels(tg, valid, C, "C", blank, describe)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -64,7 +30,7 @@ def _forward(x, targets, input_lengths, target_lengths, blank, padded, logits, n
         x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate, zero_infinity, reduction
     )
     if flags != 0:
-        _check_contents(x.shape[0], x.shape[2], targets, input_lengths, target_lengths, blank, padded)
+        check_label_contents(x.shape[0], x.shape[2], targets, input_lengths, target_lengths, blank, padded)
         raise ValueError(f"invalid CTC arguments (flags {flags})")  # not reached: the check names the argument
     return out, state
 
@@ -192,7 +158,7 @@ def ctc_loss(
         out = CTC_LOSS_OP.apply(*args)
     else:
         if validate:
-            _check_contents(T, C, targets, il, tl, blank, padded)
+            check_label_contents(T, C, targets, il, tl, blank, padded)
         loss = _reference_losses(x, targets, il, tl, blank, padded, logits)
         out = reduce_loss(loss, tl, reduction, zero_infinity)
     return out.squeeze(0) if unbatched and reduction == "none" else out
@@ -205,16 +171,7 @@ def _reference_losses(x, targets, il, tl, blank, padded, logits):
     T, N, C = x.shape
     out_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     il = il.clamp(0, T)
-    lt = tl.clamp(min=0)
-    if padded:
-        lt = lt.clamp(max=targets.shape[1])
-    else:  # the kernels' layout: sample n's labels follow sample n-1's, cut at the end of the tensor
-        ends = lt.cumsum(0).clamp(max=targets.numel())
-        starts = torch.cat([ends.new_zeros(1), ends[:-1]])
-        lt = ends - starts
-        S = int(lt.max()) if N else 0
-        idx = starts[:, None] + torch.arange(S, device=targets.device)[None, :]
-        targets = targets[idx.clamp(max=max(targets.numel() - 1, 0))] if targets.numel() else idx
+    targets, lt = padded_labels(targets, tl, padded)
     if logits:
         x = read_log_softmax(x, il, lt)
     return ctc_losses_reference(x, targets, il, lt, blank).to(out_dtype)

@@ -1,0 +1,165 @@
+"""CTC forced alignment: ``ctc_forced_align`` against torchaudio's ``forced_align`` (one utterance per call, as it
+accepts), on the GPU and on the CPU.
+
+Rows (N, T, C, S): N utterances of T frames, C classes (the blank 0), S labels each. Emissions are synthetic CTC
+posteriors: a random alignment of the labels (each label 1-4 frames, the blanks spread between them, a blank between
+repeated labels), logits N(0, 1) plus 4 on the aligned class, log-softmax: peaked like a trained model's, so that the
+best path is clear. Times: the median of CUDA-event-timed calls after warm-up (perf_counter on the CPU), the whole
+call (ours with its default validation, which reads the lengths and labels back; "unchecked": validate=False);
+torchaudio aligns the batch one utterance after another. Memory: the peak allocated above what existed before the
+call. Agreement: utterances whose path equals ours at every frame, against each torchaudio run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import numpy as np
+import torch
+
+import speechkernels as sk
+
+from .common import environment, peak_extra_memory, plot_bars, print_title, times_ms, write_json
+
+ROWS = [(32, 1500, 1025, 120), (16, 3000, 32, 600), (1, 30000, 32, 6000), (64, 500, 5000, 60), (1, 180000, 32, 30000)]
+CPU_DEMO = [(8, 300, 32, 40), (2, 2000, 32, 300)]
+LONG = 10**8  # rows with N * T * S above this run torchaudio's CPU and our CPU path only with --cpu-long
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    p.add_argument("--json", default=None, help="write the rows and the environment to this JSON file")
+    p.add_argument("--reps", type=int, default=20, help="timed calls of ours on the GPU")
+    p.add_argument("--peer-reps", type=int, default=3, help="timed calls of torchaudio, and of every CPU run")
+    p.add_argument("--rows", default=None, help="rows as N:T:C:S,N:T:C:S (default: the benchmark's)")
+    p.add_argument("--no-cpu", action="store_true", help="skip the CPU columns")
+    p.add_argument("--cpu-long", action="store_true", help=f"CPU columns also for rows above N*T*S={LONG:.0e}")
+    p.add_argument("--plot", default=None, help="write a PNG of the times and memory to this path")
+
+
+def make_inputs(N: int, T: int, C: int, S: int, device, seed: int = 0):
+    """Synthetic CTC posteriors [N, T, C] float32 around a random alignment of S random labels in [1, C) per
+    utterance, and the labels [N, S] int64."""
+    rng = np.random.default_rng(seed * 7919 + N * 31 + T * 17 + C * 3 + S)
+    labels = rng.integers(1, C, (N, S))
+    truth = np.zeros((N, T), np.int64)
+    for n in range(N):
+        lab = labels[n]
+        repeats = int((lab[1:] == lab[:-1]).sum())
+        dur = np.ones(S, np.int64)
+        spare = T - S - repeats
+        extra = rng.multinomial(spare // 2, np.ones(S) / S) if S else np.zeros(0, np.int64)
+        dur += np.minimum(extra, 3)
+        blanks = T - int(dur.sum()) - repeats
+        gaps = rng.multinomial(blanks, np.ones(S + 1) / (S + 1)) if S else np.array([T])
+        gaps[1:S][lab[1:] == lab[:-1]] += 1
+        t = 0
+        for j in range(S):
+            t += gaps[j]
+            truth[n, t : t + dur[j]] = lab[j]
+            t += dur[j]
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(N, T, C, generator=g)
+    x.scatter_add_(2, torch.from_numpy(truth)[:, :, None], torch.full((N, T, 1), 4.0))
+    return x.log_softmax(-1).to(device), torch.from_numpy(labels).to(device)
+
+
+def torchaudio_align():
+    """torchaudio.functional.forced_align, or None where torchaudio (or its alignment op) is missing."""
+    try:
+        from torchaudio.functional import forced_align
+    except Exception:  # noqa: BLE001 - any import failure means the peer is absent
+        return None
+    return forced_align
+
+
+def one_by_one(forced_align, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """torchaudio's paths [N, T], one utterance per call (it takes a batch of one)."""
+    return torch.cat([forced_align(x[n : n + 1], targets[n : n + 1], blank=0)[0] for n in range(x.shape[0])])
+
+
+def agreement(ours: torch.Tensor, theirs: torch.Tensor) -> dict:
+    same = ours.cpu() == theirs.cpu().to(torch.int64)
+    equal = int(same.all(1).sum())
+    return {"utterances_equal": equal, "utterances": same.shape[0], "frames_equal": same.float().mean().item()}
+
+
+def timed(fn, device, reps: int, warmup: int) -> dict:
+    ms = times_ms(fn, device, warmup=warmup, reps=reps)
+    mem = peak_extra_memory(fn, device) or {}
+    return {"ms": statistics.median(ms), "ms_min": min(ms), "reps": reps, "peak_extra_bytes": mem.get("allocated")}
+
+
+def measure(N: int, T: int, C: int, S: int, device, args, forced_align, cpu_ok: bool) -> dict:
+    """One row: ours (and unchecked) and torchaudio on ``device`` if it is a GPU, and on the CPU if ``cpu_ok``."""
+    x, targets = make_inputs(N, T, C, S, device)
+    row = dict(N=N, T=T, C=C, S=S)
+    ali = sk.ctc_forced_align(x, targets)[0]
+    row["ours_found"] = int((ali >= 0).all(1).sum())
+    if device.type == "cuda":
+        row["ours"] = timed(lambda: sk.ctc_forced_align(x, targets), device, args.reps, 3)
+        row["unchecked"] = timed(lambda: sk.ctc_forced_align(x, targets, validate=False), device, args.reps, 3)
+        if forced_align is not None:
+            row["torchaudio"] = timed(lambda: one_by_one(forced_align, x, targets), device, args.peer_reps, 1)
+            row["agree_torchaudio"] = agreement(ali, one_by_one(forced_align, x, targets))
+    if cpu_ok:
+        xc, tc = x.cpu(), targets.cpu()
+        cpu = torch.device("cpu")
+        row["cpu_equals_gpu"] = bool(torch.equal(sk.ctc_forced_align(xc, tc)[0], ali.cpu()))
+        row["ours_cpu"] = timed(lambda: sk.ctc_forced_align(xc, tc), cpu, args.peer_reps, 1)
+        if forced_align is not None:
+            row["torchaudio_cpu"] = timed(lambda: one_by_one(forced_align, xc, tc), cpu, args.peer_reps, 1)
+            row["agree_torchaudio_cpu"] = agreement(ali, one_by_one(forced_align, xc, tc))
+    return row
+
+
+def run(args) -> int:
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    env = environment(device)
+    forced_align = torchaudio_align()
+    if args.rows:
+        rows = [tuple(int(v) for v in r.split(":")) for r in args.rows.split(",")]
+    else:
+        rows = ROWS if device.type == "cuda" else CPU_DEMO
+    gpu = device.type == "cuda"
+    print_title("CTC forced alignment (ctc_forced_align vs torchaudio forced_align, one utterance per call)", env,
+                args.reps)  # fmt: skip
+    print(f"{'N':>3} {'T':>6} {'C':>5} {'S':>5} | {'ours ms':>8} {'unchk ms':>8} {'ta ms':>8} {'x':>6} | "
+          f"{'ours MB':>8} {'ta MB':>7} | {'cpu ms':>8} {'ta cpu':>8} {'x':>5} | equal (ta gpu, ta cpu)")  # fmt: skip
+    out = []
+    for N, T, C, S in rows:
+        cpu_ok = not args.no_cpu and (args.cpu_long or N * T * S <= LONG or not gpu)
+        out.append(measure(N, T, C, S, device, args, forced_align, cpu_ok))
+        _print_row(out[-1])
+    if args.json:
+        write_json(args.json, {"benchmark": "align", "environment": env, "rows": out})
+        print(f"wrote {args.json}")
+    if args.plot:
+        names = ["ours", "torchaudio", "ours_cpu", "torchaudio_cpu"]
+        labels = [f"{r['N']}x{r['T']}x{r['C']}\nS={r['S']}" for r in out]
+        plot_bars(out, names, labels, f"CTC forced alignment, {env['device']}, {env['date'][:10]}", "ms per call",
+                  args.plot)  # fmt: skip
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _print_row(row: dict) -> None:
+    def ms(key):
+        return f"{row[key]['ms']:8.2f}" if row.get(key) else f"{'-':>8}"
+
+    def mb(key):
+        b = (row.get(key) or {}).get("peak_extra_bytes")
+        return f"{b / 2**20:8.0f}" if b is not None else f"{'-':>8}"
+
+    def ratio(a, b):
+        return f"{row[b]['ms'] / row[a]['ms']:6.1f}" if row.get(a) and row.get(b) else f"{'-':>6}"
+
+    def eq(key):
+        a = row.get(key)
+        return f"{a['utterances_equal']}/{a['utterances']}" if a else "-"
+
+    print(f"{row['N']:>3} {row['T']:>6} {row['C']:>5} {row['S']:>5} | {ms('ours')} {ms('unchecked')} "
+          f"{ms('torchaudio')} {ratio('ours', 'torchaudio')} | {mb('ours')} {mb('torchaudio')[1:]} | {ms('ours_cpu')} "
+          f"{ms('torchaudio_cpu')} {ratio('ours_cpu', 'torchaudio_cpu')[1:]} | "
+          f"{eq('agree_torchaudio')}, {eq('agree_torchaudio_cpu')}", flush=True)  # fmt: skip
