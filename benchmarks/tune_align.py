@@ -5,6 +5,7 @@ python benchmarks/tune_align.py [--rows N:T:C:S,...] [--json out.json]
 
 import argparse
 import json
+import time
 
 import torch
 
@@ -16,6 +17,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--rows", default=None)
 p.add_argument("--blocks", default="32:1,64:2,128:4,256:8")
 p.add_argument("--segments", default="112,240")
+p.add_argument("--chunks", default="16")
 p.add_argument("--json", default=None)
 args = p.parse_args()
 rows = [tuple(int(v) for v in r.split(":")) for r in args.rows.split(",")] if args.rows else ROWS
@@ -25,7 +27,8 @@ for N, T, C, S in rows:
     x, tg = make_inputs(N, T, C, S, dev)
     il = torch.full((N,), T, device=dev)
     tl = torch.full((N,), S, device=dev)
-    for bw in args.blocks.split(","):
+    for chunk, bw in ((int(c), b) for c in args.chunks.split(",") for b in args.blocks.split(",")):
+        ak.CHUNK = chunk
         block, warps = (int(v) for v in bw.split(":"))
         for seg in (int(v) for v in args.segments.split(",")):
 
@@ -33,11 +36,27 @@ for N, T, C, S in rows:
                 return ak.ctc_align(x, tg, il, tl, 0, True, block=block, warps=warps, segment=seg)
 
             try:
+                t0 = time.perf_counter()
+                call()
+                torch.cuda.synchronize()
+                first_s = time.perf_counter() - t0
                 ms = time_ms(call, dev, warmup=2, reps=10)
                 mem = peak_extra_memory(call, dev)["allocated"]
             except Exception as e:  # noqa: BLE001 - a configuration that does not fit is reported
-                ms, mem = None, repr(e)[:80]
-            rec = dict(N=N, T=T, C=C, S=S, block=block, warps=warps, segment=seg, ms=ms, peak_extra_bytes=mem)
+                ms, mem, first_s = None, repr(e)[:80], None
+            rec = dict(
+                N=N,
+                T=T,
+                C=C,
+                S=S,
+                chunk=chunk,
+                block=block,
+                warps=warps,
+                segment=seg,
+                ms=ms,
+                first_call_s=first_s,
+                peak_extra_bytes=mem,
+            )
             out.append(rec)
             print(json.dumps(rec), flush=True)
 if args.json:

@@ -53,19 +53,20 @@ BOUNDARY_BYTES = 256 << 20
 
 @triton.jit
 def _tile(p_x, t0, T_n, cls, m_lane, o_f, stride_t, stride_c):
-    """[F, BLOCK] float32 emissions of frames t0 + o_f at classes ``cls`` (-inf past T_n and off the lanes); each
-    thread holds its lanes' whole column, so ``_row`` takes a frame from registers."""
+    """[BLOCK, F] float32 emissions at classes ``cls`` of frames t0 + o_f (-inf past T_n and off the lanes). Lanes
+    come first: with no dimension contiguous, the layout's fastest dimension is the first, so each thread holds its
+    lanes' F frames and ``_frame`` takes one from registers."""
     t = t0 + o_f
-    m = (t < T_n)[:, None] & m_lane[None, :]
-    p = p_x + t.to(tl.int64)[:, None] * stride_t + cls[None, :] * stride_c
+    m = m_lane[:, None] & (t < T_n)[None, :]
+    p = p_x + cls[:, None] * stride_c + t.to(tl.int64)[None, :] * stride_t
     return tl.load(p, mask=m, other=float("-inf")).to(tl.float32)
 
 
 @triton.jit
-def _row(tile, o_f, i: tl.constexpr):
-    """Row i of an int32 [F, BLOCK] tile: integer selects and sums of zeros, which fold away (exact for any bit
+def _frame(tile, o_f, i: tl.constexpr):
+    """Frame i of an int32 [BLOCK, F] tile: integer selects and sums of zeros, which fold away (exact for any bit
     pattern, NaN and -inf included, unlike a float sum)."""
-    return tl.sum(tl.where(o_f[:, None] == i, tile, 0), axis=0)
+    return tl.sum(tl.where(o_f[None, :] == i, tile, 0), axis=1)
 
 
 @triton.jit
@@ -101,7 +102,11 @@ def _bad(tile):
     return ((tile != tile) | (tile == float("inf"))).to(tl.int32)
 
 
-@triton.jit
+# the sizes vary from call to call: specialising on them (== 1, multiples of 16) would compile a variant per shape
+SIZES = ["N", "T", "W", "P", "K", "stride_n"]
+
+
+@triton.jit(do_not_specialize=SIZES)
 def _align_forward_kernel(
     x_ptr,  # [N, T, C] emissions (any strides)
     tgt_ptr,  # labels, int32/int64: padded rows or concatenated
@@ -109,7 +114,7 @@ def _align_forward_kernel(
     anc_a_ptr,  # [R, 2, W] float32 out: per row, every lane's blank and label scores
     anc_o_ptr,  # [R, 2, W] int16 out: their distances to their origins
     bnd_ptr,  # [N * P, T, 2] int32: each program's last label state per frame (score bits, origin), for its right
-    # neighbour (interleaved, so that the neighbour's [F, BLOCK] loads of it get the emission tiles' layout)
+    # neighbour (interleaved, so that the neighbour's [BLOCK, F] loads of it get the emission tiles' layout)
     prog_ptr,  # [N * P] int32, zeroed: frames each program has released
     flag_ptr,  # [N * P] int32 out: 1 if the program read a NaN or +inf emission
     N, T, C, W, P, K, stride_n, stride_t, stride_c, blank,
@@ -126,7 +131,7 @@ def _align_forward_kernel(
     o = tl.arange(0, BLOCK)
     o_f = tl.arange(0, F)
     j = j0 + o
-    bad = tl.zeros([F, BLOCK], tl.int32)
+    bad = tl.zeros([BLOCK, F], tl.int32)
     if j0 <= L:
         m_b = j <= L
         lab, can_skip = _labels(tgt_ptr, tgt_base, j, L, C)
@@ -158,20 +163,22 @@ def _align_forward_kernel(
                 while seen < need:
                     seen = tl.atomic_add(prog_ptr + pid - 1, 0, sem="acquire")
                 tf = t0 - 1 + o_f
-                m_f = (tf >= 0)[:, None] & (o == 0)[None, :]
-                p_f = bnd_ptr + 2 * (p_in + tf[:, None] + o[None, :] * 0)
+                m_f = (o == 0)[:, None] & (tf >= 0)[None, :]
+                p_f = bnd_ptr + 2 * (p_in + o[:, None] * 0 + tf[None, :])
                 # -8388608: the bits of float32 -inf (0xFF800000)
                 left_a = tl.load(p_f, mask=m_f, other=-8388608, cache_modifier=".cg")
                 left_o = tl.load(p_f + 1, mask=m_f, other=0, cache_modifier=".cg")
             else:
-                left_a = tl.full([F, BLOCK], -8388608, tl.int32)
-                left_o = tl.zeros([F, BLOCK], tl.int32)
+                left_a = tl.full([BLOCK, F], -8388608, tl.int32)
+                left_o = tl.zeros([BLOCK, F], tl.int32)
             for i in tl.static_range(F):
                 t = t0 + i
-                e_l = _row(e_l_t, o_f, i).to(tl.float32, bitcast=True)
-                e_b = _row(e_b_t, o_f, i).to(tl.float32, bitcast=True)
-                al_prev = tl.where(o == 0, _row(left_a, o_f, i).to(tl.float32, bitcast=True), tl.gather(a_l, i_prev, 0))
-                gl_prev = tl.where(o == 0, _row(left_o, o_f, i), tl.gather(g_l, i_prev, 0))
+                e_l = _frame(e_l_t, o_f, i).to(tl.float32, bitcast=True)
+                e_b = _frame(e_b_t, o_f, i).to(tl.float32, bitcast=True)
+                al_prev = tl.where(
+                    o == 0, _frame(left_a, o_f, i).to(tl.float32, bitcast=True), tl.gather(a_l, i_prev, 0)
+                )
+                gl_prev = tl.where(o == 0, _frame(left_o, o_f, i), tl.gather(g_l, i_prev, 0))
                 a_b, a_l, adv_b, adv_l, skip = _step(a_b, a_l, al_prev, e_b, e_l, can_skip, m_b, m_l)
                 n_gb = tl.where(adv_b, gl_prev, g_b)
                 g_l = tl.where(skip, gl_prev, tl.where(adv_l, g_b, g_l))
@@ -207,7 +214,7 @@ def _distance(anc_o_ptr, row, s, W, lane0):
     return tl.load(anc_o_ptr + row.to(tl.int64) * 2 * W + (s % 2) * W + lane0 + s // 2).to(tl.int32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=[*SIZES, "R"])
 def _align_fill_kernel(
     x_ptr, tgt_ptr, meta_ptr, anc_a_ptr, anc_o_ptr, flag_ptr,
     ch_ptr,  # [N * R, K, BLOCK] uint8 scratch: each frame's choices in the segment's band
@@ -270,8 +277,8 @@ def _align_fill_kernel(
             e_l_nx = _tile(p_x, t0 + F, t_hi, lab, m_l, o_f, stride_t, stride_c)
             e_b_nx = _tile(p_x, t0 + F, t_hi, cls_b, m_b, o_f, stride_t, stride_c)
             for i in tl.static_range(F):
-                e_l = _row(e_l_t, o_f, i).to(tl.float32, bitcast=True)
-                e_b = _row(e_b_t, o_f, i).to(tl.float32, bitcast=True)
+                e_l = _frame(e_l_t, o_f, i).to(tl.float32, bitcast=True)
+                e_b = _frame(e_b_t, o_f, i).to(tl.float32, bitcast=True)
                 al_prev = tl.where(o == 0, float("-inf"), tl.gather(a_l, i_prev, 0))
                 a_b, a_l, adv_b, adv_l, skip = _step(a_b, a_l, al_prev, e_b, e_l, can_skip, m_b, m_l)
                 code = adv_b.to(tl.uint8) | (adv_l.to(tl.uint8) << 1) | (skip.to(tl.uint8) << 2)
