@@ -21,14 +21,6 @@ CHUNK = 64  # frames whose emissions are gathered at once
 PACK_BYTES = 1 << 30  # above this, the choices are packed 8 to a byte
 
 
-def _chunk(x: torch.Tensor, c0: int, f: int, dtype) -> np.ndarray:
-    """Frames c0 .. c0 + f of a CPU tensor [N, T, C] as a NumPy array (a view where the dtype allows)."""
-    xs = x.detach()[:, c0 : c0 + f, :]
-    if xs.dtype == torch.bfloat16:
-        xs = xs.to(torch.float32)
-    return xs.numpy()
-
-
 @np.errstate(invalid="ignore")  # inf - inf in the lanes of a sample that reads +inf (it gets NaN scores)
 def ctc_forced_align_reference(
     log_probs: torch.Tensor,
@@ -68,10 +60,10 @@ def ctc_forced_align_reference(
     skip_add = np.where(on_label & (j[None, :] > 0) & (lab != prev), 0, neg).astype(dtype).reshape(M)
     # the label lane j = Lmax does not exist: it is held at -inf, which keeps each sample apart from the next
     pad = 1 + np.arange(N) * W + Lmax
-    lane_n = np.repeat(np.arange(N), W)
     lane_c = lab.reshape(M)
-    # the emissions a sample reads (for the NaN check): its labels', and the blank's (one lane stands for it)
-    reads = np.concatenate([on_label, np.broadcast_to(j[None, :] == 0, (N, W))], axis=1)
+    lab_t = torch.from_numpy(lab)
+    x = log_probs.detach()
+    tdtype = torch.float64 if dtype == np.float64 else torch.float32
 
     steps = int(t_n.max()) if N else 0
     packed = 3 * steps * M > PACK_BYTES
@@ -81,6 +73,7 @@ def ctc_forced_align_reference(
     b = np.full(M, neg, dtype)
     b[::W] = 0  # the virtual frame -1: only the first blank
     nb = np.empty_like(b)
+    nb_rows = nb.reshape(N, W)
     lbuf = np.full(M + 1, neg, dtype)  # lbuf[1 + m] is lane m's label score, so lbuf[m] is the label before it
     lab_now, lab_prev = lbuf[1:], lbuf[:M]
     best = np.empty_like(b)
@@ -94,20 +87,21 @@ def ctc_forced_align_reference(
             ends.setdefault(int(t_n[n]) - 1, []).append(n)
     for c0 in range(0, steps, CHUNK):
         f = min(CHUNK, steps - c0)
-        xs = _chunk(log_probs, c0, f, dtype)
-        e_l = xs[lane_n[None, :], np.arange(f)[:, None], lane_c[None, :]].astype(dtype, copy=False)
-        e_b = np.repeat(np.ascontiguousarray(xs[:, :, blank].T).astype(dtype, copy=False), W, axis=1)
+        xs = x[:, c0 : c0 + f, :]
+        # sample-major gathers (each reads its rows in order), then frame-major copies for the loop
+        e_l = torch.gather(xs, 2, lab_t[:, None, :].expand(N, f, W)).to(tdtype).transpose(0, 1).contiguous()
+        e_l = e_l.numpy().reshape(f, M)
+        e_b = xs[:, :, blank].to(tdtype).t().contiguous().numpy()  # [f, N]
         if not (np.max(e_l) < np.inf and np.max(e_b) < np.inf):  # a NaN or +inf somewhere: who reads it
-            wrong = ~(np.concatenate([e_l, e_b], axis=1) < np.inf)  # [f, 2M]
-            wrong = wrong.reshape(f, 2, N, W).transpose(2, 0, 1, 3) & reads.reshape(N, 1, 2, W)
-            live = np.arange(c0, c0 + f)[None, :] < t_n[:, None]
-            bad |= (wrong.any(axis=(2, 3)) & live).any(axis=1)
+            wrong = (~(e_l < np.inf)).reshape(f, N, W) & on_label[None]
+            live = np.arange(c0, c0 + f)[:, None] < t_n[None, :]
+            bad |= ((wrong.any(axis=2) | ~(e_b < np.inf)) & live).any(axis=0)
         for i in range(f):
             t = c0 + i
             out = bits if packed else [plane[t] for plane in planes]
             np.greater(lab_prev, b, out=out[0])
             np.maximum(b, lab_prev, out=nb)
-            np.add(nb, e_b[i], out=nb)
+            np.add(nb_rows, e_b[i][:, None], out=nb_rows)
             np.greater(b, lab_now, out=out[1])
             np.maximum(lab_now, b, out=best)
             np.add(lab_prev, skip_add, out=ss)
@@ -116,6 +110,7 @@ def ctc_forced_align_reference(
             np.add(best, e_l[i], out=lab_now)
             lbuf[pad] = neg
             b, nb = nb, b
+            nb_rows = nb.reshape(N, W)
             if packed:
                 for plane, bit in zip(planes, bits, strict=True):
                     plane[t] = np.packbits(bit)
@@ -125,21 +120,23 @@ def ctc_forced_align_reference(
                     end_l[n] = lab_now[n * W + L[n] - 1]
 
     ok = (np.maximum(end_b, end_l) > neg) & ~bad
-    # read the path back from its end: the last blank or, on a tie, the last label
+    # read the path back from its end, all samples at once: the last blank or, on a tie, the last label
     on_l = ~(end_b > end_l) & ok
     lane = np.where(ok, np.arange(N) * W + np.where(on_l, L - 1, L), 0)
-    path_lane = np.zeros((N, T), np.int64)
-    path_l = np.zeros((N, T), np.bool_)
+    path_lane = np.zeros((T, N), np.int64)
+    path_l = np.zeros((T, N), np.bool_)
+    act_all = (np.arange(steps)[:, None] < t_n[None, :]) & ok[None, :]
     for t in range(steps - 1, -1, -1):
-        act = (t < t_n) & ok
-        path_lane[:, t] = lane
-        path_l[:, t] = on_l
+        act = act_all[t]
+        path_lane[t] = lane
+        path_l[t] = on_l
         if packed:
             came_b, came_l, skipped = ((plane[t, lane >> 3] >> (7 - (lane & 7))) & 1 != 0 for plane in planes)
         else:
-            came_b, came_l, skipped = (plane[t, lane] for plane in planes)
+            came_b, came_l, skipped = (plane[t].take(lane) for plane in planes)
         lane = lane - (np.where(on_l, skipped, came_b) & act)
         on_l = np.where(act, np.where(on_l, skipped | ~came_l, came_b), on_l)
+    path_lane, path_l = path_lane.T, path_l.T
 
     frames = np.arange(T)[None, :] < t_n[:, None]
     valid = frames & ok[:, None]
