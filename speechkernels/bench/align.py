@@ -92,7 +92,7 @@ def agreement(x: torch.Tensor, ours: torch.Tensor, theirs: torch.Tensor) -> dict
         gaps.append({"utterance": n, "frames_differing": int((~same[n]).sum()), "ours_minus_theirs": mine - other,
                      "ours_total": mine})  # fmt: skip
     frames = same.float().mean().item()
-    return {"utterances_equal": int(equal.sum()), "utterances": same.shape[0], "frames_equal": frames, "differing": gaps}
+    return {"utterances_equal": int(equal.sum()), "utterances": len(same), "frames_equal": frames, "differing": gaps}
 
 
 def _path_score(x: torch.Tensor, path: torch.Tensor) -> float:
