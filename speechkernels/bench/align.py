@@ -102,12 +102,11 @@ def _path_score(x: torch.Tensor, path: torch.Tensor) -> float:
 
 
 def timed(fn, device, reps: int, warmup: int) -> tuple[dict, object]:
-    """The median time of fn() (and its minimum, and the peak extra memory on a GPU), and fn()'s last result."""
-    ms = times_ms(fn, device, warmup=warmup, reps=reps)
+    """The median time of fn() (and its minimum, and on a GPU the peak extra memory of one more call), and the last
+    timed call's result."""
     result = []
-    mem = peak_extra_memory(lambda: result.append(fn()), device) or {}
-    if not result:
-        result.append(fn())
+    ms = times_ms(lambda: result.append(fn()), device, warmup=warmup, reps=reps)
+    mem = peak_extra_memory(fn, device) or {}
     stats = {"ms": statistics.median(ms), "ms_min": min(ms), "reps": reps, "peak_extra_bytes": mem.get("allocated")}
     return stats, result[-1]
 
