@@ -393,3 +393,13 @@ def test_token_spans_bad_arguments(args, match):
     full.update(args)
     with pytest.raises(ValueError, match=match):
         sk.ctc_token_spans(**full)
+
+
+def test_packed_choices_give_the_same_path(monkeypatch):
+    """Long inputs keep the CPU path's per-frame choices packed 8 to a byte: the same path as unpacked."""
+    x, tg, il, tl = make_problem(14, 3, 150, 9, 30)
+    want = reference(x, tg, il, tl)
+    from speechkernels.align import reference as ref_module
+
+    monkeypatch.setattr(ref_module, "PACK_BYTES", 0)
+    assert_same(reference(x, tg, il, tl), want)

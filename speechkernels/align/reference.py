@@ -69,7 +69,7 @@ def ctc_forced_align_reference(
     packed = 3 * steps * M > PACK_BYTES
     # per frame: the blank came from the label before; the label from its blank; the label skipped a blank
     planes = [np.zeros((steps, (M + 7) // 8 if packed else M), np.uint8 if packed else np.bool_) for _ in range(3)]
-    bits = [np.empty(M, np.bool_) for _ in range(3)]
+    chunk_bits = [np.empty((CHUNK, M), np.bool_) for _ in range(3)] if packed else None
     b = np.full(M, neg, dtype)
     b[::W] = 0  # the virtual frame -1: only the first blank
     nb = np.empty_like(b)
@@ -98,7 +98,7 @@ def ctc_forced_align_reference(
             bad |= ((wrong.any(axis=2) | ~(e_b < np.inf)) & live).any(axis=0)
         for i in range(f):
             t = c0 + i
-            out = bits if packed else [plane[t] for plane in planes]
+            out = [bits[i] for bits in chunk_bits] if packed else [plane[t] for plane in planes]
             np.greater(lab_prev, b, out=out[0])
             np.maximum(b, lab_prev, out=nb)
             np.add(nb_rows, e_b[i][:, None], out=nb_rows)
@@ -111,13 +111,13 @@ def ctc_forced_align_reference(
             lbuf[pad] = neg
             b, nb = nb, b
             nb_rows = nb.reshape(N, W)
-            if packed:
-                for plane, bit in zip(planes, bits, strict=True):
-                    plane[t] = np.packbits(bit)
             for n in ends.get(t, ()):
                 end_b[n] = b[n * W + L[n]]
                 if L[n] > 0:
                     end_l[n] = lab_now[n * W + L[n] - 1]
+        if packed:
+            for plane, bits in zip(planes, chunk_bits, strict=True):
+                plane[c0 : c0 + f] = np.packbits(bits[:f], axis=1)
 
     ok = (np.maximum(end_b, end_l) > neg) & ~bad
     # read the path back from its end, all samples at once: the last blank or, on a tie, the last label
