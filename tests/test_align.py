@@ -403,3 +403,10 @@ def test_packed_choices_give_the_same_path(monkeypatch):
 
     monkeypatch.setattr(ref_module, "PACK_BYTES", 0)
     assert_same(reference(x, tg, il, tl), want)
+
+
+def test_empty_batch_and_no_frames(kernel_device):
+    cases = [((0, 10, 5), torch.zeros(0, 3, dtype=torch.int64)), ((2, 0, 5), torch.ones(2, 3, dtype=torch.int64))]
+    for shape, tg in cases:
+        a, s = sk.ctc_forced_align(torch.zeros(shape, device=kernel_device), tg, [shape[1]] * shape[0], [0] * shape[0])
+        assert a.shape == s.shape == shape[:2] and a.dtype == torch.int64 and s.dtype == torch.float32
