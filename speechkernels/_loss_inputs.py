@@ -21,6 +21,18 @@ def check_targets(targets) -> None:
         raise ValueError(f"targets must be int32 or int64, got {targets.dtype}")
 
 
+def targets_padded(targets: torch.Tensor, N: int) -> bool:
+    """Whether ``targets`` are padded rows [N, S] (True) or 1-D concatenated labels (False); raises ValueError for
+    any other shape, or rows that are not the batch's."""
+    if targets.dim() == 2:
+        if targets.shape[0] != N:
+            raise ValueError(f"targets has {targets.shape[0]} rows but the batch size is {N}")
+        return True
+    if targets.dim() == 1:
+        return False
+    raise ValueError(f"targets must be [N, S] padded or 1-D concatenated, got shape {tuple(targets.shape)}")
+
+
 def batch_lengths(
     N: int, device, reduction: str, keep: tuple[torch.dtype, ...] = (torch.int64,), **lengths
 ) -> list[torch.Tensor]:

@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import torch
 
-from .._loss_inputs import Lengths, batch_lengths, check_label_contents, check_targets, padded_labels
+from .._loss_inputs import Lengths, batch_lengths, check_label_contents, check_targets, padded_labels, targets_padded
 from .._utils import as_bool, as_choice, as_int, check_float_input, check_integer_tensor, optional_kernels, use_triton
 from .reference import ctc_forced_align_reference
 
@@ -86,14 +86,7 @@ def ctc_forced_align(
     N, T, C = x.shape
     if not 0 <= blank < C:
         raise ValueError(f"blank={blank} is outside [0, C={C})")
-    if targets.dim() == 2:
-        padded = True
-        if targets.shape[0] != N:
-            raise ValueError(f"targets has {targets.shape[0]} rows but the batch size is {N}")
-    elif targets.dim() == 1:
-        padded = False
-    else:
-        raise ValueError(f"targets must be [N, S] padded or 1-D concatenated, got shape {tuple(targets.shape)}")
+    padded = targets_padded(targets, N)
     dev = x.device
     if input_lengths is None:
         input_lengths = torch.full((N,), T, dtype=torch.int64, device=dev)

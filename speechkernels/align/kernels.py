@@ -70,6 +70,16 @@ def _frame(tile, o_f, i: tl.constexpr):
 
 
 @triton.jit
+def _sample(meta_ptr, N, i_n):
+    """Sample i_n's frames, labels, first label's index in targets, and first lane in the W-wide rows (each sample
+    has L + 1 lanes, so lane 0 is at the first label's index plus the samples before it)."""
+    T_n = tl.load(meta_ptr + i_n)
+    L = tl.load(meta_ptr + N + i_n)
+    tgt_base = tl.load(meta_ptr + 2 * N + i_n)
+    return T_n, L, tgt_base, tgt_base + i_n
+
+
+@triton.jit
 def _labels(tgt_ptr, tgt_base, j, L, C):
     """Label j (clamped to [0, C), as every path clamps unchecked labels) and whether label j may be entered from
     label j - 1 directly (the two differ)."""
@@ -123,10 +133,7 @@ def _align_forward_kernel(
     pid = tl.program_id(0)
     i_n = pid // P
     i_p = pid % P
-    T_n = tl.load(meta_ptr + i_n)
-    L = tl.load(meta_ptr + N + i_n)
-    tgt_base = tl.load(meta_ptr + 2 * N + i_n)
-    lane0 = tgt_base + i_n  # the sample's lane 0 in the W-wide rows
+    T_n, L, tgt_base, lane0 = _sample(meta_ptr, N, i_n)
     j0 = i_p * BLOCK
     o = tl.arange(0, BLOCK)
     o_f = tl.arange(0, F)
@@ -226,10 +233,7 @@ def _align_fill_kernel(
     pid = tl.program_id(0)
     i_n = pid // R
     i_k = pid % R
-    T_n = tl.load(meta_ptr + i_n)
-    L = tl.load(meta_ptr + N + i_n)
-    tgt_base = tl.load(meta_ptr + 2 * N + i_n)
-    lane0 = tgt_base + i_n
+    T_n, L, tgt_base, lane0 = _sample(meta_ptr, N, i_n)
     p_x = x_ptr + i_n.to(tl.int64) * stride_n
     t_lo = i_k * K
     o = tl.arange(0, BLOCK)  # lanes of the band, and frames of the segment (K < BLOCK)

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from .._loss_inputs import REDUCTIONS, Lengths, batch_lengths, check_label_contents, check_targets, padded_labels
+from .._loss_inputs import (
+    REDUCTIONS,
+    Lengths,
+    batch_lengths,
+    check_label_contents,
+    check_targets,
+    padded_labels,
+    targets_padded,
+)
 from .._op import LossModule, LossOp
 from .._utils import as_bool, as_choice, as_int, check_float_input, optional_kernels, use_triton
 from .reference import ctc_losses_reference, read_log_softmax, reduce_loss
@@ -139,14 +147,7 @@ def ctc_loss(
         raise ValueError(f"blank={blank} is outside [0, C={C})")
     dev = x.device
     il, tl = batch_lengths(N, dev, reduction, input_lengths=input_lengths, target_lengths=target_lengths)
-    if targets.dim() == 2:
-        padded = True
-        if targets.shape[0] != N:
-            raise ValueError(f"targets has {targets.shape[0]} rows but the batch size is {N}")
-    elif targets.dim() == 1:
-        padded = False
-    else:
-        raise ValueError(f"targets must be [N, S] padded or 1-D concatenated, got shape {tuple(targets.shape)}")
+    padded = targets_padded(targets, N)
     targets = targets.to(dev)
 
     if kernels is not None and use_triton(x) and N > 0 and T > 0:
