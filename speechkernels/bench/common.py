@@ -116,6 +116,31 @@ def time_forward_backward(
     return out
 
 
+def time_graphed_step(loss_fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, device: torch.device,
+                      reps: int) -> dict:  # fmt: skip
+    """A training step (loss_fn(v) then its backward, v a leaf on x's values) captured in one CUDA graph, as
+    torch.compile's "reduce-overhead" mode or torch.cuda.make_graphed_callables run it: the median replay time,
+    its quartiles and minimum. loss_fn must not synchronise with the host (validate=False)."""
+    v = x.detach().clone().requires_grad_()
+
+    def step():
+        v.grad = None
+        loss_fn(v).backward()
+
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(3):  # warm-up off the capture stream (compilation, allocator)
+            step()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    times = times_ms(graph.replay, device, warmup=5, reps=reps)
+    q1, _, q3 = statistics.quantiles(times, n=4) if reps > 1 else (math.nan,) * 3
+    return {"ms": statistics.median(times), "ms_quartiles": [q1, q3], "ms_min": min(times)}
+
+
 def peak_extra_bytes(
     fn: Callable[[], object], device: torch.device, before: Callable[[], object] | None = None
 ) -> int | None:

@@ -20,7 +20,16 @@ import torch
 import speechkernels as sk
 from speechkernels.rnnt.reference import rnnt_forward_backward_reference
 
-from .common import environment, fmt_mb, fmt_ms, peak_extra_memory, print_title, time_forward_backward, write_json
+from .common import (
+    environment,
+    fmt_mb,
+    fmt_ms,
+    peak_extra_memory,
+    print_title,
+    time_forward_backward,
+    time_graphed_step,
+    write_json,
+)
 
 SHAPES = [(150, 40, 28), (150, 20, 5000), (1500, 300, 50)]
 ROWS = [(T, U, V, N) for T, U, V in SHAPES for N in (1, 16, 32, 64, 128)]
@@ -35,6 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rows", default=None, help="only these configurations as TxUxVxN, e.g. 150x40x28x128")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--no-error", action="store_true", help="skip the float64 reference comparison")
+    p.add_argument("--graph", action="store_true", help="also time our step captured in a CUDA graph (GPU)")
 
 
 def make_inputs(T: int, U: int, V: int, N: int, device: torch.device, seed: int = 0):
@@ -139,6 +149,15 @@ def run(args) -> int:
             )
         peers = [row[p]["ms"] for p in PEERS if row.get(p)]
         row["speedup"] = min(peers) / row["sk"]["ms"] if peers else None
+        if args.graph and device.type == "cuda":
+            # our step captured whole (validate=False: no host read), against the peers' eager steps
+            row["sk_graph"] = time_graphed_step(
+                lambda v, t=targets, i=il, n=tl: sk.rnnt_loss(v, t, i, n, blank=0, validate=False),
+                logits,
+                device,
+                args.reps,
+            )
+            row["speedup_graph"] = min(peers) / row["sk_graph"]["ms"] if peers else None
         results.append(row)
         print_row(row)
         del logits
@@ -163,5 +182,6 @@ def print_row(row: dict) -> None:
     reuse = f"{r / 2**20:6.0f}" if r is not None else f"{'-':>6}"
     err = row["sk"].get("loss_rel_err", math.nan), row["sk"].get("grad_abs_err", math.nan)
     print(f"{row['T']:5d} {row['U']:4d} {row['V']:5d} {row['N']:4d} | {ms('sk')} {ms('torchaudio')} "
-          f"{fmt_ms(warp_best)} | {sp} | {mb('sk')} {reuse} {mb('torchaudio')} | {err[0]:8.1e} {err[1]:8.1e}",
-          flush=True)  # fmt: skip
+          f"{fmt_ms(warp_best)} | {sp} | {mb('sk')} {reuse} {mb('torchaudio')} | {err[0]:8.1e} {err[1]:8.1e}"
+          + (f" | graph {row['sk_graph']['ms']:7.3f} ms, {row['speedup_graph'] or math.nan:5.2f}x"
+             if "sk_graph" in row else ""), flush=True)  # fmt: skip
