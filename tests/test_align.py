@@ -251,12 +251,13 @@ def test_unchecked_values_agree(kernel_device):
         (dict(blank=5), "blank=5 is outside"),
         (dict(blank=1.0), "blank must be an integer"),
         (dict(batch_first=1), "batch_first must be True or False"),
+        (dict(validate="yes"), "validate must be True or False"),
         (dict(targets=torch.ones(6, dtype=torch.int64), target_lengths=None), "target_lengths is required"),
     ],
 )
 def test_bad_arguments(change, match):
     args = dict(log_probs=torch.zeros(2, 10, 5), targets=torch.ones(2, 3, dtype=torch.int64), input_lengths=[10, 9],
-                target_lengths=[3, 2], blank=0, batch_first=True)  # fmt: skip
+                target_lengths=[3, 2], blank=0, batch_first=True, validate=True)  # fmt: skip
     args.update(change)
     with pytest.raises(ValueError, match=match):
         sk.ctc_forced_align(**args)
@@ -386,6 +387,7 @@ def test_token_spans_confine_nan():
         (dict(scores=torch.zeros(2, 5, dtype=torch.int64)), "scores must be a float tensor"),
         (dict(scores=torch.zeros(2, 4)), "scores has shape"),
         (dict(reduce="max"), "reduce must be one of"),
+        (dict(blank=0.5), "blank must be an integer"),
     ],
 )
 def test_token_spans_bad_arguments(args, match):
