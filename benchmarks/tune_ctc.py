@@ -2,6 +2,7 @@
 
 python benchmarks/tune_ctc.py [--rows 150x1x28,...]: per-kernel GPU times (profiler) of the logits mode,
 then the forward launcher timed over num_warps and the fast/accurate log1p, with the error of each variant.
+python benchmarks/tune_ctc.py --wave 1500x1x29x1500:1200x16x32x600: the wavefront's (lanes, warps) per program.
 """
 
 from __future__ import annotations
@@ -131,6 +132,34 @@ def ab_fuse(T, N, C, rounds=5):
     print(f"{T}x{N}x{C} step: emission fused {med[True]:.3f} ms, own grid {med[False]:.3f} ms", flush=True)
 
 
+WAVE_SHAPES = (None, (32, 1), (64, 2), (128, 4), (256, 8))
+
+
+def wave_sweep(T, N, C, S, reps=10):
+    """The forward launcher (emission pass and both recursions, no validation) with one program per sample
+    (None) or the wavefront at each (lanes, warps), the recursion kernels' GPU time, and whether the loss and the
+    occupancy table equal the one-program path's bit for bit."""
+    dev = torch.device("cuda")
+    x, tg, il, tl = make_inputs(T, N, C, dev, S=S)
+    tg, il, tl = tg.to(dev), il.to(dev), tl.to(dev)
+    base = None
+    for shape in WAVE_SHAPES:
+
+        def fwd(shape=shape):
+            return kernels.ctc_forward(x, tg, il, tl, 0, True, True, True, False, wave=shape)
+
+        out, state, _ = fwd()
+        same = "-"
+        if base is None:
+            base = (out, state[3].clone())
+        else:
+            same = torch.equal(out, base[0]) and torch.equal(state[3], base[1])
+        ms = time_ms(fwd, dev, reps=reps)
+        per = kernel_times_ms(fwd)
+        rec = sum(v for k, v in per.items() if "recursion" in k or "wave" in k)
+        print(f"{T}x{N}x{C}x{S} wave={shape}: forward {ms:8.3f} ms, recursions {rec:8.3f} ms, same={same}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="150x1x28,150x256x5000,1500x1x29,1500x128x1000")
@@ -138,7 +167,12 @@ def main():
     ap.add_argument("--no-cpu-profile", action="store_true")
     ap.add_argument("--grad-sweep", default="150x256x5000")
     ap.add_argument("--ab-fuse", default="", help="rows for the fused/grid emission comparison")
+    ap.add_argument("--wave", default="", help="rows TxNxCxS for the wavefront sweep, e.g. 1500x1x29x1500")
     a = ap.parse_args()
+    for r in a.wave.split(":") if a.wave else []:
+        wave_sweep(*(int(v) for v in r.split("x")))
+    if a.wave:
+        return
     for r in a.rows.split(","):
         profile(*(int(v) for v in r.split("x")))
     if not a.no_cpu_profile:

@@ -20,25 +20,29 @@ from speechkernels.ctc.reference import ctc_loss_reference
 
 from .common import environment, fmt_mb, fmt_ms, print_title, time_forward_backward, time_graphed_step, write_json
 
-T150 = [(150, n, c) for c in (28, 5000) for n in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
-T1500 = [(1500, n, c) for c in (29, 1000) for n in (1, 32, 128)]
-CPU_DEMO = [(150, 1, 28), (150, 8, 28), (150, 8, 500)]
+# rows (T, N, C, S): label lengths uniform in 1..S
+T150 = [(150, n, c, 150) for c in (28, 5000) for n in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
+T1500 = [(1500, n, c, 1500) for c in (29, 1000) for n in (1, 32, 128)]
+LONG_LABELS = [(1200, 16, 32, 600)]  # long label sequences in a small batch
+CPU_DEMO = [(150, 1, 28, 150), (150, 8, 28, 150), (150, 8, 500, 150)]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--json", default=None, help="write the rows and the environment to this JSON file")
     p.add_argument("--plot", default=None, help="write a PNG of the speed-ups to this path")
-    p.add_argument("--rows", default=None, help="only these configurations, e.g. 150x256x5000,1500x128x1000")
+    p.add_argument("--rows", default=None, help="only these configurations TxNxC[xS] (S: longest label sequence, "
+                   "default T), e.g. 150x256x5000,1200x16x32x600")  # fmt: skip
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--no-error", action="store_true", help="skip the float64 reference comparison")
     p.add_argument("--graph", action="store_true", help="also time our step captured in a CUDA graph (GPU)")
 
 
-def make_inputs(T: int, N: int, C: int, device: torch.device, seed: int = 0):
+def make_inputs(T: int, N: int, C: int, device: torch.device, seed: int = 0, S: int | None = None):
+    """Activations [T, N, C], padded labels, input lengths T, label lengths uniform in 1..S (default T)."""
     g = torch.Generator().manual_seed(seed * 7919 + T * 31 + N * 7 + C)
     x = torch.randn(T, N, C, generator=g).to(device)
-    tl = torch.randint(1, T + 1, (N,), generator=g)
+    tl = torch.randint(1, (S or T) + 1, (N,), generator=g)
     S = int(tl.max())
     targets = torch.randint(1, C, (N, S), generator=g)
     il = torch.full((N,), T, dtype=torch.int64)
@@ -115,21 +119,21 @@ def reference(x, targets, il, tl):
 
 def run(args) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    rows = T150 + T1500 if device.type == "cuda" else CPU_DEMO
+    rows = T150 + T1500 + LONG_LABELS if device.type == "cuda" else CPU_DEMO
     if args.rows:
-        wanted = {tuple(int(v) for v in r.split("x")) for r in args.rows.split(",")}
-        rows = [r for r in rows if r in wanted] or sorted(wanted)
+        wanted = [parse_row(r) for r in args.rows.split(",")]
+        rows = [r for r in rows if r in wanted] or wanted
     env = environment(device)
     print_title("CTC loss, forward+backward from activations", env, args.reps)
     results = []
-    header = (f"{'T':>5} {'N':>4} {'C':>5} | {'sk logits':>9} {'sk lp':>8} {'native':>8} {'cudnn':>8} | "
+    header = (f"{'T':>5} {'N':>4} {'C':>5} {'S':>5} | {'sk logits':>9} {'sk lp':>8} {'native':>8} {'cudnn':>8} | "
               f"{'x best':>6} {'x(lp)':>6} | {'MB sk':>7} {'MB nat':>7} | {'loss err':>8} {'grad err':>8}")  # fmt: skip
     print(header)
-    for T, N, C in rows:
-        x, targets, il, tl = make_inputs(T, N, C, device)
+    for T, N, C, S in rows:
+        x, targets, il, tl = make_inputs(T, N, C, device, S=S)
         tgt_d, il_d, tl_d = targets.to(device), il.to(device), tl.to(device)
         ref = None if args.no_error else reference(x, tgt_d, il_d, tl_d)
-        row = {"T": T, "N": N, "C": C}
+        row = {"T": T, "N": N, "C": C, "S": S}
         impls = implementations(x, targets, il, tl, device)
         for name, entry in time_forward_backward(impls, x, device, reps=args.reps).items():
             if entry is not None:
@@ -164,6 +168,17 @@ def run(args) -> int:
     return 0
 
 
+def parse_row(text: str) -> tuple[int, int, int, int]:
+    """TxNxC or TxNxCxS as (T, N, C, S); S defaults to T."""
+    try:
+        vals = [int(v) for v in text.split("x")]
+    except ValueError:
+        vals = []
+    if len(vals) not in (3, 4) or min(vals) < 1:
+        raise SystemExit(f"--rows: {text!r} is not TxNxC or TxNxCxS (positive integers)")
+    return (*vals[:3], vals[3] if len(vals) == 4 else vals[0])
+
+
 def print_row(row: dict) -> None:
     def ms(name):
         return fmt_ms(row.get(name))
@@ -172,7 +187,8 @@ def print_row(row: dict) -> None:
         return fmt_mb(row.get(name), width=7, decimals=1)
 
     err = row["sk_logits"].get("loss_rel_err", math.nan), row["sk_logits"].get("grad_abs_err", math.nan)
-    print(f"{row['T']:5d} {row['N']:4d} {row['C']:5d} | {row['sk_logits']['ms']:9.3f} {ms('sk_logprobs')} "
+    shape = f"{row['T']:5d} {row['N']:4d} {row['C']:5d} {row.get('S', row['T']):5d}"
+    print(f"{shape} | {row['sk_logits']['ms']:9.3f} {ms('sk_logprobs')} "
           f"{ms('torch_native')} {ms('torch_cudnn')} | {row['speedup_logits']:6.2f} {row['speedup_logprobs']:6.2f} | "
           f"{mb('sk_logits')} {mb('torch_native')} | {err[0]:8.1e} {err[1]:8.1e}"
           + (f" | graph {row['sk_graph']['ms']:7.3f} ms, {row['speedup_graph']:5.2f}x" if "sk_graph" in row else ""),
@@ -185,7 +201,7 @@ def plot(results, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [f"{r['T']}/{r['N']}/{r['C']}" for r in results]
+    labels = [f"{r['T']}/{r['N']}/{r['C']}" + (f"/{r['S']}" if r.get("S", r["T"]) != r["T"] else "") for r in results]
     fig, ax = plt.subplots(figsize=(max(6, len(results) * 0.45), 4))
     xs = range(len(results))
     ax.bar([i - 0.2 for i in xs], [r["speedup_logits"] for r in results], width=0.4, label="logits mode")
@@ -193,7 +209,7 @@ def plot(results, path):
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xticks(list(xs), labels, rotation=90, fontsize=7)
     ax.set_ylabel("speed-up over the best torch kernel")
-    ax.set_xlabel("T/N/C")
+    ax.set_xlabel("T/N/C (/S: longest label sequence, default T)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)

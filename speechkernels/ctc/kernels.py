@@ -335,6 +335,30 @@ def _beta(p_lp, p_al, logp, T, T_n, L, L_c, o_j, can_skip):
 
 
 @triton.jit
+def _finish(logp, loss_ptr, logp_ptr, out_ptr, w_ptr, meta_ptr, N, i_n, ZERO_INFINITY: tl.constexpr,
+            REDUCE: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """Stores sample i_n's log2 p and loss; with REDUCE, the last sample to finish sums the weighted losses."""
+    tl.store(logp_ptr + i_n, logp)
+    loss = -logp * ln2()
+    if ZERO_INFINITY:
+        loss = tl.where(loss == float("inf"), 0.0, loss)
+    tl.store(loss_ptr + i_n, loss.to(tl.float32))
+    if REDUCE:
+        # the last program to finish sums the losses in a fixed order (deterministic, no float atomics); the
+        # counter was zeroed by _ctc_prepare_kernel, and the atomic orders this program's loss store before it
+        done = tl.atomic_add(meta_ptr + _row_counter() * N, 1, sem="acq_rel")
+        if done == N - 1:
+            o_n = tl.arange(0, BLOCK_N)
+            acc = tl.zeros([BLOCK_N], tl.float64)
+            for n0 in range(0, N, BLOCK_N):
+                m_n = n0 + o_n < N
+                b_loss = tl.load(loss_ptr + n0 + o_n, mask=m_n, other=0.0, cache_modifier=".cg")
+                b_w = tl.load(w_ptr + n0 + o_n, mask=m_n, other=0.0)
+                acc += b_loss.to(tl.float64) * b_w.to(tl.float64)
+            tl.store(out_ptr, tl.sum(acc, axis=0).to(tl.float32))
+
+
+@triton.jit
 def _recursions(
     lp_ptr, alpha_ptr, loss_ptr, logp_ptr, out_ptr, w_ptr, tgt_ptr, meta_ptr, N, T, i_n,
     NEED_GRAD: tl.constexpr, ZERO_INFINITY: tl.constexpr, REDUCE: tl.constexpr, PARTS: tl.constexpr,
@@ -345,24 +369,7 @@ def _recursions(
     T_n, L, L_c, p_lp, p_al, o_j, can_skip = _recursion_setup(lp_ptr, alpha_ptr, tgt_ptr, meta_ptr, N, i_n, BLOCK)
     if PARTS & 1:
         logp = _alpha(p_lp, p_al, T, T_n, L, L_c, o_j, can_skip, STORE_ALPHA=NEED_GRAD)
-        tl.store(logp_ptr + i_n, logp)
-        loss = -logp * ln2()
-        if ZERO_INFINITY:
-            loss = tl.where(loss == float("inf"), 0.0, loss)
-        tl.store(loss_ptr + i_n, loss.to(tl.float32))
-        if REDUCE:
-            # the last program to finish sums the losses in a fixed order (deterministic, no float atomics); the
-            # counter was zeroed by _ctc_prepare_kernel, and the atomic orders this program's loss store before it
-            done = tl.atomic_add(meta_ptr + _row_counter() * N, 1, sem="acq_rel")
-            if done == N - 1:
-                o_n = tl.arange(0, BLOCK_N)
-                acc = tl.zeros([BLOCK_N], tl.float64)
-                for n0 in range(0, N, BLOCK_N):
-                    m_n = n0 + o_n < N
-                    b_loss = tl.load(loss_ptr + n0 + o_n, mask=m_n, other=0.0, cache_modifier=".cg")
-                    b_w = tl.load(w_ptr + n0 + o_n, mask=m_n, other=0.0)
-                    acc += b_loss.to(tl.float64) * b_w.to(tl.float64)
-                tl.store(out_ptr, tl.sum(acc, axis=0).to(tl.float32))
+        _finish(logp, loss_ptr, logp_ptr, out_ptr, w_ptr, meta_ptr, N, i_n, ZERO_INFINITY, REDUCE, BLOCK_N)
     else:
         logp = tl.load(logp_ptr + i_n)
     if PARTS & 2:
@@ -438,6 +445,223 @@ def _ctc_small_forward_kernel(
     tl.debug_barrier()
     _recursions(lp_ptr, alpha_ptr, loss_ptr, logp_ptr, out_ptr, w_ptr, tgt_ptr, meta_ptr, N, T, i_n,
                 NEED_GRAD, ZERO_INFINITY, REDUCE, 3 if NEED_GRAD else 1, BLOCK, BLOCK_N)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the wavefront: one sample's label states split across programs (long label sequences in small batches)
+
+
+@triton.jit
+def _frame(tile, o_f, i: tl.constexpr):
+    """Frame i of an integer [BLOCK, F] tile (bit patterns): integer selects and sums of zeros, which fold away
+    when each thread holds its lanes' F frames (exact for any bit pattern, NaN included, unlike a float sum)."""
+    return tl.sum(tl.where(o_f[None, :] == i, tile, 0), axis=1)
+
+
+@triton.jit
+def _tile(p, t, m_t, W, ju, m_lane):
+    """[BLOCK, F] values p[t * W + ju] of frames t (0 where masked). ``ju`` is the lanes' offsets times a run-time 1,
+    so that no dimension of the addresses is known to be contiguous: the layout then puts lanes first (each
+    thread holds its lanes' F frames, and ``_frame`` takes one from registers)."""
+    return tl.load(p + t.to(tl.int64)[None, :] * W + ju[:, None], mask=m_lane[:, None] & m_t[None, :], other=0.0)
+
+
+@triton.jit
+def _wait(prog_ptr, need):
+    """Spins until the counter at prog_ptr reaches ``need`` (acquire: the producer's stores before it are seen)."""
+    seen = tl.atomic_add(prog_ptr, 0, sem="acquire")
+    while seen < need:
+        seen = tl.atomic_add(prog_ptr, 0, sem="acquire")
+
+
+@triton.jit
+def _wave_alpha(p_lp, p_al, bnd_ptr, prog_ptr, nan_ptr, slot, i_p, T, T_n, L, L_c, j, o, o_f, ju, m_b, m_l, can_skip,
+                has_right, unit, STORE_ALPHA: tl.constexpr, BLOCK: tl.constexpr, F: tl.constexpr):  # fmt: skip
+    """``_alpha`` over this program's lanes, label j0 - 1's state at each frame taken from the left neighbour;
+    publishes its last label's state every frame and releases them every F frames. Returns the last state
+    vectors and the NaN reads of this program and those to its left (exact for the program holding lane L)."""
+    W = L + 1
+    n_steps = tl.where(L_c <= T, T_n, 0).to(tl.int32)
+    i_prev = tl.maximum(o - 1, 0)
+    zero_j = ju * 0
+    a_b = tl.full([BLOCK], neg(), tl.float64)
+    a_l = tl.full([BLOCK], neg(), tl.float64)
+    bad = tl.zeros([BLOCK, F], tl.int32)
+    left_nan = tl.zeros([], tl.int32)
+    no_left = tl.full([BLOCK, F], neg(), tl.float64).to(tl.int64, bitcast=True)
+    t_nx = o_f
+    e_l_nx = _tile(p_lp + 1, t_nx, t_nx < n_steps, W, ju, m_l)
+    e_b_nx = _tile(p_lp, t_nx, t_nx < n_steps, W, zero_j, m_b)
+    for t0 in range(0, n_steps, F):
+        e_l_t = e_l_nx
+        e_b_t = e_b_nx
+        t_nx = t0 + F + o_f
+        e_l_nx = _tile(p_lp + 1, t_nx, t_nx < n_steps, W, ju, m_l)
+        e_b_nx = _tile(p_lp, t_nx, t_nx < n_steps, W, zero_j, m_b)
+        # NaN is counted apart: the maximum that clamps the emissions would drop it
+        bad |= ((e_l_t != e_l_t) | (e_b_t != e_b_t)).to(tl.int32)
+        e_l_t = e_l_t.to(tl.int32, bitcast=True)
+        e_b_t = e_b_t.to(tl.int32, bitcast=True)
+        left = no_left
+        if i_p > 0:
+            # the left neighbour's last label state at frames t0 - 1 .. t0 + F - 2, once it has released them
+            _wait(prog_ptr + slot - 1, tl.minimum(t0 + F, n_steps))
+            tf = t0 - 1 + o_f
+            m_f = (o == 0)[:, None] & (tf >= 0)[None, :]
+            p_f = bnd_ptr + (slot - 1) * T + zero_j[:, None] + tf[None, :] * unit
+            left = tl.load(p_f, mask=m_f, other=neg(), cache_modifier=".cg").to(tl.int64, bitcast=True)
+            if t0 + F >= n_steps:  # released with its last frames
+                left_nan = tl.load(nan_ptr + slot - 1, cache_modifier=".cg")
+        for i in tl.static_range(F):
+            t = t0 + i
+            e_l = tl.maximum(_frame(e_l_t, o_f, i).to(tl.float32, bitcast=True), neg()).to(tl.float64)
+            e_b = tl.maximum(_frame(e_b_t, o_f, i).to(tl.float32, bitcast=True), neg()).to(tl.float64)
+            a_l_prev = tl.where(o == 0, _frame(left, o_f, i).to(tl.float64, bitcast=True), tl.gather(a_l, i_prev, 0))
+            n_b = tl.where(m_b, lae(a_b, a_l_prev), neg())
+            n_l = tl.where(m_l, lae(a_l, tl.where(can_skip, n_b, a_b)), neg())
+            # frame 0: paths start in the first blank or the first label (as _alpha, bit for bit)
+            first = t == 0
+            n_l = tl.where(first, tl.where((j == 0) & m_l, 0.0, neg()).to(tl.float64), n_l)
+            live = t < n_steps
+            if STORE_ALPHA:
+                tl.store(p_al + t * L + j, n_l, mask=m_l & live)
+            n_b = tl.where(first, tl.where(j == 0, 0.0, neg()).to(tl.float64), n_b) + e_b
+            n_l = n_l + e_l
+            n_b = tl.where(first & (j != 0), neg(), n_b)
+            n_l = tl.where(first & ((j != 0) | (j >= L)), neg(), n_l)
+            a_b = tl.where(live, n_b, a_b)
+            a_l = tl.where(live, n_l, a_l)
+            if has_right:
+                tl.store(bnd_ptr + slot * T + t + zero_j, a_l, mask=(o == BLOCK - 1) & live)
+        if has_right:
+            if t0 + F >= n_steps:
+                tl.store(nan_ptr + slot, tl.max(tl.max(bad, axis=1), axis=0) | left_nan)
+            # every thread's stores above are ordered before the release
+            tl.debug_barrier()
+            tl.atomic_xchg(prog_ptr + slot, tl.minimum(t0 + F, n_steps), sem="release")
+    return a_b, a_l, tl.max(tl.max(bad, axis=1), axis=0) | left_nan
+
+
+@triton.jit
+def _wave_beta(p_lp, p_al, bnd_ptr, prog_ptr, slot, i_p, logp, T, T_n, L, L_c, j, o, o_f, ju, m_b, m_l, can_skip,
+               has_right, unit, BLOCK: tl.constexpr, F: tl.constexpr):  # fmt: skip
+    """``_beta`` over this program's lanes, what label j0 + BLOCK - 1 receives from the right taken from the right
+    neighbour; publishes what its first lane passes left every frame and releases it every F frames."""
+    W = L + 1
+    n_steps = tl.where((L_c <= T) & (logp != float("-inf")), T_n, 0).to(tl.int32)
+    i_next = tl.minimum(o + 1, BLOCK - 1)
+    zero_j = ju * 0
+    b_b = tl.full([BLOCK], neg(), tl.float64)
+    b_l = tl.full([BLOCK], neg(), tl.float64)
+    r_b = lae(b_b, b_l)
+    no_right = tl.full([BLOCK, F], neg(), tl.float64).to(tl.int64, bitcast=True)
+    # step k is frame n_steps - 1 - k
+    t_nx = n_steps - 1 - o_f
+    e_l_nx = _tile(p_lp + 1, t_nx, t_nx >= 0, W, ju, m_l)
+    e_b_nx = _tile(p_lp, t_nx, t_nx >= 0, W, zero_j, m_b)
+    al_nx = _tile(p_al, t_nx, t_nx >= 0, L, ju, m_l)
+    for k0 in range(0, n_steps, F):
+        e_l_t = e_l_nx.to(tl.int32, bitcast=True)
+        e_b_t = e_b_nx.to(tl.int32, bitcast=True)
+        al_t = al_nx.to(tl.int64, bitcast=True)
+        t_nx = n_steps - 1 - (k0 + F + o_f)
+        e_l_nx = _tile(p_lp + 1, t_nx, t_nx >= 0, W, ju, m_l)
+        e_b_nx = _tile(p_lp, t_nx, t_nx >= 0, W, zero_j, m_b)
+        al_nx = _tile(p_al, t_nx, t_nx >= 0, L, ju, m_l)
+        right = no_right
+        if has_right:
+            # what the right neighbour's first lane passed at steps k0 - 1 .. k0 + F - 2
+            _wait(prog_ptr + slot + 1, tl.minimum(k0 + F, n_steps))
+            kf = k0 - 1 + o_f
+            m_f = (o == BLOCK - 1)[:, None] & (kf >= 0)[None, :]
+            p_f = bnd_ptr + (slot + 1) * T + zero_j[:, None] + kf[None, :] * unit
+            right = tl.load(p_f, mask=m_f, other=neg(), cache_modifier=".cg").to(tl.int64, bitcast=True)
+        for i in tl.static_range(F):
+            k = k0 + i
+            t = n_steps - 1 - k
+            e_l = tl.maximum(_frame(e_l_t, o_f, i).to(tl.float32, bitcast=True), neg()).to(tl.float64)
+            e_b = tl.maximum(_frame(e_b_t, o_f, i).to(tl.float32, bitcast=True), neg()).to(tl.float64)
+            al_l = tl.where(m_l, _frame(al_t, o_f, i).to(tl.float64, bitcast=True), neg())
+            passed = tl.gather(tl.where(can_skip, r_b, b_b), i_next, 0)
+            r_next = tl.where(o == BLOCK - 1, _frame(right, o_f, i).to(tl.float64, bitcast=True), passed)
+            r_l = lae(b_l, tl.where(j + 1 <= L, r_next, neg()))
+            # the last frame: paths end in the last blank or the last label
+            n_b = tl.where(k == 0, tl.where(j == L, 0.0, neg()).to(tl.float64), r_b)
+            r_l = tl.where(k == 0, tl.where(j == L - 1, 0.0, neg()).to(tl.float64), r_l)
+            live = k < n_steps
+            b_b = tl.where(live, tl.where(m_b, n_b + e_b, neg()), b_b)
+            b_l = tl.where(live, tl.where(m_l, r_l + e_l, neg()), b_l)
+            occ = tl.exp2((al_l + b_l - logp).to(tl.float32))
+            tl.store(p_lp + t * W + 1 + j, occ, mask=m_l & live)
+            r_b = lae(b_b, b_l)
+            if i_p > 0:
+                tl.store(bnd_ptr + slot * T + k + zero_j, tl.where(can_skip, r_b, b_b), mask=(o == 0) & live)
+        if i_p > 0:
+            tl.debug_barrier()
+            tl.atomic_xchg(prog_ptr + slot, tl.minimum(k0 + F, n_steps), sem="release")
+
+
+# the sizes vary from call to call (no variant per shape); ``unit`` must stay a run-time 1 (see _tile)
+WAVE_SIZES = ["N", "T", "P", "unit"]
+
+
+@triton.jit(do_not_specialize=WAVE_SIZES)
+def _ctc_wave_kernel(
+    lp_ptr, alpha_ptr, loss_ptr, logp_ptr, out_ptr, w_ptr, tgt_ptr, meta_ptr,
+    bnd_ptr,  # [N * P, T] float64: each program's boundary value per frame (or step), for its neighbour
+    prog_ptr,  # [N * P + 1] int32, zeroed: frames (steps) each program has released, then the ticket counter
+    nan_ptr,  # [N * P] int32 (alpha): 1 if this program or one to its left read a NaN emission
+    N, T, P, unit,
+    BETA: tl.constexpr,  # False: alpha (loss, log p, reduction); True: beta (occupancies)
+    STORE_ALPHA: tl.constexpr, ZERO_INFINITY: tl.constexpr, REDUCE: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, F: tl.constexpr,
+):  # fmt: skip
+    """One pass of the recursions with each sample's lanes split across P programs of BLOCK lanes."""
+    # programs take their places in the order they start, so that a program only ever waits on one that is
+    # running: alpha's run left to right, beta's right to left
+    ticket = tl.atomic_add(prog_ptr + N * P, 1)
+    i_n = (ticket // P).to(tl.int64)
+    i_p = ticket % P
+    if BETA:
+        i_p = P - 1 - i_p
+    slot = i_n * P + i_p
+    T_n = tl.load(meta_ptr + _row_t() * N + i_n)
+    L = tl.load(meta_ptr + _row_l() * N + i_n)
+    L_c = tl.load(meta_ptr + _row_lc() * N + i_n)
+    j0 = i_p * BLOCK
+    if j0 <= L:
+        tgt_base = tl.load(meta_ptr + _row_tgt() * N + i_n)
+        p_lp = lp_ptr + tl.load(meta_ptr + _row_lp() * N + i_n)
+        p_al = alpha_ptr + tl.load(meta_ptr + _row_alpha() * N + i_n)
+        o = tl.arange(0, BLOCK)
+        o_f = tl.arange(0, F)
+        j = j0 + o
+        ju = j.to(tl.int64) * unit
+        m_b = j <= L
+        m_l = j < L
+        lab = tl.load(tgt_ptr + tgt_base + j, mask=m_l, other=-1)
+        lab_prev = tl.load(tgt_ptr + tgt_base + j - 1, mask=m_l & (j > 0), other=-1)
+        can_skip = m_l & (j > 0) & (lab != lab_prev)
+        has_right = L >= j0 + BLOCK  # a program to the right holds lanes
+        if BETA:
+            logp = tl.load(logp_ptr + i_n)
+            _wave_beta(p_lp, p_al, bnd_ptr, prog_ptr, slot, i_p, logp, T, T_n, L, L_c, j, o, o_f, ju, m_b, m_l,
+                       can_skip, has_right, unit, BLOCK, F)  # fmt: skip
+        else:
+            a_b, a_l, nan = _wave_alpha(p_lp, p_al, bnd_ptr, prog_ptr, nan_ptr, slot, i_p, T, T_n, L, L_c, j, o, o_f,
+                                        ju, m_b, m_l, can_skip, has_right, unit, STORE_ALPHA, BLOCK, F)  # fmt: skip
+            if not has_right:
+                # lane L (the last blank) is this program's; label L - 1 is too, or is its left neighbour's last
+                a_last = tl.where(L > j0, _pick(a_l, o, L - 1 - j0), neg())
+                n_steps = tl.where(L_c <= T, T_n, 0)
+                if (L == j0) & (L > 0) & (n_steps > 0):
+                    a_last = tl.load(bnd_ptr + (slot - 1) * T + n_steps - 1, cache_modifier=".cg")
+                logp = lae(_pick(a_b, o, L - j0), a_last)
+                logp = tl.where(logp < 0.5 * neg(), float("-inf"), logp)
+                logp = tl.where(nan > 0, float("nan"), logp)
+                logp = tl.where(T_n == 0, tl.where(L_c == 0, 0.0, float("-inf")), logp)
+                logp = tl.where(L_c <= T, logp, float("-inf"))
+                _finish(logp, loss_ptr, logp_ptr, out_ptr, w_ptr, meta_ptr, N, i_n, ZERO_INFINITY, REDUCE, BLOCK_N)
 
 
 @triton.jit
@@ -538,6 +762,15 @@ def use_small_forward(T: int, C: int, block: int) -> bool:
     return C <= 256 and tiles <= 32
 
 
+WAVE_F = 16  # frames per tile, and released per wavefront step
+
+
+def wave_shape(N: int, lanes: int, sms: int) -> tuple[int, int] | None:
+    """(lanes, warps) per program of the wavefront for N samples of up to ``lanes`` lanes (L + 1) on a GPU of
+    ``sms`` multiprocessors, or None where one program per sample is faster."""
+    return None
+
+
 def state_block(T: int, targets: torch.Tensor, padded: bool) -> int:
     """Vector length of the recursions: room for the longest label sequence that can still align (L <= T)."""
     longest = targets.shape[1] if padded else targets.numel()
@@ -568,6 +801,7 @@ def ctc_forward(
     warps: int | None = None,
     split_recursion: bool = False,
     fuse_emission: bool | None = None,
+    wave: tuple[int, int] | None | bool = True,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], int]:
     """The loss, and with ``need_grad`` the occupancies for ``ctc_backward``.
 
@@ -581,6 +815,8 @@ def ctc_forward(
         warps, split_recursion, fuse_emission: the recursion kernel's num_warps, whether alpha and beta run as
             two launches, whether the emission pass runs inside the recursion kernel (``_ctc_small_forward_kernel``;
             default: for small problems, see ``use_small_forward``); for measurements and tests.
+        wave: (lanes, warps) per program of the wavefront (``_ctc_wave_kernel``), None for one program per
+            sample, True (default) for the choice of ``wave_shape``.
 
     Returns:
         The output (float32; infinite losses are 0 with ``zero_infinity``), the state ``ctc_backward`` takes
@@ -610,6 +846,9 @@ def ctc_forward(
         if flags != 0:
             return weights, (), flags
         alpha_size = T * sum(counts_and_errors[:N])
+        lanes = max(counts_and_errors[:N]) + 1
+    else:
+        lanes = min(S, T) + 1
     loss = kernel_output(N, dtype=torch.float32, device=dev)
     out = kernel_output((), dtype=torch.float32, device=dev) if reduce else loss
     alpha = kernel_output(alpha_size if need_grad else 0, dtype=torch.float64, device=dev)
@@ -631,12 +870,31 @@ def ctc_forward(
         x, lse, table, targets, meta, N, T, C, x.stride(0), x.stride(1), x.stride(2), blank,
         IS_LOGITS=logits, BLOCK_C=block_c, BLOCK_L=min(block, 256), num_warps=4 if block_c >= 512 else 1,
     )  # fmt: skip
+    if wave is True:
+        wave = wave_shape(N, lanes, _multiprocessors(dev))
+    if wave is not None:
+        wave_block, wave_warps = wave
+        P = triton.cdiv(lanes, wave_block)
+        bnd = torch.empty(N * P * T, dtype=torch.float64, device=dev)
+        prog = torch.zeros(2 * (N * P + 1), dtype=torch.int32, device=dev)  # alpha's counters, then beta's
+        nan = torch.empty(N * P, dtype=torch.int32, device=dev)
+        args = (table, alpha, loss, logp, out, weights, targets, meta, bnd)
+        common.update(BLOCK=wave_block, F=WAVE_F, STORE_ALPHA=need_grad, num_warps=wave_warps)
+        _ctc_wave_kernel[(N * P,)](*args, prog, nan, N, T, P, 1, BETA=False, **common)
+        if need_grad:
+            _ctc_wave_kernel[(N * P,)](*args, prog[N * P + 1 :], nan, N, T, P, 1, BETA=True, **common)
+        return out, (weights, logp, lse, table, meta, srt), 0
     args = (table, alpha, loss, logp, out, weights, targets, meta, N, T)
     parts = 3 if need_grad and not split_recursion else 1
     _ctc_recursion_kernel[(N,)](*args, NEED_GRAD=need_grad, PARTS=parts, **common, num_warps=warps)
     if need_grad and parts == 1:
         _ctc_recursion_kernel[(N,)](*args, NEED_GRAD=True, PARTS=2, **common, num_warps=warps)
     return out, (weights, logp, lse, table, meta, srt), 0
+
+
+@functools.cache
+def _multiprocessors(dev: torch.device) -> int:
+    return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
 
 
 def ctc_backward(
