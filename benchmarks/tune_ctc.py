@@ -13,6 +13,7 @@ import functools
 import torch
 
 import speechkernels as sk
+from speechkernels import _utils as utils
 from speechkernels.bench.common import kernel_times_ms, time_ms
 from speechkernels.bench.ctc import make_inputs, reference
 from speechkernels.ctc import kernels
@@ -143,6 +144,7 @@ def wave_sweep(T, N, C, S, reps=10):
     x, tg, il, tl = make_inputs(T, N, C, dev, S=S)
     tg, il, tl = tg.to(dev), il.to(dev), tl.to(dev)
     base = None
+    utils.POISON_OUTPUTS = True  # unwritten table slots are NaN, so that the comparison sees written ones only
     for shape in WAVE_SHAPES:
 
         def fwd(shape=shape):
@@ -153,11 +155,14 @@ def wave_sweep(T, N, C, S, reps=10):
         if base is None:
             base = (out, state[3].clone())
         else:
-            same = torch.equal(out, base[0]) and torch.equal(state[3], base[1])
+            same = torch.equal(out, base[0]) and torch.equal(state[3].nan_to_num(7.0), base[1].nan_to_num(7.0))
+        utils.POISON_OUTPUTS = False
         ms = time_ms(fwd, dev, reps=reps)
+        utils.POISON_OUTPUTS = True
         per = kernel_times_ms(fwd)
         rec = sum(v for k, v in per.items() if "recursion" in k or "wave" in k)
         print(f"{T}x{N}x{C}x{S} wave={shape}: forward {ms:8.3f} ms, recursions {rec:8.3f} ms, same={same}", flush=True)
+    utils.POISON_OUTPUTS = False
 
 
 def main():

@@ -12,6 +12,7 @@ import torch
 from helpers import check_compiled_matches_eager, check_graph_replay_matches_eager
 
 import speechkernels as sk
+from speechkernels import _utils as utils
 from speechkernels.ctc import kernels
 from speechkernels.ctc.reference import ctc_loss_reference, ctc_losses_reference
 
@@ -242,6 +243,89 @@ def test_kernels_split_recursion_and_blocks_agree(kernel_device, reduction):
     torch.testing.assert_close(chunked, base, rtol=0, atol=1e-6)
     ref = reference(x, padded, il, tl, 0, reduction, True)[1]
     torch.testing.assert_close(out_a.double().cpu(), ref.detach(), rtol=1e-5, atol=1e-5)
+
+
+def _wave_blocks(device) -> list[tuple[int, int]]:
+    """Wavefront shapes for the tests: several programs per sample at the tests' sizes (small lanes under the
+    interpreter), and the production shape on the GPU."""
+    return [(4, 1)] if device.type == "cpu" else [(32, 1), kernels.WAVE_BLOCK]
+
+
+def _same_bits(a, b):
+    return torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)) if a.is_floating_point() else torch.equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "case", ["ragged", "edges", "nan", "concatenated_no_grad", "log_probs_sum", "zero_infinity_mean"]
+)
+def test_kernels_wavefront_equals_one_program(kernel_device, case, monkeypatch):
+    """The wavefront (each sample's lanes split across programs) gives the one-program path's loss, log p and
+    occupancy table bit for bit: ragged lengths, repeats, a last blank that starts a program (L a multiple of
+    the block), empty label sequences, no frames, impossible samples, NaN, both target layouts and reductions."""
+    monkeypatch.setattr(utils, "POISON_OUTPUTS", True)  # unwritten table slots are NaN in both
+    gpu = kernel_device.type == "cuda"
+    logits, need_grad, layout, reduction, zero_infinity = True, True, "padded", "none", False
+    if case == "edges":
+        T, N, C, S = 20, 6, 5, 12
+        g = torch.Generator().manual_seed(5)
+        x = torch.randn(T, N, C, generator=g)
+        padded = torch.randint(1, C, (N, S), generator=g)
+        padded[5, 3] = padded[5, 2]
+        tl = torch.tensor([8, 4, 0, 12, 11, 8])  # 8: a multiple of the block (4)
+        il = torch.tensor([20, 0, 7, 11, 20, 9])  # no frames; fewer frames than labels
+        if gpu:
+            T, S = 300, 260
+            x = torch.randn(T, N, C, generator=g)
+            padded = torch.randint(1, C, (N, S), generator=g)
+            tl = torch.tensor([128, 40, 0, 256, 200, 64])
+            il = torch.tensor([300, 0, 7, 200, 300, 150])
+        x, padded, il, tl = (v.to(kernel_device) for v in (x, padded, il, tl))
+    else:
+        T, S = (24, 10) if not gpu else (400, 300)
+        x, padded, il, tl = make_problem(31, T, 4, 7, S, device=kernel_device)
+        if case == "nan":
+            x[T // 3, 1, int(padded[1, 0])] = math.nan  # a label's score of sample 1
+        if case == "concatenated_no_grad":
+            layout, need_grad = "concatenated", False
+        if case == "log_probs_sum":
+            logits, reduction = False, "sum"
+        if case == "zero_infinity_mean":
+            tl[2], il[2] = S, S - 2  # fewer frames than labels: impossible
+            padded[2] = torch.arange(S, device=kernel_device) % 6 + 1
+            reduction, zero_infinity = "mean", True
+    targets = padded if layout == "padded" else concatenated(padded, tl)
+    args = (x, targets, il, tl, 0, layout == "padded", logits, need_grad, True, zero_infinity, reduction)
+    out_a, state_a, _ = kernels.ctc_forward(*args, fuse_emission=False, wave=None)
+    for shape in _wave_blocks(kernel_device):
+        out_b, state_b, _ = kernels.ctc_forward(*args, fuse_emission=False, wave=shape)
+        assert _same_bits(out_a, out_b), (shape, out_a, out_b)
+        for name, a, b in zip(("weights", "logp", "lse", "table", "meta", "srt"), state_a, state_b, strict=True):
+            assert _same_bits(a, b), (shape, name)
+    if case == "nan":
+        assert math.isnan(out_a[1]) and not out_a[[0, 2, 3]].isnan().any()
+    if case == "zero_infinity_mean":
+        assert state_a[1][2] == -math.inf and torch.isfinite(out_a)
+
+
+def test_kernels_wavefront_public_api(kernel_device, kernel_spy, monkeypatch):
+    """The loss and gradient through ctc_loss with the wavefront chosen, against the float64 reference."""
+    block = _wave_blocks(kernel_device)[0]
+    monkeypatch.setattr(kernels, "wave_shape", lambda *args: block)
+    monkeypatch.setattr(kernels, "use_small_forward", lambda *args: False)
+    T, S = (24, 10) if kernel_device.type == "cpu" else (300, 140)
+    x, padded, il, tl = make_problem(32, T, 3, 6, S, device=kernel_device)
+    for reduction in ("none", "mean"):
+        compare(x, padded, il, tl, reduction=reduction, logits=True)
+    compare(x, padded, il, tl, layout="concatenated", logits=False)
+    assert kernel_spy
+
+
+def test_wave_shape_choice():
+    """One program per sample for short label sequences and for batches that would not run at once."""
+    assert kernels.wave_shape(1, 200, 132) is None
+    assert kernels.wave_shape(1, 1321, 132) == kernels.WAVE_BLOCK
+    assert kernels.wave_shape(64, 1500, 132) == kernels.WAVE_BLOCK
+    assert kernels.wave_shape(128, 1500, 132) is None
 
 
 def test_kernels_long_labels_chunked_scan(kernel_device, kernel_spy, emission_path):

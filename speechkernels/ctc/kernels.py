@@ -31,6 +31,14 @@ Four launches per forward+backward, all deterministic (no floating-point atomics
 For few classes and short inputs (``use_small_forward``), ``_ctc_small_forward_kernel`` does 2 and 3 in one
 program per sample (the emissions in [32 frames, C] tiles), one launch fewer.
 
+For long label sequences in small batches (``wave_shape``), ``_ctc_wave_kernel`` runs 3 instead as a wavefront:
+each sample's lanes are split across programs of one lane per thread, launched twice (alpha, then beta). Alpha's
+lane j needs only label j - 1's state of the frame before, so a program takes its first lane's from its left
+neighbour, which publishes its last label's state every frame and releases them every F frames (a counter in
+global memory); beta runs right to left the same way, passing what label j receives from lane j + 1. Programs
+take their places from a ticket counter in the order they start, so each waits only on one that is running. The
+arithmetic is ``_alpha``'s and ``_beta``'s in the same order: the two paths give the same bits.
+
 HBM traffic, T*N rows of C classes in b bytes: 2*T*N*C*b read + T*N*C*b written, plus O(T * sum(L)) floats
 of tables. The recursions are latency-bound: one program per sample, T dependent steps each. For small
 problems the host's time per launch (tens of microseconds) dominates, hence few launches and no torch ops.
@@ -524,15 +532,15 @@ def _wave_alpha(p_lp, p_al, bnd_ptr, prog_ptr, nan_ptr, slot, i_p, T, T_n, L, L_
             n_l = tl.where(first, tl.where((j == 0) & m_l, 0.0, neg()).to(tl.float64), n_l)
             live = t < n_steps
             if STORE_ALPHA:
-                tl.store(p_al + t * L + j, n_l, mask=m_l & live)
+                tl.store(p_al + t * L + j, n_l, mask=tl.where(live, m_l, False))
             n_b = tl.where(first, tl.where(j == 0, 0.0, neg()).to(tl.float64), n_b) + e_b
             n_l = n_l + e_l
-            n_b = tl.where(first & (j != 0), neg(), n_b)
-            n_l = tl.where(first & ((j != 0) | (j >= L)), neg(), n_l)
+            n_b = tl.where(first, tl.where(j != 0, neg(), n_b), n_b)
+            n_l = tl.where(first, tl.where((j != 0) | (j >= L), neg(), n_l), n_l)
             a_b = tl.where(live, n_b, a_b)
             a_l = tl.where(live, n_l, a_l)
             if has_right:
-                tl.store(bnd_ptr + slot * T + t + zero_j, a_l, mask=(o == BLOCK - 1) & live)
+                tl.store(bnd_ptr + slot * T + t + zero_j, a_l, mask=tl.where(live, o == BLOCK - 1, False))
         if has_right:
             if t0 + F >= n_steps:
                 tl.store(nan_ptr + slot, tl.max(tl.max(bad, axis=1), axis=0) | left_nan)
@@ -592,10 +600,12 @@ def _wave_beta(p_lp, p_al, bnd_ptr, prog_ptr, slot, i_p, logp, T, T_n, L, L_c, j
             b_b = tl.where(live, tl.where(m_b, n_b + e_b, neg()), b_b)
             b_l = tl.where(live, tl.where(m_l, r_l + e_l, neg()), b_l)
             occ = tl.exp2((al_l + b_l - logp).to(tl.float32))
-            tl.store(p_lp + t * W + 1 + j, occ, mask=m_l & live)
+            tl.store(p_lp + t * W + 1 + j, occ, mask=tl.where(live, m_l, False))
             r_b = lae(b_b, b_l)
             if i_p > 0:
-                tl.store(bnd_ptr + slot * T + k + zero_j, tl.where(can_skip, r_b, b_b), mask=(o == 0) & live)
+                tl.store(
+                    bnd_ptr + slot * T + k + zero_j, tl.where(can_skip, r_b, b_b), mask=tl.where(live, o == 0, False)
+                )
         if i_p > 0:
             tl.debug_barrier()
             tl.atomic_xchg(prog_ptr + slot, tl.minimum(k0 + F, n_steps), sem="release")
@@ -763,12 +773,21 @@ def use_small_forward(T: int, C: int, block: int) -> bool:
 
 
 WAVE_F = 16  # frames per tile, and released per wavefront step
+WAVE_BLOCK = (128, 4)  # lanes and warps per program of the wavefront (one lane per thread)
 
 
 def wave_shape(N: int, lanes: int, sms: int) -> tuple[int, int] | None:
     """(lanes, warps) per program of the wavefront for N samples of up to ``lanes`` lanes (L + 1) on a GPU of
-    ``sms`` multiprocessors, or None where one program per sample is faster."""
-    return None
+    ``sms`` multiprocessors, or None where one program per sample is as fast.
+
+    Measured on the H100 (benchmarks/NOTES.md, tune_ctc.py --wave): with one lane per thread a step costs about
+    the same at 32 to 256 lanes per program, and half what two lanes per thread cost; the wavefront wins from
+    about 300 lanes (L = 300, N = 1: 0.84 -> 0.74 ms of recursions; L up to 1500: 3.2 -> 1.0 ms at N = 1, 2.3 ms
+    at N = 64) until the programs no longer run at once (N = 128, L up to 1500: 1536 programs, 3.2 -> 4.3 ms)."""
+    block, warps = WAVE_BLOCK
+    if lanes <= 2 * block or N * triton.cdiv(lanes, block) > 6 * sms:
+        return None
+    return block, warps
 
 
 def state_block(T: int, targets: torch.Tensor, padded: bool) -> int:
