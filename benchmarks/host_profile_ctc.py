@@ -20,6 +20,8 @@ import triton.language as tl
 
 import speechkernels as sk
 from speechkernels.bench.ctc import _cudnn_form, make_inputs
+from speechkernels.ctc import api as ctc_api
+from speechkernels.ctc import kernels
 
 
 @triton.jit
@@ -115,6 +117,29 @@ def profile_row(row, dev, out):
         out[f"{row} {k} (sync each)"] = us(fn, n=200, sync_each=True)
     with torch.no_grad():
         out[f"{row} sk forward only, no grad"] = us(lambda: sk.ctc_loss(v, tgd, ild, tld, logits=True), n=200)
+    # the phases of a step, each timed with a synchronisation after it (as the benchmark times a step)
+    out[f"{row} phase: sk forward only, grad on"] = us(lambda: sk.ctc_loss(v, tgd, ild, tld, logits=True), 200, True)
+    fwd_args = (v.detach(), tgd, ild, tld, 0, True, True, True, True, False, "mean")
+    out[f"{row} phase: ctc_forward launcher (grad, validate)"] = us(lambda: kernels.ctc_forward(*fwd_args), 200, True)
+    no_val = fwd_args[:8] + (False,) + fwd_args[9:]
+    out[f"{row} phase: ctc_forward launcher (grad, no validate)"] = us(lambda: kernels.ctc_forward(*no_val), 200, True)
+    _, state, _ = kernels.ctc_forward(*fwd_args)
+    g = torch.ones((), device=dev)
+    backward = kernels.ctc_backward
+    out[f"{row} phase: ctc_backward launcher"] = us(lambda: backward(g, v.detach(), *state, 0, True), 200, True)
+    with torch.autograd.set_multithreading_enabled(False):
+        out[f"{row} phase: sk step, autograd on the calling thread"] = us(lambda: sk_step(), 200, True)
+    real_op = ctc_api.CTC_LOSS_OP
+
+    class _Stub:
+        def apply(self, *args):
+            return args[0]
+
+    ctc_api.CTC_LOSS_OP = _Stub()
+    try:
+        out[f"{row} phase: ctc_loss argument handling only"] = us(lambda: sk.ctc_loss(v, tgd, ild, tld, logits=True))
+    finally:
+        ctc_api.CTC_LOSS_OP = real_op
 
 
 def main():

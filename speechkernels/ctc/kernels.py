@@ -492,8 +492,13 @@ def _wave_alpha(p_lp, p_al, bnd_ptr, prog_ptr, nan_ptr, slot, i_p, T, T_n, L, L_
     n_steps = tl.where(L_c <= T, T_n, 0).to(tl.int32)
     i_prev = tl.maximum(o - 1, 0)
     zero_j = ju * 0
-    a_b = tl.full([BLOCK], neg(), tl.float64)
+    # a virtual frame -1 where only the first blank is possible: frame 0 then gives _alpha's start (paths begin in
+    # the first blank or the first label) with no select in the loop; states that stay impossible hold values at or
+    # below neg(), which read as zero probability everywhere
+    a_b = tl.where(j == 0, 0.0, neg()).to(tl.float64)
     a_l = tl.full([BLOCK], neg(), tl.float64)
+    fin_b = a_b
+    fin_l = a_l
     bad = tl.zeros([BLOCK, F], tl.int32)
     left_nan = tl.zeros([], tl.int32)
     no_left = tl.full([BLOCK, F], neg(), tl.float64).to(tl.int64, bitcast=True)
@@ -527,18 +532,15 @@ def _wave_alpha(p_lp, p_al, bnd_ptr, prog_ptr, nan_ptr, slot, i_p, T, T_n, L, L_
             a_l_prev = tl.where(o == 0, _frame(left, o_f, i).to(tl.float64, bitcast=True), tl.gather(a_l, i_prev, 0))
             n_b = tl.where(m_b, lae(a_b, a_l_prev), neg())
             n_l = tl.where(m_l, lae(a_l, tl.where(can_skip, n_b, a_b)), neg())
-            # frame 0: paths start in the first blank or the first label (as _alpha, bit for bit)
-            first = t == 0
-            n_l = tl.where(first, tl.where((j == 0) & m_l, 0.0, neg()).to(tl.float64), n_l)
+            # frames past n_steps (the last tile's tail) run on zeros and are neither stored nor published
             live = t < n_steps
             if STORE_ALPHA:
                 tl.store(p_al + t * L + j, n_l, mask=tl.where(live, m_l, False))
-            n_b = tl.where(first, tl.where(j == 0, 0.0, neg()).to(tl.float64), n_b) + e_b
-            n_l = n_l + e_l
-            n_b = tl.where(first, tl.where(j != 0, neg(), n_b), n_b)
-            n_l = tl.where(first, tl.where((j != 0) | (j >= L), neg(), n_l), n_l)
-            a_b = tl.where(live, n_b, a_b)
-            a_l = tl.where(live, n_l, a_l)
+            a_b = n_b + e_b
+            a_l = n_l + e_l
+            last = t == n_steps - 1
+            fin_b = tl.where(last, a_b, fin_b)
+            fin_l = tl.where(last, a_l, fin_l)
             if has_right:
                 tl.store(bnd_ptr + slot * T + t + zero_j, a_l, mask=tl.where(live, o == BLOCK - 1, False))
         if has_right:
@@ -547,7 +549,7 @@ def _wave_alpha(p_lp, p_al, bnd_ptr, prog_ptr, nan_ptr, slot, i_p, T, T_n, L, L_
             # every thread's stores above are ordered before the release
             tl.debug_barrier()
             tl.atomic_xchg(prog_ptr + slot, tl.minimum(t0 + F, n_steps), sem="release")
-    return a_b, a_l, tl.max(tl.max(bad, axis=1), axis=0) | left_nan
+    return fin_b, fin_l, tl.max(tl.max(bad, axis=1), axis=0) | left_nan
 
 
 @triton.jit
@@ -559,9 +561,13 @@ def _wave_beta(p_lp, p_al, bnd_ptr, prog_ptr, slot, i_p, logp, T, T_n, L, L_c, j
     n_steps = tl.where((L_c <= T) & (logp != float("-inf")), T_n, 0).to(tl.int32)
     i_next = tl.minimum(o + 1, BLOCK - 1)
     zero_j = ju * 0
-    b_b = tl.full([BLOCK], neg(), tl.float64)
+    # a virtual step -1 where only the last blank is possible: step 0 then gives _beta's end (paths end in the last
+    # blank or the last label) with no select in the loop
+    b_b = tl.where(j == L, 0.0, neg()).to(tl.float64)
     b_l = tl.full([BLOCK], neg(), tl.float64)
     r_b = lae(b_b, b_l)
+    # what the right neighbour's first lane passes at step -1: 0 if it holds only the last blank
+    right_start = tl.where(L == (i_p + 1) * BLOCK, 0.0, neg()).to(tl.float64)
     no_right = tl.full([BLOCK, F], neg(), tl.float64).to(tl.int64, bitcast=True)
     # step k is frame n_steps - 1 - k
     t_nx = n_steps - 1 - o_f
@@ -583,7 +589,7 @@ def _wave_beta(p_lp, p_al, bnd_ptr, prog_ptr, slot, i_p, logp, T, T_n, L, L_c, j
             kf = k0 - 1 + o_f
             m_f = (o == BLOCK - 1)[:, None] & (kf >= 0)[None, :]
             p_f = bnd_ptr + (slot + 1) * T + zero_j[:, None] + kf[None, :] * unit
-            right = tl.load(p_f, mask=m_f, other=neg(), cache_modifier=".cg").to(tl.int64, bitcast=True)
+            right = tl.load(p_f, mask=m_f, other=right_start, cache_modifier=".cg").to(tl.int64, bitcast=True)
         for i in tl.static_range(F):
             k = k0 + i
             t = n_steps - 1 - k
@@ -593,12 +599,10 @@ def _wave_beta(p_lp, p_al, bnd_ptr, prog_ptr, slot, i_p, logp, T, T_n, L, L_c, j
             passed = tl.gather(tl.where(can_skip, r_b, b_b), i_next, 0)
             r_next = tl.where(o == BLOCK - 1, _frame(right, o_f, i).to(tl.float64, bitcast=True), passed)
             r_l = lae(b_l, tl.where(j + 1 <= L, r_next, neg()))
-            # the last frame: paths end in the last blank or the last label
-            n_b = tl.where(k == 0, tl.where(j == L, 0.0, neg()).to(tl.float64), r_b)
-            r_l = tl.where(k == 0, tl.where(j == L - 1, 0.0, neg()).to(tl.float64), r_l)
+            # steps past n_steps (the last tile's tail) run on zeros and are neither stored nor published
             live = k < n_steps
-            b_b = tl.where(live, tl.where(m_b, n_b + e_b, neg()), b_b)
-            b_l = tl.where(live, tl.where(m_l, r_l + e_l, neg()), b_l)
+            b_b = tl.where(m_b, r_b + e_b, neg())
+            b_l = tl.where(m_l, r_l + e_l, neg())
             occ = tl.exp2((al_l + b_l - logp).to(tl.float32))
             tl.store(p_lp + t * W + 1 + j, occ, mask=tl.where(live, m_l, False))
             r_b = lae(b_b, b_l)
