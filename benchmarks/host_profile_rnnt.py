@@ -28,9 +28,9 @@ def main():
         logits, targets, il, tl = make_inputs(T, U, V, N, dev)
         v = logits.detach().requires_grad_()
         impls = {k: f for k, f in implementations(logits, targets, il, tl).items() if f is not None}
-        args = (targets, il, tl)
-        impls["sk no validate"] = lambda v, a=args: sk.rnnt_loss(v, *a, blank=0, validate=False)
-        impls["sk reduction none + sum"] = lambda v, a=args: sk.rnnt_loss(v, *a, blank=0, reduction="none").sum()
+        inputs = (targets, il, tl)
+        impls["sk no validate"] = lambda v, a=inputs: sk.rnnt_loss(v, *a, blank=0, validate=False)
+        impls["sk reduction none + sum"] = lambda v, a=inputs: sk.rnnt_loss(v, *a, blank=0, reduction="none").sum()
         for name, fn in impls.items():
 
             def step(fn=fn, v=v):
@@ -40,7 +40,7 @@ def main():
             out[f"{row} {name}"] = us(step, n=200)
             out[f"{row} {name} (sync each)"] = us(step, n=200, sync_each=True)
         with torch.no_grad():
-            out[f"{row} sk forward only, no grad"] = us(lambda v=v, a=args: sk.rnnt_loss(v, *a, blank=0), n=200)
+            out[f"{row} sk forward only, no grad"] = us(lambda v=v, a=inputs: sk.rnnt_loss(v, *a, blank=0), n=200)
     for k, val in out.items():
         print(f"{val:9.1f} us  {k}")
 
