@@ -366,31 +366,6 @@ def test_kernels_strided_logits_and_float16(kernel_device, kernel_spy):
     assert kernel_spy
 
 
-def test_row_alignment():
-    """The 16-byte words the lattice and gradient kernels may assume, from the address and strides alone."""
-    x = torch.empty(2, 3, 4, 5000)
-    assert kernels.row_alignment(x) == 4  # rows of 20000 bytes: every row starts on a 16-byte boundary
-    assert kernels.row_alignment(x.bfloat16()) == 8
-    assert kernels.row_alignment(torch.empty(2, 3, 4, 5002)) == 2
-    assert kernels.row_alignment(torch.empty(2, 3, 4, 5001)) == 1
-    assert kernels.row_alignment(x[..., 1:]) == 1  # starts 4 bytes in
-    assert kernels.row_alignment(x.transpose(2, 3)) == 1  # not contiguous along V
-
-
-@pytest.mark.parametrize("V", [12, 10])
-def test_kernels_row_aligned_and_offset_logits(kernel_device, kernel_spy, V):
-    """Scores whose rows are 16-byte aligned (V a multiple of 4) and the same scores one element in (no row
-    aligned): the same losses and gradients as the reference."""
-    x, targets, il, tl, blank = make_problem(15, 3, 7, 4, V, device=kernel_device, dtype=torch.float32)
-    padded = torch.zeros(*x.shape[:3], V + 1, device=kernel_device, dtype=x.dtype)
-    padded[..., 1:] = x
-    shifted = padded[..., 1:]
-    assert kernels.row_alignment(x) == (4 if V % 4 == 0 else 2) and kernels.row_alignment(shifted) == 1
-    compare_kernels(x, targets, il, tl, blank)
-    compare_kernels(shifted, targets, il, tl, blank)
-    assert kernel_spy
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # GPU only: larger sizes, half precision, determinism, graphs, 64-bit offsets
 

@@ -135,13 +135,13 @@ def row_lse(p_x, m_r, stride_v, V, ONE_CHUNK: tl.constexpr, BLOCK_R: tl.constexp
 @triton.jit
 def cell_scores(o_r, n, t, u, m_r, T_n, U_n, x_ptr, lse_ptr, tgt_ptr, V, stride_n, stride_t, stride_u, stride_v,
                 stride_tg, blank, FUSED: tl.constexpr, STORE_LSE: tl.constexpr, ONE_CHUNK: tl.constexpr,
-                BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, ROW_ALIGN: tl.constexpr):  # fmt: skip
+                BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
     """For a lattice pass's cells (``row_cells``): which are read (m_r: those with edges, t < T_n and u <= U_n),
     their scores' pointers, the natural-log log-sum-exp of their V scores (FUSED, else 0; stored with STORE_LSE),
     and the log2 probabilities of the blank and of the next label (neg() where there is none)."""
     # (a block mask and a scalar condition combine through where: the interpreter rejects block & scalar)
     m_r = tl.where(t < T_n, m_r & (u <= U_n), False)
-    p_x = x_ptr + tl.multiple_of(n * stride_n + t * stride_t + u.to(tl.int64) * stride_u, ROW_ALIGN)
+    p_x = x_ptr + n * stride_n + t * stride_t + u.to(tl.int64) * stride_u
     lse = tl.zeros([BLOCK_R], tl.float32)
     if FUSED:
         lse = row_lse(p_x, m_r, stride_v, V, ONE_CHUNK, BLOCK_R, BLOCK_V)
@@ -170,14 +170,13 @@ def _rnnt_lattice_kernel(
     STORE_LSE: tl.constexpr,  # else the gradient kernel computes it again (saves a float per cell)
     ONE_CHUNK: tl.constexpr,  # V <= BLOCK_V
     RNA: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
-    ROW_ALIGN: tl.constexpr,  # every cell's first score sits at a multiple of this many elements (row_alignment)
 ):  # fmt: skip
     o_r, n, t, u, m_r, T_n, U_n = row_cells(il_ptr, tl_ptr, T, U1, BLOCK_R)
     if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
         tl.store(cnt_ptr, 0)
     m_r, p_x, lse, lp_b, lp_y = cell_scores(o_r, n, t, u, m_r, T_n, U_n, x_ptr, lse_ptr, tgt_ptr, V, stride_n, stride_t,
                                             stride_u, stride_v, stride_tg, blank, FUSED, STORE_LSE, ONE_CHUNK, BLOCK_R,
-                                            BLOCK_V, ROW_ALIGN)  # fmt: skip
+                                            BLOCK_V)  # fmt: skip
     p_cell = lat_ptr + cell_offsets(n, t, u, T, U1, RNA)
     tl.store(p_cell, lp_b, mask=m_r)
     tl.store(p_cell + 1, lp_y, mask=m_r)
@@ -561,7 +560,6 @@ def _rnnt_grad_kernel(
     FUSED: tl.constexpr,
     LOAD_LSE: tl.constexpr,  # else computed here
     ONE_CHUNK: tl.constexpr, CLAMP: tl.constexpr, RNA: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
-    ROW_ALIGN: tl.constexpr,  # every cell's first score and gradient sit at a multiple of this many elements
 ):  # fmt: skip
     o_r, n, t, u, in_range, T_n, U_n, logp, active, has_label, g = grad_cells(
         il_ptr, tl_ptr, logp_ptr, gloss_ptr, gloss_stride, gscale, T, U1, BLOCK_R
@@ -574,14 +572,14 @@ def _rnnt_grad_kernel(
     # then int32, so that the comparisons with the classes in the loop below are 32-bit (int64 ones cost 12 % of
     # this kernel at (1500, 300, 50))
     lab = tl.where(has_label, tl.minimum(tl.maximum(lab, 0), V - 1), -1).to(tl.int32)
-    p_x = x_ptr + tl.multiple_of(n * stride_n + t * stride_t + u.to(tl.int64) * stride_u, ROW_ALIGN)
+    p_x = x_ptr + n * stride_n + t * stride_t + u.to(tl.int64) * stride_u
     lse = tl.zeros([BLOCK_R], tl.float32)
     if FUSED:
         if LOAD_LSE:
             lse = tl.load(lse_ptr + o_r, mask=active, other=0.0)
         else:  # a pass over the cells' scores first (they are read before any gradient is written)
             lse = row_lse(p_x, active, stride_v, V, ONE_CHUNK, BLOCK_R, BLOCK_V)
-    p_g = grad_ptr + tl.multiple_of(n * gstride_n + t * gstride_t + u.to(tl.int64) * gstride_u, ROW_ALIGN)
+    p_g = grad_ptr + n * gstride_n + t * gstride_t + u.to(tl.int64) * gstride_u
     score_grad_chunks(p_x, p_g, lse, in_range, active, lab, occ_b + occ_e, occ_b, occ_e, g, V, blank, clamp, stride_v,
                       gstride_v, 0, 0, FUSED, CLAMP, False, BLOCK_R, BLOCK_V)  # fmt: skip
 
@@ -663,23 +661,10 @@ def rnnt_forward(
         x, lse, lat, targets, logit_lengths, target_lengths, aux, T, U1, V,
         x.stride(0), x.stride(1), x.stride(2), x.stride(3), targets.stride(0), blank,
         FUSED=fused, STORE_LSE=store_lse, ONE_CHUNK=V <= block_v, RNA=rnna, BLOCK_R=block_r, BLOCK_V=block_v,
-        ROW_ALIGN=row_alignment(x), num_warps=warps,
+        num_warps=warps,
     )  # fmt: skip
     return rnnt_recursions(lse, lat, aux, logit_lengths, target_lengths, N, T, U1, loss_scale, rnna, need_grad,
                            reduction)  # fmt: skip
-
-
-def row_alignment(x: torch.Tensor) -> int:
-    """The largest number of elements, up to 16 bytes' worth, that every cell's first score (x[n, t, u, 0]) is a
-    multiple of, from x's address and strides (1 when the scores are not contiguous along V): the kernels then
-    load whole 16-byte words. V = 5000 float32, for one, is 16-byte aligned but not a multiple of 16, which Triton
-    cannot see from the strides alone."""
-    align = 16 // x.element_size()
-    if x.stride(-1) != 1 or x.data_ptr() % 16 != 0:
-        return 1
-    while align > 1 and any(s % align != 0 for s in x.stride()[:-1]):
-        align //= 2
-    return align
 
 
 def lattice_buffers(N: int, T: int, U1: int, device, with_lse: bool) -> tuple[torch.Tensor, ...]:
@@ -760,6 +745,6 @@ def rnnt_backward(
         grad.stride(0), grad.stride(1), grad.stride(2), grad.stride(3), targets.stride(0), blank,
         1.0 + fastemit_lambda, max(clamp, 0.0),
         FUSED=fused, LOAD_LSE=not recompute_lse, ONE_CHUNK=V <= block_v, CLAMP=clamp > 0, RNA=rnna,
-        BLOCK_R=block_r, BLOCK_V=block_v, ROW_ALIGN=min(row_alignment(x), row_alignment(grad)), num_warps=warps,
+        BLOCK_R=block_r, BLOCK_V=block_v, num_warps=warps,
     )  # fmt: skip
     return grad

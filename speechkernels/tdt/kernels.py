@@ -47,7 +47,7 @@ def _tdt_lattice_kernel(
     o_r, n, t, u, m_r, T_n, U_n = row_cells(il_ptr, tl_ptr, T, U1, BLOCK_R)
     m_r, p_x, lse, lp_b, lp_y = cell_scores(o_r, n, t, u, m_r, T_n, U_n, x_ptr, lse_ptr, tgt_ptr, V, stride_n, stride_t,
                                             stride_u, stride_v, stride_tg, blank, FUSED, FUSED, ONE_CHUNK, BLOCK_R,
-                                            BLOCK_V, 1)  # fmt: skip
+                                            BLOCK_V)  # fmt: skip
     lp_b -= sigma2  # sigma: once per token emitted (neg() stays far below any path)
     lp_y -= sigma2
     o_x = tl.arange(0, BLOCK_X)
