@@ -1,6 +1,7 @@
 """CTC loss kernels in Triton.
 
-Four launches per forward+backward, all deterministic (no floating-point atomics):
+Four launches per forward+backward (three for small problems, five with the wavefront), all deterministic (no
+floating-point atomics):
 
 1. ``_ctc_prepare_kernel`` (one program per sample): clamps the lengths, computes the sample's offsets into
    the packed tables (a prefix sum over the lengths, recomputed by each program), checks the labels, and
