@@ -12,6 +12,7 @@ import argparse
 import cProfile
 import io
 import pstats
+import threading
 import time
 
 import torch
@@ -70,6 +71,22 @@ def print_cprofile(step, keys=("tottime",), lines=30, warmup=50, n=300):
         s = io.StringIO()
         pstats.Stats(prof, stream=s).sort_stats(key).print_stats(lines)
         print(s.getvalue())
+
+
+class _TritonBackward(torch.autograd.Function):
+    """One op forward; the backward allocates its gradient and launches a small Triton kernel (as a loss's does)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.sum(0)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        grad = torch.empty_like(x)
+        _tiny_kernel[(1,)](g.expand(4, -1).contiguous(), grad, x.numel(), BLOCK=128)
+        return grad
 
 
 class _OneOp(torch.autograd.Function):
@@ -168,6 +185,21 @@ def main():
     out["autograd.Function step (1 op each way) + sum"] = us(one_op_step)
     with torch.autograd.set_multithreading_enabled(False):
         out["  same, autograd on the calling thread"] = us(one_op_step)
+
+    def triton_backward_step():
+        v4.grad = None
+        _TritonBackward.apply(v4).sum().backward()
+
+    # the autograd engine runs a CUDA backward on its device thread: does a Triton launch cost more there?
+    for name, fn in (("1 op each way", one_op_step), ("a Triton launch in the backward", triton_backward_step)):
+        out[f"autograd.Function step, {name} (sync each)"] = us(fn, 200, True)
+        with torch.autograd.set_multithreading_enabled(False):
+            out[f"  same, {name}, autograd on the calling thread (sync each)"] = us(fn, 200, True)
+    in_thread = {}
+    worker = threading.Thread(target=lambda: in_thread.update(t=us(lambda: _tiny_kernel[(1,)](a, b, 100, BLOCK=128))))
+    worker.start()
+    worker.join()
+    out["triton launch, 3 args, from a second Python thread"] = in_thread["t"]
     for row in args.rows.split(","):
         profile_row(row, dev, out)
     for k, val in out.items():
