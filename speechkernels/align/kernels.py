@@ -40,6 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._logspace import frame, wait_counter
 from .._utils import kernel_output, next_power_of_2
 
 CHUNK = 16  # F: frames loaded per tile, and released per wavefront step
@@ -55,18 +56,11 @@ BOUNDARY_BYTES = 256 << 20
 def _tile(p_x, t0, T_n, cls, m_lane, o_f, stride_t, stride_c):
     """[BLOCK, F] float32 emissions at classes ``cls`` of frames t0 + o_f (-inf past T_n and off the lanes). Lanes
     come first: with no dimension contiguous, the layout's fastest dimension is the first, so each thread holds its
-    lanes' F frames and ``_frame`` takes one from registers."""
+    lanes' F frames and ``frame`` takes one from registers."""
     t = t0 + o_f
     m = m_lane[:, None] & (t < T_n)[None, :]
     p = p_x + cls[:, None] * stride_c + t.to(tl.int64)[None, :] * stride_t
     return tl.load(p, mask=m, other=float("-inf")).to(tl.float32)
-
-
-@triton.jit
-def _frame(tile, o_f, i: tl.constexpr):
-    """Frame i of an int32 [BLOCK, F] tile: integer selects and sums of zeros, which fold away (exact for any bit
-    pattern, NaN and -inf included, unlike a float sum)."""
-    return tl.sum(tl.where(o_f[None, :] == i, tile, 0), axis=1)
 
 
 @triton.jit
@@ -166,9 +160,7 @@ def _align_forward_kernel(
             if i_p > 0:
                 # the left neighbour's label state at frames t0 - 1 .. t0 + F - 2, once it has released them
                 need = tl.minimum(t0 + F, T_n)
-                seen = tl.atomic_add(prog_ptr + pid - 1, 0, sem="acquire")
-                while seen < need:
-                    seen = tl.atomic_add(prog_ptr + pid - 1, 0, sem="acquire")
+                wait_counter(prog_ptr + pid - 1, need)
                 tf = t0 - 1 + o_f
                 m_f = (o == 0)[:, None] & (tf >= 0)[None, :]
                 p_f = bnd_ptr + 2 * (p_in + o[:, None] * 0 + tf[None, :])
@@ -180,12 +172,12 @@ def _align_forward_kernel(
                 left_o = tl.zeros([BLOCK, F], tl.int32)
             for i in tl.static_range(F):
                 t = t0 + i
-                e_l = _frame(e_l_t, o_f, i).to(tl.float32, bitcast=True)
-                e_b = _frame(e_b_t, o_f, i).to(tl.float32, bitcast=True)
+                e_l = frame(e_l_t, o_f, i).to(tl.float32, bitcast=True)
+                e_b = frame(e_b_t, o_f, i).to(tl.float32, bitcast=True)
                 al_prev = tl.where(
-                    o == 0, _frame(left_a, o_f, i).to(tl.float32, bitcast=True), tl.gather(a_l, i_prev, 0)
+                    o == 0, frame(left_a, o_f, i).to(tl.float32, bitcast=True), tl.gather(a_l, i_prev, 0)
                 )
-                gl_prev = tl.where(o == 0, _frame(left_o, o_f, i), tl.gather(g_l, i_prev, 0))
+                gl_prev = tl.where(o == 0, frame(left_o, o_f, i), tl.gather(g_l, i_prev, 0))
                 a_b, a_l, adv_b, adv_l, skip = _step(a_b, a_l, al_prev, e_b, e_l, can_skip, m_b, m_l)
                 n_gb = tl.where(adv_b, gl_prev, g_b)
                 g_l = tl.where(skip, gl_prev, tl.where(adv_l, g_b, g_l))
@@ -281,8 +273,8 @@ def _align_fill_kernel(
             e_l_nx = _tile(p_x, t0 + F, t_hi, lab, m_l, o_f, stride_t, stride_c)
             e_b_nx = _tile(p_x, t0 + F, t_hi, cls_b, m_b, o_f, stride_t, stride_c)
             for i in tl.static_range(F):
-                e_l = _frame(e_l_t, o_f, i).to(tl.float32, bitcast=True)
-                e_b = _frame(e_b_t, o_f, i).to(tl.float32, bitcast=True)
+                e_l = frame(e_l_t, o_f, i).to(tl.float32, bitcast=True)
+                e_b = frame(e_b_t, o_f, i).to(tl.float32, bitcast=True)
                 al_prev = tl.where(o == 0, float("-inf"), tl.gather(a_l, i_prev, 0))
                 a_b, a_l, adv_b, adv_l, skip = _step(a_b, a_l, al_prev, e_b, e_l, can_skip, m_b, m_l)
                 code = adv_b.to(tl.uint8) | (adv_l.to(tl.uint8) << 1) | (skip.to(tl.uint8) << 2)

@@ -54,7 +54,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._logspace import lae, ln2, log2e, lse_step, lse_total, neg
+from .._logspace import frame, lae, ln2, log2e, lse_step, lse_total, neg, wait_counter
 from .._utils import kernel_output, kernel_output_like, next_power_of_2
 
 # Constants are jit functions rather than constexpr globals (see .._logspace).
@@ -461,26 +461,11 @@ def _ctc_small_forward_kernel(
 
 
 @triton.jit
-def _frame(tile, o_f, i: tl.constexpr):
-    """Frame i of an integer [BLOCK, F] tile (bit patterns): integer selects and sums of zeros, which fold away
-    when each thread holds its lanes' F frames (exact for any bit pattern, NaN included, unlike a float sum)."""
-    return tl.sum(tl.where(o_f[None, :] == i, tile, 0), axis=1)
-
-
-@triton.jit
 def _tile(p, t, m_t, W, ju, m_lane):
     """[BLOCK, F] values p[t * W + ju] of frames t (0 where masked). ``ju`` is the lanes' offsets times a run-time 1,
     so that no dimension of the addresses is known to be contiguous: the layout then puts lanes first (each
-    thread holds its lanes' F frames, and ``_frame`` takes one from registers)."""
+    thread holds its lanes' F frames, and ``frame`` takes one from registers)."""
     return tl.load(p + t.to(tl.int64)[None, :] * W + ju[:, None], mask=m_lane[:, None] & m_t[None, :], other=0.0)
-
-
-@triton.jit
-def _wait(prog_ptr, need):
-    """Spins until the counter at prog_ptr reaches ``need`` (acquire: the producer's stores before it are seen)."""
-    seen = tl.atomic_add(prog_ptr, 0, sem="acquire")
-    while seen < need:
-        seen = tl.atomic_add(prog_ptr, 0, sem="acquire")
 
 
 @triton.jit
@@ -519,7 +504,7 @@ def _wave_alpha(p_lp, p_al, bnd_ptr, prog_ptr, nan_ptr, slot, i_p, T, T_n, L, L_
         left = no_left
         if i_p > 0:
             # the left neighbour's last label state at frames t0 - 1 .. t0 + F - 2, once it has released them
-            _wait(prog_ptr + slot - 1, tl.minimum(t0 + F, n_steps))
+            wait_counter(prog_ptr + slot - 1, tl.minimum(t0 + F, n_steps))
             tf = t0 - 1 + o_f
             m_f = (o == 0)[:, None] & (tf >= 0)[None, :]
             p_f = bnd_ptr + (slot - 1) * T + zero_j[:, None] + tf[None, :] * unit
@@ -528,9 +513,9 @@ def _wave_alpha(p_lp, p_al, bnd_ptr, prog_ptr, nan_ptr, slot, i_p, T, T_n, L, L_
                 left_nan = tl.load(nan_ptr + slot - 1, cache_modifier=".cg")
         for i in tl.static_range(F):
             t = t0 + i
-            e_l = tl.maximum(_frame(e_l_t, o_f, i).to(tl.float32, bitcast=True), neg()).to(tl.float64)
-            e_b = tl.maximum(_frame(e_b_t, o_f, i).to(tl.float32, bitcast=True), neg()).to(tl.float64)
-            a_l_prev = tl.where(o == 0, _frame(left, o_f, i).to(tl.float64, bitcast=True), tl.gather(a_l, i_prev, 0))
+            e_l = tl.maximum(frame(e_l_t, o_f, i).to(tl.float32, bitcast=True), neg()).to(tl.float64)
+            e_b = tl.maximum(frame(e_b_t, o_f, i).to(tl.float32, bitcast=True), neg()).to(tl.float64)
+            a_l_prev = tl.where(o == 0, frame(left, o_f, i).to(tl.float64, bitcast=True), tl.gather(a_l, i_prev, 0))
             n_b = tl.where(m_b, lae(a_b, a_l_prev), neg())
             n_l = tl.where(m_l, lae(a_l, tl.where(can_skip, n_b, a_b)), neg())
             # frames past n_steps (the last tile's tail) run on zeros and are neither stored nor published
@@ -586,7 +571,7 @@ def _wave_beta(p_lp, p_al, bnd_ptr, prog_ptr, slot, i_p, logp, T, T_n, L, L_c, j
         right = no_right
         if has_right:
             # what the right neighbour's first lane passed at steps k0 - 1 .. k0 + F - 2
-            _wait(prog_ptr + slot + 1, tl.minimum(k0 + F, n_steps))
+            wait_counter(prog_ptr + slot + 1, tl.minimum(k0 + F, n_steps))
             kf = k0 - 1 + o_f
             m_f = (o == BLOCK - 1)[:, None] & (kf >= 0)[None, :]
             p_f = bnd_ptr + (slot + 1) * T + zero_j[:, None] + kf[None, :] * unit
@@ -594,11 +579,11 @@ def _wave_beta(p_lp, p_al, bnd_ptr, prog_ptr, slot, i_p, logp, T, T_n, L, L_c, j
         for i in tl.static_range(F):
             k = k0 + i
             t = n_steps - 1 - k
-            e_l = tl.maximum(_frame(e_l_t, o_f, i).to(tl.float32, bitcast=True), neg()).to(tl.float64)
-            e_b = tl.maximum(_frame(e_b_t, o_f, i).to(tl.float32, bitcast=True), neg()).to(tl.float64)
-            al_l = tl.where(m_l, _frame(al_t, o_f, i).to(tl.float64, bitcast=True), neg())
+            e_l = tl.maximum(frame(e_l_t, o_f, i).to(tl.float32, bitcast=True), neg()).to(tl.float64)
+            e_b = tl.maximum(frame(e_b_t, o_f, i).to(tl.float32, bitcast=True), neg()).to(tl.float64)
+            al_l = tl.where(m_l, frame(al_t, o_f, i).to(tl.float64, bitcast=True), neg())
             passed = tl.gather(tl.where(can_skip, r_b, b_b), i_next, 0)
-            r_next = tl.where(o == BLOCK - 1, _frame(right, o_f, i).to(tl.float64, bitcast=True), passed)
+            r_next = tl.where(o == BLOCK - 1, frame(right, o_f, i).to(tl.float64, bitcast=True), passed)
             r_l = lae(b_l, tl.where(j + 1 <= L, r_next, neg()))
             # steps past n_steps (the last tile's tail) run on zeros and are neither stored nor published
             live = k < n_steps
