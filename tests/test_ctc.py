@@ -320,6 +320,16 @@ def test_kernels_wavefront_public_api(kernel_device, kernel_spy, monkeypatch):
     assert kernel_spy
 
 
+@pytest.mark.parametrize("text", ["150x1", "150x1x28x0", "150xax28", "1x2x3x4x5"])
+def test_bench_rows_refuses_bad_values(text):
+    """bench ctc --rows: TxNxC or TxNxCxS of positive integers, else an error naming --rows."""
+    from speechkernels.bench.ctc import parse_row
+
+    assert parse_row("150x1x28") == (150, 1, 28, 150) and parse_row("1200x16x32x600") == (1200, 16, 32, 600)
+    with pytest.raises(SystemExit, match="--rows"):
+        parse_row(text)
+
+
 def test_wave_shape_choice():
     """One program per sample for short label sequences and for batches that would not run at once."""
     assert kernels.wave_shape(1, 200, 132) is None
