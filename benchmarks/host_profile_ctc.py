@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 import speechkernels as sk
+from speechkernels._utils import launch
 from speechkernels.bench.ctc import _cudnn_form, make_inputs
 from speechkernels.ctc import api as ctc_api
 from speechkernels.ctc import kernels
@@ -174,7 +175,19 @@ def main():
     out["triton launch, 18 args"] = us(
         lambda: _many_args_kernel[(1,)](a, b, a, b, a, b, a, b, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, BLOCK=128)
     )
+    many = (a, b, a, b, a, b, a, b, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+    fast = launch(_many_args_kernel)
+    _many_args_kernel[(1,)](*many, BLOCK=128)
+    expected = b[:128].tolist()
+    fast[(1,)](*many, BLOCK=128)
+    b.zero_()
+    fast[(1,)](*many, BLOCK=128)
+    assert b[:128].tolist() == expected, "Launch's direct call wrote other values than Triton's launcher"
+    out["Launch of the 18-argument kernel (compiled kernel called directly)"] = us(lambda: fast[(1,)](*many, BLOCK=128))
     out["cuda synchronize (idle)"] = us(torch.cuda.synchronize)
+    out["torch op + synchronize"] = us(lambda: (a.clamp(min=1), torch.cuda.synchronize()))
+    out["triton launch, 3 args + synchronize"] = us(lambda: (_tiny_kernel[(1,)](a, b, 100, BLOCK=128),
+                                                             torch.cuda.synchronize()))  # fmt: skip
     out["tiny launch + .tolist() of 2 values"] = us(lambda: (_tiny_kernel[(1,)](a, b, 100, BLOCK=128), b[:2].tolist()))
     v4 = torch.randn(4, 16, device=dev, requires_grad=True)
 
@@ -182,6 +195,13 @@ def main():
         v4.grad = None
         _OneOp.apply(v4).sum().backward()
 
+    def native_step():
+        v4.grad = None
+        v4.sum(0).sum().backward()
+
+    out["native autograd step (two sums)"] = us(native_step)
+    with torch.autograd.set_multithreading_enabled(False):
+        out["  same, autograd on the calling thread"] = us(native_step)
     out["autograd.Function step (1 op each way) + sum"] = us(one_op_step)
     with torch.autograd.set_multithreading_enabled(False):
         out["  same, autograd on the calling thread"] = us(one_op_step)

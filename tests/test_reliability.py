@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import speechkernels as sk
+from speechkernels._utils import Launch, optional_kernels
 from speechkernels.ctc.reference import ctc_loss_reference
 from speechkernels.rnnt.reference import rnnt_loss_reference
 
@@ -352,8 +353,6 @@ def test_loss_modules_take_the_functions_options(module, function):
 
 
 def test_optional_kernels_hides_only_a_missing_triton(monkeypatch):
-    from speechkernels._utils import optional_kernels
-
     with pytest.raises(ModuleNotFoundError):
         optional_kernels("speechkernels.no_such_module")
 
@@ -400,3 +399,38 @@ def test_loss_op_outputs_own_aligned_storage_and_give_the_gradient():
         lb.sum().backward()
         torch.testing.assert_close(xa.grad, 2 * x)
         torch.testing.assert_close(xb.grad, 2 * x)
+
+
+_launch_kernels = optional_kernels("launch_kernels")
+
+
+@pytest.mark.skipif(_launch_kernels is None, reason="needs Triton")
+def test_launch_gives_tritons_results_for_every_specialisation(kernel_device):
+    """Launch calls the compiled kernel directly once a specialisation has run: an integer equal to 1 or a
+    multiple of 16, a pointer off 16-byte alignment, another dtype or constexpr each take their own compiled
+    kernel, and every call writes what Triton's launcher writes."""
+    fast = Launch(_launch_kernels.axpy_kernel)
+    cases = []
+    for dtype in (torch.float32, torch.float16):
+        x = torch.randn(80, device=kernel_device).to(dtype)
+        for offset in (0, 1):  # x[1:] is 2 or 4 bytes off the allocation's alignment
+            for n, a in ((1, 0.5), (5, -2.0), (16, 3.0), (37, 1.5)):
+                for scale in (1, 3):
+                    cases.append((x[offset:], n, a, scale))
+    for round in range(2):  # the second round runs every specialisation through the direct call
+        if round == 1 and kernel_device.type == "cuda":
+            fast.kernel = _NoLauncher()
+        for x, n, a, scale in cases:
+            y = torch.full((64,), float("nan"), device=kernel_device, dtype=x.dtype)
+            fast[(1,)](x, y, n, a, SCALE=scale, BLOCK=64, num_warps=1)
+            expected = torch.full((64,), float("nan"), dtype=torch.float64)
+            expected[:n] = x[:n].double().cpu() * a * scale + n
+            torch.testing.assert_close(y.double().cpu(), expected, equal_nan=True, rtol=1e-3, atol=1e-3)
+    if kernel_device.type == "cuda":
+        # dtypes x alignments x (n == 1, n % 16 == 0) classes x constexprs; floats are not part of the key
+        assert len(fast._compiled) == 2 * 2 * 3 * 2
+
+
+class _NoLauncher:
+    def __getitem__(self, grid):
+        raise AssertionError("a specialisation that already ran went through Triton's launcher again")

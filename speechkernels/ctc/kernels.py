@@ -55,7 +55,7 @@ import triton
 import triton.language as tl
 
 from .._logspace import frame, lae, ln2, log2e, lse_step, lse_total, neg, wait_counter
-from .._utils import kernel_output, kernel_output_like, next_power_of_2
+from .._utils import kernel_output, kernel_output_like, launch, next_power_of_2
 
 # Constants are jit functions rather than constexpr globals (see .._logspace).
 
@@ -845,7 +845,7 @@ def ctc_forward(
     table = kernel_output(lp_size, dtype=torch.float32, device=dev)
     warps = warps or _recursion_warps(block)
     block_n = max(16, next_power_of_2(N))
-    _ctc_prepare_kernel[(N,)](
+    launch(_ctc_prepare_kernel)[(N,)](
         input_lengths, target_lengths, targets, meta, srt, weights, N, T, S, C, blank,
         PADDED=padded, VALIDATE=validate, MEAN=reduce == 2, BLOCK_N=block_n, BLOCK=block, num_warps=warps,
     )  # fmt: skip
@@ -867,7 +867,7 @@ def ctc_forward(
     common = dict(ZERO_INFINITY=zero_infinity, REDUCE=reduce != 0, BLOCK=block, BLOCK_N=min(block_n, 1024))
     if fuse_emission:
         block_c = max(2, next_power_of_2(C))
-        _ctc_small_forward_kernel[(N,)](
+        launch(_ctc_small_forward_kernel)[(N,)](
             x, lse, table, alpha, loss, logp, out, weights, targets, meta, N, T, C,
             x.stride(0), x.stride(1), x.stride(2), blank, IS_LOGITS=logits, NEED_GRAD=need_grad, **common,
             BLOCK_C=block_c, BLOCK_T=max(1, min(SMALL_BLOCK_T, 4096 // block_c)), BLOCK_L=SMALL_BLOCK_L,
@@ -875,7 +875,7 @@ def ctc_forward(
         )  # fmt: skip
         return out, (weights, logp, lse, table, meta, srt), 0
     block_c = min(next_power_of_2(C), 2048)
-    _ctc_emission_kernel[(T * N,)](
+    launch(_ctc_emission_kernel)[(T * N,)](
         x, lse, table, targets, meta, N, T, C, x.stride(0), x.stride(1), x.stride(2), blank,
         IS_LOGITS=logits, BLOCK_C=block_c, BLOCK_L=min(block, 256), num_warps=4 if block_c >= 512 else 1,
     )  # fmt: skip
@@ -889,15 +889,15 @@ def ctc_forward(
         nan = torch.empty(N * P, dtype=torch.int32, device=dev)
         args = (table, alpha, loss, logp, out, weights, targets, meta, bnd)
         common.update(BLOCK=wave_block, F=WAVE_F, STORE_ALPHA=need_grad, num_warps=wave_warps)
-        _ctc_wave_kernel[(N * P,)](*args, prog, nan, N, T, P, 1, BETA=False, **common)
+        launch(_ctc_wave_kernel)[(N * P,)](*args, prog, nan, N, T, P, 1, BETA=False, **common)
         if need_grad:
-            _ctc_wave_kernel[(N * P,)](*args, prog[N * P + 1 :], nan, N, T, P, 1, BETA=True, **common)
+            launch(_ctc_wave_kernel)[(N * P,)](*args, prog[N * P + 1 :], nan, N, T, P, 1, BETA=True, **common)
         return out, (weights, logp, lse, table, meta, srt), 0
     args = (table, alpha, loss, logp, out, weights, targets, meta, N, T)
     parts = 3 if need_grad and not split_recursion else 1
-    _ctc_recursion_kernel[(N,)](*args, NEED_GRAD=need_grad, PARTS=parts, **common, num_warps=warps)
+    launch(_ctc_recursion_kernel)[(N,)](*args, NEED_GRAD=need_grad, PARTS=parts, **common, num_warps=warps)
     if need_grad and parts == 1:
-        _ctc_recursion_kernel[(N,)](*args, NEED_GRAD=True, PARTS=2, **common, num_warps=warps)
+        launch(_ctc_recursion_kernel)[(N,)](*args, NEED_GRAD=True, PARTS=2, **common, num_warps=warps)
     return out, (weights, logp, lse, table, meta, srt), 0
 
 
@@ -932,7 +932,7 @@ def ctc_backward(
     block_c = block_c or min(next_power_of_2(C), 4096)
     warps = warps or (8 if block_c >= 2048 else 4 if block_c >= 512 else 1)
     block_k = block_k or (256 if warps >= 4 and srt.numel() > 256 * N else 64)
-    _ctc_grad_kernel[(T * N,)](
+    launch(_ctc_grad_kernel)[(T * N,)](
         x, grad, lse, table, logp, grad_out, 0 if reduced else grad_out.stride(0), weights, srt, meta, N, T, C,
         x.stride(0), x.stride(1), x.stride(2), grad.stride(0), grad.stride(1), grad.stride(2), blank,
         IS_LOGITS=logits, REDUCED=reduced, BLOCK_C=block_c, BLOCK_K=block_k, num_warps=warps,

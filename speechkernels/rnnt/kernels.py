@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from .._logspace import lae, ln2, log2e, lse_step, lse_total, neg
-from .._utils import kernel_output, kernel_output_like, next_power_of_2
+from .._utils import kernel_output, kernel_output_like, launch, next_power_of_2
 
 
 @triton.jit
@@ -596,7 +596,7 @@ def rnnt_validate(
     N, U = targets.shape
     flag = kernel_output(1, dtype=torch.int32, device=targets.device)
     block_n, block_j = _validate_blocks(N, U)
-    _rnnt_validate_kernel[(1,)](
+    launch(_rnnt_validate_kernel)[(1,)](
         targets, logit_lengths, target_lengths, flag, N, T, U, V, targets.stride(0), blank,
         BLOCK_N=block_n, BLOCK_J=block_j, num_warps=4,
     )  # fmt: skip
@@ -657,7 +657,7 @@ def rnnt_forward(
     dev = x.device
     lse, lat, aux = lattice_buffers(N, T, U1, dev, fused and store_lse)
     block_r, block_v, warps = _row_blocks(U1, V)
-    _rnnt_lattice_kernel[(N * T, triton.cdiv(U1, block_r))](
+    launch(_rnnt_lattice_kernel)[(N * T, triton.cdiv(U1, block_r))](
         x, lse, lat, targets, logit_lengths, target_lengths, aux, T, U1, V,
         x.stride(0), x.stride(1), x.stride(2), x.stride(3), targets.stride(0), blank,
         FUSED=fused, STORE_LSE=store_lse, ONE_CHUNK=V <= block_v, RNA=rnna, BLOCK_R=block_r, BLOCK_V=block_v,
@@ -707,9 +707,9 @@ def rnnt_recursions(
             1.0 / N if reduction == "mean" else 1.0)  # fmt: skip
     meta = dict(REDUCE=reduce, RNA=rnna, BLOCK_U=block_u, BLOCK_N=_batch_block(N),
                 num_warps=_recursion_warps(block_u, N))  # fmt: skip
-    _rnnt_halves_kernel[(N, 2 if need_grad else 1)](*args, SPLIT=need_grad, **meta)
+    launch(_rnnt_halves_kernel)[(N, 2 if need_grad else 1)](*args, SPLIT=need_grad, **meta)
     if need_grad:
-        _rnnt_join_kernel[(N, 2)](*args, **meta)
+        launch(_rnnt_join_kernel)[(N, 2)](*args, **meta)
     return (loss[N] if reduce else loss[:N]), (lse, lat, logp)
 
 
@@ -737,7 +737,7 @@ def rnnt_backward(
     lse, occ, logp = state
     grad = out if out is not None else kernel_output_like(x)
     block_r, block_v, warps = _row_blocks(U1, V)
-    _rnnt_grad_kernel[(N * T, triton.cdiv(U1, block_r))](
+    launch(_rnnt_grad_kernel)[(N * T, triton.cdiv(U1, block_r))](
         x, grad, lse, occ, logp, grad_out, grad_out.stride(0) if reduction == "none" else 0,
         1.0 / N if reduction == "mean" else 1.0, targets, logit_lengths, target_lengths,
         T, U1, V,
