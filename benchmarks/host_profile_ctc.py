@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 import speechkernels as sk
-from speechkernels._utils import launch
+from speechkernels._utils import _specialisation, launch
 from speechkernels.bench.ctc import _cudnn_form, make_inputs
 from speechkernels.ctc import api as ctc_api
 from speechkernels.ctc import kernels
@@ -184,6 +184,11 @@ def main():
     fast[(1,)](*many, BLOCK=128)
     assert b[:128].tolist() == expected, "Launch's direct call wrote other values than Triton's launcher"
     out["Launch of the 18-argument kernel (compiled kernel called directly)"] = us(lambda: fast[(1,)](*many, BLOCK=128))
+    (compiled, tail), *_ = fast._compiled.values()
+    stream = torch._C._cuda_getCurrentRawStream(dev.index or 0)
+    out["  its compiled kernel's launcher alone"] = us(lambda: compiled.run(
+        1, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None, *many, *tail))  # fmt: skip
+    out["  its specialisation key alone"] = us(lambda: tuple(map(_specialisation, many)))
     out["cuda synchronize (idle)"] = us(torch.cuda.synchronize)
     out["torch op + synchronize"] = us(lambda: (a.clamp(min=1), torch.cuda.synchronize()))
     out["triton launch, 3 args + synchronize"] = us(lambda: (_tiny_kernel[(1,)](a, b, 100, BLOCK=128),
