@@ -204,16 +204,6 @@ class LossModule(torch.nn.Module):
         return ", ".join(f"{name}={getattr(self, name)!r}" for name in self._option_names)
 
 
-def scaled_gradient(grad: torch.Tensor, grad_out: torch.Tensor, batch_dim: int) -> torch.Tensor:
-    """A gradient computed in the forward for a unit upstream gradient, times the upstream gradient ``grad_out``
-    (a scalar, or one per sample along ``batch_dim`` of ``grad``), in grad's dtype: one torch op."""
-    if grad_out.dim() == 0:
-        return grad * grad_out
-    shape = [1] * grad.dim()
-    shape[batch_dim] = grad_out.shape[0]
-    return grad * grad_out.reshape(shape).to(grad.dtype)
-
-
 def _camel(name: str) -> str:
     return "".join(w.capitalize() for w in name.split("::")[-1].split("_"))
 

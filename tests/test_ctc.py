@@ -13,7 +13,7 @@ from helpers import check_compiled_matches_eager, check_graph_replay_matches_eag
 
 import speechkernels as sk
 from speechkernels import _utils as utils
-from speechkernels.ctc import api, kernels
+from speechkernels.ctc import kernels
 from speechkernels.ctc.reference import ctc_loss_reference, ctc_losses_reference
 
 F32 = (torch.float32, 1e-5, 1e-5)  # dtype, loss rtol, gradient atol
@@ -64,23 +64,6 @@ def kernel_spy(monkeypatch):
 
     monkeypatch.setattr(kernels, "ctc_forward", spy)
     return calls
-
-
-@pytest.fixture(params=["in forward", "in backward"])
-def grad_path(request, monkeypatch):
-    """Both gradient paths: computed in the forward for a unit upstream gradient and scaled in the backward (small
-    problems), and computed in the backward from the occupancies (large ones). Records which ran."""
-    if request.param == "in backward":
-        monkeypatch.setattr(api, "GRAD_IN_FORWARD_MAX", -1)
-    ran = []
-    real = kernels.ctc_backward
-
-    def spy(grad_out, *args, **kwargs):
-        ran.append("in forward" if grad_out is None else "in backward")
-        return real(grad_out, *args, **kwargs)
-
-    monkeypatch.setattr(kernels, "ctc_backward", spy)
-    return request.param, ran
 
 
 @pytest.fixture(params=["grid", "fused"])
@@ -161,37 +144,13 @@ def test_kernels_match_reference(kernel_device, kernel_spy, emission_path, logit
 
 
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
-def test_kernels_reductions(kernel_device, kernel_spy, grad_path, reduction):
+def test_kernels_reductions(kernel_device, kernel_spy, reduction):
     x, padded, il, tl = make_problem(11, 9, 3, 6, 4, device=kernel_device)
     compare(x, padded, il, tl, reduction=reduction)
     theirs = torch.nn.functional.ctc_loss(x.log_softmax(-1), padded, il, tl, reduction=reduction)
     ours = sk.ctc_loss(x, padded, il, tl, reduction=reduction, logits=True)
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
     assert kernel_spy
-    path, ran = grad_path
-    assert ran == [path]
-
-
-@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_kernels_gradient_in_forward_equals_gradient_in_backward(kernel_device, monkeypatch, reduction, dtype):
-    """The gradient computed in the forward and scaled by the upstream gradient equals the one the backward
-    kernel computes from the upstream gradient (up to the order of two products), under a random upstream
-    gradient, batch-first input included."""
-    x, padded, il, tl = make_problem(17, 11, 4, 7, 5, device=kernel_device, dtype=dtype)
-    grads = []
-    for limit in (api.GRAD_IN_FORWARD_MAX, -1):
-        monkeypatch.setattr(api, "GRAD_IN_FORWARD_MAX", limit)
-        for batch_first in (False, True):
-            v = (x.transpose(0, 1).contiguous() if batch_first else x.clone()).requires_grad_()
-            out = sk.ctc_loss(v, padded, il, tl, reduction=reduction, logits=True, batch_first=batch_first)
-            g = torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(out.device)
-            out.backward(g)
-            assert v.grad.dtype == dtype
-            grads.append(v.grad.transpose(0, 1) if batch_first else v.grad)
-    for other in grads[1:]:
-        torch.testing.assert_close(other.float(), grads[0].float(), rtol=1e-5 if dtype == torch.float32 else 2e-3,
-                                   atol=1e-7 if dtype == torch.float32 else 1e-5)  # fmt: skip
 
 
 def test_kernels_unnormalised_log_probs(kernel_device, kernel_spy, emission_path):
@@ -213,7 +172,7 @@ def test_kernels_edge_cases(kernel_device, kernel_spy, emission_path):
     assert kernel_spy
 
 
-def test_kernels_impossible_samples(kernel_device, kernel_spy, grad_path, emission_path):
+def test_kernels_impossible_samples(kernel_device, kernel_spy, emission_path):
     """No alignment: infinite loss (or zero with zero_infinity), zero gradient, never NaN."""
     T, N, C = 5, 4, 5
     x = torch.randn(T, N, C, generator=torch.Generator().manual_seed(6)).to(kernel_device).requires_grad_()
@@ -234,7 +193,7 @@ def test_kernels_impossible_samples(kernel_device, kernel_spy, grad_path, emissi
     assert kernel_spy
 
 
-def test_kernels_nan_stays_in_its_sample(kernel_device, kernel_spy, grad_path, emission_path):
+def test_kernels_nan_stays_in_its_sample(kernel_device, kernel_spy, emission_path):
     x, padded, il, tl = make_problem(8, 8, 3, 5, 3, device=kernel_device)
     x[2, 1, 3] = math.nan
     x.requires_grad_()
@@ -246,7 +205,7 @@ def test_kernels_nan_stays_in_its_sample(kernel_device, kernel_spy, grad_path, e
     assert kernel_spy
 
 
-def test_kernels_layouts_and_argument_forms(kernel_device, kernel_spy, grad_path, emission_path):
+def test_kernels_layouts_and_argument_forms(kernel_device, kernel_spy, emission_path):
     x, padded, il, tl = make_problem(9, 9, 3, 6, 4, device=kernel_device)
     compare(x, padded, il, tl, batch_first=True, reduction="sum")
     ref = sk.ctc_loss(x, padded, il, tl, reduction="none", logits=True)
@@ -521,7 +480,7 @@ def test_gpu_more_than_2_31_elements(gpu):
 
 
 @pytest.mark.parametrize("logits", [True, False])
-def test_kernels_through_torch_compile(kernel_device, kernel_spy, grad_path, logits):
+def test_kernels_through_torch_compile(kernel_device, kernel_spy, logits):
     """The torch.library op (fake shapes, autograd registration) under torch.compile's tracing: whole graph, with
     inductor on the GPU."""
     x, padded, il, tl = make_problem(31, 9, 3, 6, 4, device=kernel_device)

@@ -11,7 +11,7 @@ import torch
 from helpers import check_batch_halves, check_compiled_matches_eager, check_graph_replay_matches_eager
 
 import speechkernels as sk
-from speechkernels.rnnt import api, kernels
+from speechkernels.rnnt import kernels
 from speechkernels.rnnt.reference import rnnt_forward_backward_reference, rnnt_losses_reference
 
 F32 = (torch.float32, 1e-5, 1e-5)  # dtype, loss rtol, gradient atol
@@ -30,23 +30,6 @@ def kernel_spy(monkeypatch):
 
     monkeypatch.setattr(kernels, "rnnt_forward", spy)
     return calls
-
-
-@pytest.fixture(params=["in forward", "in backward"])
-def grad_path(request, monkeypatch):
-    """Both gradient paths: computed in the forward for a unit upstream gradient and scaled in the backward (small
-    problems), and computed in the backward from the occupancies (large ones). Records which ran."""
-    if request.param == "in backward":
-        monkeypatch.setattr(api, "GRAD_IN_FORWARD_MAX", -1)
-    ran = []
-    real = kernels.rnnt_backward
-
-    def spy(grad_out, *args, **kwargs):
-        ran.append("in forward" if grad_out is None else "in backward")
-        return real(grad_out, *args, **kwargs)
-
-    monkeypatch.setattr(kernels, "rnnt_backward", spy)
-    return request.param, ran
 
 
 def make_problem(seed, N, T, U, V, *, blank=None, dtype=torch.float64, device="cpu"):
@@ -308,39 +291,15 @@ def test_kernels_match_reference(kernel_device, kernel_spy, rnnt_type, fused, se
 
 
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
-def test_kernels_reductions_and_clamp(kernel_device, kernel_spy, grad_path, reduction):
+def test_kernels_reductions_and_clamp(kernel_device, kernel_spy, reduction):
     x, targets, il, tl, blank = make_problem(12, 3, 6, 3, 9, device=kernel_device)
     compare_kernels(x * 3, targets, il, tl, blank, reduction=reduction, clamp=0.05)
     # int32 lengths and labels go to the kernels as they are
     compare_kernels(x, targets.int(), il.int(), tl.int(), blank, reduction=reduction)
     assert kernel_spy
-    path, ran = grad_path
-    assert ran == [path, path]
 
 
-@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_kernels_gradient_in_forward_equals_gradient_in_backward(kernel_device, monkeypatch, reduction, dtype):
-    """The gradient computed in the forward and scaled by the upstream gradient equals the one the backward
-    kernel computes from the upstream gradient (up to the order of two products), under a random upstream
-    gradient, with FastEmit and clamping; reuse_logits_for_grad always takes the backward kernel."""
-    x, targets, il, tl, blank = make_problem(19, 3, 5, 3, 7, dtype=dtype, device=kernel_device)
-    grads = []
-    for limit in (api.GRAD_IN_FORWARD_MAX, -1):
-        monkeypatch.setattr(api, "GRAD_IN_FORWARD_MAX", limit)
-        for kw in ({}, {"fastemit_lambda": 0.2, "clamp": 0.1}):
-            v = (x * 2).requires_grad_()
-            out = sk.rnnt_loss(v, targets, il, tl, blank=blank, reduction=reduction, **kw)
-            g = torch.rand(out.shape, generator=torch.Generator().manual_seed(5)).to(out.device)
-            out.backward(g)
-            assert v.grad.dtype == dtype
-            grads.append(v.grad)
-    tol = dict(rtol=1e-5, atol=1e-7) if dtype == torch.float32 else dict(rtol=2e-3, atol=1e-5)
-    torch.testing.assert_close(grads[2].float(), grads[0].float(), **tol)
-    torch.testing.assert_close(grads[3].float(), grads[1].float(), **tol)
-
-
-def test_kernels_edge_cases(kernel_device, kernel_spy, grad_path):
+def test_kernels_edge_cases(kernel_device, kernel_spy):
     """U = 0, T = 1, no frames (impossible with labels), RNA with more labels than frames, a NaN."""
     V = 6
     x = torch.randn(6, 4, 4, V, dtype=torch.float64, generator=torch.Generator().manual_seed(13)).to(kernel_device)
@@ -398,7 +357,7 @@ def test_kernels_batch_reduction_and_validation_in_several_tiles(kernel_device, 
     assert kernel_spy
 
 
-def test_kernels_strided_logits_and_float16(kernel_device, kernel_spy, grad_path):
+def test_kernels_strided_logits_and_float16(kernel_device, kernel_spy):
     x, targets, il, tl, blank = make_problem(14, 3, 7, 4, 10, device=kernel_device)
     strided = x.transpose(1, 2).contiguous().transpose(1, 2)  # same values, T and U strides swapped
     assert not strided.is_contiguous()
@@ -464,7 +423,7 @@ def test_kernels_reuse_logits_for_grad(kernel_device, kernel_spy):
 
 
 @pytest.mark.parametrize("reduction", ["mean", "none"])
-def test_kernels_through_torch_compile(kernel_device, kernel_spy, grad_path, reduction):
+def test_kernels_through_torch_compile(kernel_device, kernel_spy, reduction):
     """The torch.library op (fake shapes, autograd registration) under torch.compile's tracing: whole graph, with
     inductor on the GPU (which checks the alignment of the op's outputs: the batch mean is one of them)."""
     x, targets, il, tl, blank = make_problem(16, 2, 5, 3, 6, dtype=torch.float32, device=kernel_device)

@@ -13,7 +13,7 @@ from .._loss_inputs import (
     padded_labels,
     targets_padded,
 )
-from .._op import LossModule, LossOp, scaled_gradient
+from .._op import LossModule, LossOp
 from .._utils import as_bool, as_choice, as_int, check_float_input, optional_kernels, use_triton
 from .reference import ctc_losses_reference, read_log_softmax, reduce_loss
 
@@ -30,38 +30,17 @@ _INPUTS = (
 )
 
 
-# Up to this many scores, the forward also computes the gradient for a unit upstream gradient and the backward
-# scales it (one torch op instead of a launch and its arguments), as cuDNN and warp-ctc do: these problems are
-# host-bound, and their gradient is small to keep from the forward to the backward. Larger ones compute the
-# gradient in the backward, from the occupancies (no gradient-sized buffer held between the two).
-GRAD_IN_FORWARD_MAX = 1 << 24
-
-
-def _grad_in_forward(x: torch.Tensor, need_grad: bool) -> bool:
-    return need_grad and x.numel() <= GRAD_IN_FORWARD_MAX
-
-
 def _forward(x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate, zero_infinity,
              reduction):  # fmt: skip
-    """Runs the forward kernels; returns the output and what the backward needs (the gradient for a unit upstream
-    gradient, or an empty tensor; weights, logp, lse, table, meta, sorted labels)."""
+    """Runs the forward kernels; returns the output and what the backward needs (weights, logp, lse, table, meta,
+    sorted labels)."""
     out, state, flags = kernels.ctc_forward(
         x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate, zero_infinity, reduction
     )
     if flags != 0:
         check_label_contents(x.shape[0], x.shape[2], targets, input_lengths, target_lengths, blank, padded)
         raise ValueError(f"invalid CTC arguments (flags {flags})")  # not reached: the check names the argument
-    if _grad_in_forward(x, need_grad):
-        grad = kernels.ctc_backward(None, x, *state, blank, logits, reduced=reduction != "none")
-    else:
-        grad = x.new_empty(0)
-    return out, (grad, *state)
-
-
-def _backward(grad_out, x, grad, weights, logp, lse, table, meta, srt, blank, logits):
-    if grad.dim() > 1:  # computed in the forward
-        return scaled_gradient(grad, grad_out, 1)
-    return kernels.ctc_backward(grad_out, x, weights, logp, lse, table, meta, srt, blank, logits)
+    return out, state
 
 
 def _forward_fake(x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate,
@@ -71,7 +50,6 @@ def _forward_fake(x, targets, input_lengths, target_lengths, blank, padded, logi
     f32 = dict(dtype=torch.float32, device=x.device)
     return (
         x.new_empty(N if reduction == "none" else (), **f32),
-        torch.empty_like(x) if _grad_in_forward(x, need_grad) else x.new_empty(0),
         x.new_empty(N, **f32),
         x.new_empty(N, dtype=torch.float64),
         x.new_empty((N, T) if logits else (0,), **f32),
@@ -81,10 +59,11 @@ def _forward_fake(x, targets, input_lengths, target_lengths, blank, padded, logi
     )
 
 
-# state: the gradient (or empty), weights, logp, lse, table, meta, sorted labels
+# state: weights, logp, lse, table, meta, sorted labels
 CTC_LOSS_OP = None
 if kernels is not None:
-    CTC_LOSS_OP = LossOp("speechkernels::ctc_loss", _INPUTS, _forward, _forward_fake, _backward, n_state=7, grads="x")
+    CTC_LOSS_OP = LossOp("speechkernels::ctc_loss", _INPUTS, _forward, _forward_fake, kernels.ctc_backward, n_state=6,
+                         grads="x")  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------------------

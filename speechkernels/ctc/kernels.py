@@ -688,9 +688,7 @@ def _ctc_grad_kernel(
     logp = tl.load(logp_ptr + i_n)
     active = (i_t < T_n) & (L_c <= T) & (logp != float("-inf"))
     # (logp - logp) is NaN for a NaN loss: then the sample's whole gradient is NaN, as through log_softmax
-    # a negative stride: a unit upstream gradient (the gradient computed in the forward, scaled afterwards)
-    g = tl.load(gloss_ptr + i_n * tl.maximum(gloss_stride, 0), mask=gloss_stride >= 0, other=1.0).to(tl.float32)
-    g = g + tl.where(active, logp - logp, 0.0).to(tl.float32)
+    g = tl.load(gloss_ptr + i_n * gloss_stride).to(tl.float32) + tl.where(active, logp - logp, 0.0).to(tl.float32)
     if REDUCED:
         g = g * tl.load(w_ptr + i_n)
     p_x = x_ptr + i_t * stride_t + i_n * stride_n
@@ -909,7 +907,7 @@ def _multiprocessors(dev: torch.device) -> int:
 
 
 def ctc_backward(
-    grad_out: torch.Tensor | None,
+    grad_out: torch.Tensor,
     x: torch.Tensor,
     weights: torch.Tensor,
     logp: torch.Tensor,
@@ -922,26 +920,20 @@ def ctc_backward(
     block_c: int | None = None,
     warps: int | None = None,
     block_k: int | None = None,
-    reduced: bool | None = None,
 ) -> torch.Tensor:
     """Gradient of the output with respect to x, given its upstream gradient ``grad_out`` ([N] for
-    reduction="none", else a scalar; None: a unit upstream gradient, with ``reduced`` saying whether the output
-    is a reduction): [T, N, C] in x's dtype and layout. ``block_c``, ``warps``, ``block_k``: the row block,
-    num_warps and label block (default: chosen from the sizes; for measurements)."""
+    reduction="none", else a scalar): [T, N, C] in x's dtype and layout. ``block_c``, ``warps``, ``block_k``:
+    the row block, num_warps and label block (default: chosen from the sizes; for measurements)."""
     T, N, C = x.shape
     grad = kernel_output_like(x)
-    if grad_out is None:  # a negative stride: the kernel reads no upstream gradient
-        grad_out, gloss_stride = weights, -1
-    else:
-        reduced = grad_out.dim() == 0
-        gloss_stride = 0 if reduced else grad_out.stride(0)
+    reduced = grad_out.dim() == 0
     # measured on the H100 (benchmarks/NOTES.md): wide rows want 8 warps; long label sequences a label block of
     # 256 when there are 4 warps or more to scan it (one warp scans 64 faster)
     block_c = block_c or min(next_power_of_2(C), 4096)
     warps = warps or (8 if block_c >= 2048 else 4 if block_c >= 512 else 1)
     block_k = block_k or (256 if warps >= 4 and srt.numel() > 256 * N else 64)
     launch(_ctc_grad_kernel)[(T * N,)](
-        x, grad, lse, table, logp, grad_out, gloss_stride, weights, srt, meta, N, T, C,
+        x, grad, lse, table, logp, grad_out, 0 if reduced else grad_out.stride(0), weights, srt, meta, N, T, C,
         x.stride(0), x.stride(1), x.stride(2), grad.stride(0), grad.stride(1), grad.stride(2), blank,
         IS_LOGITS=logits, REDUCED=reduced, BLOCK_C=block_c, BLOCK_K=block_k, num_warps=warps,
     )  # fmt: skip

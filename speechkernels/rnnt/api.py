@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from .._loss_inputs import REDUCTIONS, Lengths, batch_lengths, check_labels, check_lengths, check_targets
-from .._op import LossModule, LossOp, scaled_gradient
+from .._op import LossModule, LossOp
 from .._utils import INDEX_DTYPES, as_bool, as_choice, as_float, as_int, check_float_input, optional_kernels, use_triton
 from .reference import RNNT_TYPES, reduce_loss, rnnt_losses_reference
 
@@ -80,17 +80,6 @@ _INPUTS = (
 )
 
 
-# Up to this many logits, the forward also computes the gradient for a unit upstream gradient and the backward
-# scales it (one torch op instead of a launch and its arguments), as warp-rnnt does: these problems are
-# host-bound, and their gradient is small to keep from the forward to the backward. Larger ones, and
-# reuse_logits_for_grad (which writes the gradient over the logits), compute it in the backward.
-GRAD_IN_FORWARD_MAX = 1 << 24
-
-
-def _grad_in_forward(x: torch.Tensor, need_grad: bool, reuse_logits: bool) -> bool:
-    return need_grad and not reuse_logits and x.numel() <= GRAD_IN_FORWARD_MAX
-
-
 def _forward(x, targets, il, tl, blank, fused, fastemit_lambda, loss_scale, clamp, rna, need_grad, validate,
              reuse_logits, reduction):  # fmt: skip
     """The forward kernels (the loss with its batch reduction), after the device-side check of lengths and
@@ -98,14 +87,8 @@ def _forward(x, targets, il, tl, blank, fused, fastemit_lambda, loss_scale, clam
     N, T, U1, V = x.shape
     if validate:
         validate_on_device(T, U1 - 1, V, targets, il, tl, blank)
-    out, state = kernels.rnnt_forward(x, targets, il, tl, blank, fused, loss_scale, rna, need_grad, reduction,
-                                      not reuse_logits)  # fmt: skip
-    if _grad_in_forward(x, need_grad, reuse_logits):
-        grad = kernels.rnnt_backward(None, x, targets, il, tl, state, blank, fused, fastemit_lambda, clamp, rna,
-                                     reduction)  # fmt: skip
-    else:
-        grad = x.new_empty(0)
-    return out, (grad, *state)
+    return kernels.rnnt_forward(x, targets, il, tl, blank, fused, loss_scale, rna, need_grad, reduction,
+                                not reuse_logits)  # fmt: skip
 
 
 def state_fake(like: torch.Tensor, N: int, reduction: str, lse_cells: int, occ_floats: int) -> tuple:
@@ -120,17 +103,13 @@ def _forward_fake(x, targets, il, tl, blank, fused, fastemit_lambda, loss_scale,
                   reuse_logits, reduction):  # fmt: skip
     N, T, U1, _ = x.shape
     cells = N * T * U1
-    out, *state = state_fake(x, N, reduction, cells if fused and not reuse_logits else 0, 2 * cells)
-    grad = torch.empty_like(x) if _grad_in_forward(x, need_grad, reuse_logits) else x.new_empty(0)
-    return out, grad, *state
+    return state_fake(x, N, reduction, cells if fused and not reuse_logits else 0, 2 * cells)
 
 
-def _backward(grad_loss, x, targets, il, tl, grad, lse, occ, logp, blank, fused, fastemit_lambda, clamp, rna,
-              reduction, reuse_logits):  # fmt: skip
-    """The gradient computed in the forward, scaled; else from the stored edge occupancies; with ``reuse_logits``
-    (eager mode only) written over the logits."""
-    if grad.dim() > 1:
-        return scaled_gradient(grad, grad_loss, 0)
+def _backward(grad_loss, x, targets, il, tl, lse, occ, logp, blank, fused, fastemit_lambda, clamp, rna, reduction,
+              reuse_logits):  # fmt: skip
+    """The gradient from the stored edge occupancies; with ``reuse_logits`` (eager mode only) written over the
+    logits."""
     args = (blank, fused, fastemit_lambda, clamp, rna, reduction)
     if not reuse_logits:
         return kernels.rnnt_backward(grad_loss, x, targets, il, tl, (lse, occ, logp), *args)
@@ -144,10 +123,10 @@ def _backward(grad_loss, x, targets, il, tl, grad, lse, occ, logp, blank, fused,
     return grad
 
 
-# state: the gradient (or empty), log-sum-exps, edge occupancies, log p per sample
+# state: log-sum-exps, edge occupancies, log p per sample
 RNNT_LOSS_OP = None
 if kernels is not None:
-    RNNT_LOSS_OP = LossOp("speechkernels::rnnt_loss", _INPUTS, _forward, _forward_fake, _backward, n_state=4, grads="x")
+    RNNT_LOSS_OP = LossOp("speechkernels::rnnt_loss", _INPUTS, _forward, _forward_fake, _backward, n_state=3, grads="x")
 
 
 def rnnt_loss(

@@ -66,9 +66,8 @@ def grad_cells(il_ptr, tl_ptr, logp_ptr, gloss_ptr, gloss_stride, gscale, T, U1,
     logp = tl.load(logp_ptr + n)
     active = tl.where((t < T_n) & (logp != float("-inf")), in_range & (u <= U_n), False)
     has_label = active & (u < U_n)
-    # a negative stride: a unit upstream gradient (the gradient computed in the forward, scaled afterwards)
-    g = tl.load(gloss_ptr + n * tl.maximum(gloss_stride, 0), mask=gloss_stride >= 0, other=1.0).to(tl.float32)
-    g = g * gscale + tl.where(active, logp - logp, 0.0).to(tl.float32)
+    g = tl.load(gloss_ptr + n * gloss_stride).to(tl.float32) * gscale
+    g = g + tl.where(active, logp - logp, 0.0).to(tl.float32)
     return o_r, n, t, u, in_range, T_n, U_n, logp, active, has_label, g
 
 
@@ -715,7 +714,7 @@ def rnnt_recursions(
 
 
 def rnnt_backward(
-    grad_out: torch.Tensor | None,
+    grad_out: torch.Tensor,
     x: torch.Tensor,
     targets: torch.Tensor,
     logit_lengths: torch.Tensor,
@@ -731,20 +730,15 @@ def rnnt_backward(
     recompute_lse: bool = False,
 ) -> torch.Tensor:
     """Gradient of the loss with respect to x, in x's dtype: of sum(grad_out * loss) for reduction "none"
-    (grad_out: [N]), else of grad_out * the sum or batch mean (grad_out: 0-dim); ``grad_out=None``: a unit upstream
-    gradient (1 for every sample, or for the reduction). Into ``out`` when given, which may be x's own storage
-    (each cell's logits are read before its gradient is written). ``state``: the forward's (log-sum-exps, edge
-    occupancies, log2 p)."""
+    (grad_out: [N]), else of grad_out * the sum or batch mean (grad_out: 0-dim). Into ``out`` when given, which
+    may be x's own storage (each cell's logits are read before its gradient is written). ``state``: the
+    forward's (log-sum-exps, edge occupancies, log2 p)."""
     N, T, U1, V = x.shape
     lse, occ, logp = state
     grad = out if out is not None else kernel_output_like(x)
     block_r, block_v, warps = _row_blocks(U1, V)
-    if grad_out is None:  # a negative stride: the kernel reads no upstream gradient
-        grad_out, gloss_stride = occ, -1
-    else:
-        gloss_stride = grad_out.stride(0) if reduction == "none" else 0
     launch(_rnnt_grad_kernel)[(N * T, triton.cdiv(U1, block_r))](
-        x, grad, lse, occ, logp, grad_out, gloss_stride,
+        x, grad, lse, occ, logp, grad_out, grad_out.stride(0) if reduction == "none" else 0,
         1.0 / N if reduction == "mean" else 1.0, targets, logit_lengths, target_lengths,
         T, U1, V,
         x.stride(0), x.stride(1), x.stride(2), x.stride(3),
