@@ -207,7 +207,7 @@ def main():
 
     out["native autograd step (two sums)"] = us(native_step)
     with torch.autograd.set_multithreading_enabled(False):
-        out["  same, autograd on the calling thread"] = us(native_step)
+        out["  same, native, autograd on the calling thread"] = us(native_step)
     out["autograd.Function step (1 op each way) + sum"] = us(one_op_step)
     with torch.autograd.set_multithreading_enabled(False):
         out["  same, autograd on the calling thread"] = us(one_op_step)
