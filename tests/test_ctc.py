@@ -13,7 +13,9 @@ from helpers import check_compiled_matches_eager, check_graph_replay_matches_eag
 
 import speechkernels as sk
 from speechkernels import _utils as utils
+from speechkernels.ctc import api as ctc_api
 from speechkernels.ctc import kernels
+from speechkernels.ctc import reference as ctc_reference
 from speechkernels.ctc.reference import ctc_loss_reference, ctc_losses_reference
 
 F32 = (torch.float32, 1e-5, 1e-5)  # dtype, loss rtol, gradient atol
@@ -124,6 +126,89 @@ def test_reference_is_cpu_path_for_float64():
     out = sk.ctc_loss(x, padded, il, tl, reduction="sum")
     theirs = torch.nn.functional.ctc_loss(x, padded, il, tl, reduction="sum")
     torch.testing.assert_close(out, theirs)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the PyTorch path (the scaled recursion) against the log-space reference
+
+
+def _awkward_problem(seed, logits, dtype):
+    """Ragged lengths, junk labels, impossible samples, and (by seed) NaN and infinite scores at frames read and
+    not read, and wide score ranges."""
+    g = torch.Generator().manual_seed(seed)
+    T, N, C, S = (int(torch.randint(lo, hi, (1,), generator=g)) for lo, hi in ((1, 30), (1, 6), (2, 9), (0, 10)))
+    x = torch.randn(T, N, C, generator=g, dtype=torch.float64) * (1 + 3 * float(torch.rand(1, generator=g)))
+    if not logits:
+        x = x.log_softmax(-1)
+    tg = torch.randint(-2, C + 2, (N, S), generator=g)
+    il, tl = torch.randint(0, T + 1, (N,), generator=g), torch.randint(0, S + 1, (N,), generator=g)
+    if seed % 7 == 0:
+        x[0, 0, 1 % C] = math.nan
+    if seed % 5 == 0:
+        x[min(1, T - 1), -1, 0] = -math.inf
+    if seed % 4 == 0:
+        x[-1] = math.nan  # past some samples' input lengths
+    if seed % 11 == 0:
+        x = x * 300
+    if seed % 13 == 0:
+        x[0, 0, 0] = math.inf
+    return x.to(dtype), tg, il, tl
+
+
+@pytest.mark.parametrize("logits", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_cpu_path_matches_reference(logits, dtype):
+    """Loss, gradient and where NaN and inf appear, against the log-space reference on the same (float64) scores:
+    float64 to 1e-9; float32 within its log_softmax's rounding."""
+    tol = 1e-9 if dtype == torch.float64 else 2e-6
+    for seed in range(60):
+        x, tg, il, tl = _awkward_problem(seed, logits, dtype)
+        ref_loss, ref_grad = ctc_reference._reference_on(x.double(), tg, il, tl, 0, True, logits)
+        loss, grad = ctc_reference.ctc_forward_backward_scaled(x, tg, il, tl, 0, True, logits)
+        assert grad.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+        torch.testing.assert_close(loss, ref_loss, rtol=tol, atol=tol, equal_nan=True)
+        torch.testing.assert_close(grad.double(), ref_grad, rtol=0, atol=tol, equal_nan=True)
+
+
+def test_cpu_path_recomputes_what_it_cannot_scale(monkeypatch):
+    """Normalised every few frames, the scaled recursion hands nothing to the log-space reference. Never
+    normalised, uniform scores over 1000 frames and 300 labels count more alignments than float64 holds (about
+    1e367): the check must see it and hand those samples over, and the results are the reference's either way."""
+    calls = []
+    real = ctc_reference.ctc_forward_backward_reference
+
+    def spy(lp, *args, **kwargs):
+        calls.append(lp.shape[1])
+        return real(lp, *args, **kwargs)
+
+    monkeypatch.setattr(ctc_reference, "ctc_forward_backward_reference", spy)
+    x, padded, il, tl = make_problem(3, 300, 3, 6, 40, dtype=torch.float64)
+    lp = x.log_softmax(-1)
+    uniform = torch.zeros(1000, 2, 5, dtype=torch.float64).log_softmax(-1)
+    long_labels = torch.randint(1, 5, (2, 300), generator=torch.Generator().manual_seed(0))
+    long_args = (long_labels, torch.tensor([1000, 1000]), torch.tensor([300, 290]), 0)
+    for every, problem, handed in ((8, (lp, padded, il, tl, 0), []), (10**6, (uniform, *long_args), [2])):
+        monkeypatch.setattr(ctc_reference, "NORMALISE_EVERY", every)
+        calls.clear()
+        loss, grad = ctc_reference.ctc_forward_backward_scaled(*problem)
+        assert calls == handed
+        ref_loss, ref_grad = real(*problem)
+        assert torch.isfinite(ref_loss).all()
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-11, atol=0)
+        torch.testing.assert_close(grad, ref_grad, rtol=0, atol=1e-11)
+
+
+@pytest.mark.parametrize("logits", [True, False])
+@pytest.mark.parametrize("layout", ["padded", "concatenated"])
+def test_cpu_path_public_api(monkeypatch, logits, layout):
+    """ctc_loss on the PyTorch path (no Triton) in float32, through autograd, against the float64 reference."""
+    monkeypatch.setattr(ctc_api, "kernels", None)
+    for seed in range(3):
+        x, padded, il, tl = make_problem(seed, 13, 4, 7, 5)
+        compare(x, padded, il, tl, logits=logits, layout=layout, seed=seed)
+    x, padded, il, tl = make_problem(4, 9, 3, 5, 4, impossible=True)
+    for reduction in ("none", "sum", "mean"):
+        compare(x, padded, il, tl, logits=logits, reduction=reduction, zero_infinity=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------

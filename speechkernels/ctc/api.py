@@ -15,7 +15,7 @@ from .._loss_inputs import (
 )
 from .._op import LossModule, LossOp
 from .._utils import as_bool, as_choice, as_int, check_float_input, optional_kernels, use_triton
-from .reference import ctc_losses_reference, read_log_softmax, reduce_loss
+from .reference import ctc_losses_cpu, reduce_loss
 
 kernels = optional_kernels(__package__ + ".kernels")
 
@@ -167,15 +167,13 @@ def ctc_loss(
 
 def _reference_losses(x, targets, il, tl, blank, padded, logits):
     """The PyTorch path: lengths clamped as the kernels clamp them, and labels in the reference (so that unchecked
-    input gives the kernels' numbers), targets padded, the scores of frames past each input length masked out (a
-    NaN there is not read and must not reach the gradient through log_softmax)."""
+    input gives the kernels' numbers), targets padded; with logits, the scores of frames past each input length are
+    not read (a NaN there reaches neither the loss nor the gradient)."""
     T, N, C = x.shape
     out_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     il = il.clamp(0, T)
     targets, lt = padded_labels(targets, tl, padded)
-    if logits:
-        x = read_log_softmax(x, il, lt)
-    return ctc_losses_reference(x, targets, il, lt, blank).to(out_dtype)
+    return ctc_losses_cpu(x, targets, il, lt, blank, logits).to(out_dtype)
 
 
 class CTCLoss(LossModule, loss=ctc_loss):

@@ -20,6 +20,8 @@ import torch
 from .._reference import LossWithGradient
 
 NEG_INF = float("-inf")
+NORMALISE_EVERY = 8  # frames between normalisations of the scaled recursion (float64: 700 nats of headroom)
+TOL = 1e-9  # largest deviation of a frame's occupancy sum from one that the scaled recursion accepts
 
 
 def _logsumexp3(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -103,6 +105,7 @@ def ctc_forward_backward_reference(
     end_label = torch.where(tl_ > 0, a_end.gather(1, (2 * tl_ - 1).clamp(min=0)[:, None])[:, 0], NEG_INF)
     logp = torch.logaddexp(end_blank, end_label)
     logp = torch.where(il == 0, torch.where(tl_ == 0, 0.0, NEG_INF).to(logp), logp)
+    logp = torch.where(tl_ > T, NEG_INF, logp)  # not read (below): a NaN in its recursion must not show
     # a NaN among the emissions a sample reads (its states' classes at its frames) makes its loss NaN, also where
     # no complete path passes through it (as the kernels count NaN emissions apart); a sample with more labels
     # than the tensor has frames is not read at all (its loss is inf)
@@ -126,6 +129,169 @@ def ctc_forward_backward_reference(
         occ = torch.where(feasible[:, None] & (t < il)[:, None], torch.exp(log_gamma), 0.0)
         grad[t].scatter_add_(1, ext_c, -occ)
     return loss, grad
+
+
+def ctc_forward_backward_scaled(
+    x: torch.Tensor,
+    targets: torch.Tensor,
+    input_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    blank: int = 0,
+    need_grad: bool = True,
+    logits: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``ctc_forward_backward_reference``'s results (to 1e-9 in float64), faster: the CPU path.
+
+    Args:
+        x: [T, N, C] log-probabilities, or with ``logits`` scores whose log_softmax is taken (in float32 for
+            float32/float16/bfloat16 scores, as the GPU kernels take it; frames past a sample's input length, and
+            samples with more labels than T, are not read).
+        targets, input_lengths, target_lengths, blank, need_grad: as ``ctc_forward_backward_reference``.
+
+    Returns:
+        loss: [N] float64; grad: the gradient of loss.sum() with respect to x (float64 for float64 x, else
+        float32): -occupancy for log-probabilities, softmax - occupancy for logits.
+
+    The recursion runs on probabilities in float64 rather than on logarithms: each frame's emissions divided by
+    their largest (exp(lp - max)), every NORMALISE_EVERY frames each row divided by its sum and the factor kept as
+    a logarithm, so that one step is three multiply-adds over the batch instead of a log-sum-exp. The backward
+    variables are the forward variables of the reversed problem (labels reversed, time reversed), run in the same
+    loop as a second half of the batch. A sample is recomputed by the log-space reference when that cannot be
+    exact: a NaN or an infinity among the scores it reads, a probability that underflowed (a path more than about
+    700 nats behind the others at one frame that later matters), or a zero total probability where an alignment
+    exists (-inf scores). The check of underflow is exact: the occupancies of every frame must sum to one (to
+    TOL); a dropped path that matters shows as a deficit at the frames after it was dropped.
+    """
+    T, N, C = x.shape
+    dev = x.device
+    f64 = dict(dtype=torch.float64, device=dev)
+    wd = torch.float64 if x.dtype == torch.float64 else torch.float32  # the gradient's dtype
+    if targets.shape[1] == 0:
+        targets = torch.zeros(N, 1, dtype=torch.int64, device=dev)
+    S = targets.shape[1]
+    Sp = 2 * S + 1
+    tl = target_lengths.to(device=dev, dtype=torch.int64)
+    il = input_lengths.to(device=dev, dtype=torch.int64)
+    if T == 0 or N == 0:
+        return _reference_on(x, targets, il, tl, blank, need_grad, logits)
+    xw = x.to(wd)
+    pos = torch.arange(S, device=dev)
+    in_seq = pos < tl[:, None]
+    labels = torch.where(in_seq, targets.to(device=dev, dtype=torch.int64), blank)
+    labels_rev = torch.where(in_seq, labels.gather(1, (tl[:, None] - 1 - pos).clamp(min=0)), blank)
+    lab2 = torch.cat((labels, labels_rev))  # [2N, S]: the forward problem, then the reversed one
+    ext = torch.full((2 * N, Sp), blank, dtype=torch.int64, device=dev)
+    ext[:, 1::2] = lab2
+    ext_c = ext.clamp(0, C - 1)
+    skip = torch.zeros((2 * N, Sp), **f64)
+    skip[:, 3::2] = lab2[:, 1:] != lab2[:, :-1]
+    skip[:, 1] = 1.0  # the first label is entered from the virtual start (the left pad)
+    t_ar = torch.arange(T, device=dev)
+    n_ar = torch.arange(N, device=dev)
+    live = t_ar[:, None] < il[None, :]  # [T, N]
+    t0 = T - il  # the reversed problem runs on time flipped over the whole tensor: it starts at frame T - T_n
+    p = torch.empty(T, 2 * N, Sp, **f64)
+    p[:, :N] = xw.gather(2, ext_c[:N][None].expand(T, N, Sp))
+    p[:, N:] = xw.gather(2, ext_c[N:][None].expand(T, N, Sp)).flip(0)
+    m = p.amax(2, keepdim=True)  # per frame and row: the largest score read (a log_softmax shift cancels in it)
+    p.sub_(m).exp_()
+    # frames past T_n (NaN included) emit nothing: the forward half's last ones, the reversed half's first ones
+    idle = torch.cat((~live, t_ar[:, None] < t0[None, :]), 1)
+    p.masked_fill_(idle[..., None], 0.0)
+    A = torch.empty(T + 1, 2 * N, Sp + 2, **f64)
+    A[:, :, :2].zero_()
+    A[0].zero_()
+    A[0, :N, 1] = 1.0
+    A[t0, N + n_ar, 1] = 1.0
+    sc = torch.ones(T, 2 * N, 1, **f64)
+    stays, steps, skips = A[:, :, 2:].unbind(0), A[:, :, 1:-1].unbind(0), A[:, :, :-2].unbind(0)
+    ps, scs = p.unbind(0), sc.unbind(0)
+    for t in range(T):
+        cur = stays[t + 1]
+        torch.add(stays[t], steps[t], out=cur)
+        cur.addcmul_(skips[t], skip)
+        cur.mul_(ps[t])
+        if (t + 1) % NORMALISE_EVERY == 0:
+            s_t = scs[t]
+            torch.sum(cur, 1, keepdim=True, out=s_t)
+            s_t.masked_fill_(s_t == 0, 1.0)  # rows before a reversed problem starts
+            cur.div_(s_t)
+    La = sc[..., 0].log_().cumsum(0)  # [T, 2N]: log of the factors taken out of rows 1..t+1
+    last = (il - 1).clamp(min=0)
+    a_end = A[il, n_ar, 2:]  # [N, Sp] alpha at frame T_n - 1 (row T_n)
+    Phat = a_end.gather(1, (2 * tl)[:, None])[:, 0] + torch.where(
+        tl > 0, a_end.gather(1, (2 * tl - 1).clamp(min=0)[:, None])[:, 0], 0.0
+    )
+    shift = m[:, :N, 0]
+    read = live & (tl <= T)[None, :]
+    if logits:
+        lse = torch.logsumexp(xw, 2)  # [T, N]
+        shift = shift - lse.to(torch.float64)
+        nan_read = (~torch.isfinite(lse) & read).any(0)
+    else:
+        nan_read = (shift.isnan() & read).any(0)
+    logP = Phat.log() + La[last, n_ar] + torch.where(live, shift, 0.0).sum(0)
+    repeats = ((labels[:, 1:] == labels[:, :-1]) & in_seq[:, 1:]).sum(1)
+    impossible = (il < tl + repeats) | (tl > T)
+    ok = ~impossible & ~nan_read & (Phat > 0) & torch.isfinite(logP)
+    loss = torch.where(impossible, float("inf"), -logP)
+    loss = torch.where((il == 0) & (tl == 0), 0.0, loss)
+    grad = None
+    if need_grad:
+        R = A[:-1, N:]  # row f: the reversed problem's alpha before flipped frame f (row t0: the virtual start)
+        pre = torch.empty(T, N, Sp + 1, **f64)
+        pre[:, :, Sp].zero_()
+        torch.add(R[:, :, 2:], R[:, :, 1:-1], out=pre[:, :, :Sp])
+        pre[:, :, :Sp].addcmul_(R[:, :, :-2], skip[N:])
+        s = torch.arange(Sp, device=dev)
+        sidx = 2 * tl[:, None] - s[None, :]
+        sidx = torch.where(sidx >= 0, sidx, Sp)  # states past the sample's last read the zero column
+        beta = pre.flip(0).gather(2, sidx[None].expand(T, N, Sp))
+        Lb = torch.cat((torch.zeros(1, N, **f64), La[:-1, N:])).flip(0)
+        fac = torch.where(live, torch.exp(La[:, :N] + Lb - La[last, n_ar] - Phat.log()), 0.0)
+        gamma = beta.mul_(A[1:, :N, 2:]).mul_(fac[..., None])
+        dev_n = torch.where(live, gamma.sum(2) - 1.0, 0.0).abs().amax(0)
+        ok = ok & (dev_n < TOL)
+        if not bool(ok.all()):
+            gamma[:, ~ok] = 0.0
+        if logits:  # softmax - occupancy on the frames read, of the samples with an alignment
+            keep = read & ~impossible[None, :]
+            grad = torch.where(keep[..., None], torch.softmax(xw, 2), 0.0)
+        else:
+            grad = torch.zeros(T, N, C, dtype=wd, device=dev)
+        grad.scatter_add_(2, ext_c[:N][None].expand(T, N, Sp), gamma.neg_().to(wd))
+    redo = (~ok & ~impossible & (il > 0)) | nan_read
+    if bool(redo.any()):
+        idx = redo.nonzero()[:, 0]
+        l2, g2 = _reference_on(x.index_select(1, idx), targets.index_select(0, idx), il[idx], tl[idx], blank,
+                               need_grad, logits)  # fmt: skip
+        loss[idx] = l2
+        if need_grad:
+            grad[:, idx] = g2.to(wd)
+    return loss, grad
+
+
+def _reference_on(x, targets, il, tl, blank, need_grad, logits):
+    """``ctc_forward_backward_reference`` on log-probabilities, or on logits through ``read_log_softmax`` with the
+    gradient taken back through it (g - softmax * sum(g), log_softmax's derivative)."""
+    if not logits:
+        return ctc_forward_backward_reference(x, targets, il, tl, blank, need_grad)
+    lp = read_log_softmax(x, il, tl)
+    loss, g = ctc_forward_backward_reference(lp, targets, il, tl, blank, need_grad)
+    if g is not None:
+        g = g - lp.exp() * g.sum(2, keepdim=True)
+    return loss, g
+
+
+def ctc_losses_cpu(x, targets, input_lengths, target_lengths, blank, logits: bool = False) -> torch.Tensor:
+    """Per-sample CTC losses with the gradient of ``ctc_forward_backward_scaled``, differentiable with respect to
+    x (log-probabilities, or with ``logits`` scores): the PyTorch path of ``ctc_loss``."""
+
+    def compute(v):
+        return ctc_forward_backward_scaled(v, targets, input_lengths, target_lengths, blank,
+                                           need_grad=v.requires_grad, logits=logits)  # fmt: skip
+
+    return LossWithGradient.apply(x, compute, 1)
 
 
 def ctc_losses_reference(log_probs, targets, input_lengths, target_lengths, blank) -> torch.Tensor:
