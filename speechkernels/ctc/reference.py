@@ -15,6 +15,8 @@ normalised). Samples with no valid alignment get an infinite loss and a zero gra
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from .._reference import LossWithGradient
@@ -22,6 +24,29 @@ from .._reference import LossWithGradient
 NEG_INF = float("-inf")
 NORMALISE_EVERY = 8  # frames between normalisations of the scaled recursion (float64: 700 nats of headroom)
 TOL = 1e-9  # largest deviation of a frame's occupancy sum from one that the scaled recursion accepts
+SCRATCH_BYTES = 256 * 2**20  # the scaled recursion's buffers kept between calls, per thread, up to this size
+
+
+class _Scratch(threading.local):
+    """The scaled recursion's working buffers, kept per thread between calls: fresh pages cost more than the
+    arithmetic on them (a first touch of each page; measured as half the time of a T=150, N=8 step)."""
+
+    def __init__(self) -> None:
+        self.buffers: dict = {}
+
+    def take(self, slot: str, shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
+        n = 1
+        for d in shape:
+            n *= d
+        if n * dtype.itemsize > SCRATCH_BYTES or torch.device(device).type != "cpu":
+            return torch.empty(shape, dtype=dtype, device=device)
+        buf = self.buffers.get((slot, dtype))
+        if buf is None or buf.numel() < n:
+            buf = self.buffers[(slot, dtype)] = torch.empty(n, dtype=dtype)
+        return buf[:n].view(shape)
+
+
+_SCRATCH = _Scratch()
 
 
 def _logsumexp3(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -190,39 +215,48 @@ def ctc_forward_backward_scaled(
     n_ar = torch.arange(N, device=dev)
     live = t_ar[:, None] < il[None, :]  # [T, N]
     t0 = T - il  # the reversed problem runs on time flipped over the whole tensor: it starts at frame T - T_n
-    p = torch.empty(T, 2 * N, Sp, **f64)
-    p[:, :N] = xw.gather(2, ext_c[:N][None].expand(T, N, Sp))
-    p[:, N:] = xw.gather(2, ext_c[N:][None].expand(T, N, Sp)).flip(0)
-    m = p.amax(2, keepdim=True)  # per frame and row: the largest score read (a log_softmax shift cancels in it)
+    rev_t = torch.arange(T - 1, -1, -1, device=dev)
+    take = _SCRATCH.take
+    # emissions [2, T, N, Sp]: the forward problem's, then the reversed problem's on flipped time
+    p = take("p", (2, T, N, Sp), torch.float64, dev)
+    g = take("g", (T, N, Sp), wd, dev)
+    torch.gather(xw, 2, ext_c[:N][None].expand(T, N, Sp), out=g)
+    p[0].copy_(g)
+    torch.gather(xw, 2, ext_c[N:][None].expand(T, N, Sp), out=g)
+    torch.index_select(g, 0, rev_t, out=p[1]) if wd == torch.float64 else p[1].copy_(g.index_select(0, rev_t))
+    m = p.amax(3, keepdim=True)  # per frame and row: the largest score read (a log_softmax shift cancels in it)
     p.sub_(m).exp_()
     # frames past T_n (NaN included) emit nothing: the forward half's last ones, the reversed half's first ones
-    idle = torch.cat((~live, t_ar[:, None] < t0[None, :]), 1)
+    idle = torch.stack((~live, t_ar[:, None] < t0[None, :]))
     p.masked_fill_(idle[..., None], 0.0)
-    A = torch.empty(T + 1, 2 * N, Sp + 2, **f64)
-    A[:, :, :2].zero_()
+    A = take("A", (T + 1, 2, N, Sp + 2), torch.float64, dev)
+    A[:, :, :, :2].zero_()
     A[0].zero_()
-    A[0, :N, 1] = 1.0
-    A[t0, N + n_ar, 1] = 1.0
-    sc = torch.ones(T, 2 * N, 1, **f64)
-    stays, steps, skips = A[:, :, 2:].unbind(0), A[:, :, 1:-1].unbind(0), A[:, :, :-2].unbind(0)
-    ps, scs = p.unbind(0), sc.unbind(0)
+    A[0, 0, :, 1] = 1.0
+    A[t0, 1, n_ar, 1] = 1.0
+    sc = torch.ones(T, 2, N, 1, **f64)
+    skip2 = skip.view(2, N, Sp)
+    stays, steps, skips = A[..., 2:].unbind(0), A[..., 1:-1].unbind(0), A[..., :-2].unbind(0)
+    ps, scs = p.unbind(1), sc.unbind(0)
     for t in range(T):
         cur = stays[t + 1]
         torch.add(stays[t], steps[t], out=cur)
-        cur.addcmul_(skips[t], skip)
+        cur.addcmul_(skips[t], skip2)
         cur.mul_(ps[t])
         if (t + 1) % NORMALISE_EVERY == 0:
             s_t = scs[t]
-            torch.sum(cur, 1, keepdim=True, out=s_t)
+            torch.sum(cur, 2, keepdim=True, out=s_t)
             s_t.masked_fill_(s_t == 0, 1.0)  # rows before a reversed problem starts
             cur.div_(s_t)
+    sc = sc.view(T, 2 * N, 1)
+    m = m.view(2, T, N)
     La = sc[..., 0].log_().cumsum(0)  # [T, 2N]: log of the factors taken out of rows 1..t+1
     last = (il - 1).clamp(min=0)
-    a_end = A[il, n_ar, 2:]  # [N, Sp] alpha at frame T_n - 1 (row T_n)
+    a_end = A[il, 0, n_ar, 2:]  # [N, Sp] alpha at frame T_n - 1 (row T_n)
     Phat = a_end.gather(1, (2 * tl)[:, None])[:, 0] + torch.where(
         tl > 0, a_end.gather(1, (2 * tl - 1).clamp(min=0)[:, None])[:, 0], 0.0
     )
-    shift = m[:, :N, 0]
+    shift = m[0]
     read = live & (tl <= T)[None, :]
     if logits:
         lse = torch.logsumexp(xw, 2)  # [T, N]
@@ -238,18 +272,22 @@ def ctc_forward_backward_scaled(
     loss = torch.where((il == 0) & (tl == 0), 0.0, loss)
     grad = None
     if need_grad:
-        R = A[:-1, N:]  # row f: the reversed problem's alpha before flipped frame f (row t0: the virtual start)
-        pre = torch.empty(T, N, Sp + 1, **f64)
+        # the reversed problem's values before each flipped frame f (row f of A; row t0: the virtual start),
+        # brought back to the original frames (flipped again) and states (s' = 2 L - s; past the last: zero)
+        R = take("R", (T, N, Sp + 2), torch.float64, dev)
+        torch.index_select(A[:-1, 1], 0, rev_t, out=R)
+        pre = take("pre", (T, N, Sp + 1), torch.float64, dev)
         pre[:, :, Sp].zero_()
         torch.add(R[:, :, 2:], R[:, :, 1:-1], out=pre[:, :, :Sp])
         pre[:, :, :Sp].addcmul_(R[:, :, :-2], skip[N:])
         s = torch.arange(Sp, device=dev)
         sidx = 2 * tl[:, None] - s[None, :]
-        sidx = torch.where(sidx >= 0, sidx, Sp)  # states past the sample's last read the zero column
-        beta = pre.flip(0).gather(2, sidx[None].expand(T, N, Sp))
+        sidx = torch.where(sidx >= 0, sidx, Sp)
+        gamma = take("gamma", (T, N, Sp), torch.float64, dev)
+        torch.gather(pre, 2, sidx[None].expand(T, N, Sp), out=gamma)
         Lb = torch.cat((torch.zeros(1, N, **f64), La[:-1, N:])).flip(0)
         fac = torch.where(live, torch.exp(La[:, :N] + Lb - La[last, n_ar] - Phat.log()), 0.0)
-        gamma = beta.mul_(A[1:, :N, 2:]).mul_(fac[..., None])
+        gamma.mul_(A[1:, 0, :, 2:]).mul_(fac[..., None])
         dev_n = torch.where(live, gamma.sum(2) - 1.0, 0.0).abs().amax(0)
         ok = ok & (dev_n < TOL)
         if not bool(ok.all()):
@@ -259,7 +297,8 @@ def ctc_forward_backward_scaled(
             grad = torch.where(keep[..., None], torch.softmax(xw, 2), 0.0)
         else:
             grad = torch.zeros(T, N, C, dtype=wd, device=dev)
-        grad.scatter_add_(2, ext_c[:N][None].expand(T, N, Sp), gamma.neg_().to(wd))
+        occ = gamma.neg_() if wd == torch.float64 else g.copy_(gamma.neg_())
+        grad.scatter_add_(2, ext_c[:N][None].expand(T, N, Sp), occ)
     redo = (~ok & ~impossible & (il > 0)) | nan_read
     if bool(redo.any()):
         idx = redo.nonzero()[:, 0]
