@@ -3,8 +3,8 @@
 python benchmarks/host_profile_rnnt.py [--rows 150x40x28x16]: CPU microseconds per forward+backward step of
 speechkernels (with and without validation, per-sample and batch-mean losses), of the peers and of two floors (a
 skeleton autograd.Function with and without a validation read: the least host work such a loss can do), with and
-without a synchronisation after each step, of rnnt_loss's argument checks alone, then a cProfile of the speechkernels step with the autograd engine
-kept on the calling thread (so that the backward's Python shows up).
+without a synchronisation after each step, of rnnt_loss's argument checks alone, then a cProfile of the
+speechkernels step with the autograd engine kept on the calling thread (so that the backward's Python shows up).
 """
 
 from __future__ import annotations

@@ -1,3 +1,6 @@
+"""Benchmarks of every capability against its peers:
+python -m speechkernels.bench {ctc,rnnt,joint,tdt,align,wavenet,all}."""
+
 import argparse
 import sys
 
