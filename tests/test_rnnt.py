@@ -11,7 +11,9 @@ import torch
 from helpers import check_batch_halves, check_compiled_matches_eager, check_graph_replay_matches_eager
 
 import speechkernels as sk
+from speechkernels.rnnt import api as rnnt_api
 from speechkernels.rnnt import kernels
+from speechkernels.rnnt import reference as rnnt_reference
 from speechkernels.rnnt.reference import rnnt_forward_backward_reference, rnnt_losses_reference
 
 F32 = (torch.float32, 1e-5, 1e-5)  # dtype, loss rtol, gradient atol
@@ -131,9 +133,78 @@ def test_fastemit_and_clamp_by_hand():
 # the public function
 
 
+def _awkward_problem(seed, fused, dtype):
+    """Ragged lengths (no frames, no labels), junk labels, any blank, and (by seed) NaN and -inf scores read and
+    not read, wide score ranges."""
+    g = torch.Generator().manual_seed(seed)
+    N, T, U, V = (int(torch.randint(lo, hi, (1,), generator=g)) for lo, hi in ((1, 5), (1, 12), (0, 7), (2, 7)))
+    x = torch.randn(N, T, U + 1, V, generator=g, dtype=torch.float64) * (1 + 2 * float(torch.rand(1, generator=g)))
+    if not fused:
+        x = x.log_softmax(-1)
+    blank = int(torch.randint(0, V, (1,), generator=g))
+    tg = torch.randint(-1, V + 1, (N, U), generator=g)
+    il, tl = torch.randint(0, T + 1, (N,), generator=g), torch.randint(0, U + 1, (N,), generator=g)
+    if seed % 7 == 0:
+        x[0, 0, 0, 0] = math.nan
+    if seed % 5 == 0:
+        x[-1, -1, -1, :] = math.nan  # past some samples' lattices
+    if seed % 9 == 0:
+        x[0, 0, 0, blank] = -math.inf
+    if seed % 11 == 0:
+        x = x * 400
+    return x.to(dtype), tg, il, tl, blank
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_cpu_path_matches_reference(fused, dtype):
+    """The scaled recursion against the log-space reference on the same (float64) scores, with FastEmit, clamp
+    and both loss scales: float64 to 1e-9; float32 within its log-sum-exp's rounding."""
+    tol = 1e-9 if dtype == torch.float64 else 2e-6
+    for seed in range(60):
+        x, tg, il, tl, blank = _awkward_problem(seed, fused, dtype)
+        extra = (0.3 if seed % 3 == 0 else 0.0, 0.5 if seed % 4 == 0 else -1.0, "rnnt")
+        ref_loss, ref_grad = rnnt_forward_backward_reference(x.double(), tg, il, tl, blank, fused, *extra,
+                                                             fastemit_loss_scale=seed % 2 == 1)  # fmt: skip
+        loss, grad = rnnt_reference.rnnt_forward_backward_scaled(x, tg, il, tl, blank, fused, *extra,
+                                                                 fastemit_loss_scale=seed % 2 == 1)  # fmt: skip
+        assert grad.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+        torch.testing.assert_close(loss, ref_loss, rtol=tol, atol=tol, equal_nan=True)
+        torch.testing.assert_close(grad.double(), ref_grad, rtol=0, atol=tol, equal_nan=True)
+
+
+def test_cpu_path_recomputes_what_it_cannot_scale(monkeypatch):
+    """Normalised every few diagonals, the scaled recursion hands nothing to the log-space reference. Never
+    normalised, two equally likely classes on a 1000 x 400 lattice count more paths than float64 holds (about
+    1e363): the check must see it and hand the sample over, and the results are the reference's either way."""
+    calls = []
+    real = rnnt_reference.rnnt_forward_backward_reference
+
+    def spy(x, *args, **kwargs):
+        calls.append(x.shape[0])
+        return real(x, *args, **kwargs)
+
+    monkeypatch.setattr(rnnt_reference, "rnnt_forward_backward_reference", spy)
+    x, targets, il, tl, blank = make_problem(3, 3, 40, 12, 6)
+    uniform = torch.zeros(1, 1000, 401, 2, dtype=torch.float64)
+    long_args = (torch.zeros(1, 400, dtype=torch.long), torch.tensor([1000]), torch.tensor([400]), 1)
+    for every, problem, handed in ((8, (x, targets, il, tl, blank), []), (10**6, (uniform, *long_args), [1])):
+        monkeypatch.setattr(rnnt_reference, "NORMALISE_EVERY", every)
+        calls.clear()
+        loss, grad = rnnt_reference.rnnt_forward_backward_scaled(*problem)
+        assert calls == handed
+        ref_loss, ref_grad = real(*problem)
+        assert torch.isfinite(ref_loss).all()
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-11, atol=0)
+        torch.testing.assert_close(grad, ref_grad, rtol=0, atol=1e-11)
+
+
 @pytest.mark.parametrize("rnnt_type", ["rnnt", "rna"])
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
-def test_rnnt_loss_matches_reference_float32(rnnt_type, reduction):
+@pytest.mark.parametrize("path", ["default", "pytorch"])  # under TRITON_INTERPRET=1 the default is the kernels
+def test_rnnt_loss_matches_reference_float32(rnnt_type, reduction, path, monkeypatch):
+    if path == "pytorch":
+        monkeypatch.setattr(rnnt_api, "kernels", None)
     x, targets, il, tl, blank = make_problem(5, 4, 7, 3, 6, dtype=torch.float32)
     xs = x.clone().requires_grad_()
     out = sk.rnnt_loss(xs, targets, il, tl, blank=blank, reduction=reduction, rnnt_type=rnnt_type)

@@ -8,7 +8,7 @@ import torch
 from .._loss_inputs import REDUCTIONS, Lengths, batch_lengths, check_labels, check_lengths, check_targets
 from .._op import LossModule, LossOp
 from .._utils import INDEX_DTYPES, as_bool, as_choice, as_float, as_int, check_float_input, optional_kernels, use_triton
-from .reference import RNNT_TYPES, reduce_loss, rnnt_losses_reference
+from .reference import RNNT_TYPES, reduce_loss, rnnt_losses_cpu
 
 kernels = optional_kernels(__package__ + ".kernels")
 
@@ -227,7 +227,7 @@ def rnnt_loss(
     il, tl = il.long(), tl.long()
     if validate:
         check_contents(T, U1 - 1, V, targets, il, tl, blank)
-    loss = rnnt_losses_reference(
+    loss = rnnt_losses_cpu(
         logits, targets, il, tl, blank, fused_log_softmax, fastemit_lambda, clamp, rnnt_type, fastemit_loss_scale
     )
     return reduce_loss(loss, reduction)

@@ -31,6 +31,8 @@ from .._reference import LossWithGradient
 
 NEG_INF = float("-inf")
 RNNT_TYPES = ("rnnt", "rna")
+NORMALISE_EVERY = 8  # diagonals between normalisations of the scaled recursion (float64: 700 nats of headroom)
+TOL = 1e-9  # largest deviation of a diagonal's occupancy sum from one that the scaled recursion accepts
 
 
 def lattice_log_probs(
@@ -186,6 +188,180 @@ def rnnt_forward_backward_reference(
     # cells a sample does not read get no gradient, even where their scores are NaN (softmax * 0 above)
     grad = torch.where(has_edges[:, :T, :, None], grad, 0.0)
     return loss, grad
+
+
+def rnnt_forward_backward_scaled(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    blank: int,
+    fused_log_softmax: bool = True,
+    fastemit_lambda: float = 0.0,
+    clamp: float = -1.0,
+    rnnt_type: str = "rnnt",
+    need_grad: bool = True,
+    fastemit_loss_scale: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``rnnt_forward_backward_reference``'s results (to 1e-9 in float64), faster: the CPU path. The gradient is
+    float64 for float64 logits, else float32 (the log-sum-exp over the classes too, as the GPU kernels take it).
+
+    The recursion runs on probabilities in float64 along the anti-diagonals t + u = d (both edges leaving a
+    diagonal reach the next one): one diagonal is two ops over the batch, a multiplication by the blank edges'
+    probabilities and a shifted multiply-add of the label edges'. Each diagonal's edges are divided by the
+    largest of them and every NORMALISE_EVERY diagonals each row is divided by its sum, the factors kept as
+    logarithms. The backward variables are the forward variables of the reversed lattice ((t, u) -> (T_n - t,
+    U_n - u)), run in the same loop as a second half of the batch. Every path crosses each diagonal once, so the
+    occupancies of the edges leaving a diagonal must sum to one (to TOL): an underflow that matters shows there.
+    Such samples, samples with a NaN or an infinity among what they read, with no frames, or with zero
+    probability, and the RNA lattice go to the log-space reference.
+    """
+    x = logits
+    N, T, U1, V = x.shape
+    dev = x.device
+    f64 = dict(dtype=torch.float64, device=dev)
+    wd = torch.float64 if x.dtype == torch.float64 else torch.float32
+    T_n = logit_lengths.to(dev, torch.long).clamp(0, T)
+    U_n = target_lengths.to(dev, torch.long).clamp(0, U1 - 1)
+    if rnnt_type != "rnnt" or N == 0 or T == 0:
+        return rnnt_forward_backward_reference(x, targets, T_n, U_n, blank, fused_log_softmax, fastemit_lambda,
+                                               clamp, rnnt_type, need_grad, fastemit_loss_scale)  # fmt: skip
+    U = U1 - 1
+    xw = x.to(wd)
+    u_ar = torch.arange(U1, device=dev)
+    t_ar = torch.arange(T + 1, device=dev)
+    valid_label = u_ar[None, :U] < U_n[:, None]
+    tg = torch.where(valid_label, targets.to(dev).long().clamp(0, V - 1), 0)
+    # edge log-weights [N, T + 1, U + 1] in float64 (row T: no edges)
+    wb = torch.full((N, T + 1, U1), NEG_INF, **f64)
+    we = torch.full((N, T + 1, U1), NEG_INF, **f64)
+    wb[:, :T] = xw[..., blank]
+    we[:, :T, :U] = xw[:, :, :U].gather(3, tg[:, None, :, None].expand(N, T, U, 1))[..., 0]
+    lse = None
+    if fused_log_softmax:
+        lse = torch.logsumexp(xw, 3)  # [N, T, U1]
+        wb[:, :T] -= lse
+        we[:, :T] -= lse
+    has_edges = (t_ar[None, :, None] < T_n[:, None, None]) & (u_ar[None, None, :] <= U_n[:, None, None])
+    emits = has_edges & (u_ar[None, None, :] < U_n[:, None, None])
+    wb = wb.masked_fill(~has_edges, NEG_INF)
+    we = we.masked_fill(~emits, NEG_INF)
+    bad = (wb.isnan() | (wb == float("inf")) | we.isnan() | (we == float("inf"))).flatten(1).any(1)
+    if lse is not None:
+        bad |= (~torch.isfinite(lse) & has_edges[:, :T]).flatten(1).any(1)
+    # the reversed lattice: node (t', u') is (T_n - t', U_n - u'); its blank edge from (t', u') is the original
+    # one into (T_n - t', U_n - u'), its label edge the original one into it from the left
+    tb = T_n[:, None] - 1 - t_ar[None, :]  # [N, T+1]
+    ub = U_n[:, None] - u_ar[None, :]  # [N, U1]
+    te = T_n[:, None] - t_ar[None, :]
+    ue = U_n[:, None] - 1 - u_ar[None, :]
+    n_ar = torch.arange(N, device=dev)
+    ok_b = (tb >= 0)[:, :, None] & (ub >= 0)[:, None, :]
+    ok_e = ((te >= 0) & (te < T_n[:, None]))[:, :, None] & (ue >= 0)[:, None, :]
+    wbr = torch.where(ok_b, wb[n_ar[:, None, None], tb.clamp(min=0)[:, :, None], ub.clamp(min=0)[:, None, :]], NEG_INF)
+    wer = torch.where(ok_e, we[n_ar[:, None, None], te.clamp(min=0)[:, :, None], ue.clamp(min=0)[:, None, :]], NEG_INF)
+    # skew: node (t, u) at diagonal d = t + u; both edges leaving diagonal d reach d + 1
+    D = T + U1
+    d_ar = torch.arange(D, device=dev)
+    tt = d_ar[:, None] - u_ar[None, :]  # [D, U1]
+    in_lat = (tt >= 0) & (tt <= T)
+    idx = tt.clamp(0, T)[None].expand(2 * N, D, U1)
+    WB = torch.cat((wb, wbr)).gather(1, idx).masked_fill_(~in_lat, NEG_INF)  # [2N, D, U1]
+    WE = torch.cat((we, wer)).gather(1, idx).masked_fill_(~in_lat, NEG_INF)
+    m = torch.maximum(WB.amax(2), WE.amax(2))  # [2N, D] per diagonal: the largest edge leaving it
+    m = torch.where(torch.isfinite(m), m, 0.0)
+    PB = (WB - m[..., None]).exp_().transpose(0, 1).contiguous()  # [D, 2N, U1]
+    PE = (WE - m[..., None]).exp_().transpose(0, 1).contiguous()
+    A = torch.empty(D, 2 * N, U1, **f64)
+    A[0].zero_()
+    A[0, :, 0] = 1.0
+    sc = torch.ones(D, 2 * N, 1, **f64)
+    rows, rows_l, rows_r = A.unbind(0), A[..., :-1].unbind(0), A[..., 1:].unbind(0)
+    pbs, pes, scs = PB.unbind(0), PE[..., :-1].unbind(0), sc.unbind(0)
+    for d in range(1, D):
+        cur = rows[d]
+        torch.mul(rows[d - 1], pbs[d - 1], out=cur)
+        rows_r[d].addcmul_(rows_l[d - 1], pes[d - 1])
+        if d % NORMALISE_EVERY == 0:
+            s_d = scs[d]
+            torch.sum(cur, 1, keepdim=True, out=s_d)
+            s_d.masked_fill_(s_d == 0, 1.0)  # diagonals past a sample's last node
+            cur.div_(s_d)
+    # log of what was taken out of diagonal d: the normalisations up to d and the shifts of the edges before it
+    logF = sc[..., 0].log_().cumsum(0).T + torch.nn.functional.pad(m[:, :-1].cumsum(1), (1, 0))  # [2N, D]
+    Dn = T_n + U_n
+    a_end = A[Dn, n_ar, U_n]
+    logP = a_end.log() + logF[n_ar, Dn]
+    ok = ~bad & (a_end > 0) & torch.isfinite(logP) & (T_n > 0)
+    scale = 1.0 + fastemit_lambda if fastemit_loss_scale else 1.0
+    loss = -scale * logP
+    grad = None
+    if need_grad:
+        tT = torch.arange(T, device=dev)
+        d_tu = tT[None, :, None] + u_ar[None, None, :]  # [1, T, U1]
+        dr = (Dn[:, None, None] - d_tu - 1).clamp(min=0)  # the reversed diagonal of either edge's end
+        nn_ = n_ar[:, None, None]
+        alpha = A[d_tu.clamp(max=D - 1), nn_, u_ar[None, None, :]]  # [N, T, U1]
+        lf = logF[nn_, d_tu] - logP[:, None, None]
+        rb = A[dr, N + nn_, ub.clamp(min=0)[:, None, :]]
+        re = A[dr, N + nn_, (ue.clamp(min=0))[:, None, :]]
+        lr = logF[N + nn_, dr]
+        occ_b = alpha * rb * torch.exp(wb[:, :T] + lf + lr)
+        occ_e = alpha * re * torch.exp(we[:, :T] + lf + lr)
+        occ_b = occ_b.masked_fill_(~has_edges[:, :T], 0.0)
+        occ_e = occ_e.masked_fill_(~emits[:, :T], 0.0)
+        # every path crosses from diagonal d to d + 1 once: the occupancies leaving each diagonal sum to one
+        per_d = torch.zeros(N, D, **f64).scatter_add_(
+            1, d_tu.expand(N, T, U1).reshape(N, -1), (occ_b + occ_e).reshape(N, -1)
+        )
+        live_d = torch.arange(D, device=dev)[None, :] < Dn[:, None]
+        dev_n = torch.where(live_d, per_d - 1.0, 0.0).abs().amax(1)
+        ok = ok & (dev_n < TOL)
+        occ_b = occ_b.masked_fill_(~ok[:, None, None], 0.0)
+        occ_e = occ_e.masked_fill_(~ok[:, None, None], 0.0)
+        lam = 1.0 + fastemit_lambda
+        if fused_log_softmax:
+            grad = torch.sub(xw, lse[..., None]).exp_().mul_((occ_b + lam * occ_e).to(wd)[..., None])
+        else:
+            grad = torch.zeros(N, T, U1, V, dtype=wd, device=dev)
+        grad[..., blank] -= occ_b.to(wd)
+        grad[:, :, :U].scatter_add_(3, tg[:, None, :, None].expand(N, T, U, 1), (-lam * occ_e[:, :, :U, None]).to(wd))
+        if clamp > 0:
+            grad.clamp_(-clamp, clamp)
+        grad.masked_fill_(~has_edges[:, :T, :, None], 0.0)
+    redo = ~ok
+    if bool(redo.any()):
+        idx = redo.nonzero()[:, 0]
+        l2, g2 = rnnt_forward_backward_reference(
+            x.index_select(0, idx),
+            targets.index_select(0, idx),
+            T_n[idx],
+            U_n[idx],
+            blank,
+            fused_log_softmax,
+            fastemit_lambda,
+            clamp,
+            rnnt_type,
+            need_grad,
+            fastemit_loss_scale,
+        )
+        loss[idx] = l2
+        if need_grad:
+            grad[idx] = g2.to(wd)
+    return loss, grad
+
+
+def rnnt_losses_cpu(logits, targets, logit_lengths, target_lengths, blank, fused, fastemit_lambda, clamp, rnnt_type,
+                    fastemit_loss_scale=True) -> torch.Tensor:  # fmt: skip
+    """``rnnt_losses_reference`` computed by ``rnnt_forward_backward_scaled``: the PyTorch path of ``rnnt_loss``."""
+
+    def compute(x):
+        return rnnt_forward_backward_scaled(
+            x, targets, logit_lengths, target_lengths, blank, fused, fastemit_lambda, clamp, rnnt_type,
+            need_grad=x.requires_grad, fastemit_loss_scale=fastemit_loss_scale,
+        )  # fmt: skip
+
+    return LossWithGradient.apply(logits, compute, 0)
 
 
 def rnnt_losses_reference(logits, targets, logit_lengths, target_lengths, blank, fused, fastemit_lambda, clamp,
