@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> tuple[str, int]:
     mel = torch.randn(1, 80, math.ceil(args.samples / hop), device=device)  # [B, mel bins, frames]
     g = torch.Generator(device).manual_seed(0)
     t0 = time.perf_counter()
-    classes = net.generate(mel, args.samples, temperature=1.0, generator=g)  # [1, samples] mu-law classes
+    classes = net.generate(mel, args.samples, generator=g, progress=device.type == "cpu")  # [1, samples] mu-law
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0

@@ -493,6 +493,22 @@ def test_generate_takes_normalised_arguments():
         generate_cuda_graph(net, cond, 9, speaker=[2, 0])
 
 
+def test_generate_progress(capsys):
+    """progress=True reports on stderr (a last line at 100 %) and changes nothing else; anything but a bool is
+    refused."""
+    net = small_model()
+    cond = torch.randn(2, 5, 10)
+    ref = net.generate(cond, 9, 0.7, torch.Generator().manual_seed(2), torch.tensor([2, 0]))
+    capsys.readouterr()
+    out = net.generate(cond, 9, 0.7, torch.Generator().manual_seed(2), torch.tensor([2, 0]), progress=True)
+    assert torch.equal(out, ref)
+    err = capsys.readouterr().err
+    assert "generated 9/9 samples per stream (100 %, 2 streams" in err
+    for bad in (1, "yes", None):
+        with pytest.raises(ValueError, match="progress must be True or False"):
+            net.generate(cond, 9, speaker=torch.tensor([2, 0]), progress=bad)
+
+
 def test_inverse_temperature_is_a_finite_float32():
     """The generation kernels' 1 / temperature (shared by the Triton and the cluster launcher) stays a finite
     float32 however small the temperature (the smallest subnormal float64 included)."""

@@ -6,6 +6,9 @@ device tensor, so that one step can be captured in a CUDA graph and replayed (th
 
 from __future__ import annotations
 
+import sys
+import time
+
 import torch
 
 
@@ -68,14 +71,37 @@ class IncrementalState:
 
 @torch.no_grad()
 def sample_incremental(
-    state: IncrementalState, return_logits: bool = False
+    state: IncrementalState, return_logits: bool = False, progress: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Runs ``state`` for all its samples: (classes [B, n_samples] int64, logits [B, classes, n_samples] or None)."""
+    """Runs ``state`` for all its samples: (classes [B, n_samples] int64, logits [B, classes, n_samples] or None).
+    With ``progress``, a line on stderr about every second: samples made, rate, time left."""
     n_samples, B = state.uniforms.shape
     out = torch.empty(B, n_samples, dtype=torch.long, device=state.prev.device)
     all_logits = torch.empty(B, state.model.classes, n_samples, device=out.device) if return_logits else None
+    report = _Progress(n_samples, B) if progress else None
     for t in range(n_samples):
         out[:, t] = state.step()
         if all_logits is not None:
             all_logits[:, :, t] = state.logits
+        if report is not None:
+            report.update(t + 1)
     return out, all_logits
+
+
+class _Progress:
+    """Progress of a generation on stderr: a line about every second and one at the end."""
+
+    def __init__(self, total: int, streams: int, every_s: float = 1.0) -> None:
+        self.total, self.streams, self.every_s = total, streams, every_s
+        self.t0 = self.last = time.perf_counter()
+
+    def update(self, done: int) -> None:
+        now = time.perf_counter()
+        if now - self.last < self.every_s and done < self.total:
+            return
+        self.last = now
+        rate = done / max(now - self.t0, 1e-9)
+        left = (self.total - done) / rate
+        print(f"generated {done}/{self.total} samples per stream ({100 * done / self.total:.0f} %, {self.streams} "
+              f"stream{'s' if self.streams > 1 else ''}, {rate / 1e3:.2f} kHz per stream, {left:.0f} s left)",
+              file=sys.stderr, flush=True)  # fmt: skip
