@@ -20,22 +20,68 @@ import torch
 
 import speechkernels as sk
 
-from .common import environment, peak_extra_memory, plot_bars, print_title, times_ms, write_json
+from .common import (
+    add_common_arguments,
+    emit,
+    environment,
+    parse_shape,
+    peak_extra_memory,
+    plot_series,
+    plot_title,
+    positive_int,
+    print_legend,
+    print_title,
+    progress,
+    resolve_device,
+    split_rows,
+    times_ms,
+    write_json,
+)
 
 ROWS = [(32, 1500, 1025, 120), (16, 3000, 32, 600), (1, 30000, 32, 6000), (64, 500, 5000, 60), (1, 180000, 32, 30000)]
 CPU_DEMO = [(8, 300, 32, 40), (2, 2000, 32, 300)]
 LONG = 10**9  # rows with N * T * S above this (the hour) run the CPU columns only with --cpu-long
+CPU_SECONDS = 1  # the CPU demo's rows with the default options, start-up not included
+LEGEND = [
+    ("N T C S", "utterances, frames, classes (blank 0 among them), labels per utterance"),
+    ("ours ms", "median ms of one ctc_forced_align call on the GPU (its default validation included)"),
+    ("unchk ms", "the same with validate=False"),
+    ("ta ms", "the same, torchaudio's forced_align, one utterance per call (it takes a batch of one)"),
+    ("x", "ta ms / ours ms: our speed-up (>1: ours is faster); the second x: the same on the CPU"),
+    ("ours MB, ta MB", "peak extra GPU memory of one call in MiB"),
+    ("cpu ms, ta cpu", "median ms of the same calls on the CPU (--peer-reps calls)"),
+    ("equal", "utterances whose path equals torchaudio's at every frame: on the GPU, on the CPU"),
+]
+CELLS = (
+    "-: not run (GPU columns on a CPU run, torchaudio not installed, CPU columns skipped by --no-cpu or past "
+    f"N*T*S={LONG:.0e} without --cpu-long)"
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    p.add_argument("--json", default=None, help="write the rows and the environment to this JSON file")
-    p.add_argument("--reps", type=int, default=20, help="timed calls of ours on the GPU")
-    p.add_argument("--peer-reps", type=int, default=3, help="timed calls of torchaudio, and of every CPU run")
-    p.add_argument("--rows", default=None, help="rows as N:T:C:S,N:T:C:S (default: the benchmark's)")
+    add_common_arguments(p, parse_rows, "NxTxCxS (utterances, frames, classes, labels per utterance; N:T:C:S "
+                         "works too), e.g. 8x300x32x40", "our speed-up over torchaudio's forced_align per row, "
+                         "on the GPU and on the CPU")  # fmt: skip
+    p.add_argument("--reps", type=positive_int, default=20, help="timed calls of ours on the GPU (default 20)")
+    p.add_argument("--peer-reps", type=positive_int, default=3,
+                   help="timed calls of torchaudio, and of every CPU run (default 3)")  # fmt: skip
     p.add_argument("--no-cpu", action="store_true", help="skip the CPU columns")
     p.add_argument("--cpu-long", action="store_true", help=f"CPU columns also for rows above N*T*S={LONG:.0e}")
-    p.add_argument("--plot", default=None, help="write a PNG of the times and memory to this path")
+
+
+def parse_rows(text: str) -> list[tuple[int, int, int, int]]:
+    """--rows: comma-separated NxTxCxS (or N:T:C:S) as [(N, T, C, S)], or argparse's ArgumentTypeError naming
+    the form."""
+    rows = []
+    for item in split_rows(text):
+        N, T, C, S = parse_shape(item, "NxTxCxS", (4,), "8x300x32x40", seps="x:")
+        if C < 2:
+            raise argparse.ArgumentTypeError(f"{item!r}: C={C} leaves no class for the labels (the blank is 0)")
+        if T < 2 * S - 1:
+            raise argparse.ArgumentTypeError(f"{item!r}: T={T} frames cannot hold S={S} labels with a blank between "
+                                             f"repeated ones (T >= 2S - 1)")  # fmt: skip
+        rows.append((N, T, C, S))
+    return list(dict.fromkeys(rows))
 
 
 def make_inputs(N: int, T: int, C: int, S: int, device, seed: int = 0):
@@ -135,33 +181,37 @@ def measure(N: int, T: int, C: int, S: int, device, args, forced_align, cpu_ok: 
 
 
 def run(args) -> int:
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(args)
     env = environment(device)
     forced_align = torchaudio_align()
-    if args.rows:
-        rows = [tuple(int(v) for v in r.split(":")) for r in args.rows.split(",")]
-    else:
-        rows = ROWS if device.type == "cuda" else CPU_DEMO
+    rows = args.rows or (ROWS if device.type == "cuda" else CPU_DEMO)
     gpu = device.type == "cuda"
     print_title("CTC forced alignment (ctc_forced_align vs torchaudio forced_align, one utterance per call)", env,
                 args.reps)  # fmt: skip
+    print_legend(LEGEND, CELLS)
     print(f"{'N':>3} {'T':>6} {'C':>5} {'S':>5} | {'ours ms':>8} {'unchk ms':>8} {'ta ms':>8} {'x':>6} | "
-          f"{'ours MB':>8} {'ta MB':>7} | {'cpu ms':>8} {'ta cpu':>8} {'x':>5} | equal (ta gpu, ta cpu)")  # fmt: skip
+          f"{'ours MB':>8} {'ta MB':>7} | {'cpu ms':>8} {'ta cpu':>8} {'x':>5} | equal (ta gpu, ta cpu)",
+          flush=True)  # fmt: skip
     out = []
-    for N, T, C, S in rows:
+    for N, T, C, S in progress(rows, "align", lambda r: "x".join(map(str, r))):
         cpu_ok = not args.no_cpu and (args.cpu_long or N * T * S <= LONG or not gpu)
         out.append(measure(N, T, C, S, device, args, forced_align, cpu_ok))
         _print_row(out[-1])
     if args.json:
         write_json(args.json, {"benchmark": "align", "environment": env, "rows": out})
-        print(f"wrote {args.json}")
     if args.plot:
-        names = ["ours", "torchaudio", "ours_cpu", "torchaudio_cpu"]
         labels = [f"{r['N']}x{r['T']}x{r['C']}\nS={r['S']}" for r in out]
-        plot_bars(out, names, labels, f"CTC forced alignment, {env['device']}, {env['date'][:10]}", "ms per call",
-                  args.plot)  # fmt: skip
-        print(f"wrote {args.plot}")
+        series = {"GPU: torchaudio ms / ours ms": [_over(r, "torchaudio", "ours") for r in out],
+                  "CPU: torchaudio ms / ours ms": [_over(r, "torchaudio_cpu", "ours_cpu") for r in out]}  # fmt: skip
+        plot_series(args.plot, labels, series, plot_title("CTC forced alignment against torchaudio", env, device),
+                    "speed-up over torchaudio's forced_align", "NxTxC, S labels", lines=((1.0, "1.0: as fast"),),
+                    empty_note="torchaudio did not run (not installed?)")  # fmt: skip
     return 0
+
+
+def _over(row: dict, a: str, b: str) -> float | None:
+    """row[a]'s time over row[b]'s, or None where either did not run."""
+    return row[a]["ms"] / row[b]["ms"] if row.get(a) and row.get(b) else None
 
 
 def _print_row(row: dict) -> None:
@@ -179,7 +229,7 @@ def _print_row(row: dict) -> None:
         a = row.get(key)
         return f"{a['utterances_equal']}/{a['utterances']}" if a else "-"
 
-    print(f"{row['N']:>3} {row['T']:>6} {row['C']:>5} {row['S']:>5} | {ms('ours')} {ms('unchecked')} "
-          f"{ms('torchaudio')} {ratio('ours', 'torchaudio')} | {mb('ours')} {mb('torchaudio')[1:]} | {ms('ours_cpu')} "
-          f"{ms('torchaudio_cpu')} {ratio('ours_cpu', 'torchaudio_cpu')[1:]} | "
-          f"{eq('agree_torchaudio')}, {eq('agree_torchaudio_cpu')}", flush=True)  # fmt: skip
+    emit(f"{row['N']:>3} {row['T']:>6} {row['C']:>5} {row['S']:>5} | {ms('ours')} {ms('unchecked')} "
+         f"{ms('torchaudio')} {ratio('ours', 'torchaudio')} | {mb('ours')} {mb('torchaudio')[1:]} | {ms('ours_cpu')} "
+         f"{ms('torchaudio_cpu')} {ratio('ours_cpu', 'torchaudio_cpu')[1:]} | "
+         f"{eq('agree_torchaudio')}, {eq('agree_torchaudio_cpu')}")  # fmt: skip

@@ -1,16 +1,23 @@
-"""Timing, memory and environment helpers shared by the benchmarks."""
+"""Timing, memory and environment helpers shared by the benchmarks, and the pieces of their command line: the
+common options, row parsing, progress lines, table legends and the speed-up plot."""
 
 from __future__ import annotations
 
+import argparse
 import datetime
+import functools
 import json
 import math
+import os
 import platform
 import statistics
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
+
+MATPLOTLIB_HINT = "--plot needs matplotlib: pip install matplotlib (or pip install -e .[bench])"
 
 
 def environment(device: torch.device) -> dict:
@@ -177,6 +184,7 @@ def write_json(path: str, payload: dict) -> None:
     with open(path, "w") as f:
         json.dump(payload, f, indent=1)
         f.write("\n")
+    print(f"wrote {path}", flush=True)
 
 
 def fmt_ms(entry: dict | None, width: int = 8) -> str:
@@ -210,29 +218,238 @@ def print_title(what: str, env: dict, reps: int, note: str = " after warm-up") -
     print(f"# {what}, {env['device']}, torch {env['torch']}, triton {env['triton']}, median of {reps}{note}")
 
 
-def plot_bars(rows: list[dict], names: list[str], labels: list[str], title: str, time_label: str, path: str) -> None:
-    """A PNG of two panels of bars (log scales), one group per row, one bar per implementation in ``names``: the
-    entries' median milliseconds (``time_label``) and peak extra memory (MB); no bar where an entry is missing."""
+# ---- the command line shared by every benchmark ----
+
+
+def add_common_arguments(
+    p: argparse.ArgumentParser, rows_type: Callable[[str], list], rows_help: str, plot_help: str
+) -> None:
+    """--device, --json, --plot and --rows, the same on every subcommand (``rows_type`` parses --rows)."""
+    p.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default=None,
+        help="where to run (default: cuda when available, else cpu: a short demo of the CPU paths)",
+    )
+    p.add_argument(
+        "--json",
+        metavar="PATH",
+        default=None,
+        help="write the rows and the environment (device, versions, date) to this JSON file",
+    )
+    p.add_argument("--plot", metavar="PATH", default=None, help=f"write a PNG of {plot_help} (needs matplotlib)")
+    p.add_argument("--rows", metavar="ROWS", type=rows_type, default=None,
+                   help=f"run only these rows, comma-separated: {rows_help}")  # fmt: skip
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    return value
+
+
+def comma_choices(choices: Sequence[str]) -> Callable[[str], list[str]]:
+    """An argparse type: a comma-separated subset of ``choices``, each named at most once."""
+
+    def parse(text: str) -> list[str]:
+        names = [t.strip() for t in text.split(",") if t.strip()]
+        bad = [n for n in names if n not in choices]
+        if bad or not names:
+            raise argparse.ArgumentTypeError(
+                f"{', '.join(map(repr, bad)) or 'nothing'}: not a valid choice; choose one or more of "
+                f"{', '.join(choices)} (comma-separated)"
+            )
+        return list(dict.fromkeys(names))
+
+    return parse
+
+
+def split_rows(text: str) -> list[str]:
+    """The comma-separated items of a --rows value (an empty one is an error)."""
+    items = [t.strip() for t in text.split(",")]
+    if not all(items):
+        raise argparse.ArgumentTypeError(f"{text!r} has an empty row (rows are separated by single commas)")
+    return items
+
+
+def parse_shape(item: str, form: str, counts: Sequence[int], example: str, seps: str = "x") -> tuple[int, ...]:
+    """One row of positive integers joined by any of ``seps`` (``counts``: how many numbers it may have), or
+    argparse.ArgumentTypeError naming the expected ``form`` and an ``example``."""
+    parts = [item]
+    for sep in seps:
+        parts = [q for part in parts for q in part.split(sep)]
+    try:
+        vals = tuple(int(v) for v in parts)
+    except ValueError:
+        vals = ()
+    if len(vals) not in counts or min(vals) < 1:
+        raise argparse.ArgumentTypeError(f"{item!r} is not {form} (positive integers), e.g. {example}")
+    return vals
+
+
+def resolve_device(args: argparse.Namespace) -> torch.device:
+    return torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def matplotlib_available() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def check_common(parser: argparse.ArgumentParser, args: argparse.Namespace, outputs: Sequence[str] = ()) -> None:
+    """The checks argparse cannot make alone, before anything runs (a benchmark can take many minutes, and an
+    error after them would lose the table): CUDA present for --device cuda, matplotlib for --plot, the folders
+    of the files to write (``outputs``) present. Errors exit through ``parser.error`` (usage, status 2)."""
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: CUDA is not available on this machine (torch.cuda.is_available() is False); "
+                     "run with --device cpu for the CPU demo")  # fmt: skip
+    if args.plot and not matplotlib_available():
+        parser.error(MATPLOTLIB_HINT)
+    for path in outputs:
+        folder = os.path.dirname(path) or "."
+        if not os.path.isdir(folder):
+            parser.error(f"cannot write {path}: the folder {folder} does not exist")
+
+
+def cpu_note(what: str, seconds: float) -> None:
+    """The first line of a CPU run: what its numbers are (and are not) about, and how long it takes."""
+    print(f"# note: running on the CPU, {what} is a short demo of the CPU (PyTorch) paths at small sizes (about "
+          f"{seconds:.0f} s in all with the default rows). The GPU kernels are the point of this package: run on a "
+          "CUDA GPU for the real tables (results from an H100 are in benchmarks/results/).", flush=True)  # fmt: skip
+
+
+@functools.lru_cache(maxsize=1)
+def _tqdm():
+    """tqdm's class where it is importable and stderr is a terminal (its bar redraws in place), else None."""
+    if not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm
+
+
+def progress(items: Sequence, what: str, label: Callable[[object], str]) -> Iterator:
+    """Yields ``items``, reporting each on stderr as it starts: a tqdm bar where tqdm is importable and stderr
+    a terminal, else a line "[3/18] ctc 150x8x28x150 ... (4.2 s elapsed)"; then the total time."""
+    start = time.perf_counter()
+    tqdm = _tqdm()
+    if tqdm is not None:
+        bar = tqdm(items, desc=what, unit="row", file=sys.stderr, leave=False, dynamic_ncols=True)
+        for item in bar:
+            bar.set_postfix_str(label(item))
+            yield item
+        bar.close()
+    else:
+        for i, item in enumerate(items, 1):
+            print(f"[{i}/{len(items)}] {what} {label(item)} ... ({time.perf_counter() - start:.1f} s elapsed)",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            yield item
+    print(f"{what}: {len(items)} rows in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+
+
+def emit(line: str) -> None:
+    """Print a table line to stdout (clearing a tqdm bar first, which would otherwise share its terminal line)."""
+    tqdm = _tqdm()
+    if tqdm is None:
+        print(line, flush=True)
+        return
+    with tqdm.external_write_mode(file=sys.stdout):
+        print(line, flush=True)
+
+
+def print_legend(columns: Iterable[tuple[str, str]], cells: str) -> None:
+    """The lines between a table's title and its column names: each column and its unit, then what the cells
+    without a number ("-", "n/a") mean."""
+    columns = list(columns)
+    width = max(len(name) for name, _ in columns)
+    for name, text in columns:
+        print(f"#   {name:>{width}}: {text}")
+    print(f"#   {'cells':>{width}}: {cells}", flush=True)
+
+
+def fmt_num(value: float | None, spec: str, width: int, suffix: str = "") -> str:
+    """A table cell: ``value`` formatted with ``spec`` (and ``suffix``), or - where there is none (None, NaN)."""
+    if value is None or not math.isfinite(value):
+        return f"{'-':>{width}}"
+    return f"{format(value, spec) + suffix:>{width}}"
+
+
+def device_name(env: dict, device: torch.device) -> str:
+    return env["device"] if device.type == "cuda" else "CPU"
+
+
+def plot_series(
+    path: str,
+    labels: Sequence[str],
+    series: dict[str, Sequence[float | None]],
+    title: str,
+    ylabel: str,
+    xlabel: str = "",
+    lines: Sequence[tuple[float, str]] = ((1.0, "1.0: as fast as the peer"),),
+    empty_note: str = "no value to plot",
+) -> None:
+    """A PNG of one group of bars per row (``labels`` on the x axis), one bar per series (log scale; no bar where
+    a value is missing), with horizontal reference ``lines``; prints "wrote PATH"."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
-    fig, axes = plt.subplots(2, 1, figsize=(max(8, len(rows) * 1.9), 8))
-    width = 0.8 / max(1, len(names))
-
-    def value(r, name, key):
-        v = (r.get(name) or {}).get(key) or 0
-        return v / 1e6 if key == "peak_extra_bytes" else v
-
-    for ax, key, unit in ((axes[0], "ms", time_label), (axes[1], "peak_extra_bytes", "MB peak extra memory")):
-        for j, name in enumerate(names):
-            vals = [value(r, name, key) for r in rows]
-            ax.bar([i + (j - (len(names) - 1) / 2) * width for i in range(len(rows))], vals, width=width, label=name)
-        ax.set_yscale("log")
-        ax.set_ylabel(unit)
-        ax.set_xticks(range(len(rows)), labels, fontsize=8)
-    axes[0].legend()
-    fig.suptitle(title)
+    fig, ax = plt.subplots(figsize=(max(6.0, len(labels) * 0.55 + 2), 5))
+    width = 0.8 / max(1, len(series))
+    xs = range(len(labels))
+    ys = [y for y, _ in lines]
+    for k, (name, values) in enumerate(series.items()):
+        offset = (k - (len(series) - 1) / 2) * width
+        pts = [(i + offset, v) for i, v in zip(xs, values, strict=True) if v is not None and math.isfinite(v) and v > 0]
+        if pts:
+            ax.bar([p[0] for p in pts], [p[1] for p in pts], width=width, label=name)
+            ys += [p[1] for p in pts]
+    for k, (y, text) in enumerate(lines):
+        ax.axhline(y, color="k", lw=0.8, ls=("-", "--", ":")[k % 3], label=text)
+    if len(ys) == len(lines):
+        ax.text(0.5, 0.8, empty_note, transform=ax.transAxes, ha="center", va="center")
+    ax.set_yscale("log")
+    lo, hi = min(ys, default=0.5), max(ys, default=2.0)
+    ax.set_ylim(lo / 1.5, hi * 1.5)  # room above and below the bars and the reference lines alike
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    ax.yaxis.set_major_formatter(plain)
+    # minor ticks labelled only within a decade or so, where there may be no major tick at all
+    ax.yaxis.set_minor_formatter(plain if hi / lo < 20 else NullFormatter())
+    ax.set_xticks(list(xs), labels, rotation=90 if max(map(len, labels), default=0) > 6 else 0, fontsize=7)
+    ax.set_xlim(-0.6, len(labels) - 0.4)
+    ax.set_ylabel(ylabel)
+    if xlabel:
+        ax.set_xlabel(xlabel)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"wrote {path}", flush=True)
+
+
+def plot_title(what: str, env: dict, device: torch.device) -> str:
+    return f"{what}\n{device_name(env, device)}, {env['date'][:10]}"

@@ -18,22 +18,40 @@ import torch
 import speechkernels as sk
 from speechkernels.ctc.reference import ctc_loss_reference
 
-from .common import environment, fmt_mb, fmt_ms, print_title, time_forward_backward, time_graphed_step, write_json
+from .common import (
+    add_common_arguments,
+    emit,
+    environment,
+    fmt_mb,
+    fmt_ms,
+    fmt_num,
+    parse_shape,
+    plot_series,
+    plot_title,
+    positive_int,
+    print_legend,
+    print_title,
+    progress,
+    resolve_device,
+    split_rows,
+    time_forward_backward,
+    time_graphed_step,
+    write_json,
+)
 
 # rows (T, N, C, S): label lengths uniform in 1..S
 T150 = [(150, n, c, 150) for c in (28, 5000) for n in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
 T1500 = [(1500, n, c, 1500) for c in (29, 1000) for n in (1, 32, 128)]
 LONG_LABELS = [(1200, 16, 32, 600)]  # long label sequences in a small batch
 CPU_DEMO = [(150, 1, 28, 150), (150, 8, 28, 150), (150, 8, 500, 150)]
+CPU_SECONDS = 2  # the CPU demo's rows with the default options, start-up not included
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    p.add_argument("--json", default=None, help="write the rows and the environment to this JSON file")
-    p.add_argument("--plot", default=None, help="write a PNG of the speed-ups to this path")
-    p.add_argument("--rows", default=None, help="only these configurations TxNxC[xS] (S: longest label sequence, "
-                   "default T), e.g. 150x256x5000,1200x16x32x600")  # fmt: skip
-    p.add_argument("--reps", type=int, default=20)
+    add_common_arguments(p, parse_rows, "TxNxC or TxNxCxS (frames, batch, classes, longest label sequence; S "
+                         "defaults to T), e.g. 150x256x5000,1200x16x32x600", "the speed-up over the fastest torch "
+                         "kernel per row")  # fmt: skip
+    p.add_argument("--reps", type=positive_int, default=20, help="timed calls per implementation (default 20)")
     p.add_argument("--no-error", action="store_true", help="skip the float64 reference comparison")
     p.add_argument("--graph", action="store_true", help="also time our step captured in a CUDA graph (GPU)")
 
@@ -104,7 +122,8 @@ def errors(name, fn, x, targets, il, tl, ref_loss, ref_grad) -> tuple[float, flo
     loss = per_sample()
     finite = torch.isfinite(ref_loss)
     loss.backward(finite.to(loss.dtype))
-    rel = ((loss.double() - ref_loss).abs() / ref_loss.abs().clamp(min=1e-30))[finite].max().item()
+    rel = ((loss.double() - ref_loss).abs() / ref_loss.abs().clamp(min=1e-30))[finite]
+    rel = rel.max().item() if rel.numel() else math.nan  # no alignable sample (labels longer than T allows)
     gerr = (v.grad.double() - ref_grad).abs().max().item()
     return rel, gerr
 
@@ -117,19 +136,34 @@ def reference(x, targets, il, tl):
     return loss.detach(), xr.grad
 
 
+LEGEND = [
+    ("T N C S", "frames, batch, classes (blank 0 among them), longest label sequence (lengths uniform in 1..S)"),
+    ("sk logits", "median ms of one forward+backward from float32 activations: ours with logits=True"),
+    ("sk lp", "the same, ours on torch's log_softmax (timed with it, as for the peers)"),
+    ("native, cudnn", "the same, torch's native CTC kernel and its cuDNN kernel (GPU only)"),
+    ("x best, x(lp)", "speed-up of sk logits, sk lp over the faster of native and cudnn (>1: ours is faster)"),
+    ("MB sk, MB nat", "peak extra GPU memory of one step in MiB, sk logits and native"),
+    ("loss err", "sk logits: max relative error of the per-sample losses against the float64 reference"),
+    ("grad err", "sk logits: max absolute error of the gradient against the float64 reference"),
+    ("graph", "with --graph on a GPU: our step captured in a CUDA graph, ms and speed-up over the peers' eager steps"),
+]
+CELLS = (
+    "-: no value (memory on a CPU; errors with --no-error, or loss err where no sample fits its labels in T "
+    "frames); n/a: the implementation does not run here (cuDNN on a CPU, or cuDNN refuses the row)"
+)
+
+
 def run(args) -> int:
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    rows = T150 + T1500 + LONG_LABELS if device.type == "cuda" else CPU_DEMO
-    if args.rows:
-        wanted = [parse_row(r) for r in args.rows.split(",")]
-        rows = [r for r in rows if r in wanted] or wanted
+    device = resolve_device(args)
+    rows = args.rows or (T150 + T1500 + LONG_LABELS if device.type == "cuda" else CPU_DEMO)
     env = environment(device)
     print_title("CTC loss, forward+backward from activations", env, args.reps)
+    print_legend(LEGEND, CELLS)
     results = []
     header = (f"{'T':>5} {'N':>4} {'C':>5} {'S':>5} | {'sk logits':>9} {'sk lp':>8} {'native':>8} {'cudnn':>8} | "
               f"{'x best':>6} {'x(lp)':>6} | {'MB sk':>7} {'MB nat':>7} | {'loss err':>8} {'grad err':>8}")  # fmt: skip
-    print(header)
-    for T, N, C, S in rows:
+    print(header, flush=True)
+    for T, N, C, S in progress(rows, "ctc", lambda r: "x".join(map(str, r))):
         x, targets, il, tl = make_inputs(T, N, C, device, S=S)
         tgt_d, il_d, tl_d = targets.to(device), il.to(device), tl.to(device)
         ref = None if args.no_error else reference(x, tgt_d, il_d, tl_d)
@@ -141,7 +175,7 @@ def run(args) -> int:
                 if name.startswith("torch") and device.type == "cuda":
                     entry["kernels"] = kernel_names(fn, x)
                     if not results:
-                        print(f"# {name} kernels: {entry['kernels']}")
+                        emit(f"# {name} kernels: {entry['kernels']}")
                 if ref is not None:
                     entry["loss_rel_err"], entry["grad_abs_err"] = errors(name, fn, x, tgt_d, il_d, tl_d, *ref)
             row[name] = entry
@@ -164,19 +198,28 @@ def run(args) -> int:
     if args.json:
         write_json(args.json, {"benchmark": "ctc", "environment": env, "rows": results})
     if args.plot:
-        plot(results, args.plot, f"CTC loss, forward+backward, {env['device']}, {env['date'][:10]}")
+        plot(results, args.plot, plot_title("CTC loss, forward+backward from activations", env, device))
     return 0
 
 
+def parse_rows(text: str) -> list[tuple[int, int, int, int]]:
+    """--rows: comma-separated TxNxC or TxNxCxS as [(T, N, C, S)] (S defaults to T), or argparse's
+    ArgumentTypeError naming the expected form."""
+    rows = []
+    for item in split_rows(text):
+        vals = parse_shape(item, "TxNxC or TxNxCxS", (3, 4), "150x8x28 or 1200x16x32x600")
+        if vals[2] < 2:
+            raise argparse.ArgumentTypeError(f"{item!r}: C={vals[2]} leaves no class for the labels (the blank is 0)")
+        rows.append((*vals[:3], vals[3] if len(vals) == 4 else vals[0]))
+    return list(dict.fromkeys(rows))
+
+
 def parse_row(text: str) -> tuple[int, int, int, int]:
-    """TxNxC or TxNxCxS as (T, N, C, S); S defaults to T."""
+    """One TxNxC or TxNxCxS as (T, N, C, S); S defaults to T. Exits with a message naming --rows if malformed."""
     try:
-        vals = [int(v) for v in text.split("x")]
-    except ValueError:
-        vals = []
-    if len(vals) not in (3, 4) or min(vals) < 1:
-        raise SystemExit(f"--rows: {text!r} is not TxNxC or TxNxCxS (positive integers)")
-    return (*vals[:3], vals[3] if len(vals) == 4 else vals[0])
+        return parse_rows(text)[0]
+    except argparse.ArgumentTypeError as err:
+        raise SystemExit(f"--rows: {err}") from None
 
 
 def print_row(row: dict) -> None:
@@ -186,40 +229,23 @@ def print_row(row: dict) -> None:
     def mb(name):
         return fmt_mb(row.get(name), width=7, decimals=1)
 
-    err = row["sk_logits"].get("loss_rel_err", math.nan), row["sk_logits"].get("grad_abs_err", math.nan)
+    err = row["sk_logits"].get("loss_rel_err"), row["sk_logits"].get("grad_abs_err")
     shape = f"{row['T']:5d} {row['N']:4d} {row['C']:5d} {row.get('S', row['T']):5d}"
-    print(f"{shape} | {row['sk_logits']['ms']:9.3f} {ms('sk_logprobs')} "
-          f"{ms('torch_native')} {ms('torch_cudnn')} | {row['speedup_logits']:6.2f} {row['speedup_logprobs']:6.2f} | "
-          f"{mb('sk_logits')} {mb('torch_native')} | {err[0]:8.1e} {err[1]:8.1e}"
-          + (f" | graph {row['sk_graph']['ms']:7.3f} ms, {row['speedup_graph']:5.2f}x" if "sk_graph" in row else ""),
-          flush=True)  # fmt: skip
+    g = row.get("sk_graph")
+    graph = f" | graph {g['ms']:7.3f} ms, {fmt_num(row['speedup_graph'], '.2f', 5, 'x')}" if g else ""
+    emit(f"{shape} | {row['sk_logits']['ms']:9.3f} {ms('sk_logprobs')} "
+         f"{ms('torch_native')} {ms('torch_cudnn')} | {fmt_num(row['speedup_logits'], '.2f', 6)} "
+         f"{fmt_num(row['speedup_logprobs'], '.2f', 6)} | {mb('sk_logits')} {mb('torch_native')} | "
+         f"{fmt_num(err[0], '.1e', 8)} {fmt_num(err[1], '.1e', 8)}" + graph)  # fmt: skip
 
 
-def plot(results, path, title=None):
-    """Speed-up over the best torch kernel per row: eager logits and log_probs modes, and the step captured in a
+def plot(results: list[dict], path: str, title: str) -> None:
+    """Speed-up over the fastest torch kernel per row: eager logits and log_probs modes, and the step captured in a
     CUDA graph (against the peers' eager steps) where the run measured it."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     labels = [f"{r['T']}/{r['N']}/{r['C']}" + (f"/{r['S']}" if r.get("S", r["T"]) != r["T"] else "") for r in results]
-    series = [("speedup_logits", "logits mode, eager"), ("speedup_logprobs", "log_probs mode, eager")]
+    series = {"logits mode, eager": [r["speedup_logits"] for r in results],
+              "log_probs mode, eager": [r["speedup_logprobs"] for r in results]}  # fmt: skip
     if any("speedup_graph" in r for r in results):
-        series.append(("speedup_graph", "logits mode in a CUDA graph"))
-    width = 0.8 / len(series)
-    fig, ax = plt.subplots(figsize=(max(6, len(results) * 0.5), 4.5))
-    xs = range(len(results))
-    for k, (key, label) in enumerate(series):
-        offset = (k - (len(series) - 1) / 2) * width
-        ax.bar([i + offset for i in xs], [r.get(key, 0) for r in results], width=width, label=label)
-    ax.axhline(1.0, color="k", lw=0.8)
-    ax.set_xticks(list(xs), labels, rotation=90, fontsize=7)
-    ax.set_yscale("log")
-    ax.set_ylabel("speed-up over the best torch kernel (eager)")
-    ax.set_xlabel("T/N/C (/S: longest label sequence, default T)")
-    if title:
-        ax.set_title(title)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+        series["logits mode in a CUDA graph"] = [r.get("speedup_graph") for r in results]
+    plot_series(path, labels, series, title, "speed-up over the fastest torch kernel (eager)",
+                "T/N/C (/S: longest label sequence, default T)", lines=((1.0, "1.0: as fast as torch"),))  # fmt: skip

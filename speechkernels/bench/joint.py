@@ -21,13 +21,30 @@ relative error in norm and its cosine similarity.
 from __future__ import annotations
 
 import argparse
-import math
 
 import torch
 
 import speechkernels as sk
 
-from .common import environment, fmt_mb, fmt_ms, plot_bars, time_forward_backward, write_json
+from .common import (
+    add_common_arguments,
+    comma_choices,
+    emit,
+    environment,
+    fmt_mb,
+    fmt_ms,
+    fmt_num,
+    parse_shape,
+    plot_series,
+    plot_title,
+    positive_int,
+    print_legend,
+    progress,
+    resolve_device,
+    split_rows,
+    time_forward_backward,
+    write_json,
+)
 
 ENC_DIM, PRED_DIM, JOINT_DIM = 512, 640, 640
 ROWS = [(32, 400, 128, 1025), (16, 400, 100, 8193), (64, 200, 60, 513), (8, 1500, 300, 1025)]
@@ -38,17 +55,49 @@ ERROR_LIMIT = 2**31  # cells x V up to which the float64 errors are computed
 # float16) and 8 x 1500 x 301 x 1025 logits (5.3e9, 3.7e9 elements): not run from 2^31 elements on
 TORCHAUDIO_LIMIT = 2**31
 DTYPES = ("float32", "bfloat16")
+IMPLS = ("fused", "sk", "torchaudio")
+CPU_SECONDS = 2  # the CPU demo's rows with the default options, start-up not included
+LEGEND = [
+    ("N T U V", "batch, frames, labels, vocabulary (blank V - 1); ragged rows show the longest lengths"),
+    ("dtype", "float32, or bfloat16 autocast (torchaudio under float16 autocast: it takes no bfloat16)"),
+    ("fused", "median ms of one training step of the joint and the loss: RNNTJointLoss (the logits never exist)"),
+    ("sk, taudio", "the same, the joint in PyTorch (logits made) then our rnnt_loss, or torchaudio's"),
+    ("x best", "speed-up of fused over the faster of sk and taudio (>1: fused is faster)"),
+    ("MB ...", "peak extra GPU memory of one step in MiB, per implementation"),
+    ("TFLOP/s", "the joint's three products (2 * cells * H * V flop each) per second of the fused step"),
+    ("loss err", "fused: max relative error of the per-sample losses against float64 (rows small enough)"),
+    ("grad err, min cos", "fused: largest relative error in norm and smallest cosine of its four gradients"),
+]
+CELLS = (
+    "-: no value (no peer ran, memory on a CPU, errors with --no-error or the row too large); n/a: not run "
+    "(torchaudio missing, or skipped on logits of 2^31 elements or more; not in --impls; out of memory)"
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    p.add_argument("--json", default=None, help="write the rows and the environment to this JSON file")
-    p.add_argument("--rows", default=None, help="only these configurations as NxTxUxV, e.g. 32x400x128x1025")
-    p.add_argument("--dtypes", default=",".join(DTYPES), help="float32 and/or bfloat16 (autocast)")
-    p.add_argument("--impls", default="fused,sk,torchaudio", help="which implementations to run")
-    p.add_argument("--reps", type=int, default=10)
+    add_common_arguments(p, parse_rows, "NxTxUxV (batch, frames, labels, vocabulary), e.g. 32x400x128x1025",
+                         "the fused step's speed-up over the fastest unfused one per row")  # fmt: skip
+    p.add_argument("--dtypes", type=comma_choices(DTYPES), default=list(DTYPES),
+                   help="float32 and/or bfloat16 (autocast), comma-separated (default both)")  # fmt: skip
+    p.add_argument(
+        "--impls",
+        type=comma_choices(IMPLS),
+        default=list(IMPLS),
+        help=f"which implementations to run, comma-separated from {','.join(IMPLS)} (default all)",
+    )
+    p.add_argument("--reps", type=positive_int, default=10, help="timed steps per implementation (default 10)")
     p.add_argument("--no-error", action="store_true", help="skip the float64 comparison")
-    p.add_argument("--plot", default=None, help="write a PNG of the times and memory to this path")
+
+
+def parse_rows(text: str) -> list[tuple[int, int, int, int]]:
+    """--rows: comma-separated NxTxUxV as [(N, T, U, V)], or argparse's ArgumentTypeError naming the form."""
+    rows = []
+    for item in split_rows(text):
+        N, T, U, V = parse_shape(item, "NxTxUxV", (4,), "2x30x8x33")
+        if V < 2:
+            raise argparse.ArgumentTypeError(f"{item!r}: V={V} leaves no token for the labels (the blank is V - 1)")
+        rows.append((N, T, U, V))
+    return list(dict.fromkeys(rows))
 
 
 def make_inputs(N: int, T: int, U: int, V: int, device: torch.device, seed: int = 0):
@@ -139,20 +188,18 @@ def float64_errors(module, inputs, dtype, device) -> dict:
 
 
 def run(args) -> int:
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    rows = ROWS if device.type == "cuda" else CPU_DEMO
-    if args.rows:
-        wanted = {tuple(int(v) for v in r.split("x")) for r in args.rows.split(",")}
-        rows = [r for r in rows if r in wanted] or sorted(wanted)
-    dtypes = [d for d in args.dtypes.split(",") if d]
+    device = resolve_device(args)
+    rows = args.rows or (ROWS if device.type == "cuda" else CPU_DEMO)
+    dtypes = args.dtypes.split(",") if isinstance(args.dtypes, str) else args.dtypes
     env = environment(device)
     print(f"# joint network + RNN-T loss, training step (forward+backward), joint {ENC_DIM}->{JOINT_DIM}<-{PRED_DIM}"
           f" relu, {env['device']}, torch {env['torch']}, triton {env['triton']}, median of {args.reps}")  # fmt: skip
+    print_legend(LEGEND, CELLS)
     print(f"{'N':>3} {'T':>5} {'U':>4} {'V':>5} {'dtype':>8} | {'fused':>8} {'sk':>8} {'taudio':>8} | {'x best':>6} | "
           f"{'MB fused':>8} {'MB sk':>8} {'MB ta':>8} | {'TFLOP/s':>7} | {'loss err':>8} {'grad err':>8} "
-          f"{'min cos':>8}")  # fmt: skip
+          f"{'min cos':>8}", flush=True)  # fmt: skip
     results = []
-    for N, T, U, V in rows:
+    for N, T, U, V in progress(rows, "joint", lambda r: "x".join(map(str, r))):
         inputs = make_inputs(N, T, U, V, device)
         module = make_module(V, device)
         il, tl = inputs[3].long(), inputs[4].long()
@@ -162,7 +209,7 @@ def run(args) -> int:
             row = {"N": N, "T": T, "U": U, "V": V, "H": JOINT_DIM, "dtype": dtype, "cells": cells,
                    "joint_flop": flop}  # fmt: skip
             impls = {}
-            names = args.impls.split(",")
+            names = list(args.impls.split(",") if isinstance(args.impls, str) else args.impls)
             if N * T * (U + 1) * V >= TORCHAUDIO_LIMIT and "torchaudio" in names:
                 names.remove("torchaudio")
                 row["torchaudio_skipped"] = "logits of 2^31 elements or more: torchaudio 2.11's loss faults on them"
@@ -184,7 +231,7 @@ def run(args) -> int:
     if args.json:
         write_json(args.json, {"benchmark": "joint", "environment": env, "rows": results})
     if args.plot:
-        plot(results, args.plot)
+        plot(results, args.plot, plot_title("joint network + RNN-T loss, training step", env, device))
     return 0
 
 
@@ -203,20 +250,19 @@ def safe_times(impls, x, device, reps):
         return out
 
 
-def plot(results: list[dict], path: str) -> None:
-    """Bars per row and implementation: forward+backward time and peak extra memory (log scales)."""
-    names = [n for n in ("fused", "sk", "torchaudio") if any(r.get(n) for r in results)]
+def plot(results: list[dict], path: str, title: str) -> None:
+    """The fused step's speed-up over the fastest unfused step per row (no bar where none ran)."""
     labels = [f"{r['N']}x{r['T']}x{r['U']}x{r['V']}\n{r['dtype']}" for r in results]
-    plot_bars(results, names, labels, "joint network + RNN-T loss, forward+backward (missing bar: out of memory or "
-              "not run)", "ms per training step", path)  # fmt: skip
+    plot_series(path, labels, {"fused against the fastest of sk, torchaudio": [r.get("speedup") for r in results]},
+                title, "speed-up of the fused step", "NxTxUxV, dtype", lines=((1.0, "1.0: as fast as unfused"),),
+                empty_note="no unfused step ran (see --impls)")  # fmt: skip
 
 
 def print_row(row: dict) -> None:
     f = row.get("fused") or {}
-    sp = f"{row['speedup']:6.2f}" if row["speedup"] else f"{'-':>6}"
-    tf = f"{f['tflops']:7.1f}" if f.get("tflops") else f"{'-':>7}"
-    err = f.get("loss_rel_err", math.nan), f.get("grad_rel_err_max", math.nan), f.get("grad_cosine_min", math.nan)
-    print(f"{row['N']:3d} {row['T']:5d} {row['U']:4d} {row['V']:5d} {row['dtype']:>8} | {fmt_ms(row.get('fused'))} "
-          f"{fmt_ms(row.get('sk'))} {fmt_ms(row.get('torchaudio'))} | {sp} | {fmt_mb(row.get('fused'))} "
-          f"{fmt_mb(row.get('sk'))} {fmt_mb(row.get('torchaudio'))} | {tf} | {err[0]:8.1e} {err[1]:8.1e} "
-          f"{err[2]:8.5f}", flush=True)  # fmt: skip
+    err = f.get("loss_rel_err"), f.get("grad_rel_err_max"), f.get("grad_cosine_min")
+    emit(f"{row['N']:3d} {row['T']:5d} {row['U']:4d} {row['V']:5d} {row['dtype']:>8} | {fmt_ms(row.get('fused'))} "
+         f"{fmt_ms(row.get('sk'))} {fmt_ms(row.get('torchaudio'))} | {fmt_num(row['speedup'], '.2f', 6)} | "
+         f"{fmt_mb(row.get('fused'))} {fmt_mb(row.get('sk'))} {fmt_mb(row.get('torchaudio'))} | "
+         f"{fmt_num(f.get('tflops'), '.1f', 7)} | {fmt_num(err[0], '.1e', 8)} {fmt_num(err[1], '.1e', 8)} "
+         f"{fmt_num(err[2], '.5f', 8)}")  # fmt: skip

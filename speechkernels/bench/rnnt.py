@@ -21,11 +21,22 @@ import speechkernels as sk
 from speechkernels.rnnt.reference import rnnt_forward_backward_reference
 
 from .common import (
+    add_common_arguments,
+    emit,
     environment,
     fmt_mb,
     fmt_ms,
+    fmt_num,
+    parse_shape,
     peak_extra_memory,
+    plot_series,
+    plot_title,
+    positive_int,
+    print_legend,
     print_title,
+    progress,
+    resolve_device,
+    split_rows,
     time_forward_backward,
     time_graphed_step,
     write_json,
@@ -36,15 +47,39 @@ ROWS = [(T, U, V, N) for T, U, V in SHAPES for N in (1, 16, 32, 64, 128)]
 CPU_DEMO = [(50, 10, 28, 2), (50, 10, 500, 2)]
 PEERS = ("torchaudio", "warp_rnnt", "warp_rnnt_gather")
 GRAD_CHECK_LIMIT = 2**26  # logits elements up to which the float64 gradient is compared too
+CPU_SECONDS = 1  # the CPU demo's rows with the default options, start-up not included
+LEGEND = [
+    ("T U V N", "frames, label positions with the blank row (U - 1 labels), vocabulary (blank 0), batch"),
+    ("sk ms", "median ms of one forward+backward from float32 logits [N, T, U, V]: ours"),
+    ("taudio, warp", "the same, torchaudio's rnnt_loss and warp-rnnt (the faster of its two modes)"),
+    ("x best", "speed-up of ours over the fastest peer (>1: ours is faster)"),
+    ("MB sk, MB ta", "peak extra GPU memory of one step in MiB, ours and torchaudio"),
+    ("reuse", "the same for ours with reuse_logits_for_grad=True (the gradient written over the logits)"),
+    ("loss err", "max relative error of our per-sample losses against the float64 reference"),
+    ("grad err", "max absolute error of our gradient against the float64 reference (rows up to 2^26 logits)"),
+    ("graph", "with --graph on a GPU: our step captured in a CUDA graph, ms and speed-up over the peers' eager steps"),
+]
+CELLS = ("-: no value (no peer ran, memory on a CPU, errors with --no-error or the row too large for the float64 "
+         "gradient); n/a: the peer is not installed, or not run on rows of 2^31 logits or more")  # fmt: skip
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    p.add_argument("--json", default=None, help="write the rows and the environment to this JSON file")
-    p.add_argument("--rows", default=None, help="only these configurations as TxUxVxN, e.g. 150x40x28x128")
-    p.add_argument("--reps", type=int, default=20)
+    add_common_arguments(p, parse_rows, "TxUxVxN (frames, label positions with the blank row, vocabulary, batch), "
+                         "e.g. 150x40x28x128", "the speed-up over the fastest peer per row")  # fmt: skip
+    p.add_argument("--reps", type=positive_int, default=20, help="timed calls per implementation (default 20)")
     p.add_argument("--no-error", action="store_true", help="skip the float64 reference comparison")
     p.add_argument("--graph", action="store_true", help="also time our step captured in a CUDA graph (GPU)")
+
+
+def parse_rows(text: str) -> list[tuple[int, int, int, int]]:
+    """--rows: comma-separated TxUxVxN as [(T, U, V, N)], or argparse's ArgumentTypeError naming the form."""
+    rows = []
+    for item in split_rows(text):
+        T, U, V, N = parse_shape(item, "TxUxVxN", (4,), "150x40x28x16")
+        if V < 2:
+            raise argparse.ArgumentTypeError(f"{item!r}: V={V} leaves no token for the labels (the blank is 0)")
+        rows.append((T, U, V, N))
+    return list(dict.fromkeys(rows))
 
 
 def make_inputs(T: int, U: int, V: int, N: int, device: torch.device, seed: int = 0):
@@ -124,17 +159,15 @@ def reuse_memory(logits, targets, il, tl, device) -> dict[str, int] | None:
 
 
 def run(args) -> int:
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    rows = ROWS if device.type == "cuda" else CPU_DEMO
-    if args.rows:
-        wanted = {tuple(int(v) for v in r.split("x")) for r in args.rows.split(",")}
-        rows = [r for r in rows if r in wanted] or sorted(wanted)
+    device = resolve_device(args)
+    rows = args.rows or (ROWS if device.type == "cuda" else CPU_DEMO)
     env = environment(device)
     print_title("RNN-T loss, forward+backward from logits", env, args.reps)
+    print_legend(LEGEND, CELLS)
     print(f"{'T':>5} {'U':>4} {'V':>5} {'N':>4} | {'sk ms':>8} {'taudio':>8} {'warp':>8} | {'x best':>6} | "
-          f"{'MB sk':>8} {'reuse':>6} {'MB ta':>8} | {'loss err':>8} {'grad err':>8}")  # fmt: skip
+          f"{'MB sk':>8} {'reuse':>6} {'MB ta':>8} | {'loss err':>8} {'grad err':>8}", flush=True)  # fmt: skip
     results = []
-    for T, U, V, N in rows:
+    for T, U, V, N in progress(rows, "rnnt", lambda r: "x".join(map(str, r))):
         logits, targets, il, tl = make_inputs(T, U, V, N, device)
         row = {"T": T, "U": U, "V": V, "N": N, "logits_bytes": logits.numel() * logits.element_size(),
                "cells": N * T * U}  # fmt: skip
@@ -165,7 +198,19 @@ def run(args) -> int:
             torch.cuda.empty_cache()
     if args.json:
         write_json(args.json, {"benchmark": "rnnt", "environment": env, "rows": results})
+    if args.plot:
+        plot(results, args.plot, plot_title("RNN-T loss, forward+backward from logits", env, device))
     return 0
+
+
+def plot(results: list[dict], path: str, title: str) -> None:
+    """Speed-up over the fastest peer per row, eager and (where the run measured it) in a CUDA graph."""
+    labels = [f"{r['T']}x{r['U']}x{r['V']}\nN={r['N']}" for r in results]
+    series = {"ours, eager": [r.get("speedup") for r in results]}
+    if any("speedup_graph" in r for r in results):
+        series["ours in a CUDA graph"] = [r.get("speedup_graph") for r in results]
+    plot_series(path, labels, series, title, "speed-up over the fastest peer (eager)", "TxUxV, batch N",
+                empty_note="no peer ran (torchaudio and warp-rnnt not installed)")  # fmt: skip
 
 
 def print_row(row: dict) -> None:
@@ -177,11 +222,11 @@ def print_row(row: dict) -> None:
 
     warp = [row[p] for p in ("warp_rnnt", "warp_rnnt_gather") if row.get(p)]
     warp_best = min(warp, key=lambda e: e["ms"]) if warp else None
-    sp = f"{row['speedup']:6.2f}" if row["speedup"] else f"{'-':>6}"
     r = row["sk"].get("reuse_peak_extra_bytes")
-    reuse = f"{r / 2**20:6.0f}" if r is not None else f"{'-':>6}"
-    err = row["sk"].get("loss_rel_err", math.nan), row["sk"].get("grad_abs_err", math.nan)
-    print(f"{row['T']:5d} {row['U']:4d} {row['V']:5d} {row['N']:4d} | {ms('sk')} {ms('torchaudio')} "
-          f"{fmt_ms(warp_best)} | {sp} | {mb('sk')} {reuse} {mb('torchaudio')} | {err[0]:8.1e} {err[1]:8.1e}"
-          + (f" | graph {row['sk_graph']['ms']:7.3f} ms, {row['speedup_graph'] or math.nan:5.2f}x"
-             if "sk_graph" in row else ""), flush=True)  # fmt: skip
+    reuse = fmt_num(None if r is None else r / 2**20, ".0f", 6)
+    err = row["sk"].get("loss_rel_err"), row["sk"].get("grad_abs_err")
+    g = row.get("sk_graph")
+    graph = f" | graph {g['ms']:7.3f} ms, {fmt_num(row['speedup_graph'], '.2f', 5, 'x')}" if g else ""
+    emit(f"{row['T']:5d} {row['U']:4d} {row['V']:5d} {row['N']:4d} | {ms('sk')} {ms('torchaudio')} "
+         f"{fmt_ms(warp_best)} | {fmt_num(row['speedup'], '.2f', 6)} | {mb('sk')} {reuse} {mb('torchaudio')} | "
+         f"{fmt_num(err[0], '.1e', 8)} {fmt_num(err[1], '.1e', 8)}" + graph)  # fmt: skip

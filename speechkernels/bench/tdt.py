@@ -24,7 +24,25 @@ import speechkernels as sk
 from speechkernels.tdt.reference import multiblank_rnnt_loss_reference, tdt_loss_reference
 
 from . import joint as joint_bench
-from .common import environment, fmt_mb, fmt_ms, plot_bars, print_title, time_forward_backward, write_json
+from .common import (
+    add_common_arguments,
+    emit,
+    environment,
+    fmt_mb,
+    fmt_ms,
+    fmt_num,
+    parse_shape,
+    plot_series,
+    plot_title,
+    positive_int,
+    print_legend,
+    print_title,
+    progress,
+    resolve_device,
+    split_rows,
+    time_forward_backward,
+    write_json,
+)
 
 DURATIONS = [0, 1, 2, 3, 4]
 BIG_BLANKS = [2, 4, 8]
@@ -38,15 +56,76 @@ ROWS = [
 CPU_DEMO = [("tdt", 2, (20, 20), (5, 5), 28, 5), ("multiblank", 2, (20, 20), (5, 5), 28, 3)]
 JOINT_ROWS = [(32, 400, 128, 1025), (16, 400, 100, 8193)]  # (N, T, U, V), durations DURATIONS
 JOINT_CPU_DEMO = [(2, 30, 8, 33)]
+KINDS = {"tdt": len(DURATIONS), "multiblank": len(BIG_BLANKS)}  # kind -> extra columns
+CPU_SECONDS = 2  # the CPU demo's rows with the default options, start-up not included
+LEGEND = [
+    ("kind N T U", "tdt or multiblank, batch, frames, labels (lo-hi: ragged lengths, the longest spans the tensor)"),
+    ("V X", f"tokens (blank V - 1) and extra columns: TDT's durations {DURATIONS}, or big blanks {BIG_BLANKS}"),
+    ("ours ms", "median ms of one forward+backward from the logits [N, T, U + 1, V + X]: tdt_loss or "
+                "multiblank_rnnt_loss"),
+    ("rnnt ms", "the same, our rnnt_loss on the token logits alone (*: on a slice of ours, not on a contiguous "
+                "copy: on a CPU, or no room for one on the GPU)"),
+    ("ratio", "ours ms / rnnt ms: the cost of the durations or big blanks (>1: ours is slower)"),
+    ("MB ours, MB rnnt", "peak extra GPU memory of one call in MiB"),
+    ("loss err, grad err", "relative error of the loss and max absolute error of the gradient against float64 "
+                           "(CPU runs only)"),
+]  # fmt: skip
+CELLS = "-: no value (memory on a CPU, errors on a GPU); n/a: the loss could not run the row"
+JOINT_LEGEND = [
+    ("N T U V", "batch, frames, labels, tokens (blank V - 1)"),
+    ("dtype", "float32, or bfloat16 autocast"),
+    ("tdt ms", f"median ms of a training step: TDTJointLoss (durations {DURATIONS}), the logits never made"),
+    ("rnnt ms", "the same, RNNTJointLoss at the same N, T, U, V"),
+    ("ratio", "tdt ms / rnnt ms: the cost of the durations (>1: TDT is slower)"),
+    ("unfused", "the same, the TDT joint with its logits made (module.joint) then tdt_loss"),
+    ("MB ...", "peak extra GPU memory of one step in MiB, per implementation"),
+]
+JOINT_CELLS = "-: no value (memory on a CPU, or no ratio where one side ran out of memory); n/a: out of memory"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    p.add_argument("--json", default=None, help="write the rows and the environment to this JSON file")
-    p.add_argument("--reps", type=int, default=20)
+    add_common_arguments(p, parse_rows, "[KIND:]NxTxUxV, KIND tdt (default) or multiblank, T and U either a length "
+                         "or a range lo-hi of ragged lengths, e.g. tdt:2x20x5x28,multiblank:16x250-400x40-100x8193 "
+                         "(with --joint: NxTxUxV)", "the speed-up of rnnt_loss's time over ours per row (below 1: "
+                         "ours is slower)")  # fmt: skip
+    p.add_argument("--reps", type=positive_int, default=20, help="timed calls per loss (default 20)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--joint", action="store_true", help="the fused joint's table (TDTJointLoss) instead")
-    p.add_argument("--plot", default=None, help="write a PNG of the times and memory to this path")
+
+
+def parse_rows(text: str) -> list[tuple]:
+    """--rows: comma-separated [KIND:]NxTxUxV (T, U: a length or lo-hi) as [(kind, N, (T_min, T), (U_min, U), V,
+    X)], or argparse's ArgumentTypeError naming the form."""
+    form, example = "[KIND:]NxTxUxV (T and U a length or lo-hi)", "tdt:2x20x5x28 or multiblank:16x250-400x40-100x8193"
+    rows = []
+    for item in split_rows(text):
+        kind, _, shape = item.rpartition(":")
+        kind = kind or "tdt"
+        if kind not in KINDS:
+            raise argparse.ArgumentTypeError(f"{item!r}: kind {kind!r} is not one of {', '.join(KINDS)}")
+        parts = shape.split("x")
+        if len(parts) != 4:
+            raise argparse.ArgumentTypeError(f"{item!r} is not {form}, e.g. {example}")
+        N, V = parse_shape(f"{parts[0]}x{parts[3]}", form, (2,), example)
+        # a single length n stands for the range n-n
+        lo_T, T = (parse_shape(parts[1], form, (1, 2), example, seps="-") * 2)[-2:]
+        lo_U, U = (parse_shape(parts[2], form, (1, 2), example, seps="-") * 2)[-2:]
+        if lo_T > T or lo_U > U:
+            raise argparse.ArgumentTypeError(f"{item!r}: a range lo-hi needs lo <= hi")
+        if V < 2:
+            raise argparse.ArgumentTypeError(f"{item!r}: V={V} leaves no token for the labels (the blank is V - 1)")
+        rows.append((kind, N, (lo_T, T), (lo_U, U), V, KINDS[kind]))
+    return list(dict.fromkeys(rows))
+
+
+def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--joint takes plain NxTxUxV rows (TDT, every sample of full length)."""
+    if args.joint and args.rows:
+        for row in args.rows:
+            kind, _, T_range, U_range, _, _ = row
+            if kind != "tdt" or T_range[0] != T_range[1] or U_range[0] != U_range[1]:
+                parser.error(f"--joint --rows: {_label(row)}: the joint's table takes NxTxUxV rows only (TDT, no "
+                             "lo-hi ranges), e.g. 2x30x8x33")  # fmt: skip
 
 
 def make_inputs(kind, N, T_range, U_range, V, X, device, dtype, seed=0):
@@ -99,10 +178,15 @@ def run_joint(args, device, env) -> int:
     print_title("TDT joint network + loss, training step (forward+backward)", env, args.reps,
                 f"; joint {joint_bench.ENC_DIM}->{joint_bench.JOINT_DIM}<-{joint_bench.PRED_DIM} relu, durations "
                 f"{DURATIONS}")  # fmt: skip
+    print_legend(JOINT_LEGEND, JOINT_CELLS)
     print(f"{'N':>3} {'T':>5} {'U':>4} {'V':>5} {'dtype':>8} | {'tdt ms':>8} {'rnnt ms':>8} {'ratio':>6} "
-          f"{'unfused':>8} | {'MB tdt':>8} {'MB rnnt':>8} {'MB unf':>8}")  # fmt: skip
+          f"{'unfused':>8} | {'MB tdt':>8} {'MB rnnt':>8} {'MB unf':>8}", flush=True)  # fmt: skip
     out = []
-    for N, T, U, V in JOINT_ROWS if device.type == "cuda" else JOINT_CPU_DEMO:
+    if args.rows:
+        rows = [(N, T_range[1], U_range[1], V) for _, N, T_range, U_range, V, _ in args.rows]
+    else:
+        rows = JOINT_ROWS if device.type == "cuda" else JOINT_CPU_DEMO
+    for N, T, U, V in progress(rows, "tdt --joint", lambda r: "x".join(map(str, r))):
         inputs = joint_bench.make_inputs(N, T, U, V, device)
         torch.manual_seed(0)
         tdt = sk.TDTJointLoss(joint_bench.ENC_DIM, joint_bench.PRED_DIM, joint_bench.JOINT_DIM, V, DURATIONS,
@@ -123,26 +207,34 @@ def run_joint(args, device, env) -> int:
             ratio = res["tdt"]["ms"] / res["rnnt"]["ms"] if res.get("tdt") and res.get("rnnt") else None
             row = dict(N=N, T=T, U=U, V=V, durations=DURATIONS, dtype=dtype, ratio=ratio, **res)
             out.append(row)
-            r_s = f"{ratio:>6.2f}" if ratio is not None else f"{'-':>6}"
-            print(f"{N:>3} {T:>5} {U:>4} {V:>5} {dtype:>8} | {fmt_ms(res['tdt'])} {fmt_ms(res['rnnt'])} {r_s} "
-                  f"{fmt_ms(res['unfused'])} | {fmt_mb(res['tdt'])} {fmt_mb(res['rnnt'])} {fmt_mb(res['unfused'])}",
-                  flush=True)  # fmt: skip
+            emit(f"{N:>3} {T:>5} {U:>4} {V:>5} {dtype:>8} | {fmt_ms(res['tdt'])} {fmt_ms(res['rnnt'])} "
+                 f"{fmt_num(ratio, '.2f', 6)} {fmt_ms(res['unfused'])} | {fmt_mb(res['tdt'])} {fmt_mb(res['rnnt'])} "
+                 f"{fmt_mb(res['unfused'])}")  # fmt: skip
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     if args.json:
         write_json(args.json, {"benchmark": "tdt_joint", "environment": env, "rows": out})
     if args.plot:
-        plot(out, ("tdt", "rnnt", "unfused"), "TDT joint (fused), RNN-T joint (fused), TDT joint with its logits made",
-             args.plot)  # fmt: skip
+        labels = [f"{r['N']}x{r['T']}x{r['U']}x{r['V']}+{len(DURATIONS)}\n{r['dtype']}" for r in out]
+        series = {"RNNTJointLoss ms / TDTJointLoss ms": [_over(r, "rnnt", "tdt") for r in out],
+                  "unfused TDT joint ms / TDTJointLoss ms": [_over(r, "unfused", "tdt") for r in out]}  # fmt: skip
+        plot_series(args.plot, labels, series, plot_title("TDT joint network + loss, training step", env, device),
+                    "speed-up of TDTJointLoss (<1: slower)", "NxTxUxV+durations, dtype",
+                    lines=((1.0, "1.0: as fast"),))  # fmt: skip
     return 0
 
 
+def _over(row: dict, a: str, b: str) -> float | None:
+    """row[a]'s time over row[b]'s, or None where either did not run."""
+    return row[a]["ms"] / row[b]["ms"] if row.get(a) and row.get(b) else None
+
+
 def run(args) -> int:
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(args)
     if args.joint:
         return run_joint(args, device, environment(device))
     dtype = getattr(torch, args.dtype)
-    rows = ROWS if device.type == "cuda" else CPU_DEMO
+    rows = args.rows or (ROWS if device.type == "cuda" else CPU_DEMO)
     env = environment(device)
     print_title(
         f"TDT and multi-blank losses, forward+backward ({args.dtype})",
@@ -150,10 +242,11 @@ def run(args) -> int:
         args.reps,
         "; rnnt: rnnt_loss of the token logits",
     )
+    print_legend(LEGEND, CELLS)
     print(f"{'kind':>10} {'N':>3} {'T':>9} {'U':>8} {'V':>5} {'X':>2} | {'ours ms':>8} {'rnnt ms':>8} {'ratio':>6} | "
-          f"{'MB ours':>8} {'MB rnnt':>8} | loss err  grad err")  # fmt: skip
+          f"{'MB ours':>8} {'MB rnnt':>8} | loss err  grad err", flush=True)  # fmt: skip
     out = []
-    for kind, N, T_range, U_range, V, X in rows:
+    for kind, N, T_range, U_range, V, X in progress(rows, "tdt", _label):
         logits, targets, il, tl = make_inputs(kind, N, T_range, U_range, V, X, device, dtype)
         C = V if kind == "tdt" else V + X  # the token logits rnnt_loss takes: TDT's tokens; all classes
         # rnnt_loss on a contiguous copy of the token logits where three such tensors fit (a slice of ours costs
@@ -170,26 +263,32 @@ def run(args) -> int:
                    ratio=ours["ms"] / rnnt["ms"], rnnt_on="slice" if tokens is None and C < logits.shape[-1] else
                    "contiguous", loss_err=err[0], grad_err=err[1])  # fmt: skip
         out.append(row)
-        t_s = f"{T_range[0]}-{T_range[1]}" if T_range[0] != T_range[1] else str(T_range[1])
-        u_s = f"{U_range[0]}-{U_range[1]}" if U_range[0] != U_range[1] else str(U_range[1])
-        e_s = f"{err[0]:.1e}  {err[1]:.1e}" if err[0] is not None else "   -        -"
+        t_s, u_s = _span(T_range), _span(U_range)
         mark = "*" if row["rnnt_on"] == "slice" else " "
-        print(f"{kind:>10} {N:>3} {t_s:>9} {u_s:>8} {V:>5} {X:>2} | {fmt_ms(ours)} {fmt_ms(rnnt)}{mark}"
-              f"{row['ratio']:>6.2f} | {fmt_mb(ours)} {fmt_mb(rnnt)} | {e_s}", flush=True)  # fmt: skip
+        emit(f"{kind:>10} {N:>3} {t_s:>9} {u_s:>8} {V:>5} {X:>2} | {fmt_ms(ours)} {fmt_ms(rnnt)}{mark}"
+             f"{fmt_num(row['ratio'], '.2f', 6)} | {fmt_mb(ours)} {fmt_mb(rnnt)} | {fmt_num(err[0], '.1e', 7)}  "
+             f"{fmt_num(err[1], '.1e', 7)}")  # fmt: skip
         del logits, tokens
     if args.json:
         write_json(args.json, {"benchmark": "tdt", "environment": env, "rows": out})
     if args.plot:
-        plot(out, ("ours", "rnnt"), "TDT / multi-blank loss (ours) and rnnt_loss of the token logits", args.plot)
+        plot(out, args.plot, plot_title(f"TDT and multi-blank losses against rnnt_loss of the token logits "
+                                        f"({args.dtype})", env, device))  # fmt: skip
     return 0
 
 
-def plot(rows: list[dict], names: tuple[str, ...], title: str, path: str) -> None:
-    """The rows' times and memory (``common.plot_bars``), labelled kind, N x T x U x V (+ X) and dtype."""
+def _span(v: list[int] | tuple[int, int]) -> str:
+    return f"{v[0]}-{v[1]}" if v[0] != v[1] else str(v[1])
 
-    def label(r):
-        span = lambda v: v if isinstance(v, int) else f"{v[0]}-{v[1]}" if v[0] != v[1] else v[1]  # noqa: E731
-        extra = f"+{len(r['durations'])}" if "durations" in r else f"+{r['X']}"
-        return f"{r.get('kind', 'joint')}\n{r['N']}x{span(r['T'])}x{span(r['U'])}x{r['V']}{extra}\n{r['dtype']}"
 
-    plot_bars(rows, list(names), [label(r) for r in rows], title + ", forward+backward", "ms per call", path)
+def _label(row: tuple) -> str:
+    kind, N, T_range, U_range, V, _ = row
+    return f"{kind}:{N}x{_span(T_range)}x{_span(U_range)}x{V}"
+
+
+def plot(rows: list[dict], path: str, title: str) -> None:
+    """rnnt_loss's time over ours per row: how close the TDT / multi-blank loss comes to the plain RNN-T loss."""
+    labels = [f"{r['kind']}\n{r['N']}x{_span(r['T'])}x{_span(r['U'])}x{r['V']}+{r['X']}" for r in rows]
+    plot_series(path, labels, {"rnnt ms / ours ms": [_over(r, "rnnt", "ours") for r in rows]}, title,
+                "speed-up over rnnt_loss (<1: ours is slower)", "kind, NxTxUxV+X",
+                lines=((1.0, "1.0: as fast as rnnt_loss"),))  # fmt: skip

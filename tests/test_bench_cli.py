@@ -1,0 +1,181 @@
+"""The benchmark command line (python -m speechkernels.bench) on the CPU, at the smallest rows: argument errors
+end in a usage line and status 2 before anything runs, the tables carry a legend and no NaN, and --json / --plot
+write their files and say so."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+
+import pytest
+import torch
+
+from speechkernels.bench import align, common, ctc, joint, rnnt, tdt, wavenet
+from speechkernels.bench.__main__ import CAPABILITIES, all_output, main
+
+# one tiny row per benchmark, in each one's --rows form
+TINY = {
+    "ctc": "20x2x5x6",
+    "rnnt": "10x3x5x2",
+    "joint": "1x4x2x5",
+    "tdt": "tdt:1x5x2x5",
+    "align": "1x12x5x3",
+    "wavenet": "proxy:float32:1",
+}
+
+
+@pytest.fixture(autouse=True)
+def _as_a_user_runs_it(monkeypatch):
+    # the PyTorch paths, as on a CPU without the interpreter (which would run the kernels, far slower)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+
+@pytest.fixture
+def nothing_runs(monkeypatch):
+    """Every benchmark's run() fails the test if called: the errors must come before anything runs."""
+
+    def refuse(args):
+        raise AssertionError("a benchmark ran despite an argument error")
+
+    for module, _ in CAPABILITIES.values():
+        monkeypatch.setattr(module, "run", refuse)
+
+
+def exits_with_usage(argv: list[str], capsys) -> str:
+    """Runs the CLI, expects argparse's exit (status 2, a usage line) and returns its stderr."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: python -m speechkernels.bench"), err
+    assert "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["ctc", "--rows", "150x1"], "TxNxC or TxNxCxS"),
+        (["ctc", "--rows", "150xax28"], "TxNxC or TxNxCxS"),
+        (["ctc", "--rows", "150x1x28,"], "empty row"),
+        (["ctc", "--rows", "150x1x1"], "C=1"),
+        (["ctc", "--reps", "0"], "not a positive integer"),
+        (["ctc", "--device", "gpu"], "invalid choice"),
+        (["rnnt", "--rows", "150x40x28"], "TxUxVxN"),
+        (["joint", "--dtypes", "float64"], "float32, bfloat16"),
+        (["joint", "--impls", "fused,warp"], "fused, sk, torchaudio"),
+        (["tdt", "--rows", "ctc:1x5x2x5"], "tdt, multiblank"),
+        (["tdt", "--rows", "1x9-5x2x5"], "lo <= hi"),
+        (["tdt", "--joint", "--rows", "multiblank:1x5x2x5"], "NxTxUxV rows only"),
+        (["align", "--rows", "1:12:5"], "NxTxCxS"),
+        (["align", "--rows", "1x4x5x3"], "T >= 2S - 1"),
+        (["wavenet", "--only", "foo"], "proxy, vocoder"),
+        (["wavenet", "--designs", "stream,foo"], "stream, barrier, cluster, partials, pipeline"),
+        (["wavenet", "--rows", "proxy:float64:1"], "proxy:WEIGHTS:B"),
+        (["wavenet", "--only", "vocoder", "--rows", "proxy:float32:1"], "leave no row to run"),
+        (["all", "--rows", "ctc=150x1"], "ctc: '150x1' is not TxNxC"),
+        (["all", "--rows", "nope=1x2"], "BENCHMARK=ROWS"),
+        (["all", "--json", "/nonexistent-folder/run"], "does not exist"),
+        (["ctc", "--json", "/nonexistent-folder/ctc.json"], "does not exist"),
+        ([], "required: BENCHMARK"),
+    ],
+)
+def test_bad_arguments_exit_with_usage(argv, message, capsys, nothing_runs):
+    err = exits_with_usage(argv, capsys)
+    assert message in err.splitlines()[-1], err
+
+
+@pytest.mark.parametrize("what", [*CAPABILITIES, "all"])
+def test_device_cuda_without_cuda(what, capsys, monkeypatch, nothing_runs):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    err = exits_with_usage([what, "--device", "cuda"], capsys)
+    assert "CUDA is not available" in err
+
+
+@pytest.mark.parametrize("what", [*CAPABILITIES, "all"])
+def test_plot_without_matplotlib(what, capsys, monkeypatch, nothing_runs):
+    monkeypatch.setattr(common, "matplotlib_available", lambda: False)
+    err = exits_with_usage([what, "--plot", "out.png"], capsys)
+    assert "--plot needs matplotlib: pip install matplotlib (or pip install -e .[bench])" in err
+
+
+def test_rows_parsers():
+    """Each benchmark's --rows form, and the error argparse reports for a malformed row."""
+    assert ctc.parse_rows("150x1x28, 1200x16x32x600") == [(150, 1, 28, 150), (1200, 16, 32, 600)]
+    assert ctc.parse_row("150x1x28") == (150, 1, 28, 150)  # the one-row helper, kept for scripts
+    assert rnnt.parse_rows("150x40x28x16") == [(150, 40, 28, 16)]
+    assert joint.parse_rows("32x400x128x1025") == [(32, 400, 128, 1025)]
+    assert tdt.parse_rows("2x20x5x28,multiblank:16x250-400x40-100x8193") == [
+        ("tdt", 2, (20, 20), (5, 5), 28, len(tdt.DURATIONS)),
+        ("multiblank", 16, (250, 400), (40, 100), 8193, len(tdt.BIG_BLANKS)),
+    ]
+    assert align.parse_rows("8x300x32x40,2:2000:32:300") == [(8, 300, 32, 40), (2, 2000, 32, 300)]
+    assert wavenet.parse_rows("proxy:bfloat16:8,vocoder:20:1") == [("proxy", "bfloat16", 8), ("vocoder", 20, 1)]
+    for parse, text in [(ctc.parse_rows, "150x0x28"), (rnnt.parse_rows, ""), (wavenet.parse_rows, "vocoder:x:1")]:
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse(text)
+
+
+def test_all_output_names(tmp_path):
+    assert all_output(str(tmp_path), "ctc", ".json") == str(tmp_path / "ctc.json")
+    assert all_output("out/", "rnnt", ".png") == "out/rnnt.png"
+    assert all_output("runs/h100", "ctc", ".json") == "runs/h100_ctc.json"
+    assert all_output("runs/h100.json", "ctc", ".json") == "runs/h100_ctc.json"
+
+
+def test_ctc_json_and_plot(tmp_path, capsys, monkeypatch):
+    """One small row: the table with its legend, a progress line on stderr, both files written and announced."""
+    pytest.importorskip("matplotlib")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out_json, out_png = tmp_path / "ctc.json", tmp_path / "ctc.png"
+    argv = ["ctc", "--rows", TINY["ctc"], "--reps", "1", "--json", str(out_json), "--plot", str(out_png)]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "running on the CPU" in out.splitlines()[0]
+    assert "x best" in out and "cells: -: no value" in out
+    assert f"wrote {out_json}" in out and f"wrote {out_png}" in out
+    assert "[1/1] ctc 20x2x5x6" in err
+    payload = json.loads(out_json.read_text())
+    assert payload["benchmark"] == "ctc" and payload["environment"]["device"]
+    row = payload["rows"][0]
+    assert (row["T"], row["N"], row["C"], row["S"]) == (20, 2, 5, 6)
+    assert row["sk_logits"]["ms"] > 0 and row["speedup_logits"] > 0 and "speedup_logprobs" in row
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_tables_print_no_nan(capsys):
+    """Cells without a value print "-": errors skipped (--no-error) or undefined (no sample can be aligned: labels
+    up to 20 in 20 frames of 5 classes), no peer."""
+    for argv in (
+        ["ctc", "--device", "cpu", "--rows", TINY["ctc"], "--reps", "1", "--no-error"],
+        ["ctc", "--device", "cpu", "--rows", "20x2x5x20", "--reps", "1"],
+        ["rnnt", "--device", "cpu", "--rows", TINY["rnnt"], "--reps", "1", "--no-error"],
+        ["joint", "--device", "cpu", "--rows", TINY["joint"], "--reps", "1", "--no-error", "--dtypes", "float32"],
+        ["tdt", "--device", "cpu", "--rows", TINY["tdt"], "--reps", "1"],
+    ):
+        assert main(argv) == 0
+        out = capsys.readouterr().out
+        assert not re.search(r"nan", out, flags=re.I), out
+        assert " - " in out or "      -" in out
+
+
+def test_all_writes_one_file_per_benchmark(tmp_path, capsys):
+    """all --json DIR (and --plot DIR where matplotlib is there): one file per benchmark, each announced."""
+    argv = ["all", "--device", "cpu", "--reps", "1", "--json", str(tmp_path)]
+    argv += [a for what, rows in TINY.items() for a in ("--rows", f"{what}={rows}")]
+    plots = common.matplotlib_available()
+    if plots:
+        argv += ["--plot", f"{tmp_path}/"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.count("# note: running on the CPU") == 1
+    assert not re.search(r"nan", out, flags=re.I), out
+    for what in CAPABILITIES:
+        path = tmp_path / f"{what}.json"
+        payload = json.loads(path.read_text())
+        assert payload["benchmark"] == what and payload["rows"], what
+        assert f"wrote {path}" in out
+        if plots:
+            assert (tmp_path / f"{what}.png").stat().st_size > 1000
+            assert f"wrote {tmp_path / what}.png" in out
