@@ -29,7 +29,6 @@ from .common import (
     emit,
     environment,
     fmt_num,
-    plot_series,
     plot_title,
     positive_float,
     positive_int,
@@ -222,10 +221,33 @@ def run(args) -> int:
 
 
 def plot(results: list[dict], path: str, title: str) -> None:
-    """Samples per second per stream (kHz) per row and implementation, against 16 and 24 kHz real time (no bar
-    where the implementation failed)."""
-    labels = [f"{r['what']}\nB={r['B']}" for r in results]
-    khz = [r["samples_per_s_per_stream"] / 1e3 if "error" not in r else None for r in results]
-    plot_series(path, labels, {"kHz per stream": khz}, title, "samples per second per stream (kHz)",
-                lines=((16.0, "16 kHz real time"), (24.0, "24 kHz real time")),
-                empty_note="every implementation failed")  # fmt: skip
+    """Samples per second per stream (kHz) against the number of streams B, one line per implementation, the
+    proxy and the vocoder side by side, against 16 and 24 kHz real time (no point where a run failed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = [k for k in ("proxy", "vocoder") if any(r.get("kind") == k for r in results)] or ["proxy"]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(6.5 * len(kinds), 5), squeeze=False)
+    for ax, kind in zip(axes[0], kinds, strict=True):
+        lines: dict[str, list[tuple[int, float]]] = {}
+        for r in results:
+            if r.get("kind") == kind and "error" not in r:
+                lines.setdefault(r["what"], []).append((r["B"], r["samples_per_s_per_stream"] / 1e3))
+        for name, pts in lines.items():
+            pts.sort()
+            ax.plot([b for b, _ in pts], [k for _, k in pts], marker="o", ms=3, lw=1, label=name.removeprefix(kind))
+        for y, style in ((16.0, "--"), (24.0, ":")):
+            ax.axhline(y, color="k", lw=0.8, ls=style, label=f"{y:g} kHz real time")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("streams B")
+        ax.set_ylabel("samples per second per stream (kHz)")
+        ax.set_title(kind, fontsize=9)
+        ax.legend(fontsize=6, ncol=2)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"wrote {path}", flush=True)
