@@ -198,6 +198,23 @@ def test_cpu_path_recomputes_what_it_cannot_scale(monkeypatch):
         torch.testing.assert_close(grad, ref_grad, rtol=0, atol=1e-11)
 
 
+def test_cpu_path_keeps_at_most_its_scratch_budget(monkeypatch):
+    """The buffers kept between calls stay within SCRATCH_BYTES (a call that needs more gets fresh ones), and the
+    results do not depend on it."""
+    x, padded, il, tl = make_problem(8, 40, 3, 6, 8, dtype=torch.float64)
+    lp = x.log_softmax(-1)
+    ref = ctc_reference.ctc_forward_backward_reference(lp, padded, il, tl, 0)
+    for budget in (0, 20_000, 10**9):
+        monkeypatch.setattr(ctc_reference, "SCRATCH_BYTES", budget)
+        monkeypatch.setattr(ctc_reference, "_SCRATCH", ctc_reference._Scratch())
+        for _ in range(2):
+            loss, grad = ctc_reference.ctc_forward_backward_scaled(lp, padded, il, tl, 0)
+            torch.testing.assert_close(loss, ref[0], rtol=1e-11, atol=0)
+            torch.testing.assert_close(grad, ref[1], rtol=0, atol=1e-11)
+        kept = sum(b.numel() * b.dtype.itemsize for b in ctc_reference._SCRATCH.buffers.values())
+        assert kept <= budget and (kept > 0) == (budget > 0)
+
+
 @pytest.mark.parametrize("logits", [True, False])
 @pytest.mark.parametrize("layout", ["padded", "concatenated"])
 def test_cpu_path_public_api(monkeypatch, logits, layout):

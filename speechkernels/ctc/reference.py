@@ -24,12 +24,13 @@ from .._reference import LossWithGradient
 NEG_INF = float("-inf")
 NORMALISE_EVERY = 8  # frames between normalisations of the scaled recursion (float64: 700 nats of headroom)
 TOL = 1e-9  # largest deviation of a frame's occupancy sum from one that the scaled recursion accepts
-SCRATCH_BYTES = 256 * 2**20  # the scaled recursion's buffers kept between calls, per thread, up to this size
+SCRATCH_BYTES = 256 * 2**20  # the scaled recursion's buffers kept between calls: at most this much per thread
 
 
 class _Scratch(threading.local):
     """The scaled recursion's working buffers, kept per thread between calls: fresh pages cost more than the
-    arithmetic on them (a first touch of each page; measured as half the time of a T=150, N=8 step)."""
+    arithmetic on them (a first touch of each page; measured as half the time of a T=150, N=8 step). At most
+    SCRATCH_BYTES are kept in all; a call whose buffers would pass that gets fresh ones."""
 
     def __init__(self) -> None:
         self.buffers: dict = {}
@@ -38,11 +39,14 @@ class _Scratch(threading.local):
         n = 1
         for d in shape:
             n *= d
-        if n * dtype.itemsize > SCRATCH_BYTES or torch.device(device).type != "cpu":
+        key = (slot, dtype)
+        buf = self.buffers.get(key)
+        if buf is not None and buf.numel() >= n:
+            return buf[:n].view(shape)
+        kept = sum(b.numel() * b.dtype.itemsize for k, b in self.buffers.items() if k != key)
+        if torch.device(device).type != "cpu" or kept + n * dtype.itemsize > SCRATCH_BYTES:
             return torch.empty(shape, dtype=dtype, device=device)
-        buf = self.buffers.get((slot, dtype))
-        if buf is None or buf.numel() < n:
-            buf = self.buffers[(slot, dtype)] = torch.empty(n, dtype=dtype)
+        buf = self.buffers[key] = torch.empty(n, dtype=dtype)
         return buf[:n].view(shape)
 
 
