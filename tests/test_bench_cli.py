@@ -74,6 +74,8 @@ def exits_with_usage(argv: list[str], capsys) -> str:
         (["wavenet", "--designs", "stream,foo"], "stream, barrier, cluster, partials, pipeline"),
         (["wavenet", "--rows", "proxy:float64:1"], "proxy:WEIGHTS:B"),
         (["wavenet", "--only", "vocoder", "--rows", "proxy:float32:1"], "leave no row to run"),
+        (["wavenet", "--capacity", "1,0"], "positive integers"),
+        (["wavenet", "--capacity", "1", "--rows", "vocoder:20:1"], "do not go together"),
         (["all", "--rows", "ctc=150x1"], "ctc: '150x1' is not TxNxC"),
         (["all", "--rows", "nope=1x2"], "BENCHMARK=ROWS"),
         (["all", "--json", "/nonexistent-folder/run"], "does not exist"),
@@ -141,6 +143,24 @@ def test_ctc_json_and_plot(tmp_path, capsys, monkeypatch):
     row = payload["rows"][0]
     assert (row["T"], row["N"], row["C"], row["S"]) == (20, 2, 5, 6)
     assert row["sk_logits"]["ms"] > 0 and row["speedup_logits"] > 0 and "speedup_logprobs" in row
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_wavenet_capacity(tmp_path, capsys, monkeypatch):
+    """--capacity: the default path's rate for each stream count, the largest counts above 16 and 24 kHz, the
+    rows in the JSON (kind "capacity", the path taken) and a PNG."""
+    pytest.importorskip("matplotlib")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out_json, out_png = tmp_path / "cap.json", tmp_path / "cap.png"
+    argv = ["wavenet", "--capacity", "1,2", "--layers", "2", "--samples", "16", "--reps", "1", "--json",
+            str(out_json), "--plot", str(out_png)]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "most streams all above 16 kHz:" in out and "most streams all above 24 kHz:" in out
+    rows = json.loads(out_json.read_text())["rows"]
+    assert [(r["kind"], r["B"], r["path"], r["layers"]) for r in rows] == [("capacity", 1, "torch", 2),
+                                                                         ("capacity", 2, "torch", 2)]  # fmt: skip
+    assert all(r["samples_per_s_per_stream"] > 0 for r in rows)
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
