@@ -76,6 +76,7 @@ def exits_with_usage(argv: list[str], capsys) -> str:
         (["wavenet", "--only", "vocoder", "--rows", "proxy:float32:1"], "leave no row to run"),
         (["wavenet", "--capacity", "1,0"], "positive integers"),
         (["wavenet", "--capacity", "1", "--rows", "vocoder:20:1"], "do not go together"),
+        (["wavenet", "--capacity", "1", "--kernel", "cuda"], "invalid choice"),
         (["all", "--rows", "ctc=150x1"], "ctc: '150x1' is not TxNxC"),
         (["all", "--rows", "nope=1x2"], "BENCHMARK=ROWS"),
         (["all", "--json", "/nonexistent-folder/run"], "does not exist"),

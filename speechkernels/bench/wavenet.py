@@ -21,7 +21,7 @@ import torch
 
 from speechkernels.wavenet import WaveNet, serial_chain
 from speechkernels.wavenet.cuda_runtime import clusters_available
-from speechkernels.wavenet.generation import MAX_CLUSTER_STREAMS, cluster_kernel_available
+from speechkernels.wavenet.generation import KERNELS, MAX_CLUSTER_STREAMS, cluster_kernel_available
 
 from .common import (
     add_common_arguments,
@@ -84,6 +84,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    f"{','.join(map(str, CPU_CAPACITY_B))} on a CPU), and the most streams that all stay above 16 "
                    "and 24 kHz")  # fmt: skip
     p.add_argument("--layers", type=positive_int, default=20, help="the vocoder's layers with --capacity (default 20)")
+    p.add_argument("--kernel", choices=KERNELS, default="auto",
+                   help="generate()'s path with --capacity (default auto: the path it picks for each B)")  # fmt: skip
 
 
 def positive_int_list(text: str) -> tuple[int, ...]:
@@ -252,8 +254,9 @@ def capacity(args, device: torch.device, env: dict, n_max: int, report, results:
     for B in progress(list(counts), "wavenet capacity", str):
         cond = torch.randn(B, net.cond_channels, math.ceil(n_max / net.hop_length), generator=g).to(device)
         gen = torch.Generator(device=device).manual_seed(0)
-        path = default_path(net, B)
-        report(f"vocoder {args.layers} layers {path}", B, lambda n, c=cond, g=gen: net.generate(c, n, generator=g),
+        path = default_path(net, B) if args.kernel == "auto" else args.kernel
+        report(f"vocoder {args.layers} layers {path}", B,
+               lambda n, c=cond, g=gen: net.generate(c, n, generator=g, kernel=args.kernel),
                {"kind": "capacity", "layers": args.layers, "path": path})  # fmt: skip
     for khz in (16, 24):
         fits = [r["B"] for r in results if "error" not in r and r["samples_per_s_per_stream"] >= khz * 1e3]
