@@ -298,7 +298,7 @@ def ctc_forward_backward_scaled(
             gamma[:, ~ok] = 0.0
         if logits:  # softmax - occupancy on the frames read, of the samples with an alignment
             keep = read & ~impossible[None, :]
-            grad = torch.sub(xw, lse[..., None]).exp_().masked_fill_(~keep[..., None], 0.0)  # lse: taken above
+            grad = torch.softmax(xw, 2).masked_fill_(~keep[..., None], 0.0)
         else:
             grad = torch.zeros(T, N, C, dtype=wd, device=dev)
         occ = gamma.neg_() if wd == torch.float64 else g.copy_(gamma.neg_())
