@@ -77,6 +77,7 @@ def exits_with_usage(argv: list[str], capsys) -> str:
         (["wavenet", "--capacity", "1,0"], "positive integers"),
         (["wavenet", "--capacity", "1", "--rows", "vocoder:20:1"], "do not go together"),
         (["wavenet", "--capacity", "1", "--kernel", "cuda"], "invalid choice"),
+        (["wavenet", "--capacity", "1", "--chunk", "0"], "positive"),
         (["all", "--rows", "ctc=150x1"], "ctc: '150x1' is not TxNxC"),
         (["all", "--rows", "nope=1x2"], "BENCHMARK=ROWS"),
         (["all", "--json", "/nonexistent-folder/run"], "does not exist"),
@@ -148,17 +149,21 @@ def test_ctc_json_and_plot(tmp_path, capsys, monkeypatch):
 
 
 def test_wavenet_capacity(tmp_path, capsys, monkeypatch):
-    """--capacity: the default path's rate for each stream count, the largest counts above 16 and 24 kHz, the
-    rows in the JSON (kind "capacity", the path taken) and a PNG."""
+    """--capacity: the default path's rate for each stream count, the serving loop's latency to the first chunk,
+    the largest counts above 16 and 24 kHz, the rows in the JSON (kind "capacity", the path taken) and a PNG."""
     pytest.importorskip("matplotlib")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     out_json, out_png = tmp_path / "cap.json", tmp_path / "cap.png"
-    argv = ["wavenet", "--capacity", "1,2", "--layers", "2", "--samples", "16", "--reps", "1", "--json",
-            str(out_json), "--plot", str(out_png)]  # fmt: skip
+    argv = ["wavenet", "--capacity", "1,2", "--layers", "2", "--samples", "16", "--reps", "1", "--chunk", "8",
+            "--json", str(out_json), "--plot", str(out_png)]  # fmt: skip
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "most streams all above 16 kHz:" in out and "most streams all above 24 kHz:" in out
-    rows = json.loads(out_json.read_text())["rows"]
+    assert "1st chunk ms" in out
+    result = json.loads(out_json.read_text())
+    rows = result["rows"]
+    assert set(result["summary"]) == {"most_streams_above_16khz", "most_streams_above_24khz"}
+    assert all(r["first_chunk_s"] > 0 and r["chunk"] == 8 for r in rows)
     assert [(r["kind"], r["B"], r["path"], r["layers"]) for r in rows] == [("capacity", 1, "torch", 2),
                                                                          ("capacity", 2, "torch", 2)]  # fmt: skip
     assert all(r["samples_per_s_per_stream"] > 0 for r in rows)

@@ -24,7 +24,14 @@ import functools
 
 import torch
 
-from .cuda_runtime import clusters_available, compile_cluster_kernel, device_arch, launch, set_dynamic_shared_memory
+from .cuda_runtime import (
+    clusters_available,
+    compile_cluster_kernel,
+    device_arch,
+    launch,
+    max_active_clusters,
+    set_dynamic_shared_memory,
+)
 from .weights import VocoderInputs, VocoderWeights, frame_bias, inverse_temperature
 
 
@@ -76,13 +83,87 @@ def vocoder_cluster_kernel(
     defines = dict(R=R, G2=G2, SK=SK, NC=NC, C=C, WBF16=WBF16, GREEDY=GREEDY, VIL=VIL)
     if ACQ is not None:
         defines["ACQ"] = ACQ
-    kernel = compile_cluster_kernel("wavenet_cluster", "wavenet_cluster.cu", arch, defines, C)
+    kernel = compile_cluster_kernel("wavenet_cluster", "wavenet_cluster.cu", arch, defines, C, (VOCODER_HEADER,))
     set_dynamic_shared_memory(kernel, _embed_bytes(R, NC), "the cluster vocoder kernel")
     return kernel
 
 
 def _embed_bytes(R: int, NC: int) -> int:
     return NC * R * 4
+
+
+VOCODER_HEADER = "vocoder_common.cuh"  # the vocoder kernels' shared device helpers
+BATCH_STREAMS = tuple(range(1, 33))  # streams per cluster the batched kernel is compiled for
+SHARED_MEMORY_LIMIT = 227 * 1024  # a CTA's shared memory on Hopper
+
+
+def batch_shared_bytes(R: int, G2: int, SK: int, NC: int, C: int, MS: int) -> int:
+    """The batched kernel's dynamic shared memory: the embedding, two exchange buffers, two inputs and the
+    staging slice, per stream of the cluster (``csrc/wavenet_cluster_batch.cu``)."""
+    return 4 * (NC * R + 2 * MS * max(G2, SK, NC) + 2 * MS * R + MS * max(SK // C, NC // C))
+
+
+def batch_streams_supported(cfg: dict, MS: int) -> bool:
+    """Whether the batched kernel runs MS streams per cluster for ``vocoder_cluster_config``'s sizes."""
+    R, G2, SK, NC, C = cfg["R"], cfg["G2"], cfg["SK"], cfg["NC"], cfg["C"]
+    return (
+        MS in BATCH_STREAMS
+        and (G2 // C) % 4 == 0
+        and (SK // C) % 4 == 0
+        and (NC // C) % 4 == 0
+        and batch_shared_bytes(R, G2, SK, NC, C, MS) + 8 * 1024 <= SHARED_MEMORY_LIMIT
+    )
+
+
+@functools.cache
+def vocoder_cluster_batch_kernel(R: int, G2: int, SK: int, NC: int, C: int, MS: int, WBF16: int, GREEDY: int, arch: str):
+    """The batched kernel (MS streams per cluster) for ``vocoder_cluster_config``'s sizes."""
+    defines = dict(R=R, G2=G2, SK=SK, NC=NC, C=C, MS=MS, WBF16=WBF16, GREEDY=GREEDY, VIL=1)
+    kernel = compile_cluster_kernel("wavenet_cluster_batch", "wavenet_cluster_batch.cu", arch, defines, C,
+                                    (VOCODER_HEADER,))  # fmt: skip
+    set_dynamic_shared_memory(kernel, batch_shared_bytes(R, G2, SK, NC, C, MS), "the batched vocoder kernel")
+    return kernel
+
+
+def resident_clusters(kernel, threads: int, C: int, shmem: int, device: torch.device) -> int:
+    """How many clusters of C CTAs of ``kernel`` the GPU holds at once (the driver's occupancy query; the SM count
+    over C where the query is unavailable)."""
+    n = max_active_clusters(kernel, threads, C, shmem)
+    if n is None:
+        n = torch.cuda.get_device_properties(device).multi_processor_count // C
+    return max(1, n)
+
+
+@functools.cache
+def cluster_capacity(cfg_items: tuple, arch: str, device: torch.device) -> tuple[int, int]:
+    """(resident clusters of the one-stream kernel, of the batched kernel) for ``vocoder_cluster_config``'s sizes."""
+    cfg = dict(cfg_items)
+    R, G2, SK, NC, C = cfg["R"], cfg["G2"], cfg["SK"], cfg["NC"], cfg["C"]
+    one = vocoder_cluster_kernel(**cfg, WBF16=0, GREEDY=0, arch=arch)
+    ms = max(m for m in BATCH_STREAMS if batch_streams_supported(cfg, m))
+    batch = vocoder_cluster_batch_kernel(**cfg, MS=ms, WBF16=0, GREEDY=0, arch=arch)
+    threads = 32 * (G2 // C)
+    return (resident_clusters(one, threads, C, _embed_bytes(R, NC), device),
+            resident_clusters(batch, threads, C, batch_shared_bytes(R, G2, SK, NC, C, ms), device))  # fmt: skip
+
+
+def cluster_plan(weights: VocoderWeights, B: int, device: torch.device, C: int = 8) -> tuple[int, int]:
+    """(streams per cluster, clusters) the cluster kernels run B streams with: one stream per cluster (the
+    one-stream kernel, ``wavenet_cluster.cu``) while every cluster is resident at once, else the fewest streams per
+    cluster of the batched kernel that keep them resident (``batch_plan``)."""
+    w = weights
+    cfg = vocoder_cluster_config(w.layers, w.residual_channels, w.gate_channels, w.skip_channels, w.classes, C)
+    one, batch = cluster_capacity(tuple(cfg.items()), device_arch(device), device)
+    if B <= one:
+        return 1, B
+    return batch_plan(B, batch, tuple(m for m in BATCH_STREAMS if batch_streams_supported(cfg, m)))
+
+
+def batch_plan(B: int, resident: int, allowed=BATCH_STREAMS) -> tuple[int, int]:
+    """(streams per cluster MS, clusters) for B streams and ``resident`` clusters at once: the fewest streams per
+    cluster that keep every cluster resident, the most allowed beyond (more clusters then run in turn)."""
+    ms = next((m for m in allowed if m * resident >= B), allowed[-1])
+    return ms, -(-B // ms)
 
 
 def cluster_layout(weights: VocoderWeights, weights_dtype: torch.dtype, C: int) -> dict:
@@ -141,3 +222,71 @@ def wavenet_generate_cluster(
     args.append(np.float32(inv_temp))
     launch(kernel, dev, B, nt, args, cluster=C, shmem=_embed_bytes(cfg["R"], cfg["NC"]))
     return out
+
+
+def wavenet_generate_cluster_batch(
+    weights: VocoderWeights,
+    inputs: VocoderInputs,
+    weights_dtype: torch.dtype = torch.float32,
+    C: int = 8,
+    streams_per_cluster: int | None = None,
+    prev: torch.Tensor | None = None,
+    phase: torch.Tensor | None = None,
+    queue: torch.Tensor | None = None,
+    queue_rows: torch.Tensor | None = None,
+    queue_time: int = 0,
+) -> torch.Tensor:
+    """Launcher of the batched kernel: MS streams per cluster (the fewest that keep every cluster resident unless
+    ``streams_per_cluster`` gives MS), all samples in one launch ([B, n_samples] int64).
+
+    For generation in chunks (``server.WaveNetServer``): ``prev`` [B] int64 each stream's input class before its
+    first sample (the model's start class if None); ``phase`` [B] int32 each stream's sample index at the first
+    sample within ``inputs.cond``'s first frame (zeros if None); ``queue`` the dilation queues (``batch_queue``:
+    zeros for a new stream) kept between launches, stream b's at row ``queue_rows[b]`` (int32, b if None), and
+    ``queue_time`` the samples made with the queue so far (the same clock for all its streams)."""
+    import numpy as np
+
+    w = weights
+    cond, g, uniforms, temperature = inputs
+    cfg = vocoder_cluster_config(w.layers, w.residual_channels, w.gate_channels, w.skip_channels, w.classes, C)
+    n, B = uniforms.shape
+    dev = uniforms.device
+    arch = device_arch(dev)
+    if streams_per_cluster is None:
+        _, resident = cluster_capacity(tuple(cfg.items()), arch, dev)
+        MS, K = batch_plan(B, resident, tuple(m for m in BATCH_STREAMS if batch_streams_supported(cfg, m)))
+    else:
+        MS, K = streams_per_cluster, -(-B // streams_per_cluster)
+    if not batch_streams_supported(cfg, MS):
+        raise ValueError(f"the batched cluster kernel does not run {MS} streams per cluster for {cfg}")
+    p = cluster_layout(w, weights_dtype, C)
+    cb = frame_bias(w, cond, g).contiguous()
+    cb = cb.expand(B, cb.shape[1], w.layers, w.gate_channels).contiguous()
+    if queue is None:
+        queue = batch_queue(w, B, C, dev)
+    if queue_rows is None:
+        queue_rows = torch.arange(B, dtype=torch.int32, device=dev)
+    if prev is None:
+        prev = torch.full((B,), w.start_class, dtype=torch.long, device=dev)
+    if phase is None:
+        phase = torch.zeros(B, dtype=torch.int32, device=dev)
+    out = torch.empty(B, n, dtype=torch.long, device=dev)
+    u = uniforms.float().contiguous()
+    kernel = vocoder_cluster_batch_kernel(**cfg, MS=MS, WBF16=int(weights_dtype == torch.bfloat16),
+                                          GREEDY=int(temperature == 0), arch=arch)  # fmt: skip
+    hop = w.hop_length if cond is not None else 1 << 30
+    tensors = (p["wg"], p["wr"], p["br"], p["ws"], p["bs"], p["w1"], p["b1"], p["w2"], p["b2"], w.embed, cb,
+               w.dilations, w.queue_offsets, queue, u, prev, phase, queue_rows, out)  # fmt: skip
+    args = [np.uint64(x.data_ptr()) for x in tensors]
+    args += [np.int32(v) for v in (B, w.layers, cb.shape[1], w.queue_slots, hop, n, queue_time)]
+    args.append(np.float32(inverse_temperature(temperature)))
+    launch(kernel, dev, K, 32 * (cfg["G2"] // C), args, cluster=C,
+           shmem=batch_shared_bytes(cfg["R"], cfg["G2"], cfg["SK"], cfg["NC"], C, MS))  # fmt: skip
+    return out
+
+
+def batch_queue(weights: VocoderWeights, rows: int, C: int, device) -> torch.Tensor:
+    """Zeroed dilation queues of the batched kernel, ``rows`` streams' worth: [rows, C, Q, G2 / C, 2] (each CTA's
+    past products of its gate units, a row per queue slot)."""
+    G2 = weights.gate_channels // 2
+    return torch.zeros(rows, C, weights.queue_slots, G2 // C, 2, device=device)

@@ -59,12 +59,15 @@ def compile_kernel(name: str, source: str, arch: str, defines: dict | None = Non
     return kernel
 
 
-def compile_cluster_kernel(name: str, filename: str, arch: str, defines: dict, cluster_size: int):
-    """Kernel ``name`` of ``csrc/<filename>``, compiled after ``csrc/cluster_common.cuh`` (see ``compile_kernel``).
-    The header's ``ACQ`` (the mbarrier wait's semantics) is 0 unless ``defines`` sets it."""
+def compile_cluster_kernel(
+    name: str, filename: str, arch: str, defines: dict, cluster_size: int, headers: tuple[str, ...] = ()
+):
+    """Kernel ``name`` of ``csrc/<filename>``, compiled after ``csrc/cluster_common.cuh`` and then ``headers``
+    (see ``compile_kernel``). The header's ``ACQ`` (the mbarrier wait's semantics) is 0 unless ``defines`` sets
+    it."""
     if "ACQ" not in defines:
         defines = {**defines, "ACQ": 0}
-    source = "\n" + read_source(CLUSTER_HEADER) + "\n" + read_source(filename)
+    source = "".join("\n" + read_source(f) for f in (CLUSTER_HEADER, *headers, filename))
     return compile_kernel(name, source, arch, defines, cluster_size)
 
 
@@ -89,6 +92,30 @@ def _set_attribute(kernel, attribute: str, value: int, message: str) -> None:
     (err,) = driver.cuKernelSetAttribute(attr, value, kernel.handle, dev)
     if err != driver.CUresult.CUDA_SUCCESS:
         raise ValueError(f"{message} ({err})")
+
+
+def max_active_clusters(kernel, block: int, cluster: int, shmem: int) -> int | None:
+    """The driver's count of clusters of ``cluster`` CTAs of ``block`` threads (``shmem`` bytes of dynamic shared
+    memory each) that the current GPU runs at once; None where the query is unavailable."""
+    try:
+        from cuda.bindings import driver
+
+        err, func = driver.cuKernelGetFunction(kernel.handle)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            return None
+        cfg = driver.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = cluster, 1, 1
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block, 1, 1
+        cfg.sharedMemBytes = shmem
+        attr = driver.CUlaunchAttribute()
+        attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster, 1, 1
+        cfg.attrs = [attr]
+        cfg.numAttrs = 1
+        err, n = driver.cuOccupancyMaxActiveClusters(func, cfg)
+        return int(n) if err == driver.CUresult.CUDA_SUCCESS else None
+    except Exception:  # an older cuda-bindings without these entry points
+        return None
 
 
 class _TorchStream:

@@ -8,13 +8,17 @@ from __future__ import annotations
 import torch
 
 from .._utils import as_bool, as_choice, as_float, as_generator, as_int, check_float_input, triton_interpreting
-from .cluster_vocoder import vocoder_cluster_supported, wavenet_generate_cluster
+from .cluster_vocoder import (
+    cluster_plan,
+    vocoder_cluster_supported,
+    wavenet_generate_cluster,
+    wavenet_generate_cluster_batch,
+)
 from .incremental import IncrementalState, sample_incremental
 from .triton_vocoder import wavenet_generate
 from .weights import VocoderInputs, vocoder_weights
 
 KERNELS = ("auto", "torch", "triton", "cluster")  # generate()'s paths; "auto" chooses (``generate``)
-MAX_CLUSTER_STREAMS = 16  # "auto" takes the cluster kernel up to this many streams, the Triton kernel beyond
 
 
 def check_generation(model, cond, n_samples, temperature, generator, speaker, batch, uniforms) -> VocoderInputs:
@@ -81,9 +85,10 @@ def generate(
     None exactly when the model has no speakers.
 
     ``kernel``: "torch" (the PyTorch incremental path: per-layer dilation queues, O(layers) work per sample;
-    the CPU's), "triton" (one program per stream, all samples in one launch), "cluster" (one thread-block
-    cluster per stream, CUDA C++ through cuda-core on Hopper or newer), or "auto": on CUDA the cluster kernel
-    for up to 16 streams where it is available, else the Triton kernel; on the CPU the PyTorch path. Every
+    the CPU's), "triton" (one program per stream, all samples in one launch), "cluster" (thread-block clusters,
+    CUDA C++ through cuda-core on Hopper or newer: one stream per cluster while the GPU holds a cluster per
+    stream, beyond that several streams per cluster, as few as keep every cluster resident), or "auto": on CUDA
+    the cluster kernels where they are available, else the Triton kernel; on the CPU the PyTorch path. Every
     path draws the same classes from the same uniform numbers (up to float32 rounding at a class boundary).
     ``weights_dtype``: torch.bfloat16 lets the cluster kernel read bfloat16 copies of the matrices (float32
     arithmetic). The kernels read the weights packed once per parameter version (``weights.vocoder_weights``:
@@ -118,8 +123,8 @@ def generate_kernel(
     weights_dtype: torch.dtype,
     uniforms: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Generation by one of the GPU kernels ("triton", "cluster", or "auto": the cluster kernel for up to 16
-    streams where it is available, else the Triton kernel); [B, n_samples] int64."""
+    """Generation by one of the GPU kernels ("triton", "cluster", or "auto": the cluster kernels where they are
+    available, else the Triton kernel); [B, n_samples] int64."""
     kernel = as_choice(kernel, "kernel", ("auto", "triton", "cluster"))
     check_weights_dtype(weights_dtype)
     # the kernels read the conditioning per frame: no upsampled copy
@@ -129,14 +134,18 @@ def generate_kernel(
         raise ValueError(f"kernel={kernel!r} needs the model on a CUDA device")
     B = a.uniforms.shape[1]
     if kernel == "auto":
-        kernel = "cluster" if B <= MAX_CLUSTER_STREAMS and cluster_kernel_available(model) else "triton"
+        kernel = "cluster" if cluster_kernel_available(model) else "triton"
     if kernel == "cluster":
         if not cluster_kernel_available(model):
             raise ValueError(
                 "kernel='cluster' needs cuda-core, a GPU of compute capability >= 9.0 and a model whose widths "
                 "split over the cluster (speechkernels.wavenet.cluster_vocoder.vocoder_cluster_config)"
             )
-        return wavenet_generate_cluster(vocoder_weights(model), a, weights_dtype)
+        w = vocoder_weights(model)
+        streams_per_cluster, _ = cluster_plan(w, B, dev)
+        if streams_per_cluster == 1:
+            return wavenet_generate_cluster(w, a, weights_dtype)
+        return wavenet_generate_cluster_batch(w, a, weights_dtype, streams_per_cluster=streams_per_cluster)
     if weights_dtype != torch.float32:
         raise ValueError("weights_dtype=torch.bfloat16 needs kernel='cluster'")
     return wavenet_generate(vocoder_weights(model), a)

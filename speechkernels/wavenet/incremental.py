@@ -34,6 +34,7 @@ class IncrementalState:
         self.bias = [None if isinstance(b, float) else b for b in self.bias]
         self.prev = torch.full((B,), model.start_class(), dtype=torch.long, device=dev)
         self.t = torch.zeros(1, dtype=torch.long, device=dev)
+        self.queue_time = 0  # the queue rings' clock at t = 0 (chunks of a longer run: ``server.WaveNetServer``)
         self.logits = torch.empty(B, model.classes, device=dev)
 
     def step(self) -> torch.Tensor:
@@ -42,7 +43,7 @@ class IncrementalState:
         x = m.embed(self.prev)
         skips = 0.0
         for i, d in enumerate(m.dilations):
-            slot = self.t % d
+            slot = (self.t + self.queue_time) % d
             q = self.queues[i]
             b = self.bias[i]
             if b is None:

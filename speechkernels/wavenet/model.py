@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._utils import INDEX_DTYPES, as_index_tensor, as_int, check_float_input, check_in_range
-from . import generation
+from . import generation, server
 
 
 class WaveNet(nn.Module):
@@ -201,6 +201,7 @@ class WaveNet(nn.Module):
         return self.head2(torch.relu(self.head1(torch.relu(skips))))
 
     generate = generation.generate
+    generate_stream = server.generate_stream
 
 
 def _given(value, wanted: bool, missing: str, unwanted: str) -> bool:

@@ -1,0 +1,93 @@
+// Device helpers of the vocoder kernels (wavenet_cluster.cu, wavenet_cluster_batch.cu), compiled after their
+// #defines (R, G2, SK, NC, C, WBF16, GREEDY, VIL) and cluster_common.cuh.
+
+// A lane's columns of a vector come in chunks of WPV = 4: with VIL chunk k of lane l holds columns (l + 8 k) 4 + ..,
+// so that the 8 lanes of a group read 16 contiguous bytes each (no shared-memory bank conflicts); without, lane l
+// holds a contiguous run. dotv's x: chunk k at x + XS k (CSTEP in shared memory, WPV in a register copy).
+#if WBF16
+typedef uint2 wv;  // 4 bfloat16
+typedef unsigned short wtype;
+__device__ __forceinline__ float4 wfloat4(wv v) {
+  return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
+                     __uint_as_float(v.y & 0xffff0000u));
+}
+#else
+typedef float4 wv;
+typedef float wtype;
+__device__ __forceinline__ float4 wfloat4(wv v) { return v; }
+#endif
+#define WPV 4
+template <int XS>
+__device__ __forceinline__ float dotv(const wv* w, const float* x, int nv) {
+  float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+  for (int k = 0; k < nv; k++) {
+    const float4 xv = *(const float4*)(x + XS * k), wk = wfloat4(w[k]);
+    a0 = fmaf(wk.x, xv.x, a0); a1 = fmaf(wk.y, xv.y, a1);
+    a0 = fmaf(wk.z, xv.z, a0); a1 = fmaf(wk.w, xv.w, a1);
+  }
+  return a0 + a1;
+}
+#if VIL
+#define CSTEP (8 * WPV)      // from one chunk of a lane to its next, in a row or a vector
+#define LOFF(N) (l * WPV)    // a lane's first column (N: its column count)
+#else
+#define CSTEP WPV
+#define LOFF(N) (l * (N))
+#endif
+__device__ __forceinline__ void ldw(wv* dst, const wtype* p, int nv) {
+#pragma unroll
+  for (int k = 0; k < nv; k++) dst[k] = __ldg((const wv*)(p + CSTEP * k));
+}
+// this lane's N columns of a shared vector into registers, chunk after chunk
+template <int N>
+__device__ __forceinline__ void ldx(float* dst, const float* v, int l) {
+#pragma unroll
+  for (int k = 0; k < N; k += 4) *(float4*)&dst[k] = *(const float4*)&v[LOFF(N) + CSTEP * (k / WPV) + k % WPV];
+}
+__device__ __forceinline__ float red8(float a) {
+  a += __shfl_xor_sync(0xffffffffu, a, 4);
+  a += __shfl_xor_sync(0xffffffffu, a, 2);
+  return a + __shfl_xor_sync(0xffffffffu, a, 1);
+}
+__device__ __forceinline__ float sigm(float a) { return 1.0f / (1.0f + expf(-a)); }
+
+// The class drawn from NC logits at v (lane owns [lane NC / 32, (lane + 1) NC / 32)) by a whole warp: with GREEDY the
+// first maximum, else the inverse CDF of softmax(v inv_temp) at the uniform u (as the PyTorch path), at most NC - 1.
+__device__ __forceinline__ int sample_class(const float* v_all, int lane, float u, float inv_temp) {
+  constexpr int VPL = NC / 32;
+  float v[VPL];
+#pragma unroll
+  for (int k = 0; k < VPL; k++) v[k] = v_all[lane * VPL + k];
+  float m = v[0];
+#pragma unroll
+  for (int k = 1; k < VPL; k++) m = fmaxf(m, v[k]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  int cnt = 0;
+#if GREEDY
+  int first = NC;
+#pragma unroll
+  for (int k = VPL - 1; k >= 0; k--) first = (v[k] == m) ? lane * VPL + k : first;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) first = min(first, __shfl_xor_sync(0xffffffffu, first, o));
+  cnt = first;
+#else
+  float c[VPL], run = 0.0f;
+#pragma unroll
+  for (int k = 0; k < VPL; k++) { run += expf((v[k] - m) * inv_temp); c[k] = run; }
+  float incl = run;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const float y = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += y;
+  }
+  const float total = __shfl_sync(0xffffffffu, incl, 31), before = incl - run;
+  const float target = u * total;
+#pragma unroll
+  for (int k = 0; k < VPL; k++) cnt += (before + c[k] < target) ? 1 : 0;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
+#endif
+  return min(cnt, NC - 1);
+}

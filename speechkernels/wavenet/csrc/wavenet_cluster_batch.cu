@@ -1,0 +1,350 @@
+// MS streams per cluster of C CTAs (wavenet_cluster.cu carries one): every layer is a small matrix product, the
+// weights held in registers once and applied to the MS streams' vectors from shared memory, so that the per-layer
+// exchange latency is paid once per group of streams instead of once per stream.
+//
+// Work of a CTA per layer and stream: its ZC gate units (4 rows each: tanh/sigmoid of the current and the past
+// input, R columns), the whole residual update (R x G2: every CTA needs the whole next input, so no second
+// exchange) and its SK / C skip rows (G2 columns, summed un-reduced per lane until the head). A group of 8 lanes
+// splits the columns of a row; the 8 lanes' partial sums of up to 8 streams are reduced with 7 shuffles
+// (reduce-scatter: lane l ends with stream l's sum) instead of 3 per stream.
+// Exchanges: a CTA's slice of a vector (z: ZC values; relu(skip), head1, logits: SK / C or NC / C rows) per stream
+// is staged in shared memory, then sent to every CTA of the cluster in 16-byte st.async chunks that complete the
+// bytes on the receivers' mbarrier. Two exchange buffers: a CTA sends the next vector only after it has read the
+// last one, so the buffer a peer writes next is never one still being read. Skip rows are summed with the residual
+// update, when z arrives (measured faster than leaving them to the next layer's wait: benchmarks/NOTES.md).
+// Serving: the queue ring is indexed by a time shared by all streams (tq0 + t), the conditioning frame by each
+// stream's own phase (phase[b] + t) / hop; the input before the first sample of the launch is prev[b], and a stream's
+// queue is row qslot[b] of the queue tensor (streams join and leave between launches).
+#define ZC (G2 / C)
+#define NW ZC
+#define NT (NW * 32)
+#define NG (NW * 4)
+#define RCL (R / 8)
+#define ZCL (G2 / 8)
+#define HCL (SK / 8)
+#define RR (R / NG)
+#define SR (SK / C / NG)
+#define H2R (NC / C / NG)
+#define EXS (G2 > SK ? (G2 > NC ? G2 : NC) : (SK > NC ? SK : NC))  // a stream's stride in an exchange buffer
+#define LOCW (SK / C > NC / C ? SK / C : NC / C)  // a stream's stride in the staging buffer (>= ZC)
+#define MAXL 512
+#define FULL 0xffffffffu
+
+__device__ __forceinline__ void st_async4(u32 addr, float4 v, u32 bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];"
+               :: "r"(addr), "r"(__float_as_uint(v.x)), "r"(__float_as_uint(v.y)), "r"(__float_as_uint(v.z)),
+                  "r"(__float_as_uint(v.w)), "r"(bar) : "memory");
+}
+
+// Streams go in blocks of up to 8: block k holds streams [8 k, 8 k + bsz(k)); its sums are spread over the 8 lanes of
+// a group as over P = bsz rounded up to a power of two streams, lane l holding stream (l & (P - 1)) of the block.
+#define NBLK ((MS + 7) / 8)
+__device__ __forceinline__ constexpr int bsz(int k) { return MS - 8 * k < 8 ? MS - 8 * k : 8; }
+__device__ __forceinline__ constexpr int pow2up(int n) { return n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8; }
+
+// v[s]: this lane's partial sums of n streams (n <= 8, known at compile time once inlined); returns the sum over
+// the 8 lanes of its group of stream (l & (pow2up(n) - 1)): a round halves the values a lane keeps while there are
+// more of them than the rounds left can split (with n not a power of two, the missing streams count as zeros)
+__device__ __forceinline__ float red_scatter(const float* v, int n, int l) {
+  float a[8];
+#pragma unroll
+  for (int k = 0; k < 8; k++) a[k] = k < n ? v[k] : 0.0f;
+  int p = pow2up(n);
+#pragma unroll
+  for (int o = 4; o >= 1; o >>= 1) {
+    if (p == 2 * o) {
+      const bool hi = (l & o) != 0;
+#pragma unroll
+      for (int k = 0; k < o; k++) {
+        const float send = hi ? a[k] : a[k + o], keep = hi ? a[k + o] : a[k];
+        a[k] = keep + __shfl_xor_sync(FULL, send, o);
+      }
+      p = o;
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; k++)
+        if (k < p) a[k] += __shfl_xor_sync(FULL, a[k], o);
+    }
+  }
+  return a[0];
+}
+
+// one layer's weights of this lane: its gate row, residual rows and skip rows, and its streams' step terms
+struct LW {
+  wv g[RCL / WPV];
+  wv r[RR][ZCL / WPV];
+  wv s[SR][ZCL / WPV];
+  float br[RR];
+  float cb[NBLK];  // conditioning + bias of the gate row, per block (groups 0 and 1; lane l: stream l of the block)
+  float q[NBLK];   // the queued past product of this step (groups 2 and 3)
+  int slot;      // its place in the queue (the same for every stream)
+};
+
+extern "C" __global__ void __launch_bounds__(NT, 1)
+wavenet_cluster_batch(const wtype* __restrict__ wg,  // [L][C][NW][4][R]
+                      const wtype* __restrict__ wr, const float* __restrict__ br,  // [L][R][G2], [L][R]
+                      const wtype* __restrict__ ws, const float* __restrict__ bs,  // [L][SK][G2], [SK] (summed)
+                      const wtype* __restrict__ w1, const float* __restrict__ b1,  // [SK][SK], [SK]
+                      const wtype* __restrict__ w2, const float* __restrict__ b2,  // [NC][SK], [NC]
+                      const float* __restrict__ embed,  // [NC][R]
+                      const float* __restrict__ cb,  // [B][F][L][2 G2]: conditioning and current-input bias
+                      const int* __restrict__ dil, const int* __restrict__ qoff,  // [L]
+                      float* __restrict__ queue,  // [rows][C][Q][NW][2]
+                      const float* __restrict__ uni,  // [n][B]
+                      const long long* __restrict__ prev,  // [B]: the input class before the first sample
+                      const int* __restrict__ phase,  // [B]: a stream's sample index at t = 0 (its frame's clock)
+                      const int* __restrict__ qslot,  // [B]: a stream's row of the queue
+                      long long* __restrict__ out,  // [B][n]
+                      int B, int L, int F, int Q, int hop, int n, int tq0, float inv_temp) {
+  extern __shared__ __align__(16) float smem[];
+  float* s_embed = smem;             // [NC][R]: the next sample's input without a trip to L2
+  float* ex = s_embed + NC * R;      // [2][MS][EXS]
+  float* xs = ex + 2 * MS * EXS;     // [2][MS][R]
+  float* loc = xs + 2 * MS * R;      // [MS][LOCW]: this CTA's slice of the vector to exchange
+  __shared__ __align__(8) u64 bars[2];
+  __shared__ int s_sample[MS];
+  __shared__ int s_dil[MAXL], s_qoff[MAXL];
+  const u32 rank = cluster_rank();
+  const int cl = blockIdx.x / C;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 3, l = lane & 7;
+  const int gi = warp * 4 + grp;
+  const int j = rank * ZC + warp;
+  int ls[NBLK];  // the stream of each block whose reduced sums this lane holds (within the cluster's MS)
+#pragma unroll
+  for (int k = 0; k < NBLK; k++) ls[k] = min(8 * k + (l & (pow2up(bsz(k)) - 1)), MS - 1);
+  const u32 bar[2] = {smem_addr(&bars[0]), smem_addr(&bars[1])};
+  float* qb = queue + (long long)rank * Q * NW * 2 + warp * 2 + (grp & 1);  // + qslot C Q NW 2: a stream's
+  if (threadIdx.x == 0) {
+    mbar_init(bar[0], 1);
+    mbar_init(bar[1], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  for (int i = threadIdx.x; i < NC * R; i += NT) s_embed[i] = embed[i];
+  for (int i = threadIdx.x; i < L; i += NT) {
+    s_dil[i] = dil[i];
+    s_qoff[i] = qoff[i];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < MS * R; i += NT) {
+    const int bg = min(cl * MS + i / R, B - 1);
+    xs[i] = s_embed[(int)prev[bg] * R + i % R];
+  }
+  int ph[NBLK];  // the phase of this lane's stream in each block
+  long long qo[NBLK];  // its queue's offset
+  bool own[NBLK];  // whether the lane writes that queue: a stream of B (the last cluster's spare ones repeat B - 1)
+#pragma unroll
+  for (int k = 0; k < NBLK; k++) {
+    const int bg = min(cl * MS + ls[k], B - 1);
+    ph[k] = phase[bg];
+    qo[k] = (long long)qslot[bg] * C * Q * NW * 2;
+    own[k] = l < bsz(k) && cl * MS + 8 * k + l < B;
+  }
+  float bsk[SR], bh1[SR], bh2[H2R];
+#pragma unroll
+  for (int k = 0; k < SR; k++) {
+    bsk[k] = bs[rank * (SK / C) + gi * SR + k];
+    bh1[k] = b1[rank * (SK / C) + gi * SR + k];
+  }
+#pragma unroll
+  for (int k = 0; k < H2R; k++) bh2[k] = b2[rank * (NC / C) + gi * H2R + k];
+  cluster_sync();
+  if (threadIdx.x == 0) mbar_arrive_expect(bar[0], MS * G2 * 4);  // event 0: layer 0's z
+
+  wv h1w[SR][HCL / WPV], h2w[H2R][HCL / WPV];
+#pragma unroll
+  for (int k = 0; k < SR; k++)
+    ldw(h1w[k], w1 + (long long)(rank * (SK / C) + gi * SR + k) * SK + LOFF(HCL), HCL / WPV);
+#pragma unroll
+  for (int k = 0; k < H2R; k++)
+    ldw(h2w[k], w2 + (long long)(rank * (NC / C) + gi * H2R + k) * SK + LOFF(HCL), HCL / WPV);
+
+  auto load_layer = [&](LW& w, int t, int i) {
+    ldw(w.g, wg + ((((long long)i * C + rank) * NW + warp) * 4 + grp) * R + LOFF(RCL), RCL / WPV);
+#pragma unroll
+    for (int k = 0; k < RR; k++) ldw(w.r[k], wr + ((long long)i * R + gi * RR + k) * G2 + LOFF(ZCL), ZCL / WPV);
+#pragma unroll
+    for (int k = 0; k < SR; k++)
+      ldw(w.s[k], ws + ((long long)i * SK + rank * (SK / C) + gi * SR + k) * G2 + LOFF(ZCL), ZCL / WPV);
+#pragma unroll
+    for (int k = 0; k < RR; k++) w.br[k] = __ldg(br + (long long)i * R + gi * RR + k);
+    w.slot = (s_qoff[i] + (int)((unsigned)(tq0 + t) % (unsigned)s_dil[i])) * NW * 2;
+#pragma unroll
+    for (int k = 0; k < NBLK; k++) {
+      const int m = ls[k];
+      const int bg = min(cl * MS + m, B - 1);
+      const int frame = min((ph[k] + t) / hop, F - 1);
+      w.cb[k] = (grp < 2) ? __ldg(cb + (((long long)bg * F + frame) * L + i) * 2 * G2 + grp * G2 + j) : 0.0f;
+      w.q[k] = (grp >= 2 && t < n) ? qb[qo[k] + w.slot] : 0.0f;
+    }
+  };
+  // this CTA's slice (W values per stream in loc) to every CTA's exchange buffer eb at offset rank W
+  auto send = [&](int W, u32 eb) {
+    __syncthreads();
+    const int chunks = W / 4, total = MS * chunks * C;
+    for (int k = threadIdx.x; k < total; k += NT) {
+      const int d = k % C, h = (k / C) % chunks, m = k / (C * chunks);
+      const float4 v = *(const float4*)&loc[m * LOCW + 4 * h];
+      st_async4(mapa(smem_addr(&ex[(eb * MS + m) * EXS + rank * W + 4 * h]), d), v, mapa(bar[eb], d));
+    }
+  };
+  // the uniforms of this warp's streams (m = warp + NW c), read one sample ahead
+  float uu[(MS + NW - 1) / NW];
+  auto load_uniforms = [&](int t) {
+#pragma unroll
+    for (int c = 0; c < (MS + NW - 1) / NW; c++) {
+      const int bg = min(cl * MS + warp + NW * c, B - 1);
+      uu[c] = (GREEDY || t >= n) ? 0.0f : __ldg(uni + (long long)t * B + bg);
+    }
+  };
+  load_uniforms(0);
+  long long e = 0;  // exchange events so far: L per sample (z), then relu(skip), head1, logits
+  int xb = 0, t = 0, i = 0;
+  float sk[SR][MS];
+#pragma unroll
+  for (int k = 0; k < SR; k++)
+#pragma unroll
+    for (int m = 0; m < MS; m++) sk[k][m] = 0.0f;
+  auto wait = [&](u32 eb, int next_bytes) {
+    mbar_try_wait(bar[eb], (u32)((e >> 1) & 1));
+    if (threadIdx.x == 0) mbar_arrive_expect(bar[eb ^ 1], next_bytes);
+    e++;
+  };
+
+  auto step = [&](LW& cur, LW& nxt) {
+    const u32 eb = (u32)(e & 1);
+    const float* xv = xs + xb * MS * R;
+    // ---- gate unit j of layer i for every stream, z staged in loc
+#pragma unroll
+    for (int k = 0; k < NBLK; k++) {
+      float pa[8];
+#pragma unroll
+      for (int s = 0; s < bsz(k); s++) pa[s] = dotv<CSTEP>(cur.g, xv + (8 * k + s) * R + LOFF(RCL), RCL / WPV);
+      const float a = red_scatter(pa, bsz(k), l);
+      const float a_s = __shfl_sync(FULL, a, (lane + 8) & 31);
+      const float q_t = __shfl_sync(FULL, cur.q[k], (lane + 16) & 31);
+      const float q_s = __shfl_sync(FULL, cur.q[k], (lane + 24) & 31);
+      const float cb_s = __shfl_sync(FULL, cur.cb[k], (lane + 8) & 31);
+      if (grp == 0 && l < bsz(k)) {
+        const float at = a + q_t + cur.cb[k], as = a_s + q_s + cb_s;
+        loc[(8 * k + l) * LOCW + warp] = (1.0f - 2.0f / (expf(2.0f * at) + 1.0f)) * sigm(as);
+      }
+      if (grp >= 2 && own[k]) qb[qo[k] + cur.slot] = a;
+    }
+    send(ZC, eb);
+    // the next layer's weights into nxt while z travels
+    if (i + 1 == L) load_layer(nxt, t + 1, 0); else load_layer(nxt, t, i + 1);
+    // ---- the whole z of every stream: the skip rows and the residual update (none after the last layer)
+    wait(eb, (i + 1 == L ? SK : G2) * MS * 4);
+    const float* zv = ex + eb * MS * EXS;
+    float* xn = xs + (xb ^ 1) * MS * R;
+#pragma unroll
+    for (int k = 0; k < NBLK; k++) {
+      float acc[RR][8];
+#pragma unroll
+      for (int s = 0; s < bsz(k); s++) {
+        const int m = 8 * k + s;
+        float zc[ZCL];
+        ldx<ZCL>(zc, zv + m * EXS, l);
+#pragma unroll
+        for (int r = 0; r < SR; r++) sk[r][m] += dotv<WPV>(cur.s[r], zc, ZCL / WPV);
+        if (i + 1 < L) {
+#pragma unroll
+          for (int r = 0; r < RR; r++) acc[r][s] = dotv<WPV>(cur.r[r], zc, ZCL / WPV);
+        }
+      }
+      if (i + 1 < L) {
+#pragma unroll
+        for (int r = 0; r < RR; r++) {
+          const float y = red_scatter(acc[r], bsz(k), l);
+          const int row = gi * RR + r, m = 8 * k + l;
+          if (l < bsz(k)) xn[m * R + row] = xv[m * R + row] + y + cur.br[r];
+        }
+      }
+    }
+    __syncthreads();
+    xb ^= 1;
+    if (++i < L) return;
+    // ---- head: relu(skip) rows -> all, head1 rows -> all, logit rows -> all, then sampling
+    u32 hb = (u32)(e & 1);
+#pragma unroll
+    for (int k = 0; k < NBLK; k++)
+#pragma unroll
+      for (int r = 0; r < SR; r++) {
+        const float h = fmaxf(red_scatter(&sk[r][8 * k], bsz(k), l) + bsk[r], 0.0f);
+        if (l < bsz(k)) loc[(8 * k + l) * LOCW + gi * SR + r] = h;
+      }
+#pragma unroll
+    for (int r = 0; r < SR; r++)
+#pragma unroll
+      for (int m = 0; m < MS; m++) sk[r][m] = 0.0f;
+    send(SK / C, hb);
+    wait(hb, SK * MS * 4);
+    const float* hv = ex + hb * MS * EXS;
+    hb ^= 1;
+#pragma unroll
+    for (int k = 0; k < NBLK; k++) {
+      float acc[SR][8];
+#pragma unroll
+      for (int s = 0; s < bsz(k); s++) {
+        float hc[HCL];
+        ldx<HCL>(hc, hv + (8 * k + s) * EXS, l);
+#pragma unroll
+        for (int r = 0; r < SR; r++) acc[r][s] = dotv<WPV>(h1w[r], hc, HCL / WPV);
+      }
+#pragma unroll
+      for (int r = 0; r < SR; r++) {
+        const float h = fmaxf(red_scatter(acc[r], bsz(k), l) + bh1[r], 0.0f);
+        if (l < bsz(k)) loc[(8 * k + l) * LOCW + gi * SR + r] = h;
+      }
+    }
+    send(SK / C, hb);
+    wait(hb, NC * MS * 4);
+    hv = ex + hb * MS * EXS;
+    hb ^= 1;
+#pragma unroll
+    for (int k = 0; k < NBLK; k++) {
+      float acc[H2R][8];
+#pragma unroll
+      for (int s = 0; s < bsz(k); s++) {
+        float hc[HCL];
+        ldx<HCL>(hc, hv + (8 * k + s) * EXS, l);
+#pragma unroll
+        for (int r = 0; r < H2R; r++) acc[r][s] = dotv<WPV>(h2w[r], hc, HCL / WPV);
+      }
+#pragma unroll
+      for (int r = 0; r < H2R; r++) {
+        const float y = red_scatter(acc[r], bsz(k), l) + bh2[r];
+        if (l < bsz(k)) loc[(8 * k + l) * LOCW + gi * H2R + r] = y;
+      }
+    }
+    send(NC / C, hb);
+    wait(hb, G2 * MS * 4);
+    const float* lv = ex + hb * MS * EXS;
+#pragma unroll
+    for (int c = 0; c < (MS + NW - 1) / NW; c++) {  // sampling: a warp per stream
+      const int m = warp + NW * c;
+      if (m >= MS) break;
+      const int smp = sample_class(lv + m * EXS, lane, uu[c], inv_temp);
+      if (lane == 0) {
+        s_sample[m] = smp;
+        if (rank == 0 && cl * MS + m < B) out[(long long)(cl * MS + m) * n + t] = smp;
+      }
+    }
+    __syncthreads();
+    float* x0 = xs + xb * MS * R;
+    for (int k = threadIdx.x; k < MS * R; k += NT) x0[k] = s_embed[s_sample[k / R] * R + k % R];
+    __syncthreads();
+    i = 0;
+    t++;
+    load_uniforms(t);
+  };
+
+  LW wa, wb;
+  load_layer(wa, 0, 0);
+  const long long steps = (long long)n * L;
+  for (long long k = 0; k < steps; k += 2) {
+    step(wa, wb);
+    if (k + 1 < steps) step(wb, wa);
+  }
+  cluster_sync();
+}

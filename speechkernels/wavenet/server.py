@@ -1,0 +1,295 @@
+"""Serving many voices at once: ``WaveNetServer`` generates every active request in chunks of samples, one launch
+per chunk for all of them, and admits new requests between chunks; ``generate_stream`` (``WaveNet.
+generate_stream``) hands out a fixed batch's samples chunk by chunk.
+
+Between chunks a request keeps its dilation queues (a row of the server's queue tensor, zeroed when a request takes
+it), its last class (the next chunk's first input) and its sample count (its conditioning frame's clock). The queue
+rings of all rows run on one clock shared by every request, so that a launch needs no per-request ring position.
+On a Hopper GPU with cuda-core the chunks run on the batched cluster kernel (``cluster_vocoder.
+wavenet_generate_cluster_batch``), elsewhere on the PyTorch path (``incremental.IncrementalState``). Each request
+samples with its own uniform numbers, drawn chunk by chunk from its generator (or the server's), so what it gets
+does not depend on which other requests share its chunks (up to float32 rounding at a class boundary).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator
+
+import torch
+
+from .._utils import as_choice, as_float, as_generator, as_int
+from .cluster_vocoder import batch_queue, cluster_plan, wavenet_generate_cluster_batch
+from .generation import check_weights_dtype, cluster_kernel_available
+from .incremental import IncrementalState, sample_incremental
+from .weights import VocoderInputs, vocoder_weights
+
+SERVER_KERNELS = ("auto", "torch", "cluster")  # WaveNetServer's paths; "auto": the cluster kernel where it runs
+
+
+@dataclasses.dataclass(eq=False)
+class _Request:
+    id: int
+    n_samples: int
+    cond: torch.Tensor | None  # [cond_channels, frames] on the model's device, or None
+    g: torch.Tensor | None  # [speaker_channels] speaker embedding, or None
+    generator: torch.Generator | None
+    row: int = -1  # its queue row once admitted
+    done: int = 0  # samples handed out so far
+
+
+class WaveNetServer:
+    """Generates many requests at once, chunk by chunk; requests join between chunks and leave when done.
+
+    Args:
+        model: a WaveNet (its device runs the server).
+        chunk: samples per request per ``step()`` (a request's last chunk may be shorter).
+        temperature: as ``WaveNet.generate`` (0: the most likely class).
+        generator: draws the uniform numbers of requests submitted without their own generator.
+        kernel: "cluster" (the batched thread-block cluster kernel: Hopper or newer with cuda-core), "torch" (the
+            PyTorch path) or "auto": the cluster kernel where it runs, else the PyTorch path.
+        weights_dtype: torch.float32, or torch.bfloat16 for the cluster kernel's bfloat16 matrices.
+        max_streams: at most this many requests generate at once (None: no limit); others wait in turn.
+
+    Example:
+        >>> from speechkernels.wavenet import WaveNet
+        >>> net = WaveNet(layers=4, cycle=2, cond_channels=8, hop_length=4, speakers=0).eval()
+        >>> server = WaveNetServer(net, chunk=16)
+        >>> a = server.submit(40, cond=torch.randn(8, 10))
+        >>> out = {a: []}
+        >>> for chunks in server:  # {request id: that request's new samples}
+        ...     out[a].append(chunks[a])
+        >>> torch.cat(out[a]).shape
+        torch.Size([40])
+    """
+
+    def __init__(
+        self,
+        model,
+        chunk: int = 4096,
+        temperature: float = 1.0,
+        generator: torch.Generator | None = None,
+        kernel: str = "auto",
+        weights_dtype: torch.dtype = torch.float32,
+        max_streams: int | None = None,
+    ) -> None:
+        self.model = model
+        self.chunk = as_int(chunk, "chunk", minimum=1)
+        self.temperature = as_float(temperature, "temperature", minimum=0.0, finite=True)
+        self.generator = as_generator(generator)
+        kernel = as_choice(kernel, "kernel", SERVER_KERNELS)
+        check_weights_dtype(weights_dtype)
+        self.max_streams = None if max_streams is None else as_int(max_streams, "max_streams", minimum=1)
+        self.device = model.embed.weight.device
+        if kernel == "auto":
+            kernel = "cluster" if self.device.type == "cuda" and cluster_kernel_available(model) else "torch"
+        if kernel == "cluster" and not (self.device.type == "cuda" and cluster_kernel_available(model)):
+            raise ValueError(
+                "kernel='cluster' needs the model on a CUDA GPU of compute capability >= 9.0, cuda-core and widths "
+                "that split over the cluster (speechkernels.wavenet.cluster_vocoder.vocoder_cluster_config)"
+            )
+        if kernel == "torch" and weights_dtype != torch.float32:
+            raise ValueError("weights_dtype=torch.bfloat16 needs kernel='cluster'")
+        self.kernel, self.weights_dtype = kernel, weights_dtype
+        self._pending: list[_Request] = []
+        self._active: list[_Request] = []
+        self._free: list[int] = []  # queue rows no request holds
+        self._rows = 0
+        self._next_id = 0
+        # one clock for every queue ring: kept modulo the dilations' common multiple (where that fits in int32)
+        self._clock = 0
+        period = math.lcm(*model.dilations)
+        self._period = period if period < 2**30 else None
+        self._prev = torch.empty(0, dtype=torch.long, device=self.device)  # [rows] each row's last class
+        self._queue = None  # "cluster": [rows, C, Q, G2 / C, 2]; "torch": per layer [rows, d, R]
+
+    @property
+    def active(self) -> list[int]:
+        """Ids of the requests generating now."""
+        return [r.id for r in self._active]
+
+    @property
+    def pending(self) -> list[int]:
+        """Ids of the requests waiting for their first chunk."""
+        return [r.id for r in self._pending]
+
+    def submit(
+        self,
+        n_samples: int,
+        cond: torch.Tensor | None = None,
+        speaker: int | torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> int:
+        """Queues a request of ``n_samples`` samples; returns its id (the key of its chunks in ``step()``'s dict).
+
+        Args:
+            n_samples: its length.
+            cond: [cond_channels, frames] local conditioning (frames * hop_length >= n_samples), None exactly when
+                the model has none.
+            speaker: its speaker id (an int or a 0-d / 1-element integer tensor), None exactly when the model has
+                no speakers.
+            generator: draws its uniform numbers chunk by chunk (the server's generator if None).
+        """
+        if cond is not None and (not isinstance(cond, torch.Tensor) or cond.dim() != 2):
+            raise ValueError(f"cond must be [cond_channels, frames], got {_shape(cond)}")
+        if speaker is not None:
+            if isinstance(speaker, torch.Tensor):
+                if speaker.numel() != 1:
+                    raise ValueError(f"speaker must be one id, got a tensor of shape {tuple(speaker.shape)}")
+                speaker = speaker.reshape(1)
+            elif isinstance(speaker, bool) or not isinstance(speaker, int):
+                raise TypeError(f"speaker must be an int or a one-element integer tensor, got {type(speaker).__name__}")
+            else:
+                speaker = [speaker]
+        generator = as_generator(generator)
+        batch = 1 if cond is None and speaker is None else None  # B comes from cond or speaker where given
+        cond_b, spk, _ = self.model.check_inputs(None if cond is None else cond[None], speaker, batch, n_samples)
+        with torch.no_grad():
+            g = self.model.speaker_embed(spk)[0].float() if spk is not None else None
+        request = _Request(self._next_id, int(n_samples), None if cond_b is None else cond_b[0], g, generator)
+        self._next_id += 1
+        self._pending.append(request)
+        return request.id
+
+    def __iter__(self) -> Iterator[dict[int, torch.Tensor]]:
+        """``step()`` until no request is active or pending."""
+        while self._active or self._pending:
+            yield self.step()
+
+    @torch.no_grad()
+    def step(self) -> dict[int, torch.Tensor]:
+        """Admits waiting requests (up to ``max_streams`` at once), makes the next chunk of every active request in
+        one launch and returns {request id: its new samples ([<= chunk] int64 on the model's device)}; a request
+        leaves after its last chunk. Empty when no request is active or pending."""
+        self._admit()
+        if not self._active:
+            return {}
+        reqs = self._active
+        B = len(reqs)
+        n = min(self.chunk, max(r.n_samples - r.done for r in reqs))
+        dev = self.device
+        rows = torch.tensor([r.row for r in reqs], dtype=torch.long, device=dev)
+        hop = self.model.hop_length
+        has_cond = reqs[0].cond is not None
+        phase = [r.done % hop if has_cond else 0 for r in reqs]
+        cond = self._chunk_frames(reqs, n) if has_cond else None
+        g = torch.stack([r.g for r in reqs]) if reqs[0].g is not None else None
+        u = torch.stack([self._uniforms(r, n) for r in reqs], dim=1)  # [n, B]
+        prev = self._prev.index_select(0, rows)
+        if self.kernel == "cluster":
+            w = vocoder_weights(self.model)
+            ms, _ = cluster_plan(w, B, dev)
+            out = wavenet_generate_cluster_batch(
+                w, VocoderInputs(cond, g, u, self.temperature), self.weights_dtype, streams_per_cluster=ms,
+                prev=prev, phase=torch.tensor(phase, dtype=torch.int32, device=dev), queue=self._queue,
+                queue_rows=rows.to(torch.int32), queue_time=self._clock,
+            )  # fmt: skip
+        else:
+            out = self._torch_chunk(cond, g, u, prev, phase, rows)
+        self._prev.index_copy_(0, rows, out[:, -1])
+        self._clock += n
+        if self._period is not None:
+            self._clock %= self._period
+        chunks = {}
+        for b, r in enumerate(reqs):
+            k = min(n, r.n_samples - r.done)
+            chunks[r.id] = out[b, :k]
+            r.done += k
+        for r in [r for r in reqs if r.done >= r.n_samples]:
+            self._free.append(r.row)
+        self._active = [r for r in reqs if r.done < r.n_samples]
+        return chunks
+
+    def _admit(self) -> None:
+        room = len(self._pending) if self.max_streams is None else self.max_streams - len(self._active)
+        joining, self._pending = self._pending[:room], self._pending[room:]
+        if not joining:
+            return
+        need = len(joining) - len(self._free)
+        if need > 0:
+            self._grow(self._rows + need)
+        for r in joining:
+            r.row = self._free.pop(0)
+            self._reset_row(r.row)
+        self._active += joining
+
+    def _grow(self, rows: int) -> None:
+        dev, m = self.device, self.model
+        extra = rows - self._rows
+        self._prev = torch.cat([self._prev, torch.empty(extra, dtype=torch.long, device=dev)])
+        if self.kernel == "cluster":
+            q = batch_queue(vocoder_weights(m), extra, 8, dev)
+            self._queue = q if self._queue is None else torch.cat([self._queue, q])
+        else:
+            qs = [torch.zeros(extra, d, m.residual_channels, device=dev) for d in m.dilations]
+            self._queue = qs if self._queue is None else [torch.cat([a, b]) for a, b in zip(self._queue, qs)]
+        self._free += list(range(self._rows, rows))
+        self._rows = rows
+
+    def _reset_row(self, row: int) -> None:
+        self._prev[row] = self.model.start_class()
+        if self.kernel == "cluster":
+            self._queue[row].zero_()
+        else:
+            for q in self._queue:
+                q[row].zero_()
+
+    def _uniforms(self, r: _Request, n: int) -> torch.Tensor:
+        gen = r.generator if r.generator is not None else self.generator
+        return torch.rand(n, generator=gen, device=self.device if gen is None else gen.device).to(self.device)
+
+    def _chunk_frames(self, reqs: list[_Request], n: int) -> torch.Tensor:
+        """[B, cond_channels, frames] the frames of each request's next n samples, from the frame of its next sample
+        (the last frame repeated past its end: those samples are never handed out)."""
+        hop = self.model.hop_length
+        frames = max((r.done % hop + n - 1) // hop + 1 for r in reqs)
+        out = []
+        for r in reqs:
+            idx = torch.arange(r.done // hop, r.done // hop + frames, device=self.device).clamp(max=r.cond.shape[1] - 1)
+            out.append(r.cond.index_select(1, idx))
+        return torch.stack(out)
+
+    def _torch_chunk(self, cond, g, u, prev, phase, rows) -> torch.Tensor:
+        m = self.model
+        n = u.shape[0]
+        cond_up = None
+        if cond is not None:  # per sample from each request's phase within its first frame
+            up = m.upsample(cond, cond.shape[2] * m.hop_length)
+            idx = torch.tensor(phase, device=self.device)[:, None] + torch.arange(n, device=self.device)
+            cond_up = up.gather(1, idx[:, :, None].expand(-1, -1, up.shape[2]))
+        state = IncrementalState(m, cond_up, g, u, self.temperature)
+        state.queues = [q.index_select(0, rows) for q in self._queue]
+        state.prev.copy_(prev)
+        state.queue_time = self._clock
+        out, _ = sample_incremental(state)
+        for q, s in zip(self._queue, state.queues, strict=True):
+            q.index_copy_(0, rows, s)
+        return out
+
+
+def generate_stream(
+    model,
+    cond: torch.Tensor | None,
+    n_samples: int,
+    chunk: int = 4096,
+    temperature: float = 1.0,
+    generator: torch.Generator | None = None,
+    speaker: torch.Tensor | None = None,
+    batch: int | None = None,
+    kernel: str = "auto",
+    weights_dtype: torch.dtype = torch.float32,
+) -> Iterator[torch.Tensor]:
+    """``WaveNet.generate_stream``: the samples of ``WaveNet.generate``'s streams chunk by chunk, as they are made:
+    yields [B, chunk] int64 tensors (the last one shorter), B and the arguments as ``generate`` (``kernel``:
+    "auto", "torch" or "cluster", as ``WaveNetServer``). The uniform numbers are drawn chunk by chunk."""
+    cond, speaker, B = model.check_inputs(cond, speaker, batch, n_samples)
+    server = WaveNetServer(model, chunk, temperature, generator, kernel, weights_dtype)
+    ids = [server.submit(n_samples, None if cond is None else cond[b], None if speaker is None else speaker[b])
+           for b in range(B)]  # fmt: skip
+    for chunks in server:
+        yield torch.stack([chunks[i] for i in ids])
+
+
+def _shape(x) -> str:
+    return str(tuple(x.shape)) if isinstance(x, torch.Tensor) else type(x).__name__
