@@ -98,9 +98,10 @@ SHARED_MEMORY_LIMIT = 227 * 1024  # a CTA's shared memory on Hopper
 
 
 def batch_shared_bytes(R: int, G2: int, SK: int, NC: int, C: int, MS: int) -> int:
-    """The batched kernel's dynamic shared memory: the embedding, two exchange buffers, two inputs and the
-    staging slice, per stream of the cluster (``csrc/wavenet_cluster_batch.cu``)."""
-    return 4 * (NC * R + 2 * MS * max(G2, SK, NC) + 2 * MS * R + MS * max(SK // C, NC // C))
+    """The batched kernel's dynamic shared memory: the embedding, per stream of the cluster two exchange buffers,
+    two inputs and the staging slice, and the CTA's head rows (``csrc/wavenet_cluster_batch.cu``)."""
+    head = (SK // C + NC // C) * SK * 4  # this CTA's head rows (float32; bfloat16 takes half)
+    return 4 * (NC * R + 2 * MS * max(G2, SK, NC) + 2 * MS * R + MS * max(SK // C, NC // C)) + head
 
 
 def batch_streams_supported(cfg: dict, MS: int) -> bool:

@@ -39,6 +39,11 @@ __device__ __forceinline__ void ldw(wv* dst, const wtype* p, int nv) {
 #pragma unroll
   for (int k = 0; k < nv; k++) dst[k] = __ldg((const wv*)(p + CSTEP * k));
 }
+// ldw from shared memory
+__device__ __forceinline__ void ldws(wv* dst, const wtype* p, int nv) {
+#pragma unroll
+  for (int k = 0; k < nv; k++) dst[k] = *(const wv*)(p + CSTEP * k);
+}
 // this lane's N columns of a shared vector into registers, chunk after chunk
 template <int N>
 __device__ __forceinline__ void ldx(float* dst, const float* v, int l) {

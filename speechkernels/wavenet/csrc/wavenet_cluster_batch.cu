@@ -101,6 +101,7 @@ wavenet_cluster_batch(const wtype* __restrict__ wg,  // [L][C][NW][4][R]
   float* ex = s_embed + NC * R;      // [2][MS][EXS]
   float* xs = ex + 2 * MS * EXS;     // [2][MS][R]
   float* loc = xs + 2 * MS * R;      // [MS][LOCW]: this CTA's slice of the vector to exchange
+  wtype* s_head = (wtype*)(loc + MS * LOCW);  // [SK / C + NC / C][SK]: this CTA's rows of head1 and the logits
   __shared__ __align__(8) u64 bars[2];
   __shared__ int s_sample[MS];
   __shared__ int s_dil[MAXL], s_qoff[MAXL];
@@ -120,6 +121,10 @@ wavenet_cluster_batch(const wtype* __restrict__ wg,  // [L][C][NW][4][R]
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   for (int i = threadIdx.x; i < NC * R; i += NT) s_embed[i] = embed[i];
+  // this CTA's head rows (SK / C of head1, then NC / C of the logits)
+  for (int i = threadIdx.x; i < (SK / C) * SK; i += NT) s_head[i] = w1[(long long)rank * (SK / C) * SK + i];
+  for (int i = threadIdx.x; i < (NC / C) * SK; i += NT)
+    s_head[(SK / C) * SK + i] = w2[(long long)rank * (NC / C) * SK + i];
   for (int i = threadIdx.x; i < L; i += NT) {
     s_dil[i] = dil[i];
     s_qoff[i] = qoff[i];
@@ -150,13 +155,6 @@ wavenet_cluster_batch(const wtype* __restrict__ wg,  // [L][C][NW][4][R]
   cluster_sync();
   if (threadIdx.x == 0) mbar_arrive_expect(bar[0], MS * G2 * 4);  // event 0: layer 0's z
 
-  wv h1w[SR][HCL / WPV], h2w[H2R][HCL / WPV];
-#pragma unroll
-  for (int k = 0; k < SR; k++)
-    ldw(h1w[k], w1 + (long long)(rank * (SK / C) + gi * SR + k) * SK + LOFF(HCL), HCL / WPV);
-#pragma unroll
-  for (int k = 0; k < H2R; k++)
-    ldw(h2w[k], w2 + (long long)(rank * (NC / C) + gi * H2R + k) * SK + LOFF(HCL), HCL / WPV);
 
   auto load_layer = [&](LW& w, int t, int i) {
     ldw(w.g, wg + ((((long long)i * C + rank) * NW + warp) * 4 + grp) * R + LOFF(RCL), RCL / WPV);
@@ -214,12 +212,15 @@ wavenet_cluster_batch(const wtype* __restrict__ wg,  // [L][C][NW][4][R]
     const u32 eb = (u32)(e & 1);
     const float* xv = xs + xb * MS * R;
     // ---- gate unit j of layer i for every stream, z staged in loc
+    float pa[MS];
+#pragma unroll
+    for (int m = 0; m < MS; m++) pa[m] = dotv<CSTEP>(cur.g, xv + m * R + LOFF(RCL), RCL / WPV);
+    float ar[NBLK];
+#pragma unroll
+    for (int k = 0; k < NBLK; k++) ar[k] = red_scatter(pa + 8 * k, bsz(k), l);
 #pragma unroll
     for (int k = 0; k < NBLK; k++) {
-      float pa[8];
-#pragma unroll
-      for (int s = 0; s < bsz(k); s++) pa[s] = dotv<CSTEP>(cur.g, xv + (8 * k + s) * R + LOFF(RCL), RCL / WPV);
-      const float a = red_scatter(pa, bsz(k), l);
+      const float a = ar[k];
       const float a_s = __shfl_sync(FULL, a, (lane + 8) & 31);
       const float q_t = __shfl_sync(FULL, cur.q[k], (lane + 16) & 31);
       const float q_s = __shfl_sync(FULL, cur.q[k], (lane + 24) & 31);
@@ -237,29 +238,25 @@ wavenet_cluster_batch(const wtype* __restrict__ wg,  // [L][C][NW][4][R]
     wait(eb, (i + 1 == L ? SK : G2) * MS * 4);
     const float* zv = ex + eb * MS * EXS;
     float* xn = xs + (xb ^ 1) * MS * R;
+    float acc[RR][MS];
 #pragma unroll
-    for (int k = 0; k < NBLK; k++) {
-      float acc[RR][8];
+    for (int m = 0; m < MS; m++) {
+      float zc[ZCL];
+      ldx<ZCL>(zc, zv + m * EXS, l);
 #pragma unroll
-      for (int s = 0; s < bsz(k); s++) {
-        const int m = 8 * k + s;
-        float zc[ZCL];
-        ldx<ZCL>(zc, zv + m * EXS, l);
+      for (int r = 0; r < SR; r++) sk[r][m] += dotv<WPV>(cur.s[r], zc, ZCL / WPV);
 #pragma unroll
-        for (int r = 0; r < SR; r++) sk[r][m] += dotv<WPV>(cur.s[r], zc, ZCL / WPV);
-        if (i + 1 < L) {
+      for (int r = 0; r < RR; r++) acc[r][m] = dotv<WPV>(cur.r[r], zc, ZCL / WPV);
+    }
+    if (i + 1 < L) {
 #pragma unroll
-          for (int r = 0; r < RR; r++) acc[r][s] = dotv<WPV>(cur.r[r], zc, ZCL / WPV);
-        }
-      }
-      if (i + 1 < L) {
+      for (int k = 0; k < NBLK; k++)
 #pragma unroll
         for (int r = 0; r < RR; r++) {
-          const float y = red_scatter(acc[r], bsz(k), l);
+          const float y = red_scatter(acc[r] + 8 * k, bsz(k), l);
           const int row = gi * RR + r, m = 8 * k + l;
           if (l < bsz(k)) xn[m * R + row] = xv[m * R + row] + y + cur.br[r];
         }
-      }
     }
     __syncthreads();
     xb ^= 1;
@@ -281,41 +278,49 @@ wavenet_cluster_batch(const wtype* __restrict__ wg,  // [L][C][NW][4][R]
     wait(hb, SK * MS * 4);
     const float* hv = ex + hb * MS * EXS;
     hb ^= 1;
+    {
+      wv hw[SR][HCL / WPV];
 #pragma unroll
-    for (int k = 0; k < NBLK; k++) {
-      float acc[SR][8];
+      for (int r = 0; r < SR; r++) ldws(hw[r], s_head + (gi * SR + r) * SK + LOFF(HCL), HCL / WPV);
+      float acc[SR][MS];
 #pragma unroll
-      for (int s = 0; s < bsz(k); s++) {
+      for (int m = 0; m < MS; m++) {
         float hc[HCL];
-        ldx<HCL>(hc, hv + (8 * k + s) * EXS, l);
+        ldx<HCL>(hc, hv + m * EXS, l);
 #pragma unroll
-        for (int r = 0; r < SR; r++) acc[r][s] = dotv<WPV>(h1w[r], hc, HCL / WPV);
+        for (int r = 0; r < SR; r++) acc[r][m] = dotv<WPV>(hw[r], hc, HCL / WPV);
       }
 #pragma unroll
-      for (int r = 0; r < SR; r++) {
-        const float h = fmaxf(red_scatter(acc[r], bsz(k), l) + bh1[r], 0.0f);
-        if (l < bsz(k)) loc[(8 * k + l) * LOCW + gi * SR + r] = h;
-      }
+      for (int k = 0; k < NBLK; k++)
+#pragma unroll
+        for (int r = 0; r < SR; r++) {
+          const float h = fmaxf(red_scatter(acc[r] + 8 * k, bsz(k), l) + bh1[r], 0.0f);
+          if (l < bsz(k)) loc[(8 * k + l) * LOCW + gi * SR + r] = h;
+        }
     }
     send(SK / C, hb);
     wait(hb, NC * MS * 4);
     hv = ex + hb * MS * EXS;
     hb ^= 1;
+    {
+      wv hw[H2R][HCL / WPV];
 #pragma unroll
-    for (int k = 0; k < NBLK; k++) {
-      float acc[H2R][8];
+      for (int r = 0; r < H2R; r++) ldws(hw[r], s_head + (SK / C + gi * H2R + r) * SK + LOFF(HCL), HCL / WPV);
+      float acc[H2R][MS];
 #pragma unroll
-      for (int s = 0; s < bsz(k); s++) {
+      for (int m = 0; m < MS; m++) {
         float hc[HCL];
-        ldx<HCL>(hc, hv + (8 * k + s) * EXS, l);
+        ldx<HCL>(hc, hv + m * EXS, l);
 #pragma unroll
-        for (int r = 0; r < H2R; r++) acc[r][s] = dotv<WPV>(h2w[r], hc, HCL / WPV);
+        for (int r = 0; r < H2R; r++) acc[r][m] = dotv<WPV>(hw[r], hc, HCL / WPV);
       }
 #pragma unroll
-      for (int r = 0; r < H2R; r++) {
-        const float y = red_scatter(acc[r], bsz(k), l) + bh2[r];
-        if (l < bsz(k)) loc[(8 * k + l) * LOCW + gi * H2R + r] = y;
-      }
+      for (int k = 0; k < NBLK; k++)
+#pragma unroll
+        for (int r = 0; r < H2R; r++) {
+          const float y = red_scatter(acc[r] + 8 * k, bsz(k), l) + bh2[r];
+          if (l < bsz(k)) loc[(8 * k + l) * LOCW + gi * H2R + r] = y;
+        }
     }
     send(NC / C, hb);
     wait(hb, G2 * MS * 4);
