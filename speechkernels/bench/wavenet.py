@@ -20,8 +20,8 @@ import time
 import torch
 
 from speechkernels.wavenet import WaveNet, serial_chain
-from speechkernels.wavenet.cuda_runtime import clusters_available
 from speechkernels.wavenet.cluster_vocoder import cluster_plan
+from speechkernels.wavenet.cuda_runtime import clusters_available
 from speechkernels.wavenet.generation import KERNELS, cluster_kernel_available
 from speechkernels.wavenet.server import WaveNetServer
 from speechkernels.wavenet.weights import vocoder_weights
@@ -276,7 +276,7 @@ def capacity(args, device: torch.device, env: dict, n_max: int) -> int:
         row = {"what": f"vocoder {args.layers} layers {path}", "B": B, "kind": "capacity", "layers": args.layers,
                "path": path, "chunk": chunk}  # fmt: skip
         try:
-            seconds, n = timed(lambda n, c=cond: net.generate(c, n, generator=gen, kernel=args.kernel), n_max,
+            seconds, n = timed(lambda n, c=cond, g=gen: net.generate(c, n, generator=g, kernel=args.kernel), n_max,
                                device, args.reps, args.seconds)  # fmt: skip
             row.update(n=n, **rates(seconds, n, B))
             row["first_chunk_s"] = first_chunk_seconds(net, cond, chunk, serve_kernel, device, args.reps)

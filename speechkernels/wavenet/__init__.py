@@ -7,4 +7,12 @@ from .model import WaveNet
 from .proxy import serial_chain, serial_chain_reference
 from .server import WaveNetServer
 
-__all__ = ["WaveNet", "WaveNetServer", "serial_chain", "serial_chain_reference", "mu_law_encode", "mu_law_decode", "save_wav"]
+__all__ = [
+    "WaveNet",
+    "WaveNetServer",
+    "serial_chain",
+    "serial_chain_reference",
+    "mu_law_encode",
+    "mu_law_decode",
+    "save_wav",
+]

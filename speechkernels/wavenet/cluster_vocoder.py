@@ -117,7 +117,9 @@ def batch_streams_supported(cfg: dict, MS: int) -> bool:
 
 
 @functools.cache
-def vocoder_cluster_batch_kernel(R: int, G2: int, SK: int, NC: int, C: int, MS: int, WBF16: int, GREEDY: int, arch: str):
+def vocoder_cluster_batch_kernel(
+    R: int, G2: int, SK: int, NC: int, C: int, MS: int, WBF16: int, GREEDY: int, arch: str
+):
     """The batched kernel (MS streams per cluster) for ``vocoder_cluster_config``'s sizes."""
     defines = dict(R=R, G2=G2, SK=SK, NC=NC, C=C, MS=MS, WBF16=WBF16, GREEDY=GREEDY, VIL=1)
     kernel = compile_cluster_kernel("wavenet_cluster_batch", "wavenet_cluster_batch.cu", arch, defines, C,

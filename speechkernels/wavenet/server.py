@@ -223,7 +223,8 @@ class WaveNetServer:
             self._queue = q if self._queue is None else torch.cat([self._queue, q])
         else:
             qs = [torch.zeros(extra, d, m.residual_channels, device=dev) for d in m.dilations]
-            self._queue = qs if self._queue is None else [torch.cat([a, b]) for a, b in zip(self._queue, qs)]
+            old = self._queue or [q[:0] for q in qs]
+            self._queue = [torch.cat([a, b]) for a, b in zip(old, qs, strict=True)]
         self._free += list(range(self._rows, rows))
         self._rows = rows
 
