@@ -64,8 +64,11 @@ LEGEND = [
 CELLS = "failed: the implementation cannot run here (its error follows); no other cell is ever empty"
 CAPACITY_LEGEND = LEGEND[1:] + [
     ("path", "generate()'s path for B streams (cluster: the cluster kernels, S/cluster streams per cluster)"),
-    ("1st chunk ms", "the serving loop (WaveNetServer, --chunk samples per chunk): milliseconds from B requests "
-     "submitted at once to their first chunks made (the median of --reps)"),
+    (
+        "1st chunk ms",
+        "the serving loop (WaveNetServer, --chunk samples per chunk): milliseconds from B requests "
+        "submitted at once to their first chunks made (the median of --reps)",
+    ),
 ]
 
 
