@@ -348,13 +348,18 @@ def plot(results: list[dict], path: str, title: str) -> None:
     kinds = [k for k in ("proxy", "vocoder", "capacity") if any(r.get("kind") == k for r in results)] or ["proxy"]
     fig, axes = plt.subplots(1, len(kinds), figsize=(6.5 * len(kinds), 5), squeeze=False)
     for ax, kind in zip(axes[0], kinds, strict=True):
-        lines: dict[str, list[tuple[int, float]]] = {}
+        lines: dict[str, list[tuple[int, float, str]]] = {}
         for r in results:
             if r.get("kind") == kind and "error" not in r:
-                lines.setdefault(r["what"], []).append((r["B"], r["samples_per_s_per_stream"] / 1e3))
+                # capacity: one line for the chosen path, each point labelled with what it ran on
+                name = f"vocoder {r['layers']} layers, generate()" if kind == "capacity" else r["what"]
+                lines.setdefault(name, []).append((r["B"], r["samples_per_s_per_stream"] / 1e3, r.get("path", "")))
         for name, pts in lines.items():
             pts.sort()
-            ax.plot([b for b, _ in pts], [k for _, k in pts], marker="o", ms=3, lw=1, label=name.removeprefix(kind))
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, lw=1, label=name.removeprefix(kind))
+            if kind == "capacity":
+                for b, k, where in pts:
+                    ax.annotate(where, (b, k), textcoords="offset points", xytext=(3, 4), fontsize=6)
         for y, style in ((16.0, "--"), (24.0, ":")):
             ax.axhline(y, color="k", lw=0.8, ls=style, label=f"{y:g} kHz real time")
         ax.set_xscale("log", base=2)

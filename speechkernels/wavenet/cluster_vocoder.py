@@ -15,7 +15,14 @@ shared memory (``st.async`` completing bytes on each CTA's mbarrier, as ``proxy/
 Weights stream from L2, each layer's loaded one layer ahead into registers; the head's rows stay in registers.
 The 8 lanes of a group take interleaved 16-byte chunks of every vector (free of shared-memory bank conflicts).
 
-The kernel's source: ``csrc/wavenet_cluster.cu``, compiled after ``csrc/cluster_common.cuh``.
+The kernel's source: ``csrc/wavenet_cluster.cu``, compiled after ``csrc/cluster_common.cuh`` and
+``csrc/vocoder_common.cuh``.
+
+Beyond the clusters the GPU holds at once (15 on an H100), the batched kernel (``csrc/wavenet_cluster_batch.cu``,
+``wavenet_generate_cluster_batch``) runs several streams per cluster with the same split: each lane applies its
+weights to every stream's vector, the 8 lanes' sums of up to 8 streams reduced together, each CTA's slices staged
+and sent in 16-byte chunks; ``cluster_plan`` picks one kernel or the other and the streams per cluster. It also
+continues earlier launches (the queues, the last classes, the frames' phase): ``server.WaveNetServer``'s chunks.
 """
 
 from __future__ import annotations
