@@ -108,7 +108,7 @@ def batch_shared_bytes(R: int, G2: int, SK: int, NC: int, C: int, MS: int) -> in
     """The batched kernel's dynamic shared memory: the embedding, per stream of the cluster two exchange buffers,
     two inputs and the staging slice, and the CTA's head rows (``csrc/wavenet_cluster_batch.cu``)."""
     head = (SK // C + NC // C) * SK * 4  # this CTA's head rows (float32; bfloat16 takes half)
-    return 4 * (NC * R + 2 * MS * max(G2, SK, NC) + 2 * MS * R + MS * max(SK // C, NC // C)) + head
+    return 4 * (NC * R + 2 * MS * max(G2, SK, NC) + 2 * MS * (R + 4) + MS * (max(SK // C, NC // C) + 4)) + head
 
 
 def batch_streams_supported(cfg: dict, MS: int) -> bool:

@@ -26,7 +26,10 @@
 #define SR (SK / C / NG)
 #define H2R (NC / C / NG)
 #define EXS (G2 > SK ? (G2 > NC ? G2 : NC) : (SK > NC ? SK : NC))  // a stream's stride in an exchange buffer
-#define LOCW (SK / C > NC / C ? SK / C : NC / C)  // a stream's stride in the staging buffer (>= ZC)
+// strides of a stream in the staging buffer (>= ZC) and in the inputs, padded by 4 floats: the lanes that write
+// one row of 8 streams then hit different banks
+#define LOCW ((SK / C > NC / C ? SK / C : NC / C) + 4)
+#define XST (R + 4)
 #define MAXL 512
 #define FULL 0xffffffffu
 
@@ -99,8 +102,8 @@ wavenet_cluster_batch(const wtype* __restrict__ wg,  // [L][C][NW][4][R]
   extern __shared__ __align__(16) float smem[];
   float* s_embed = smem;             // [NC][R]: the next sample's input without a trip to L2
   float* ex = s_embed + NC * R;      // [2][MS][EXS]
-  float* xs = ex + 2 * MS * EXS;     // [2][MS][R]
-  float* loc = xs + 2 * MS * R;      // [MS][LOCW]: this CTA's slice of the vector to exchange
+  float* xs = ex + 2 * MS * EXS;     // [2][MS][XST]
+  float* loc = xs + 2 * MS * XST;      // [MS][LOCW]: this CTA's slice of the vector to exchange
   wtype* s_head = (wtype*)(loc + MS * LOCW);  // [SK / C + NC / C][SK]: this CTA's rows of head1 and the logits
   __shared__ __align__(8) u64 bars[2];
   __shared__ int s_sample[MS];
@@ -132,7 +135,7 @@ wavenet_cluster_batch(const wtype* __restrict__ wg,  // [L][C][NW][4][R]
   __syncthreads();
   for (int i = threadIdx.x; i < MS * R; i += NT) {
     const int bg = min(cl * MS + i / R, B - 1);
-    xs[i] = s_embed[(int)prev[bg] * R + i % R];
+    xs[(i / R) * XST + i % R] = s_embed[(int)prev[bg] * R + i % R];
   }
   int ph[NBLK];  // the phase of this lane's stream in each block
   long long qo[NBLK];  // its queue's offset
@@ -210,11 +213,11 @@ wavenet_cluster_batch(const wtype* __restrict__ wg,  // [L][C][NW][4][R]
 
   auto step = [&](LW& cur, LW& nxt) {
     const u32 eb = (u32)(e & 1);
-    const float* xv = xs + xb * MS * R;
+    const float* xv = xs + xb * MS * XST;
     // ---- gate unit j of layer i for every stream, z staged in loc
     float pa[MS];
 #pragma unroll
-    for (int m = 0; m < MS; m++) pa[m] = dotv<CSTEP>(cur.g, xv + m * R + LOFF(RCL), RCL / WPV);
+    for (int m = 0; m < MS; m++) pa[m] = dotv<CSTEP>(cur.g, xv + m * XST + LOFF(RCL), RCL / WPV);
     float ar[NBLK];
 #pragma unroll
     for (int k = 0; k < NBLK; k++) ar[k] = red_scatter(pa + 8 * k, bsz(k), l);
@@ -237,7 +240,7 @@ wavenet_cluster_batch(const wtype* __restrict__ wg,  // [L][C][NW][4][R]
     // ---- the whole z of every stream: the skip rows and the residual update (none after the last layer)
     wait(eb, (i + 1 == L ? SK : G2) * MS * 4);
     const float* zv = ex + eb * MS * EXS;
-    float* xn = xs + (xb ^ 1) * MS * R;
+    float* xn = xs + (xb ^ 1) * MS * XST;
     float acc[RR][MS];
 #pragma unroll
     for (int m = 0; m < MS; m++) {
@@ -255,7 +258,7 @@ wavenet_cluster_batch(const wtype* __restrict__ wg,  // [L][C][NW][4][R]
         for (int r = 0; r < RR; r++) {
           const float y = red_scatter(acc[r] + 8 * k, bsz(k), l);
           const int row = gi * RR + r, m = 8 * k + l;
-          if (l < bsz(k)) xn[m * R + row] = xv[m * R + row] + y + cur.br[r];
+          if (l < bsz(k)) xn[m * XST + row] = xv[m * XST + row] + y + cur.br[r];
         }
     }
     __syncthreads();
@@ -336,8 +339,8 @@ wavenet_cluster_batch(const wtype* __restrict__ wg,  // [L][C][NW][4][R]
       }
     }
     __syncthreads();
-    float* x0 = xs + xb * MS * R;
-    for (int k = threadIdx.x; k < MS * R; k += NT) x0[k] = s_embed[s_sample[k / R] * R + k % R];
+    float* x0 = xs + xb * MS * XST;
+    for (int k = threadIdx.x; k < MS * R; k += NT) x0[(k / R) * XST + k % R] = s_embed[s_sample[k / R] * R + k % R];
     __syncthreads();
     i = 0;
     t++;
