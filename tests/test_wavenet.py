@@ -838,13 +838,17 @@ def chunked_uniforms(seed: int, n: int, chunk: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("max_streams", [None, 2])
-def test_server_matches_incremental_path(max_streams):
+@pytest.mark.parametrize("kernel", ["torch", "triton"])
+def test_server_matches_incremental_path(max_streams, kernel, request):
     """Requests joining at different chunks, of different lengths, each with its own generator: each gets exactly
-    the samples of the PyTorch path run alone on its uniforms; with max_streams=2 the third request waits."""
+    the samples of the PyTorch path run alone on its uniforms (the PyTorch path, and the Triton kernel under the
+    interpreter); with max_streams=2 the third request waits."""
+    if kernel == "triton":
+        request.getfixturevalue("interpreter")
     net = small_model()
     lens, spk, seeds, chunk = [37, 21, 45], [2, 0, 1], [10, 11, 12], 7
     conds = [torch.randn(5, math.ceil(n / 4) + k) for k, n in enumerate(lens)]
-    server = WaveNetServer(net, chunk=chunk, max_streams=max_streams)
+    server = WaveNetServer(net, chunk=chunk, max_streams=max_streams, kernel=kernel)
     reqs = [(lens[k], conds[k], spk[k] if k != 2 else torch.tensor(spk[k]), torch.Generator().manual_seed(seeds[k]))
             for k in range(3)]  # fmt: skip
     joins = {0: [reqs[0]], 1: [reqs[1]], 2: [reqs[2]]}
@@ -890,10 +894,11 @@ def test_server_bad_arguments():
     net = small_model()
     for kw, match in [
         (dict(chunk=0), "chunk"),
-        (dict(kernel="triton"), "kernel must be"),
+        (dict(kernel="cuda"), "kernel must be"),
         (dict(max_streams=0), "max_streams"),
         (dict(temperature=-1.0), "temperature"),
         (dict(weights_dtype=torch.bfloat16), "needs kernel='cluster'"),
+        (dict(kernel="triton", weights_dtype=torch.bfloat16), "needs kernel='cluster'"),
         (dict(weights_dtype=torch.float16), "weights_dtype"),
         (dict(kernel="cluster"), "kernel='cluster' needs"),  # a CPU model
     ]:
@@ -979,18 +984,19 @@ def test_gpu_batched_cluster_kernel_in_chunks(gpu):
 
 
 @pytest.mark.gpu
-def test_gpu_server_cluster_matches_incremental_path(gpu):
-    """The serving loop on the batched cluster kernel: requests joining at different chunks, each step of each
-    request against the PyTorch logits on its own samples and its own uniforms."""
+@pytest.mark.parametrize("kernel", ["cluster", "triton"])
+def test_gpu_server_matches_incremental_path(gpu, kernel):
+    """The serving loop on the batched cluster kernel and on the Triton kernel: requests joining at different
+    chunks, each step of each request against the PyTorch logits on its own samples and its own uniforms."""
     from speechkernels.wavenet.generation import cluster_kernel_available
 
     net = small_model(residual_channels=64, gate_channels=128, skip_channels=256, classes=256).to(gpu)
-    if not cluster_kernel_available(net):
+    if kernel == "cluster" and not cluster_kernel_available(net):
         pytest.skip("cuda-core or a GPU of compute capability 9.0 missing")
     lens, chunk = [130, 64, 200, 97, 150, 33, 120, 80, 110, 60, 90, 70], 32
     conds = [torch.randn(5, 60, device=gpu) for _ in lens]
     reqs = [(n, conds[k], k % 3, torch.Generator().manual_seed(k)) for k, n in enumerate(lens)]
-    server = WaveNetServer(net, chunk=chunk, kernel="cluster")
+    server = WaveNetServer(net, chunk=chunk, kernel=kernel)
     out = served(server, {0: reqs[:5], 1: reqs[5:9], 3: reqs[9:]})
     for k, rid in enumerate(out):
         assert out[rid].shape == (lens[k],)

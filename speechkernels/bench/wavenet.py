@@ -269,7 +269,6 @@ def capacity(args, device: torch.device, env: dict, n_max: int) -> int:
     torch.manual_seed(0)
     net = WaveNet(layers=args.layers, cycle=10).to(device).eval()
     chunk = args.chunk or (1024 if cuda else 16)
-    serve_kernel = args.kernel if args.kernel in ("auto", "torch", "cluster") else "auto"
     results: list[dict] = []
     for B in progress(list(counts), "wavenet capacity", str):
         cond = torch.randn(B, net.cond_channels, math.ceil(max(n_max, chunk) / net.hop_length), generator=g)
@@ -282,7 +281,7 @@ def capacity(args, device: torch.device, env: dict, n_max: int) -> int:
             seconds, n = timed(lambda n, c=cond, g=gen: net.generate(c, n, generator=g, kernel=args.kernel), n_max,
                                device, args.reps, args.seconds)  # fmt: skip
             row.update(n=n, **rates(seconds, n, B))
-            row["first_chunk_s"] = first_chunk_seconds(net, cond, chunk, serve_kernel, device, args.reps)
+            row["first_chunk_s"] = first_chunk_seconds(net, cond, chunk, args.kernel, device, args.reps)
         except Exception as err:  # a path that cannot run here (resources): recorded, not fatal
             row["error"] = f"{type(err).__name__}: {err}"
             emit(f"{path:>20} {B:5d} failed: {row['error']}")

@@ -6,9 +6,10 @@ Between chunks a request keeps its dilation queues (a row of the server's queue 
 it), its last class (the next chunk's first input) and its sample count (its conditioning frame's clock). The queue
 rings of all rows run on one clock shared by every request, so that a launch needs no per-request ring position.
 On a Hopper GPU with cuda-core the chunks run on the batched cluster kernel (``cluster_vocoder.
-wavenet_generate_cluster_batch``), elsewhere on the PyTorch path (``incremental.IncrementalState``). Each request
-samples with its own uniform numbers, drawn chunk by chunk from its generator (or the server's), so what it gets
-does not depend on which other requests share its chunks (up to float32 rounding at a class boundary).
+wavenet_generate_cluster_batch``), on other GPUs on the Triton kernel (``triton_vocoder.wavenet_generate``), on
+the CPU on the PyTorch path (``incremental.IncrementalState``). Each request samples with its own uniform numbers,
+drawn chunk by chunk from its generator (or the server's), so what it gets does not depend on which other requests
+share its chunks (up to float32 rounding at a class boundary).
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ from collections.abc import Iterator
 
 import torch
 
-from .._utils import as_choice, as_float, as_generator, as_int
+from .._utils import as_choice, as_float, as_generator, as_int, triton_interpreting
 from .cluster_vocoder import batch_queue, cluster_plan, wavenet_generate_cluster_batch
 from .generation import check_weights_dtype, cluster_kernel_available
 from .incremental import IncrementalState, sample_incremental
+from .triton_vocoder import triton_queue, wavenet_generate
 from .weights import VocoderInputs, vocoder_weights
 
-SERVER_KERNELS = ("auto", "torch", "cluster")  # WaveNetServer's paths; "auto": the cluster kernel where it runs
+SERVER_KERNELS = ("auto", "torch", "triton", "cluster")  # WaveNetServer's paths ("auto": WaveNetServer)
 
 
 @dataclasses.dataclass(eq=False)
@@ -47,8 +49,9 @@ class WaveNetServer:
         chunk: samples per request per ``step()`` (a request's last chunk may be shorter).
         temperature: as ``WaveNet.generate`` (0: the most likely class).
         generator: draws the uniform numbers of requests submitted without their own generator.
-        kernel: "cluster" (the batched thread-block cluster kernel: Hopper or newer with cuda-core), "torch" (the
-            PyTorch path) or "auto": the cluster kernel where it runs, else the PyTorch path.
+        kernel: "cluster" (the batched thread-block cluster kernel: Hopper or newer with cuda-core), "triton" (the
+            Triton kernel: any CUDA GPU), "torch" (the PyTorch path) or "auto": the cluster kernel where it runs,
+            else the Triton kernel on a GPU, the PyTorch path on the CPU.
         weights_dtype: torch.float32, or torch.bfloat16 for the cluster kernel's bfloat16 matrices.
         max_streams: at most this many requests generate at once (None: no limit); others wait in turn.
 
@@ -82,15 +85,18 @@ class WaveNetServer:
         check_weights_dtype(weights_dtype)
         self.max_streams = None if max_streams is None else as_int(max_streams, "max_streams", minimum=1)
         self.device = model.embed.weight.device
+        cuda = self.device.type == "cuda"
         if kernel == "auto":
-            kernel = "cluster" if self.device.type == "cuda" and cluster_kernel_available(model) else "torch"
-        if kernel == "cluster" and not (self.device.type == "cuda" and cluster_kernel_available(model)):
+            kernel = ("cluster" if cluster_kernel_available(model) else "triton") if cuda else "torch"
+        if kernel != "cluster" and weights_dtype != torch.float32:
+            raise ValueError("weights_dtype=torch.bfloat16 needs kernel='cluster'")
+        if kernel == "triton" and not (cuda or triton_interpreting()):
+            raise ValueError("kernel='triton' needs the model on a CUDA device")
+        if kernel == "cluster" and not (cuda and cluster_kernel_available(model)):
             raise ValueError(
                 "kernel='cluster' needs the model on a CUDA GPU of compute capability >= 9.0, cuda-core and widths "
                 "that split over the cluster (speechkernels.wavenet.cluster_vocoder.vocoder_cluster_config)"
             )
-        if kernel == "torch" and weights_dtype != torch.float32:
-            raise ValueError("weights_dtype=torch.bfloat16 needs kernel='cluster'")
         self.kernel, self.weights_dtype = kernel, weights_dtype
         self._pending: list[_Request] = []
         self._active: list[_Request] = []
@@ -102,7 +108,8 @@ class WaveNetServer:
         period = math.lcm(*model.dilations)
         self._period = period if period < 2**30 else None
         self._prev = torch.empty(0, dtype=torch.long, device=self.device)  # [rows] each row's last class
-        self._queue = None  # "cluster": [rows, C, Q, G2 / C, 2]; "torch": per layer [rows, d, R]
+        # the queues: "cluster" [rows, C, Q, G2 / C, 2], "triton" [rows, Q, R], "torch" per layer [rows, d, R]
+        self._queue = None
 
     @property
     def active(self) -> list[int]:
@@ -185,6 +192,12 @@ class WaveNetServer:
                 prev=prev, phase=torch.tensor(phase, dtype=torch.int32, device=dev), queue=self._queue,
                 queue_rows=rows.to(torch.int32), queue_time=self._clock,
             )  # fmt: skip
+        elif self.kernel == "triton":
+            out = wavenet_generate(
+                vocoder_weights(self.model), VocoderInputs(cond, g, u, self.temperature), prev=prev,
+                phase=torch.tensor(phase, dtype=torch.int32, device=dev), queue=self._queue,
+                queue_rows=rows.to(torch.int32), queue_time=self._clock,
+            )  # fmt: skip
         else:
             out = self._torch_chunk(cond, g, u, prev, phase, rows)
         self._prev.index_copy_(0, rows, out[:, -1])
@@ -218,8 +231,9 @@ class WaveNetServer:
         dev, m = self.device, self.model
         extra = rows - self._rows
         self._prev = torch.cat([self._prev, torch.empty(extra, dtype=torch.long, device=dev)])
-        if self.kernel == "cluster":
-            q = batch_queue(vocoder_weights(m), extra, 8, dev)
+        if self.kernel in ("cluster", "triton"):
+            w = vocoder_weights(m)
+            q = batch_queue(w, extra, 8, dev) if self.kernel == "cluster" else triton_queue(w, extra, dev)
             self._queue = q if self._queue is None else torch.cat([self._queue, q])
         else:
             qs = [torch.zeros(extra, d, m.residual_channels, device=dev) for d in m.dilations]
@@ -230,7 +244,7 @@ class WaveNetServer:
 
     def _reset_row(self, row: int) -> None:
         self._prev[row] = self.model.start_class()
-        if self.kernel == "cluster":
+        if self.kernel in ("cluster", "triton"):
             self._queue[row].zero_()
         else:
             for q in self._queue:
@@ -282,8 +296,8 @@ def generate_stream(
     weights_dtype: torch.dtype = torch.float32,
 ) -> Iterator[torch.Tensor]:
     """``WaveNet.generate_stream``: the samples of ``WaveNet.generate``'s streams chunk by chunk, as they are made:
-    yields [B, chunk] int64 tensors (the last one shorter), B and the arguments as ``generate`` (``kernel``:
-    "auto", "torch" or "cluster", as ``WaveNetServer``). The uniform numbers are drawn chunk by chunk."""
+    yields [B, chunk] int64 tensors (the last one shorter), B and the arguments as ``generate`` (``kernel`` as
+    ``WaveNetServer``'s). The uniform numbers are drawn chunk by chunk."""
     cond, speaker, B = model.check_inputs(cond, speaker, batch, n_samples)
     server = WaveNetServer(model, chunk, temperature, generator, kernel, weights_dtype)
     ids = [server.submit(n_samples, None if cond is None else cond[b], None if speaker is None else speaker[b])

@@ -41,9 +41,12 @@ def _wavenet_generate_kernel(
     b_h2_ptr,
     dil_ptr,  # [L] int32 dilations
     qoff_ptr,  # [L] int32 offsets of the layers' queues (rows of R) in a stream's queue block
-    queue_ptr,  # [B, sum(dilations), R] float32 zeros
+    queue_ptr,  # [rows, sum(dilations), R] float32: the streams' queues (zeros for a new stream)
     u_ptr,  # [n_samples, B] uniforms
     out_ptr,  # [B, n_samples] int64 out
+    prev_ptr,  # [B] int64: each stream's input class before its first sample
+    phase_ptr,  # [B] int32: each stream's sample index at t = 0 within cond's first frame
+    qrow_ptr,  # [B] int32: each stream's row of the queue
     B,
     L,
     R,
@@ -54,7 +57,7 @@ def _wavenet_generate_kernel(
     Q,
     hop,
     n_samples,
-    start,
+    tq0,
     inv_temp,
     GREEDY: tl.constexpr,
     BLOCK_R: tl.constexpr,
@@ -70,15 +73,16 @@ def _wavenet_generate_kernel(
     o_s = tl.arange(0, BLOCK_S)
     o_c = tl.arange(0, BLOCK_C)
     G = 2 * G2
-    p_q = queue_ptr + i_b * Q * R
-    prev = start
+    p_q = queue_ptr + tl.load(qrow_ptr + i_b).to(tl.int64) * Q * R
+    prev = tl.load(prev_ptr + i_b)
+    phase = tl.load(phase_ptr + i_b)
     for t in range(0, n_samples):
         x = tl.load(embed_ptr + prev * R + o_r, mask=o_r < R, other=0.0).to(tl.float32)
         skip = tl.zeros([BLOCK_S], tl.float32)
-        p_cb = cbias_ptr + (i_b * F + tl.minimum(t // hop, F - 1)) * L * G
+        p_cb = cbias_ptr + (i_b * F + tl.minimum((phase + t) // hop, F - 1)) * L * G
         for i in range(0, L):
             d = tl.load(dil_ptr + i)
-            p_slot = p_q + (tl.load(qoff_ptr + i) + t % d) * R
+            p_slot = p_q + (tl.load(qoff_ptr + i) + (tq0 + t) % d) * R  # one clock for every queue row
             past = tl.load(p_slot + o_r, mask=o_r < R, other=0.0)
             wp = w_past_ptr + i * G * R
             wc = w_cur_ptr + i * G * R
@@ -111,9 +115,19 @@ def _wavenet_generate_kernel(
         prev = sample
 
 
-def wavenet_generate(weights: VocoderWeights, inputs: VocoderInputs) -> torch.Tensor:
+def wavenet_generate(
+    weights: VocoderWeights,
+    inputs: VocoderInputs,
+    prev: torch.Tensor | None = None,
+    phase: torch.Tensor | None = None,
+    queue: torch.Tensor | None = None,
+    queue_rows: torch.Tensor | None = None,
+    queue_time: int = 0,
+) -> torch.Tensor:
     """Launcher of ``_wavenet_generate_kernel``: one program per stream, all samples in one launch; the model's
-    weights (``weights.vocoder_weights``) and a run's checked inputs. Returns [B, n_samples] int64 classes."""
+    weights (``weights.vocoder_weights``) and a run's checked inputs. Returns [B, n_samples] int64 classes.
+    ``prev``, ``phase``, ``queue`` (``triton_queue``), ``queue_rows`` and ``queue_time`` continue earlier launches,
+    as ``cluster_vocoder.wavenet_generate_cluster_batch``'s (``server.WaveNetServer``'s chunks)."""
     cond, g, uniforms, temperature = inputs
     n, B = uniforms.shape
     dev = uniforms.device
@@ -124,15 +138,28 @@ def wavenet_generate(weights: VocoderWeights, inputs: VocoderInputs) -> torch.Te
     hop = w.hop_length if cond is not None else 1 << 30
     cb = cb.expand(B, cb.shape[1], L, G).contiguous()
     Q = w.queue_slots
-    queue = torch.zeros(B, Q, R, device=dev)
+    if queue is None:
+        queue = triton_queue(w, B, dev)
+    if queue_rows is None:
+        queue_rows = torch.arange(B, dtype=torch.int32, device=dev)
+    if prev is None:
+        prev = torch.full((B,), w.start_class, dtype=torch.long, device=dev)
+    if phase is None:
+        phase = torch.zeros(B, dtype=torch.int32, device=dev)
     out = torch.empty(B, n, dtype=torch.long, device=dev)
     _wavenet_generate_kernel[(B,)](
         w.embed, w.w_past, w.w_cur, cb, w.w_res, w.b_res, w.w_skip, w.b_skip,
         w.w_head1, w.b_head1, w.w_head2, w.b_head2,
-        w.dilations, w.queue_offsets, queue, uniforms.float().contiguous(), out,
-        B, L, R, G // 2, S, C, cb.shape[1], Q, hop, n, w.start_class,
+        w.dilations, w.queue_offsets, queue, uniforms.float().contiguous(), out, prev, phase, queue_rows,
+        B, L, R, G // 2, S, C, cb.shape[1], Q, hop, n, queue_time,
         inverse_temperature(temperature),
         GREEDY=temperature == 0, BLOCK_R=next_power_of_2(R), BLOCK_G2=next_power_of_2(G // 2),
         BLOCK_S=next_power_of_2(S), BLOCK_C=next_power_of_2(C), num_warps=8,
     )  # fmt: skip
     return out
+
+
+def triton_queue(weights: VocoderWeights, rows: int, device) -> torch.Tensor:
+    """Zeroed dilation queues of ``_wavenet_generate_kernel``, ``rows`` streams' worth: [rows, Q, R] (each layer's
+    last inputs, a row per queue slot)."""
+    return torch.zeros(rows, weights.queue_slots, weights.residual_channels, device=device)
