@@ -1,6 +1,22 @@
 // Device helpers of the vocoder kernels (wavenet_cluster.cu, wavenet_cluster_batch.cu), compiled after their
 // #defines (R, G2, SK, NC, C, WBF16, GREEDY, VIL) and cluster_common.cuh.
 
+// The split over a cluster of C CTAs: CTA r owns ZC gate units, one warp each; a warp's 4 groups of 8 lanes hold
+// a unit's 4 gate rows (tanh/sigmoid of the current and past input) with RCL columns per lane, RR residual rows
+// and SR skip rows (ZCL columns per lane), and SR head1 and H2R logit rows (HCL columns per lane).
+#define ZC (G2 / C)
+#define NW ZC
+#define NT (NW * 32)
+#define NG (NW * 4)
+#define RCL (R / 8)
+#define ZCL (G2 / 8)
+#define HCL (SK / 8)
+#define RR (R / NG)
+#define SR (SK / C / NG)
+#define H2R (NC / C / NG)
+#define EXW (G2 > SK ? (G2 > NC ? G2 : NC) : (SK > NC ? SK : NC))  // the widest exchanged vector
+#define MAXL 512  // layers the kernels hold the dilations of
+
 // A lane's columns of a vector come in chunks of WPV = 4: with VIL chunk k of lane l holds columns (l + 8 k) 4 + ..,
 // so that the 8 lanes of a group read 16 contiguous bytes each (no shared-memory bank conflicts); without, lane l
 // holds a contiguous run. dotv's x: chunk k at x + XS k (CSTEP in shared memory, WPV in a register copy).

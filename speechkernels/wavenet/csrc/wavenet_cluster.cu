@@ -1,15 +1,3 @@
-#define ZC (G2 / C)
-#define NW ZC
-#define NT (NW * 32)
-#define NG (NW * 4)
-#define RCL (R / 8)
-#define ZCL (G2 / 8)
-#define HCL (SK / 8)
-#define RR (R / NG)
-#define SR (SK / C / NG)
-#define H2R (NC / C / NG)
-#define EXMAX (G2 > SK ? (G2 > NC ? G2 : NC) : (SK > NC ? SK : NC))
-#define MAXL 512
 
 __device__ __forceinline__ void st_async1(u32 addr, float v, u32 bar) {
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
@@ -42,7 +30,7 @@ wavenet_cluster(const wtype* __restrict__ wg,  // [L][C][NW][4][R]: rows cur_t, 
                 long long* __restrict__ out,  // [B][n]
                 int B, int L, int F, int Q, int hop, int n, int start, float inv_temp) {
   __shared__ __align__(16) float xs[2][R];
-  __shared__ __align__(16) float ex[2][EXMAX];
+  __shared__ __align__(16) float ex[2][EXW];
   __shared__ __align__(8) u64 bars[2];
   __shared__ int s_sample;
   __shared__ int s_dil[MAXL], s_qoff[MAXL];

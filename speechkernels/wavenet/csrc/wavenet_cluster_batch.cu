@@ -15,22 +15,11 @@
 // Serving: the queue ring is indexed by a time shared by all streams (tq0 + t), the conditioning frame by each
 // stream's own phase (phase[b] + t) / hop; the input before the first sample of the launch is prev[b], and a stream's
 // queue is row qslot[b] of the queue tensor (streams join and leave between launches).
-#define ZC (G2 / C)
-#define NW ZC
-#define NT (NW * 32)
-#define NG (NW * 4)
-#define RCL (R / 8)
-#define ZCL (G2 / 8)
-#define HCL (SK / 8)
-#define RR (R / NG)
-#define SR (SK / C / NG)
-#define H2R (NC / C / NG)
-#define EXS (G2 > SK ? (G2 > NC ? G2 : NC) : (SK > NC ? SK : NC))  // a stream's stride in an exchange buffer
+#define EXS EXW  // a stream's stride in an exchange buffer
 // strides of a stream in the staging buffer (>= ZC) and in the inputs, padded by 4 floats: the lanes that write
 // one row of 8 streams then hit different banks
 #define LOCW ((SK / C > NC / C ? SK / C : NC / C) + 4)
 #define XST (R + 4)
-#define MAXL 512
 #define FULL 0xffffffffu
 
 __device__ __forceinline__ void st_async4(u32 addr, float4 v, u32 bar) {
