@@ -61,6 +61,31 @@ __device__ __forceinline__ float red_scatter(const float* v, int n, int l) {
   return a[0];
 }
 
+// NR head rows of this lane's group (w: the CTA's rows, row gi NR + r) applied to every stream's vector in hv, plus
+// bias (relu with RELU), staged in loc for the exchange
+template <int NR, bool RELU>
+__device__ __forceinline__ void head_rows(const wtype* w, const float* bias, const float* hv, float* loc, int gi,
+                                          int l) {
+  wv hw[NR][HCL / WPV];
+#pragma unroll
+  for (int r = 0; r < NR; r++) ldws(hw[r], w + (gi * NR + r) * SK + LOFF(HCL), HCL / WPV);
+  float acc[NR][MS];
+#pragma unroll
+  for (int m = 0; m < MS; m++) {
+    float hc[HCL];
+    ldx<HCL>(hc, hv + m * EXS, l);
+#pragma unroll
+    for (int r = 0; r < NR; r++) acc[r][m] = dotv<WPV>(hw[r], hc, HCL / WPV);
+  }
+#pragma unroll
+  for (int k = 0; k < NBLK; k++)
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+      const float y = red_scatter(acc[r] + 8 * k, bsz(k), l) + bias[r];
+      if (l < bsz(k)) loc[(8 * k + l) * LOCW + gi * NR + r] = RELU ? fmaxf(y, 0.0f) : y;
+    }
+}
+
 // one layer's weights of this lane: its gate row, residual rows and skip rows, and its streams' step terms
 struct LW {
   wv g[RCL / WPV];
@@ -270,50 +295,12 @@ wavenet_cluster_batch(const wtype* __restrict__ wg,  // [L][C][NW][4][R]
     wait(hb, SK * MS * 4);
     const float* hv = ex + hb * MS * EXS;
     hb ^= 1;
-    {
-      wv hw[SR][HCL / WPV];
-#pragma unroll
-      for (int r = 0; r < SR; r++) ldws(hw[r], s_head + (gi * SR + r) * SK + LOFF(HCL), HCL / WPV);
-      float acc[SR][MS];
-#pragma unroll
-      for (int m = 0; m < MS; m++) {
-        float hc[HCL];
-        ldx<HCL>(hc, hv + m * EXS, l);
-#pragma unroll
-        for (int r = 0; r < SR; r++) acc[r][m] = dotv<WPV>(hw[r], hc, HCL / WPV);
-      }
-#pragma unroll
-      for (int k = 0; k < NBLK; k++)
-#pragma unroll
-        for (int r = 0; r < SR; r++) {
-          const float h = fmaxf(red_scatter(acc[r] + 8 * k, bsz(k), l) + bh1[r], 0.0f);
-          if (l < bsz(k)) loc[(8 * k + l) * LOCW + gi * SR + r] = h;
-        }
-    }
+    head_rows<SR, true>(s_head, bh1, hv, loc, gi, l);
     send(SK / C, hb);
     wait(hb, NC * MS * 4);
     hv = ex + hb * MS * EXS;
     hb ^= 1;
-    {
-      wv hw[H2R][HCL / WPV];
-#pragma unroll
-      for (int r = 0; r < H2R; r++) ldws(hw[r], s_head + (SK / C + gi * H2R + r) * SK + LOFF(HCL), HCL / WPV);
-      float acc[H2R][MS];
-#pragma unroll
-      for (int m = 0; m < MS; m++) {
-        float hc[HCL];
-        ldx<HCL>(hc, hv + m * EXS, l);
-#pragma unroll
-        for (int r = 0; r < H2R; r++) acc[r][m] = dotv<WPV>(hw[r], hc, HCL / WPV);
-      }
-#pragma unroll
-      for (int k = 0; k < NBLK; k++)
-#pragma unroll
-        for (int r = 0; r < H2R; r++) {
-          const float y = red_scatter(acc[r] + 8 * k, bsz(k), l) + bh2[r];
-          if (l < bsz(k)) loc[(8 * k + l) * LOCW + gi * H2R + r] = y;
-        }
-    }
+    head_rows<H2R, false>(s_head + (SK / C) * SK, bh2, hv, loc, gi, l);
     send(NC / C, hb);
     wait(hb, G2 * MS * 4);
     const float* lv = ex + hb * MS * EXS;
