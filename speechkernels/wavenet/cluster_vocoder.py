@@ -39,7 +39,7 @@ from .cuda_runtime import (
     max_active_clusters,
     set_dynamic_shared_memory,
 )
-from .weights import VocoderInputs, VocoderWeights, frame_bias, inverse_temperature
+from .weights import VocoderInputs, VocoderWeights, frame_bias, inverse_temperature, run_start
 
 
 def vocoder_cluster_config(
@@ -274,12 +274,7 @@ def wavenet_generate_cluster_batch(
     cb = cb.expand(B, cb.shape[1], w.layers, w.gate_channels).contiguous()
     if queue is None:
         queue = batch_queue(w, B, C, dev)
-    if queue_rows is None:
-        queue_rows = torch.arange(B, dtype=torch.int32, device=dev)
-    if prev is None:
-        prev = torch.full((B,), w.start_class, dtype=torch.long, device=dev)
-    if phase is None:
-        phase = torch.zeros(B, dtype=torch.int32, device=dev)
+    prev, phase, queue_rows = run_start(w, B, dev, prev, phase, queue_rows)
     out = torch.empty(B, n, dtype=torch.long, device=dev)
     u = uniforms.float().contiguous()
     kernel = vocoder_cluster_batch_kernel(**cfg, MS=MS, WBF16=int(weights_dtype == torch.bfloat16),

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from .._utils import next_power_of_2
-from .weights import VocoderInputs, VocoderWeights, frame_bias, inverse_temperature
+from .weights import VocoderInputs, VocoderWeights, frame_bias, inverse_temperature, run_start
 
 
 @triton.jit
@@ -150,12 +150,7 @@ def wavenet_generate(
     resume = prev is not None or phase is not None or queue is not None or queue_rows is not None or queue_time != 0
     if queue is None:
         queue = triton_queue(w, B, dev)
-    if queue_rows is None:
-        queue_rows = torch.arange(B, dtype=torch.int32, device=dev)
-    if prev is None:
-        prev = torch.full((B,), w.start_class, dtype=torch.long, device=dev)
-    if phase is None:
-        phase = torch.zeros(B, dtype=torch.int32, device=dev)
+    prev, phase, queue_rows = run_start(w, B, dev, prev, phase, queue_rows)
     out = torch.empty(B, n, dtype=torch.long, device=dev)
     _wavenet_generate_kernel[(B,)](
         w.embed, w.w_past, w.w_cur, cb, w.w_res, w.b_res, w.w_skip, w.b_skip,

@@ -143,3 +143,23 @@ def inverse_temperature(temperature: float) -> float:
     Clamped, the maximum's term stays exp(0) = 1 and the others underflow to 0: the most likely class (ties drawn
     among), as the PyTorch path's float64 softmax."""
     return min(1.0 / temperature, FLOAT32_MAX) if temperature > 0 else 0.0
+
+
+def run_start(
+    weights: VocoderWeights,
+    B: int,
+    device,
+    prev: torch.Tensor | None,
+    phase: torch.Tensor | None,
+    queue_rows: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where a launch of B streams starts (the launchers' continuation arguments, a new run where None): each
+    stream's input class before its first sample (the start class), its phase within cond's first frame (0) and its
+    row of the queue tensor (b)."""
+    if prev is None:
+        prev = torch.full((B,), weights.start_class, dtype=torch.long, device=device)
+    if phase is None:
+        phase = torch.zeros(B, dtype=torch.int32, device=device)
+    if queue_rows is None:
+        queue_rows = torch.arange(B, dtype=torch.int32, device=device)
+    return prev, phase, queue_rows
