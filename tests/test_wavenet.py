@@ -849,6 +849,7 @@ def test_server_matches_incremental_path(max_streams, kernel, request):
     lens, spk, seeds, chunk = [37, 21, 45], [2, 0, 1], [10, 11, 12], 7
     conds = [torch.randn(5, math.ceil(n / 4) + k) for k, n in enumerate(lens)]
     server = WaveNetServer(net, chunk=chunk, max_streams=max_streams, kernel=kernel)
+    server.warmup()
     reqs = [(lens[k], conds[k], spk[k] if k != 2 else torch.tensor(spk[k]), torch.Generator().manual_seed(seeds[k]))
             for k in range(3)]  # fmt: skip
     joins = {0: [reqs[0]], 1: [reqs[1]], 2: [reqs[2]]}
@@ -905,6 +906,8 @@ def test_server_bad_arguments():
         with pytest.raises(ValueError, match=match):
             WaveNetServer(net, **kw)
     server = WaveNetServer(net)
+    with pytest.raises(ValueError, match="max_streams"):
+        server.warmup(0)
     cond = torch.randn(5, 10)
     for args, err, match in [
         ((0, cond, 1), ValueError, "n_samples"),
@@ -997,6 +1000,7 @@ def test_gpu_server_matches_incremental_path(gpu, kernel):
     conds = [torch.randn(5, 60, device=gpu) for _ in lens]
     reqs = [(n, conds[k], k % 3, torch.Generator().manual_seed(k)) for k, n in enumerate(lens)]
     server = WaveNetServer(net, chunk=chunk, kernel=kernel)
+    server.warmup(12)
     out = served(server, {0: reqs[:5], 1: reqs[5:9], 3: reqs[9:]})
     for k, rid in enumerate(out):
         assert out[rid].shape == (lens[k],)

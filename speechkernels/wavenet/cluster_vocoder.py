@@ -234,6 +234,25 @@ def wavenet_generate_cluster(
     return out
 
 
+def compile_batch_kernels(
+    weights: VocoderWeights,
+    max_streams: int,
+    weights_dtype: torch.dtype,
+    greedy: bool,
+    device: torch.device,
+    C: int = 8,
+) -> list[int]:
+    """Compiles (once; NVRTC, about a second each) the batched kernel's variants that ``cluster_plan`` picks for 1 to
+    max_streams streams; returns their streams per cluster."""
+    w = weights
+    cfg = vocoder_cluster_config(w.layers, w.residual_channels, w.gate_channels, w.skip_channels, w.classes, C)
+    counts = sorted({cluster_plan(w, B, device, C)[0] for B in range(1, max_streams + 1)})
+    for ms in counts:
+        vocoder_cluster_batch_kernel(**cfg, MS=ms, WBF16=int(weights_dtype == torch.bfloat16), GREEDY=int(greedy),
+                                     arch=device_arch(device))  # fmt: skip
+    return counts
+
+
 def wavenet_generate_cluster_batch(
     weights: VocoderWeights,
     inputs: VocoderInputs,

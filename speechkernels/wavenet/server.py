@@ -21,7 +21,7 @@ from collections.abc import Iterator
 import torch
 
 from .._utils import as_choice, as_float, as_generator, as_int, triton_interpreting
-from .cluster_vocoder import batch_queue, cluster_plan, wavenet_generate_cluster_batch
+from .cluster_vocoder import batch_queue, cluster_plan, compile_batch_kernels, wavenet_generate_cluster_batch
 from .generation import check_weights_dtype, cluster_kernel_available
 from .incremental import IncrementalState, sample_incremental
 from .triton_vocoder import triton_queue, wavenet_generate
@@ -120,6 +120,25 @@ class WaveNetServer:
     def pending(self) -> list[int]:
         """Ids of the requests waiting for their first chunk."""
         return [r.id for r in self._pending]
+
+    def warmup(self, max_streams: int | None = None) -> None:
+        """Compiles what the server will launch for up to ``max_streams`` requests at once (the server's
+        ``max_streams``, else 256), so that no chunk waits for a compilation: the cluster kernel has a variant per
+        number of streams per cluster (about a second each, once per process), the Triton kernel one."""
+        if max_streams is None:
+            max_streams = self.max_streams or 256
+        n = as_int(max_streams, "max_streams", minimum=1)
+        if self.kernel == "cluster":
+            compile_batch_kernels(vocoder_weights(self.model), n, self.weights_dtype, self.temperature == 0,
+                                  self.device)  # fmt: skip
+        elif self.kernel == "triton":
+            w, dev = vocoder_weights(self.model), self.device
+            cond = None
+            if self.model.cond_channels:
+                cond = torch.zeros(1, self.model.cond_channels, 1, device=dev, dtype=self.model.embed.weight.dtype)
+            g = torch.zeros(1, self.model.speaker_embed.embedding_dim, device=dev) if self.model.speakers else None
+            u = torch.zeros(1, 1, device=dev)
+            wavenet_generate(w, VocoderInputs(cond, g, u, self.temperature), queue=triton_queue(w, 1, dev))
 
     def submit(
         self,
