@@ -889,6 +889,9 @@ def test_generate_stream_chunks():
                    for k in range(0, n, chunk)])  # fmt: skip
     ref, _ = incremental_path(net, cond, n, 1.0, None, None, uniforms=u)
     assert torch.equal(torch.cat(parts, 1), ref)
+    for kw, match in [(dict(chunk=0), "chunk"), (dict(kernel="cuda"), "kernel must be"), (dict(batch=2), "batch")]:
+        with pytest.raises(ValueError, match=match):  # when called, before any chunk is asked for
+            net.generate_stream(cond, n, **kw)
 
 
 def test_server_bad_arguments():

@@ -145,28 +145,39 @@ def resident_clusters(kernel, threads: int, C: int, shmem: int, device: torch.de
 
 
 @functools.cache
-def cluster_capacity(cfg_items: tuple, arch: str, device: torch.device) -> tuple[int, int]:
-    """(resident clusters of the one-stream kernel, of the batched kernel) for ``vocoder_cluster_config``'s sizes."""
+def one_stream_capacity(cfg_items: tuple, arch: str, device: torch.device) -> int:
+    """Resident clusters of the one-stream kernel for ``vocoder_cluster_config``'s sizes (as items)."""
     cfg = dict(cfg_items)
-    R, G2, SK, NC, C = cfg["R"], cfg["G2"], cfg["SK"], cfg["NC"], cfg["C"]
-    one = vocoder_cluster_kernel(**cfg, WBF16=0, GREEDY=0, arch=arch)
+    kernel = vocoder_cluster_kernel(**cfg, WBF16=0, GREEDY=0, arch=arch)
+    return resident_clusters(kernel, 32 * (cfg["G2"] // cfg["C"]), cfg["C"], _embed_bytes(cfg["R"], cfg["NC"]), device)
+
+
+@functools.cache
+def batch_capacity(cfg_items: tuple, arch: str, device: torch.device) -> int:
+    """Resident clusters of the batched kernel (its largest variant: the most shared memory) for these sizes."""
+    cfg = dict(cfg_items)
     ms = max(m for m in BATCH_STREAMS if batch_streams_supported(cfg, m))
-    batch = vocoder_cluster_batch_kernel(**cfg, MS=ms, WBF16=0, GREEDY=0, arch=arch)
-    threads = 32 * (G2 // C)
-    return (resident_clusters(one, threads, C, _embed_bytes(R, NC), device),
-            resident_clusters(batch, threads, C, batch_shared_bytes(R, G2, SK, NC, C, ms), device))  # fmt: skip
+    kernel = vocoder_cluster_batch_kernel(**cfg, MS=ms, WBF16=0, GREEDY=0, arch=arch)
+    shmem = batch_shared_bytes(cfg["R"], cfg["G2"], cfg["SK"], cfg["NC"], cfg["C"], ms)
+    return resident_clusters(kernel, 32 * (cfg["G2"] // cfg["C"]), cfg["C"], shmem, device)
+
+
+def batch_kernel_plan(cfg: dict, B: int, device: torch.device) -> tuple[int, int]:
+    """``batch_plan`` for the batched kernel of ``vocoder_cluster_config``'s sizes on ``device``."""
+    resident = batch_capacity(tuple(cfg.items()), device_arch(device), device)
+    return batch_plan(B, resident, tuple(m for m in BATCH_STREAMS if batch_streams_supported(cfg, m)))
 
 
 def cluster_plan(weights: VocoderWeights, B: int, device: torch.device, C: int = 8) -> tuple[int, int]:
     """(streams per cluster, clusters) the cluster kernels run B streams with: one stream per cluster (the
     one-stream kernel, ``wavenet_cluster.cu``) while every cluster is resident at once, else the fewest streams per
-    cluster of the batched kernel that keep them resident (``batch_plan``)."""
+    cluster of the batched kernel that keep them resident (``batch_plan``). The batched kernel is compiled (for
+    its occupancy) only once B needs it."""
     w = weights
     cfg = vocoder_cluster_config(w.layers, w.residual_channels, w.gate_channels, w.skip_channels, w.classes, C)
-    one, batch = cluster_capacity(tuple(cfg.items()), device_arch(device), device)
-    if B <= one:
+    if B <= one_stream_capacity(tuple(cfg.items()), device_arch(device), device):
         return 1, B
-    return batch_plan(B, batch, tuple(m for m in BATCH_STREAMS if batch_streams_supported(cfg, m)))
+    return batch_kernel_plan(cfg, B, device)
 
 
 def batch_plan(B: int, resident: int, allowed=BATCH_STREAMS) -> tuple[int, int]:
@@ -282,8 +293,7 @@ def wavenet_generate_cluster_batch(
     dev = uniforms.device
     arch = device_arch(dev)
     if streams_per_cluster is None:
-        _, resident = cluster_capacity(tuple(cfg.items()), arch, dev)
-        MS, K = batch_plan(B, resident, tuple(m for m in BATCH_STREAMS if batch_streams_supported(cfg, m)))
+        MS, K = batch_kernel_plan(cfg, B, dev)
     else:
         MS, K = streams_per_cluster, -(-B // streams_per_cluster)
     if not batch_streams_supported(cfg, MS):

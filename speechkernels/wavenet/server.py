@@ -315,14 +315,14 @@ def generate_stream(
     weights_dtype: torch.dtype = torch.float32,
 ) -> Iterator[torch.Tensor]:
     """``WaveNet.generate_stream``: the samples of ``WaveNet.generate``'s streams chunk by chunk, as they are made:
-    yields [B, chunk] int64 tensors (the last one shorter), B and the arguments as ``generate`` (``kernel`` as
-    ``WaveNetServer``'s). The uniform numbers are drawn chunk by chunk."""
+    an iterator of [B, chunk] int64 tensors (the last one shorter), B and the arguments as ``generate`` (``kernel``
+    as ``WaveNetServer``'s). The arguments are checked when called, before the first chunk; the uniform numbers are
+    drawn chunk by chunk."""
     cond, speaker, B = model.check_inputs(cond, speaker, batch, n_samples)
     server = WaveNetServer(model, chunk, temperature, generator, kernel, weights_dtype)
     ids = [server.submit(n_samples, None if cond is None else cond[b], None if speaker is None else speaker[b])
            for b in range(B)]  # fmt: skip
-    for chunks in server:
-        yield torch.stack([chunks[i] for i in ids])
+    return (torch.stack([chunks[i] for i in ids]) for chunks in server)
 
 
 def _shape(x) -> str:
