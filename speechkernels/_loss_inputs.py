@@ -21,6 +21,12 @@ def check_targets(targets) -> None:
         raise ValueError(f"targets must be int32 or int64, got {targets.dtype}")
 
 
+def labels_on(targets: torch.Tensor, device) -> torch.Tensor:
+    """``targets`` as the kernels read them: on ``device``, contiguous (a view's values copied once, else no copy),
+    so that a strided, offset or expanded view gives its values, never its storage's neighbours."""
+    return targets.to(device).contiguous()
+
+
 def targets_padded(targets: torch.Tensor, N: int) -> bool:
     """Whether ``targets`` are padded rows [N, S] (True) or 1-D concatenated labels (False); raises ValueError for
     any other shape, or rows that are not the batch's."""

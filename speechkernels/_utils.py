@@ -245,13 +245,14 @@ def as_index_tensor(
 ) -> torch.Tensor:
     """Lengths as a 1-D tensor on ``device``: given as a tensor (any device, integer dtype), an integer numpy
     array, a sequence of integers or one integer. A tensor keeps its dtype if it is in ``keep`` (no conversion
-    launch), else becomes int64. Floats, bools and non-integral values are refused, naming the element."""
+    launch), else becomes int64. Floats, bools and non-integral values are refused, naming the element. The result
+    is contiguous (the kernels read lengths as packed arrays): a view's values are copied once, tiny as they are."""
     if isinstance(value, torch.Tensor):
         check_integer_tensor(value, name)
         if value.dim() > 1:
             raise ValueError(f"{name} must be 1-D, got shape {tuple(value.shape)}")
         dtype = value.dtype if value.dtype in keep else torch.int64
-        return value.to(device=device, dtype=dtype, non_blocking=True).reshape(-1)
+        return value.to(device=device, dtype=dtype, non_blocking=True).reshape(-1).contiguous()
     if isinstance(value, np.ndarray):
         if value.ndim > 1:
             raise ValueError(f"{name} must be 1-D, got shape {value.shape}")

@@ -79,7 +79,10 @@ class LossPath:
 @pytest.fixture(params=["torch", "triton", pytest.param("cuda", marks=pytest.mark.gpu)])
 def loss_path(request, monkeypatch) -> LossPath:
     """Each loss test once per path: the PyTorch path (kernels switched off), the Triton kernels under the
-    interpreter (skipped without TRITON_INTERPRET=1), and the GPU (tests marked gpu)."""
+    interpreter (skipped without TRITON_INTERPRET=1), and the GPU (tests marked gpu). The aligner's kernels are
+    switched and counted with the losses'."""
+    from speechkernels.align import api as align_api
+    from speechkernels.align import kernels as align_kernels
     from speechkernels.ctc import api as ctc_api
     from speechkernels.ctc import kernels as ctc_kernels
     from speechkernels.rnnt import api as rnnt_api
@@ -99,9 +102,10 @@ def loss_path(request, monkeypatch) -> LossPath:
         monkeypatch.setattr(joint_api, "joint_kernels", None)
         monkeypatch.setattr(tdt_api, "kernels", None)
         monkeypatch.setattr(tdt_joint_api, "joint_kernels", None)
+        monkeypatch.setattr(align_api, "kernels", None)
     for module, name in ((ctc_kernels, "ctc_forward"), (rnnt_kernels, "rnnt_forward"),
                          (joint_kernels, "joint_forward"), (joint_kernels, "joint_lattice"),
-                         (tdt_kernels, "tdt_forward")):  # fmt: skip
+                         (tdt_kernels, "tdt_forward"), (align_kernels, "ctc_align")):  # fmt: skip
         real = getattr(module, name)
 
         def spy(*args, _real=real, **kwargs):

@@ -3,6 +3,8 @@ its halves, call counting, gradients of several leaves."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -121,3 +123,41 @@ def check_float32_against_float64(path, run, loss_tol=1e-5, grad_tol=1e-4, names
     for name, a, b in zip(names, grads, ref_grads, strict=False):
         assert a.dtype == torch.float32
         assert rel(a, b) < grad_tol, (name, rel(a, b))
+
+
+def random_view(x: torch.Tensor, g: torch.Generator, expand: bool = True) -> torch.Tensor:
+    """x's values in a view that is not contiguous (where x has two elements or more): its dimensions laid out in
+    a random order, each with a random stride (gaps between elements), the whole at an offset of 1 to 4 elements in
+    a larger buffer whose other elements are garbage (NaN, or a large integer), so that a kernel that reads the
+    view as contiguous, or from its storage's start, reads garbage. With ``expand``, a dimension along which x is
+    constant may become an expanded one (stride 0). Same dtype, device, shape and values as x."""
+    x = x.detach()
+    if x.dim() == 0:
+        return x.clone()
+    dims = x.dim()
+    r = lambda n: int(torch.randint(0, n, (1,), generator=g))
+    order = torch.randperm(dims, generator=g).tolist()  # memory order: order[0] outermost
+    steps = [1 + r(3) for _ in range(dims)]
+    shape = [x.shape[d] for d in order]
+    offset = 1 + r(4)
+    garbage = True if x.dtype == torch.bool else float("nan") if x.dtype.is_floating_point else 10**6 + 7
+
+    def laid_out(steps):
+        full = [max(s, 1) * st for s, st in zip(shape, steps, strict=True)]
+        buf = torch.full((offset + math.prod(full) + 3,), garbage, dtype=x.dtype, device=x.device)
+        inner = buf[offset : offset + math.prod(full)].view(full)
+        view = inner[tuple(slice(0, s * st, st) for s, st in zip(shape, steps, strict=True))]
+        view.copy_(x.permute(order))
+        return view.permute([order.index(d) for d in range(dims)])
+
+    out = laid_out(steps)
+    if out.is_contiguous() and x.numel() > 1:  # the largest dimension strided instead
+        steps[max(range(dims), key=lambda i: shape[i])] = 2
+        out = laid_out(steps)
+    if expand:
+        for d in range(dims):
+            if x.shape[d] > 1 and r(2) and bool((x == x.narrow(d, 0, 1)).all()):
+                out = out.narrow(d, 0, 1).expand(*x.shape)
+                break
+    assert out.shape == x.shape and out.storage_offset() > 0 and (x.numel() < 2 or not out.is_contiguous())
+    return out

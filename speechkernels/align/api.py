@@ -6,7 +6,15 @@ from typing import NamedTuple
 
 import torch
 
-from .._loss_inputs import Lengths, batch_lengths, check_label_contents, check_targets, padded_labels, targets_padded
+from .._loss_inputs import (
+    Lengths,
+    batch_lengths,
+    check_label_contents,
+    check_targets,
+    labels_on,
+    padded_labels,
+    targets_padded,
+)
 from .._utils import as_bool, as_choice, as_int, check_float_input, check_integer_tensor, optional_kernels, use_triton
 from .reference import ctc_forced_align_reference
 
@@ -95,12 +103,12 @@ def ctc_forced_align(
             raise ValueError("target_lengths is required with concatenated (1-D) targets")
         target_lengths = torch.full((N,), targets.shape[1], dtype=torch.int64, device=dev)
     il, tl = batch_lengths(N, dev, "none", input_lengths=input_lengths, target_lengths=target_lengths)
-    targets = targets.to(dev)
+    targets = labels_on(targets, dev)
     if validate:
         check_label_contents(T, C, targets, il, tl, blank, padded)
 
     if kernels is not None and use_triton(x) and N > 0 and T > 0:
-        alignments, scores = kernels.ctc_align(x, targets.contiguous(), il, tl, blank, padded)
+        alignments, scores = kernels.ctc_align(x, targets, il, tl, blank, padded)
     else:
         tg, lt = padded_labels(targets.cpu(), tl.cpu(), padded)
         alignments, scores = ctc_forced_align_reference(x.cpu(), tg, il.cpu().clamp(0, T), lt, blank)

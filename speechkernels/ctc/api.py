@@ -10,6 +10,7 @@ from .._loss_inputs import (
     batch_lengths,
     check_label_contents,
     check_targets,
+    labels_on,
     padded_labels,
     targets_padded,
 )
@@ -148,12 +149,10 @@ def ctc_loss(
     dev = x.device
     il, tl = batch_lengths(N, dev, reduction, input_lengths=input_lengths, target_lengths=target_lengths)
     padded = targets_padded(targets, N)
-    targets = targets.to(dev)
+    targets = labels_on(targets, dev)
 
     if kernels is not None and use_triton(x) and N > 0 and T > 0:
         need_grad = torch.is_grad_enabled() and x.requires_grad
-        if padded:
-            targets = targets.contiguous()
         # the kernels zero infinite losses and reduce over the batch themselves
         args = (x, targets, il, tl, blank, padded, logits, need_grad, validate, zero_infinity, reduction)
         out = CTC_LOSS_OP.apply(*args)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .._loss_inputs import REDUCTIONS, Lengths, batch_lengths, check_labels, check_lengths, check_targets
+from .._loss_inputs import REDUCTIONS, Lengths, batch_lengths, check_labels, check_lengths, check_targets, labels_on
 from .._op import LossModule, LossOp
 from .._utils import INDEX_DTYPES, as_bool, as_choice, as_float, as_int, check_float_input, optional_kernels, use_triton
 from .reference import RNNT_TYPES, reduce_loss, rnnt_losses_cpu
@@ -44,10 +44,10 @@ def check_loss_arguments(
     batch_of: str,
     rows_of: str,
     classes_of: str = "",
-) -> tuple[torch.Tensor, torch.Tensor, int]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """The checks every RNN-T entry point makes of its labels, lengths, blank and reduction, naming the tensor
     the batch size (``batch_of``), the U + 1 rows (``rows_of``) and V (``classes_of``) come from. Returns the
-    lengths on ``dev`` and blank in [0, V)."""
+    targets and lengths on ``dev`` as the kernels read them (contiguous) and blank in [0, V)."""
     check_targets(targets)
     if targets.dim() != 2:
         raise ValueError(f"targets must be [N, U], got shape {tuple(targets.shape)}")
@@ -58,7 +58,7 @@ def check_loss_arguments(
     if not -V <= blank < V:
         raise ValueError(f"blank={blank} is outside [-V, V) for V={V}{classes_of}")
     il, tl = batch_lengths(N, dev, reduction, INDEX_DTYPES, logit_lengths=logit_lengths, target_lengths=target_lengths)
-    return il, tl, blank + V if blank < 0 else blank
+    return labels_on(targets, dev), il, tl, blank + V if blank < 0 else blank
 
 
 def _overlaps_itself(x: torch.Tensor) -> bool:
@@ -206,7 +206,7 @@ def rnnt_loss(
         raise ValueError(f"logits must have 4 dimensions [N, T, U+1, V], got shape {tuple(logits.shape)}")
     N, T, U1, V = logits.shape
     dev = logits.device
-    il, tl, blank = check_loss_arguments(
+    targets, il, tl, blank = check_loss_arguments(
         targets, logit_lengths, target_lengths, blank, reduction, N, U1, V, dev, "logits", "logits.shape[2]"
     )
     if reuse_logits_for_grad and logits.requires_grad and _overlaps_itself(logits):
@@ -215,13 +215,12 @@ def rnnt_loss(
             f"over them), got strides {logits.stride()} for shape {tuple(logits.shape)}: pass .contiguous() logits"
         )
     loss_scale = 1.0 + fastemit_lambda if fastemit_loss_scale else 1.0
-    targets = targets.to(dev)
     if kernels is not None and use_triton(logits) and N > 0 and T > 0:
         need_grad = torch.is_grad_enabled() and logits.requires_grad
         if reuse_logits_for_grad and torch.compiler.is_compiling():
             raise ValueError("reuse_logits_for_grad=True is not supported under torch.compile")
         return RNNT_LOSS_OP.apply(
-            logits, targets.contiguous(), il, tl, blank, fused_log_softmax, float(fastemit_lambda), loss_scale,
+            logits, targets, il, tl, blank, fused_log_softmax, float(fastemit_lambda), loss_scale,
             float(clamp), rnnt_type == "rna", need_grad, validate, reuse_logits_for_grad, reduction,
         )  # fmt: skip
     il, tl = il.long(), tl.long()

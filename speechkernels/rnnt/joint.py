@@ -104,15 +104,19 @@ def _check_tensors(enc, pred, weight, bias) -> None:
 def joint_inputs(enc, pred, weight, bias, targets, logit_lengths, target_lengths, blank: int, reduction: str,
                  extra: int = 0, what: str = ""):  # fmt: skip
     """A fused joint loss's checked inputs: the joint's tensors (cast to autocast's dtype when it is on, else of
-    one dtype), the targets and lengths on enc's device, blank in [0, V) for the V token classes (the weight's
-    rows less its last ``extra``, the ``what``). Raises ValueError naming a bad argument."""
+    one dtype) and contiguous, the targets and lengths on enc's device, blank in [0, V) for the V token classes (the
+    weight's rows less its last ``extra``, the ``what``). Raises ValueError naming a bad argument.
+
+    Contiguous, because the products' summation order depends on their operands' layouts (cuBLAS's and the CPU's
+    alike): a view then gives the bits of its contiguous copy. A view's copy is O(N T H), against the joint's
+    O(N T U V H)."""
     _check_tensors(enc, pred, weight, bias)
     N, U1, V = enc.shape[0], pred.shape[1], weight.shape[0] - extra
     if V < 1:
         raise ValueError(f"weight.shape[0]={V + extra} leaves no token class after the {extra} {what}")
     dev = enc.device
     classes_of = f" token classes (weight.shape[0] - {extra} {what})" if extra else " (weight.shape[0])"
-    il, tl, blank = check_loss_arguments(
+    targets, il, tl, blank = check_loss_arguments(
         targets, logit_lengths, target_lengths, blank, reduction, N, U1, V, dev, "enc", "pred.shape[1]", classes_of
     )
     if torch.is_autocast_enabled(dev.type):
@@ -125,7 +129,9 @@ def joint_inputs(enc, pred, weight, bias, targets, logit_lengths, target_lengths
                 raise ValueError(
                     f"{name} is {x.dtype} but enc is {enc.dtype}: pass one dtype, or run under torch.autocast"
                 )
-    return enc, pred, weight, bias, targets.to(dev), il, tl, blank
+    enc, pred, weight = enc.contiguous(), pred.contiguous(), weight.contiguous()
+    bias = None if bias is None else bias.contiguous()
+    return enc, pred, weight, bias, targets, il, tl, blank
 
 
 def rnnt_joint_loss(
@@ -216,7 +222,7 @@ def rnnt_joint_loss(
                 x is not None and x.requires_grad for x in (enc, pred, weight, bias)
             )
             return JOINT_LOSS_OP.apply(
-                enc, pred, weight, bias, targets.contiguous(), il, tl, blank, activation, dropout, *seed,
+                enc, pred, weight, bias, targets, il, tl, blank, activation, dropout, *seed,
                 fastemit_lambda, loss_scale, clamp, rnnt_type == "rna", need_grad, validate, reduction,
             )  # fmt: skip
         il, tl = il.long(), tl.long()

@@ -139,13 +139,12 @@ def _inputs(logits, targets, logit_lengths, target_lengths, opts: TransducerOpti
     the kernels' path by a device-side check, one value read back)."""
     N, T, U1, _ = logits.shape
     dev = logits.device
-    il, tl, blank = check_loss_arguments(targets, logit_lengths, target_lengths, opts.blank, opts.reduction, N, U1,
-                                         V, dev, "logits", "logits.shape[2]", classes_of)  # fmt: skip
-    targets = targets.to(dev)
+    targets, il, tl, blank = check_loss_arguments(targets, logit_lengths, target_lengths, opts.blank, opts.reduction,
+                                                  N, U1, V, dev, "logits", "logits.shape[2]", classes_of)  # fmt: skip
     if _on_kernels(logits):
         if opts.validate:
             validate_on_device(T, U1 - 1, V, targets, il, tl, blank)
-        return targets.contiguous(), il, tl, blank
+        return targets, il, tl, blank
     il, tl = il.long(), tl.long()
     if opts.validate:
         check_contents(T, U1 - 1, V, targets, il, tl, blank)

@@ -190,7 +190,7 @@ def _joint_loss(kind, enc, pred, weight, bias, targets, il, tl, durations, blank
                 x is not None and x.requires_grad for x in (enc, pred, weight, bias)
             )
             return TDT_JOINT_LOSS_OP.apply(
-                enc, pred, weight, bias, targets.contiguous(), il, tl, kind, list(durations), blank, opts.activation,
+                enc, pred, weight, bias, targets, il, tl, kind, list(durations), blank, opts.activation,
                 opts.dropout, *seed, lo.sigma, lo.fastemit_lambda, loss_scale, lo.clamp, need_grad, lo.validate,
                 lo.reduction,
             )  # fmt: skip
