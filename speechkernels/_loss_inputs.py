@@ -4,6 +4,7 @@ them (each raises a ValueError naming the argument and, for a tensor's contents,
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NoReturn
 
 import torch
 
@@ -76,6 +77,33 @@ def check_labels(labels: torch.Tensor, valid: torch.Tensor, C: int, classes: str
             raise ValueError(f"{describe(flat, int(labels.reshape(-1)[flat]))} {what}")
 
 
+def refuse_flagged(
+    errors: list[int],
+    frames: tuple[str, torch.Tensor, str],
+    counts: tuple[str, torch.Tensor, str],
+    C: int,
+    classes: str,
+    blank: int,
+) -> NoReturn:
+    """Raises the ValueError for a device-side check's finding that the host-side checks, run first on every
+    refusal, did not confirm: it names the first flagged sample and its argument. ``errors``: each sample's bits
+    (1 its frames, 2 its label count, 4 a label outside [0, C), 8 a label equal to the blank); ``frames``,
+    ``counts``: (name, lengths, bound as spelt).
+
+    The two read the same values, so this is not expected; should the device ever read other values than the host
+    (a tensor read through the wrong strides, as views once were), the refusal still names the argument, the
+    sample and the value, instead of refusing with no name."""
+    n = next(i for i, bits in enumerate(errors) if bits)
+    bits = errors[n]
+    for bit, (name, lengths, bound) in ((1, frames), (2, counts)):
+        if bits & bit:
+            raise ValueError(f"{name}[{n}] is outside [0, {bound}] as the device-side check read it, although "
+                             f"it reads {int(lengths[n])} here")  # fmt: skip
+    what = f"outside [0, {classes}={C})" if bits & 4 else f"equal to blank={blank}"
+    raise ValueError(f"targets: the device-side check read a label {what} in sample {n}'s labels, which read as "
+                     "valid here")  # fmt: skip
+
+
 def first_index(mask: torch.Tensor) -> int:
     """Index of the first True in a 1-D bool tensor (error paths only: it synchronises)."""
     return int(mask.nonzero()[0, 0].item())
@@ -97,10 +125,12 @@ def check_label_contents(
         position = lambda flat: divmod(flat, S)
     else:
         check_lengths(tl, "target_lengths", tg.numel(), f"{tg.numel()} (the concatenated targets)")
-        total = int(tl.sum())
-        if total > tg.numel():
-            raise ValueError(f"sum(target_lengths)={total} exceeds the {tg.numel()} concatenated targets")
         ends = tl.cumsum(0)
+        total = int(ends[-1]) if ends.numel() else 0
+        if total > tg.numel():
+            n = first_index(ends > tg.numel())
+            raise ValueError(f"target_lengths[{n}]={int(tl[n])} runs past the {tg.numel()} concatenated targets "
+                             f"(samples 0 to {n} take {int(ends[n])} labels)")  # fmt: skip
         valid = torch.arange(tg.numel()) < total
 
         def position(flat):

@@ -464,7 +464,11 @@ def _bad_cases(C=5):
     yield "input_lengths\\[0\\]=-1", (x, tg, torch.tensor([-1, 6]), tl), {}
     yield r"target_lengths\[1\]=4 is outside \[0, targets.shape\[1\]=3\]", (x, tg, il, torch.tensor([3, 4])), {}
     yield "target_lengths\\[0\\]=-2", (x, tg, il, torch.tensor([-2, 2])), {}
-    yield "sum\\(target_lengths\\)=6", (x, tg.reshape(-1)[:5], il, torch.tensor([3, 3])), {}
+    yield (
+        r"target_lengths\[1\]=3 runs past the 5 concatenated targets",
+        (x, tg.reshape(-1)[:5], il, torch.tensor([3, 3])),
+        {},
+    )
     yield "label 7 of sample 1", (x, torch.tensor([[1, 2, 3], [2, 7, 4]]), il, tl), {}
     yield "label -1 of sample 0", (x, torch.tensor([[1, -1, 3], [2, 3, 4]]), il, tl), {}
     yield "label 0 of sample 1 \\(position 1\\) equals blank", (x, torch.tensor([[1, 2, 3], [2, 0, 4]]), il, tl), {}

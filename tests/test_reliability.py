@@ -10,6 +10,7 @@ import inspect
 import numpy as np
 import pytest
 import torch
+from helpers import count_calls
 
 import speechkernels as sk
 from speechkernels._utils import Launch, optional_kernels
@@ -434,3 +435,101 @@ def test_launch_gives_tritons_results_for_every_specialisation(kernel_device):
 class _NoLauncher:
     def __getitem__(self, grid):
         raise AssertionError("a specialisation that already ran went through Triton's launcher again")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# contents refused on every path in the same words: on the kernels' paths the device-side check finds them (the
+# lengths live on the device), on the PyTorch path the host-side checks; the message names the argument, the
+# sample and the value either way
+
+
+def _contents_call(kind: str, dev, **overrides):
+    """A loss call of ``kind`` with lengths and labels as tensors on ``dev`` (``overrides``: lists)."""
+    if kind.startswith("ctc"):
+        x, targets = _ctc_problem(dev)
+        args = dict(log_probs=x, targets=targets, input_lengths=[6, 5, 4], target_lengths=[2, 2, 1])
+        if kind == "ctc concatenated":
+            args.update(targets=targets.reshape(-1)[:5])
+    else:
+        V = 7 if kind == "tdt" else 5
+        lg, targets = _rnnt_problem(dev, V=V)
+        args = dict(logits=lg, targets=targets.clamp(max=2), logit_lengths=[5, 4], target_lengths=[2, 1])
+    args.update({k: torch.tensor(v, device=dev) for k, v in overrides.items()})
+    if kind.startswith("ctc"):
+        return lambda: sk.ctc_loss(**args)
+    if kind == "tdt":
+        return lambda: sk.tdt_loss(**args, durations=[0, 1], blank=4)
+    if kind == "multiblank":
+        return lambda: sk.multiblank_rnnt_loss(**args, big_blank_durations=[2])
+    if kind == "joint":
+        lg = args.pop("logits")
+        N, T, U1, V = lg.shape
+        g = torch.Generator().manual_seed(1)
+        enc, pred = torch.randn(N, T, 3, generator=g).to(dev), torch.randn(N, U1, 3, generator=g).to(dev)
+        weight = torch.randn(V, 3, generator=g).to(dev)
+        return lambda: sk.rnnt_joint_loss(enc, pred, weight, None, *args.values())
+    return lambda: sk.rnnt_loss(**args)
+
+
+CONTENTS = [
+    ("ctc", dict(input_lengths=[6, 7, 4]), "input_lengths[1]=7 is outside [0, T=6]"),
+    ("ctc", dict(input_lengths=[6, 5, -2]), "input_lengths[2]=-2 is outside [0, T=6]"),
+    ("ctc", dict(target_lengths=[2, 3, 1]), "target_lengths[1]=3 is outside [0, targets.shape[1]=2]"),
+    ("ctc", dict(target_lengths=[-1, 2, 1]), "target_lengths[0]=-1 is outside [0, targets.shape[1]=2]"),
+    ("ctc", dict(targets=[[1, 2], [1, 5], [3, 4]]), "targets: label 5 of sample 1 (position 1) is outside [0, C=5)"),
+    ("ctc", dict(targets=[[1, 2], [1, 2], [0, 4]]), "targets: label 0 of sample 2 (position 0) equals blank=0"),
+    ("ctc concatenated", dict(target_lengths=[2, 2, 2]),
+     "target_lengths[2]=2 runs past the 5 concatenated targets (samples 0 to 2 take 6 labels)"),
+    ("ctc concatenated", dict(target_lengths=[2, 6, 1]),
+     "target_lengths[1]=6 is outside [0, 5 (the concatenated targets)]"),
+    ("ctc concatenated", dict(targets=[1, 2, 3, -1, 4]),
+     "targets: label -1 of sample 1 (position 1) is outside [0, C=5)"),
+    ("rnnt", dict(logit_lengths=[5, 6]), "logit_lengths[1]=6 is outside [0, T=5]"),
+    ("rnnt", dict(target_lengths=[-3, 1]), "target_lengths[0]=-3 is outside [0, U=2]"),
+    ("rnnt", dict(targets=[[1, 2], [5, 1]]), "targets[1, 0]=5 is outside [0, V=5)"),
+    ("rnnt", dict(targets=[[1, 4], [1, 1]]), "targets[0, 1]=4 equals blank=4"),
+    ("tdt", dict(logit_lengths=[9, 4]), "logit_lengths[0]=9 is outside [0, T=5]"),
+    ("tdt", dict(targets=[[1, 2], [4, 1]]), "targets[1, 0]=4 equals blank=4"),
+    ("multiblank", dict(target_lengths=[2, 3]), "target_lengths[1]=3 is outside [0, U=2]"),
+    ("multiblank", dict(targets=[[1, 2], [1, 9]], target_lengths=[2, 2]), "targets[1, 1]=9 is outside [0, V=5)"),
+    ("joint", dict(logit_lengths=[5, -1]), "logit_lengths[1]=-1 is outside [0, T=5]"),
+    ("joint", dict(targets=[[-4, 2], [1, 1]]), "targets[0, 0]=-4 is outside [0, V=5)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind,overrides,message", CONTENTS, ids=[f"{c[0]}: {c[2][:30]}" for c in CONTENTS])
+def test_bad_contents_are_refused_naming_argument_sample_and_value(loss_path, monkeypatch, kind, overrides, message):
+    from speechkernels.rnnt import kernels as rnnt_kernels
+
+    loss_path.reset()
+    device_checks = count_calls(monkeypatch, rnnt_kernels, "rnnt_validate")
+    with pytest.raises(ValueError) as raised:
+        _contents_call(kind, loss_path.device, **overrides)()
+    assert str(raised.value) == message
+    # on the kernels' paths the device-side check found it (CTC's in its first kernel): no host check came first
+    assert len(loss_path.launches if kind.startswith("ctc") else device_checks) == int(loss_path.kernels)
+
+
+@pytest.mark.parametrize(
+    "kind,overrides,message",
+    [("ctc", dict(input_lengths=[6, 7, 4]), r"^input_lengths\[1\] is outside \[0, T=6\] as the device-side check "
+      r"read it, although it reads 7 here$"),
+     ("ctc", dict(targets=[[1, 2], [1, 2], [0, 4]]), r"^targets: the device-side check read a label equal to blank=0 "
+      r"in sample 2's labels"),
+     ("rnnt", dict(target_lengths=[2, 3]), r"^target_lengths\[1\] is outside \[0, U=2\] as the device-side check"),
+     ("rnnt", dict(targets=[[1, 2], [5, 1]]), r"^targets: the device-side check read a label outside \[0, V=5\) in "
+      r"sample 1's")],
+)  # fmt: skip
+def test_a_device_side_finding_names_the_sample_without_the_host_checks(loss_path, monkeypatch, kind, overrides,
+                                                                       message):  # fmt: skip
+    """Should the host-side re-check not confirm what the device found, the refusal still names the argument, the
+    sample and the value (the device's bits per sample)."""
+    if not loss_path.kernels:
+        pytest.skip("the device-side check runs on the kernels' paths")
+    from speechkernels.ctc import api as ctc_api
+    from speechkernels.rnnt import api as rnnt_api
+
+    monkeypatch.setattr(ctc_api, "check_label_contents", lambda *args: None)
+    monkeypatch.setattr(rnnt_api, "check_contents", lambda *args: None)
+    with pytest.raises(ValueError, match=message):
+        _contents_call(kind, loss_path.device, **overrides)()

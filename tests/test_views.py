@@ -18,10 +18,12 @@ from typing import NamedTuple
 import pytest
 import torch
 from helpers import random_view
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import speechkernels as sk
+from speechkernels.ctc.reference import ctc_loss_reference
+from speechkernels.rnnt.reference import rnnt_loss_reference
 
 
 class Problem(NamedTuple):
@@ -272,6 +274,7 @@ def _run(problem: Problem, tensors: list, upstream: Callable | None) -> list:
 
 
 @pytest.mark.parametrize("function", list(PROBLEMS))
+@settings(max_examples=min(settings.default.max_examples, 40))  # on the GPU: each new size compiles kernels
 @given(data=st.data())
 def test_views_give_the_results_of_contiguous_inputs(loss_path, function, data):
     loss_path.reset()
@@ -305,3 +308,29 @@ def test_views_give_the_results_of_contiguous_inputs(loss_path, function, data):
             )
     if function != "wavenet_generate":
         loss_path.check_ran(problem.check_ran)
+
+
+@pytest.mark.parametrize("validate", [True, False])
+def test_lengths_as_columns_of_one_tensor(loss_path, validate):
+    """k2 keeps each sample's frames and labels as columns of one tensor: ``boundary[:, 0]`` has stride 2. The
+    losses of such lengths are those of their contiguous copies, and the float64 reference's."""
+    torch.manual_seed(0)
+    dev = loss_path.device
+    L = torch.tensor([[6, 3], [4, 2]], device=dev)
+    x = torch.randn(2, 6, 4, 5).to(dev)
+    y = torch.randint(0, 4, (2, 3), dtype=torch.int32).to(dev)
+    expected = sk.rnnt_loss(x, y, L[:, 0].contiguous(), L[:, 1].contiguous(), reduction="none")
+    got = sk.rnnt_loss(x, y, L[:, 0], L[:, 1], reduction="none", validate=validate)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    reference = rnnt_loss_reference(x.double().cpu(), y.cpu(), L[:, 0].cpu(), L[:, 1].cpu(), reduction="none")
+    torch.testing.assert_close(got.double().cpu(), reference, rtol=1e-6, atol=1e-6)
+    # CTC: three samples (frames, labels) in columns 1 and 3 of a [3, 4] tensor
+    B = torch.tensor([[0, 10, 0, 4], [0, 9, 0, 6], [0, 10, 0, 3]], device=dev)
+    lp = torch.randn(10, 3, 7).log_softmax(-1).to(dev)
+    targets = torch.randint(1, 7, (3, 6)).to(dev)
+    expected = sk.ctc_loss(lp, targets, B[:, 1].contiguous(), B[:, 3].contiguous(), reduction="none")
+    got = sk.ctc_loss(lp, targets, B[:, 1], B[:, 3], reduction="none", validate=validate)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    reference = ctc_loss_reference(lp.double().cpu(), targets.cpu(), B[:, 1].cpu(), B[:, 3].cpu(), reduction="none")
+    torch.testing.assert_close(got.double().cpu(), reference, rtol=1e-6, atol=1e-6)
+    loss_path.check_ran()

@@ -864,6 +864,26 @@ def test_server_matches_incremental_path(max_streams, kernel, request):
     assert server.active == [] and server.pending == [] and server.step() == {}
 
 
+@pytest.mark.parametrize("kernel", ["torch", "triton"])
+def test_server_warmup_leaves_the_server_as_it_was(kernel, request):
+    """warmup() runs a scratch chunk through a scratch server: the server's requests, ids, samples and the global
+    generator's state are those of a server that was never warmed up."""
+    if kernel == "triton":
+        request.getfixturevalue("interpreter")
+    net = small_model()
+    outs = []
+    for warm in (False, True):
+        torch.manual_seed(5)
+        server = WaveNetServer(net, chunk=6, kernel=kernel)
+        if warm:
+            server.warmup(3)
+            assert server.active == [] and server.pending == []
+        rid = server.submit(14, torch.randn(5, 4), 1)  # no generator of its own: the global one's numbers
+        outs.append((rid, torch.cat([chunks[rid] for chunks in server]), torch.rand(3)))
+    assert outs[1][0] == outs[0][0] == 0
+    assert torch.equal(outs[1][1], outs[0][1]) and torch.equal(outs[1][2], outs[0][2])
+
+
 def test_server_waits_for_room():
     net = small_model(cond_channels=0, speakers=0)
     server = WaveNetServer(net, chunk=4, max_streams=2)
@@ -1011,6 +1031,32 @@ def test_gpu_server_matches_incremental_path(gpu, kernel):
             logits = net(out[rid][None], conds[k][None], torch.tensor([k % 3], device=gpu))
         u = chunked_uniforms(k, lens[k], chunk)[:, None]
         assert (out[rid][None] == expected_classes(logits, u, 1.0)).float().mean() > 0.99, k
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["cluster", "triton"])
+def test_gpu_server_first_chunk_after_warmup_compiles_nothing(gpu, kernel, monkeypatch):
+    """After warmup(), the first chunk of 20 requests compiles no kernel: neither a cluster kernel variant (NVRTC)
+    nor a Triton specialisation (the chunk's continuation of the queues included)."""
+    from triton import knobs
+
+    from speechkernels.wavenet import cuda_runtime
+    from speechkernels.wavenet.generation import cluster_kernel_available
+
+    net = small_model(residual_channels=64, gate_channels=128, skip_channels=256, classes=256).to(gpu)
+    if kernel == "cluster" and not cluster_kernel_available(net):
+        pytest.skip("cuda-core or a GPU of compute capability 9.0 missing")
+    server = WaveNetServer(net, chunk=32, kernel=kernel)
+    server.warmup(20)
+    nvrtc, triton_compiles = [], []
+    real = cuda_runtime.compile_kernel
+    monkeypatch.setattr(cuda_runtime, "compile_kernel", lambda *a, **k: nvrtc.append(a[0]) or real(*a, **k))
+    monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", lambda **k: triton_compiles.append(k.get("repr")))
+    for k in range(20):
+        server.submit(50, torch.randn(5, 20, device=gpu), k % 3)
+    chunks = server.step()
+    torch.cuda.synchronize()
+    assert len(chunks) == 20 and nvrtc == [] and triton_compiles == []
 
 
 @pytest.mark.gpu

@@ -12,6 +12,7 @@ from .._loss_inputs import (
     check_targets,
     labels_on,
     padded_labels,
+    refuse_flagged,
     targets_padded,
 )
 from .._op import LossModule, LossOp
@@ -35,12 +36,15 @@ def _forward(x, targets, input_lengths, target_lengths, blank, padded, logits, n
              reduction):  # fmt: skip
     """Runs the forward kernels; returns the output and what the backward needs (weights, logp, lse, table, meta,
     sorted labels)."""
-    out, state, flags = kernels.ctc_forward(
+    out, state, errors = kernels.ctc_forward(
         x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate, zero_infinity, reduction
     )
-    if flags != 0:
-        check_label_contents(x.shape[0], x.shape[2], targets, input_lengths, target_lengths, blank, padded)
-        raise ValueError(f"invalid CTC arguments (flags {flags})")  # not reached: the check names the argument
+    if errors is not None:  # the host-side checks name what the device found, in the PyTorch path's words
+        T, _, C = x.shape
+        check_label_contents(T, C, targets, input_lengths, target_lengths, blank, padded)
+        S = f"targets.shape[1]={targets.shape[1]}" if padded else f"{targets.numel()} (the concatenated targets)"
+        refuse_flagged(errors, ("input_lengths", input_lengths, f"T={T}"), ("target_lengths", target_lengths, S), C,
+                       "C", blank)  # fmt: skip
     return out, state
 
 

@@ -48,7 +48,6 @@ problems the host's time per launch (tens of microseconds) dominates, hence few 
 from __future__ import annotations
 
 import functools
-import operator
 
 import torch
 import triton
@@ -811,7 +810,7 @@ def ctc_forward(
     split_recursion: bool = False,
     fuse_emission: bool | None = None,
     wave: tuple[int, int] | None | bool = True,
-) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], int]:
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], list[int] | None]:
     """The loss, and with ``need_grad`` the occupancies for ``ctc_backward``.
 
     Args:
@@ -830,7 +829,9 @@ def ctc_forward(
     Returns:
         The output (float32; infinite losses are 0 with ``zero_infinity``), the state ``ctc_backward`` takes
         (weights of the reduction [N], log2 p [N] float64, lse [N, T] (empty unless logits), occupancy table,
-        meta, sorted label keys), and the validation bits (0 when valid or not validated).
+        meta, sorted label keys), and None when the lengths and labels are valid (or not validated), else each
+        sample's error bits (1 its input length, 2 its target length, 4 a label outside [0, C), 8 a label equal to
+        the blank; no loss computed).
     """
     T, N, C = x.shape
     dev = x.device
@@ -851,9 +852,8 @@ def ctc_forward(
     )  # fmt: skip
     if validate:  # one read of the device: the error bits, and the label counts that size the alpha table
         counts_and_errors = meta[N : 3 * N].tolist()  # rows _row_l, _row_err
-        flags = functools.reduce(operator.or_, counts_and_errors[N:], 0)
-        if flags != 0:
-            return weights, (), flags
+        if any(counts_and_errors[N:]):
+            return weights, (), counts_and_errors[N:]
         alpha_size = T * sum(counts_and_errors[:N])
         lanes = max(counts_and_errors[:N]) + 1
     else:
@@ -873,7 +873,7 @@ def ctc_forward(
             BLOCK_C=block_c, BLOCK_T=max(1, min(SMALL_BLOCK_T, 4096 // block_c)), BLOCK_L=SMALL_BLOCK_L,
             num_warps=warps,
         )  # fmt: skip
-        return out, (weights, logp, lse, table, meta, srt), 0
+        return out, (weights, logp, lse, table, meta, srt), None
     block_c = min(next_power_of_2(C), 2048)
     launch(_ctc_emission_kernel)[(T * N,)](
         x, lse, table, targets, meta, N, T, C, x.stride(0), x.stride(1), x.stride(2), blank,
@@ -892,13 +892,13 @@ def ctc_forward(
         launch(_ctc_wave_kernel)[(N * P,)](*args, prog, nan, N, T, P, 1, BETA=False, **common)
         if need_grad:
             launch(_ctc_wave_kernel)[(N * P,)](*args, prog[N * P + 1 :], nan, N, T, P, 1, BETA=True, **common)
-        return out, (weights, logp, lse, table, meta, srt), 0
+        return out, (weights, logp, lse, table, meta, srt), None
     args = (table, alpha, loss, logp, out, weights, targets, meta, N, T)
     parts = 3 if need_grad and not split_recursion else 1
     launch(_ctc_recursion_kernel)[(N,)](*args, NEED_GRAD=need_grad, PARTS=parts, **common, num_warps=warps)
     if need_grad and parts == 1:
         launch(_ctc_recursion_kernel)[(N,)](*args, NEED_GRAD=True, PARTS=2, **common, num_warps=warps)
-    return out, (weights, logp, lse, table, meta, srt), 0
+    return out, (weights, logp, lse, table, meta, srt), None
 
 
 @functools.cache

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import torch
 
-from .._loss_inputs import REDUCTIONS, Lengths, batch_lengths, check_labels, check_lengths, check_targets, labels_on
+from .._loss_inputs import (
+    REDUCTIONS,
+    Lengths,
+    batch_lengths,
+    check_labels,
+    check_lengths,
+    check_targets,
+    labels_on,
+    refuse_flagged,
+)
 from .._op import LossModule, LossOp
 from .._utils import INDEX_DTYPES, as_bool, as_choice, as_float, as_int, check_float_input, optional_kernels, use_triton
 from .reference import RNNT_TYPES, reduce_loss, rnnt_losses_cpu
@@ -25,10 +34,12 @@ def check_contents(
 
 def validate_on_device(T: int, U: int, V: int, targets, il, tl, blank: int) -> None:
     """The device-side check of lengths and labels (one value read back: with the device idle, so that
-    afterwards the host queues every kernel ahead of it); on failure the host finds and names the argument."""
-    if not kernels.rnnt_validate(targets, il, tl, T, V, blank):
+    afterwards the host queues every kernel ahead of it); on failure the host-side checks name the argument, the
+    sample and the value in the PyTorch path's words."""
+    errors = kernels.rnnt_validate(targets, il, tl, T, V, blank)
+    if errors is not None:
         check_contents(T, U, V, targets, il, tl, blank)
-        raise ValueError("invalid RNN-T arguments")  # not reached: the check above names the argument
+        refuse_flagged(errors, ("logit_lengths", il, f"T={T}"), ("target_lengths", tl, f"U={U}"), V, "V", blank)
 
 
 def check_loss_arguments(
@@ -155,7 +166,9 @@ def rnnt_loss(
             array or a sequence of integers (floats are refused).
         target_lengths: [N] labels per sample, in [0, U], in the same forms.
         blank: blank index; negative counts from the end (-1: the last class).
-        clamp: when > 0, the gradient is clamped to [-clamp, clamp].
+        clamp: when > 0, every element of the loss's gradient is clamped to [-clamp, clamp] before the upstream
+            gradient scales it: torchaudio's documented semantics (its released kernels bound only negative
+            gradients, README), and NeMo's.
         reduction: "none" ([N] losses), "sum", or "mean" (over the batch).
         fused_log_softmax: see ``logits``.
         fastemit_lambda: FastEmit regularisation (Yu et al. 2021): the label transitions' gradient is scaled by

@@ -76,7 +76,7 @@ def score_grad_chunks(p_x, p_g, lse, in_range, active, lab, occ_all, occ_blank, 
                       stride_v, gstride_v, skip_lo, skip_hi, FUSED: tl.constexpr, CLAMP: tl.constexpr,
                       SKIP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
     """The gradient of the V scores of BLOCK_R cells (p_x, into p_g), chunk by chunk: g * (softmax * occ_all
-    (FUSED) - occ_blank at the blank - occ_label at the label), clamped first (CLAMP), as torchaudio does; with
+    (FUSED) - occ_blank at the blank - occ_label at the label), clamped first (CLAMP), as torchaudio documents; with
     SKIP, the columns [skip_lo, skip_hi) are left for the caller."""
     o_v = tl.arange(0, BLOCK_V)
     for v0 in range(0, V, BLOCK_V):
@@ -187,11 +187,12 @@ def _rnnt_validate_kernel(
     tgt_ptr,  # [N, U] labels
     il_ptr,  # [N] int32/int64
     tl_ptr,  # [N] int32/int64
-    flag_ptr,  # int32 out: 1 frames, 2 labels count, 4 label outside [0, V), 8 label == blank (any sample)
+    flag_ptr,  # [1 + N] int32 out: nonzero if any sample's bits are, then each sample's bits (``rnnt_validate``)
     N, T, U, V, stride_tg, blank,
     BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr,
 ):  # fmt: skip
-    """One program over the whole batch, so that one value is read back (no reduction launch)."""
+    """One program over the whole batch, so that one value is read back (no reduction launch); each sample's bits
+    beside it, read only on error, name the sample."""
     o_n = tl.arange(0, BLOCK_N)
     o_j = tl.arange(0, BLOCK_J)
     bits = tl.zeros([BLOCK_N], tl.int32)
@@ -200,15 +201,18 @@ def _rnnt_validate_kernel(
         m_n = n < N
         T_n = tl.load(il_ptr + n, mask=m_n, other=0)
         U_n = tl.load(tl_ptr + n, mask=m_n, other=0)
-        bits |= tl.where(m_n & ((T_n < 0) | (T_n > T)), 1, 0) | tl.where(m_n & ((U_n < 0) | (U_n > U)), 2, 0)
+        b_n = tl.where(m_n & ((T_n < 0) | (T_n > T)), 1, 0) | tl.where(m_n & ((U_n < 0) | (U_n > U)), 2, 0)
         U_c = tl.minimum(tl.maximum(U_n, 0), U)
         for j0 in range(0, U, BLOCK_J):
             j = j0 + o_j
             m = m_n[:, None] & (j[None, :] < U_c[:, None])
             lab = tl.load(tgt_ptr + n[:, None].to(tl.int64) * stride_tg + j[None, :], mask=m, other=0).to(tl.int64)
-            bad = tl.where(m & ((lab < 0) | (lab >= V)), 4, 0) | tl.where(m & (lab == blank), 8, 0)
-            bits |= tl.max(bad, axis=1)
-    tl.store(flag_ptr, tl.max(bits, axis=0))
+            # one bit each: the max is their OR
+            b_n |= tl.max(tl.where(m & ((lab < 0) | (lab >= V)), 4, 0), axis=1)
+            b_n |= tl.max(tl.where(m & (lab == blank), 8, 0), axis=1)
+        tl.store(flag_ptr + 1 + n, b_n, mask=m_n)
+        bits |= b_n
+    tl.store(flag_ptr, tl.max(bits, axis=0))  # nonzero if any sample's is
 
 
 @triton.jit
@@ -590,17 +594,20 @@ def _rnnt_grad_kernel(
 
 def rnnt_validate(
     targets: torch.Tensor, logit_lengths: torch.Tensor, target_lengths: torch.Tensor, T: int, V: int, blank: int
-) -> bool:
-    """Whether every length and label is valid, checked on the device with one value read back (a
-    synchronisation)."""
+) -> list[int] | None:
+    """None when every length and label is valid, else each sample's error bits (1 its frames,
+    2 its label count, 4 a label outside [0, V), 8 a label equal to the blank); checked on the device with one
+    value read back (a synchronisation), the samples' bits read only on error."""
     N, U = targets.shape
-    flag = kernel_output(1, dtype=torch.int32, device=targets.device)
+    flag = kernel_output(1 + N, dtype=torch.int32, device=targets.device)
     block_n, block_j = _validate_blocks(N, U)
     launch(_rnnt_validate_kernel)[(1,)](
         targets, logit_lengths, target_lengths, flag, N, T, U, V, targets.stride(0), blank,
         BLOCK_N=block_n, BLOCK_J=block_j, num_warps=4,
     )  # fmt: skip
-    return flag.item() == 0
+    if flag[0].item() == 0:
+        return None
+    return flag[1:].tolist()
 
 
 def _validate_blocks(N: int, U: int) -> tuple[int, int]:

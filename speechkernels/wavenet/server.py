@@ -122,23 +122,27 @@ class WaveNetServer:
         return [r.id for r in self._pending]
 
     def warmup(self, max_streams: int | None = None) -> None:
-        """Compiles what the server will launch for up to ``max_streams`` requests at once (the server's
-        ``max_streams``, else 256), so that no chunk waits for a compilation: the cluster kernel has a variant per
-        number of streams per cluster (about a second each, once per process), the Triton kernel one."""
+        """Does now what the first chunks would otherwise wait for, for up to ``max_streams`` requests at once (the
+        server's ``max_streams``, else 256): compiles the kernels (the cluster kernel has a variant per number of
+        streams per cluster, about a second each, once per process; the Triton kernel one), and runs one chunk of a
+        scratch request through a scratch server of the same settings, so that the first real chunk finds every
+        one-time cost paid: the weights packed in the kernel's layout, the CUDA libraries and kernels of the
+        chunk's PyTorch operations loaded (cuBLAS's for the conditioning, each operation's at its first launch:
+        together 0.3-0.4 s on an H100, benchmarks/NOTES.md). The server's requests, generator and state are
+        untouched."""
         if max_streams is None:
             max_streams = self.max_streams or 256
         n = as_int(max_streams, "max_streams", minimum=1)
         if self.kernel == "cluster":
             compile_batch_kernels(vocoder_weights(self.model), n, self.weights_dtype, self.temperature == 0,
                                   self.device)  # fmt: skip
-        elif self.kernel == "triton":
-            w, dev = vocoder_weights(self.model), self.device
-            cond = None
-            if self.model.cond_channels:
-                cond = torch.zeros(1, self.model.cond_channels, 1, device=dev, dtype=self.model.embed.weight.dtype)
-            g = torch.zeros(1, self.model.speaker_embed.embedding_dim, device=dev) if self.model.speakers else None
-            u = torch.zeros(1, 1, device=dev)
-            wavenet_generate(w, VocoderInputs(cond, g, u, self.temperature), queue=triton_queue(w, 1, dev))
+        m, dev = self.model, self.device
+        scratch = WaveNetServer(m, self.chunk, self.temperature, None, self.kernel, self.weights_dtype)
+        frames = -(-2 // m.hop_length) + 1
+        cond = torch.zeros(m.cond_channels, frames, device=dev) if m.cond_channels else None
+        # its own generator: the global one's state stays as it was
+        scratch.submit(2, cond, 0 if m.speakers else None, torch.Generator(dev).manual_seed(0))
+        scratch.step()
 
     def submit(
         self,
