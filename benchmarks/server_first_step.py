@@ -82,7 +82,9 @@ def main() -> None:
         return
     for r in (int(v) for v in a.requests.split(",")):
         args = [sys.executable, __file__, "--one", str(r), "--chunk", str(a.chunk), "--layers", str(a.layers),
-                "--steps", str(a.steps), "--top", str(a.top)] + (["--compile-only"] if a.compile_only else [])  # fmt: skip
+                "--steps", str(a.steps), "--top", str(a.top)]  # fmt: skip
+        if a.compile_only:
+            args.append("--compile-only")
         out = subprocess.run(args, capture_output=True, text=True)
         lines = out.stdout.strip().splitlines()
         print(lines[-1] if lines else json.dumps(dict(requests=r, error=out.stderr[-2000:])), flush=True)
