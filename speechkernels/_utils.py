@@ -72,6 +72,19 @@ def use_triton(x: torch.Tensor) -> bool:
     return triton_interpreting() and x.device.type == "cpu" and x.dtype != torch.bfloat16
 
 
+def kernel_layout(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as the kernels read scores, so that their results depend on its values only: itself when contiguous
+    and 16-byte aligned (no copy), else a contiguous copy. Triton compiles a kernel per layout (a unit stride and a
+    16-byte alignment are compile-time facts that choose vector widths and register layouts), and the reductions
+    of two such kernels round differently: a view (transposed, strided, at an odd offset) must give the bits of its
+    contiguous copy. Under torch.compile (no addresses while tracing) contiguous only."""
+    if torch.compiler.is_compiling():
+        return x.contiguous()
+    if x.is_contiguous() and x.data_ptr() % 16 == 0:
+        return x
+    return x.clone(memory_format=torch.contiguous_format)
+
+
 class Launch:
     """``kernel[grid](*args, **options)`` with less host time: the first call of each specialisation goes through
     Triton's launcher (which compiles, or finds the compiled kernel in its cache); later calls with the same

@@ -274,7 +274,7 @@ def _run(problem: Problem, tensors: list, upstream: Callable | None) -> list:
 
 
 @pytest.mark.parametrize("function", list(PROBLEMS))
-@settings(max_examples=min(settings.default.max_examples, 40))  # on the GPU: each new size compiles kernels
+@settings(max_examples=min(settings.default.max_examples, 20))  # on the GPU each new size compiles kernels
 @given(data=st.data())
 def test_views_give_the_results_of_contiguous_inputs(loss_path, function, data):
     loss_path.reset()

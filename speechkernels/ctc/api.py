@@ -16,7 +16,7 @@ from .._loss_inputs import (
     targets_padded,
 )
 from .._op import LossModule, LossOp
-from .._utils import as_bool, as_choice, as_int, check_float_input, optional_kernels, use_triton
+from .._utils import as_bool, as_choice, as_int, check_float_input, kernel_layout, optional_kernels, use_triton
 from .reference import ctc_losses_cpu, reduce_loss
 
 kernels = optional_kernels(__package__ + ".kernels")
@@ -139,6 +139,8 @@ def ctc_loss(
         shape = tuple(log_probs.shape)
         raise ValueError(f"log_probs must have 3 dimensions [T, N, C] (or 2 unbatched), got shape {shape}")
     check_targets(targets)
+    if kernels is not None and use_triton(log_probs):
+        log_probs = kernel_layout(log_probs)
     unbatched = log_probs.dim() == 2
     if unbatched:
         x = log_probs.unsqueeze(1)

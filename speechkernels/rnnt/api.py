@@ -16,7 +16,17 @@ from .._loss_inputs import (
     refuse_flagged,
 )
 from .._op import LossModule, LossOp
-from .._utils import INDEX_DTYPES, as_bool, as_choice, as_float, as_int, check_float_input, optional_kernels, use_triton
+from .._utils import (
+    INDEX_DTYPES,
+    as_bool,
+    as_choice,
+    as_float,
+    as_int,
+    check_float_input,
+    kernel_layout,
+    optional_kernels,
+    use_triton,
+)
 from .reference import RNNT_TYPES, reduce_loss, rnnt_losses_cpu
 
 kernels = optional_kernels(__package__ + ".kernels")
@@ -233,7 +243,7 @@ def rnnt_loss(
         if reuse_logits_for_grad and torch.compiler.is_compiling():
             raise ValueError("reuse_logits_for_grad=True is not supported under torch.compile")
         return RNNT_LOSS_OP.apply(
-            logits, targets, il, tl, blank, fused_log_softmax, float(fastemit_lambda), loss_scale,
+            kernel_layout(logits), targets, il, tl, blank, fused_log_softmax, float(fastemit_lambda), loss_scale,
             float(clamp), rnnt_type == "rna", need_grad, validate, reuse_logits_for_grad, reduction,
         )  # fmt: skip
     il, tl = il.long(), tl.long()

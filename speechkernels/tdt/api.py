@@ -16,7 +16,17 @@ import torch
 
 from .._loss_inputs import REDUCTIONS, Lengths, first_index
 from .._op import LossModule, LossOp
-from .._utils import as_bool, as_choice, as_float, as_generator, as_int, check_float_input, optional_kernels, use_triton
+from .._utils import (
+    as_bool,
+    as_choice,
+    as_float,
+    as_generator,
+    as_int,
+    check_float_input,
+    kernel_layout,
+    optional_kernels,
+    use_triton,
+)
 from ..rnnt.api import check_contents, check_loss_arguments, rnnt_loss, state_fake, validate_on_device
 from ..rnnt.reference import reduce_loss
 from .reference import multiblank_rnnt_loss_reference, tdt_loss_reference
@@ -161,7 +171,7 @@ def _loss(kind, logits, targets, il, tl, durations, blank, opts: TransducerOptio
     if _on_kernels(logits):
         need_grad = torch.is_grad_enabled() and logits.requires_grad
         loss_scale = 1.0 + opts.fastemit_lambda if opts.fastemit_loss_scale else 1.0
-        return TDT_LOSS_OP.apply(logits, targets, il, tl, kind, list(durations), blank, opts.sigma,
+        return TDT_LOSS_OP.apply(kernel_layout(logits), targets, il, tl, kind, list(durations), blank, opts.sigma,
                                  opts.fused_log_softmax, opts.fastemit_lambda, loss_scale, opts.clamp, need_grad,
                                  opts.reduction)  # fmt: skip
     reference = tdt_loss_reference if kind == "tdt" else multiblank_rnnt_loss_reference

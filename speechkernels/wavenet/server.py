@@ -25,7 +25,7 @@ from .cluster_vocoder import batch_queue, cluster_plan, compile_batch_kernels, w
 from .generation import check_weights_dtype, cluster_kernel_available
 from .incremental import IncrementalState, sample_incremental
 from .triton_vocoder import triton_queue, wavenet_generate
-from .weights import VocoderInputs, vocoder_weights
+from .weights import VocoderInputs, bucketed_linear, vocoder_weights
 
 SERVER_KERNELS = ("auto", "torch", "triton", "cluster")  # WaveNetServer's paths ("auto": WaveNetServer)
 
@@ -128,8 +128,9 @@ class WaveNetServer:
         scratch request through a scratch server of the same settings, so that the first real chunk finds every
         one-time cost paid: the weights packed in the kernel's layout, the CUDA libraries and kernels of the
         chunk's PyTorch operations loaded (cuBLAS's for the conditioning, each operation's at its first launch:
-        together 0.3-0.4 s on an H100, benchmarks/NOTES.md). The server's requests, generator and state are
-        untouched."""
+        together 0.3-0.4 s on an H100, benchmarks/NOTES.md); and on a GPU the conditioning's product at each of its
+        row counts' buckets (``weights.bucketed_linear``) up to what ``max_streams`` requests need, each of which
+        loads a cuBLAS kernel at its first launch. The server's requests, generator and state are untouched."""
         if max_streams is None:
             max_streams = self.max_streams or 256
         n = as_int(max_streams, "max_streams", minimum=1)
@@ -143,6 +144,12 @@ class WaveNetServer:
         # its own generator: the global one's state stays as it was
         scratch.submit(2, cond, 0 if m.speakers else None, torch.Generator(dev).manual_seed(0))
         scratch.step()
+        if dev.type == "cuda":
+            w = vocoder_weights(m)
+            per_request = (m.hop_length + self.chunk - 2) // m.hop_length + 1  # the most frames a chunk reads
+            for weight, rows in ((w.w_cond, n * per_request), (w.w_speaker, n)):
+                for k in range((rows - 1).bit_length() + 1) if weight is not None else ():
+                    bucketed_linear(torch.zeros(1 << k, weight.shape[1], device=dev), weight)
 
     def submit(
         self,

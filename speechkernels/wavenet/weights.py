@@ -43,8 +43,8 @@ class VocoderWeights:
     b_head2: torch.Tensor  # [classes]
     dilations: torch.Tensor  # [L] int32
     queue_offsets: torch.Tensor  # [L] int32: each layer's first row in a stream's queue block
-    w_cond: tuple[torch.Tensor, ...] | None  # per layer [G, cond_channels] (the parameters' own), or None
-    w_speaker: tuple[torch.Tensor, ...] | None  # per layer [G, speaker_channels], or None
+    w_cond: torch.Tensor | None  # [L * G, cond_channels]: every layer's conditioning matrix, or None
+    w_speaker: torch.Tensor | None  # [L * G, speaker_channels], or None
     layouts: dict = dataclasses.field(default_factory=dict, repr=False)
 
 
@@ -70,8 +70,8 @@ def pack_vocoder_weights(model) -> VocoderWeights:
     dil = model.dilations
     first = [sum(dil[:i]) for i in range(model.layers)]
 
-    def own(mods):  # the conditioning matrices as the module applies them, layer by layer
-        return None if mods is None else tuple(m.weight.detach() for m in mods)
+    def rows(mods):  # the layers' conditioning matrices one above the other: one product for all layers
+        return None if mods is None else torch.cat([m.weight.detach() for m in mods]).float()
 
     return VocoderWeights(
         layers=model.layers,
@@ -96,8 +96,8 @@ def pack_vocoder_weights(model) -> VocoderWeights:
         b_head2=model.head2.bias.detach().float().contiguous(),
         dilations=torch.tensor(dil, dtype=torch.int32, device=dev),
         queue_offsets=torch.tensor(first, dtype=torch.int32, device=dev),
-        w_cond=own(model.w_cond),
-        w_speaker=own(model.w_speaker),
+        w_cond=rows(model.w_cond),
+        w_speaker=rows(model.w_speaker),
     )
 
 
@@ -128,12 +128,25 @@ def frame_bias(weights: VocoderWeights, cond: torch.Tensor | None, g: torch.Tens
     bias plus the conditioning terms (the model's per-sample bias, per frame instead; the kernels read it once
     per hop). cond: [B, cond_channels, frames] or None; g: [B, speaker_channels] speaker embeddings or None."""
     out = weights.b_cur[None, None]
+    L, G = out.shape[2:]
     if cond is not None:
-        frames = cond.transpose(1, 2).float()
-        out = out + torch.stack([F.linear(frames, w) for w in weights.w_cond], dim=2)
+        B, C, frames = cond.shape
+        rows = cond.transpose(1, 2).reshape(B * frames, C).float()
+        out = out + bucketed_linear(rows, weights.w_cond).view(B, frames, L, G)
     if g is not None:
-        out = out + torch.stack([F.linear(g, w) for w in weights.w_speaker], dim=1)[:, None]
+        out = out + bucketed_linear(g.float(), weights.w_speaker).view(g.shape[0], 1, L, G)
     return out
+
+
+def bucketed_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``F.linear(x, w)`` of rows x [M, K], on the GPU with M padded by zero rows to a power of two: cuBLAS picks
+    its kernel by the shape and loads each kernel at its first launch (8 to 70 ms each on an H100 or H200,
+    benchmarks/first_call_probe.py), so that a server whose batch changes between chunks would wait on each new
+    shape; with M in a few buckets, ``WaveNetServer.warmup`` loads them all beforehand."""
+    M = x.shape[0]
+    if not x.is_cuda or M == 0 or M & (M - 1) == 0:
+        return F.linear(x, w)
+    return F.linear(F.pad(x, (0, 0, 0, (1 << (M - 1).bit_length()) - M)), w)[:M]
 
 
 def inverse_temperature(temperature: float) -> float:
