@@ -34,7 +34,8 @@ SERVER_KERNELS = ("auto", "torch", "triton", "cluster")  # WaveNetServer's paths
 class _Request:
     id: int
     n_samples: int
-    cond: torch.Tensor | None  # [cond_channels, frames] on the model's device, or None
+    cond: torch.Tensor | None  # [cond_channels, frames + chunk_frames] on the model's device (the last frame
+    # repeated past its end, so that a chunk's frames are a slice), or None
     g: torch.Tensor | None  # [speaker_channels] speaker embedding, or None
     generator: torch.Generator | None
     row: int = -1  # its queue row once admitted
@@ -124,8 +125,8 @@ class WaveNetServer:
     def warmup(self, max_streams: int | None = None) -> None:
         """Does now what the first chunks would otherwise wait for, for up to ``max_streams`` requests at once (the
         server's ``max_streams``, else 256): compiles the kernels (the cluster kernel has a variant per number of
-        streams per cluster, about a second each, once per process; the Triton kernel one), and runs one chunk of a
-        scratch request through a scratch server of the same settings, so that the first real chunk finds every
+        streams per cluster, about a second each, once per process; the Triton kernel one), and runs one chunk of two
+        scratch requests through a scratch server of the same settings, so that the first real chunk finds every
         one-time cost paid: the weights packed in the kernel's layout, the CUDA libraries and kernels of the
         chunk's PyTorch operations loaded (cuBLAS's for the conditioning, each operation's at its first launch:
         together 0.3-0.4 s on an H100, benchmarks/NOTES.md); and on a GPU the conditioning's product at each of its
@@ -139,10 +140,11 @@ class WaveNetServer:
                                   self.device)  # fmt: skip
         m, dev = self.model, self.device
         scratch = WaveNetServer(m, self.chunk, self.temperature, None, self.kernel, self.weights_dtype)
-        frames = -(-2 // m.hop_length) + 1
-        cond = torch.zeros(m.cond_channels, frames, device=dev) if m.cond_channels else None
-        # its own generator: the global one's state stays as it was
-        scratch.submit(2, cond, 0 if m.speakers else None, torch.Generator(dev).manual_seed(0))
+        # two requests of a whole chunk on a GPU (the chunk's shapes), of two samples on the CPU (its path is slow)
+        n_samples = self.chunk if dev.type == "cuda" else 2
+        cond = torch.zeros(m.cond_channels, -(-n_samples // m.hop_length), device=dev) if m.cond_channels else None
+        for _ in range(2):  # each with its own generator: the global one's state stays as it was
+            scratch.submit(n_samples, cond, 0 if m.speakers else None, torch.Generator(dev).manual_seed(0))
         scratch.step()
         if dev.type == "cuda":
             w = vocoder_weights(m)
@@ -184,7 +186,10 @@ class WaveNetServer:
         cond_b, spk, _ = self.model.check_inputs(None if cond is None else cond[None], speaker, batch, n_samples)
         with torch.no_grad():
             g = self.model.speaker_embed(spk)[0].float() if spk is not None else None
-        request = _Request(self._next_id, int(n_samples), None if cond_b is None else cond_b[0], g, generator)
+        if cond_b is not None:  # the last frame repeated as far as a chunk can read past it
+            reach = self._chunk_frames_max()
+            cond_b = torch.cat([cond_b[0], cond_b[0, :, -1:].expand(-1, reach)], 1)
+        request = _Request(self._next_id, int(n_samples), cond_b, g, generator)
         self._next_id += 1
         self._pending.append(request)
         return request.id
@@ -284,16 +289,17 @@ class WaveNetServer:
         gen = r.generator if r.generator is not None else self.generator
         return torch.rand(n, generator=gen, device=self.device if gen is None else gen.device).to(self.device)
 
+    def _chunk_frames_max(self) -> int:
+        """The most frames a chunk reads of one request."""
+        return (self.model.hop_length + self.chunk - 2) // self.model.hop_length + 1
+
     def _chunk_frames(self, reqs: list[_Request], n: int) -> torch.Tensor:
         """[B, cond_channels, frames] the frames of each request's next n samples, from the frame of its next sample
-        (the last frame repeated past its end: those samples are never handed out)."""
+        (past its end, its last frame: those samples are never handed out). Slices and one copy: no operation whose
+        kernel depends on the shapes (a first launch of a kernel loads it)."""
         hop = self.model.hop_length
         frames = max((r.done % hop + n - 1) // hop + 1 for r in reqs)
-        out = []
-        for r in reqs:
-            idx = torch.arange(r.done // hop, r.done // hop + frames, device=self.device).clamp(max=r.cond.shape[1] - 1)
-            out.append(r.cond.index_select(1, idx))
-        return torch.stack(out)
+        return torch.stack([r.cond[:, r.done // hop : r.done // hop + frames] for r in reqs])
 
     def _torch_chunk(self, cond, g, u, prev, phase, rows) -> torch.Tensor:
         m = self.model
