@@ -125,14 +125,13 @@ class WaveNetServer:
     def warmup(self, max_streams: int | None = None) -> None:
         """Does now what the first chunks would otherwise wait for, for up to ``max_streams`` requests at once (the
         server's ``max_streams``, else 256): compiles the kernels (the cluster kernel has a variant per number of
-        streams per cluster, about a second each, once per process; the Triton kernel one), and runs one chunk of
-        scratch requests through a scratch server of the same settings (on a GPU, one of two requests and one of
-        ``max_streams``), so that the first real chunk finds every one-time cost paid: the weights packed in the
-        kernel's layout, the CUDA libraries and kernels of the chunk's PyTorch operations loaded (cuBLAS's for the
-        conditioning, each operation's at its first launch: together 0.3-0.4 s on an H100, benchmarks/NOTES.md);
-        and on a GPU the conditioning's product at each of its row counts' buckets (``weights.bucketed_linear``) up
-        to what ``max_streams`` requests need, each of which loads a cuBLAS kernel at its first launch. The server's
-        requests, generator and state are untouched."""
+        streams per cluster, about a second each, once per process; the Triton kernel one), and runs one chunk of two
+        scratch requests through a scratch server of the same settings, so that the first real chunk finds every
+        one-time cost paid: the weights packed in the kernel's layout, the CUDA libraries and kernels of the
+        chunk's PyTorch operations loaded (cuBLAS's for the conditioning, each operation's at its first launch:
+        together 0.3-0.4 s on an H100, benchmarks/NOTES.md); and on a GPU the conditioning's product at each of its
+        row counts' buckets (``weights.bucketed_linear``) up to what ``max_streams`` requests need, each of which
+        loads a cuBLAS kernel at its first launch. The server's requests, generator and state are untouched."""
         if max_streams is None:
             max_streams = self.max_streams or 256
         n = as_int(max_streams, "max_streams", minimum=1)
@@ -140,15 +139,13 @@ class WaveNetServer:
             compile_batch_kernels(vocoder_weights(self.model), n, self.weights_dtype, self.temperature == 0,
                                   self.device)  # fmt: skip
         m, dev = self.model, self.device
-        # requests of a whole chunk on a GPU (the chunk's shapes), of two samples on the CPU (its path is slow); on a
-        # GPU two and max_streams of them: PyTorch's index kernels have one variant up to 16 indices and one beyond
+        scratch = WaveNetServer(m, self.chunk, self.temperature, None, self.kernel, self.weights_dtype)
+        # two requests of a whole chunk on a GPU (the chunk's shapes), of two samples on the CPU (its path is slow)
         n_samples = self.chunk if dev.type == "cuda" else 2
         cond = torch.zeros(m.cond_channels, -(-n_samples // m.hop_length), device=dev) if m.cond_channels else None
-        for requests in sorted({min(2, n), n}) if dev.type == "cuda" else [min(2, n)]:
-            scratch = WaveNetServer(m, self.chunk, self.temperature, None, self.kernel, self.weights_dtype)
-            for _ in range(requests):  # each with its own generator: the global one's state stays as it was
-                scratch.submit(n_samples, cond, 0 if m.speakers else None, torch.Generator(dev).manual_seed(0))
-            scratch.step()
+        for _ in range(2):  # each with its own generator: the global one's state stays as it was
+            scratch.submit(n_samples, cond, 0 if m.speakers else None, torch.Generator(dev).manual_seed(0))
+        scratch.step()
         if dev.type == "cuda":
             w = vocoder_weights(m)
             per_request = (m.hop_length + self.chunk - 2) // m.hop_length + 1  # the most frames a chunk reads
