@@ -66,28 +66,38 @@ def _index(draw) -> torch.dtype:
 # the problems
 
 
-def ctc_problem(draw, path) -> Problem:
-    N, T, C, S = draw(st.integers(0, 3)), draw(st.integers(1, 6)), draw(st.integers(2, 6)), draw(st.integers(0, 3))
+def _ctc_tensors(draw, path, T_high: int, scores: Callable[[torch.Tensor], torch.Tensor]):
+    """The tensors of a CTC loss or alignment: scores(x) for random x [N, T, C] (transposed to [T, N, C] unless
+    batch_first), padded or concatenated labels, input and target lengths; with the blank, batch_first, the
+    scores' dtype and the generator."""
+    N, T, C, S = draw(st.integers(0, 3)), draw(st.integers(1, T_high)), draw(st.integers(2, 6)), draw(st.integers(0, 3))
     same, blank = draw(st.booleans()), draw(st.integers(0, C - 1))
     g = _gen(draw(st.integers(0, 2**31 - 1)))
     dtype = _dtype(draw, path)
-    batch_first, logits, padded = draw(st.booleans()), draw(st.booleans()), draw(st.booleans())
-    reduction, validate = draw(st.sampled_from(["none", "sum"])), draw(st.booleans())
-    x = torch.randn(N, T, C, generator=g) if batch_first else torch.randn(T, N, C, generator=g)
+    batch_first, padded = draw(st.booleans()), draw(st.booleans())
+    x = scores(torch.randn(N, T, C, generator=g))
     if same and N:  # every sample's scores alike: an expanded view of them is possible
-        x = (x[:1] if batch_first else x[:, :1]).expand_as(x).clone()
+        x = x[:1].expand_as(x).clone()
+    if not batch_first:
+        x = x.transpose(0, 1).contiguous()
     il, tl = _lengths(draw, g, N, T, same), _lengths(draw, g, N, S, same)
     labels = _labels(g, N, S, [c for c in range(C) if c != blank], same)
     targets = labels if padded else torch.cat([labels[n, : int(tl[n])] for n in range(N)] + [labels.new_zeros(0)])
     index = _index(draw)
     dev = path.device
     tensors = [x.to(dev, dtype), targets.to(dev, index), il.to(dev, index), tl.to(dev, index)]
+    return tensors, blank, batch_first, dtype, g
+
+
+def ctc_problem(draw, path) -> Problem:
+    tensors, blank, batch_first, dtype, _ = _ctc_tensors(draw, path, 6, lambda x: x)
+    logits, reduction, validate = draw(st.booleans()), draw(st.sampled_from(["none", "sum"])), draw(st.booleans())
 
     def fn(*a):
         return sk.ctc_loss(*a, blank=blank, reduction=reduction, batch_first=batch_first, logits=logits,
                            validate=validate)  # fmt: skip
 
-    return Problem(fn, tensors, (0,), N > 0 and dtype != torch.float64)
+    return Problem(fn, tensors, (0,), tensors[3].shape[0] > 0 and dtype != torch.float64)
 
 
 def _transducer_tensors(draw, path, extra: int, label_classes: Callable[[int, int], list[int]], V_low: int = 2):
@@ -187,22 +197,8 @@ def _joint_problem(draw, path, kind: str) -> Problem:
 
 
 def align_problem(draw, path) -> Problem:
-    N, T, C, S = draw(st.integers(0, 3)), draw(st.integers(1, 7)), draw(st.integers(2, 6)), draw(st.integers(0, 3))
-    same, blank = draw(st.booleans()), draw(st.integers(0, C - 1))
-    g = _gen(draw(st.integers(0, 2**31 - 1)))
-    dtype = _dtype(draw, path)
-    batch_first, padded, validate = draw(st.booleans()), draw(st.booleans()), draw(st.booleans())
-    x = torch.randn(N, T, C, generator=g).log_softmax(-1)
-    if same and N:
-        x = x[:1].expand_as(x).clone()
-    if not batch_first:
-        x = x.transpose(0, 1).contiguous()
-    il, tl = _lengths(draw, g, N, T, same), _lengths(draw, g, N, S, same)
-    labels = _labels(g, N, S, [c for c in range(C) if c != blank], same)
-    targets = labels if padded else torch.cat([labels[n, : int(tl[n])] for n in range(N)] + [labels.new_zeros(0)])
-    index = _index(draw)
-    dev = path.device
-    tensors = [x.to(dev, dtype), targets.to(dev, index), il.to(dev, index), tl.to(dev, index)]
+    tensors, blank, batch_first, dtype, g = _ctc_tensors(draw, path, 7, lambda x: x.log_softmax(-1))
+    validate = draw(st.booleans())
     spans = draw(st.booleans())
 
     def fn(*a):
@@ -213,7 +209,7 @@ def align_problem(draw, path) -> Problem:
         al, sc = (alignments, scores) if batch_first else (alignments.T, scores.T)
         return tuple(sk.ctc_token_spans(random_view(al, g), random_view(sc.exp(), g), blank=blank))
 
-    return Problem(fn, tensors, (), N > 0 and dtype != torch.float64)
+    return Problem(fn, tensors, (), tensors[3].shape[0] > 0 and dtype != torch.float64)
 
 
 def wavenet_problem(draw, path) -> Problem:
