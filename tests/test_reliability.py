@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 
 import numpy as np
 import pytest
@@ -533,3 +534,46 @@ def test_a_device_side_finding_names_the_sample_without_the_host_checks(loss_pat
     monkeypatch.setattr(rnnt_api, "check_contents", lambda *args: None)
     with pytest.raises(ValueError, match=message):
         _contents_call(kind, loss_path.device, **overrides)()
+
+
+def test_the_package_works_without_triton():
+    """Without Triton (a CPU-only machine, macOS, Windows) the package imports and every capability's PyTorch path
+    runs; the Triton-only paths refuse with a ValueError that names Triton."""
+    import subprocess
+    import sys
+
+    script = """
+import sys
+sys.modules["triton"] = None  # `import triton` fails, as where it is not installed
+import torch
+import speechkernels as sk
+x = torch.randn(6, 2, 5)
+assert torch.isfinite(sk.ctc_loss(x, torch.tensor([[1, 2], [3, 1]]), [6, 5], [2, 2], logits=True))
+lg = torch.randn(2, 5, 3, 6, requires_grad=True)
+sk.rnnt_loss(lg, torch.tensor([[1, 2], [0, 1]]), [5, 4], [2, 2]).backward()
+sk.tdt_loss(torch.randn(2, 5, 3, 8), torch.tensor([[1, 2], [0, 1]]), [5, 4], [2, 2], durations=[0, 1]).item()
+enc, pred, w = torch.randn(2, 5, 4), torch.randn(2, 3, 4), torch.randn(6, 4)
+sk.rnnt_joint_loss(enc, pred, w, None, torch.tensor([[1, 2], [0, 1]]), [5, 4], [2, 2]).item()
+sk.ctc_forced_align(x.transpose(0, 1).log_softmax(-1), torch.tensor([[1, 2], [3, 1]]))
+net = sk.wavenet.WaveNet(layers=2, cycle=2, residual_channels=4, gate_channels=4, skip_channels=4, classes=8,
+                         cond_channels=0)
+assert net.generate(None, 5, batch=1).shape == (1, 5)
+server = sk.wavenet.WaveNetServer(net, chunk=4)
+server.warmup(2)
+rid = server.submit(6)
+assert sum(c[rid].numel() for c in server) == 6
+sk.wavenet.serial_chain(torch.randn(2, 4, 4), torch.randn(1, 4), 3)
+for call in (lambda: net.generate(None, 5, batch=1, kernel="triton"),
+             lambda: sk.wavenet.WaveNetServer(net, kernel="triton"),
+             lambda: sk.wavenet.serial_chain(torch.randn(2, 4, 4), torch.randn(1, 4), 3, design="stream")):
+    try:
+        call()
+    except ValueError as e:
+        assert "Triton" in str(e), e
+    else:
+        raise AssertionError("a Triton path ran without Triton")
+print("ok")
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]

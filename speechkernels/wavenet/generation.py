@@ -7,7 +7,16 @@ from __future__ import annotations
 
 import torch
 
-from .._utils import as_bool, as_choice, as_float, as_generator, as_int, check_float_input, triton_interpreting
+from .._utils import (
+    as_bool,
+    as_choice,
+    as_float,
+    as_generator,
+    as_int,
+    check_float_input,
+    optional_kernels,
+    triton_interpreting,
+)
 from .cluster_vocoder import (
     cluster_plan,
     vocoder_cluster_supported,
@@ -15,10 +24,16 @@ from .cluster_vocoder import (
     wavenet_generate_cluster_batch,
 )
 from .incremental import IncrementalState, sample_incremental
-from .triton_vocoder import wavenet_generate
 from .weights import VocoderInputs, vocoder_weights
 
 KERNELS = ("auto", "torch", "triton", "cluster")  # generate()'s paths; "auto" chooses (``generate``)
+triton_vocoder = optional_kernels(__package__ + ".triton_vocoder")  # None without Triton: the PyTorch path only
+
+
+def check_triton_kernel() -> None:
+    """The Triton kernel can run: Triton is installed."""
+    if triton_vocoder is None:
+        raise ValueError("kernel='triton' needs Triton (pip install triton), which is not installed")
 
 
 def check_generation(model, cond, n_samples, temperature, generator, speaker, batch, uniforms) -> VocoderInputs:
@@ -127,6 +142,8 @@ def generate_kernel(
     available, else the Triton kernel); [B, n_samples] int64."""
     kernel = as_choice(kernel, "kernel", ("auto", "triton", "cluster"))
     check_weights_dtype(weights_dtype)
+    if kernel == "triton":
+        check_triton_kernel()
     # the kernels read the conditioning per frame: no upsampled copy
     a = check_generation(model, cond, n_samples, temperature, generator, speaker, batch, uniforms)
     dev = a.uniforms.device
@@ -148,4 +165,5 @@ def generate_kernel(
         return wavenet_generate_cluster_batch(w, a, weights_dtype, streams_per_cluster=streams_per_cluster)
     if weights_dtype != torch.float32:
         raise ValueError("weights_dtype=torch.bfloat16 needs kernel='cluster'")
-    return wavenet_generate(vocoder_weights(model), a)
+    check_triton_kernel()
+    return triton_vocoder.wavenet_generate(vocoder_weights(model), a)

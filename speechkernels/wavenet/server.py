@@ -21,10 +21,10 @@ from collections.abc import Iterator
 import torch
 
 from .._utils import as_choice, as_float, as_generator, as_int, triton_interpreting
+from . import generation
 from .cluster_vocoder import batch_queue, cluster_plan, compile_batch_kernels, wavenet_generate_cluster_batch
-from .generation import check_weights_dtype, cluster_kernel_available
+from .generation import check_triton_kernel, check_weights_dtype, cluster_kernel_available
 from .incremental import IncrementalState, sample_incremental
-from .triton_vocoder import triton_queue, wavenet_generate
 from .weights import VocoderInputs, bucketed_linear, vocoder_weights
 
 SERVER_KERNELS = ("auto", "torch", "triton", "cluster")  # WaveNetServer's paths ("auto": WaveNetServer)
@@ -91,8 +91,10 @@ class WaveNetServer:
             kernel = ("cluster" if cluster_kernel_available(model) else "triton") if cuda else "torch"
         if kernel != "cluster" and weights_dtype != torch.float32:
             raise ValueError("weights_dtype=torch.bfloat16 needs kernel='cluster'")
-        if kernel == "triton" and not (cuda or triton_interpreting()):
-            raise ValueError("kernel='triton' needs the model on a CUDA device")
+        if kernel == "triton":
+            check_triton_kernel()
+            if not (cuda or triton_interpreting()):
+                raise ValueError("kernel='triton' needs the model on a CUDA device")
         if kernel == "cluster" and not (cuda and cluster_kernel_available(model)):
             raise ValueError(
                 "kernel='cluster' needs the model on a CUDA GPU of compute capability >= 9.0, cuda-core and widths "
@@ -229,7 +231,7 @@ class WaveNetServer:
                 queue_rows=rows.to(torch.int32), queue_time=self._clock,
             )  # fmt: skip
         elif self.kernel == "triton":
-            out = wavenet_generate(
+            out = generation.triton_vocoder.wavenet_generate(
                 vocoder_weights(self.model), VocoderInputs(cond, g, u, self.temperature), prev=prev,
                 phase=torch.tensor(phase, dtype=torch.int32, device=dev), queue=self._queue,
                 queue_rows=rows.to(torch.int32), queue_time=self._clock,
@@ -269,7 +271,11 @@ class WaveNetServer:
         self._prev = torch.cat([self._prev, torch.empty(extra, dtype=torch.long, device=dev)])
         if self.kernel in ("cluster", "triton"):
             w = vocoder_weights(m)
-            q = batch_queue(w, extra, 8, dev) if self.kernel == "cluster" else triton_queue(w, extra, dev)
+            q = (
+                batch_queue(w, extra, 8, dev)
+                if self.kernel == "cluster"
+                else generation.triton_vocoder.triton_queue(w, extra, dev)
+            )
             self._queue = q if self._queue is None else torch.cat([self._queue, q])
         else:
             qs = [torch.zeros(extra, d, m.residual_channels, device=dev) for d in m.dilations]

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import torch
 
-from ..._utils import as_choice, as_int, check_float_input, triton_interpreting
+from ..._utils import as_choice, as_int, check_float_input, optional_kernels, triton_interpreting
 from ..cuda_runtime import clusters_available
 from .cluster import row_split_fits, serial_chain_cluster
 from .partials import serial_chain_partials
 from .pipeline import serial_chain_pipeline
 from .reference import ACTIVATIONS, serial_chain_torch
-from .triton_designs import serial_chain_barrier, serial_chain_stream
+
+triton_designs = optional_kernels(__package__ + ".triton_designs")  # None without Triton
 
 DESIGNS = ("auto", "torch", "stream", "barrier", "cluster", "partials", "pipeline")
 CLUSTER_DESIGNS = ("cluster", "partials", "pipeline")
@@ -100,8 +101,10 @@ def serial_chain(
             return serial_chain_partials(weights, x0, n_samples, relu)
         return serial_chain_cluster(weights, x0, n_samples, relu)
     if design in ("stream", "barrier"):
+        if triton_designs is None:
+            raise ValueError(f"design={design!r} needs Triton (pip install triton), which is not installed")
         if not (x0.is_cuda or triton_interpreting()):
             raise ValueError(f"design={design!r} runs on CUDA tensors (or on the CPU under TRITON_INTERPRET=1)")
-        launcher = serial_chain_stream if design == "stream" else serial_chain_barrier
+        launcher = triton_designs.serial_chain_stream if design == "stream" else triton_designs.serial_chain_barrier
         return launcher(weights, x0.float().contiguous(), n_samples, relu=relu)
     return serial_chain_torch(weights, x0, n_samples, activation)
