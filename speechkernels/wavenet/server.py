@@ -127,8 +127,9 @@ class WaveNetServer:
     def warmup(self, max_streams: int | None = None) -> None:
         """Does now what the first chunks would otherwise wait for, for up to ``max_streams`` requests at once (the
         server's ``max_streams``, else 256): compiles the kernels (the cluster kernel has a variant per number of
-        streams per cluster, about a second each, once per process; the Triton kernel one), and runs one chunk of two
-        scratch requests through a scratch server of the same settings, so that the first real chunk finds every
+        streams per cluster, about a second each, once per process; the Triton kernel one), and runs one chunk of
+        scratch requests through a scratch server of the same settings (on a GPU, one chunk of two requests and one
+        of ``max_streams``), so that the first real chunk finds every
         one-time cost paid: the weights packed in the kernel's layout, the CUDA libraries and kernels of the
         chunk's PyTorch operations loaded (cuBLAS's for the conditioning, each operation's at its first launch:
         0.2-0.35 s of a first chunk on an H100, benchmarks/NOTES.md); and on a GPU the conditioning's product at
@@ -142,13 +143,15 @@ class WaveNetServer:
             compile_batch_kernels(vocoder_weights(self.model), n, self.weights_dtype, self.temperature == 0,
                                   self.device)  # fmt: skip
         m, dev = self.model, self.device
-        scratch = WaveNetServer(m, self.chunk, self.temperature, None, self.kernel, self.weights_dtype)
-        # two requests of a whole chunk on a GPU (the chunk's shapes), of two samples on the CPU (its path is slow)
+        # requests of a whole chunk on a GPU (the chunk's shapes), of two samples on the CPU (its path is slow); on a
+        # GPU two and max_streams of them: PyTorch's index kernels have one variant up to 16 indices and one beyond
         n_samples = self.chunk if dev.type == "cuda" else 2
         cond = torch.zeros(m.cond_channels, -(-n_samples // m.hop_length), device=dev) if m.cond_channels else None
-        for _ in range(2):  # each with its own generator: the global one's state stays as it was
-            scratch.submit(n_samples, cond, 0 if m.speakers else None, torch.Generator(dev).manual_seed(0))
-        scratch.step()
+        for requests in sorted({min(2, n), n}) if dev.type == "cuda" else [min(2, n)]:
+            scratch = WaveNetServer(m, self.chunk, self.temperature, None, self.kernel, self.weights_dtype)
+            for _ in range(requests):  # each with its own generator: the global one's state stays as it was
+                scratch.submit(n_samples, cond, 0 if m.speakers else None, torch.Generator(dev).manual_seed(0))
+            scratch.step()
         if dev.type == "cuda":
             w = vocoder_weights(m)
             per_request = (m.hop_length + self.chunk - 2) // m.hop_length + 1  # the most frames a chunk reads
