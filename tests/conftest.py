@@ -4,7 +4,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, Phase, settings
 
-from speechkernels._utils import triton_interpreting
+from speechkernels._utils import optional_kernels, triton_interpreting
+
+# Triton is optional (the PyTorch paths serve every call without it): kernel tests skip where it is missing
+HAVE_TRITON = optional_kernels("triton") is not None
 
 # Hypothesis profiles: "ci" (the default: few examples, the same ones every run, so that CI is reproducible),
 # "dev" (more, fresh ones each run) and "gpu" (many, fresh: chosen by `-m gpu`; a failure is reported as found,
@@ -31,6 +34,8 @@ def _skip_gpu_tests_without_cuda(request):
 @pytest.fixture
 def interpreter() -> torch.device:
     """The CPU, where the Triton kernels run under TRITON_INTERPRET=1 (the test is skipped otherwise)."""
+    if not HAVE_TRITON:
+        pytest.skip("needs Triton")
     if not triton_interpreting():
         pytest.skip("set TRITON_INTERPRET=1 to run the Triton kernels on the CPU")
     return torch.device("cpu")
@@ -82,17 +87,14 @@ def loss_path(request, monkeypatch) -> LossPath:
     interpreter (skipped without TRITON_INTERPRET=1), and the GPU (tests marked gpu). The aligner's kernels are
     switched and counted with the losses'."""
     from speechkernels.align import api as align_api
-    from speechkernels.align import kernels as align_kernels
     from speechkernels.ctc import api as ctc_api
-    from speechkernels.ctc import kernels as ctc_kernels
     from speechkernels.rnnt import api as rnnt_api
     from speechkernels.rnnt import joint as joint_api
-    from speechkernels.rnnt import joint_kernels
-    from speechkernels.rnnt import kernels as rnnt_kernels
     from speechkernels.tdt import api as tdt_api
     from speechkernels.tdt import joint as tdt_joint_api
-    from speechkernels.tdt import kernels as tdt_kernels
 
+    if request.param != "torch" and not HAVE_TRITON:
+        pytest.skip("needs Triton")
     if request.param == "triton" and not triton_interpreting():
         pytest.skip("set TRITON_INTERPRET=1 to run the Triton kernels on the CPU")
     path = LossPath(request.param, torch.device("cuda" if request.param == "cuda" else "cpu"))
@@ -103,6 +105,14 @@ def loss_path(request, monkeypatch) -> LossPath:
         monkeypatch.setattr(tdt_api, "kernels", None)
         monkeypatch.setattr(tdt_joint_api, "joint_kernels", None)
         monkeypatch.setattr(align_api, "kernels", None)
+    if not HAVE_TRITON:
+        return path
+    from speechkernels.align import kernels as align_kernels
+    from speechkernels.ctc import kernels as ctc_kernels
+    from speechkernels.rnnt import joint_kernels
+    from speechkernels.rnnt import kernels as rnnt_kernels
+    from speechkernels.tdt import kernels as tdt_kernels
+
     for module, name in ((ctc_kernels, "ctc_forward"), (rnnt_kernels, "rnnt_forward"),
                          (joint_kernels, "joint_forward"), (joint_kernels, "joint_lattice"),
                          (tdt_kernels, "tdt_forward"), (align_kernels, "ctc_align")):  # fmt: skip

@@ -78,6 +78,7 @@ def _worker(rank: int, world: int, store: str, out: str, backend: str) -> None:
             model(kind, feats, targets, frames, labels).backward()
             results[kind] = gradients(model.module)
         torch.save(results, f"{out}.{rank}")
+        dist.barrier()  # no rank tears gloo down while the other still talks to it (an abort at exit otherwise)
     finally:
         dist.destroy_process_group()
 

@@ -142,10 +142,10 @@ def generate_kernel(
     available, else the Triton kernel); [B, n_samples] int64."""
     kernel = as_choice(kernel, "kernel", ("auto", "triton", "cluster"))
     check_weights_dtype(weights_dtype)
-    if kernel == "triton":
-        check_triton_kernel()
     # the kernels read the conditioning per frame: no upsampled copy
     a = check_generation(model, cond, n_samples, temperature, generator, speaker, batch, uniforms)
+    if kernel == "triton":  # after the arguments' checks, as the device's
+        check_triton_kernel()
     dev = a.uniforms.device
     if not (dev.type == "cuda" or (kernel == "triton" and triton_interpreting())):
         raise ValueError(f"kernel={kernel!r} needs the model on a CUDA device")
