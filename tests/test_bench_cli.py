@@ -101,7 +101,7 @@ def test_device_cuda_without_cuda(what, capsys, monkeypatch, nothing_runs):
 def test_plot_without_matplotlib(what, capsys, monkeypatch, nothing_runs):
     monkeypatch.setattr(common, "matplotlib_available", lambda: False)
     err = exits_with_usage([what, "--plot", "out.png"], capsys)
-    assert "--plot needs matplotlib: pip install matplotlib (or pip install -e .[bench])" in err
+    assert "--plot needs matplotlib: pip install matplotlib (or pip install -e '.[bench]')" in err
 
 
 def test_rows_parsers():

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
 
-MATPLOTLIB_HINT = "--plot needs matplotlib: pip install matplotlib (or pip install -e .[bench])"
+MATPLOTLIB_HINT = "--plot needs matplotlib: pip install matplotlib (or pip install -e '.[bench]')"
 
 
 def environment(device: torch.device) -> dict:
