@@ -11,8 +11,9 @@ under torch.compile, which traces it as one opaque op through the fake function.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -165,6 +166,68 @@ class LossOp:
 
         fwd_op.register_autograd(backward, setup_context=setup_context)
         return fwd_op, bwd_op
+
+
+def pytorch_path_op(name: str, inputs: str, losses: Callable, batch_dim: int, grad_dtype: Callable) -> LossOp:
+    """A loss's PyTorch path as a LossOp, so that under torch.compile it is one opaque op whose checks of the
+    tensors' contents and per-sample branches run on real values (whole graph, no recompilation per length).
+
+    ``inputs`` starts with "Tensor x" (the scores, differentiable) and has a "bool need_grad";
+    ``losses(*inputs) -> (per-sample losses [N], gradient of their sum with x's shape or None)`` gets x
+    contiguous (a reduction's rounding depends on its layout: a view gives the bits of its contiguous copy).
+    The op's loss is float32 (float64 for float64 x); its gradient, of dtype ``grad_dtype(x.dtype)``, is kept
+    and scaled by the upstream gradient along x's ``batch_dim`` in the backward, then cast to x's dtype."""
+    names = [p.strip().rsplit(" ", 1)[1] for p in inputs.split(",")]
+    if names[0] != "x" or "need_grad" not in names:
+        raise ValueError(f"{name}: the inputs must start with x and have need_grad, got {names}")
+    need_grad_at = names.index("need_grad")
+
+    def loss_dtype(x: torch.Tensor) -> torch.dtype:
+        return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+    def forward(x, *rest):
+        loss, grad = losses(x.contiguous(), *rest)
+        if grad is None:
+            grad = x.new_empty(0, dtype=grad_dtype(x.dtype))
+        return loss.to(loss_dtype(x)), (grad,)
+
+    def forward_fake(x, *rest):
+        N = x.shape[batch_dim]
+        need_grad = rest[need_grad_at - 1]
+        grad = x.new_empty(x.shape if need_grad else (0,), dtype=grad_dtype(x.dtype))
+        return x.new_empty(N, dtype=loss_dtype(x)), grad
+
+    def backward(grad_out, x, kept_grad):
+        shape = [1] * kept_grad.dim()
+        shape[batch_dim] = -1
+        return (kept_grad * grad_out.to(kept_grad.dtype).view(shape)).to(x.dtype)
+
+    return LossOp(name, inputs, forward, forward_fake, backward, n_state=1, grads="x")
+
+
+_AUTOGRAD_KEYS = [getattr(torch._C.DispatchKey, k) for k in ("ADInplaceOrView", "AutogradFunctionality")
+                  if hasattr(torch._C.DispatchKey, k)]  # fmt: skip
+
+
+@contextlib.contextmanager
+def autograd_inside_op() -> Iterator[None]:
+    """Autograd inside an op's implementation, for the float64 references that take their gradient by autograd:
+    the dispatcher runs a torch.library op below autograd (its dispatch keys excluded, grad mode aside)."""
+    is_excluded = getattr(torch._C, "_dispatch_tls_is_dispatch_key_excluded", None)
+    set_excluded = getattr(torch._C, "_dispatch_tls_set_dispatch_key_excluded", None)
+    if is_excluded is None or set_excluded is None:
+        with torch.enable_grad():
+            yield
+        return
+    was = [is_excluded(k) for k in _AUTOGRAD_KEYS]
+    try:
+        for k in _AUTOGRAD_KEYS:
+            set_excluded(k, False)
+        with torch.enable_grad():
+            yield
+    finally:
+        for k, w in zip(_AUTOGRAD_KEYS, was, strict=True):
+            set_excluded(k, w)
 
 
 class LossModule(torch.nn.Module):

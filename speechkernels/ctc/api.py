@@ -15,9 +15,9 @@ from .._loss_inputs import (
     refuse_flagged,
     targets_padded,
 )
-from .._op import LossModule, LossOp
+from .._op import LossModule, LossOp, pytorch_path_op
 from .._utils import as_bool, as_choice, as_int, check_float_input, kernel_layout, optional_kernels, use_triton
-from .reference import ctc_losses_cpu, reduce_loss
+from .reference import ctc_forward_backward_scaled, reduce_loss
 
 kernels = optional_kernels(__package__ + ".kernels")
 
@@ -163,22 +163,29 @@ def ctc_loss(
         args = (x, targets, il, tl, blank, padded, logits, need_grad, validate, zero_infinity, reduction)
         out = CTC_LOSS_OP.apply(*args)
     else:
-        if validate:
-            check_label_contents(T, C, targets, il, tl, blank, padded)
-        loss = _reference_losses(x, targets, il, tl, blank, padded, logits)
+        need_grad = torch.is_grad_enabled() and x.requires_grad
+        loss = CTC_PYTORCH_OP.apply(x, targets, il, tl, blank, padded, logits, need_grad, validate)
         out = reduce_loss(loss, tl, reduction, zero_infinity)
     return out.squeeze(0) if unbatched and reduction == "none" else out
 
 
-def _reference_losses(x, targets, il, tl, blank, padded, logits):
-    """The PyTorch path: lengths clamped as the kernels clamp them, and labels in the reference (so that unchecked
-    input gives the kernels' numbers), targets padded; with logits, the scores of frames past each input length are
-    not read (a NaN there reaches neither the loss nor the gradient)."""
+def _pytorch_losses(x, targets, il, tl, blank, padded, logits, need_grad, validate):
+    """The PyTorch path: the contents checked, lengths clamped as the kernels clamp them, and labels in the
+    reference (so that unchecked input gives the kernels' numbers), targets padded; with logits, the scores of
+    frames past each input length are not read (a NaN there reaches neither the loss nor the gradient)."""
     T, N, C = x.shape
-    out_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-    il = il.clamp(0, T)
+    if validate:
+        check_label_contents(T, C, targets, il, tl, blank, padded)
     targets, lt = padded_labels(targets, tl, padded)
-    return ctc_losses_cpu(x, targets, il, lt, blank, logits).to(out_dtype)
+    return ctc_forward_backward_scaled(x, targets, il.clamp(0, T), lt, blank, need_grad=need_grad, logits=logits)
+
+
+CTC_PYTORCH_OP = pytorch_path_op(
+    "speechkernels::ctc_loss_pytorch",
+    "Tensor x, Tensor targets, Tensor il, Tensor tl, int blank, bool padded, bool logits, bool need_grad, "
+    "bool validate",
+    _pytorch_losses, batch_dim=1, grad_dtype=lambda dtype: torch.float64 if dtype == torch.float64 else torch.float32,
+)  # fmt: skip
 
 
 class CTCLoss(LossModule, loss=ctc_loss):

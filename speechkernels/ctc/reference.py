@@ -326,17 +326,6 @@ def _reference_on(x, targets, il, tl, blank, need_grad, logits):
     return loss, g
 
 
-def ctc_losses_cpu(x, targets, input_lengths, target_lengths, blank, logits: bool = False) -> torch.Tensor:
-    """Per-sample CTC losses with the gradient of ``ctc_forward_backward_scaled``, differentiable with respect to
-    x (log-probabilities, or with ``logits`` scores): the PyTorch path of ``ctc_loss``."""
-
-    def compute(v):
-        return ctc_forward_backward_scaled(v, targets, input_lengths, target_lengths, blank,
-                                           need_grad=v.requires_grad, logits=logits)  # fmt: skip
-
-    return LossWithGradient.apply(x, compute, 1)
-
-
 def ctc_losses_reference(log_probs, targets, input_lengths, target_lengths, blank) -> torch.Tensor:
     """Per-sample CTC losses with the forward-backward gradient, differentiable with respect to log_probs."""
 

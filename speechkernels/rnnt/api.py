@@ -15,7 +15,7 @@ from .._loss_inputs import (
     labels_on,
     refuse_flagged,
 )
-from .._op import LossModule, LossOp
+from .._op import LossModule, LossOp, pytorch_path_op
 from .._utils import (
     INDEX_DTYPES,
     as_bool,
@@ -27,7 +27,7 @@ from .._utils import (
     optional_kernels,
     use_triton,
 )
-from .reference import RNNT_TYPES, reduce_loss, rnnt_losses_cpu
+from .reference import RNNT_TYPES, reduce_loss, rnnt_forward_backward_scaled
 
 kernels = optional_kernels(__package__ + ".kernels")
 
@@ -247,12 +247,29 @@ def rnnt_loss(
             float(clamp), rnnt_type == "rna", need_grad, validate, reuse_logits_for_grad, reduction,
         )  # fmt: skip
     il, tl = il.long(), tl.long()
+    need_grad = torch.is_grad_enabled() and logits.requires_grad
+    loss = RNNT_PYTORCH_OP.apply(logits, targets, il, tl, blank, fused_log_softmax, float(fastemit_lambda),
+                                 float(clamp), rnnt_type, fastemit_loss_scale, need_grad, validate)  # fmt: skip
+    return reduce_loss(loss, reduction)
+
+
+def _pytorch_losses(x, targets, il, tl, blank, fused, fastemit_lambda, clamp, rnnt_type, fastemit_loss_scale,
+                    need_grad, validate):  # fmt: skip
+    """The PyTorch path: the contents checked, then the losses and their gradient by
+    ``rnnt_forward_backward_scaled``."""
+    N, T, U1, V = x.shape
     if validate:
         check_contents(T, U1 - 1, V, targets, il, tl, blank)
-    loss = rnnt_losses_cpu(
-        logits, targets, il, tl, blank, fused_log_softmax, fastemit_lambda, clamp, rnnt_type, fastemit_loss_scale
-    )
-    return reduce_loss(loss, reduction)
+    return rnnt_forward_backward_scaled(x, targets, il, tl, blank, fused, fastemit_lambda, clamp, rnnt_type,
+                                        need_grad=need_grad, fastemit_loss_scale=fastemit_loss_scale)  # fmt: skip
+
+
+RNNT_PYTORCH_OP = pytorch_path_op(
+    "speechkernels::rnnt_loss_pytorch",
+    "Tensor x, Tensor targets, Tensor il, Tensor tl, int blank, bool fused, float fastemit_lambda, float clamp, "
+    "str rnnt_type, bool fastemit_loss_scale, bool need_grad, bool validate",
+    _pytorch_losses, batch_dim=0, grad_dtype=lambda dtype: torch.float64 if dtype == torch.float64 else torch.float32,
+)  # fmt: skip
 
 
 class RNNTLoss(LossModule, loss=rnnt_loss):

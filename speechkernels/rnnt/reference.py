@@ -351,19 +351,6 @@ def rnnt_forward_backward_scaled(
     return loss, grad
 
 
-def rnnt_losses_cpu(logits, targets, logit_lengths, target_lengths, blank, fused, fastemit_lambda, clamp, rnnt_type,
-                    fastemit_loss_scale=True) -> torch.Tensor:  # fmt: skip
-    """``rnnt_losses_reference`` computed by ``rnnt_forward_backward_scaled``: the PyTorch path of ``rnnt_loss``."""
-
-    def compute(x):
-        return rnnt_forward_backward_scaled(
-            x, targets, logit_lengths, target_lengths, blank, fused, fastemit_lambda, clamp, rnnt_type,
-            need_grad=x.requires_grad, fastemit_loss_scale=fastemit_loss_scale,
-        )  # fmt: skip
-
-    return LossWithGradient.apply(logits, compute, 0)
-
-
 def rnnt_losses_reference(logits, targets, logit_lengths, target_lengths, blank, fused, fastemit_lambda, clamp,
                           rnnt_type, fastemit_loss_scale=True) -> torch.Tensor:  # fmt: skip
     """Per-sample losses with the analytic gradient of ``rnnt_forward_backward_reference`` (gradcheck'd), in

@@ -15,7 +15,7 @@ from typing import NamedTuple
 import torch
 
 from .._loss_inputs import REDUCTIONS, Lengths, first_index
-from .._op import LossModule, LossOp
+from .._op import LossModule, LossOp, autograd_inside_op, pytorch_path_op
 from .._utils import (
     as_bool,
     as_choice,
@@ -35,20 +35,32 @@ kernels = optional_kernels(__package__ + ".kernels")
 
 _INPUTS = (
     "Tensor x, Tensor targets, Tensor il, Tensor tl, str kind, int[] durations, int blank, float sigma, bool fused, "
-    "float fastemit_lambda, float loss_scale, float clamp, bool need_grad, str reduction"
+    "float fastemit_lambda, float loss_scale, float clamp, bool need_grad, str reduction, bool validate"
 )
 
 
+def _check_contents(kind, x, targets, il, tl, durations, blank, on_device: bool) -> None:
+    """Lengths and labels (on the kernels' path by a device-side check, one value read back), and no label a big
+    blank (multi-blank)."""
+    N, T, U1, V = x.shape
+    V -= len(durations) if kind == "tdt" else 0
+    (validate_on_device if on_device else check_contents)(T, U1 - 1, V, targets, il, tl, blank)
+    if kind == "multiblank":
+        check_no_big_blank_label(targets, tl, blank, len(durations))
+
+
 def _forward(x, targets, il, tl, kind, durations, blank, sigma, fused, fastemit_lambda, loss_scale, clamp, need_grad,
-             reduction):  # fmt: skip
+             reduction, validate):  # fmt: skip
     """The kernels' per-sample losses, reduced; the state: log-sum-exps, the entries' coefficients, log2 p."""
+    if validate:
+        _check_contents(kind, x, targets, il, tl, durations, blank, True)
     loss, state = kernels.tdt_forward(x, targets, il, tl, kind, tuple(durations), blank, sigma, fused,
                                       fastemit_lambda, loss_scale, need_grad)  # fmt: skip
     return reduce_loss(loss, reduction), state
 
 
 def _forward_fake(x, targets, il, tl, kind, durations, blank, sigma, fused, fastemit_lambda, loss_scale, clamp,
-                  need_grad, reduction):  # fmt: skip
+                  need_grad, reduction, validate):  # fmt: skip
     N, T, U1, _ = x.shape
     cells = N * T * U1
     return state_fake(x, N, reduction, cells if fused else 0, cells * (2 + len(durations)))
@@ -62,6 +74,29 @@ def _backward(grad_loss, x, targets, il, tl, lse, occ, logp, kind, durations, bl
 TDT_LOSS_OP = None
 if kernels is not None:
     TDT_LOSS_OP = LossOp("speechkernels::tdt_loss", _INPUTS, _forward, _forward_fake, _backward, n_state=3, grads="x")
+
+
+def _pytorch_losses(x, targets, il, tl, kind, durations, blank, sigma, fused, fastemit_lambda, clamp,
+                    fastemit_loss_scale, need_grad, validate):  # fmt: skip
+    """The PyTorch path: the contents checked, then the float64 reference's losses and their gradient (by
+    autograd, in float64)."""
+    if validate:
+        _check_contents(kind, x, targets, il, tl, durations, blank, False)
+    reference = tdt_loss_reference if kind == "tdt" else multiblank_rnnt_loss_reference
+    with autograd_inside_op():
+        v = x.detach().to(torch.float64).requires_grad_(need_grad)
+        loss = reference(v, targets, il, tl, list(durations), blank, sigma, fused, reduction="none", clamp=clamp,
+                         fastemit_lambda=fastemit_lambda, fastemit_loss_scale=fastemit_loss_scale)  # fmt: skip
+        grad = torch.autograd.grad(loss.sum(), v)[0] if need_grad else None
+    return loss.detach(), grad
+
+
+TDT_PYTORCH_OP = pytorch_path_op(
+    "speechkernels::tdt_loss_pytorch",
+    "Tensor x, Tensor targets, Tensor il, Tensor tl, str kind, int[] durations, int blank, float sigma, bool fused, "
+    "float fastemit_lambda, float clamp, bool fastemit_loss_scale, bool need_grad, bool validate",
+    _pytorch_losses, batch_dim=0, grad_dtype=lambda dtype: torch.float64,
+)  # fmt: skip
 
 
 class TransducerOptions(NamedTuple):
@@ -145,19 +180,14 @@ def _check_logits(logits, extra: int, what: str) -> tuple[int, int, int, int]:
 
 
 def _inputs(logits, targets, logit_lengths, target_lengths, opts: TransducerOptions, V: int, classes_of: str):
-    """Lengths on the logits' device, blank in [0, V), targets on the device; the contents checked (validate: on
-    the kernels' path by a device-side check, one value read back)."""
+    """Lengths on the logits' device, blank in [0, V), targets on the device (their contents are checked inside
+    the loss's op)."""
     N, T, U1, _ = logits.shape
     dev = logits.device
     targets, il, tl, blank = check_loss_arguments(targets, logit_lengths, target_lengths, opts.blank, opts.reduction,
                                                   N, U1, V, dev, "logits", "logits.shape[2]", classes_of)  # fmt: skip
-    if _on_kernels(logits):
-        if opts.validate:
-            validate_on_device(T, U1 - 1, V, targets, il, tl, blank)
-        return targets, il, tl, blank
-    il, tl = il.long(), tl.long()
-    if opts.validate:
-        check_contents(T, U1 - 1, V, targets, il, tl, blank)
+    if not _on_kernels(logits):
+        il, tl = il.long(), tl.long()
     return targets, il, tl, blank
 
 
@@ -173,11 +203,11 @@ def _loss(kind, logits, targets, il, tl, durations, blank, opts: TransducerOptio
         loss_scale = 1.0 + opts.fastemit_lambda if opts.fastemit_loss_scale else 1.0
         return TDT_LOSS_OP.apply(kernel_layout(logits), targets, il, tl, kind, list(durations), blank, opts.sigma,
                                  opts.fused_log_softmax, opts.fastemit_lambda, loss_scale, opts.clamp, need_grad,
-                                 opts.reduction)  # fmt: skip
-    reference = tdt_loss_reference if kind == "tdt" else multiblank_rnnt_loss_reference
-    loss = reference(logits, targets, il, tl, durations, blank, opts.sigma, opts.fused_log_softmax, reduction="none",
-                     clamp=opts.clamp, fastemit_lambda=opts.fastemit_lambda,
-                     fastemit_loss_scale=opts.fastemit_loss_scale)  # fmt: skip
+                                 opts.reduction, opts.validate)  # fmt: skip
+    need_grad = torch.is_grad_enabled() and logits.requires_grad
+    loss = TDT_PYTORCH_OP.apply(logits, targets, il, tl, kind, list(durations), blank, opts.sigma,
+                                opts.fused_log_softmax, opts.fastemit_lambda, opts.clamp, opts.fastemit_loss_scale,
+                                need_grad, opts.validate)  # fmt: skip
     return reduce_loss(loss, opts.reduction)
 
 
@@ -289,8 +319,6 @@ def multiblank_rnnt_loss(
         raise ValueError(f"blank={opts.blank} is outside [-V, V) for V={V}")
     check_big_blank_room(opts.blank, V, len(big))
     targets, il, tl, blank = _inputs(logits, targets, logit_lengths, target_lengths, opts, V, "")
-    if opts.validate:
-        check_no_big_blank_label(targets, tl, blank, len(big))
     return _loss("multiblank", logits, targets, il, tl, big, blank, opts)
 
 
