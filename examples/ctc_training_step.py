@@ -13,19 +13,20 @@ import argparse
 import torch
 
 import speechkernels as sk
+from speechkernels.bench.common import example_device, positive_int
 
 
 def main(argv: list[str] | None = None) -> tuple[float, float]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    p.add_argument("--steps", type=positive_int, default=30)
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
     args = p.parse_args(argv)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = example_device(p, args.device)
     torch.manual_seed(0)
 
     T, N, F, C, S = 60, 4, 20, 12, 10  # frames, batch, features, classes (blank 0), longest transcript
     model = torch.nn.Sequential(torch.nn.Linear(F, 64), torch.nn.ReLU(), torch.nn.Linear(64, C)).to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     feats = torch.randn(T, N, F, device=device)  # [T, N, F], time first as torch's ctc_loss
     targets = torch.randint(1, C, (N, S), device=device)  # padded labels
     input_lengths = torch.tensor([60, 55, 50, 60])

@@ -14,6 +14,7 @@ import argparse
 import torch
 
 import speechkernels as sk
+from speechkernels.bench.common import example_device, positive_int
 
 
 class TinyTransducer(torch.nn.Module):
@@ -34,10 +35,10 @@ class TinyTransducer(torch.nn.Module):
 
 def main(argv: list[str] | None = None) -> tuple[float, float]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    p.add_argument("--steps", type=positive_int, default=30)
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
     args = p.parse_args(argv)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = example_device(p, args.device)
     torch.manual_seed(0)
 
     N, T, U, F, V = 3, 24, 6, 16, 10  # batch, frames, longest transcript, features, vocabulary (blank last)

@@ -14,18 +14,19 @@ import time
 
 import torch
 
+from speechkernels.bench.common import example_device, positive_int
 from speechkernels.wavenet import WaveNet, mu_law_decode, save_wav
 
 
 def main(argv: list[str] | None = None) -> tuple[str, int]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--samples", type=int, default=4000)
+    p.add_argument("--samples", type=positive_int, default=4000)
     p.add_argument("--out", default="wavenet.wav")
-    p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--rate", type=int, default=16000, help="sample rate of the WAV file, Hz")
-    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    p.add_argument("--layers", type=positive_int, default=8)
+    p.add_argument("--rate", type=positive_int, default=16000, help="sample rate of the WAV file, Hz")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
     args = p.parse_args(argv)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = example_device(p, args.device)
     torch.manual_seed(0)
 
     hop = 256

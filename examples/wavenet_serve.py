@@ -4,7 +4,9 @@ gets its samples chunk by chunk, and the script reports each request's time to i
     python examples/wavenet_serve.py [--requests 32] [--samples 8000] [--chunk 2000] [--layers 20] [--device cpu]
 
 On a Hopper GPU with cuda-core the chunks run on the batched thread-block cluster kernel (several streams per
-cluster), elsewhere on the PyTorch path. The weights are random: the point is the serving loop.
+cluster), elsewhere on the PyTorch path. The weights are random: the point is the serving loop. The defaults
+above are the GPU's; on the CPU (its PyTorch path generates a few thousand samples a second) they are 8 requests
+of up to 1000 samples in chunks of 250, 10 layers, a few seconds on two cores.
 """
 
 from __future__ import annotations
@@ -15,18 +17,31 @@ import time
 
 import torch
 
+from speechkernels.bench.common import example_device, positive_int
 from speechkernels.wavenet import WaveNet, WaveNetServer
 
 
 def main(argv: list[str] | None = None) -> dict[int, torch.Tensor]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--requests", type=int, default=32)
-    p.add_argument("--samples", type=int, default=8000, help="the longest request's samples")
-    p.add_argument("--chunk", type=int, default=2000, help="samples per request per step")
-    p.add_argument("--layers", type=int, default=20)
-    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    p.add_argument("--requests", type=positive_int, default=None, help="default 32 (8 on the CPU)")
+    p.add_argument(
+        "--samples",
+        type=positive_int,
+        default=None,
+        help="the longest request's samples, default 8000 (1000 on the CPU)",
+    )
+    p.add_argument(
+        "--chunk", type=positive_int, default=None, help="samples per request per step, default 2000 (250 on the CPU)"
+    )
+    p.add_argument("--layers", type=positive_int, default=None, help="default 20 (10 on the CPU)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
     args = p.parse_args(argv)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = example_device(p, args.device)
+    cpu = device.type == "cpu"
+    for name, gpu_default, cpu_default in (("requests", 32, 8), ("samples", 8000, 1000), ("chunk", 2000, 250),
+                                           ("layers", 20, 10)):  # fmt: skip
+        if getattr(args, name) is None:
+            setattr(args, name, cpu_default if cpu else gpu_default)
     torch.manual_seed(0)
     hop = 256
     net = WaveNet(layers=args.layers, cycle=min(args.layers, 10), cond_channels=80, hop_length=hop)
@@ -47,6 +62,7 @@ def main(argv: list[str] | None = None) -> dict[int, torch.Tensor]:
         submit(k)
     waiting = waiting[args.requests // 2 or 1 :]
     t0 = time.perf_counter()
+    steps = 0
     while server.active or server.pending or waiting:
         if waiting:
             submit(waiting.pop(0))
@@ -59,6 +75,9 @@ def main(argv: list[str] | None = None) -> dict[int, torch.Tensor]:
             parts[rid].append(c)
             if sum(x.shape[0] for x in parts[rid]) == lengths[rid]:
                 done[rid] = now - submitted[rid]
+        steps += 1
+        print(f"step {steps:3d}  chunks for {len(chunks)} requests, {len(done)} of {args.requests} requests done, "
+              f"{now - t0:.2f} s", flush=True)  # fmt: skip
     total = time.perf_counter() - t0
     out = {rid: torch.cat(c) for rid, c in parts.items()}
     rates = [lengths[r] / done[r] / 1e3 for r in done]

@@ -53,3 +53,19 @@ def test_wavenet_serving_example(device, capsys):
     assert [c.shape[0] for c in out.values()] == [16, 32, 48, 64, 16]
     assert all(c.min() >= 0 and c.max() < 256 for c in out.values())
     assert f"{device}: 5 requests, 176 samples" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["ctc_training_step", "rnnt_training_step", "wavenet_generate", "wavenet_serve"])
+def test_examples_refuse_bad_arguments_with_usage(name, capsys, monkeypatch):
+    """A size of 0 and an unknown device end in argparse's usage error (status 2), as does --device cuda on a
+    machine without CUDA: no traceback."""
+    size = "--steps" if "training" in name else "--samples"
+    bad = [[size, "0"], ["--device", "tpu"]]
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    bad.append(["--device", "cuda"])
+    for argv in bad:
+        with pytest.raises(SystemExit) as e:
+            load(name).main(argv)
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert "usage:" in err and "error: argument" in err or "CUDA is not available" in err, err

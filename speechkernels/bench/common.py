@@ -307,6 +307,14 @@ def resolve_device(args: argparse.Namespace) -> torch.device:
     return torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
+def example_device(parser: argparse.ArgumentParser, device: str | None) -> torch.device:
+    """An example's ``--device`` (choices cpu, cuda; None: cuda where available), or a parser error (usage,
+    status 2) for cuda on a machine without it."""
+    if device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: CUDA is not available on this machine (torch.cuda.is_available() is False)")
+    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
 def matplotlib_available() -> bool:
     try:
         import matplotlib  # noqa: F401
