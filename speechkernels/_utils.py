@@ -12,6 +12,7 @@ functions below, so that every capability accepts the same forms and rejects the
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import math
@@ -60,6 +61,29 @@ def optional_kernels(module: str):
 def triton_interpreting() -> bool:
     """True when Triton kernels run on the CPU through the interpreter (TRITON_INTERPRET=1)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+# PyTorch's CPU kernels split an operation over threads from about this many elements (at::internal::GRAIN_SIZE)
+GRAIN_SIZE = 32768
+
+
+@contextlib.contextmanager
+def loop_threads(device: torch.device, elements_per_step: int):
+    """The threads for a loop of small sequential steps (a recursion over frames, a sample at a time): on the CPU,
+    one where each step touches fewer than GRAIN_SIZE elements, else torch's setting. Steps that small gain
+    nothing from more threads and, where another process shares the cores, wait at each parallel operation for
+    the thread left on a busy core (WaveNet.generate 2 x 400 on two cores with one busy neighbour: 2.0-2.5x its
+    idle time with two threads, 1.0x with one; benchmarks/NOTES.md). The large operations before and after the
+    loop keep ``torch.get_num_threads()``; the setting is this thread's own and is restored on exit."""
+    n = torch.get_num_threads()
+    if device.type != "cpu" or n == 1 or elements_per_step >= GRAIN_SIZE or torch.compiler.is_compiling():
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
 
 
 def use_triton(x: torch.Tensor) -> bool:

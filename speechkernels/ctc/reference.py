@@ -20,6 +20,7 @@ import threading
 import torch
 
 from .._reference import LossWithGradient
+from .._utils import loop_threads
 
 NEG_INF = float("-inf")
 NORMALISE_EVERY = 8  # frames between normalisations of the scaled recursion (float64: 700 nats of headroom)
@@ -242,16 +243,17 @@ def ctc_forward_backward_scaled(
     skip2 = skip.view(2, N, Sp)
     stays, steps, skips = A[..., 2:].unbind(0), A[..., 1:-1].unbind(0), A[..., :-2].unbind(0)
     ps, scs = p.unbind(1), sc.unbind(0)
-    for t in range(T):
-        cur = stays[t + 1]
-        torch.add(stays[t], steps[t], out=cur)
-        cur.addcmul_(skips[t], skip2)
-        cur.mul_(ps[t])
-        if (t + 1) % NORMALISE_EVERY == 0:
-            s_t = scs[t]
-            torch.sum(cur, 2, keepdim=True, out=s_t)
-            s_t.masked_fill_(s_t == 0, 1.0)  # rows before a reversed problem starts
-            cur.div_(s_t)
+    with loop_threads(dev, 2 * N * Sp):
+        for t in range(T):
+            cur = stays[t + 1]
+            torch.add(stays[t], steps[t], out=cur)
+            cur.addcmul_(skips[t], skip2)
+            cur.mul_(ps[t])
+            if (t + 1) % NORMALISE_EVERY == 0:
+                s_t = scs[t]
+                torch.sum(cur, 2, keepdim=True, out=s_t)
+                s_t.masked_fill_(s_t == 0, 1.0)  # rows before a reversed problem starts
+                cur.div_(s_t)
     sc = sc.view(T, 2 * N, 1)
     m = m.view(2, T, N)
     La = sc[..., 0].log_().cumsum(0)  # [T, 2N]: log of the factors taken out of rows 1..t+1

@@ -196,7 +196,8 @@ def rnnt_loss(
             of the logits. Logits whose elements share memory (e.g. expanded) are refused; after the backward
             the logits count as modified in place, so an op whose backward still needs them (the log_softmax or
             activation that produced them, another op that saved them) raises autograd's in-place error rather
-            than compute with the gradient's values.
+            than compute with the gradient's values. The PyTorch path (the CPU without Triton's interpreter,
+            float64) keeps its gradient apart and leaves the logits as they are: there the option changes nothing.
 
     Returns:
         The loss: [N] with ``reduction="none"``, else a scalar; float64 for float64 logits, else float32. +inf

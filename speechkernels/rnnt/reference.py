@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from .._reference import LossWithGradient
+from .._utils import loop_threads
 
 NEG_INF = float("-inf")
 RNNT_TYPES = ("rnnt", "rna")
@@ -278,15 +279,16 @@ def rnnt_forward_backward_scaled(
     sc = torch.ones(D, 2 * N, 1, **f64)
     rows, rows_l, rows_r = A.unbind(0), A[..., :-1].unbind(0), A[..., 1:].unbind(0)
     pbs, pes, scs = PB.unbind(0), PE[..., :-1].unbind(0), sc.unbind(0)
-    for d in range(1, D):
-        cur = rows[d]
-        torch.mul(rows[d - 1], pbs[d - 1], out=cur)
-        rows_r[d].addcmul_(rows_l[d - 1], pes[d - 1])
-        if d % NORMALISE_EVERY == 0:
-            s_d = scs[d]
-            torch.sum(cur, 1, keepdim=True, out=s_d)
-            s_d.masked_fill_(s_d == 0, 1.0)  # diagonals past a sample's last node
-            cur.div_(s_d)
+    with loop_threads(dev, 2 * N * U1):
+        for d in range(1, D):
+            cur = rows[d]
+            torch.mul(rows[d - 1], pbs[d - 1], out=cur)
+            rows_r[d].addcmul_(rows_l[d - 1], pes[d - 1])
+            if d % NORMALISE_EVERY == 0:
+                s_d = scs[d]
+                torch.sum(cur, 1, keepdim=True, out=s_d)
+                s_d.masked_fill_(s_d == 0, 1.0)  # diagonals past a sample's last node
+                cur.div_(s_d)
     # log of what was taken out of diagonal d: the normalisations up to d and the shifts of the edges before it
     logF = sc[..., 0].log_().cumsum(0).T + torch.nn.functional.pad(m[:, :-1].cumsum(1), (1, 0))  # [2N, D]
     Dn = T_n + U_n

@@ -11,6 +11,8 @@ import time
 
 import torch
 
+from .._utils import loop_threads
+
 
 class IncrementalState:
     """The queues, the previous samples and the position of a batch of streams; ``step()`` makes one sample.
@@ -80,12 +82,14 @@ def sample_incremental(
     out = torch.empty(B, n_samples, dtype=torch.long, device=state.prev.device)
     all_logits = torch.empty(B, state.model.classes, n_samples, device=out.device) if return_logits else None
     report = _Progress(n_samples, B) if progress else None
-    for t in range(n_samples):
-        out[:, t] = state.step()
-        if all_logits is not None:
-            all_logits[:, :, t] = state.logits
-        if report is not None:
-            report.update(t + 1)
+    m = state.model
+    with loop_threads(out.device, B * max(m.gate_channels, m.skip_channels, m.classes)):
+        for t in range(n_samples):
+            out[:, t] = state.step()
+            if all_logits is not None:
+                all_logits[:, :, t] = state.logits
+            if report is not None:
+                report.update(t + 1)
     return out, all_logits
 
 
