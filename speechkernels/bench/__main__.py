@@ -16,7 +16,13 @@ import sys
 
 import torch
 
-from . import align, common, ctc, joint, rnnt, tdt, wavenet
+import speechkernels
+
+if getattr(speechkernels, "__file__", None) is None:  # a folder named speechkernels shadows the package
+    sys.exit(f"speechkernels imports as the folder {list(speechkernels.__path__)} (a namespace package without the "
+             "library's code): run from another folder than the one holding the repository's clone")  # fmt: skip
+
+from . import align, common, ctc, joint, rnnt, tdt, wavenet  # noqa: E402
 
 CAPABILITIES = {
     "ctc": (ctc, "CTC loss: DeepBench table (T=150) and T=1500 rows"),
