@@ -168,7 +168,13 @@ class LossOp:
         return fwd_op, bwd_op
 
 
-def pytorch_path_op(name: str, inputs: str, losses: Callable, batch_dim: int, grad_dtype: Callable) -> LossOp:
+def _float32_but_float64(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def pytorch_path_op(
+    name: str, inputs: str, losses: Callable, batch_dim: int, grad_dtype: Callable = _float32_but_float64
+) -> LossOp:
     """A loss's PyTorch path as a LossOp, so that under torch.compile it is one opaque op whose checks of the
     tensors' contents and per-sample branches run on real values (whole graph, no recompilation per length).
 
@@ -176,14 +182,15 @@ def pytorch_path_op(name: str, inputs: str, losses: Callable, batch_dim: int, gr
     ``losses(*inputs) -> (per-sample losses [N], gradient of their sum with x's shape or None)`` gets x
     contiguous (a reduction's rounding depends on its layout: a view gives the bits of its contiguous copy).
     The op's loss is float32 (float64 for float64 x); its gradient, of dtype ``grad_dtype(x.dtype)``, is kept
-    and scaled by the upstream gradient along x's ``batch_dim`` in the backward, then cast to x's dtype."""
+    and scaled by the upstream gradient along x's ``batch_dim`` in the backward, then cast to x's dtype (by
+    default float32, float64 for float64 x)."""
     names = [p.strip().rsplit(" ", 1)[1] for p in inputs.split(",")]
     if names[0] != "x" or "need_grad" not in names:
         raise ValueError(f"{name}: the inputs must start with x and have need_grad, got {names}")
     need_grad_at = names.index("need_grad")
 
     def loss_dtype(x: torch.Tensor) -> torch.dtype:
-        return torch.float64 if x.dtype == torch.float64 else torch.float32
+        return _float32_but_float64(x.dtype)
 
     def forward(x, *rest):
         loss, grad = losses(x.contiguous(), *rest)

@@ -184,8 +184,9 @@ CTC_PYTORCH_OP = pytorch_path_op(
     "speechkernels::ctc_loss_pytorch",
     "Tensor x, Tensor targets, Tensor il, Tensor tl, int blank, bool padded, bool logits, bool need_grad, "
     "bool validate",
-    _pytorch_losses, batch_dim=1, grad_dtype=lambda dtype: torch.float64 if dtype == torch.float64 else torch.float32,
-)  # fmt: skip
+    _pytorch_losses,
+    batch_dim=1,
+)
 
 
 class CTCLoss(LossModule, loss=ctc_loss):

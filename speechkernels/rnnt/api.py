@@ -269,8 +269,9 @@ RNNT_PYTORCH_OP = pytorch_path_op(
     "speechkernels::rnnt_loss_pytorch",
     "Tensor x, Tensor targets, Tensor il, Tensor tl, int blank, bool fused, float fastemit_lambda, float clamp, "
     "str rnnt_type, bool fastemit_loss_scale, bool need_grad, bool validate",
-    _pytorch_losses, batch_dim=0, grad_dtype=lambda dtype: torch.float64 if dtype == torch.float64 else torch.float32,
-)  # fmt: skip
+    _pytorch_losses,
+    batch_dim=0,
+)
 
 
 class RNNTLoss(LossModule, loss=rnnt_loss):
