@@ -68,15 +68,16 @@ GRAIN_SIZE = 32768
 
 
 @contextlib.contextmanager
-def loop_threads(device: torch.device, elements_per_step: int):
+def loop_threads(device: torch.device, elements_per_step: int, below: int = GRAIN_SIZE):
     """The threads for a loop of small sequential steps (a recursion over frames, a sample at a time): on the CPU,
     one where each step touches fewer than GRAIN_SIZE elements, else torch's setting. Steps that small gain
     nothing from more threads and, where another process shares the cores, wait at each parallel operation for
     the thread left on a busy core (WaveNet.generate 2 x 400 on two cores with one busy neighbour: 2.0-2.5x its
     idle time with two threads, 1.0x with one; benchmarks/NOTES.md). The large operations before and after the
-    loop keep ``torch.get_num_threads()``; the setting is this thread's own and is restored on exit."""
+    loop keep ``torch.get_num_threads()``; the setting is this thread's own and is restored on exit. ``below``:
+    the threshold for other work of small operations."""
     n = torch.get_num_threads()
-    if device.type != "cpu" or n == 1 or elements_per_step >= GRAIN_SIZE or torch.compiler.is_compiling():
+    if device.type != "cpu" or n == 1 or elements_per_step >= below or torch.compiler.is_compiling():
         yield
         return
     torch.set_num_threads(1)

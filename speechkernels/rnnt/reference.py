@@ -25,10 +25,15 @@ a sample reads stays in that sample.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from .._reference import LossWithGradient
-from .._utils import loop_threads
+from .._utils import GRAIN_SIZE, loop_threads
+
+# a lattice of fewer values than this (both directions) is worked on one thread on the CPU (NOTES, "shared cores")
+LATTICE_ONE_THREAD = 8 * GRAIN_SIZE
 
 NEG_INF = float("-inf")
 RNNT_TYPES = ("rnnt", "rna")
@@ -216,7 +221,20 @@ def rnnt_forward_backward_scaled(
     occupancies of the edges leaving a diagonal must sum to one (to TOL): an underflow that matters shows there.
     Such samples, samples with a NaN or an infinity among what they read, with no frames, or with zero
     probability, and the RNA lattice go to the log-space reference.
+
+    On the CPU the work on the lattice (the recursion, the occupancies) runs on one thread where the lattice is
+    small (``LATTICE_ONE_THREAD``): its operations gain little from threads and, where another process shares the
+    cores, each waits for the thread left on a busy core; the operations over the logits keep torch's threads.
     """
+    with contextlib.ExitStack() as lattice_threads:
+        return _forward_backward_scaled(lattice_threads, logits, targets, logit_lengths, target_lengths, blank,
+                                        fused_log_softmax, fastemit_lambda, clamp, rnnt_type, need_grad,
+                                        fastemit_loss_scale)  # fmt: skip
+
+
+def _forward_backward_scaled(lattice_threads, logits, targets, logit_lengths, target_lengths, blank,
+                             fused_log_softmax, fastemit_lambda, clamp, rnnt_type, need_grad,
+                             fastemit_loss_scale):  # fmt: skip
     x = logits
     N, T, U1, V = x.shape
     dev = x.device
@@ -243,6 +261,7 @@ def rnnt_forward_backward_scaled(
         lse = torch.logsumexp(xw, 3)  # [N, T, U1]
         wb[:, :T] -= lse
         we[:, :T] -= lse
+    lattice_threads.enter_context(loop_threads(dev, 2 * N * (T + U1) * U1, below=LATTICE_ONE_THREAD))
     has_edges = (t_ar[None, :, None] < T_n[:, None, None]) & (u_ar[None, None, :] <= U_n[:, None, None])
     emits = has_edges & (u_ar[None, None, :] < U_n[:, None, None])
     wb = wb.masked_fill(~has_edges, NEG_INF)
@@ -322,6 +341,7 @@ def rnnt_forward_backward_scaled(
         occ_b = occ_b.masked_fill_(~ok[:, None, None], 0.0)
         occ_e = occ_e.masked_fill_(~ok[:, None, None], 0.0)
         lam = 1.0 + fastemit_lambda
+        lattice_threads.close()  # the dense gradient: operations over the logits
         if fused_log_softmax:
             grad = torch.sub(xw, lse[..., None]).exp_().mul_((occ_b + lam * occ_e).to(wd)[..., None])
         else:
