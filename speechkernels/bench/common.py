@@ -4,10 +4,12 @@ common options, row parsing, progress lines, table legends and the speed-up plot
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import functools
 import json
 import math
+import multiprocessing
 import os
 import platform
 import statistics
@@ -301,6 +303,36 @@ def parse_shape(item: str, form: str, counts: Sequence[int], example: str, seps:
     if len(vals) not in counts or min(vals) < 1:
         raise argparse.ArgumentTypeError(f"{item!r} is not {form} (positive integers), e.g. {example}")
     return vals
+
+
+def _busy(core: int, stop) -> None:
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {core})
+    torch.set_num_threads(1)
+    a = torch.randn(256, 256)
+    while not stop.is_set():
+        a = (a @ a).tanh_()
+
+
+@contextlib.contextmanager
+def busy_core(settle_s: float = 0.5) -> Iterator[bool]:
+    """A neighbour process busy on one core (a one-thread matmul loop, pinned to the last core where the system
+    allows) while the block runs: the CPU rows "with one busy core" (a data loader, a second job). Yields False,
+    and starts nothing, on a machine of one core."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    if len(cores) < 2:
+        yield False
+        return
+    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    stop = ctx.Event()
+    proc = ctx.Process(target=_busy, args=(cores[-1], stop), daemon=True)
+    proc.start()
+    time.sleep(settle_s)
+    try:
+        yield True
+    finally:
+        stop.set()
+        proc.join(10)
 
 
 def resolve_device(args: argparse.Namespace) -> torch.device:

@@ -10,6 +10,7 @@ allocated above what existed before the call.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 from collections.abc import Callable
 
@@ -20,6 +21,7 @@ from speechkernels.ctc.reference import ctc_loss_reference
 
 from .common import (
     add_common_arguments,
+    busy_core,
     emit,
     environment,
     fmt_mb,
@@ -44,7 +46,8 @@ T150 = [(150, n, c, 150) for c in (28, 5000) for n in (1, 2, 4, 8, 16, 32, 64, 1
 T1500 = [(1500, n, c, 1500) for c in (29, 1000) for n in (1, 32, 128)]
 LONG_LABELS = [(1200, 16, 32, 600)]  # long label sequences in a small batch
 CPU_DEMO = [(150, 1, 28, 150), (150, 8, 28, 150), (150, 8, 500, 150)]
-CPU_SECONDS = 2  # the CPU demo's rows with the default options, start-up not included
+CPU_BUSY_ROW = (150, 8, 28, 150)  # the CPU demo runs it again with a busy neighbour on one core
+CPU_SECONDS = 3  # the CPU demo's rows with the default options, start-up not included
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -163,43 +166,53 @@ def run(args) -> int:
     header = (f"{'T':>5} {'N':>4} {'C':>5} {'S':>5} | {'sk logits':>9} {'sk lp':>8} {'native':>8} {'cudnn':>8} | "
               f"{'x best':>6} {'x(lp)':>6} | {'MB sk':>7} {'MB nat':>7} | {'loss err':>8} {'grad err':>8}")  # fmt: skip
     print(header, flush=True)
-    for T, N, C, S in progress(rows, "ctc", lambda r: "x".join(map(str, r))):
-        x, targets, il, tl = make_inputs(T, N, C, device, S=S)
-        tgt_d, il_d, tl_d = targets.to(device), il.to(device), tl.to(device)
-        ref = None if args.no_error else reference(x, tgt_d, il_d, tl_d)
-        row = {"T": T, "N": N, "C": C, "S": S}
-        impls = implementations(x, targets, il, tl, device)
-        for name, entry in time_forward_backward(impls, x, device, reps=args.reps).items():
-            if entry is not None:
-                fn = impls[name]
-                if name.startswith("torch") and device.type == "cuda":
-                    entry["kernels"] = kernel_names(fn, x)
-                    if not results:
-                        emit(f"# {name} kernels: {entry['kernels']}")
-                if ref is not None:
-                    entry["loss_rel_err"], entry["grad_abs_err"] = errors(name, fn, x, tgt_d, il_d, tl_d, *ref)
-            row[name] = entry
-        peers = [row[p]["ms"] for p in ("torch_native", "torch_cudnn") if row.get(p)]
-        best = min(peers)
-        row["speedup_logits"] = best / row["sk_logits"]["ms"]
-        row["speedup_logprobs"] = best / row["sk_logprobs"]["ms"]
-        if args.graph and device.type == "cuda":
-            # the logits-mode step, captured whole (validate=False: no host read), against the peers' eager steps
-            row["sk_graph"] = time_graphed_step(
-                lambda v, t=tgt_d, i=il_d, n=tl_d: sk.ctc_loss(v, t, i, n, logits=True, validate=False),
-                x,
-                device,
-                args.reps,
-            )
-            row["speedup_graph"] = best / row["sk_graph"]["ms"]
+    busy = [False] * len(rows)
+    if device.type == "cpu" and not args.rows:
+        rows, busy = [*rows, CPU_BUSY_ROW], [*busy, True]
+    for k, (T, N, C, S) in enumerate(progress(rows, "ctc", lambda r: "x".join(map(str, r)))):
+        with busy_core() if busy[k] else contextlib.nullcontext(False) as neighbour:
+            row = _row(T, N, C, S, device, args, first=not results)
+        row["busy_core"] = neighbour
         results.append(row)
-
         print_row(row)
     if args.json:
         write_json(args.json, {"benchmark": "ctc", "environment": env, "rows": results})
     if args.plot:
         plot(results, args.plot, plot_title("CTC loss, forward+backward from activations", env, device))
     return 0
+
+
+def _row(T: int, N: int, C: int, S: int, device, args, first: bool) -> dict:
+    """One row: each implementation's forward+backward, the errors against float64, the graph column."""
+    x, targets, il, tl = make_inputs(T, N, C, device, S=S)
+    tgt_d, il_d, tl_d = targets.to(device), il.to(device), tl.to(device)
+    ref = None if args.no_error else reference(x, tgt_d, il_d, tl_d)
+    row = {"T": T, "N": N, "C": C, "S": S}
+    impls = implementations(x, targets, il, tl, device)
+    for name, entry in time_forward_backward(impls, x, device, reps=args.reps).items():
+        if entry is not None:
+            fn = impls[name]
+            if name.startswith("torch") and device.type == "cuda":
+                entry["kernels"] = kernel_names(fn, x)
+                if first:
+                    emit(f"# {name} kernels: {entry['kernels']}")
+            if ref is not None:
+                entry["loss_rel_err"], entry["grad_abs_err"] = errors(name, fn, x, tgt_d, il_d, tl_d, *ref)
+        row[name] = entry
+    peers = [row[p]["ms"] for p in ("torch_native", "torch_cudnn") if row.get(p)]
+    best = min(peers)
+    row["speedup_logits"] = best / row["sk_logits"]["ms"]
+    row["speedup_logprobs"] = best / row["sk_logprobs"]["ms"]
+    if args.graph and device.type == "cuda":
+        # the logits-mode step, captured whole (validate=False: no host read), against the peers' eager steps
+        row["sk_graph"] = time_graphed_step(
+            lambda v, t=tgt_d, i=il_d, n=tl_d: sk.ctc_loss(v, t, i, n, logits=True, validate=False),
+            x,
+            device,
+            args.reps,
+        )
+        row["speedup_graph"] = best / row["sk_graph"]["ms"]
+    return row
 
 
 def parse_rows(text: str) -> list[tuple[int, int, int, int]]:
@@ -233,10 +246,11 @@ def print_row(row: dict) -> None:
     shape = f"{row['T']:5d} {row['N']:4d} {row['C']:5d} {row.get('S', row['T']):5d}"
     g = row.get("sk_graph")
     graph = f" | graph {g['ms']:7.3f} ms, {fmt_num(row['speedup_graph'], '.2f', 5, 'x')}" if g else ""
+    busy = "  (one busy core beside it)" if row.get("busy_core") else ""
     emit(f"{shape} | {row['sk_logits']['ms']:9.3f} {ms('sk_logprobs')} "
          f"{ms('torch_native')} {ms('torch_cudnn')} | {fmt_num(row['speedup_logits'], '.2f', 6)} "
          f"{fmt_num(row['speedup_logprobs'], '.2f', 6)} | {mb('sk_logits')} {mb('torch_native')} | "
-         f"{fmt_num(err[0], '.1e', 8)} {fmt_num(err[1], '.1e', 8)}" + graph)  # fmt: skip
+         f"{fmt_num(err[0], '.1e', 8)} {fmt_num(err[1], '.1e', 8)}" + graph + busy)  # fmt: skip
 
 
 def plot(results: list[dict], path: str, title: str) -> None:
