@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import statistics
 import time
@@ -21,15 +20,8 @@ import torch
 import torch.nn.functional as F
 
 import speechkernels as sk
+from speechkernels.bench.common import busy_core
 from speechkernels.wavenet import WaveNet
-
-
-def _busy(core: int, stop) -> None:
-    os.sched_setaffinity(0, {core})
-    torch.set_num_threads(1)
-    a = torch.randn(256, 256)
-    while not stop.is_set():
-        a = (a @ a).tanh_()
 
 
 def _cases() -> dict:
@@ -85,15 +77,8 @@ def main() -> None:
     cores = sorted(os.sched_getaffinity(0))
     cases = _cases()
     idle = _times(cases, a.reps)
-    stop = mp.Event()
-    busy = mp.Process(target=_busy, args=(cores[-1], stop), daemon=True)
-    busy.start()
-    time.sleep(1.0)
-    try:
+    with busy_core(settle_s=1.0):
         shared = _times(cases, a.reps)
-    finally:
-        stop.set()
-        busy.join()
     for k in cases:
         print(json.dumps(dict(case=k, idle_ms=round(idle[k], 2), shared_ms=round(shared[k], 2),
                               ratio=round(shared[k] / idle[k], 2), threads=torch.get_num_threads(),
