@@ -3,6 +3,7 @@
 from . import wavenet
 from .align import TokenSpans, ctc_forced_align, ctc_token_spans
 from .ctc import CTCLoss, ctc_loss
+from .decode import Hypotheses, ctc_greedy_decode
 from .rnnt import RNNTJointLoss, RNNTLoss, rnnt_joint_loss, rnnt_loss
 from .tdt import (
     MultiblankJointLoss,
@@ -22,6 +23,8 @@ __all__ = [
     "ctc_forced_align",
     "ctc_token_spans",
     "TokenSpans",
+    "ctc_greedy_decode",
+    "Hypotheses",
     "RNNTLoss",
     "rnnt_loss",
     "RNNTJointLoss",

@@ -1,0 +1,119 @@
+"""Greedy CTC decoding against a frame-by-frame Python oracle and torch's argmax + unique_consecutive: tokens,
+frames and scores for ragged lengths, every input layout, views, empty batches, NaN, and the refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import speechkernels as sk
+
+
+def oracle(x: torch.Tensor, lengths: list[int], blank: int, logits: bool):
+    """One sample at a time, one frame at a time, in float64."""
+    out = []
+    for n, L in enumerate(lengths):
+        lp = x[n].double().log_softmax(-1) if logits else x[n].double()
+        tokens, frames, scores, prev = [], [], [], -1
+        for t in range(L):
+            c = int(torch.argmax(x[n, t]))
+            if c != blank and c != prev:
+                tokens.append(c)
+                frames.append(t)
+                scores.append(float(lp[t, c]))
+            prev = c
+        out.append((tokens, frames, scores))
+    return out
+
+
+def check(hyp, want, T):
+    assert hyp.tokens.shape == hyp.frames.shape == hyp.scores.shape == (len(want), T)
+    assert hyp.durations is None
+    for n, (tokens, frames, scores) in enumerate(want):
+        k = len(tokens)
+        assert int(hyp.lengths[n]) == k
+        assert hyp.tokens[n, :k].tolist() == tokens and (hyp.tokens[n, k:] == -1).all()
+        assert hyp.frames[n, :k].tolist() == frames and (hyp.frames[n, k:] == -1).all()
+        torch.testing.assert_close(hyp.scores[n, :k].double(), torch.tensor(scores, dtype=torch.float64),
+                                   rtol=1e-6, atol=1e-6)  # fmt: skip
+        assert (hyp.scores[n, k:] == 0).all()
+
+
+@settings(deadline=None)
+@given(N=st.integers(1, 4), T=st.integers(1, 30), C=st.integers(2, 6), logits=st.booleans(), seed=st.integers(0, 9999),
+       dtype=st.sampled_from([torch.float32, torch.float64]))  # fmt: skip
+def test_matches_the_oracle(N, T, C, logits, seed, dtype):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(N, T, C, generator=g, dtype=dtype) * 3  # few classes: repeats and blanks between them
+    if not logits:
+        x = x.log_softmax(-1)
+    lengths = torch.randint(0, T + 1, (N,), generator=g)
+    blank = int(torch.randint(0, C, (), generator=g))
+    hyp = sk.ctc_greedy_decode(x, lengths, blank, logits=logits)
+    assert hyp.scores.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    check(hyp, oracle(x, lengths.tolist(), blank, logits), T)
+
+
+def test_agrees_with_argmax_and_unique_consecutive():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 40, 5, generator=g).log_softmax(-1)
+    hyp = sk.ctc_greedy_decode(x)
+    for n in range(8):
+        runs = torch.unique_consecutive(x[n].argmax(-1))
+        want = runs[runs != 0].tolist()
+        assert hyp.tokens[n, : hyp.lengths[n]].tolist() == want
+
+
+def test_layouts_and_views_give_the_same_hypotheses():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 12, 4, generator=g)
+    base = sk.ctc_greedy_decode(x, [12, 7, 0], 1, logits=True)
+    time_first = sk.ctc_greedy_decode(x.transpose(0, 1), [12, 7, 0], 1, batch_first=False, logits=True)
+    strided = torch.full((3, 12, 9), float("nan"))[..., ::2]
+    strided[..., :4] = x
+    viewed = sk.ctc_greedy_decode(strided[..., :4], torch.tensor([[12, 0], [7, 0], [0, 0]])[:, 0], 1, logits=True)
+    for other in (time_first, viewed):
+        for a, b in zip(base[:4], other[:4], strict=True):
+            assert torch.equal(a, b)
+    one = sk.ctc_greedy_decode(x[1], 7, 1, logits=True)
+    assert int(one.lengths) == int(base.lengths[1]) and torch.equal(one.tokens, base.tokens[1])
+
+
+def test_empty_inputs_and_nan():
+    assert sk.ctc_greedy_decode(torch.zeros(0, 5, 3)).tokens.shape == (0, 5)
+    hyp = sk.ctc_greedy_decode(torch.zeros(2, 0, 3))
+    assert hyp.tokens.shape == (2, 0) and hyp.lengths.tolist() == [0, 0]
+    x = torch.full((1, 3, 3), -5.0)
+    x[0, 0, 2] = 0.0
+    x[0, 1, 1] = float("nan")  # a NaN counts as the largest score (torch.argmax)
+    x[0, 2, 0] = 0.0
+    hyp = sk.ctc_greedy_decode(x)
+    assert hyp.tokens[0, :2].tolist() == [2, 1] and torch.isnan(hyp.scores[0, 1])
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, match",
+    [
+        ((torch.zeros(2, 5, 3), [5, 6]), {}, r"input_lengths\[1\]=6 is outside \[0, T=5\]"),
+        ((torch.zeros(2, 5, 3), [5, -1]), {}, r"input_lengths\[1\]=-1 is outside"),
+        ((torch.zeros(2, 5, 3), [5]), {}, "input_lengths has 1 entries but the batch size is 2"),
+        ((torch.zeros(2, 5, 3), None, 3), {}, r"blank=3 is outside \[0, C=3\)"),
+        ((torch.zeros(5, 3, 2, 1),), {}, "log_probs must have 3 dimensions"),
+        ((torch.zeros(2, 5, 3, dtype=torch.long),), {}, "log_probs"),
+        ((torch.zeros(2, 5, 3), [5.0, 5.0]), {}, "input_lengths must hold integers"),
+        ((torch.zeros(2, 5, 3),), {"logits": "yes"}, "logits"),
+    ],
+)
+def test_bad_arguments_are_refused_naming_them(args, kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        sk.ctc_greedy_decode(*args, **kwargs)
+
+
+def test_unchecked_lengths_are_clamped():
+    x = torch.randn(2, 6, 4, generator=torch.Generator().manual_seed(2)).log_softmax(-1)
+    a = sk.ctc_greedy_decode(x, [9, -3], validate=False)
+    b = sk.ctc_greedy_decode(x, [6, 0])
+    for u, v in zip(a[:4], b[:4], strict=True):
+        assert torch.equal(u, v)
