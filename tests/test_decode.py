@@ -9,6 +9,31 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import speechkernels as sk
+from speechkernels._utils import triton_interpreting
+from speechkernels.decode import api as decode_api
+
+
+@pytest.fixture(params=["torch", "triton", pytest.param("cuda", marks=pytest.mark.gpu)])
+def path(request, monkeypatch):
+    """Each test on the PyTorch path (kernels switched off), the kernel under the interpreter (TRITON_INTERPRET=1)
+    and the GPU; on the kernels' paths the test checks they ran (``path.launches``)."""
+    if request.param != "torch" and decode_api.kernels is None:
+        pytest.skip("needs Triton")
+    if request.param == "triton" and not triton_interpreting():
+        pytest.skip("set TRITON_INTERPRET=1 to run the Triton kernels on the CPU")
+    request.device = torch.device("cuda" if request.param == "cuda" else "cpu")
+    request.launches = []
+    if request.param == "torch":
+        monkeypatch.setattr(decode_api, "kernels", None)
+    else:
+        real = decode_api.kernels.ctc_best
+
+        def spy(*args, **kwargs):
+            request.launches.append(1)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(decode_api.kernels, "ctc_best", spy)
+    return request
 
 
 def oracle(x: torch.Tensor, lengths: list[int], blank: int, logits: bool):
@@ -44,16 +69,44 @@ def check(hyp, want, T):
 @settings(deadline=None)
 @given(N=st.integers(1, 4), T=st.integers(1, 30), C=st.integers(2, 6), logits=st.booleans(), seed=st.integers(0, 9999),
        dtype=st.sampled_from([torch.float32, torch.float64]))  # fmt: skip
-def test_matches_the_oracle(N, T, C, logits, seed, dtype):
+def test_matches_the_oracle(path, N, T, C, logits, seed, dtype):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(N, T, C, generator=g, dtype=dtype) * 3  # few classes: repeats and blanks between them
     if not logits:
         x = x.log_softmax(-1)
     lengths = torch.randint(0, T + 1, (N,), generator=g)
     blank = int(torch.randint(0, C, (), generator=g))
-    hyp = sk.ctc_greedy_decode(x, lengths, blank, logits=logits)
+    path.launches.clear()
+    hyp = sk.ctc_greedy_decode(x.to(path.device), lengths, blank, logits=logits)
     assert hyp.scores.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
-    check(hyp, oracle(x, lengths.tolist(), blank, logits), T)
+    assert hyp.tokens.device.type == path.device.type
+    check(
+        hyp.__class__(*(v.cpu() if v is not None else None for v in hyp)), oracle(x, lengths.tolist(), blank, logits), T
+    )
+    assert bool(path.launches) == (path.param != "torch" and dtype == torch.float32)  # float64: the PyTorch path
+
+
+@pytest.mark.parametrize("C", [3, 700, 2500])
+def test_kernel_blocks_of_classes_and_frames(path, C):
+    """Class counts past one block of classes, the first NaN of a frame, ties (the first index wins), -inf."""
+    g = torch.Generator().manual_seed(C)
+    x = torch.randn(2, 21, C, generator=g)
+    x[0, 3, C - 1] = float("nan")
+    x[0, 3, C // 2] = float("nan")
+    x[1, 4] = float("-inf")
+    x[1, 5, :] = 1.0  # a tie over every class: class 0
+    x[1, 6, C - 2] = x[1, 6].max() + 1.0
+    x[1, 6, C - 1] = x[1, 6, C - 2]
+    want = oracle(x, [21, 19], 0, logits=True)
+    path.launches.clear()
+    hyp = sk.ctc_greedy_decode(x.to(path.device), [21, 19], logits=True)
+    got = hyp.__class__(*(v.cpu() if v is not None else None for v in hyp))
+    assert got.tokens[0].tolist()[: got.lengths[0]] == want[0][0]
+    assert got.frames[1].tolist()[: got.lengths[1]] == want[1][1]
+    finite = [k for k, v in enumerate(want[0][2]) if v == v]
+    assert torch.isnan(got.scores[0, : got.lengths[0]]).sum() == len(want[0][2]) - len(finite)
+    check(got.__class__(got.tokens[1:], got.lengths[1:], got.frames[1:], got.scores[1:]), want[1:], 21)
+    assert bool(path.launches) == (path.param != "torch")
 
 
 def test_agrees_with_argmax_and_unique_consecutive():
@@ -66,12 +119,12 @@ def test_agrees_with_argmax_and_unique_consecutive():
         assert hyp.tokens[n, : hyp.lengths[n]].tolist() == want
 
 
-def test_layouts_and_views_give_the_same_hypotheses():
+def test_layouts_and_views_give_the_same_hypotheses(path):
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(3, 12, 4, generator=g)
+    x = torch.randn(3, 12, 4, generator=g).to(path.device)
     base = sk.ctc_greedy_decode(x, [12, 7, 0], 1, logits=True)
     time_first = sk.ctc_greedy_decode(x.transpose(0, 1), [12, 7, 0], 1, batch_first=False, logits=True)
-    strided = torch.full((3, 12, 9), float("nan"))[..., ::2]
+    strided = torch.full((3, 12, 9), float("nan"), device=path.device)[..., ::2]
     strided[..., :4] = x
     viewed = sk.ctc_greedy_decode(strided[..., :4], torch.tensor([[12, 0], [7, 0], [0, 0]])[:, 0], 1, logits=True)
     for other in (time_first, viewed):

@@ -5,8 +5,10 @@ from __future__ import annotations
 import torch
 
 from .._loss_inputs import Lengths, batch_lengths, check_lengths
-from .._utils import as_bool, as_int, check_float_input
-from .reference import Hypotheses, ctc_greedy_decode_reference
+from .._utils import as_bool, as_int, check_float_input, kernel_layout, optional_kernels, use_triton
+from .reference import Hypotheses, ctc_greedy_decode_reference, ctc_hypotheses
+
+kernels = optional_kernels(__package__ + ".kernels")
 
 
 def ctc_greedy_decode(
@@ -23,7 +25,8 @@ def ctc_greedy_decode(
 
     Args:
         log_probs: [N, T, C] (or [T, N, C] with ``batch_first=False``, or [T, C] unbatched) log-probabilities, or
-            raw scores with ``logits=True``; any float dtype.
+            raw scores with ``logits=True``: float32/float16/bfloat16 on the GPU (one read of the scores by a
+            kernel), any float dtype on the CPU.
         input_lengths: [N] frames per sample, each in [0, T] (an integer tensor on any device, an integer numpy
             array or a sequence of integers); default: T for every sample. Frames past a sample's length are not
             read.
@@ -68,7 +71,11 @@ def ctc_greedy_decode(
     (il,) = batch_lengths(N, dev, "none", input_lengths=input_lengths)
     if validate:
         check_lengths(il, "input_lengths", T, f"T={T}")
-    hyp = ctc_greedy_decode_reference(x, il, blank, logits)
+    if kernels is not None and use_triton(x) and N > 0 and T > 0:
+        best, score = kernels.ctc_best(kernel_layout(x), il, logits)
+        hyp = ctc_hypotheses(best, score, il, blank)
+    else:
+        hyp = ctc_greedy_decode_reference(x, il, blank, logits)
     if unbatched:
         return Hypotheses(*(None if v is None else v[0] for v in hyp))
     return hyp

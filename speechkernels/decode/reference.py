@@ -39,16 +39,22 @@ def ctc_greedy_decode_reference(x: torch.Tensor, lengths: torch.Tensor, blank: i
     scores, as ``torch.argmax``; a NaN counts as the largest), runs of one class merged, blanks dropped. A token
     is reported at the first frame of its run with its log-probability there (``logits``: x's log_softmax, taken
     in float32, float64 for float64 x). Frames at and past ``lengths`` [N] (clamped to [0, T]) are not read."""
-    N, T, C = x.shape
-    dev = x.device
     wd = torch.float64 if x.dtype == torch.float64 else torch.float32
-    t = torch.arange(T, device=dev)
-    live = t[None, :] < lengths.to(dev).clamp(0, T)[:, None]
-    best = x.argmax(2) if T and C else torch.zeros(N, T, dtype=torch.int64, device=dev)
+    best = x.argmax(2)
     score = x.gather(2, best[..., None])[..., 0].to(wd)
     if logits:
         score = score - torch.logsumexp(x.to(wd), 2)
-    prev = torch.cat((torch.full((N, 1), -1, dtype=torch.int64, device=dev), best[:, :-1]), 1)
+    return ctc_hypotheses(best, score, lengths, blank)
+
+
+def ctc_hypotheses(best: torch.Tensor, score: torch.Tensor, lengths: torch.Tensor, blank: int) -> Hypotheses:
+    """Hypotheses from each frame's most likely class ``best`` [N, T] and its ``score``: runs merged, blanks and
+    the frames at and past ``lengths`` (clamped to [0, T]) dropped, each token at the first frame of its run."""
+    N, T = best.shape
+    dev = best.device
+    t = torch.arange(T, device=dev)
+    live = t[None, :] < lengths.to(dev).clamp(0, T)[:, None]
+    prev = torch.cat((torch.full((N, 1), -1, dtype=best.dtype, device=dev), best[:, :-1]), 1)
     emit = live & (best != blank) & (best != prev)
     lengths_out, tokens, frames, scores = compact(emit, (best, -1), (t.expand(N, T), -1), (score, 0.0))
     return Hypotheses(tokens, lengths_out, frames, scores)
