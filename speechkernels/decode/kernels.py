@@ -27,7 +27,7 @@ def _ctc_best_kernel(x_ptr, len_ptr, best_ptr, score_ptr, T, C, n_t_blocks,
     p_row = x_ptr + (n.to(tl.int64) * T + o_t) * C
     run_max = tl.full((BLOCK_T,), float("-inf"), tl.float32)
     run_idx = tl.zeros((BLOCK_T,), tl.int32)
-    nan_idx = tl.full((BLOCK_T,), C, tl.int32)  # the first NaN's class, C if none
+    nan_idx = tl.zeros((BLOCK_T,), tl.int32) + C  # the first NaN's class, C if none
     run_sum = tl.zeros((BLOCK_T,), tl.float32)  # of exp(x - run_max), with LOGITS
     for c0 in range(0, C, BLOCK_C):
         o_c = c0 + tl.arange(0, BLOCK_C)
