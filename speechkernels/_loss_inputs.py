@@ -14,6 +14,17 @@ REDUCTIONS = ("none", "mean", "sum")
 Lengths = torch.Tensor | Sequence[int]  # per-sample lengths: an integer tensor on any device, or integers
 
 
+def batch_first_scores(log_probs: torch.Tensor, batch_first: bool) -> tuple[torch.Tensor, bool]:
+    """``log_probs`` as [N, T, C] (a view) from [N, T, C], [T, N, C] (``batch_first=False``) or unbatched [T, C],
+    and whether it was unbatched; another number of dimensions is refused."""
+    if log_probs.dim() not in (2, 3):
+        shape = tuple(log_probs.shape)
+        raise ValueError(f"log_probs must have 3 dimensions [N, T, C] (or 2 unbatched), got shape {shape}")
+    if log_probs.dim() == 2:
+        return log_probs.unsqueeze(0), True
+    return (log_probs if batch_first else log_probs.transpose(0, 1)), False
+
+
 def check_targets(targets) -> None:
     """``targets`` is an int32 or int64 tensor."""
     if not isinstance(targets, torch.Tensor):

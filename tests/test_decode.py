@@ -157,6 +157,9 @@ def test_empty_inputs_and_nan():
         ((torch.zeros(2, 5, 3, dtype=torch.long),), {}, "log_probs"),
         ((torch.zeros(2, 5, 3), [5.0, 5.0]), {}, "input_lengths must hold integers"),
         ((torch.zeros(2, 5, 3),), {"logits": "yes"}, "logits"),
+        ((torch.zeros(2, 5, 3),), {"batch_first": 2}, "batch_first"),
+        ((torch.zeros(2, 5, 3),), {"validate": None}, "validate"),
+        ((torch.zeros(2, 5, 3), None, 1.5), {}, "blank"),
     ],
 )
 def test_bad_arguments_are_refused_naming_them(args, kwargs, match):

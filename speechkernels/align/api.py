@@ -8,6 +8,7 @@ import torch
 
 from .._loss_inputs import (
     Lengths,
+    batch_first_scores,
     batch_lengths,
     check_label_contents,
     check_targets,
@@ -80,17 +81,12 @@ def ctc_forced_align(
     check_float_input(log_probs, "log_probs")
     blank = as_int(blank, "blank")
     batch_first, validate = as_bool(batch_first, "batch_first"), as_bool(validate, "validate")
-    if log_probs.dim() not in (2, 3):
-        shape = tuple(log_probs.shape)
-        raise ValueError(f"log_probs must have 3 dimensions [N, T, C] (or 2 unbatched), got shape {shape}")
+    x, unbatched = batch_first_scores(log_probs, batch_first)
     check_targets(targets)
-    unbatched = log_probs.dim() == 2
     if unbatched:
         if targets.dim() != 1:
             raise ValueError(f"unbatched targets must have 1 dimension, got shape {tuple(targets.shape)}")
-        x, targets = log_probs.unsqueeze(0), targets.unsqueeze(0)
-    else:
-        x = log_probs if batch_first else log_probs.transpose(0, 1)
+        targets = targets.unsqueeze(0)
     N, T, C = x.shape
     if not 0 <= blank < C:
         raise ValueError(f"blank={blank} is outside [0, C={C})")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .._loss_inputs import Lengths, batch_lengths, check_lengths
+from .._loss_inputs import Lengths, batch_first_scores, batch_lengths, check_lengths
 from .._utils import as_bool, as_int, check_float_input, kernel_layout, optional_kernels, use_triton
 from .reference import Hypotheses, ctc_greedy_decode_reference, ctc_hypotheses
 
@@ -54,14 +54,7 @@ def ctc_greedy_decode(
     blank = as_int(blank, "blank")
     batch_first, logits = as_bool(batch_first, "batch_first"), as_bool(logits, "logits")
     validate = as_bool(validate, "validate")
-    if log_probs.dim() not in (2, 3):
-        shape = tuple(log_probs.shape)
-        raise ValueError(f"log_probs must have 3 dimensions [N, T, C] (or 2 unbatched), got shape {shape}")
-    unbatched = log_probs.dim() == 2
-    if unbatched:
-        x = log_probs.unsqueeze(0)
-    else:
-        x = log_probs if batch_first else log_probs.transpose(0, 1)
+    x, unbatched = batch_first_scores(log_probs, batch_first)
     N, T, C = x.shape
     if not 0 <= blank < C:
         raise ValueError(f"blank={blank} is outside [0, C={C})")
