@@ -3,7 +3,7 @@
 from . import wavenet
 from .align import TokenSpans, ctc_forced_align, ctc_token_spans
 from .ctc import CTCLoss, ctc_loss
-from .decode import Hypotheses, ctc_greedy_decode
+from .decode import Hypotheses, LSTMPredictor, StatelessPredictor, TransducerDecoder, TransducerState, ctc_greedy_decode
 from .rnnt import RNNTJointLoss, RNNTLoss, rnnt_joint_loss, rnnt_loss
 from .tdt import (
     MultiblankJointLoss,
@@ -25,6 +25,10 @@ __all__ = [
     "TokenSpans",
     "ctc_greedy_decode",
     "Hypotheses",
+    "TransducerDecoder",
+    "TransducerState",
+    "LSTMPredictor",
+    "StatelessPredictor",
     "RNNTLoss",
     "rnnt_loss",
     "RNNTJointLoss",

@@ -35,6 +35,14 @@ def test_training_examples_lower_the_loss(name, device, capsys):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_tdt_example_transcribes(device, capsys):
+    """A TDT model trained with TDTJointLoss and decoded by TransducerDecoder transcribes held-out utterances."""
+    ter = load("tdt_transcribe").main(["--device", device])
+    assert ter < 0.05
+    assert f"{device}: token error rate" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_wavenet_example_writes_the_samples(device, tmp_path):
     out = tmp_path / "out.wav"
     load("wavenet_generate").main(["--samples", "300", "--layers", "2", "--out", str(out), "--device", device])
@@ -55,11 +63,13 @@ def test_wavenet_serving_example(device, capsys):
     assert f"{device}: 5 requests, 176 samples" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("name", ["ctc_training_step", "rnnt_training_step", "wavenet_generate", "wavenet_serve"])
+@pytest.mark.parametrize(
+    "name", ["ctc_training_step", "rnnt_training_step", "tdt_transcribe", "wavenet_generate", "wavenet_serve"]
+)
 def test_examples_refuse_bad_arguments_with_usage(name, capsys, monkeypatch):
     """A size of 0 and an unknown device end in argparse's usage error (status 2), as does --device cuda on a
     machine without CUDA: no traceback."""
-    size = "--steps" if "training" in name else "--samples"
+    size = "--samples" if "wavenet" in name else "--steps"
     bad = [[size, "0"], ["--device", "tpu"]]
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     bad.append(["--device", "cuda"])

@@ -1,6 +1,18 @@
-"""Decoding: greedy CTC decoding (ctc_greedy_decode) into Hypotheses."""
+"""Decoding: greedy CTC decoding (ctc_greedy_decode) and greedy transducer decoding (TransducerDecoder) into
+Hypotheses."""
 
-from .api import ctc_greedy_decode
-from .reference import Hypotheses, ctc_greedy_decode_reference
+from .api import TransducerDecoder, ctc_greedy_decode
+from .networks import LSTMPredictor, StatelessPredictor, TransducerWeights
+from .reference import Hypotheses, TransducerState, ctc_greedy_decode_reference, transducer_greedy_reference
 
-__all__ = ["Hypotheses", "ctc_greedy_decode", "ctc_greedy_decode_reference"]
+__all__ = [
+    "Hypotheses",
+    "LSTMPredictor",
+    "StatelessPredictor",
+    "TransducerDecoder",
+    "TransducerState",
+    "TransducerWeights",
+    "ctc_greedy_decode",
+    "ctc_greedy_decode_reference",
+    "transducer_greedy_reference",
+]

@@ -1,12 +1,23 @@
-"""Public greedy decoding: argument checks and dispatch for ``ctc_greedy_decode``."""
+"""Public greedy decoding: argument checks and dispatch for ``ctc_greedy_decode`` and ``TransducerDecoder``."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
 from .._loss_inputs import Lengths, batch_first_scores, batch_lengths, check_lengths
 from .._utils import as_bool, as_int, check_float_input, kernel_layout, optional_kernels, use_triton
-from .reference import Hypotheses, ctc_greedy_decode_reference, ctc_hypotheses
+from ..tdt.api import durations_of
+from .networks import TransducerWeights, icefall_layers, nemo_layers, transducer_weights
+from .reference import (
+    Hypotheses,
+    TransducerState,
+    ctc_greedy_decode_reference,
+    ctc_hypotheses,
+    start_state,
+    transducer_greedy_reference,
+)
 
 kernels = optional_kernels(__package__ + ".kernels")
 
@@ -72,3 +83,191 @@ def ctc_greedy_decode(
     if unbatched:
         return Hypotheses(*(None if v is None else v[0] for v in hyp))
     return hyp
+
+
+class TransducerDecoder(torch.nn.Module):
+    """Greedy decoding of a transducer (RNN-T or TDT) from its prediction and joint networks.
+
+    The decoder holds the networks' layers themselves (not copies: a model trained further decodes with its new
+    weights); build it from the models that hold them with :meth:`from_nemo`, :meth:`from_icefall` or
+    :meth:`from_joint`, or from the layers:
+
+    Args:
+        embedding: torch.nn.Embedding of the prediction network's input tokens.
+        enc, pred: torch.nn.Linear projections of the encoder's and the prediction network's outputs to the joint
+            width J.
+        out: torch.nn.Linear from J to the V token classes (the blank among them), then the D duration logits
+            for TDT.
+        lstm: the prediction network's torch.nn.LSTM (NeMo's ``RNNTDecoder``), or
+        conv: a stateless prediction network's torch.nn.Conv1d over the last ``context_size`` tokens' embeddings,
+            followed by a relu (icefall's ``Decoder``); with neither, the embedding of the last token.
+        context_size: the tokens ``conv`` reads (1 without it).
+        activation: the joint's activation ("relu", "tanh" or "sigmoid").
+        blank: the blank's index among the V token classes (negative: counted from the end).
+        durations: TDT's D durations (distinct integers >= 0), or None for RNN-T.
+        max_symbols_per_frame: the labels emitted at one frame before decoding moves to the next.
+
+    ``greedy(...)`` follows NeMo's label-looping greedy decoders: at frame t the joint's most likely token class and,
+    for TDT, its most likely duration; a blank moves to frame t + its duration (at least 1; RNN-T: 1), a label is
+    emitted at frame t, advances the prediction network and moves to t + its duration (RNN-T: t); after
+    ``max_symbols_per_frame`` labels at one frame, decoding moves on one frame. Ties go to the lowest index.
+
+    Example:
+        >>> decoder = TransducerDecoder.from_nemo(model.decoder, model.joint, durations=[0, 1, 2, 3, 4])
+        >>> hyp, _ = decoder.greedy(encoder_out, encoder_lengths)  # encoder_out [N, T, E]
+        >>> transcripts = [hyp.tokens[n, : hyp.lengths[n]].tolist() for n in range(len(hyp.lengths))]
+    """
+
+    def __init__(self, embedding: torch.nn.Embedding, enc: torch.nn.Linear, pred: torch.nn.Linear,
+                 out: torch.nn.Linear, *, lstm: torch.nn.LSTM | None = None, conv: torch.nn.Conv1d | None = None,
+                 context_size: int = 1, activation: str = "relu", blank: int = -1,
+                 durations: Sequence[int] | None = None, max_symbols_per_frame: int = 10) -> None:  # fmt: skip
+        super().__init__()
+        self.embedding, self.lstm, self.conv, self.enc, self.pred, self.out = embedding, lstm, conv, enc, pred, out
+        self.activation = activation
+        self.context_size = as_int(context_size, "context_size", minimum=1)
+        self.durations = None if durations is None else durations_of(durations)
+        self.max_symbols_per_frame = as_int(max_symbols_per_frame, "max_symbols_per_frame", minimum=1)
+        w = self.weights()
+        D = len(self.durations) if self.durations else 0
+        V = w.out_w.shape[0] - D
+        if V < 1:
+            raise ValueError(f"out has {w.out_w.shape[0]} rows, fewer than the {D} durations plus a token class")
+        self.vocab_size = V
+        blank = as_int(blank, "blank")
+        if not -V <= blank < V:
+            raise ValueError(f"blank={blank} is outside [-V, V) for the V={V} token classes of out")
+        self.blank = blank % V
+        if self.blank >= w.embedding.shape[0]:
+            raise ValueError(f"blank={self.blank} (the start symbol) has no row in the embedding's "
+                             f"{w.embedding.shape[0]}")  # fmt: skip
+
+    def weights(self) -> TransducerWeights:
+        """The networks' tensors (their current values, not copies)."""
+        return transducer_weights(self.embedding, self.enc, self.pred, self.out, lstm=self.lstm, conv=self.conv,
+                                  activation=self.activation, stateless_context=self.context_size)  # fmt: skip
+
+    @classmethod
+    def from_nemo(cls, decoder, joint, durations: Sequence[int] | None = None,
+                  max_symbols_per_frame: int = 10) -> TransducerDecoder:  # fmt: skip
+        """From NeMo's ``RNNTDecoder`` and ``RNNTJoint`` (read through their attributes; NeMo is not imported):
+        the embedding ``decoder.prediction["embed"]``, the LSTM ``decoder.prediction["dec_rnn"].lstm``, the blank
+        ``decoder.blank_idx``; ``joint.enc``, ``joint.pred``, ``joint.joint_net`` (activation, optional dropout,
+        Linear), ``joint.num_classes_with_blank`` and ``joint.num_extra_outputs`` (D: a TDT joint, which needs
+        the model's ``durations``)."""
+        layers = nemo_layers(decoder, joint, durations)
+        V = layers.pop("vocab_size")
+        self = cls(**layers, max_symbols_per_frame=max_symbols_per_frame)
+        if self.vocab_size != V:
+            raise ValueError(f"joint.num_classes_with_blank={V} but joint_net's last Linear has "
+                             f"{self.vocab_size} token rows")  # fmt: skip
+        return self
+
+    @classmethod
+    def from_icefall(cls, decoder, joiner) -> TransducerDecoder:
+        """From icefall's stateless ``Decoder`` (``embedding``, ``conv`` when ``context_size`` > 1,
+        ``context_size``, ``blank_id``) and ``Joiner`` (``encoder_proj``, ``decoder_proj``, ``output_linear``,
+        tanh): ``greedy`` then gives icefall's ``greedy_search_batch`` (one symbol per frame)."""
+        layers = icefall_layers(decoder, joiner)
+        layers.pop("vocab_size")
+        return cls(**layers, max_symbols_per_frame=1)
+
+    @classmethod
+    def from_joint(cls, joint: torch.nn.Module, predictor: torch.nn.Module,
+                   max_symbols_per_frame: int = 10) -> TransducerDecoder:  # fmt: skip
+        """From this library's :class:`~speechkernels.RNNTJointLoss` or :class:`~speechkernels.TDTJointLoss` (its
+        layers, activation, blank and durations) and the prediction network trained with it
+        (:class:`LSTMPredictor`, :class:`StatelessPredictor`, or any module with an ``embedding`` and an ``lstm``,
+        or a ``conv`` and a ``context_size``)."""
+        for name in ("enc", "pred", "out", "activation", "loss_args"):
+            if not hasattr(joint, name):
+                raise ValueError(f"joint has no {name}: pass an RNNTJointLoss or a TDTJointLoss")
+        if getattr(joint, "big_blank_durations", None) is not None:
+            raise ValueError("joint is a multi-blank joint: greedy decoding supports RNN-T and TDT joints")
+        embedding = getattr(predictor, "embedding", None)
+        if embedding is None:
+            raise ValueError("predictor has no embedding (an LSTMPredictor or a StatelessPredictor is expected)")
+        K = getattr(predictor, "context_size", 1)
+        return cls(embedding, joint.enc, joint.pred, joint.out, lstm=getattr(predictor, "lstm", None),
+                   conv=getattr(predictor, "conv", None), context_size=K, activation=joint.activation,
+                   blank=joint.loss_args.get("blank", -1), durations=getattr(joint, "durations", None),
+                   max_symbols_per_frame=max_symbols_per_frame)  # fmt: skip
+
+    def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> TransducerState:
+        """The state before an utterance's first frame (``greedy``'s when ``state`` is None)."""
+        w = self.weights()
+        return start_state(w, as_int(batch_size, "batch_size", minimum=0), self.blank, device or w.enc_w.device)
+
+    @torch.no_grad()
+    def greedy(
+        self,
+        encoder_out: torch.Tensor,
+        encoder_lengths: Lengths | None = None,
+        state: TransducerState | None = None,
+        *,
+        validate: bool = True,
+    ) -> tuple[Hypotheses, TransducerState]:
+        """Greedy decoding of a batch of encoder outputs.
+
+        Args:
+            encoder_out: [N, T, E] (E = ``enc.in_features``), any float dtype: cast to the networks' dtype.
+            encoder_lengths: [N] frames per utterance, each in [0, T] (a tensor, numpy array or sequence of
+                integers); default T each.
+            state: where a previous call stopped (the chunk before this one of the same utterances), or None to
+                start the utterances.
+            validate: check the lengths' values (a read of device memory on the GPU); unchecked, they are clamped.
+
+        Returns:
+            (``Hypotheses``, state). Hypotheses with S = T * ``max_symbols_per_frame``: ``tokens`` [N, S] int64
+            (-1 past each hypothesis), ``lengths`` [N], ``frames`` [N, S] (each token's frame, counted from the
+            utterance's start across chunks), ``scores`` [N, S] (each token's log_softmax over the token logits;
+            float32, float64 for float64 networks), ``durations`` [N, S] (TDT: each token's duration) or None.
+            Decoding an utterance chunk by chunk, each call with the state the previous one returned, gives
+            the tokens, frames and durations of decoding it whole.
+
+        Raises:
+            ValueError: a bad argument, naming it (and the offending element).
+        """
+        check_float_input(encoder_out, "encoder_out")
+        validate = as_bool(validate, "validate")
+        w = self.weights()
+        E = w.enc_w.shape[1]
+        if encoder_out.dim() != 3 or encoder_out.shape[2] != E:
+            raise ValueError(f"encoder_out must be [N, T, E={E}] (E: enc.in_features), got shape "
+                             f"{tuple(encoder_out.shape)}")  # fmt: skip
+        N, T, _ = encoder_out.shape
+        dev = w.enc_w.device
+        if encoder_out.device != dev:
+            raise ValueError(f"encoder_out is on {encoder_out.device} but the networks are on {dev}")
+        if encoder_lengths is None:
+            encoder_lengths = torch.full((N,), T, dtype=torch.int64, device=dev)
+        (lengths,) = batch_lengths(N, dev, "none", encoder_lengths=encoder_lengths)
+        if validate:
+            check_lengths(lengths, "encoder_lengths", T, f"T={T}")
+        state = self.initial_state(N, dev) if state is None else self._checked_state(state, N, w)
+        return transducer_greedy_reference(w, encoder_out, lengths, state, self.blank, self.durations,
+                                           self.max_symbols_per_frame)  # fmt: skip
+
+    def _checked_state(self, state, N: int, w: TransducerWeights) -> TransducerState:
+        if not isinstance(state, TransducerState):
+            raise ValueError(f"state must be a TransducerState (from greedy or initial_state), got "
+                             f"{type(state).__name__}")  # fmt: skip
+        want = self.initial_state(N, w.enc_w.device)
+        for name in TransducerState._fields:
+            got, ref = getattr(state, name), getattr(want, name)
+            if name == "predictor" and (not isinstance(got, tuple) or len(got) != len(ref)):
+                raise ValueError(f"state.predictor must be a tuple of {len(ref)} tensors for this prediction network")
+            pairs = zip(got, ref, strict=True) if name == "predictor" else [(got, ref)]
+            for a, b in pairs:
+                if not isinstance(a, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
+                    what = f"a {type(a).__name__}" if not isinstance(a, torch.Tensor) else (
+                        f"{tuple(a.shape)} {a.dtype} on {a.device}")  # fmt: skip
+                    raise ValueError(f"state.{name} must be {tuple(b.shape)} {b.dtype} on {b.device} for this batch "
+                                     f"and network, got {what}")  # fmt: skip
+        return state
+
+    def extra_repr(self) -> str:
+        kind = "TDT" if self.durations else "RNN-T"
+        return (f"{kind}, vocab_size={self.vocab_size}, blank={self.blank}, durations={self.durations}, "
+                f"activation={self.activation!r}, context_size={self.context_size}, "
+                f"max_symbols_per_frame={self.max_symbols_per_frame}")  # fmt: skip

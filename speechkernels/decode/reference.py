@@ -6,6 +6,8 @@ from typing import NamedTuple
 
 import torch
 
+from .networks import TransducerWeights
+
 
 class Hypotheses(NamedTuple):
     """A batch of decoded hypotheses, padded to S (an allocated bound, not the longest hypothesis: no host
@@ -58,3 +60,126 @@ def ctc_hypotheses(best: torch.Tensor, score: torch.Tensor, lengths: torch.Tenso
     emit = live & (best != blank) & (best != prev)
     lengths_out, tokens, frames, scores = compact(emit, (best, -1), (t.expand(N, T), -1), (score, 0.0))
     return Hypotheses(tokens, lengths_out, frames, scores)
+
+
+class TransducerState(NamedTuple):
+    """Where a transducer decode stopped, to continue with the next chunk of the same utterances: ``predictor``
+    (the prediction network's state: LSTM ``(h, c)`` each [L, N, H]; stateless ``(context,)`` [N, K] int64, the
+    last K tokens, -1 before the start), ``output`` [N, P] (its output after the last token), ``time_jumps`` [N]
+    int64 (frames a TDT duration jumped past the chunk's end, skipped at the start of the next), ``frames`` [N]
+    int64 (frames decoded before: the offset of the next chunk's frames)."""
+
+    predictor: tuple[torch.Tensor, ...]
+    output: torch.Tensor
+    time_jumps: torch.Tensor
+    frames: torch.Tensor
+
+
+def predict(w: TransducerWeights, tokens: torch.Tensor, state: tuple[torch.Tensor, ...]):
+    """One step of the prediction network for tokens [N]: (output [N, P], state)."""
+    if not w.stateless:
+        h, c = state
+        x = w.embedding[tokens]
+        hs, cs = [], []
+        for layer, (w_ih, w_hh, b_ih, b_hh) in enumerate(w.lstm):
+            gates = torch.nn.functional.linear(x, w_ih, b_ih) + torch.nn.functional.linear(h[layer], w_hh, b_hh)
+            i, f, g, o = gates.chunk(4, 1)
+            c_new = torch.sigmoid(f) * c[layer] + torch.sigmoid(i) * torch.tanh(g)
+            x = torch.sigmoid(o) * torch.tanh(c_new)
+            hs.append(x)
+            cs.append(c_new)
+        return x, (torch.stack(hs), torch.stack(cs))
+    (context,) = state
+    context = torch.cat((context[:, 1:], tokens[:, None]), 1)
+    return stateless_output(w, context), (context,)
+
+
+def stateless_output(w: TransducerWeights, context: torch.Tensor) -> torch.Tensor:
+    """The stateless prediction network's output [N, P] for the last K tokens ``context`` [N, K] (-1: zeros)."""
+    e = w.embedding[context.clamp(min=0)] * (context >= 0)[..., None].to(w.embedding.dtype)  # [N, K, P]
+    if w.conv is None:
+        return e[:, -1]
+    return torch.relu(torch.nn.functional.conv1d(e.transpose(1, 2), w.conv, groups=w.groups)[..., 0])
+
+
+def start_state(w: TransducerWeights, N: int, blank: int, device) -> TransducerState:
+    """The state before the first frame: the prediction network after the start symbol (the blank)."""
+    tokens = torch.full((N,), blank, dtype=torch.int64, device=device)
+    if w.stateless:
+        context = torch.full((N, w.context_size), -1, dtype=torch.int64, device=device)
+        out, pred = predict(w, tokens, (context,))
+    else:
+        L, H = len(w.lstm), w.lstm[0][1].shape[1]
+        zeros = torch.zeros(L, N, H, dtype=w.embedding.dtype, device=device)
+        out, pred = predict(w, tokens, (zeros, zeros))
+    zero = torch.zeros(N, dtype=torch.int64, device=device)
+    return TransducerState(pred, out, zero, zero)
+
+
+def transducer_greedy_reference(
+    w: TransducerWeights,
+    x: torch.Tensor,
+    lengths: torch.Tensor,
+    state: TransducerState,
+    blank: int,
+    durations: tuple[int, ...] | None,
+    max_symbols: int,
+) -> tuple[Hypotheses, TransducerState]:
+    """Greedy transducer decoding of encoder outputs x [N, T, E] (frames past ``lengths`` [N] unread), batched in
+    PyTorch with the semantics of NeMo's label-looping decoders: at frame t the joint's argmax over the V token
+    classes (ties to the lowest index) and, for TDT, its argmax duration; a blank advances t by its duration (RNN-T:
+    1; a TDT blank of duration 0 by 1); a label is emitted at t, advances the prediction network and t by its
+    duration (RNN-T: 0); after ``max_symbols`` labels at one frame, t advances by 1. Everything is computed in the
+    weights' dtype (x is cast to it); scores are the labels' log_softmax over the V token logits (float32, float64
+    for float64 weights). S = T * max_symbols (a bound, no host synchronisation needed to size the outputs)."""
+    N, T, _ = x.shape
+    dev = x.device
+    V = w.out_w.shape[0] - (len(durations) if durations else 0)
+    S = T * max_symbols
+    wd = torch.float64 if w.enc_w.dtype == torch.float64 else torch.float32
+    enc = torch.nn.functional.linear(x.to(w.enc_w.dtype), w.enc_w, w.enc_b)  # [N, T, J], once for all frames
+    act = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}[w.activation]
+    dur = None if durations is None else torch.tensor(durations, dtype=torch.int64, device=dev)
+    rows = torch.arange(N, device=dev)
+    lengths = lengths.to(dev).clamp(0, T)
+    pred_state, out = state.predictor, state.output
+    g = torch.nn.functional.linear(out, w.pred_w, w.pred_b)
+    t = state.time_jumps.clone()
+    tokens = torch.full((N, S + 1), -1, dtype=torch.int64, device=dev)  # column S: a sink for rows not emitting
+    frames, durs = tokens.clone(), tokens.clone()
+    scores = torch.zeros(N, S + 1, dtype=wd, device=dev)
+    k = torch.zeros(N, dtype=torch.int64, device=dev)
+    at_frame = torch.zeros(N, dtype=torch.int64, device=dev)  # labels emitted at frame t so far
+    active = t < lengths
+    while bool(active.any()):
+        logits = torch.nn.functional.linear(act(enc[rows, t.clamp(max=T - 1)] + g), w.out_w, w.out_b)
+        label = logits[:, :V].argmax(1)
+        emit = active & (label != blank)
+        score = logits[:, :V].to(wd).log_softmax(1).gather(1, label[:, None])[:, 0]
+        if dur is None:
+            step = (~emit).long()
+        else:
+            step = dur[logits[:, V:].argmax(1)]
+        slot = torch.where(emit, k, S)
+        tokens[rows, slot] = label
+        frames[rows, slot] = t
+        durs[rows, slot] = step
+        scores[rows, slot] = score
+        tokens[:, S], frames[:, S], durs[:, S], scores[:, S] = -1, -1, -1, 0
+        k += emit
+        if bool(emit.any()):
+            new_out, new_state = predict(w, label, pred_state)
+            m = emit[:, None]
+            out = torch.where(m, new_out, out)
+            g = torch.where(m, torch.nn.functional.linear(new_out, w.pred_w, w.pred_b), g)
+            pairs = zip(new_state, pred_state, strict=True)
+            pred_state = tuple(torch.where(m if s.dim() == 2 else m[None], n, s) for n, s in pairs)
+        step = torch.where(emit, step, step.clamp(min=1))
+        at_frame = torch.where(emit & (step == 0), at_frame + 1, 0)
+        step = torch.where(at_frame >= max_symbols, 1, step)
+        at_frame = torch.where(at_frame >= max_symbols, 0, at_frame)
+        t = torch.where(active, t + step, t)
+        active = t < lengths
+    frames = torch.where(frames >= 0, frames + state.frames[:, None], -1)
+    hyp = Hypotheses(tokens[:, :S], k, frames[:, :S], scores[:, :S], None if dur is None else durs[:, :S])
+    return hyp, TransducerState(pred_state, out, t - lengths, state.frames + lengths)

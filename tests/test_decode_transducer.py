@@ -1,0 +1,317 @@
+"""Greedy transducer decoding (TransducerDecoder) against a per-utterance float64 oracle written with torch's own
+modules (nn.LSTM, nn.Conv1d, nn.Linear): RNN-T and TDT, LSTM and stateless prediction networks, ragged lengths,
+max_symbols_per_frame, chunked decoding, the constructors from NeMo's, icefall's and this library's modules, views,
+empty batches and the refusals."""
+
+from __future__ import annotations
+
+import copy
+import types
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import speechkernels as sk
+from speechkernels.decode import api as decode_api
+
+
+@pytest.fixture(params=["torch", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request):
+    return torch.device("cuda" if request.param == "cuda" else "cpu")
+
+
+def make_decoder(seed, *, V=7, E=6, P=5, J=8, layers=2, durations=None, stateless=0, activation="relu", blank=None,
+                 max_symbols=3, blank_bias=1.5, dtype=torch.float32, device="cpu") -> sk.TransducerDecoder:  # fmt: skip
+    """A random model; the blank's logit raised by ``blank_bias`` so that about one frame in two to four emits."""
+    torch.manual_seed(seed)
+    D = len(durations) if durations else 0
+    blank = V - 1 if blank is None else blank
+    embedding = torch.nn.Embedding(V, P)
+    lstm = conv = None
+    if stateless:
+        conv = torch.nn.Conv1d(P, P, stateless, groups=P if P % 2 else 2, bias=False) if stateless > 1 else None
+    else:
+        lstm = torch.nn.LSTM(P, P + 1, layers)
+    H = P if stateless else P + 1
+    enc, pred, out = torch.nn.Linear(E, J), torch.nn.Linear(H, J), torch.nn.Linear(J, V + D)
+    with torch.no_grad():
+        for m in (enc, pred, out):
+            m.weight.mul_(2.0)
+        out.bias[blank] += blank_bias
+    dec = sk.TransducerDecoder(embedding, enc, pred, out, lstm=lstm, conv=conv, context_size=max(stateless, 1),
+                               activation=activation, blank=blank, durations=durations,
+                               max_symbols_per_frame=max_symbols)  # fmt: skip
+    return dec.to(device=device, dtype=dtype)
+
+
+@torch.no_grad()
+def oracle(dec: sk.TransducerDecoder, x: torch.Tensor, lengths: list[int]):
+    """One utterance at a time, one joint evaluation at a time, in float64, with the modules themselves."""
+    m = copy.deepcopy(dec).cpu().double()
+    act = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}[dec.activation]
+    V, blank, K = dec.vocab_size, dec.blank, dec.context_size
+    out = []
+    for n, L in enumerate(lengths):
+        xs = x[n].cpu().double()
+        history = [-1] * (K - 1) + [blank]
+        lstm_state = None
+
+        def prediction(token, history):
+            nonlocal lstm_state
+            if m.lstm is not None:
+                y, lstm_state = m.lstm(m.embedding(torch.tensor([[token]]))[:, 0][None], lstm_state)
+                return y[0, 0]
+            ctx = torch.tensor(history[-K:])
+            e = m.embedding(ctx.clamp(min=0)) * (ctx >= 0)[:, None].double()
+            return e[-1] if m.conv is None else torch.relu(m.conv(e.T[None]))[0, :, 0]
+
+        g = m.pred(prediction(blank, history))
+        t, tokens, frames, durs, scores, at_frame = 0, [], [], [], [], 0
+        while t < L:
+            logits = m.out(act(m.enc(xs[t]) + g))
+            label = int(logits[:V].argmax())
+            d = dec.durations[int(logits[V:].argmax())] if dec.durations else int(label == blank)
+            if label == blank:
+                t += max(d, 1)
+                continue
+            tokens.append(label), frames.append(t), durs.append(d)
+            scores.append(float(logits[:V].log_softmax(0)[label]))
+            history.append(label)
+            g = m.pred(prediction(label, history))
+            at_frame = at_frame + 1 if d == 0 else 0
+            if at_frame >= dec.max_symbols_per_frame:
+                d, at_frame = 1, 0
+            t += d
+        out.append((tokens, frames, durs, scores))
+    return out
+
+
+def check(hyp, want, dec, T, score_tol=1e-5):
+    S = T * dec.max_symbols_per_frame
+    assert hyp.tokens.shape == hyp.frames.shape == hyp.scores.shape == (len(want), S)
+    assert (hyp.durations is None) == (dec.durations is None)
+    for n, (tokens, frames, durs, scores) in enumerate(want):
+        k = len(tokens)
+        assert int(hyp.lengths[n]) == k, n
+        assert hyp.tokens[n, :k].tolist() == tokens and (hyp.tokens[n, k:] == -1).all()
+        assert hyp.frames[n, :k].tolist() == frames and (hyp.frames[n, k:] == -1).all()
+        if dec.durations:
+            assert hyp.durations[n, :k].tolist() == durs and (hyp.durations[n, k:] == -1).all()
+        torch.testing.assert_close(hyp.scores[n, :k].double().cpu(), torch.tensor(scores, dtype=torch.float64),
+                                   rtol=score_tol, atol=score_tol)  # fmt: skip
+        assert (hyp.scores[n, k:] == 0).all()
+
+
+KINDS = [
+    dict(),
+    dict(durations=[0, 1, 2, 3]),
+    dict(durations=[1, 2, 4]),
+    dict(stateless=2, activation="tanh"),
+    dict(stateless=1, durations=[0, 2]),
+    dict(stateless=3, activation="sigmoid", layers=1),
+    dict(layers=1, max_symbols=1),
+    dict(durations=[0, 1], max_symbols=1, blank=0),
+]
+
+
+@settings(deadline=None, max_examples=25)
+@given(kind=st.sampled_from(KINDS), N=st.integers(1, 4), T=st.integers(1, 12), seed=st.integers(0, 9999),
+       dtype=st.sampled_from([torch.float32, torch.float64]), bias=st.sampled_from([-1.0, 1.5, 4.0]))  # fmt: skip
+def test_matches_the_oracle(device, kind, N, T, seed, dtype, bias):
+    dec = make_decoder(seed, blank_bias=bias, dtype=dtype, device=device, **kind)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(N, T, 6, generator=g)
+    lengths = torch.randint(0, T + 1, (N,), generator=g)
+    hyp, state = dec.greedy(x.to(device, dtype), lengths)
+    check(hyp, oracle(dec, x, lengths.tolist()), dec, T)
+    assert hyp.scores.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    assert state.frames.tolist() == lengths.tolist()
+    assert (state.time_jumps >= 0).all()
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_chunks_decode_as_the_whole(device, kind):
+    dec = make_decoder(3, device=device, **kind)
+    g = torch.Generator().manual_seed(1)
+    N, T = 5, 30
+    x = torch.randn(N, T, 6, generator=g).to(device)
+    lengths = torch.tensor([30, 17, 0, 1, 29])
+    whole, end = dec.greedy(x, lengths)
+    state, parts, t0 = None, [], 0
+    for t1 in (4, 5, 13, 22, 30):
+        chunk_lengths = (lengths - t0).clamp(0, t1 - t0)
+        hyp, state = dec.greedy(x[:, t0:t1], chunk_lengths, state)
+        parts.append(hyp)
+        t0 = t1
+    for n in range(N):
+        for field in ("tokens", "frames", "scores") + (("durations",) if dec.durations else ()):
+            got = torch.cat([getattr(h, field)[n, : h.lengths[n]] for h in parts])
+            want = getattr(whole, field)[n, : whole.lengths[n]]
+            if field == "scores":  # the chunks' products round differently
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            else:
+                assert torch.equal(got, want), (n, field)
+    assert torch.equal(state.frames, end.frames) and torch.equal(state.time_jumps, end.time_jumps)
+    torch.testing.assert_close(state.output, end.output)
+
+
+def test_views_decode_as_copies(device):
+    dec = make_decoder(5, durations=[0, 1, 2], device=device)
+    base = torch.randn(9, 3, 6, device=device)
+    x = base.transpose(0, 1)[:, 1:]  # [3, 8, 6], strided over the batch and offset
+    lengths = torch.tensor([8, 5, 2, 7, 1], device=device)[::2]
+    a, _ = dec.greedy(x, lengths)
+    b, _ = dec.greedy(x.contiguous(), lengths.contiguous())
+    for u, v in zip(a, b, strict=True):
+        assert torch.equal(u, v)
+
+
+def test_empty(device):
+    dec = make_decoder(0, durations=[0, 1], device=device)
+    hyp, state = dec.greedy(torch.zeros(0, 5, 6, device=device))
+    assert hyp.tokens.shape == (0, 15) and state.frames.shape == (0,)
+    hyp, state = dec.greedy(torch.zeros(2, 0, 6, device=device))
+    assert hyp.tokens.shape == (2, 0) and hyp.lengths.tolist() == [0, 0] and state.frames.tolist() == [0, 0]
+
+
+def nemo_modules(V=6, P=5, J=7, D=3, dropout=True, activation=torch.nn.ReLU):
+    """Stand-ins with the attributes of NeMo's RNNTDecoder and RNNTJoint (the blank is the last class)."""
+    decoder = torch.nn.Module()
+    decoder.prediction = torch.nn.ModuleDict(
+        {"embed": torch.nn.Embedding(V, P, padding_idx=V - 1), "dec_rnn": torch.nn.Module()}
+    )
+    decoder.prediction["dec_rnn"].lstm = torch.nn.LSTM(P, P, 2)
+    decoder.blank_idx = V - 1
+    joint = torch.nn.Module()
+    joint.enc, joint.pred = torch.nn.Linear(4, J), torch.nn.Linear(P, J)
+    layers = [activation()] + ([torch.nn.Dropout(0.1)] if dropout else []) + [torch.nn.Linear(J, V + D)]
+    joint.joint_net = torch.nn.Sequential(*layers)
+    joint.num_classes_with_blank, joint.num_extra_outputs = V, D
+    return decoder, joint
+
+
+def test_from_nemo():
+    torch.manual_seed(0)
+    decoder, joint = nemo_modules()
+    dec = sk.TransducerDecoder.from_nemo(decoder, joint, durations=[0, 1, 2])
+    assert (dec.blank, dec.vocab_size, dec.durations, dec.activation) == (5, 6, (0, 1, 2), "relu")
+    assert dec.lstm is decoder.prediction["dec_rnn"].lstm and dec.out is joint.joint_net[-1]
+    x, lengths = torch.randn(3, 9, 4), [9, 4, 6]
+    hyp, _ = dec.greedy(x, lengths)
+    check(hyp, oracle(dec, x, lengths), dec, 9)
+    rnnt = sk.TransducerDecoder.from_nemo(*nemo_modules(D=0, dropout=False, activation=torch.nn.Tanh))
+    assert rnnt.durations is None and rnnt.activation == "tanh" and rnnt.max_symbols_per_frame == 10
+
+
+def test_from_nemo_refusals():
+    decoder, joint = nemo_modules()
+    with pytest.raises(ValueError, match="needs durations"):
+        sk.TransducerDecoder.from_nemo(decoder, joint)
+    with pytest.raises(ValueError, match="durations has 2 entries but joint.num_extra_outputs=3"):
+        sk.TransducerDecoder.from_nemo(decoder, joint, durations=[0, 1])
+    del decoder.prediction["dec_rnn"].lstm
+    with pytest.raises(ValueError, match=r"decoder has no decoder\.prediction\[dec_rnn\]\.lstm"):
+        sk.TransducerDecoder.from_nemo(decoder, joint, durations=[0, 1, 2])
+    decoder, joint = nemo_modules()
+    joint.joint_net = torch.nn.Sequential(torch.nn.GELU(), torch.nn.Linear(7, 9))
+    with pytest.raises(ValueError, match="unsupported layout.*GELU"):
+        sk.TransducerDecoder.from_nemo(decoder, joint, durations=[0, 1, 2])
+    decoder, joint = nemo_modules()
+    del joint.num_classes_with_blank
+    with pytest.raises(ValueError, match="joint has no joint.num_classes_with_blank"):
+        sk.TransducerDecoder.from_nemo(decoder, joint, durations=[0, 1, 2])
+
+
+def test_from_icefall():
+    """icefall's Decoder (context 2, grouped conv, blank 0) and Joiner (tanh): one symbol per frame."""
+    torch.manual_seed(1)
+    decoder = types.SimpleNamespace(embedding=torch.nn.Embedding(9, 8), conv=torch.nn.Conv1d(8, 8, 2, groups=2,
+                                    bias=False), context_size=2, blank_id=0)  # fmt: skip
+    joiner = types.SimpleNamespace(encoder_proj=torch.nn.Linear(4, 6), decoder_proj=torch.nn.Linear(8, 6),
+                                   output_linear=torch.nn.Linear(6, 9))  # fmt: skip
+    with torch.no_grad():
+        joiner.output_linear.weight.mul_(3)
+    dec = sk.TransducerDecoder.from_icefall(decoder, joiner)
+    assert (dec.blank, dec.max_symbols_per_frame, dec.activation, dec.durations) == (0, 1, "tanh", None)
+    x, lengths = torch.randn(4, 11, 4), [11, 3, 0, 10]
+    hyp, _ = dec.greedy(x, lengths)
+    want = oracle(dec, x, lengths)
+    check(hyp, want, dec, 11)
+    for _, frames, _, _ in want:  # at most one symbol per frame
+        assert len(set(frames)) == len(frames)
+    del decoder.blank_id
+    with pytest.raises(ValueError, match="decoder has no decoder.blank_id"):
+        sk.TransducerDecoder.from_icefall(decoder, joiner)
+
+
+def test_from_joint():
+    torch.manual_seed(2)
+    joint = sk.TDTJointLoss(4, 6, 8, 10, durations=[0, 1, 2, 3])
+    predictor = sk.LSTMPredictor(10, 5, 6, num_layers=2)
+    dec = sk.TransducerDecoder.from_joint(joint, predictor)
+    assert (dec.blank, dec.vocab_size, dec.durations) == (9, 10, (0, 1, 2, 3))
+    x = torch.randn(2, 7, 4)
+    hyp, _ = dec.greedy(x)
+    check(hyp, oracle(dec, x, [7, 7]), dec, 7)
+    # the predictor's training outputs are the decoder's prediction network states, start symbol first
+    targets = torch.tensor([[3, 1, 4], [2, -1, -1]])
+    seq = predictor(targets)
+    w = dec.weights()
+    state = dec.initial_state(2)
+    torch.testing.assert_close(seq[:, 0], state.output)
+    out, _ = decode_api.transducer_greedy_reference.__globals__["predict"](w, targets[:, 0], state.predictor)
+    torch.testing.assert_close(seq[:, 1], out)
+    rnnt = sk.TransducerDecoder.from_joint(sk.RNNTJointLoss(4, 6, 8, 10, blank=0), sk.StatelessPredictor(10, 6, 2))
+    assert rnnt.blank == 0 and rnnt.durations is None and rnnt.context_size == 2
+    with pytest.raises(ValueError, match="multi-blank"):
+        sk.TransducerDecoder.from_joint(sk.MultiblankJointLoss(4, 6, 8, 10, big_blank_durations=[2]), predictor)
+
+
+def test_stateless_predictor_matches_the_decoder():
+    torch.manual_seed(3)
+    predictor = sk.StatelessPredictor(7, 8, context_size=3, blank=0)
+    dec = sk.TransducerDecoder.from_joint(sk.RNNTJointLoss(4, 8, 5, 7, blank=0), predictor)
+    targets = torch.tensor([[3, 1, 4, 6]])
+    seq = predictor(targets)
+    state = dec.initial_state(1)
+    torch.testing.assert_close(seq[:, 0], state.output)
+    predict = decode_api.transducer_greedy_reference.__globals__["predict"]
+    ctx = state.predictor
+    for u in range(4):
+        out, ctx = predict(dec.weights(), targets[:, u], ctx)
+        torch.testing.assert_close(seq[:, u + 1], out)
+
+
+def test_refusals():
+    dec = make_decoder(0, durations=[0, 1])
+    x = torch.randn(2, 5, 6)
+    with pytest.raises(ValueError, match=r"encoder_out must be \[N, T, E=6\]"):
+        dec.greedy(torch.randn(2, 5, 7))
+    with pytest.raises(ValueError, match=r"encoder_lengths\[1\]=6 is outside \[0, T=5\]"):
+        dec.greedy(x, [5, 6])
+    with pytest.raises(ValueError, match="encoder_lengths has 3 entries"):
+        dec.greedy(x, [5, 5, 5])
+    with pytest.raises(ValueError, match="encoder_out must be float16"):
+        dec.greedy(x.long())
+    with pytest.raises(ValueError, match="state must be a TransducerState"):
+        dec.greedy(x, state=(1, 2))
+    _, state = dec.greedy(x)
+    with pytest.raises(ValueError, match=r"state.predictor must be \(2, 3, 6\)"):
+        dec.greedy(torch.randn(3, 5, 6), state=state)
+    with pytest.raises(ValueError, match="validate must be True or False"):
+        dec.greedy(x, validate=1)
+    e, lin = torch.nn.Embedding(5, 4), torch.nn.Linear(4, 4)
+    with pytest.raises(ValueError, match=r"blank=5 is outside \[-V, V\) for the V=5"):
+        sk.TransducerDecoder(e, lin, lin, torch.nn.Linear(4, 5), blank=5)
+    with pytest.raises(ValueError, match="durations must be distinct"):
+        sk.TransducerDecoder(e, lin, lin, torch.nn.Linear(4, 7), durations=[0, 0])
+    with pytest.raises(ValueError, match="max_symbols_per_frame must be >= 1"):
+        sk.TransducerDecoder(e, lin, lin, torch.nn.Linear(4, 5), max_symbols_per_frame=0)
+    with pytest.raises(ValueError, match="pred.in_features=3 does not match"):
+        sk.TransducerDecoder(e, lin, torch.nn.Linear(3, 4), torch.nn.Linear(4, 5))
+    with pytest.raises(ValueError, match="activation must be one of"):
+        sk.TransducerDecoder(e, lin, lin, torch.nn.Linear(4, 5), activation="gelu")
+    with pytest.raises(ValueError, match="share one dtype"):
+        sk.TransducerDecoder(e, lin, lin, torch.nn.Linear(4, 5).double())
