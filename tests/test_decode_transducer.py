@@ -14,12 +14,32 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import speechkernels as sk
+from speechkernels._utils import triton_interpreting
 from speechkernels.decode import api as decode_api
 
 
-@pytest.fixture(params=["torch", pytest.param("cuda", marks=pytest.mark.gpu)])
-def device(request):
-    return torch.device("cuda" if request.param == "cuda" else "cpu")
+@pytest.fixture(params=["torch", "triton", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request, monkeypatch):
+    """Each test on the PyTorch path (kernels switched off), the kernel under the interpreter (TRITON_INTERPRET=1)
+    and the GPU; on the kernels' paths the test checks at its end that the kernel ran."""
+    if request.param != "torch" and decode_api.transducer_kernels is None:
+        pytest.skip("needs Triton")
+    if request.param == "triton" and not triton_interpreting():
+        pytest.skip("set TRITON_INTERPRET=1 to run the Triton kernels on the CPU")
+    launches = []
+    if request.param == "torch":
+        monkeypatch.setattr(decode_api, "transducer_kernels", None)
+    else:
+        real = decode_api.transducer_kernels.transducer_greedy
+
+        def spy(*args, **kwargs):
+            launches.append(1)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(decode_api.transducer_kernels, "transducer_greedy", spy)
+    yield torch.device("cuda" if request.param == "cuda" else "cpu")
+    if request.param != "torch":
+        assert launches, "the kernel did not run"
 
 
 def make_decoder(seed, *, V=7, E=6, P=5, J=8, layers=2, durations=None, stateless=0, activation="relu", blank=None,
@@ -75,6 +95,7 @@ def oracle(dec: sk.TransducerDecoder, x: torch.Tensor, lengths: list[int]):
             d = dec.durations[int(logits[V:].argmax())] if dec.durations else int(label == blank)
             if label == blank:
                 t += max(d, 1)
+                at_frame = 0
                 continue
             tokens.append(label), frames.append(t), durs.append(d)
             scores.append(float(logits[:V].log_softmax(0)[label]))
@@ -120,6 +141,8 @@ KINDS = [
 @given(kind=st.sampled_from(KINDS), N=st.integers(1, 4), T=st.integers(1, 12), seed=st.integers(0, 9999),
        dtype=st.sampled_from([torch.float32, torch.float64]), bias=st.sampled_from([-1.0, 1.5, 4.0]))  # fmt: skip
 def test_matches_the_oracle(device, kind, N, T, seed, dtype, bias):
+    if decode_api.transducer_kernels is not None:
+        dtype = torch.float32  # the kernel's dtypes (float64 goes to the PyTorch path)
     dec = make_decoder(seed, blank_bias=bias, dtype=dtype, device=device, **kind)
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(N, T, 6, generator=g)
@@ -174,6 +197,9 @@ def test_empty(device):
     assert hyp.tokens.shape == (0, 15) and state.frames.shape == (0,)
     hyp, state = dec.greedy(torch.zeros(2, 0, 6, device=device))
     assert hyp.tokens.shape == (2, 0) and hyp.lengths.tolist() == [0, 0] and state.frames.tolist() == [0, 0]
+    x = torch.randn(3, 4, 6, device=device)  # and a batch whose utterances are all empty
+    hyp, state = dec.greedy(x, [0, 0, 0])
+    assert hyp.lengths.tolist() == [0, 0, 0] and (hyp.tokens == -1).all() and state.frames.tolist() == [0, 0, 0]
 
 
 def nemo_modules(V=6, P=5, J=7, D=3, dropout=True, activation=torch.nn.ReLU):

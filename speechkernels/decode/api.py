@@ -16,10 +16,13 @@ from .reference import (
     ctc_greedy_decode_reference,
     ctc_hypotheses,
     start_state,
+    stateless_output,
     transducer_greedy_reference,
 )
 
 kernels = optional_kernels(__package__ + ".kernels")
+transducer_kernels = optional_kernels(__package__ + ".transducer_kernels")
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def ctc_greedy_decode(
@@ -245,6 +248,17 @@ class TransducerDecoder(torch.nn.Module):
         if validate:
             check_lengths(lengths, "encoder_lengths", T, f"T={T}")
         state = self.initial_state(N, dev) if state is None else self._checked_state(state, N, w)
+        wd = w.enc_w.dtype
+        if transducer_kernels is not None and use_triton(encoder_out) and wd in KERNEL_DTYPES and N > 0 and T > 0:
+            lengths = lengths.clamp(0, T)
+            x = encoder_out.to(wd).contiguous()
+            tokens, n_out, frames, scores, durs, t_end, predictor, out = transducer_kernels.transducer_greedy(
+                w, x, lengths, state, self.blank, self.durations, self.max_symbols_per_frame
+            )
+            if out is None:
+                out = stateless_output(w, predictor[0])
+            hyp = Hypotheses(tokens, n_out, frames, scores, durs)
+            return hyp, TransducerState(predictor, out, t_end - lengths, state.frames + lengths)
         return transducer_greedy_reference(w, encoder_out, lengths, state, self.blank, self.durations,
                                            self.max_symbols_per_frame)  # fmt: skip
 

@@ -1,0 +1,480 @@
+"""The greedy transducer decoder in one launch: ``_transducer_greedy_kernel``, a persistent kernel whose programs
+(one per SM) run the whole label-looping loop of a batch, meeting at grid-wide barriers (an atomic counter).
+
+Each step of the loop:
+1. Joint: the logits of every active row at its frame, act(enc_proj[n, t_n] + g_n) @ out_w^T + out_b, in tiles of
+   (rows, output columns) spread over the programs (tensor-core products; float32 as three TF32 products). Each
+   tile folds its token columns into a packed key (orderable value, first index) atomically maxed into the row's
+   slot, its duration columns likewise, and stores its partial log-sum-exp of the token logits. Barrier.
+2. Decision, computed by every program for every row (the same values everywhere, so no barrier): the label, the
+   duration, the emission, the next frame, the labels at the current frame (``max_symbols``); each row's owner
+   program writes its outputs. Each program keeps these per-row values in its own scratch rows (read back by index
+   in the tiles).
+3. When some row emitted: the prediction network for the emitting rows. LSTM: one phase per layer, tiles of (rows,
+   hidden units) computing the four gates of their units (layer 0's input product precomputed per token: a table
+   of embedding @ W_ih0^T + biases), h ping-ponged between two buffers, a barrier after each layer; then the
+   projection g = pred_w @ out + pred_b in tiles, and a barrier. Stateless: the conv of the last K tokens'
+   embeddings is a sum of K rows of per-token tables (precomputed), fed to the projection directly.
+Steps: max over rows of (frames visited + labels); per step one barrier, plus L + 1 (LSTM) or 1 (stateless) when a
+row emitted. The weights (13-26 MB for a 0.6B TDT model) stay in L2 between steps.
+
+Slots of the packed keys rotate over three buffers (a slot is reset by its owner two steps before its reuse, when
+every program has read it) and the partial sums over two.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .._logspace import wait_counter
+from .._utils import kernel_output, next_power_of_2
+
+_INTERPRETER = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+INT64_MIN = -(2**63)
+_NO_KEY = tl.constexpr(INT64_MIN)  # below every packed key
+
+
+@triton.jit
+def _dot(a, b, acc, F32: tl.constexpr):
+    """acc + a @ b with float32 sums: float32 operands as three TF32 products (about float32's precision), 16-bit
+    operands on the tensor cores as they are."""
+    if _INTERPRETER:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    elif F32:
+        return tl.dot(a, b, acc, input_precision="tf32x3")
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _sigmoid(x):
+    return 1.0 / (1.0 + tl.exp(-x))
+
+
+@triton.jit
+def _tanh(x):
+    return 2.0 / (1.0 + tl.exp(-2.0 * x)) - 1.0
+
+
+@triton.jit
+def _act(x, ACT: tl.constexpr):
+    """The joint's activation (0 relu, 1 tanh, 2 sigmoid); NaN stays NaN."""
+    if ACT == 0:
+        return tl.where(x < 0.0, 0.0, x)
+    elif ACT == 1:
+        return _tanh(x)
+    else:
+        return _sigmoid(x)
+
+
+@triton.jit
+def _key(v, idx):
+    """An int64 whose order is (v's float order, then the lower index): v's bits made orderable as a signed int32
+    (NaN above everything, as torch.argmax; -0 as +0) in the high half, 2^31 - 1 - idx in the low half."""
+    v = v + 0.0
+    bits = v.to(tl.int32, bitcast=True)
+    ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    ordered = tl.where(v != v, 0x7FFFFFFF, ordered)
+    return (ordered.to(tl.int64) << 32) | (0x7FFFFFFF - idx).to(tl.int64)
+
+
+@triton.jit
+def _unkey(key):
+    """(value, index) of a packed key."""
+    ordered = (key >> 32).to(tl.int32)
+    bits = tl.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered)
+    return bits.to(tl.float32, bitcast=True), 0x7FFFFFFF - (key & 0x7FFFFFFF).to(tl.int32)
+
+
+@triton.jit
+def _grid_sync(bar_ptr, target):
+    """Every program's stores before this are seen by every program after it (the counter reaches target =
+    barriers passed x programs)."""
+    tl.debug_barrier()
+    tl.atomic_add(bar_ptr, 1, sem="release")
+    wait_counter(bar_ptr, target)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _transducer_greedy_kernel(
+    encp_ptr,  # [N, T, J] encoder projection (bias included), weight dtype
+    len_ptr,  # [N] int64 frames
+    t0_ptr,  # [N] int64 first frame (the state's time jumps)
+    fofs_ptr,  # [N] int64 frames decoded before (added to the reported frames)
+    table_ptr,  # LSTM: [R, 4H] f32 embedding @ W_ih0^T + b_ih0 + b_hh0; stateless: [K, R, P] f32 per-token taps
+    wih_ptr,  # [max(L-1, 1), 4H, H] W_ih of layers 1.. (weight dtype)
+    whh_ptr,  # [L, 4H, H]
+    bl_ptr,  # [L, 4H] f32 b_ih + b_hh (layer 0's unused: in the table)
+    h_ptr,  # [2, L, N, H] f32 ping-pong hidden states (buffer 0 holds the state's)
+    c_ptr,  # [L, N, H] f32 cells
+    ctx0_ptr,  # [N, K] int64 the state's context (stateless)
+    pw_ptr,  # [J, P] pred_w
+    pb_ptr,  # [J] f32 pred_b
+    g_ptr,  # [N, J] f32 pred_w @ out + pred_b for each row's current prediction output
+    ow_ptr,  # [V + D, J] out_w
+    ob_ptr,  # [V + D] f32 out_b
+    dur_ptr,  # [D] int64 durations
+    key_ptr,  # [3, 2, N] int64 packed keys (token, duration), _NO_KEY
+    part_ptr,  # [2, 2, N, NCB] f32 partial (max, sum of exp) of the token logits per column block
+    priv_ptr,  # [nprog, 4 + K, N] int32 each program's row values (t, active, label, emit, context)
+    bar_ptr,  # [1] int32 barrier counter, 0
+    tok_ptr, frm_ptr, dout_ptr, sc_ptr,  # [N, S] outputs (tokens, frames, durations, scores)
+    nout_ptr, tend_ptr,  # [N] int64 out: hypothesis lengths, final frame
+    hout_ptr, cout_ptr,  # [L, N, H] f32 out: final LSTM state
+    ctxout_ptr,  # [N, K] int64 out: final context
+    N, T, J, H, P, V, D, S, R, NCB, blank, max_symbols,
+    L: tl.constexpr, K: tl.constexpr, STATELESS: tl.constexpr, HAS_CONV: tl.constexpr, HAS_DUR: tl.constexpr,
+    ACT: tl.constexpr, F32: tl.constexpr, BLOCK_N: tl.constexpr, BB: tl.constexpr, BV: tl.constexpr,
+    BK: tl.constexpr, BH: tl.constexpr, BJ: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    WD = ow_ptr.dtype.element_ty
+    o_n = tl.arange(0, BLOCK_N)
+    m_n = o_n < N
+    own = m_n & (o_n % nprog == pid)
+    p_priv = priv_ptr + pid * (4 + K) * N
+    L_n = tl.load(len_ptr + o_n, mask=m_n, other=0).to(tl.int32)
+    t_n = tl.load(t0_ptr + o_n, mask=m_n, other=0).to(tl.int32)
+    fofs = tl.load(fofs_ptr + o_n, mask=m_n, other=0)
+    active = m_n & (t_n < L_n)
+    k_n = tl.zeros([BLOCK_N], tl.int32)
+    at_frame = tl.zeros([BLOCK_N], tl.int32)
+    tl.store(p_priv + o_n, t_n, mask=m_n)
+    tl.store(p_priv + N + o_n, active.to(tl.int32), mask=m_n)
+    if STATELESS:
+        for j in tl.static_range(K):
+            tl.store(p_priv + (4 + j) * N + o_n, tl.load(ctx0_ptr + o_n * K + j, mask=m_n, other=-1).to(tl.int32),
+                     mask=m_n)  # fmt: skip
+    tl.debug_barrier()
+    n_rb = tl.cdiv(N, BB)
+    o_b = tl.arange(0, BB)
+    o_k = tl.arange(0, BK)
+    n_act = tl.sum(active.to(tl.int32), 0)
+    step = 0
+    hp = 0  # the h buffer holding the current hidden states
+    n_sync = 0
+    while n_act > 0:
+        kb = step % 3
+        pb = step % 2
+        # 1. joint logits of the active rows: tiles (row block, column block) over V + D columns
+        n_cb = tl.cdiv(V + D, BV)
+        for tile in range(pid, n_rb * n_cb, nprog):
+            rows = (tile % n_rb) * BB + o_b
+            cb = tile // n_rb
+            cols = cb * BV + tl.arange(0, BV)
+            m_r = rows < N
+            t_r = tl.load(p_priv + rows, mask=m_r, other=0)
+            a_r = tl.load(p_priv + N + rows, mask=m_r, other=0) != 0
+            t_r = tl.minimum(t_r, T - 1)
+            acc = tl.zeros([BB, BV], tl.float32)
+            for k0 in range(0, J, BK):
+                kk = k0 + o_k
+                m_rk = a_r[:, None] & (kk < J)[None, :]
+                e = tl.load(encp_ptr + (rows.to(tl.int64)[:, None] * T + t_r[:, None]) * J + kk[None, :], mask=m_rk,
+                            other=0.0).to(tl.float32)  # fmt: skip
+                g = tl.load(g_ptr + rows[:, None] * J + kk[None, :], mask=m_rk, other=0.0, cache_modifier=".cg")
+                x = _act((e + g).to(WD).to(tl.float32), ACT).to(WD)
+                w = tl.load(ow_ptr + cols[None, :] * J + kk[:, None], mask=(cols < V + D)[None, :] & (kk < J)[:, None],
+                            other=0.0)  # fmt: skip
+                acc = _dot(x, w, acc, F32)
+            logits = acc + tl.load(ob_ptr + cols, mask=cols < V + D, other=0.0)[None, :]
+            if not F32:
+                logits = logits.to(WD).to(tl.float32)
+            is_tok = (cols < V)[None, :]
+            tkey = tl.max(tl.where(is_tok, _key(logits, cols[None, :]), _NO_KEY), 1)
+            tl.atomic_max(key_ptr + (kb * 2) * N + rows, tkey, mask=a_r & (o_b * 0 + cb * BV < V), sem="relaxed")
+            if HAS_DUR:
+                is_dur = (cols >= V)[None, :] & (cols < V + D)[None, :]
+                dkey = tl.max(tl.where(is_dur, _key(logits, cols[None, :] - V), _NO_KEY), 1)
+                m_d = a_r & (o_b * 0 + cb * BV + BV > V)
+                tl.atomic_max(key_ptr + (kb * 2 + 1) * N + rows, dkey, mask=m_d, sem="relaxed")
+            if cb * BV < V:
+                lv = tl.where(is_tok, logits, float("-inf"))
+                m = tl.max(lv, 1)
+                m_safe = tl.where(m == float("-inf"), 0.0, m)
+                s = tl.sum(tl.exp(lv - m_safe[:, None]), 1)
+                p_part = part_ptr + ((pb * 2) * N + rows) * NCB + cb
+                tl.store(p_part, m, mask=a_r)
+                tl.store(p_part + N * NCB, s, mask=a_r)
+        n_sync += 1
+        _grid_sync(bar_ptr, n_sync * nprog)
+        # 2. the decision, every row in every program
+        key = tl.load(key_ptr + (kb * 2) * N + o_n, mask=active, other=_NO_KEY, cache_modifier=".cg")
+        value, label = _unkey(key)
+        emit = active & (label != blank)
+        if HAS_DUR:
+            dkey = tl.load(key_ptr + (kb * 2 + 1) * N + o_n, mask=active, other=_NO_KEY, cache_modifier=".cg")
+            _, di = _unkey(dkey)
+            dur = tl.load(dur_ptr + di, mask=active, other=1).to(tl.int32)
+        else:
+            dur = tl.where(emit, 0, 1)
+        # the owner's outputs: score = logit - logsumexp over the token logits (partials of the column blocks)
+        m_own = own & emit
+        o_cb = tl.arange(0, 32)
+        lse_m = tl.full([BLOCK_N], float("-inf"), tl.float32)
+        lse_s = tl.zeros([BLOCK_N], tl.float32)
+        for c0 in range(0, NCB, 32):
+            m_c = m_own[:, None] & (c0 + o_cb < NCB)[None, :]
+            p_part = part_ptr + ((pb * 2) * N + o_n[:, None]) * NCB + c0 + o_cb[None, :]
+            pm = tl.load(p_part, mask=m_c, other=float("-inf"), cache_modifier=".cg")
+            ps = tl.load(p_part + N * NCB, mask=m_c, other=0.0, cache_modifier=".cg")
+            new_m = tl.maximum(lse_m, tl.max(pm, 1))
+            safe = tl.where(new_m == float("-inf"), 0.0, new_m)
+            lse_s = lse_s * tl.exp(lse_m - safe) + tl.sum(ps * tl.exp(pm - safe[:, None]), 1)
+            lse_m = new_m
+        score = value - (tl.where(lse_m == float("-inf"), 0.0, lse_m) + tl.log(lse_s))
+        slot = tl.minimum(k_n, S - 1).to(tl.int64)
+        p_out = o_n.to(tl.int64) * S + slot
+        tl.store(tok_ptr + p_out, label.to(tl.int64), mask=m_own)
+        tl.store(frm_ptr + p_out, t_n.to(tl.int64) + fofs, mask=m_own)
+        tl.store(dout_ptr + p_out, dur.to(tl.int64), mask=m_own)
+        tl.store(sc_ptr + p_out, score, mask=m_own)
+        # the slots of two steps ahead, read by every program before the barrier above
+        nb = (step + 2) % 3
+        tl.store(key_ptr + (nb * 2) * N + o_n, tl.full([BLOCK_N], _NO_KEY, tl.int64), mask=own)
+        tl.store(key_ptr + (nb * 2 + 1) * N + o_n, tl.full([BLOCK_N], _NO_KEY, tl.int64), mask=own)
+        k_n += emit.to(tl.int32)
+        adv = tl.where(emit, dur, tl.maximum(dur, 1))
+        at_frame = tl.where(emit & (adv == 0), at_frame + 1, 0)
+        forced = at_frame >= max_symbols
+        adv = tl.where(forced, 1, adv)
+        at_frame = tl.where(forced, 0, at_frame)
+        t_n = tl.where(active, t_n + adv, t_n)
+        active = active & (t_n < L_n)
+        n_act = tl.sum(active.to(tl.int32), 0)
+        n_emit = tl.sum(emit.to(tl.int32), 0)
+        tl.store(p_priv + o_n, t_n, mask=m_n)
+        tl.store(p_priv + N + o_n, active.to(tl.int32), mask=m_n)
+        tl.store(p_priv + 2 * N + o_n, label, mask=m_n)
+        tl.store(p_priv + 3 * N + o_n, emit.to(tl.int32), mask=m_n)
+        if STATELESS:
+            for j in tl.static_range(K - 1):
+                prev = tl.load(p_priv + (5 + j) * N + o_n, mask=m_n, other=-1)
+                cur = tl.load(p_priv + (4 + j) * N + o_n, mask=m_n, other=-1)
+                tl.debug_barrier()
+                tl.store(p_priv + (4 + j) * N + o_n, tl.where(emit, prev, cur), mask=m_n)
+            last = tl.load(p_priv + (3 + K) * N + o_n, mask=m_n, other=-1)
+            tl.debug_barrier()
+            tl.store(p_priv + (3 + K) * N + o_n, tl.where(emit, label, last), mask=m_n)
+        tl.debug_barrier()
+        step += 1
+        # 3. the prediction network of the emitting rows
+        if n_emit > 0:
+            if not STATELESS:
+                for layer in tl.static_range(L):
+                    n_ub = tl.cdiv(H, BH)
+                    for tile in range(pid, n_rb * n_ub, nprog):
+                        rows = (tile % n_rb) * BB + o_b
+                        units = (tile // n_rb) * BH + tl.arange(0, BH)
+                        m_r = rows < N
+                        e_r = (tl.load(p_priv + 3 * N + rows, mask=m_r, other=0) != 0) & m_r
+                        m_u = units < H
+                        m_ru = e_r[:, None] & m_u[None, :]
+                        gi = tl.zeros([BB, BH], tl.float32)
+                        gf = tl.zeros([BB, BH], tl.float32)
+                        gg = tl.zeros([BB, BH], tl.float32)
+                        go = tl.zeros([BB, BH], tl.float32)
+                        if layer == 0:
+                            lab = tl.load(p_priv + 2 * N + rows, mask=m_r, other=0)
+                            p_tab = table_ptr + lab.to(tl.int64)[:, None] * (4 * H) + units[None, :]
+                            gi += tl.load(p_tab, mask=m_ru, other=0.0)
+                            gf += tl.load(p_tab + H, mask=m_ru, other=0.0)
+                            gg += tl.load(p_tab + 2 * H, mask=m_ru, other=0.0)
+                            go += tl.load(p_tab + 3 * H, mask=m_ru, other=0.0)
+                        else:
+                            p_b = bl_ptr + layer * 4 * H + units
+                            gi += tl.load(p_b, mask=m_u, other=0.0)[None, :]
+                            gf += tl.load(p_b + H, mask=m_u, other=0.0)[None, :]
+                            gg += tl.load(p_b + 2 * H, mask=m_u, other=0.0)[None, :]
+                            go += tl.load(p_b + 3 * H, mask=m_u, other=0.0)[None, :]
+                            # the layer below's new output, through W_ih
+                            p_x = h_ptr + (((1 - hp) * L + layer - 1) * N + rows[:, None]) * H
+                            p_w = wih_ptr + ((layer - 1) * 4 * H + units[None, :]) * H
+                            for k0 in range(0, H, BK):
+                                kk = k0 + o_k
+                                x = tl.load(p_x + kk[None, :], mask=e_r[:, None] & (kk < H)[None, :], other=0.0,
+                                            cache_modifier=".cg").to(WD)  # fmt: skip
+                                m_w = m_u[None, :] & (kk < H)[:, None]
+                                gi = _dot(x, tl.load(p_w + kk[:, None], mask=m_w, other=0.0), gi, F32)
+                                gf = _dot(x, tl.load(p_w + H * H + kk[:, None], mask=m_w, other=0.0), gf, F32)
+                                gg = _dot(x, tl.load(p_w + 2 * H * H + kk[:, None], mask=m_w, other=0.0), gg, F32)
+                                go = _dot(x, tl.load(p_w + 3 * H * H + kk[:, None], mask=m_w, other=0.0), go, F32)
+                        # the layer's own previous output, through W_hh
+                        p_x = h_ptr + ((hp * L + layer) * N + rows[:, None]) * H
+                        p_w = whh_ptr + (layer * 4 * H + units[None, :]) * H
+                        for k0 in range(0, H, BK):
+                            kk = k0 + o_k
+                            x = tl.load(p_x + kk[None, :], mask=e_r[:, None] & (kk < H)[None, :], other=0.0,
+                                        cache_modifier=".cg").to(WD)  # fmt: skip
+                            m_w = m_u[None, :] & (kk < H)[:, None]
+                            gi = _dot(x, tl.load(p_w + kk[:, None], mask=m_w, other=0.0), gi, F32)
+                            gf = _dot(x, tl.load(p_w + H * H + kk[:, None], mask=m_w, other=0.0), gf, F32)
+                            gg = _dot(x, tl.load(p_w + 2 * H * H + kk[:, None], mask=m_w, other=0.0), gg, F32)
+                            go = _dot(x, tl.load(p_w + 3 * H * H + kk[:, None], mask=m_w, other=0.0), go, F32)
+                        p_c = c_ptr + (layer * N + rows[:, None]) * H + units[None, :]
+                        c_old = tl.load(p_c, mask=m_ru, other=0.0)
+                        c_new = _sigmoid(gf) * c_old + _sigmoid(gi) * _tanh(gg)
+                        h_new = _sigmoid(go) * _tanh(c_new)
+                        tl.store(p_c, c_new, mask=m_ru)
+                        # rows not emitting carry their hidden state to the other buffer
+                        p_old = h_ptr + ((hp * L + layer) * N + rows[:, None]) * H + units[None, :]
+                        h_old = tl.load(p_old, mask=m_r[:, None] & m_u[None, :], other=0.0, cache_modifier=".cg")
+                        tl.store(p_old + (1 - 2 * hp) * L * N * H, tl.where(e_r[:, None], h_new, h_old),
+                                 mask=m_r[:, None] & m_u[None, :])  # fmt: skip
+                    n_sync += 1
+                    _grid_sync(bar_ptr, n_sync * nprog)
+                hp = 1 - hp
+            # the projection g = pred_w @ out + pred_b of the emitting rows
+            n_jb = tl.cdiv(J, BJ)
+            for tile in range(pid, n_rb * n_jb, nprog):
+                rows = (tile % n_rb) * BB + o_b
+                jj = (tile // n_rb) * BJ + tl.arange(0, BJ)
+                m_r = rows < N
+                e_r = (tl.load(p_priv + 3 * N + rows, mask=m_r, other=0) != 0) & m_r
+                acc = tl.zeros([BB, BJ], tl.float32)
+                for k0 in range(0, P, BK):
+                    kk = k0 + o_k
+                    m_rk = e_r[:, None] & (kk < P)[None, :]
+                    if STATELESS:
+                        x = tl.zeros([BB, BK], tl.float32)
+                        for j in tl.static_range(K):
+                            tok = tl.load(p_priv + (4 + j) * N + rows, mask=m_r, other=-1)
+                            x += tl.load(table_ptr + (j * R + tok.to(tl.int64)[:, None]) * P + kk[None, :],
+                                         mask=m_rk & (tok >= 0)[:, None], other=0.0)  # fmt: skip
+                        if HAS_CONV:
+                            x = tl.where(x < 0.0, 0.0, x)
+                    else:
+                        x = tl.load(h_ptr + ((hp * L + L - 1) * N + rows[:, None]) * H + kk[None, :], mask=m_rk,
+                                    other=0.0, cache_modifier=".cg")  # fmt: skip
+                    w = tl.load(pw_ptr + jj[None, :] * P + kk[:, None], mask=(jj < J)[None, :] & (kk < P)[:, None],
+                                other=0.0)  # fmt: skip
+                    acc = _dot(x.to(WD), w, acc, F32)
+                acc += tl.load(pb_ptr + jj, mask=jj < J, other=0.0)[None, :]
+                if not F32:
+                    acc = acc.to(WD).to(tl.float32)
+                tl.store(g_ptr + rows[:, None] * J + jj[None, :], acc, mask=e_r[:, None] & (jj < J)[None, :])
+            n_sync += 1
+            _grid_sync(bar_ptr, n_sync * nprog)
+    # the owners' final values: lengths, frames, the prediction network's state
+    tl.store(nout_ptr + o_n, k_n.to(tl.int64), mask=own)
+    tl.store(tend_ptr + o_n, t_n.to(tl.int64), mask=own)
+    if STATELESS:
+        for j in tl.static_range(K):
+            tl.store(ctxout_ptr + o_n * K + j, tl.load(p_priv + (4 + j) * N + o_n, mask=own, other=-1).to(tl.int64),
+                     mask=own)  # fmt: skip
+    else:
+        for layer in tl.static_range(L):
+            for h0 in range(0, H, BK):
+                hh = h0 + o_k
+                m = own[:, None] & (hh < H)[None, :]
+                src = (layer * N + o_n[:, None]) * H + hh[None, :]
+                tl.store(hout_ptr + src, tl.load(h_ptr + hp * L * N * H + src, mask=m, other=0.0,
+                                                 cache_modifier=".cg"), mask=m)  # fmt: skip
+                tl.store(cout_ptr + src, tl.load(c_ptr + src, mask=m, other=0.0, cache_modifier=".cg"), mask=m)
+
+
+def _programs(device: torch.device) -> int:
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return 1  # the interpreter runs programs one after the other: one program, so the barriers pass
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def transducer_greedy(
+    w,
+    x: torch.Tensor,
+    lengths: torch.Tensor,
+    state,
+    blank: int,
+    durations: tuple[int, ...] | None,
+    max_symbols: int,
+):
+    """The kernel's launch: (tokens, lengths, frames, scores, durations, final frame, predictor state, output) as
+    the PyTorch path's ``transducer_greedy_reference`` (w: TransducerWeights of float32/bfloat16/float16 tensors;
+    x [N, T, E] contiguous in w's dtype; lengths, state on x's device)."""
+    N, T, _ = x.shape
+    dev = x.device
+    wd = w.enc_w.dtype
+    f32 = torch.float32
+    D = len(durations) if durations else 0
+    V = w.out_w.shape[0] - D
+    J = w.enc_w.shape[0]
+    S = T * max_symbols
+    encp = torch.nn.functional.linear(x, w.enc_w, w.enc_b).contiguous()
+    stateless = w.stateless
+    R = w.embedding.shape[0]
+    if stateless:
+        P, H, L, K = w.embedding.shape[1], 1, 1, w.context_size
+        if w.conv is None:
+            table = w.embedding.to(f32)[None].contiguous()
+        else:
+            G = w.groups
+            gs = P // G
+            wc = w.conv.to(f32).reshape(G, P // G, gs, K)
+            table = torch.einsum("gojk,vgj->kvgo", wc, w.embedding.to(f32).reshape(R, G, gs)).reshape(K, R, P)
+            table = table.contiguous()
+        wih = whh = torch.zeros(1, 1, 1, dtype=wd, device=dev)
+        bl = torch.zeros(1, 1, dtype=f32, device=dev)
+        h = torch.zeros(2, 1, 1, 1, dtype=f32, device=dev)
+        c = torch.zeros(1, 1, 1, dtype=f32, device=dev)
+        ctx0 = state.predictor[0].contiguous()
+        out_state = state.output
+    else:
+        L, H, K = len(w.lstm), w.lstm[0][1].shape[1], 1
+        P = H
+        w_ih0, _, b_ih0, b_hh0 = w.lstm[0]
+        bias0 = sum(b.to(f32) for b in (b_ih0, b_hh0) if b is not None)
+        table = (w.embedding.to(f32) @ w_ih0.to(f32).T + bias0).contiguous()
+        if wd != f32:  # the reference's products round in the weights' dtype
+            table = table.to(wd).to(f32)
+        wih = torch.stack([layer[0] for layer in w.lstm[1:]]) if L > 1 else torch.zeros(1, 4 * H, H, dtype=wd,
+                                                                                           device=dev)  # fmt: skip
+        wih, whh = wih.contiguous(), torch.stack([layer[1] for layer in w.lstm]).contiguous()
+        bl = torch.stack([sum((b.to(f32) for b in layer[2:] if b is not None), torch.zeros(4 * H, device=dev))
+                          for layer in w.lstm]).contiguous()  # fmt: skip
+        h = torch.empty(2, L, N, H, dtype=f32, device=dev)
+        h[0] = state.predictor[0].to(f32)
+        c = state.predictor[1].to(f32).contiguous()
+        ctx0 = torch.zeros(N, 1, dtype=torch.int64, device=dev)
+        out_state = None
+    g = torch.nn.functional.linear(state.output.to(wd), w.pred_w, w.pred_b).to(f32).contiguous()
+    pb = torch.zeros(J, dtype=f32, device=dev) if w.pred_b is None else w.pred_b.to(f32)
+    ob = torch.zeros(V + D, dtype=f32, device=dev) if w.out_b is None else w.out_b.to(f32)
+    dur = torch.tensor(durations or (1,), dtype=torch.int64, device=dev)
+    BV = 64
+    NCB = triton.cdiv(V, BV)
+    keys = torch.full((3, 2, N), INT64_MIN, dtype=torch.int64, device=dev)
+    part = torch.empty(2, 2, N, NCB, dtype=f32, device=dev)
+    nprog = _programs(dev)
+    priv = torch.empty(nprog, 4 + K, N, dtype=torch.int32, device=dev)
+    bar = torch.zeros(1, dtype=torch.int32, device=dev)
+    tokens = torch.full((N, S), -1, dtype=torch.int64, device=dev)
+    frames = torch.full((N, S), -1, dtype=torch.int64, device=dev)
+    durs = torch.full((N, S), -1, dtype=torch.int64, device=dev)
+    scores = torch.zeros(N, S, dtype=f32, device=dev)
+    n_out = kernel_output(N, dtype=torch.int64, device=dev)
+    t_end = kernel_output(N, dtype=torch.int64, device=dev)
+    h_out = torch.empty(L, N, H, dtype=f32, device=dev)
+    c_out = torch.empty(L, N, H, dtype=f32, device=dev)
+    ctx_out = torch.empty(N, K, dtype=torch.int64, device=dev)
+    BLOCK_N = max(16, next_power_of_2(N))
+    BB = 16 if N <= 16 else 32 if N <= 32 else 64
+    _transducer_greedy_kernel[(nprog,)](
+        encp, lengths, state.time_jumps, state.frames, table, wih, whh, bl, h, c, ctx0, w.pred_w, pb, g, w.out_w, ob,
+        dur, keys, part, priv, bar, tokens, frames, durs, scores, n_out, t_end, h_out, c_out, ctx_out,
+        N, T, J, H, P, V, D, S, R, NCB, blank, max_symbols,
+        L=L, K=K, STATELESS=stateless, HAS_CONV=w.conv is not None, HAS_DUR=D > 0, ACT=("relu", "tanh",
+        "sigmoid").index(w.activation), F32=wd == f32, BLOCK_N=BLOCK_N, BB=BB, BV=BV, BK=64, BH=16, BJ=32,
+    )  # fmt: skip
+    if stateless:
+        predictor = (ctx_out,)
+        out_state = None
+    else:
+        predictor = (h_out.to(wd), c_out.to(wd))
+        out_state = h_out[-1].to(wd)
+    return tokens, n_out, frames, scores, (durs if D else None), t_end, predictor, out_state
