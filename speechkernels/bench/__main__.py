@@ -1,5 +1,5 @@
 """Benchmarks of every capability against its peers:
-python -m speechkernels.bench {ctc,rnnt,joint,tdt,align,wavenet,all} [options].
+python -m speechkernels.bench {ctc,rnnt,joint,tdt,align,decode,wavenet,all} [options].
 
 Each benchmark prints a table (a legend of its columns first) and takes the same options: --device {cuda,cpu},
 --rows ROWS (only these rows; the form is in each benchmark's --help), --json PATH (the rows and the environment:
@@ -22,7 +22,7 @@ if getattr(speechkernels, "__file__", None) is None:  # a folder named speechker
     sys.exit(f"speechkernels imports as the folder {list(speechkernels.__path__)} (a namespace package without the "
              "library's code): run from another folder than the one holding the repository's clone")  # fmt: skip
 
-from . import align, common, ctc, joint, rnnt, tdt, wavenet  # noqa: E402
+from . import align, common, ctc, decode, joint, rnnt, tdt, wavenet  # noqa: E402
 
 CAPABILITIES = {
     "ctc": (ctc, "CTC loss: DeepBench table (T=150) and T=1500 rows"),
@@ -30,6 +30,7 @@ CAPABILITIES = {
     "joint": (joint, "joint network + RNN-T loss: a transducer joint's training step"),
     "tdt": (tdt, "TDT and multi-blank transducer losses against rnnt_loss"),
     "align": (align, "CTC forced alignment against torchaudio's forced_align"),
+    "decode": (decode, "greedy CTC and transducer decoding against the PyTorch loop and peers"),
     "wavenet": (wavenet, "WaveNet inference: the serial-chain proxy and the vocoder"),
 }
 START_SECONDS = 2  # importing torch and the package, once per process

@@ -1,0 +1,339 @@
+"""Greedy decoding: ``TransducerDecoder.greedy`` (one kernel launch per batch) and ``ctc_greedy_decode`` against the
+plain PyTorch loop and, given --peers, other decoders in the same run.
+
+Transducer rows MODEL-NxSECONDS: "tdt" (a Parakeet-TDT-0.6B-sized model: encoder 1024, LSTM 640 x 2, joint 640,
+relu, V = 1024 + blank, durations 0..4, 80 ms frames), "rnnt" (its RNN-T twin) and "zipformer" (encoder 512,
+stateless decoder 512 with context 2, joiner 512, tanh, V = 500, 40 ms frames, one symbol per frame). Random
+weights (seed 0), encoder outputs N(0, 1), the blank's output bias raised until about one frame in three emits a
+token (set once per model on a calibration batch). CTC rows ctc-NxTxC: log-probabilities of N(0, 3) logits.
+
+Times: the median of CUDA-event-timed calls after warm-up, taking turns between the decoders. "torch loop": this
+library's PyTorch path on the same device (a batched label-looping loop, a host synchronisation per step: it
+cannot be captured in a CUDA graph). Exactness: every utterance's tokens, frames and durations against the float64
+PyTorch path (weights in float64); where they differ, ours is replayed in float64 and the first decision that is
+not float64's argmax is reported with its margin (the float64 gap between the two choices, relative to the largest
+logit's magnitude): a near-tie when below 2^-7 (bfloat16) or 2^-18 (float32).
+
+--peers FILE: a Python file defining ``transducer_peers(decoder, dtype) -> {name: (run, lists)}``: ``run(x,
+lengths)`` decodes (timed), ``lists(result)`` gives [(tokens, frames, durations or None)] per utterance (compared
+with ours); absent or failing peers are reported and skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import traceback
+
+import torch
+
+import speechkernels as sk
+from speechkernels.decode import api as decode_api
+from speechkernels.decode.reference import predict, start_state
+
+from .common import (
+    add_common_arguments,
+    comma_choices,
+    emit,
+    environment,
+    interleaved_times_ms,
+    plot_series,
+    plot_title,
+    positive_int,
+    print_legend,
+    print_title,
+    progress,
+    resolve_device,
+    split_rows,
+    write_json,
+)
+
+MODELS = ("tdt", "rnnt", "zipformer")
+FRAME_MS = {"tdt": 80, "rnnt": 80, "zipformer": 40}
+ROWS = ["tdt-1x8", "tdt-8x8", "tdt-128x15", "rnnt-1x8", "rnnt-8x8", "rnnt-128x15", "zipformer-128x15",
+        "ctc-128x188x1025", "ctc-64x1500x5000"]  # fmt: skip
+CPU_DEMO = ["tdt-2x2", "zipformer-2x2", "ctc-4x100x129"]
+CPU_SECONDS = 10  # the CPU demo with the default options, start-up not included
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+NEAR_TIE = {torch.float32: 2.0**-18, torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
+LEGEND = [
+    ("row", "model-NxSECONDS (transducers) or ctc-NxTxC"),
+    ("ours ms", "median ms of one decode of the batch (validate=False; CTC: the whole ctc_greedy_decode call)"),
+    ("loop ms", "the same, the PyTorch path (transducers) or argmax + unique_consecutive per utterance (CTC)"),
+    ("peers", "the fastest --peers decoder's ms and name"),
+    ("x", "the fastest other decoder's ms / ours"),
+    ("RTFx", "seconds of audio decoded per second (transducers; decoder only)"),
+    ("TB/s", "CTC: the scores' bytes / ours ms"),
+    ("exact", "utterances equal to the float64 PyTorch path / all; ties: differences explained by a near-tie"),
+]
+CELLS = "-: not run (no peer given, or not defined for the row)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_common_arguments(p, parse_rows, "model-NxSECONDS with model one of tdt, rnnt, zipformer (e.g. tdt-8x8), or "
+                         "ctc-NxTxC (e.g. ctc-128x188x1025)", "our speed-up over the fastest other decoder per "
+                         "row")  # fmt: skip
+    p.add_argument("--dtypes", type=comma_choices(tuple(DTYPES)), default=None,
+                   help="the networks' dtypes for the transducer rows (default: float32,bfloat16 on the GPU, float32 "
+                   "on the CPU)")  # fmt: skip
+    p.add_argument("--reps", type=positive_int, default=20, help="timed calls of each decoder (default 20)")
+    p.add_argument("--peers", metavar="FILE", default=None, help="a Python file defining transducer_peers(decoder, "
+                   "dtype) (see above)")  # fmt: skip
+
+
+def parse_rows(text: str) -> list[str]:
+    """--rows: comma-separated MODEL-NxSECONDS or ctc-NxTxC, or argparse's ArgumentTypeError naming the form."""
+    rows = []
+    for item in split_rows(text):
+        model, _, shape = item.partition("-")
+        want = 3 if model == "ctc" else 2
+        try:
+            dims = [int(v) for v in shape.split("x")]
+        except ValueError:
+            dims = []
+        if (model not in MODELS and model != "ctc") or len(dims) != want or min(dims, default=0) < 1:
+            raise argparse.ArgumentTypeError(f"{item!r} is not MODEL-NxSECONDS (MODEL one of {', '.join(MODELS)}, "
+                                             "e.g. tdt-8x8) or ctc-NxTxC (e.g. ctc-128x188x1025)")  # fmt: skip
+        rows.append(item)
+    return list(dict.fromkeys(rows))
+
+
+def build_model(name: str, device, dtype) -> tuple[sk.TransducerDecoder, int]:
+    """(decoder, encoder width) of a random model of the given kind."""
+    torch.manual_seed(0)
+    if name == "zipformer":
+        V, E, P = 500, 512, 512
+        dec = sk.TransducerDecoder(torch.nn.Embedding(V, P), torch.nn.Linear(E, P), torch.nn.Linear(P, P),
+                                   torch.nn.Linear(P, V), conv=torch.nn.Conv1d(P, P, 2, groups=P // 4, bias=False),
+                                   context_size=2, activation="tanh", blank=0, max_symbols_per_frame=1)  # fmt: skip
+    else:
+        V, E, H = 1025, 1024, 640
+        durations = [0, 1, 2, 3, 4] if name == "tdt" else None
+        out = torch.nn.Linear(H, V + (5 if durations else 0))
+        dec = sk.TransducerDecoder(torch.nn.Embedding(V, H), torch.nn.Linear(E, H), torch.nn.Linear(H, H), out,
+                                   lstm=torch.nn.LSTM(H, H, 2), blank=V - 1, durations=durations)  # fmt: skip
+    return dec.to(device=device, dtype=dtype).eval(), E
+
+
+def calibrate(dec: sk.TransducerDecoder, x: torch.Tensor, rate: float = 1 / 3, iters: int = 12) -> float:
+    """Raises the blank's output bias (bisection) until about ``rate`` tokens per frame are emitted; the rate."""
+    bias = dec.out.bias
+    base = bias[dec.blank].item()
+
+    def emitted(shift: float) -> float:
+        with torch.no_grad():
+            bias[dec.blank] = base + shift
+        hyp, _ = dec.greedy(x)
+        return hyp.lengths.sum().item() / x.shape[0] / x.shape[1]
+
+    lo, hi = -16.0, 16.0
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if emitted(mid) > rate else (lo, mid)
+    return emitted((lo + hi) / 2)
+
+
+def utterances(hyp) -> list[tuple[list[int], list[int], list[int] | None]]:
+    out = []
+    for n in range(hyp.tokens.shape[0]):
+        k = int(hyp.lengths[n])
+        durs = None if hyp.durations is None else hyp.durations[n, :k].tolist()
+        out.append((hyp.tokens[n, :k].tolist(), hyp.frames[n, :k].tolist(), durs))
+    return out
+
+
+@torch.no_grad()
+def first_divergence(dec: sk.TransducerDecoder, x: torch.Tensor, length: int, ours) -> dict | None:
+    """Replays our hypothesis of one utterance (x [T, E]) in float64: the first decision that is not float64's
+    argmax, with its relative margin, or None if every decision is (then ours is the float64 path itself)."""
+    w = dec.weights().to(torch.float64)
+    act = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}[w.activation]
+    V, blank = dec.vocab_size, dec.blank
+    tokens, frames, durs = ours
+    st = start_state(w, 1, blank, x.device)
+    pred_state, out = st.predictor, st.output
+    enc = torch.nn.functional.linear(x.double(), w.enc_w, w.enc_b)
+    t, j, at_frame = 0, 0, 0
+    while t < length:
+        logits = torch.nn.functional.linear(act(enc[t] + torch.nn.functional.linear(out[0], w.pred_w, w.pred_b)),
+                                            w.out_w, w.out_b)  # fmt: skip
+        ours_emits = j < len(tokens) and frames[j] == t
+        choice = tokens[j] if ours_emits else blank
+        scale = logits[:V].abs().max().item() or 1.0
+        best = int(logits[:V].argmax())
+        if best != choice:
+            return dict(token_index=j, frame=t, what="label", margin=(logits[best] - logits[choice]).item() / scale)
+        if dec.durations:
+            D = logits[V:]
+            d_best = int(D.argmax())
+            if ours_emits and dec.durations[d_best] != durs[j]:
+                d_ours = dec.durations.index(durs[j])
+                return dict(token_index=j, frame=t, what="duration", margin=(D[d_best] - D[d_ours]).item() / scale)
+            step = dec.durations[d_best]
+        else:
+            step = 0 if ours_emits else 1
+        if not ours_emits:
+            t, at_frame = t + max(step, 1), 0
+            if j < len(tokens) and frames[j] < t:
+                return dict(token_index=j, frame=t, what="blank duration", margin=None)
+            continue
+        out, pred_state = predict(w, torch.tensor([choice], device=x.device), pred_state)
+        j += 1
+        at_frame = at_frame + 1 if step == 0 else 0
+        if at_frame >= dec.max_symbols_per_frame:
+            step, at_frame = 1, 0
+        t += step
+    return None if j == len(tokens) else dict(token_index=j, frame=t, what="length", margin=None)
+
+
+def exactness(dec, x, lengths, hyp, dtype) -> dict:
+    """Ours against the float64 PyTorch path, utterance by utterance; differences replayed (first_divergence)."""
+    ref_dec = _double(dec)
+    saved = decode_api.transducer_kernels
+    decode_api.transducer_kernels = None
+    try:
+        ref, _ = ref_dec.greedy(x.double(), lengths)
+    finally:
+        decode_api.transducer_kernels = saved
+    ours, want = utterances(hyp), utterances(ref)
+    differing = []
+    for n, (a, b) in enumerate(zip(ours, want, strict=True)):
+        if a != b:
+            d = first_divergence(dec, x[n], int(lengths[n]), a) or {"margin": None, "what": "none found"}
+            d["utterance"] = n
+            differing.append(d)
+    tol = NEAR_TIE[dtype]
+    ties = sum(1 for d in differing if d["margin"] is not None and 0 <= d["margin"] <= tol)
+    return {"utterances": len(ours), "equal": len(ours) - len(differing), "near_ties": ties, "tie_tolerance": tol,
+            "differing": differing}  # fmt: skip
+
+
+def _double(dec: sk.TransducerDecoder) -> sk.TransducerDecoder:
+    import copy
+
+    return copy.deepcopy(dec).double()
+
+
+def load_peers(path: str | None):
+    if path is None:
+        return None
+    spec = importlib.util.spec_from_file_location("decode_peers", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.transducer_peers
+
+
+def measure_transducer(row: str, dtype, device, args, peers_fn) -> dict:
+    model, _, shape = row.partition("-")
+    N, seconds = (int(v) for v in shape.split("x"))
+    T = round(seconds * 1000 / FRAME_MS[model])
+    dec, E = build_model(model, device, dtype)
+    g = torch.Generator(device=device).manual_seed(1)
+    x = torch.randn(N, T, E, generator=g, device=device).to(dtype)
+    cal = torch.randn(max(N, 8), T, E, generator=g, device=device).to(dtype)
+    out = dict(row=row, model=model, N=N, T=T, seconds=seconds, dtype=str(dtype).removeprefix("torch."))
+    out["emit_rate"] = calibrate(dec, cal)
+    lengths = torch.full((N,), T, device=device)
+    hyp, _ = dec.greedy(x, lengths, validate=False)
+    out["tokens"] = int(hyp.lengths.sum())
+    fns = {"ours": lambda: dec.greedy(x, lengths, validate=False)}
+
+    def loop():
+        saved = decode_api.transducer_kernels
+        decode_api.transducer_kernels = None
+        try:
+            return dec.greedy(x, lengths)
+        finally:
+            decode_api.transducer_kernels = saved
+
+    fns["torch loop"] = loop
+    peer_lists = {}
+    if peers_fn is not None:
+        errors = {}
+        try:
+            peers = peers_fn(dec, dtype)
+        except Exception:  # noqa: BLE001 - a failing peer is reported, not fatal
+            peers, errors["peers"] = {}, traceback.format_exc(limit=3)
+        for name, (run, lists) in peers.items():
+            try:
+                peer_lists[name] = lists(run(x, lengths))
+                fns[name] = lambda run=run: run(x, lengths)
+            except Exception:  # noqa: BLE001
+                errors[name] = traceback.format_exc(limit=3)
+        if errors:
+            out["peer_errors"] = errors
+    reps = args.reps if device.type == "cuda" else 2
+    times = interleaved_times_ms(fns, device, warmup=2, reps=reps)
+    out["ms"] = {k: statistics.median(v) for k, v in times.items()}
+    out["rtfx"] = N * seconds / (out["ms"]["ours"] / 1000)
+    out["exact"] = exactness(dec, x, lengths, hyp, dtype)
+    ours = utterances(hyp)
+    out["peers_equal"] = {
+        name: {"tokens_frames_durations": sum(a == b for a, b in zip(ours, theirs, strict=True)),
+               "tokens_frames": sum(a[:2] == b[:2] for a, b in zip(ours, theirs, strict=True))}
+        for name, theirs in peer_lists.items()
+    }  # fmt: skip
+    return out
+
+
+def measure_ctc(row: str, device, args) -> dict:
+    N, T, C = (int(v) for v in row.partition("-")[2].split("x"))
+    g = torch.Generator(device=device).manual_seed(2)
+    x = (3 * torch.randn(N, T, C, generator=g, device=device)).log_softmax(-1)
+    lengths = torch.full((N,), T, device=device)
+
+    def peer():
+        best = x.argmax(-1)
+        return [torch.unique_consecutive(best[n]) for n in range(N)]
+
+    fns = {"ours": lambda: sk.ctc_greedy_decode(x, lengths, validate=False), "torch loop": peer}
+    times = interleaved_times_ms(fns, device, warmup=3, reps=args.reps if device.type == "cuda" else 2)
+    ms = {k: statistics.median(v) for k, v in times.items()}
+    return dict(row=row, model="ctc", N=N, T=T, C=C, dtype="float32", ms=ms,
+                tbps=x.numel() * x.element_size() / (ms["ours"] / 1000) / 1e12)  # fmt: skip
+
+
+def run(args) -> int:
+    device = resolve_device(args)
+    env = environment(device)
+    gpu = device.type == "cuda"
+    rows = args.rows or (ROWS if gpu else CPU_DEMO)
+    dtypes = [DTYPES[d] for d in (args.dtypes or (["float32", "bfloat16"] if gpu else ["float32"]))]
+    peers_fn = load_peers(args.peers)
+    print_title("Greedy decoding (TransducerDecoder.greedy, ctc_greedy_decode)", env, args.reps)
+    print_legend(LEGEND, CELLS)
+    print(f"{'row':>18} {'dtype':>8} | {'ours ms':>8} {'loop ms':>8} {'peers':>18} {'x':>6} | {'RTFx':>8} "
+          f"{'TB/s':>5} | exact (ties)", flush=True)  # fmt: skip
+    work = [(r, d) for r in rows for d in (dtypes if not r.startswith("ctc") else [None])]
+    out = []
+    for r, d in progress(work, "decode", lambda w: f"{w[0]} {w[1] or ''}"):
+        out.append(measure_ctc(r, device, args) if d is None else measure_transducer(r, d, device, args, peers_fn))
+        _print_row(out[-1])
+    if args.json:
+        write_json(args.json, {"benchmark": "decode", "environment": env, "rows": out})
+    if args.plot:
+        labels = [f"{r['row']}\n{r['dtype']}" for r in out]
+        series = {"fastest other decoder ms / ours": [_speedup(r) for r in out]}
+        plot_series(args.plot, labels, series, plot_title("Greedy decoding against the PyTorch loop and peers", env,
+                    device), "speed-up", "row, dtype")  # fmt: skip
+    return 0
+
+
+def _speedup(row: dict) -> float | None:
+    others = [v for k, v in row["ms"].items() if k != "ours"]
+    return min(others) / row["ms"]["ours"] if others else None
+
+
+def _print_row(row: dict) -> None:
+    ms = row["ms"]
+    peers = {k: v for k, v in ms.items() if k not in ("ours", "torch loop")}
+    best = min(peers, key=peers.get) if peers else None
+    peer = f"{peers[best]:7.2f} {best[:10]:>10}" if best else f"{'-':>18}"
+    x = _speedup(row)
+    rtfx = f"{row['rtfx']:8.0f}" if "rtfx" in row else f"{'-':>8}"
+    tbps = f"{row['tbps']:5.2f}" if "tbps" in row else f"{'-':>5}"
+    e = row.get("exact")
+    exact = f"{e['equal']}/{e['utterances']} ({e['near_ties']})" if e else "-"
+    emit(f"{row['row']:>18} {row['dtype']:>8} | {ms['ours']:8.3f} {ms['torch loop']:8.2f} {peer} "
+         f"{x if x is None else format(x, '6.1f')} | {rtfx} {tbps} | {exact}")  # fmt: skip
