@@ -341,3 +341,15 @@ def test_refusals():
         sk.TransducerDecoder(e, lin, lin, torch.nn.Linear(4, 5), activation="gelu")
     with pytest.raises(ValueError, match="share one dtype"):
         sk.TransducerDecoder(e, lin, lin, torch.nn.Linear(4, 5).double())
+
+
+@pytest.mark.parametrize("kind", [dict(durations=[0, 1, 2]), dict(stateless=2)], ids=str)
+def test_a_batch_past_the_small_tiles(device, kind):
+    """More rows than the kernel's FMA tiles take (tensor-core tiles), ragged."""
+    dec = make_decoder(11, device=device, **kind)
+    g = torch.Generator().manual_seed(4)
+    N, T = 19, 7
+    x = torch.randn(N, T, 6, generator=g)
+    lengths = torch.randint(0, T + 1, (N,), generator=g)
+    hyp, _ = dec.greedy(x.to(device), lengths)
+    check(hyp, oracle(dec, x, lengths.tolist()), dec, T)

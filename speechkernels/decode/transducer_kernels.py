@@ -36,6 +36,7 @@ from .._utils import kernel_output, next_power_of_2
 _INTERPRETER = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 INT64_MIN = -(2**63)
 _NO_KEY = tl.constexpr(INT64_MIN)  # below every packed key
+SMALL_BATCH = 4  # up to this many rows: FMA tiles
 
 
 @triton.jit
@@ -48,6 +49,51 @@ def _dot(a, b, acc, F32: tl.constexpr):
         return tl.dot(a, b, acc, input_precision="tf32x3")
     else:
         return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _zeros(BB: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr, FMA: tl.constexpr):
+    """The accumulator of ``_mm``: [BB, BN], or with FMA the products' partial sums [BB, BK, BN] (one reduction
+    at the end, ``_total``, rather than one per block of K)."""
+    if FMA:
+        return tl.zeros([BB, BK, BN], tl.float32)
+    else:
+        return tl.zeros([BB, BN], tl.float32)
+
+
+@triton.jit
+def _mm(a, b, acc, F32: tl.constexpr, FMA: tl.constexpr):
+    """acc + a [M, K] @ b [K, N]: on the tensor cores (``_dot``), or with FMA (a few rows: float32 products of the
+    operands, float32 sums)."""
+    if FMA:
+        return acc + a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :]
+    else:
+        return _dot(a, b, acc, F32)
+
+
+@triton.jit
+def _total(acc, FMA: tl.constexpr):
+    if FMA:
+        return tl.sum(acc, 1)
+    else:
+        return acc
+
+
+@triton.jit
+def _ranges(n, block: tl.constexpr, want):
+    """How many ranges split n items: ``want`` (one per program) where each then holds at most ``block`` items,
+    else as few as hold ``block`` each; range r is [r * n // count, (r + 1) * n // count)."""
+    return tl.minimum(tl.maximum(tl.cdiv(n, block), want), n)
+
+
+@triton.jit
+def _split4(x, BB: tl.constexpr, BH: tl.constexpr):
+    """x [BB, 4 * BH] with columns q * BH + u as the four [BB, BH] blocks q = 0..3."""
+    x4 = tl.permute(tl.reshape(x, [BB, 2, 2, BH]), [0, 3, 1, 2])  # [BB, BH, a, b] for q = 2a + b
+    even, odd = tl.split(x4)  # b = 0: q = 0, 2; b = 1: q = 1, 3
+    q0, q2 = tl.split(even)
+    q1, q3 = tl.split(odd)
+    return q0, q1, q2, q3
 
 
 @triton.jit
@@ -91,6 +137,20 @@ def _unkey(key):
 
 
 @triton.jit
+def _stamp(prof_ptr, i, code, PROFILE: tl.constexpr):
+    """With PROFILE, program 0 records (code, the global timer in ns) as event i; returns i + 1."""
+    if PROFILE:
+        if tl.program_id(0) == 0:
+            now = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
+                                            pack=1)  # fmt: skip
+            tl.store(prof_ptr + 2 * i, tl.full([], code, tl.int64))
+            tl.store(prof_ptr + 2 * i + 1, now)
+        return tl.minimum(i + 1, PROFILE - 1)
+    else:
+        return i
+
+
+@triton.jit
 def _grid_sync(bar_ptr, target):
     """Every program's stores before this are seen by every program after it (the counter reaches target =
     barriers passed x programs)."""
@@ -127,10 +187,12 @@ def _transducer_greedy_kernel(
     nout_ptr, tend_ptr,  # [N] int64 out: hypothesis lengths, final frame
     hout_ptr, cout_ptr,  # [L, N, H] f32 out: final LSTM state
     ctxout_ptr,  # [N, K] int64 out: final context
-    N, T, J, H, P, V, D, S, R, NCB, blank, max_symbols,
-    L: tl.constexpr, K: tl.constexpr, STATELESS: tl.constexpr, HAS_CONV: tl.constexpr, HAS_DUR: tl.constexpr,
-    ACT: tl.constexpr, F32: tl.constexpr, BLOCK_N: tl.constexpr, BB: tl.constexpr, BV: tl.constexpr,
-    BK: tl.constexpr, BH: tl.constexpr, BJ: tl.constexpr,
+    prof_ptr,  # [PROFILE, 2] int64 out: program 0's (event, time) pairs, with PROFILE > 0 (events: _PHASES)
+    N, T, S, R, NCB, blank, max_symbols,
+    J: tl.constexpr, H: tl.constexpr, P: tl.constexpr, V: tl.constexpr, D: tl.constexpr,
+    L: tl.constexpr, K: tl.constexpr, FMA: tl.constexpr, STATELESS: tl.constexpr, HAS_CONV: tl.constexpr,
+    HAS_DUR: tl.constexpr, ACT: tl.constexpr, F32: tl.constexpr, BLOCK_N: tl.constexpr, NCB_P2: tl.constexpr,
+    BB: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, BH: tl.constexpr, BJ: tl.constexpr, PROFILE: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -159,20 +221,25 @@ def _transducer_greedy_kernel(
     step = 0
     hp = 0  # the h buffer holding the current hidden states
     n_sync = 0
+    ev = 0
     while n_act > 0:
+        ev = _stamp(prof_ptr, ev, 0, PROFILE)
         kb = step % 3
         pb = step % 2
-        # 1. joint logits of the active rows: tiles (row block, column block) over V + D columns
-        n_cb = tl.cdiv(V + D, BV)
-        for tile in range(pid, n_rb * n_cb, nprog):
+        # 1. joint logits of the active rows: tiles (row block, range of output columns) over the V + D columns
+        n_ct = _ranges(V + D, BV, nprog // n_rb)
+        for tile in range(pid, n_rb * n_ct, nprog):
             rows = (tile % n_rb) * BB + o_b
-            cb = tile // n_rb
-            cols = cb * BV + tl.arange(0, BV)
+            ct = tile // n_rb
+            c_lo = ct * (V + D) // n_ct
+            c_hi = (ct + 1) * (V + D) // n_ct
+            cols = c_lo + tl.arange(0, BV)
+            m_c = cols < c_hi
             m_r = rows < N
             t_r = tl.load(p_priv + rows, mask=m_r, other=0)
             a_r = tl.load(p_priv + N + rows, mask=m_r, other=0) != 0
             t_r = tl.minimum(t_r, T - 1)
-            acc = tl.zeros([BB, BV], tl.float32)
+            acc = _zeros(BB, BK, BV, FMA)
             for k0 in range(0, J, BK):
                 kk = k0 + o_k
                 m_rk = a_r[:, None] & (kk < J)[None, :]
@@ -180,30 +247,31 @@ def _transducer_greedy_kernel(
                             other=0.0).to(tl.float32)  # fmt: skip
                 g = tl.load(g_ptr + rows[:, None] * J + kk[None, :], mask=m_rk, other=0.0, cache_modifier=".cg")
                 x = _act((e + g).to(WD).to(tl.float32), ACT).to(WD)
-                w = tl.load(ow_ptr + cols[None, :] * J + kk[:, None], mask=(cols < V + D)[None, :] & (kk < J)[:, None],
-                            other=0.0)  # fmt: skip
-                acc = _dot(x, w, acc, F32)
-            logits = acc + tl.load(ob_ptr + cols, mask=cols < V + D, other=0.0)[None, :]
+                w = tl.load(ow_ptr + cols[None, :] * J + kk[:, None], mask=m_c[None, :] & (kk < J)[:, None], other=0.0)
+                acc = _mm(x, w, acc, F32, FMA)
+            logits = _total(acc, FMA) + tl.load(ob_ptr + cols, mask=m_c, other=0.0)[None, :]
             if not F32:
                 logits = logits.to(WD).to(tl.float32)
-            is_tok = (cols < V)[None, :]
+            is_tok = (m_c & (cols < V))[None, :]
             tkey = tl.max(tl.where(is_tok, _key(logits, cols[None, :]), _NO_KEY), 1)
-            tl.atomic_max(key_ptr + (kb * 2) * N + rows, tkey, mask=a_r & (o_b * 0 + cb * BV < V), sem="relaxed")
+            tl.atomic_max(key_ptr + (kb * 2) * N + rows, tkey, mask=a_r & (o_b * 0 + c_lo < V), sem="relaxed")
             if HAS_DUR:
-                is_dur = (cols >= V)[None, :] & (cols < V + D)[None, :]
+                is_dur = (m_c & (cols >= V))[None, :]
                 dkey = tl.max(tl.where(is_dur, _key(logits, cols[None, :] - V), _NO_KEY), 1)
-                m_d = a_r & (o_b * 0 + cb * BV + BV > V)
+                m_d = a_r & (o_b * 0 + c_hi > V)
                 tl.atomic_max(key_ptr + (kb * 2 + 1) * N + rows, dkey, mask=m_d, sem="relaxed")
-            if cb * BV < V:
-                lv = tl.where(is_tok, logits, float("-inf"))
-                m = tl.max(lv, 1)
-                m_safe = tl.where(m == float("-inf"), 0.0, m)
-                s = tl.sum(tl.exp(lv - m_safe[:, None]), 1)
-                p_part = part_ptr + ((pb * 2) * N + rows) * NCB + cb
-                tl.store(p_part, m, mask=a_r)
-                tl.store(p_part + N * NCB, s, mask=a_r)
+            # the partial log-sum-exp of the tile's token columns (-inf, 0 for a tile of durations only)
+            lv = tl.where(is_tok, logits, float("-inf"))
+            m = tl.max(lv, 1)
+            m_safe = tl.where(m == float("-inf"), 0.0, m)
+            s = tl.sum(tl.exp(lv - m_safe[:, None]), 1)
+            p_part = part_ptr + ((pb * 2) * N + rows) * NCB + ct
+            tl.store(p_part, m, mask=a_r)
+            tl.store(p_part + N * NCB, s, mask=a_r)
+        ev = _stamp(prof_ptr, ev, 1, PROFILE)
         n_sync += 1
         _grid_sync(bar_ptr, n_sync * nprog)
+        ev = _stamp(prof_ptr, ev, 2, PROFILE)
         # 2. the decision, every row in every program
         key = tl.load(key_ptr + (kb * 2) * N + o_n, mask=active, other=_NO_KEY, cache_modifier=".cg")
         value, label = _unkey(key)
@@ -216,19 +284,14 @@ def _transducer_greedy_kernel(
             dur = tl.where(emit, 0, 1)
         # the owner's outputs: score = logit - logsumexp over the token logits (partials of the column blocks)
         m_own = own & emit
-        o_cb = tl.arange(0, 32)
-        lse_m = tl.full([BLOCK_N], float("-inf"), tl.float32)
-        lse_s = tl.zeros([BLOCK_N], tl.float32)
-        for c0 in range(0, NCB, 32):
-            m_c = m_own[:, None] & (c0 + o_cb < NCB)[None, :]
-            p_part = part_ptr + ((pb * 2) * N + o_n[:, None]) * NCB + c0 + o_cb[None, :]
-            pm = tl.load(p_part, mask=m_c, other=float("-inf"), cache_modifier=".cg")
-            ps = tl.load(p_part + N * NCB, mask=m_c, other=0.0, cache_modifier=".cg")
-            new_m = tl.maximum(lse_m, tl.max(pm, 1))
-            safe = tl.where(new_m == float("-inf"), 0.0, new_m)
-            lse_s = lse_s * tl.exp(lse_m - safe) + tl.sum(ps * tl.exp(pm - safe[:, None]), 1)
-            lse_m = new_m
-        score = value - (tl.where(lse_m == float("-inf"), 0.0, lse_m) + tl.log(lse_s))
+        o_cb = tl.arange(0, NCB_P2)
+        m_c = m_own[:, None] & (o_cb < NCB)[None, :]
+        p_part = part_ptr + ((pb * 2) * N + o_n[:, None]) * NCB + o_cb[None, :]
+        pm = tl.load(p_part, mask=m_c, other=float("-inf"), cache_modifier=".cg")
+        ps = tl.load(p_part + N * NCB, mask=m_c, other=0.0, cache_modifier=".cg")
+        lse_m = tl.max(pm, 1)
+        safe = tl.where(lse_m == float("-inf"), 0.0, lse_m)
+        score = value - (safe + tl.log(tl.sum(ps * tl.exp(pm - safe[:, None]), 1)))
         slot = tl.minimum(k_n, S - 1).to(tl.int64)
         p_out = o_n.to(tl.int64) * S + slot
         tl.store(tok_ptr + p_out, label.to(tl.int64), mask=m_own)
@@ -263,60 +326,56 @@ def _transducer_greedy_kernel(
             tl.debug_barrier()
             tl.store(p_priv + (3 + K) * N + o_n, tl.where(emit, label, last), mask=m_n)
         tl.debug_barrier()
+        ev = _stamp(prof_ptr, ev, 3, PROFILE)
         step += 1
         # 3. the prediction network of the emitting rows
         if n_emit > 0:
             if not STATELESS:
+                # tiles (row block, range of hidden units): the four gates of the units in one product, columns
+                # q * BH + u for gate q (i, f, g, o) of unit u_lo + u
+                n_ut = _ranges(H, BH, nprog // n_rb)
+                o_g = tl.arange(0, 4 * BH)
                 for layer in tl.static_range(L):
-                    n_ub = tl.cdiv(H, BH)
-                    for tile in range(pid, n_rb * n_ub, nprog):
+                    for tile in range(pid, n_rb * n_ut, nprog):
                         rows = (tile % n_rb) * BB + o_b
-                        units = (tile // n_rb) * BH + tl.arange(0, BH)
+                        ut = tile // n_rb
+                        u_lo = ut * H // n_ut
+                        u_hi = (ut + 1) * H // n_ut
+                        units = u_lo + tl.arange(0, BH)
+                        m_u = units < u_hi
+                        grow = (o_g // BH) * H + u_lo + o_g % BH  # each column's row of W and of the table
+                        m_g = (u_lo + o_g % BH) < u_hi
                         m_r = rows < N
                         e_r = (tl.load(p_priv + 3 * N + rows, mask=m_r, other=0) != 0) & m_r
-                        m_u = units < H
                         m_ru = e_r[:, None] & m_u[None, :]
-                        gi = tl.zeros([BB, BH], tl.float32)
-                        gf = tl.zeros([BB, BH], tl.float32)
-                        gg = tl.zeros([BB, BH], tl.float32)
-                        go = tl.zeros([BB, BH], tl.float32)
-                        if layer == 0:
-                            lab = tl.load(p_priv + 2 * N + rows, mask=m_r, other=0)
-                            p_tab = table_ptr + lab.to(tl.int64)[:, None] * (4 * H) + units[None, :]
-                            gi += tl.load(p_tab, mask=m_ru, other=0.0)
-                            gf += tl.load(p_tab + H, mask=m_ru, other=0.0)
-                            gg += tl.load(p_tab + 2 * H, mask=m_ru, other=0.0)
-                            go += tl.load(p_tab + 3 * H, mask=m_ru, other=0.0)
-                        else:
-                            p_b = bl_ptr + layer * 4 * H + units
-                            gi += tl.load(p_b, mask=m_u, other=0.0)[None, :]
-                            gf += tl.load(p_b + H, mask=m_u, other=0.0)[None, :]
-                            gg += tl.load(p_b + 2 * H, mask=m_u, other=0.0)[None, :]
-                            go += tl.load(p_b + 3 * H, mask=m_u, other=0.0)[None, :]
+                        acc = _zeros(BB, BK, 4 * BH, FMA)
+                        if layer > 0:
                             # the layer below's new output, through W_ih
                             p_x = h_ptr + (((1 - hp) * L + layer - 1) * N + rows[:, None]) * H
-                            p_w = wih_ptr + ((layer - 1) * 4 * H + units[None, :]) * H
+                            p_w = wih_ptr + ((layer - 1) * 4 * H + grow[None, :]) * H
                             for k0 in range(0, H, BK):
                                 kk = k0 + o_k
                                 x = tl.load(p_x + kk[None, :], mask=e_r[:, None] & (kk < H)[None, :], other=0.0,
                                             cache_modifier=".cg").to(WD)  # fmt: skip
-                                m_w = m_u[None, :] & (kk < H)[:, None]
-                                gi = _dot(x, tl.load(p_w + kk[:, None], mask=m_w, other=0.0), gi, F32)
-                                gf = _dot(x, tl.load(p_w + H * H + kk[:, None], mask=m_w, other=0.0), gf, F32)
-                                gg = _dot(x, tl.load(p_w + 2 * H * H + kk[:, None], mask=m_w, other=0.0), gg, F32)
-                                go = _dot(x, tl.load(p_w + 3 * H * H + kk[:, None], mask=m_w, other=0.0), go, F32)
+                                w = tl.load(p_w + kk[:, None], mask=m_g[None, :] & (kk < H)[:, None], other=0.0)
+                                acc = _mm(x, w, acc, F32, FMA)
                         # the layer's own previous output, through W_hh
                         p_x = h_ptr + ((hp * L + layer) * N + rows[:, None]) * H
-                        p_w = whh_ptr + (layer * 4 * H + units[None, :]) * H
+                        p_w = whh_ptr + (layer * 4 * H + grow[None, :]) * H
                         for k0 in range(0, H, BK):
                             kk = k0 + o_k
                             x = tl.load(p_x + kk[None, :], mask=e_r[:, None] & (kk < H)[None, :], other=0.0,
                                         cache_modifier=".cg").to(WD)  # fmt: skip
-                            m_w = m_u[None, :] & (kk < H)[:, None]
-                            gi = _dot(x, tl.load(p_w + kk[:, None], mask=m_w, other=0.0), gi, F32)
-                            gf = _dot(x, tl.load(p_w + H * H + kk[:, None], mask=m_w, other=0.0), gf, F32)
-                            gg = _dot(x, tl.load(p_w + 2 * H * H + kk[:, None], mask=m_w, other=0.0), gg, F32)
-                            go = _dot(x, tl.load(p_w + 3 * H * H + kk[:, None], mask=m_w, other=0.0), go, F32)
+                            w = tl.load(p_w + kk[:, None], mask=m_g[None, :] & (kk < H)[:, None], other=0.0)
+                            acc = _mm(x, w, acc, F32, FMA)
+                        gates = _total(acc, FMA)
+                        if layer == 0:  # embedding @ W_ih0^T + biases, per token
+                            lab = tl.load(p_priv + 2 * N + rows, mask=m_r, other=0)
+                            gates += tl.load(table_ptr + lab.to(tl.int64)[:, None] * (4 * H) + grow[None, :],
+                                             mask=e_r[:, None] & m_g[None, :], other=0.0)  # fmt: skip
+                        else:
+                            gates += tl.load(bl_ptr + layer * 4 * H + grow, mask=m_g, other=0.0)[None, :]
+                        gi, gf, gg, go = _split4(gates, BB, BH)
                         p_c = c_ptr + (layer * N + rows[:, None]) * H + units[None, :]
                         c_old = tl.load(p_c, mask=m_ru, other=0.0)
                         c_new = _sigmoid(gf) * c_old + _sigmoid(gi) * _tanh(gg)
@@ -327,17 +386,22 @@ def _transducer_greedy_kernel(
                         h_old = tl.load(p_old, mask=m_r[:, None] & m_u[None, :], other=0.0, cache_modifier=".cg")
                         tl.store(p_old + (1 - 2 * hp) * L * N * H, tl.where(e_r[:, None], h_new, h_old),
                                  mask=m_r[:, None] & m_u[None, :])  # fmt: skip
+                    ev = _stamp(prof_ptr, ev, 4, PROFILE)
                     n_sync += 1
                     _grid_sync(bar_ptr, n_sync * nprog)
+                    ev = _stamp(prof_ptr, ev, 5, PROFILE)
                 hp = 1 - hp
-            # the projection g = pred_w @ out + pred_b of the emitting rows
-            n_jb = tl.cdiv(J, BJ)
-            for tile in range(pid, n_rb * n_jb, nprog):
+            # the projection g = pred_w @ out + pred_b of the emitting rows: tiles (row block, range of J)
+            n_jt = _ranges(J, BJ, nprog // n_rb)
+            for tile in range(pid, n_rb * n_jt, nprog):
                 rows = (tile % n_rb) * BB + o_b
-                jj = (tile // n_rb) * BJ + tl.arange(0, BJ)
+                jt = tile // n_rb
+                j_lo = jt * J // n_jt
+                jj = j_lo + tl.arange(0, BJ)
+                m_j = jj < (jt + 1) * J // n_jt
                 m_r = rows < N
                 e_r = (tl.load(p_priv + 3 * N + rows, mask=m_r, other=0) != 0) & m_r
-                acc = tl.zeros([BB, BJ], tl.float32)
+                acc = _zeros(BB, BK, BJ, FMA)
                 for k0 in range(0, P, BK):
                     kk = k0 + o_k
                     m_rk = e_r[:, None] & (kk < P)[None, :]
@@ -352,15 +416,18 @@ def _transducer_greedy_kernel(
                     else:
                         x = tl.load(h_ptr + ((hp * L + L - 1) * N + rows[:, None]) * H + kk[None, :], mask=m_rk,
                                     other=0.0, cache_modifier=".cg")  # fmt: skip
-                    w = tl.load(pw_ptr + jj[None, :] * P + kk[:, None], mask=(jj < J)[None, :] & (kk < P)[:, None],
-                                other=0.0)  # fmt: skip
-                    acc = _dot(x.to(WD), w, acc, F32)
-                acc += tl.load(pb_ptr + jj, mask=jj < J, other=0.0)[None, :]
+                    w = tl.load(
+                        pw_ptr + jj[None, :] * P + kk[:, None], mask=m_j[None, :] & (kk < P)[:, None], other=0.0
+                    )
+                    acc = _mm(x.to(WD), w, acc, F32, FMA)
+                acc = _total(acc, FMA) + tl.load(pb_ptr + jj, mask=m_j, other=0.0)[None, :]
                 if not F32:
                     acc = acc.to(WD).to(tl.float32)
-                tl.store(g_ptr + rows[:, None] * J + jj[None, :], acc, mask=e_r[:, None] & (jj < J)[None, :])
+                tl.store(g_ptr + rows[:, None] * J + jj[None, :], acc, mask=e_r[:, None] & m_j[None, :])
+            ev = _stamp(prof_ptr, ev, 6, PROFILE)
             n_sync += 1
             _grid_sync(bar_ptr, n_sync * nprog)
+            ev = _stamp(prof_ptr, ev, 7, PROFILE)
     # the owners' final values: lengths, frames, the prediction network's state
     tl.store(nout_ptr + o_n, k_n.to(tl.int64), mask=own)
     tl.store(tend_ptr + o_n, t_n.to(tl.int64), mask=own)
@@ -385,6 +452,60 @@ def _programs(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+_PREPARED: dict = {}
+
+
+def prepared(w, durations) -> dict:
+    """What the kernel reads besides the weights themselves, derived from them once per version of the weights
+    (the key: each tensor's storage, version counter, shape and dtype): LSTM: the per-token table of layer 0's
+    input product and biases, the stacked W_ih / W_hh of the layers and their summed biases; stateless: the conv's
+    per-token taps; float32 biases of the joint; the durations on the device."""
+    key = (w.version_key(), durations)
+    hit = _PREPARED.get(key)
+    if hit is not None:
+        return hit
+    f32, wd, dev = torch.float32, w.enc_w.dtype, w.enc_w.device
+    J = w.enc_w.shape[0]
+    R, P = w.embedding.shape
+    out = {}
+    empty = torch.zeros(1, dtype=f32, device=dev)
+    if w.stateless:
+        K = w.context_size
+        if w.conv is None:
+            table = w.embedding.to(f32)[None]
+        else:
+            G = w.groups
+            gs = P // G
+            wc = w.conv.to(f32).reshape(G, P // G, gs, K)
+            table = torch.einsum("gojk,vgj->kvgo", wc, w.embedding.to(f32).reshape(R, G, gs)).reshape(K, R, P)
+        out.update(table=table.contiguous(), wih=empty.to(wd), whh=empty.to(wd), bl=empty)
+    else:
+        L, H = len(w.lstm), w.lstm[0][1].shape[1]
+        w_ih0, _, b_ih0, b_hh0 = w.lstm[0]
+        bias0 = sum((b.to(f32) for b in (b_ih0, b_hh0) if b is not None), torch.zeros(4 * H, device=dev))
+        with torch.autocast(dev.type, enabled=False):
+            table = torch.addmm(bias0, w.embedding.to(f32), w_ih0.to(f32).T)
+        if wd != f32:  # the reference's products round in the weights' dtype
+            table = table.to(wd).to(f32)
+        wih = torch.stack([layer[0] for layer in w.lstm[1:]]) if L > 1 else empty.to(wd)
+        out.update(table=table.contiguous(), wih=wih.contiguous(),
+                   whh=torch.stack([layer[1] for layer in w.lstm]).contiguous(),
+                   bl=torch.stack([sum((b.to(f32) for b in layer[2:] if b is not None), torch.zeros(4 * H, device=dev))
+                                   for layer in w.lstm]).contiguous())  # fmt: skip
+    out["pb"] = torch.zeros(J, dtype=f32, device=dev) if w.pred_b is None else w.pred_b.to(f32).contiguous()
+    out["ob"] = (torch.zeros(w.out_w.shape[0], dtype=f32, device=dev) if w.out_b is None
+                 else w.out_b.to(f32).contiguous())  # fmt: skip
+    out["dur"] = torch.tensor(durations or (1,), dtype=torch.int64).to(dev, non_blocking=True)
+    if len(_PREPARED) >= 4:
+        _PREPARED.clear()
+    _PREPARED[key] = out
+    return out
+
+
+_PHASES = ("step", "joint tiles", "joint barrier", "decision", "LSTM layer tiles", "LSTM barrier",
+           "projection tiles", "projection barrier")  # fmt: skip
+
+
 def transducer_greedy(
     w,
     x: torch.Tensor,
@@ -393,10 +514,12 @@ def transducer_greedy(
     blank: int,
     durations: tuple[int, ...] | None,
     max_symbols: int,
+    profile: torch.Tensor | None = None,
 ):
     """The kernel's launch: (tokens, lengths, frames, scores, durations, final frame, predictor state, output) as
     the PyTorch path's ``transducer_greedy_reference`` (w: TransducerWeights of float32/bfloat16/float16 tensors;
-    x [N, T, E] contiguous in w's dtype; lengths, state on x's device)."""
+    x [N, T, E] contiguous in w's dtype; lengths, state on x's device). ``profile``: an int64 [E, 2] tensor that
+    receives program 0's first E events (_PHASES index, global timer ns) on a GPU."""
     N, T, _ = x.shape
     dev = x.device
     wd = w.enc_w.dtype
@@ -406,56 +529,38 @@ def transducer_greedy(
     J = w.enc_w.shape[0]
     S = T * max_symbols
     encp = torch.nn.functional.linear(x, w.enc_w, w.enc_b).contiguous()
+    prep = prepared(w, durations)
     stateless = w.stateless
     R = w.embedding.shape[0]
+    table, wih, whh, bl, pb, ob, dur = (prep[k] for k in ("table", "wih", "whh", "bl", "pb", "ob", "dur"))
     if stateless:
         P, H, L, K = w.embedding.shape[1], 1, 1, w.context_size
-        if w.conv is None:
-            table = w.embedding.to(f32)[None].contiguous()
-        else:
-            G = w.groups
-            gs = P // G
-            wc = w.conv.to(f32).reshape(G, P // G, gs, K)
-            table = torch.einsum("gojk,vgj->kvgo", wc, w.embedding.to(f32).reshape(R, G, gs)).reshape(K, R, P)
-            table = table.contiguous()
-        wih = whh = torch.zeros(1, 1, 1, dtype=wd, device=dev)
-        bl = torch.zeros(1, 1, dtype=f32, device=dev)
-        h = torch.zeros(2, 1, 1, 1, dtype=f32, device=dev)
-        c = torch.zeros(1, 1, 1, dtype=f32, device=dev)
+        h = c = bl
         ctx0 = state.predictor[0].contiguous()
-        out_state = state.output
     else:
         L, H, K = len(w.lstm), w.lstm[0][1].shape[1], 1
         P = H
-        w_ih0, _, b_ih0, b_hh0 = w.lstm[0]
-        bias0 = sum(b.to(f32) for b in (b_ih0, b_hh0) if b is not None)
-        table = (w.embedding.to(f32) @ w_ih0.to(f32).T + bias0).contiguous()
-        if wd != f32:  # the reference's products round in the weights' dtype
-            table = table.to(wd).to(f32)
-        wih = torch.stack([layer[0] for layer in w.lstm[1:]]) if L > 1 else torch.zeros(1, 4 * H, H, dtype=wd,
-                                                                                           device=dev)  # fmt: skip
-        wih, whh = wih.contiguous(), torch.stack([layer[1] for layer in w.lstm]).contiguous()
-        bl = torch.stack([sum((b.to(f32) for b in layer[2:] if b is not None), torch.zeros(4 * H, device=dev))
-                          for layer in w.lstm]).contiguous()  # fmt: skip
         h = torch.empty(2, L, N, H, dtype=f32, device=dev)
-        h[0] = state.predictor[0].to(f32)
+        h[0] = state.predictor[0]
         c = state.predictor[1].to(f32).contiguous()
-        ctx0 = torch.zeros(N, 1, dtype=torch.int64, device=dev)
-        out_state = None
+        ctx0 = dur
     g = torch.nn.functional.linear(state.output.to(wd), w.pred_w, w.pred_b).to(f32).contiguous()
-    pb = torch.zeros(J, dtype=f32, device=dev) if w.pred_b is None else w.pred_b.to(f32)
-    ob = torch.zeros(V + D, dtype=f32, device=dev) if w.out_b is None else w.out_b.to(f32)
-    dur = torch.tensor(durations or (1,), dtype=torch.int64, device=dev)
-    BV = 64
-    NCB = triton.cdiv(V, BV)
+    # a few rows: FMA products over thin tiles, so that every program has a tile of each phase and loads it at once;
+    # more: tensor-core tiles
+    fma = N <= SMALL_BATCH
+    nprog = _programs(dev)
+    if fma:
+        BB = max(1, next_power_of_2(N))
+        tiles = dict(BB=BB, BV=8, BK=min(next_power_of_2(max(J, H, P)), 16384 // (32 * BB)), BH=8, BJ=8)
+    else:
+        tiles = dict(BB=16 if N <= 16 else 32 if N <= 32 else 64, BV=64, BK=64, BH=16, BJ=32)
+    n_rb = triton.cdiv(N, tiles["BB"])
+    NCB = min(max(triton.cdiv(V + D, tiles["BV"]), nprog // n_rb), V + D)  # the joint's column ranges (_ranges)
     keys = torch.full((3, 2, N), INT64_MIN, dtype=torch.int64, device=dev)
     part = torch.empty(2, 2, N, NCB, dtype=f32, device=dev)
-    nprog = _programs(dev)
     priv = torch.empty(nprog, 4 + K, N, dtype=torch.int32, device=dev)
     bar = torch.zeros(1, dtype=torch.int32, device=dev)
-    tokens = torch.full((N, S), -1, dtype=torch.int64, device=dev)
-    frames = torch.full((N, S), -1, dtype=torch.int64, device=dev)
-    durs = torch.full((N, S), -1, dtype=torch.int64, device=dev)
+    tokens, frames, durs = torch.full((3, N, S), -1, dtype=torch.int64, device=dev).unbind(0)
     scores = torch.zeros(N, S, dtype=f32, device=dev)
     n_out = kernel_output(N, dtype=torch.int64, device=dev)
     t_end = kernel_output(N, dtype=torch.int64, device=dev)
@@ -463,13 +568,15 @@ def transducer_greedy(
     c_out = torch.empty(L, N, H, dtype=f32, device=dev)
     ctx_out = torch.empty(N, K, dtype=torch.int64, device=dev)
     BLOCK_N = max(16, next_power_of_2(N))
-    BB = 16 if N <= 16 else 32 if N <= 32 else 64
     _transducer_greedy_kernel[(nprog,)](
-        encp, lengths, state.time_jumps, state.frames, table, wih, whh, bl, h, c, ctx0, w.pred_w, pb, g, w.out_w, ob,
+        encp, lengths.contiguous(), state.time_jumps.contiguous(), state.frames.contiguous(), table, wih, whh, bl, h,
+        c, ctx0, w.pred_w, pb, g, w.out_w, ob,
         dur, keys, part, priv, bar, tokens, frames, durs, scores, n_out, t_end, h_out, c_out, ctx_out,
-        N, T, J, H, P, V, D, S, R, NCB, blank, max_symbols,
-        L=L, K=K, STATELESS=stateless, HAS_CONV=w.conv is not None, HAS_DUR=D > 0, ACT=("relu", "tanh",
-        "sigmoid").index(w.activation), F32=wd == f32, BLOCK_N=BLOCK_N, BB=BB, BV=BV, BK=64, BH=16, BJ=32,
+        bar if profile is None else profile,
+        N, T, S, R, NCB, blank, max_symbols, J=J, H=H, P=P, V=V, D=D,
+        L=L, K=K, FMA=fma, STATELESS=stateless, HAS_CONV=w.conv is not None, HAS_DUR=D > 0, ACT=("relu", "tanh",
+        "sigmoid").index(w.activation), F32=wd == f32, BLOCK_N=BLOCK_N, NCB_P2=next_power_of_2(NCB),
+        PROFILE=0 if profile is None else profile.shape[0], **tiles,
     )  # fmt: skip
     if stateless:
         predictor = (ctx_out,)
