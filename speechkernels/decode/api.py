@@ -127,7 +127,6 @@ class TransducerDecoder(torch.nn.Module):
                  durations: Sequence[int] | None = None, max_symbols_per_frame: int = 10) -> None:  # fmt: skip
         super().__init__()
         self.embedding, self.lstm, self.conv, self.enc, self.pred, self.out = embedding, lstm, conv, enc, pred, out
-        self._start = None  # (key, the start state of one utterance), see initial_state
         self.activation = activation
         self.context_size = as_int(context_size, "context_size", minimum=1)
         self.durations = None if durations is None else durations_of(durations)
@@ -201,11 +200,8 @@ class TransducerDecoder(torch.nn.Module):
         """The state before an utterance's first frame (``greedy``'s when ``state`` is None)."""
         w = self.weights()
         N = as_int(batch_size, "batch_size", minimum=0)
-        device = torch.device(device) if device is not None else w.enc_w.device
-        key = (w.version_key(), self.blank, device)
-        if self._start is None or self._start[0] != key:
-            self._start = (key, start_state(w, 1, self.blank, device))  # the same for every utterance
-        one = self._start[1]
+        one = start_state(w, 1, self.blank, torch.device(device) if device is not None else w.enc_w.device)
+        # the same for every utterance: one computed, expanded (views; the kernel path copies what it writes)
         return TransducerState(
             tuple(t.expand(*t.shape[:-2], N, t.shape[-1]) if t.dim() == 3 else t.expand(N, -1) for t in one.predictor),
             one.output.expand(N, -1),

@@ -57,10 +57,6 @@ class TransducerWeights(NamedTuple):
             **{k: cast(getattr(self, k)) for k in ("enc_w", "enc_b", "pred_w", "pred_b", "out_w", "out_b")},
         )
 
-    def version_key(self) -> tuple:
-        """Changes when any tensor is replaced or modified in place (its storage, version counter, shape, dtype)."""
-        return tuple((t.data_ptr(), t._version, tuple(t.shape), t.dtype) for t in self.tensors()) + (self.groups,)
-
     @property
     def stateless(self) -> bool:
         return not self.lstm

@@ -37,6 +37,8 @@ _INTERPRETER = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 INT64_MIN = -(2**63)
 _NO_KEY = tl.constexpr(INT64_MIN)  # below every packed key
 SMALL_BATCH = 4  # up to this many rows: FMA tiles
+# FMA tiles: elements of a phase's product block per program, warps; tensor-core tiles: K block, warps
+TILES = dict(fma_elements=16384, fma_warps=8, dot_bk=64, dot_warps=4)
 
 
 @triton.jit
@@ -192,7 +194,7 @@ def _transducer_greedy_kernel(
     J: tl.constexpr, H: tl.constexpr, P: tl.constexpr, V: tl.constexpr, D: tl.constexpr,
     L: tl.constexpr, K: tl.constexpr, FMA: tl.constexpr, STATELESS: tl.constexpr, HAS_CONV: tl.constexpr,
     HAS_DUR: tl.constexpr, ACT: tl.constexpr, F32: tl.constexpr, BLOCK_N: tl.constexpr, NCB_P2: tl.constexpr,
-    BB: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, BH: tl.constexpr, BJ: tl.constexpr, PROFILE: tl.constexpr,
+    BD: tl.constexpr, BB: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, BH: tl.constexpr, BJ: tl.constexpr, PROFILE: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -214,6 +216,8 @@ def _transducer_greedy_kernel(
             tl.store(p_priv + (4 + j) * N + o_n, tl.load(ctx0_ptr + o_n * K + j, mask=m_n, other=-1).to(tl.int32),
                      mask=m_n)  # fmt: skip
     tl.debug_barrier()
+    o_d = tl.arange(0, BD)
+    durs_v = tl.load(dur_ptr + o_d, mask=o_d < D, other=1).to(tl.int32)
     n_rb = tl.cdiv(N, BB)
     o_b = tl.arange(0, BB)
     o_k = tl.arange(0, BK)
@@ -227,7 +231,7 @@ def _transducer_greedy_kernel(
         kb = step % 3
         pb = step % 2
         # 1. joint logits of the active rows: tiles (row block, range of output columns) over the V + D columns
-        n_ct = _ranges(V + D, BV, nprog // n_rb)
+        n_ct = _ranges(V + D, BV, nprog // n_rb if FMA else 0)
         for tile in range(pid, n_rb * n_ct, nprog):
             rows = (tile % n_rb) * BB + o_b
             ct = tile // n_rb
@@ -279,7 +283,7 @@ def _transducer_greedy_kernel(
         if HAS_DUR:
             dkey = tl.load(key_ptr + (kb * 2 + 1) * N + o_n, mask=active, other=_NO_KEY, cache_modifier=".cg")
             _, di = _unkey(dkey)
-            dur = tl.load(dur_ptr + di, mask=active, other=1).to(tl.int32)
+            dur = tl.sum(tl.where(o_d[None, :] == di[:, None], durs_v[None, :], 0), 1)
         else:
             dur = tl.where(emit, 0, 1)
         # the owner's outputs: score = logit - logsumexp over the token logits (partials of the column blocks)
@@ -333,7 +337,7 @@ def _transducer_greedy_kernel(
             if not STATELESS:
                 # tiles (row block, range of hidden units): the four gates of the units in one product, columns
                 # q * BH + u for gate q (i, f, g, o) of unit u_lo + u
-                n_ut = _ranges(H, BH, nprog // n_rb)
+                n_ut = _ranges(H, BH, nprog // n_rb if FMA else 0)
                 o_g = tl.arange(0, 4 * BH)
                 for layer in tl.static_range(L):
                     for tile in range(pid, n_rb * n_ut, nprog):
@@ -392,7 +396,7 @@ def _transducer_greedy_kernel(
                     ev = _stamp(prof_ptr, ev, 5, PROFILE)
                 hp = 1 - hp
             # the projection g = pred_w @ out + pred_b of the emitting rows: tiles (row block, range of J)
-            n_jt = _ranges(J, BJ, nprog // n_rb)
+            n_jt = _ranges(J, BJ, nprog // n_rb if FMA else 0)
             for tile in range(pid, n_rb * n_jt, nprog):
                 rows = (tile % n_rb) * BB + o_b
                 jt = tile // n_rb
@@ -452,18 +456,11 @@ def _programs(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-_PREPARED: dict = {}
-
-
 def prepared(w, durations) -> dict:
-    """What the kernel reads besides the weights themselves, derived from them once per version of the weights
-    (the key: each tensor's storage, version counter, shape and dtype): LSTM: the per-token table of layer 0's
+    """What the kernel reads besides the weights themselves, derived from them (every call: a cache keyed on the
+    tensors' version counters would miss changes made through ``.data``): LSTM: the per-token table of layer 0's
     input product and biases, the stacked W_ih / W_hh of the layers and their summed biases; stateless: the conv's
     per-token taps; float32 biases of the joint; the durations on the device."""
-    key = (w.version_key(), durations)
-    hit = _PREPARED.get(key)
-    if hit is not None:
-        return hit
     f32, wd, dev = torch.float32, w.enc_w.dtype, w.enc_w.device
     J = w.enc_w.shape[0]
     R, P = w.embedding.shape
@@ -496,9 +493,6 @@ def prepared(w, durations) -> dict:
     out["ob"] = (torch.zeros(w.out_w.shape[0], dtype=f32, device=dev) if w.out_b is None
                  else w.out_b.to(f32).contiguous())  # fmt: skip
     out["dur"] = torch.tensor(durations or (1,), dtype=torch.int64).to(dev, non_blocking=True)
-    if len(_PREPARED) >= 4:
-        _PREPARED.clear()
-    _PREPARED[key] = out
     return out
 
 
@@ -551,11 +545,13 @@ def transducer_greedy(
     nprog = _programs(dev)
     if fma:
         BB = max(1, next_power_of_2(N))
-        tiles = dict(BB=BB, BV=8, BK=min(next_power_of_2(max(J, H, P)), 16384 // (32 * BB)), BH=8, BJ=8)
+        BK = min(next_power_of_2(max(J, H, P)), TILES["fma_elements"] // (32 * BB))
+        tiles = dict(BB=BB, BV=8, BK=BK, BH=8, BJ=8, num_warps=TILES["fma_warps"])
     else:
-        tiles = dict(BB=16 if N <= 16 else 32 if N <= 32 else 64, BV=64, BK=64, BH=16, BJ=32)
+        tiles = dict(BB=16 if N <= 16 else 32 if N <= 32 else 64, BV=64, BK=TILES["dot_bk"], BH=16, BJ=32,
+                     num_warps=TILES["dot_warps"])  # fmt: skip
     n_rb = triton.cdiv(N, tiles["BB"])
-    NCB = min(max(triton.cdiv(V + D, tiles["BV"]), nprog // n_rb), V + D)  # the joint's column ranges (_ranges)
+    NCB = min(max(triton.cdiv(V + D, tiles["BV"]), nprog // n_rb if fma else 0), V + D)  # the joint's ranges
     keys = torch.full((3, 2, N), INT64_MIN, dtype=torch.int64, device=dev)
     part = torch.empty(2, 2, N, NCB, dtype=f32, device=dev)
     priv = torch.empty(nprog, 4 + K, N, dtype=torch.int32, device=dev)
@@ -576,7 +572,7 @@ def transducer_greedy(
         N, T, S, R, NCB, blank, max_symbols, J=J, H=H, P=P, V=V, D=D,
         L=L, K=K, FMA=fma, STATELESS=stateless, HAS_CONV=w.conv is not None, HAS_DUR=D > 0, ACT=("relu", "tanh",
         "sigmoid").index(w.activation), F32=wd == f32, BLOCK_N=BLOCK_N, NCB_P2=next_power_of_2(NCB),
-        PROFILE=0 if profile is None else profile.shape[0], **tiles,
+        BD=next_power_of_2(max(D, 1)), PROFILE=0 if profile is None else profile.shape[0], **tiles,
     )  # fmt: skip
     if stateless:
         predictor = (ctx_out,)
