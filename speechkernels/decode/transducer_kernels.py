@@ -194,7 +194,8 @@ def _transducer_greedy_kernel(
     J: tl.constexpr, H: tl.constexpr, P: tl.constexpr, V: tl.constexpr, D: tl.constexpr,
     L: tl.constexpr, K: tl.constexpr, FMA: tl.constexpr, STATELESS: tl.constexpr, HAS_CONV: tl.constexpr,
     HAS_DUR: tl.constexpr, ACT: tl.constexpr, F32: tl.constexpr, BLOCK_N: tl.constexpr, NCB_P2: tl.constexpr,
-    BD: tl.constexpr, BB: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, BH: tl.constexpr, BJ: tl.constexpr, PROFILE: tl.constexpr,
+    BD: tl.constexpr, BB: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, BH: tl.constexpr, BJ: tl.constexpr,
+    PROFILE: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
