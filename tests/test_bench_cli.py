@@ -11,7 +11,7 @@ import re
 import pytest
 import torch
 
-from speechkernels.bench import align, common, ctc, joint, rnnt, tdt, wavenet
+from speechkernels.bench import align, common, ctc, decode, joint, rnnt, tdt, wavenet
 from speechkernels.bench.__main__ import CAPABILITIES, all_output, main
 
 # one tiny row per benchmark, in each one's --rows form
@@ -21,6 +21,7 @@ TINY = {
     "joint": "1x4x2x5",
     "tdt": "tdt:1x5x2x5",
     "align": "1x12x5x3",
+    "decode": "tdt-1x1,ctc-2x20x9",
     "wavenet": "proxy:float32:1",
 }
 
@@ -70,6 +71,9 @@ def exits_with_usage(argv: list[str], capsys) -> str:
         (["tdt", "--joint", "--rows", "multiblank:1x5x2x5"], "NxTxUxV rows only"),
         (["align", "--rows", "1:12:5"], "NxTxCxS"),
         (["align", "--rows", "1x4x5x3"], "T >= 2S - 1"),
+        (["decode", "--rows", "lstm-1x8"], "MODEL-NxSECONDS"),
+        (["decode", "--rows", "ctc-1x8"], "ctc-NxTxC"),
+        (["decode", "--dtypes", "float64"], "float32, bfloat16, float16"),
         (["wavenet", "--only", "foo"], "proxy, vocoder"),
         (["wavenet", "--designs", "stream,foo"], "stream, barrier, cluster, partials, pipeline"),
         (["wavenet", "--rows", "proxy:float64:1"], "proxy:WEIGHTS:B"),
@@ -115,6 +119,7 @@ def test_rows_parsers():
         ("multiblank", 16, (250, 400), (40, 100), 8193, len(tdt.BIG_BLANKS)),
     ]
     assert align.parse_rows("8x300x32x40,2:2000:32:300") == [(8, 300, 32, 40), (2, 2000, 32, 300)]
+    assert decode.parse_rows("tdt-8x8, ctc-64x1500x5000") == ["tdt-8x8", "ctc-64x1500x5000"]
     assert wavenet.parse_rows("proxy:bfloat16:8,vocoder:20:1") == [("proxy", "bfloat16", 8), ("vocoder", 20, 1)]
     for parse, text in [(ctc.parse_rows, "150x0x28"), (rnnt.parse_rows, ""), (wavenet.parse_rows, "vocoder:x:1")]:
         with pytest.raises(argparse.ArgumentTypeError):
@@ -179,6 +184,7 @@ def test_tables_print_no_nan(capsys):
         ["rnnt", "--device", "cpu", "--rows", TINY["rnnt"], "--reps", "1", "--no-error"],
         ["joint", "--device", "cpu", "--rows", TINY["joint"], "--reps", "1", "--no-error", "--dtypes", "float32"],
         ["tdt", "--device", "cpu", "--rows", TINY["tdt"], "--reps", "1"],
+        ["decode", "--device", "cpu", "--rows", TINY["decode"], "--reps", "1"],
     ):
         assert main(argv) == 0
         out = capsys.readouterr().out
@@ -205,3 +211,26 @@ def test_all_writes_one_file_per_benchmark(tmp_path, capsys):
         if plots:
             assert (tmp_path / f"{what}.png").stat().st_size > 1000
             assert f"wrote {tmp_path / what}.png" in out
+
+
+def test_decode_peers_file(tmp_path, capsys):
+    """--peers: a file's decoders are timed in the same run and compared with ours utterance by utterance (here
+    the PyTorch path itself, which must agree on every utterance); a peer that fails is reported, not fatal."""
+    peers = tmp_path / "peers.py"
+    peers.write_text(
+        "from speechkernels.bench.decode import utterances\n"
+        "def transducer_peers(decoder, dtype):\n"
+        "    def broken(x, lengths):\n"
+        "        raise RuntimeError('no such decoder')\n"
+        "    return {'same': (lambda x, lengths: decoder.greedy(x, lengths)[0], utterances),\n"
+        "            'broken': (broken, utterances)}\n"
+    )
+    out_json = tmp_path / "d.json"
+    argv = ["decode", "--device", "cpu", "--rows", "rnnt-2x1", "--reps", "1", "--peers", str(peers), "--json",
+            str(out_json)]  # fmt: skip
+    assert main(argv) == 0
+    row = json.loads(out_json.read_text())["rows"][0]
+    assert row["peers_equal"]["same"] == {"tokens_frames_durations": 2, "tokens_frames": 2}
+    assert set(row["ms"]) == {"ours", "torch loop", "same"}
+    assert "no such decoder" in row["peer_errors"]["broken"]
+    assert row["exact"]["equal"] == 2 and row["emit_rate"] > 0

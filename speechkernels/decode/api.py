@@ -127,6 +127,7 @@ class TransducerDecoder(torch.nn.Module):
                  durations: Sequence[int] | None = None, max_symbols_per_frame: int = 10) -> None:  # fmt: skip
         super().__init__()
         self.embedding, self.lstm, self.conv, self.enc, self.pred, self.out = embedding, lstm, conv, enc, pred, out
+        self._durations_on = None  # the durations as a tensor on the networks' device
         self.activation = activation
         self.context_size = as_int(context_size, "context_size", minimum=1)
         self.durations = None if durations is None else durations_of(durations)
@@ -260,8 +261,10 @@ class TransducerDecoder(torch.nn.Module):
         if transducer_kernels is not None and use_triton(encoder_out) and wd in KERNEL_DTYPES and N > 0 and T > 0:
             lengths = lengths.clamp(0, T)
             x = encoder_out.to(wd).contiguous()
+            if self._durations_on is None or self._durations_on.device != dev:  # no copy from the host per call
+                self._durations_on = torch.tensor(self.durations or (1,), dtype=torch.int64, device=dev)
             tokens, n_out, frames, scores, durs, t_end, predictor, out = transducer_kernels.transducer_greedy(
-                w, x, lengths, state, self.blank, self.durations, self.max_symbols_per_frame
+                w, x, lengths, state, self.blank, self.durations, self.max_symbols_per_frame, self._durations_on
             )
             if out is None:
                 out = stateless_output(w, predictor[0])

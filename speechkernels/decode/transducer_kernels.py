@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from .._logspace import wait_counter
-from .._utils import kernel_output, next_power_of_2
+from .._utils import kernel_output, launch, next_power_of_2
 
 _INTERPRETER = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 INT64_MIN = -(2**63)
@@ -195,7 +195,7 @@ def _transducer_greedy_kernel(
     L: tl.constexpr, K: tl.constexpr, FMA: tl.constexpr, STATELESS: tl.constexpr, HAS_CONV: tl.constexpr,
     HAS_DUR: tl.constexpr, ACT: tl.constexpr, F32: tl.constexpr, BLOCK_N: tl.constexpr, NCB_P2: tl.constexpr,
     BD: tl.constexpr, BB: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, BH: tl.constexpr, BJ: tl.constexpr,
-    PROFILE: tl.constexpr,
+    UNROLL: tl.constexpr, PROFILE: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -245,7 +245,7 @@ def _transducer_greedy_kernel(
             a_r = tl.load(p_priv + N + rows, mask=m_r, other=0) != 0
             t_r = tl.minimum(t_r, T - 1)
             acc = _zeros(BB, BK, BV, FMA)
-            for k0 in range(0, J, BK):
+            for k0 in tl.range(0, J, BK, loop_unroll_factor=UNROLL):
                 kk = k0 + o_k
                 m_rk = a_r[:, None] & (kk < J)[None, :]
                 e = tl.load(encp_ptr + (rows.to(tl.int64)[:, None] * T + t_r[:, None]) * J + kk[None, :], mask=m_rk,
@@ -358,7 +358,7 @@ def _transducer_greedy_kernel(
                             # the layer below's new output, through W_ih
                             p_x = h_ptr + (((1 - hp) * L + layer - 1) * N + rows[:, None]) * H
                             p_w = wih_ptr + ((layer - 1) * 4 * H + grow[None, :]) * H
-                            for k0 in range(0, H, BK):
+                            for k0 in tl.range(0, H, BK, loop_unroll_factor=UNROLL):
                                 kk = k0 + o_k
                                 x = tl.load(p_x + kk[None, :], mask=e_r[:, None] & (kk < H)[None, :], other=0.0,
                                             cache_modifier=".cg").to(WD)  # fmt: skip
@@ -367,7 +367,7 @@ def _transducer_greedy_kernel(
                         # the layer's own previous output, through W_hh
                         p_x = h_ptr + ((hp * L + layer) * N + rows[:, None]) * H
                         p_w = whh_ptr + (layer * 4 * H + grow[None, :]) * H
-                        for k0 in range(0, H, BK):
+                        for k0 in tl.range(0, H, BK, loop_unroll_factor=UNROLL):
                             kk = k0 + o_k
                             x = tl.load(p_x + kk[None, :], mask=e_r[:, None] & (kk < H)[None, :], other=0.0,
                                         cache_modifier=".cg").to(WD)  # fmt: skip
@@ -407,7 +407,7 @@ def _transducer_greedy_kernel(
                 m_r = rows < N
                 e_r = (tl.load(p_priv + 3 * N + rows, mask=m_r, other=0) != 0) & m_r
                 acc = _zeros(BB, BK, BJ, FMA)
-                for k0 in range(0, P, BK):
+                for k0 in tl.range(0, P, BK, loop_unroll_factor=UNROLL):
                     kk = k0 + o_k
                     m_rk = e_r[:, None] & (kk < P)[None, :]
                     if STATELESS:
@@ -461,7 +461,7 @@ def prepared(w, durations) -> dict:
     """What the kernel reads besides the weights themselves, derived from them (every call: a cache keyed on the
     tensors' version counters would miss changes made through ``.data``): LSTM: the per-token table of layer 0's
     input product and biases, the stacked W_ih / W_hh of the layers and their summed biases; stateless: the conv's
-    per-token taps; float32 biases of the joint; the durations on the device."""
+    per-token taps; float32 biases of the joint."""
     f32, wd, dev = torch.float32, w.enc_w.dtype, w.enc_w.device
     J = w.enc_w.shape[0]
     R, P = w.embedding.shape
@@ -493,7 +493,6 @@ def prepared(w, durations) -> dict:
     out["pb"] = torch.zeros(J, dtype=f32, device=dev) if w.pred_b is None else w.pred_b.to(f32).contiguous()
     out["ob"] = (torch.zeros(w.out_w.shape[0], dtype=f32, device=dev) if w.out_b is None
                  else w.out_b.to(f32).contiguous())  # fmt: skip
-    out["dur"] = torch.tensor(durations or (1,), dtype=torch.int64).to(dev, non_blocking=True)
     return out
 
 
@@ -509,11 +508,13 @@ def transducer_greedy(
     blank: int,
     durations: tuple[int, ...] | None,
     max_symbols: int,
+    durations_tensor: torch.Tensor,
     profile: torch.Tensor | None = None,
 ):
     """The kernel's launch: (tokens, lengths, frames, scores, durations, final frame, predictor state, output) as
     the PyTorch path's ``transducer_greedy_reference`` (w: TransducerWeights of float32/bfloat16/float16 tensors;
-    x [N, T, E] contiguous in w's dtype; lengths, state on x's device). ``profile``: an int64 [E, 2] tensor that
+    x [N, T, E] contiguous in w's dtype; lengths, state on x's device; ``durations_tensor``: the durations (RNN-T:
+    any int64 tensor of one element) on x's device). ``profile``: an int64 [E, 2] tensor that
     receives program 0's first E events (_PHASES index, global timer ns) on a GPU."""
     N, T, _ = x.shape
     dev = x.device
@@ -527,7 +528,7 @@ def transducer_greedy(
     prep = prepared(w, durations)
     stateless = w.stateless
     R = w.embedding.shape[0]
-    table, wih, whh, bl, pb, ob, dur = (prep[k] for k in ("table", "wih", "whh", "bl", "pb", "ob", "dur"))
+    table, wih, whh, bl, pb, ob = (prep[k] for k in ("table", "wih", "whh", "bl", "pb", "ob"))
     if stateless:
         P, H, L, K = w.embedding.shape[1], 1, 1, w.context_size
         h = c = bl
@@ -538,7 +539,7 @@ def transducer_greedy(
         h = torch.empty(2, L, N, H, dtype=f32, device=dev)
         h[0] = state.predictor[0]
         c = state.predictor[1].to(f32).contiguous()
-        ctx0 = dur
+        ctx0 = durations_tensor
     g = torch.nn.functional.linear(state.output.to(wd), w.pred_w, w.pred_b).to(f32).contiguous()
     # a few rows: FMA products over thin tiles, so that every program has a tile of each phase and loads it at once;
     # more: tensor-core tiles
@@ -547,10 +548,11 @@ def transducer_greedy(
     if fma:
         BB = max(1, next_power_of_2(N))
         BK = min(next_power_of_2(max(J, H, P)), TILES["fma_elements"] // (32 * BB))
-        tiles = dict(BB=BB, BV=8, BK=BK, BH=8, BJ=8, num_warps=TILES["fma_warps"])
+        # K loops unrolled: every block's loads issued before the products need them
+        tiles = dict(BB=BB, BV=8, BK=BK, BH=8, BJ=8, UNROLL=triton.cdiv(max(J, H, P), BK), num_warps=TILES["fma_warps"])
     else:
         tiles = dict(BB=16 if N <= 16 else 32 if N <= 32 else 64, BV=64, BK=TILES["dot_bk"], BH=16, BJ=32,
-                     num_warps=TILES["dot_warps"])  # fmt: skip
+                     UNROLL=1, num_warps=TILES["dot_warps"])  # fmt: skip
     n_rb = triton.cdiv(N, tiles["BB"])
     NCB = min(max(triton.cdiv(V + D, tiles["BV"]), nprog // n_rb if fma else 0), V + D)  # the joint's ranges
     keys = torch.full((3, 2, N), INT64_MIN, dtype=torch.int64, device=dev)
@@ -565,10 +567,10 @@ def transducer_greedy(
     c_out = torch.empty(L, N, H, dtype=f32, device=dev)
     ctx_out = torch.empty(N, K, dtype=torch.int64, device=dev)
     BLOCK_N = max(16, next_power_of_2(N))
-    _transducer_greedy_kernel[(nprog,)](
+    launch(_transducer_greedy_kernel)[(nprog,)](
         encp, lengths.contiguous(), state.time_jumps.contiguous(), state.frames.contiguous(), table, wih, whh, bl, h,
         c, ctx0, w.pred_w, pb, g, w.out_w, ob,
-        dur, keys, part, priv, bar, tokens, frames, durs, scores, n_out, t_end, h_out, c_out, ctx_out,
+        durations_tensor, keys, part, priv, bar, tokens, frames, durs, scores, n_out, t_end, h_out, c_out, ctx_out,
         bar if profile is None else profile,
         N, T, S, R, NCB, blank, max_symbols, J=J, H=H, P=P, V=V, D=D,
         L=L, K=K, FMA=fma, STATELESS=stateless, HAS_CONV=w.conv is not None, HAS_DUR=D > 0, ACT=("relu", "tanh",
