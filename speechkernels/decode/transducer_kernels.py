@@ -11,8 +11,8 @@ Each step of the loop:
    program writes its outputs. Each program keeps these per-row values in its own scratch rows (read back by index
    in the tiles).
 3. When some row emitted: the prediction network for the emitting rows. LSTM: one phase per layer, tiles of (rows,
-   hidden units) computing the four gates of their units (layer 0's input product precomputed per token: a table
-   of embedding @ W_ih0^T + biases), h ping-ponged between two buffers, a barrier after each layer; then the
+   hidden units) computing the four gates of their units in one product (layer 0's input: the label's embedding),
+   h ping-ponged between two buffers, a barrier after each layer; then the
    projection g = pred_w @ out + pred_b in tiles, and a barrier. Stateless: the conv of the last K tokens'
    embeddings is a sum of K rows of per-token tables (precomputed), fed to the projection directly.
 Steps: max over rows of (frames visited + labels); per step one barrier, plus L + 1 (LSTM) or 1 (stateless) when a
@@ -168,10 +168,12 @@ def _transducer_greedy_kernel(
     len_ptr,  # [N] int64 frames
     t0_ptr,  # [N] int64 first frame (the state's time jumps)
     fofs_ptr,  # [N] int64 frames decoded before (added to the reported frames)
-    table_ptr,  # LSTM: [R, 4H] f32 embedding @ W_ih0^T + b_ih0 + b_hh0; stateless: [K, R, P] f32 per-token taps
-    wih_ptr,  # [max(L-1, 1), 4H, H] W_ih of layers 1.. (weight dtype)
+    table_ptr,  # stateless: [K, R, P] f32 the conv's per-token taps (or the embedding)
+    emb_ptr,  # LSTM: [R, P] the embedding (weight dtype)
+    wih0_ptr,  # LSTM: [4H, P] W_ih of layer 0
+    wih_ptr,  # [max(L-1, 1), 4H, H] W_ih of layers 1..
     whh_ptr,  # [L, 4H, H]
-    bl_ptr,  # [L, 4H] f32 b_ih + b_hh (layer 0's unused: in the table)
+    bl_ptr,  # [L, 4H] f32 b_ih + b_hh
     h_ptr,  # [2, L, N, H] f32 ping-pong hidden states (buffer 0 holds the state's)
     c_ptr,  # [L, N, H] f32 cells
     ctx0_ptr,  # [N, K] int64 the state's context (stateless)
@@ -191,7 +193,7 @@ def _transducer_greedy_kernel(
     ctxout_ptr,  # [N, K] int64 out: final context
     prof_ptr,  # [PROFILE, 2] int64 out: program 0's (event, time) pairs, with PROFILE > 0 (events: _PHASES)
     N, T, S, R, NCB, blank, max_symbols,
-    J: tl.constexpr, H: tl.constexpr, P: tl.constexpr, V: tl.constexpr, D: tl.constexpr,
+    J: tl.constexpr, H: tl.constexpr, P: tl.constexpr, PE: tl.constexpr, V: tl.constexpr, D: tl.constexpr,
     L: tl.constexpr, K: tl.constexpr, FMA: tl.constexpr, STATELESS: tl.constexpr, HAS_CONV: tl.constexpr,
     HAS_DUR: tl.constexpr, ACT: tl.constexpr, F32: tl.constexpr, BLOCK_N: tl.constexpr, NCB_P2: tl.constexpr,
     BD: tl.constexpr, BB: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, BH: tl.constexpr, BJ: tl.constexpr,
@@ -354,7 +356,17 @@ def _transducer_greedy_kernel(
                         e_r = (tl.load(p_priv + 3 * N + rows, mask=m_r, other=0) != 0) & m_r
                         m_ru = e_r[:, None] & m_u[None, :]
                         acc = _zeros(BB, BK, 4 * BH, FMA)
-                        if layer > 0:
+                        if layer == 0:
+                            # the label's embedding, through W_ih of layer 0
+                            lab = tl.load(p_priv + 2 * N + rows, mask=m_r, other=0)
+                            p_x = emb_ptr + lab.to(tl.int64)[:, None] * PE
+                            p_w = wih0_ptr + grow[None, :] * PE
+                            for k0 in tl.range(0, PE, BK, loop_unroll_factor=UNROLL):
+                                kk = k0 + o_k
+                                x = tl.load(p_x + kk[None, :], mask=e_r[:, None] & (kk < PE)[None, :], other=0.0)
+                                w = tl.load(p_w + kk[:, None], mask=m_g[None, :] & (kk < PE)[:, None], other=0.0)
+                                acc = _mm(x, w, acc, F32, FMA)
+                        else:
                             # the layer below's new output, through W_ih
                             p_x = h_ptr + (((1 - hp) * L + layer - 1) * N + rows[:, None]) * H
                             p_w = wih_ptr + ((layer - 1) * 4 * H + grow[None, :]) * H
@@ -373,13 +385,7 @@ def _transducer_greedy_kernel(
                                         cache_modifier=".cg").to(WD)  # fmt: skip
                             w = tl.load(p_w + kk[:, None], mask=m_g[None, :] & (kk < H)[:, None], other=0.0)
                             acc = _mm(x, w, acc, F32, FMA)
-                        gates = _total(acc, FMA)
-                        if layer == 0:  # embedding @ W_ih0^T + biases, per token
-                            lab = tl.load(p_priv + 2 * N + rows, mask=m_r, other=0)
-                            gates += tl.load(table_ptr + lab.to(tl.int64)[:, None] * (4 * H) + grow[None, :],
-                                             mask=e_r[:, None] & m_g[None, :], other=0.0)  # fmt: skip
-                        else:
-                            gates += tl.load(bl_ptr + layer * 4 * H + grow, mask=m_g, other=0.0)[None, :]
+                        gates = _total(acc, FMA) + tl.load(bl_ptr + layer * 4 * H + grow, mask=m_g, other=0.0)[None, :]
                         gi, gf, gg, go = _split4(gates, BB, BH)
                         p_c = c_ptr + (layer * N + rows[:, None]) * H + units[None, :]
                         c_old = tl.load(p_c, mask=m_ru, other=0.0)
@@ -459,9 +465,8 @@ def _programs(device: torch.device) -> int:
 
 def prepared(w, durations) -> dict:
     """What the kernel reads besides the weights themselves, derived from them (every call: a cache keyed on the
-    tensors' version counters would miss changes made through ``.data``): LSTM: the per-token table of layer 0's
-    input product and biases, the stacked W_ih / W_hh of the layers and their summed biases; stateless: the conv's
-    per-token taps; float32 biases of the joint."""
+    tensors' version counters would miss changes made through ``.data``): LSTM: the stacked W_ih (layers 1..) and
+    W_hh of the layers and their summed biases; stateless: the conv's per-token taps; float32 biases of the joint."""
     f32, wd, dev = torch.float32, w.enc_w.dtype, w.enc_w.device
     J = w.enc_w.shape[0]
     R, P = w.embedding.shape
@@ -479,15 +484,8 @@ def prepared(w, durations) -> dict:
         out.update(table=table.contiguous(), wih=empty.to(wd), whh=empty.to(wd), bl=empty)
     else:
         L, H = len(w.lstm), w.lstm[0][1].shape[1]
-        w_ih0, _, b_ih0, b_hh0 = w.lstm[0]
-        bias0 = sum((b.to(f32) for b in (b_ih0, b_hh0) if b is not None), torch.zeros(4 * H, device=dev))
-        with torch.autocast(dev.type, enabled=False):
-            table = torch.addmm(bias0, w.embedding.to(f32), w_ih0.to(f32).T)
-        if wd != f32:  # the reference's products round in the weights' dtype
-            table = table.to(wd).to(f32)
         wih = torch.stack([layer[0] for layer in w.lstm[1:]]) if L > 1 else empty.to(wd)
-        out.update(table=table.contiguous(), wih=wih.contiguous(),
-                   whh=torch.stack([layer[1] for layer in w.lstm]).contiguous(),
+        out.update(table=empty, wih=wih.contiguous(), whh=torch.stack([layer[1] for layer in w.lstm]).contiguous(),
                    bl=torch.stack([sum((b.to(f32) for b in layer[2:] if b is not None), torch.zeros(4 * H, device=dev))
                                    for layer in w.lstm]).contiguous())  # fmt: skip
     out["pb"] = torch.zeros(J, dtype=f32, device=dev) if w.pred_b is None else w.pred_b.to(f32).contiguous()
@@ -529,6 +527,8 @@ def transducer_greedy(
     stateless = w.stateless
     R = w.embedding.shape[0]
     table, wih, whh, bl, pb, ob = (prep[k] for k in ("table", "wih", "whh", "bl", "pb", "ob"))
+    emb = w.embedding.contiguous()
+    wih0 = emb if stateless else w.lstm[0][0].contiguous()
     if stateless:
         P, H, L, K = w.embedding.shape[1], 1, 1, w.context_size
         h = c = bl
@@ -547,9 +547,17 @@ def transducer_greedy(
     nprog = _programs(dev)
     if fma:
         BB = max(1, next_power_of_2(N))
-        BK = min(next_power_of_2(max(J, H, P)), TILES["fma_elements"] // (32 * BB))
+        BK = min(next_power_of_2(max(J, H, P, w.embedding.shape[1])), TILES["fma_elements"] // (32 * BB))
         # K loops unrolled: every block's loads issued before the products need them
-        tiles = dict(BB=BB, BV=8, BK=BK, BH=8, BJ=8, UNROLL=triton.cdiv(max(J, H, P), BK), num_warps=TILES["fma_warps"])
+        tiles = dict(
+            BB=BB,
+            BV=8,
+            BK=BK,
+            BH=8,
+            BJ=8,
+            UNROLL=triton.cdiv(max(J, H, P, w.embedding.shape[1]), BK),
+            num_warps=TILES["fma_warps"],
+        )
     else:
         tiles = dict(BB=16 if N <= 16 else 32 if N <= 32 else 64, BV=64, BK=TILES["dot_bk"], BH=16, BJ=32,
                      UNROLL=1, num_warps=TILES["dot_warps"])  # fmt: skip
@@ -568,11 +576,11 @@ def transducer_greedy(
     ctx_out = torch.empty(N, K, dtype=torch.int64, device=dev)
     BLOCK_N = max(16, next_power_of_2(N))
     launch(_transducer_greedy_kernel)[(nprog,)](
-        encp, lengths.contiguous(), state.time_jumps.contiguous(), state.frames.contiguous(), table, wih, whh, bl, h,
-        c, ctx0, w.pred_w, pb, g, w.out_w, ob,
+        encp, lengths.contiguous(), state.time_jumps.contiguous(), state.frames.contiguous(), table, emb, wih0, wih,
+        whh, bl, h, c, ctx0, w.pred_w, pb, g, w.out_w, ob,
         durations_tensor, keys, part, priv, bar, tokens, frames, durs, scores, n_out, t_end, h_out, c_out, ctx_out,
         bar if profile is None else profile,
-        N, T, S, R, NCB, blank, max_symbols, J=J, H=H, P=P, V=V, D=D,
+        N, T, S, R, NCB, blank, max_symbols, J=J, H=H, P=P, PE=w.embedding.shape[1], V=V, D=D,
         L=L, K=K, FMA=fma, STATELESS=stateless, HAS_CONV=w.conv is not None, HAS_DUR=D > 0, ACT=("relu", "tanh",
         "sigmoid").index(w.activation), F32=wd == f32, BLOCK_N=BLOCK_N, NCB_P2=next_power_of_2(NCB),
         BD=next_power_of_2(max(D, 1)), PROFILE=0 if profile is None else profile.shape[0], **tiles,
