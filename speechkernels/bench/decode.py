@@ -12,7 +12,9 @@ library's PyTorch path on the same device (a batched label-looping loop, a host 
 cannot be captured in a CUDA graph). Exactness: every utterance's tokens, frames and durations against the float64
 PyTorch path (weights in float64); where they differ, ours is replayed in float64 and the first decision that is
 not float64's argmax is reported with its margin (the float64 gap between the two choices, relative to the largest
-logit's magnitude): a near-tie when below 2^-7 (bfloat16) or 2^-18 (float32).
+logit's magnitude): a near-tie when below 2^-7 (bfloat16) or 2^-18 (float32); and against the PyTorch path in the
+networks' own dtype (in bfloat16 the rounding of the activations changes some decisions by more than a near-tie: the
+PyTorch path in bfloat16 makes the same ones).
 
 --peers FILE: a Python file defining ``transducer_peers(decoder, dtype) -> {name: (run, lists)}``: ``run(x,
 lengths)`` decodes (timed), ``lists(result)`` gives [(tokens, frames, durations or None)] per utterance (compared
@@ -65,7 +67,11 @@ LEGEND = [
     ("x", "the fastest other decoder's ms / ours"),
     ("RTFx", "seconds of audio decoded per second (transducers; decoder only)"),
     ("TB/s", "CTC: the scores' bytes / ours ms"),
-    ("exact", "utterances equal to the float64 PyTorch path / all; ties: differences explained by a near-tie"),
+    (
+        "exact",
+        "utterances equal to the float64 PyTorch path / all (differences explained by a near-tie); = the "
+        "PyTorch path in the same dtype",
+    ),
 ]
 CELLS = "-: not run (no peer given, or not defined for the row)"
 
@@ -188,24 +194,29 @@ def first_divergence(dec: sk.TransducerDecoder, x: torch.Tensor, length: int, ou
 
 
 def exactness(dec, x, lengths, hyp, dtype) -> dict:
-    """Ours against the float64 PyTorch path, utterance by utterance; differences replayed (first_divergence)."""
-    ref_dec = _double(dec)
+    """Ours against the float64 PyTorch path (the same weights in float64) and against the PyTorch path in the
+    networks' own dtype, utterance by utterance; differences from float64 replayed (first_divergence), each marked
+    with whether the PyTorch path in the networks' dtype decodes the utterance as ours does (then the difference
+    comes from that dtype's arithmetic, not from the kernel)."""
     saved = decode_api.transducer_kernels
     decode_api.transducer_kernels = None
     try:
-        ref, _ = ref_dec.greedy(x.double(), lengths)
+        ref, _ = _double(dec).greedy(x.double(), lengths)
+        same_dtype, _ = dec.greedy(x, lengths)
     finally:
         decode_api.transducer_kernels = saved
-    ours, want = utterances(hyp), utterances(ref)
+    ours, want, torch_path = utterances(hyp), utterances(ref), utterances(same_dtype)
     differing = []
     for n, (a, b) in enumerate(zip(ours, want, strict=True)):
         if a != b:
             d = first_divergence(dec, x[n], int(lengths[n]), a) or {"margin": None, "what": "none found"}
             d["utterance"] = n
+            d["torch_path_decodes_as_ours"] = torch_path[n] == a
             differing.append(d)
     tol = NEAR_TIE[dtype]
     ties = sum(1 for d in differing if d["margin"] is not None and 0 <= d["margin"] <= tol)
     return {"utterances": len(ours), "equal": len(ours) - len(differing), "near_ties": ties, "tie_tolerance": tol,
+            "equal_torch_path_same_dtype": sum(a == b for a, b in zip(ours, torch_path, strict=True)),
             "differing": differing}  # fmt: skip
 
 
@@ -304,7 +315,7 @@ def run(args) -> int:
     print_title("Greedy decoding (TransducerDecoder.greedy, ctc_greedy_decode)", env, args.reps)
     print_legend(LEGEND, CELLS)
     print(f"{'row':>18} {'dtype':>8} | {'ours ms':>8} {'loop ms':>8} {'peers':>18} {'x':>6} | {'RTFx':>8} "
-          f"{'TB/s':>5} | exact (ties)", flush=True)  # fmt: skip
+          f"{'TB/s':>5} | exact (ties); same dtype", flush=True)  # fmt: skip
     work = [(r, d) for r in rows for d in (dtypes if not r.startswith("ctc") else [None])]
     out = []
     for r, d in progress(work, "decode", lambda w: f"{w[0]} {w[1] or ''}"):
@@ -334,6 +345,6 @@ def _print_row(row: dict) -> None:
     rtfx = f"{row['rtfx']:8.0f}" if "rtfx" in row else f"{'-':>8}"
     tbps = f"{row['tbps']:5.2f}" if "tbps" in row else f"{'-':>5}"
     e = row.get("exact")
-    exact = f"{e['equal']}/{e['utterances']} ({e['near_ties']})" if e else "-"
+    exact = f"{e['equal']}/{e['utterances']} ({e['near_ties']}); {e['equal_torch_path_same_dtype']}" if e else "-"
     emit(f"{row['row']:>18} {row['dtype']:>8} | {ms['ours']:8.3f} {ms['torch loop']:8.2f} {peer} "
          f"{x if x is None else format(x, '6.1f')} | {rtfx} {tbps} | {exact}")  # fmt: skip
