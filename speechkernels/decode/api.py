@@ -16,7 +16,6 @@ from .reference import (
     ctc_greedy_decode_reference,
     ctc_hypotheses,
     start_state,
-    stateless_output,
     transducer_greedy_reference,
 )
 
@@ -256,7 +255,8 @@ class TransducerDecoder(torch.nn.Module):
         (lengths,) = batch_lengths(N, dev, "none", encoder_lengths=encoder_lengths)
         if validate:
             check_lengths(lengths, "encoder_lengths", T, f"T={T}")
-        state = self.initial_state(N, dev) if state is None else self._checked_state(state, N, w)
+        if state is not None:
+            state = self._checked_state(state, N, w)
         wd = w.enc_w.dtype
         if transducer_kernels is not None and use_triton(encoder_out) and wd in KERNEL_DTYPES and N > 0 and T > 0:
             lengths = lengths.clamp(0, T)
@@ -266,10 +266,11 @@ class TransducerDecoder(torch.nn.Module):
             tokens, n_out, frames, scores, durs, t_end, predictor, out = transducer_kernels.transducer_greedy(
                 w, x, lengths, state, self.blank, self.durations, self.max_symbols_per_frame, self._durations_on
             )
-            if out is None:
-                out = stateless_output(w, predictor[0])
             hyp = Hypotheses(tokens, n_out, frames, scores, durs)
-            return hyp, TransducerState(predictor, out, t_end - lengths, state.frames + lengths)
+            done = lengths if state is None else state.frames + lengths
+            return hyp, TransducerState(predictor, out, t_end - lengths, done)
+        if state is None:
+            state = self.initial_state(N, dev)
         return transducer_greedy_reference(w, encoder_out, lengths, state, self.blank, self.durations,
                                            self.max_symbols_per_frame)  # fmt: skip
 

@@ -180,6 +180,7 @@ def _transducer_greedy_kernel(
     pw_ptr,  # [J, P] pred_w
     pb_ptr,  # [J] f32 pred_b
     g_ptr,  # [N, J] f32 pred_w @ out + pred_b for each row's current prediction output
+    pout_ptr,  # [N, P] f32 each row's current prediction output (in: the state's; START: written)
     ow_ptr,  # [V + D, J] out_w
     ob_ptr,  # [V + D] f32 out_b
     dur_ptr,  # [D] int64 durations
@@ -197,7 +198,7 @@ def _transducer_greedy_kernel(
     L: tl.constexpr, K: tl.constexpr, FMA: tl.constexpr, STATELESS: tl.constexpr, HAS_CONV: tl.constexpr,
     HAS_DUR: tl.constexpr, ACT: tl.constexpr, F32: tl.constexpr, BLOCK_N: tl.constexpr, NCB_P2: tl.constexpr,
     BD: tl.constexpr, BB: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, BH: tl.constexpr, BJ: tl.constexpr,
-    UNROLL: tl.constexpr, PROFILE: tl.constexpr,
+    UNROLL: tl.constexpr, START: tl.constexpr, PROFILE: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -207,17 +208,25 @@ def _transducer_greedy_kernel(
     own = m_n & (o_n % nprog == pid)
     p_priv = priv_ptr + pid * (4 + K) * N
     L_n = tl.load(len_ptr + o_n, mask=m_n, other=0).to(tl.int32)
-    t_n = tl.load(t0_ptr + o_n, mask=m_n, other=0).to(tl.int32)
-    fofs = tl.load(fofs_ptr + o_n, mask=m_n, other=0)
+    t_n = tl.load(t0_ptr + o_n, mask=m_n & (not START), other=0).to(tl.int32)
+    fofs = tl.load(fofs_ptr + o_n, mask=m_n & (not START), other=0)
     active = m_n & (t_n < L_n)
     k_n = tl.zeros([BLOCK_N], tl.int32)
     at_frame = tl.zeros([BLOCK_N], tl.int32)
     tl.store(p_priv + o_n, t_n, mask=m_n)
     tl.store(p_priv + N + o_n, active.to(tl.int32), mask=m_n)
+    # START: every row's prediction network first takes the blank (the start symbol) from a zero state
+    emit0 = m_n & START
+    tl.store(p_priv + 2 * N + o_n, tl.zeros([BLOCK_N], tl.int32) + blank, mask=m_n)
+    tl.store(p_priv + 3 * N + o_n, emit0.to(tl.int32), mask=m_n)
+    n_emit = tl.sum(emit0.to(tl.int32), 0)
     if STATELESS:
         for j in tl.static_range(K):
-            tl.store(p_priv + (4 + j) * N + o_n, tl.load(ctx0_ptr + o_n * K + j, mask=m_n, other=-1).to(tl.int32),
-                     mask=m_n)  # fmt: skip
+            if START:
+                ctx = tl.zeros([BLOCK_N], tl.int32) + (blank if j == K - 1 else -1)
+            else:
+                ctx = tl.load(ctx0_ptr + o_n * K + j, mask=m_n, other=-1).to(tl.int32)
+            tl.store(p_priv + (4 + j) * N + o_n, ctx, mask=m_n)
     tl.debug_barrier()
     o_d = tl.arange(0, BD)
     durs_v = tl.load(dur_ptr + o_d, mask=o_d < D, other=1).to(tl.int32)
@@ -229,113 +238,8 @@ def _transducer_greedy_kernel(
     hp = 0  # the h buffer holding the current hidden states
     n_sync = 0
     ev = 0
-    while n_act > 0:
-        ev = _stamp(prof_ptr, ev, 0, PROFILE)
-        kb = step % 3
-        pb = step % 2
-        # 1. joint logits of the active rows: tiles (row block, range of output columns) over the V + D columns
-        n_ct = _ranges(V + D, BV, nprog // n_rb if FMA else 0)
-        for tile in range(pid, n_rb * n_ct, nprog):
-            rows = (tile % n_rb) * BB + o_b
-            ct = tile // n_rb
-            c_lo = ct * (V + D) // n_ct
-            c_hi = (ct + 1) * (V + D) // n_ct
-            cols = c_lo + tl.arange(0, BV)
-            m_c = cols < c_hi
-            m_r = rows < N
-            t_r = tl.load(p_priv + rows, mask=m_r, other=0)
-            a_r = tl.load(p_priv + N + rows, mask=m_r, other=0) != 0
-            t_r = tl.minimum(t_r, T - 1)
-            acc = _zeros(BB, BK, BV, FMA)
-            for k0 in tl.range(0, J, BK, loop_unroll_factor=UNROLL):
-                kk = k0 + o_k
-                m_rk = a_r[:, None] & (kk < J)[None, :]
-                e = tl.load(encp_ptr + (rows.to(tl.int64)[:, None] * T + t_r[:, None]) * J + kk[None, :], mask=m_rk,
-                            other=0.0).to(tl.float32)  # fmt: skip
-                g = tl.load(g_ptr + rows[:, None] * J + kk[None, :], mask=m_rk, other=0.0, cache_modifier=".cg")
-                x = _act((e + g).to(WD).to(tl.float32), ACT).to(WD)
-                w = tl.load(ow_ptr + cols[None, :] * J + kk[:, None], mask=m_c[None, :] & (kk < J)[:, None], other=0.0)
-                acc = _mm(x, w, acc, F32, FMA)
-            logits = _total(acc, FMA) + tl.load(ob_ptr + cols, mask=m_c, other=0.0)[None, :]
-            if not F32:
-                logits = logits.to(WD).to(tl.float32)
-            is_tok = (m_c & (cols < V))[None, :]
-            tkey = tl.max(tl.where(is_tok, _key(logits, cols[None, :]), _NO_KEY), 1)
-            tl.atomic_max(key_ptr + (kb * 2) * N + rows, tkey, mask=a_r & (o_b * 0 + c_lo < V), sem="relaxed")
-            if HAS_DUR:
-                is_dur = (m_c & (cols >= V))[None, :]
-                dkey = tl.max(tl.where(is_dur, _key(logits, cols[None, :] - V), _NO_KEY), 1)
-                m_d = a_r & (o_b * 0 + c_hi > V)
-                tl.atomic_max(key_ptr + (kb * 2 + 1) * N + rows, dkey, mask=m_d, sem="relaxed")
-            # the partial log-sum-exp of the tile's token columns (-inf, 0 for a tile of durations only)
-            lv = tl.where(is_tok, logits, float("-inf"))
-            m = tl.max(lv, 1)
-            m_safe = tl.where(m == float("-inf"), 0.0, m)
-            s = tl.sum(tl.exp(lv - m_safe[:, None]), 1)
-            p_part = part_ptr + ((pb * 2) * N + rows) * NCB + ct
-            tl.store(p_part, m, mask=a_r)
-            tl.store(p_part + N * NCB, s, mask=a_r)
-        ev = _stamp(prof_ptr, ev, 1, PROFILE)
-        n_sync += 1
-        _grid_sync(bar_ptr, n_sync * nprog)
-        ev = _stamp(prof_ptr, ev, 2, PROFILE)
-        # 2. the decision, every row in every program
-        key = tl.load(key_ptr + (kb * 2) * N + o_n, mask=active, other=_NO_KEY, cache_modifier=".cg")
-        value, label = _unkey(key)
-        emit = active & (label != blank)
-        if HAS_DUR:
-            dkey = tl.load(key_ptr + (kb * 2 + 1) * N + o_n, mask=active, other=_NO_KEY, cache_modifier=".cg")
-            _, di = _unkey(dkey)
-            dur = tl.sum(tl.where(o_d[None, :] == di[:, None], durs_v[None, :], 0), 1)
-        else:
-            dur = tl.where(emit, 0, 1)
-        # the owner's outputs: score = logit - logsumexp over the token logits (partials of the column blocks)
-        m_own = own & emit
-        o_cb = tl.arange(0, NCB_P2)
-        m_c = m_own[:, None] & (o_cb < NCB)[None, :]
-        p_part = part_ptr + ((pb * 2) * N + o_n[:, None]) * NCB + o_cb[None, :]
-        pm = tl.load(p_part, mask=m_c, other=float("-inf"), cache_modifier=".cg")
-        ps = tl.load(p_part + N * NCB, mask=m_c, other=0.0, cache_modifier=".cg")
-        lse_m = tl.max(pm, 1)
-        safe = tl.where(lse_m == float("-inf"), 0.0, lse_m)
-        score = value - (safe + tl.log(tl.sum(ps * tl.exp(pm - safe[:, None]), 1)))
-        slot = tl.minimum(k_n, S - 1).to(tl.int64)
-        p_out = o_n.to(tl.int64) * S + slot
-        tl.store(tok_ptr + p_out, label.to(tl.int64), mask=m_own)
-        tl.store(frm_ptr + p_out, t_n.to(tl.int64) + fofs, mask=m_own)
-        tl.store(dout_ptr + p_out, dur.to(tl.int64), mask=m_own)
-        tl.store(sc_ptr + p_out, score, mask=m_own)
-        # the slots of two steps ahead, read by every program before the barrier above
-        nb = (step + 2) % 3
-        tl.store(key_ptr + (nb * 2) * N + o_n, tl.full([BLOCK_N], _NO_KEY, tl.int64), mask=own)
-        tl.store(key_ptr + (nb * 2 + 1) * N + o_n, tl.full([BLOCK_N], _NO_KEY, tl.int64), mask=own)
-        k_n += emit.to(tl.int32)
-        adv = tl.where(emit, dur, tl.maximum(dur, 1))
-        at_frame = tl.where(emit & (adv == 0), at_frame + 1, 0)
-        forced = at_frame >= max_symbols
-        adv = tl.where(forced, 1, adv)
-        at_frame = tl.where(forced, 0, at_frame)
-        t_n = tl.where(active, t_n + adv, t_n)
-        active = active & (t_n < L_n)
-        n_act = tl.sum(active.to(tl.int32), 0)
-        n_emit = tl.sum(emit.to(tl.int32), 0)
-        tl.store(p_priv + o_n, t_n, mask=m_n)
-        tl.store(p_priv + N + o_n, active.to(tl.int32), mask=m_n)
-        tl.store(p_priv + 2 * N + o_n, label, mask=m_n)
-        tl.store(p_priv + 3 * N + o_n, emit.to(tl.int32), mask=m_n)
-        if STATELESS:
-            for j in tl.static_range(K - 1):
-                prev = tl.load(p_priv + (5 + j) * N + o_n, mask=m_n, other=-1)
-                cur = tl.load(p_priv + (4 + j) * N + o_n, mask=m_n, other=-1)
-                tl.debug_barrier()
-                tl.store(p_priv + (4 + j) * N + o_n, tl.where(emit, prev, cur), mask=m_n)
-            last = tl.load(p_priv + (3 + K) * N + o_n, mask=m_n, other=-1)
-            tl.debug_barrier()
-            tl.store(p_priv + (3 + K) * N + o_n, tl.where(emit, label, last), mask=m_n)
-        tl.debug_barrier()
-        ev = _stamp(prof_ptr, ev, 3, PROFILE)
-        step += 1
-        # 3. the prediction network of the emitting rows
+    while (n_act > 0) | (n_emit > 0):
+        # the prediction network of the rows that emitted at the last step (at the start: every row, the blank)
         if n_emit > 0:
             if not STATELESS:
                 # tiles (row block, range of hidden units): the four gates of the units in one product, columns
@@ -431,6 +335,8 @@ def _transducer_greedy_kernel(
                         pw_ptr + jj[None, :] * P + kk[:, None], mask=m_j[None, :] & (kk < P)[:, None], other=0.0
                     )
                     acc = _mm(x.to(WD), w, acc, F32, FMA)
+                    # the prediction network's output, kept for the returned state (by the first range's tiles)
+                    tl.store(pout_ptr + rows[:, None] * P + kk[None, :], x, mask=m_rk & (o_b * 0 + jt == 0)[:, None])
                 acc = _total(acc, FMA) + tl.load(pb_ptr + jj, mask=m_j, other=0.0)[None, :]
                 if not F32:
                     acc = acc.to(WD).to(tl.float32)
@@ -439,6 +345,116 @@ def _transducer_greedy_kernel(
             n_sync += 1
             _grid_sync(bar_ptr, n_sync * nprog)
             ev = _stamp(prof_ptr, ev, 7, PROFILE)
+        if n_act > 0:
+            ev = _stamp(prof_ptr, ev, 0, PROFILE)
+            kb = step % 3
+            pb = step % 2
+            # 1. joint logits of the active rows: tiles (row block, range of output columns) over the V + D columns
+            n_ct = _ranges(V + D, BV, nprog // n_rb if FMA else 0)
+            for tile in range(pid, n_rb * n_ct, nprog):
+                rows = (tile % n_rb) * BB + o_b
+                ct = tile // n_rb
+                c_lo = ct * (V + D) // n_ct
+                c_hi = (ct + 1) * (V + D) // n_ct
+                cols = c_lo + tl.arange(0, BV)
+                m_c = cols < c_hi
+                m_r = rows < N
+                t_r = tl.load(p_priv + rows, mask=m_r, other=0)
+                a_r = tl.load(p_priv + N + rows, mask=m_r, other=0) != 0
+                t_r = tl.minimum(t_r, T - 1)
+                acc = _zeros(BB, BK, BV, FMA)
+                for k0 in tl.range(0, J, BK, loop_unroll_factor=UNROLL):
+                    kk = k0 + o_k
+                    m_rk = a_r[:, None] & (kk < J)[None, :]
+                    e = tl.load(encp_ptr + (rows.to(tl.int64)[:, None] * T + t_r[:, None]) * J + kk[None, :], mask=m_rk,
+                                other=0.0).to(tl.float32)  # fmt: skip
+                    g = tl.load(g_ptr + rows[:, None] * J + kk[None, :], mask=m_rk, other=0.0, cache_modifier=".cg")
+                    x = _act((e + g).to(WD).to(tl.float32), ACT).to(WD)
+                    w = tl.load(
+                        ow_ptr + cols[None, :] * J + kk[:, None], mask=m_c[None, :] & (kk < J)[:, None], other=0.0
+                    )
+                    acc = _mm(x, w, acc, F32, FMA)
+                logits = _total(acc, FMA) + tl.load(ob_ptr + cols, mask=m_c, other=0.0)[None, :]
+                if not F32:
+                    logits = logits.to(WD).to(tl.float32)
+                is_tok = (m_c & (cols < V))[None, :]
+                tkey = tl.max(tl.where(is_tok, _key(logits, cols[None, :]), _NO_KEY), 1)
+                tl.atomic_max(key_ptr + (kb * 2) * N + rows, tkey, mask=a_r & (o_b * 0 + c_lo < V), sem="relaxed")
+                if HAS_DUR:
+                    is_dur = (m_c & (cols >= V))[None, :]
+                    dkey = tl.max(tl.where(is_dur, _key(logits, cols[None, :] - V), _NO_KEY), 1)
+                    m_d = a_r & (o_b * 0 + c_hi > V)
+                    tl.atomic_max(key_ptr + (kb * 2 + 1) * N + rows, dkey, mask=m_d, sem="relaxed")
+                # the partial log-sum-exp of the tile's token columns (-inf, 0 for a tile of durations only)
+                lv = tl.where(is_tok, logits, float("-inf"))
+                m = tl.max(lv, 1)
+                m_safe = tl.where(m == float("-inf"), 0.0, m)
+                s = tl.sum(tl.exp(lv - m_safe[:, None]), 1)
+                p_part = part_ptr + ((pb * 2) * N + rows) * NCB + ct
+                tl.store(p_part, m, mask=a_r)
+                tl.store(p_part + N * NCB, s, mask=a_r)
+            ev = _stamp(prof_ptr, ev, 1, PROFILE)
+            n_sync += 1
+            _grid_sync(bar_ptr, n_sync * nprog)
+            ev = _stamp(prof_ptr, ev, 2, PROFILE)
+            # 2. the decision, every row in every program
+            key = tl.load(key_ptr + (kb * 2) * N + o_n, mask=active, other=_NO_KEY, cache_modifier=".cg")
+            value, label = _unkey(key)
+            emit = active & (label != blank)
+            if HAS_DUR:
+                dkey = tl.load(key_ptr + (kb * 2 + 1) * N + o_n, mask=active, other=_NO_KEY, cache_modifier=".cg")
+                _, di = _unkey(dkey)
+                dur = tl.sum(tl.where(o_d[None, :] == di[:, None], durs_v[None, :], 0), 1)
+            else:
+                dur = tl.where(emit, 0, 1)
+            # the owner's outputs: score = logit - logsumexp over the token logits (partials of the column blocks)
+            m_own = own & emit
+            o_cb = tl.arange(0, NCB_P2)
+            m_c = m_own[:, None] & (o_cb < NCB)[None, :]
+            p_part = part_ptr + ((pb * 2) * N + o_n[:, None]) * NCB + o_cb[None, :]
+            pm = tl.load(p_part, mask=m_c, other=float("-inf"), cache_modifier=".cg")
+            ps = tl.load(p_part + N * NCB, mask=m_c, other=0.0, cache_modifier=".cg")
+            lse_m = tl.max(pm, 1)
+            safe = tl.where(lse_m == float("-inf"), 0.0, lse_m)
+            score = value - (safe + tl.log(tl.sum(ps * tl.exp(pm - safe[:, None]), 1)))
+            slot = tl.minimum(k_n, S - 1).to(tl.int64)
+            p_out = o_n.to(tl.int64) * S + slot
+            tl.store(tok_ptr + p_out, label.to(tl.int64), mask=m_own)
+            tl.store(frm_ptr + p_out, t_n.to(tl.int64) + fofs, mask=m_own)
+            tl.store(dout_ptr + p_out, dur.to(tl.int64), mask=m_own)
+            tl.store(sc_ptr + p_out, score, mask=m_own)
+            # the slots of two steps ahead, read by every program before the barrier above
+            nb = (step + 2) % 3
+            tl.store(key_ptr + (nb * 2) * N + o_n, tl.full([BLOCK_N], _NO_KEY, tl.int64), mask=own)
+            tl.store(key_ptr + (nb * 2 + 1) * N + o_n, tl.full([BLOCK_N], _NO_KEY, tl.int64), mask=own)
+            k_n += emit.to(tl.int32)
+            adv = tl.where(emit, dur, tl.maximum(dur, 1))
+            at_frame = tl.where(emit & (adv == 0), at_frame + 1, 0)
+            forced = at_frame >= max_symbols
+            adv = tl.where(forced, 1, adv)
+            at_frame = tl.where(forced, 0, at_frame)
+            t_n = tl.where(active, t_n + adv, t_n)
+            active = active & (t_n < L_n)
+            n_act = tl.sum(active.to(tl.int32), 0)
+            n_emit = tl.sum(emit.to(tl.int32), 0)
+            tl.store(p_priv + o_n, t_n, mask=m_n)
+            tl.store(p_priv + N + o_n, active.to(tl.int32), mask=m_n)
+            tl.store(p_priv + 2 * N + o_n, label, mask=m_n)
+            tl.store(p_priv + 3 * N + o_n, emit.to(tl.int32), mask=m_n)
+            if STATELESS:
+                for j in tl.static_range(K - 1):
+                    prev = tl.load(p_priv + (5 + j) * N + o_n, mask=m_n, other=-1)
+                    cur = tl.load(p_priv + (4 + j) * N + o_n, mask=m_n, other=-1)
+                    tl.debug_barrier()
+                    tl.store(p_priv + (4 + j) * N + o_n, tl.where(emit, prev, cur), mask=m_n)
+                last = tl.load(p_priv + (3 + K) * N + o_n, mask=m_n, other=-1)
+                tl.debug_barrier()
+                tl.store(p_priv + (3 + K) * N + o_n, tl.where(emit, label, last), mask=m_n)
+            tl.debug_barrier()
+            ev = _stamp(prof_ptr, ev, 3, PROFILE)
+            step += 1
+        else:
+            n_emit = n_emit * 0
     # the owners' final values: lengths, frames, the prediction network's state
     tl.store(nout_ptr + o_n, k_n.to(tl.int64), mask=own)
     tl.store(tend_ptr + o_n, t_n.to(tl.int64), mask=own)
@@ -511,8 +527,8 @@ def transducer_greedy(
 ):
     """The kernel's launch: (tokens, lengths, frames, scores, durations, final frame, predictor state, output) as
     the PyTorch path's ``transducer_greedy_reference`` (w: TransducerWeights of float32/bfloat16/float16 tensors;
-    x [N, T, E] contiguous in w's dtype; lengths, state on x's device; ``durations_tensor``: the durations (RNN-T:
-    any int64 tensor of one element) on x's device). ``profile``: an int64 [E, 2] tensor that
+    x [N, T, E] contiguous in w's dtype; lengths, state (None: the start) on x's device; ``durations_tensor``: the
+    durations (RNN-T: any int64 tensor of one element) on x's device). ``profile``: an int64 [E, 2] tensor that
     receives program 0's first E events (_PHASES index, global timer ns) on a GPU."""
     N, T, _ = x.shape
     dev = x.device
@@ -529,18 +545,30 @@ def transducer_greedy(
     table, wih, whh, bl, pb, ob = (prep[k] for k in ("table", "wih", "whh", "bl", "pb", "ob"))
     emb = w.embedding.contiguous()
     wih0 = emb if stateless else w.lstm[0][0].contiguous()
+    start = state is None  # the kernel computes the start state itself
     if stateless:
         P, H, L, K = w.embedding.shape[1], 1, 1, w.context_size
         h = c = bl
-        ctx0 = state.predictor[0].contiguous()
+        ctx0 = durations_tensor if start else state.predictor[0].contiguous()
     else:
         L, H, K = len(w.lstm), w.lstm[0][1].shape[1], 1
         P = H
-        h = torch.empty(2, L, N, H, dtype=f32, device=dev)
-        h[0] = state.predictor[0]
-        c = state.predictor[1].to(f32).contiguous()
+        if start:
+            h = torch.zeros(2, L, N, H, dtype=f32, device=dev)
+            c = torch.zeros(L, N, H, dtype=f32, device=dev)
+        else:
+            h = torch.empty(2, L, N, H, dtype=f32, device=dev)
+            h[0] = state.predictor[0]
+            c = state.predictor[1].to(f32).contiguous()
         ctx0 = durations_tensor
-    g = torch.nn.functional.linear(state.output.to(wd), w.pred_w, w.pred_b).to(f32).contiguous()
+    if start:
+        g = torch.empty(N, J, dtype=f32, device=dev)
+        pout = torch.empty(N, P, dtype=f32, device=dev)
+        t0 = fofs = lengths
+    else:
+        g = torch.nn.functional.linear(state.output.to(wd), w.pred_w, w.pred_b).to(f32).contiguous()
+        pout = state.output.to(f32).contiguous()
+        t0, fofs = state.time_jumps.contiguous(), state.frames.contiguous()
     # a few rows: FMA products over thin tiles, so that every program has a tile of each phase and loads it at once;
     # more: tensor-core tiles
     fma = N <= SMALL_BATCH
@@ -576,19 +604,14 @@ def transducer_greedy(
     ctx_out = torch.empty(N, K, dtype=torch.int64, device=dev)
     BLOCK_N = max(16, next_power_of_2(N))
     launch(_transducer_greedy_kernel)[(nprog,)](
-        encp, lengths.contiguous(), state.time_jumps.contiguous(), state.frames.contiguous(), table, emb, wih0, wih,
-        whh, bl, h, c, ctx0, w.pred_w, pb, g, w.out_w, ob,
+        encp, lengths.contiguous(), t0, fofs, table, emb, wih0, wih, whh, bl, h, c, ctx0, w.pred_w, pb, g, pout,
+        w.out_w, ob,
         durations_tensor, keys, part, priv, bar, tokens, frames, durs, scores, n_out, t_end, h_out, c_out, ctx_out,
         bar if profile is None else profile,
         N, T, S, R, NCB, blank, max_symbols, J=J, H=H, P=P, PE=w.embedding.shape[1], V=V, D=D,
         L=L, K=K, FMA=fma, STATELESS=stateless, HAS_CONV=w.conv is not None, HAS_DUR=D > 0, ACT=("relu", "tanh",
         "sigmoid").index(w.activation), F32=wd == f32, BLOCK_N=BLOCK_N, NCB_P2=next_power_of_2(NCB),
-        BD=next_power_of_2(max(D, 1)), PROFILE=0 if profile is None else profile.shape[0], **tiles,
+        BD=next_power_of_2(max(D, 1)), START=start, PROFILE=0 if profile is None else profile.shape[0], **tiles,
     )  # fmt: skip
-    if stateless:
-        predictor = (ctx_out,)
-        out_state = None
-    else:
-        predictor = (h_out.to(wd), c_out.to(wd))
-        out_state = h_out[-1].to(wd)
-    return tokens, n_out, frames, scores, (durs if D else None), t_end, predictor, out_state
+    predictor = (ctx_out,) if stateless else (h_out.to(wd), c_out.to(wd))
+    return tokens, n_out, frames, scores, (durs if D else None), t_end, predictor, pout.to(wd)
