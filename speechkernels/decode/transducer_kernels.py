@@ -74,6 +74,20 @@ def _mm(a, b, acc, F32: tl.constexpr, FMA: tl.constexpr):
 
 
 @triton.jit
+def _rows_product(acc, p_x, p_w, m_x, m_w, K: tl.constexpr, BK: tl.constexpr, UNROLL: tl.constexpr, WD: tl.constexpr,
+                  F32: tl.constexpr, FMA: tl.constexpr):  # fmt: skip
+    """acc + X @ W^T over K in blocks of BK: rows of X at p_x [BB, 1] (those of m_x; read past L1: other programs
+    write them), rows of W at p_w [1, BN] (those of m_w), both contiguous along K."""
+    o_k = tl.arange(0, BK)
+    for k0 in tl.range(0, K, BK, loop_unroll_factor=UNROLL):
+        kk = k0 + o_k
+        x = tl.load(p_x + kk[None, :], mask=m_x[:, None] & (kk < K)[None, :], other=0.0, cache_modifier=".cg")
+        w = tl.load(p_w + kk[:, None], mask=m_w[None, :] & (kk < K)[:, None], other=0.0)
+        acc = _mm(x.to(WD), w, acc, F32, FMA)
+    return acc
+
+
+@triton.jit
 def _total(acc, FMA: tl.constexpr):
     if FMA:
         return tl.sum(acc, 1)
@@ -260,35 +274,18 @@ def _transducer_greedy_kernel(
                         e_r = (tl.load(p_priv + 3 * N + rows, mask=m_r, other=0) != 0) & m_r
                         m_ru = e_r[:, None] & m_u[None, :]
                         acc = _zeros(BB, BK, 4 * BH, FMA)
-                        if layer == 0:
-                            # the label's embedding, through W_ih of layer 0
+                        if layer == 0:  # the label's embedding, through W_ih of layer 0
                             lab = tl.load(p_priv + 2 * N + rows, mask=m_r, other=0)
-                            p_x = emb_ptr + lab.to(tl.int64)[:, None] * PE
-                            p_w = wih0_ptr + grow[None, :] * PE
-                            for k0 in tl.range(0, PE, BK, loop_unroll_factor=UNROLL):
-                                kk = k0 + o_k
-                                x = tl.load(p_x + kk[None, :], mask=e_r[:, None] & (kk < PE)[None, :], other=0.0)
-                                w = tl.load(p_w + kk[:, None], mask=m_g[None, :] & (kk < PE)[:, None], other=0.0)
-                                acc = _mm(x, w, acc, F32, FMA)
-                        else:
-                            # the layer below's new output, through W_ih
+                            acc = _rows_product(acc, emb_ptr + lab.to(tl.int64)[:, None] * PE, wih0_ptr + grow[None, :]
+                                                * PE, e_r, m_g, PE, BK, UNROLL, WD, F32, FMA)  # fmt: skip
+                        else:  # the layer below's new output, through W_ih
                             p_x = h_ptr + (((1 - hp) * L + layer - 1) * N + rows[:, None]) * H
                             p_w = wih_ptr + ((layer - 1) * 4 * H + grow[None, :]) * H
-                            for k0 in tl.range(0, H, BK, loop_unroll_factor=UNROLL):
-                                kk = k0 + o_k
-                                x = tl.load(p_x + kk[None, :], mask=e_r[:, None] & (kk < H)[None, :], other=0.0,
-                                            cache_modifier=".cg").to(WD)  # fmt: skip
-                                w = tl.load(p_w + kk[:, None], mask=m_g[None, :] & (kk < H)[:, None], other=0.0)
-                                acc = _mm(x, w, acc, F32, FMA)
+                            acc = _rows_product(acc, p_x, p_w, e_r, m_g, H, BK, UNROLL, WD, F32, FMA)
                         # the layer's own previous output, through W_hh
                         p_x = h_ptr + ((hp * L + layer) * N + rows[:, None]) * H
                         p_w = whh_ptr + (layer * 4 * H + grow[None, :]) * H
-                        for k0 in tl.range(0, H, BK, loop_unroll_factor=UNROLL):
-                            kk = k0 + o_k
-                            x = tl.load(p_x + kk[None, :], mask=e_r[:, None] & (kk < H)[None, :], other=0.0,
-                                        cache_modifier=".cg").to(WD)  # fmt: skip
-                            w = tl.load(p_w + kk[:, None], mask=m_g[None, :] & (kk < H)[:, None], other=0.0)
-                            acc = _mm(x, w, acc, F32, FMA)
+                        acc = _rows_product(acc, p_x, p_w, e_r, m_g, H, BK, UNROLL, WD, F32, FMA)
                         gates = _total(acc, FMA) + tl.load(bl_ptr + layer * 4 * H + grow, mask=m_g, other=0.0)[None, :]
                         gi, gf, gg, go = _split4(gates, BB, BH)
                         p_c = c_ptr + (layer * N + rows[:, None]) * H + units[None, :]
