@@ -189,6 +189,21 @@ def test_views_decode_as_copies(device):
     b, _ = dec.greedy(x.contiguous(), lengths.contiguous())
     for u, v in zip(a, b, strict=True):
         assert torch.equal(u, v)
+    # a state of views (initial_state expands one utterance's), and a strided one (every other of a batch of 6)
+    c, _ = dec.greedy(x, lengths, dec.initial_state(3))
+    for name in ("tokens", "lengths", "frames", "durations"):
+        assert torch.equal(getattr(a, name), getattr(c, name)), name
+    # the start computed inside the kernel, or given: the same up to rounding
+    torch.testing.assert_close(a.scores, c.scores, rtol=1e-6, atol=1e-6)
+    _, wide = dec.greedy(torch.cat([x, x], 0)[[0, 3, 1, 4, 2, 5]], torch.cat([lengths, lengths])[[0, 3, 1, 4, 2, 5]])
+    strided = sk.TransducerState(tuple(t[:, ::2] if t.dim() == 3 else t[::2] for t in wide.predictor),
+                                 wide.output[::2], wide.time_jumps[::2], wide.frames[::2])  # fmt: skip
+    _, whole = dec.greedy(x, lengths)
+    d, _ = dec.greedy(x, lengths, strided)
+    e, _ = dec.greedy(x, lengths, sk.TransducerState(*(tuple(t.contiguous() for t in v) if isinstance(v, tuple)
+                                                      else v.contiguous() for v in strided)))  # fmt: skip
+    for u, v in zip(d, e, strict=True):
+        assert torch.equal(u, v)
 
 
 def test_empty(device):
@@ -341,6 +356,21 @@ def test_refusals():
         sk.TransducerDecoder(e, lin, lin, torch.nn.Linear(4, 5), activation="gelu")
     with pytest.raises(ValueError, match="share one dtype"):
         sk.TransducerDecoder(e, lin, lin, torch.nn.Linear(4, 5).double())
+    with pytest.raises(ValueError, match="batch_size must be >= 0"):
+        dec.initial_state(-1)
+
+
+def test_predictor_refusals():
+    with pytest.raises(ValueError, match="vocab_size must be >= 1"):
+        sk.LSTMPredictor(0, 4, 4)
+    with pytest.raises(ValueError, match=r"blank=9 is outside \[-V, V\)"):
+        sk.LSTMPredictor(5, 4, 4, blank=9)
+    with pytest.raises(ValueError, match="context_size must be >= 1"):
+        sk.StatelessPredictor(5, 8, context_size=0)
+    with pytest.raises(ValueError, match=r"targets must be an integer tensor \[N, U\]"):
+        sk.LSTMPredictor(5, 4, 4)(torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="joint has no enc"):
+        sk.TransducerDecoder.from_joint(torch.nn.Linear(2, 2), sk.LSTMPredictor(5, 4, 4))
 
 
 @pytest.mark.parametrize("kind", [dict(durations=[0, 1, 2]), dict(stateless=2)], ids=str)
