@@ -523,7 +523,7 @@ def transducer_greedy(
     profile: torch.Tensor | None = None,
 ):
     """The kernel's launch: (tokens, lengths, frames, scores, durations, final frame, predictor state, output) as
-    the PyTorch path's ``transducer_greedy_reference`` (w: TransducerWeights of float32/bfloat16/float16 tensors;
+    the PyTorch path's ``transducer_greedy_reference`` (w: TransducerWeights of float32/bfloat16 tensors;
     x [N, T, E] contiguous in w's dtype; lengths, state (None: the start) on x's device; ``durations_tensor``: the
     durations (RNN-T: any int64 tensor of one element) on x's device). ``profile``: an int64 [E, 2] tensor that
     receives program 0's first E events (_PHASES index, global timer ns) on a GPU."""
