@@ -383,3 +383,36 @@ def test_a_batch_past_the_small_tiles(device, kind):
     lengths = torch.randint(0, T + 1, (N,), generator=g)
     hyp, _ = dec.greedy(x.to(device), lengths)
     check(hyp, oracle(dec, x, lengths.tolist()), dec, T)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", [dict(durations=[0, 1, 2, 3]), dict(stateless=2), dict(layers=1)], ids=str)
+@pytest.mark.parametrize("N", [2, 9])
+def test_captured_in_a_cuda_graph(kind, N):
+    """A decode with validate=False (no host synchronisation) captured in a CUDA graph gives, replay after replay
+    on new encoder outputs and lengths copied into the captured inputs, the eager decode's hypotheses."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    dec = make_decoder(13, device="cuda", **kind)
+    T = 11
+    x = torch.randn(N, T, 6, device="cuda")
+    lengths = torch.full((N,), T, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # warm-up: compilation and first allocations outside the capture
+            dec.greedy(x, lengths, validate=False)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured, _ = dec.greedy(x, lengths, validate=False)
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        x.copy_(torch.randn(N, T, 6, generator=g))
+        lengths.copy_(torch.randint(0, T + 1, (N,), generator=g))
+        graph.replay()
+        want, _ = dec.greedy(x.clone(), lengths.clone())
+        for name in ("tokens", "lengths", "frames", "durations"):
+            a, b = getattr(captured, name), getattr(want, name)
+            assert (a is None and b is None) or torch.equal(a, b), (seed, name)
+        torch.testing.assert_close(captured.scores, want.scores)
