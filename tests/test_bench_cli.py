@@ -74,6 +74,7 @@ def exits_with_usage(argv: list[str], capsys) -> str:
         (["decode", "--rows", "lstm-1x8"], "MODEL-NxSECONDS"),
         (["decode", "--rows", "ctc-1x8"], "ctc-NxTxC"),
         (["decode", "--dtypes", "float64"], "float32, bfloat16, float16"),
+        (["decode", "--peers", "/nonexistent/peers.py"], "is not a file"),
         (["wavenet", "--only", "foo"], "proxy, vocoder"),
         (["wavenet", "--designs", "stream,foo"], "stream, barrier, cluster, partials, pipeline"),
         (["wavenet", "--rows", "proxy:float64:1"], "proxy:WEIGHTS:B"),

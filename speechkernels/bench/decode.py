@@ -24,7 +24,9 @@ with ours); absent or failing peers are reported and skipped.
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib.util
+import os
 import statistics
 import traceback
 
@@ -33,6 +35,7 @@ import torch
 import speechkernels as sk
 from speechkernels.decode import api as decode_api
 from speechkernels.decode.reference import predict, start_state
+from speechkernels.rnnt.joint_reference import activation_fn
 
 from .common import (
     add_common_arguments,
@@ -84,8 +87,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the networks' dtypes for the transducer rows (default: float32,bfloat16 on the GPU, float32 "
                    "on the CPU)")  # fmt: skip
     p.add_argument("--reps", type=positive_int, default=20, help="timed calls of each decoder (default 20)")
-    p.add_argument("--peers", metavar="FILE", default=None, help="a Python file defining transducer_peers(decoder, "
-                   "dtype) (see above)")  # fmt: skip
+    p.add_argument("--peers", metavar="FILE", type=peers_file, default=None,
+                   help="a Python file defining transducer_peers(decoder, dtype) (see above)")  # fmt: skip
+
+
+def peers_file(text: str) -> str:
+    """--peers: an existing file."""
+    if not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a file")
+    return text
 
 
 def parse_rows(text: str) -> list[str]:
@@ -154,7 +164,7 @@ def first_divergence(dec: sk.TransducerDecoder, x: torch.Tensor, length: int, ou
     """Replays our hypothesis of one utterance (x [T, E]) in float64: the first decision that is not float64's
     argmax, with its relative margin, or None if every decision is (then ours is the float64 path itself)."""
     w = dec.weights().to(torch.float64)
-    act = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}[w.activation]
+    act = activation_fn(w.activation)
     V, blank = dec.vocab_size, dec.blank
     tokens, frames, durs = ours
     st = start_state(w, 1, blank, x.device)
@@ -221,8 +231,6 @@ def exactness(dec, x, lengths, hyp, dtype) -> dict:
 
 
 def _double(dec: sk.TransducerDecoder) -> sk.TransducerDecoder:
-    import copy
-
     return copy.deepcopy(dec).double()
 
 

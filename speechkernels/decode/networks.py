@@ -12,9 +12,9 @@ from typing import NamedTuple
 import torch
 
 from .._utils import as_choice, as_int
+from ..rnnt.joint_reference import ACTIVATIONS
 from ..tdt.api import durations_of
 
-ACTIVATIONS = ("relu", "tanh", "sigmoid")
 _ACTIVATION_MODULES = {torch.nn.ReLU: "relu", torch.nn.Tanh: "tanh", torch.nn.Sigmoid: "sigmoid"}
 
 

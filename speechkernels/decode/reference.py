@@ -6,6 +6,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..rnnt.joint_reference import activation_fn
 from .networks import TransducerWeights
 
 
@@ -138,7 +139,7 @@ def transducer_greedy_reference(
     S = T * max_symbols
     wd = torch.float64 if w.enc_w.dtype == torch.float64 else torch.float32
     enc = torch.nn.functional.linear(x.to(w.enc_w.dtype), w.enc_w, w.enc_b)  # [N, T, J], once for all frames
-    act = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}[w.activation]
+    act = activation_fn(w.activation)
     dur = None if durations is None else torch.tensor(durations, dtype=torch.int64, device=dev)
     rows = torch.arange(N, device=dev)
     lengths = lengths.to(dev).clamp(0, T)
