@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 import speechkernels as sk
 from speechkernels._utils import triton_interpreting
 from speechkernels.decode import api as decode_api
+from speechkernels.decode.reference import ctc_greedy_decode_reference
 
 
 @pytest.fixture(params=["torch", "triton", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -26,13 +27,13 @@ def path(request, monkeypatch):
     if request.param == "torch":
         monkeypatch.setattr(decode_api, "kernels", None)
     else:
-        real = decode_api.kernels.ctc_best
+        real = decode_api.kernels.ctc_greedy
 
         def spy(*args, **kwargs):
             request.launches.append(1)
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(decode_api.kernels, "ctc_best", spy)
+        monkeypatch.setattr(decode_api.kernels, "ctc_greedy", spy)
     return request
 
 
@@ -106,6 +107,44 @@ def test_kernel_blocks_of_classes_and_frames(path, C):
     finite = [k for k, v in enumerate(want[0][2]) if v == v]
     assert torch.isnan(got.scores[0, : got.lengths[0]]).sum() == len(want[0][2]) - len(finite)
     check(got.__class__(got.tokens[1:], got.lengths[1:], got.frames[1:], got.scores[1:]), want[1:], 21)
+    assert bool(path.launches) == (path.param != "torch")
+
+
+@pytest.mark.parametrize("logits", [False, True])
+def test_compaction_across_blocks_of_frames(path, monkeypatch, logits):
+    """The compaction in blocks of 16 frames (T = 70: four full blocks and a partial one): runs across block
+    boundaries, a label, a blank and the same label (two tokens), a token at every frame, ragged lengths (0, T, a
+    block's end and the next frame, in between) with classes past them that must be ignored; against the float64
+    reference, tokens, frames, lengths and padding exactly, scores exactly for log-probabilities."""
+    if decode_api.kernels is not None:
+        monkeypatch.setattr(decode_api.kernels, "COMPACT_BLOCK_T", 16)
+    N, T, C, blank = 6, 70, 4, 2
+    g = torch.Generator().manual_seed(3)
+    best = torch.randint(0, C, (N, T), generator=g)
+    best[1] = torch.tensor([0, 1, 3])[torch.arange(T) % 3]  # no blank, no repeat: a token at every frame
+    best[2, :33] = blank
+    best[2, 12:21] = 1  # a run across frames 15 | 16
+    best[2, 21:24] = torch.tensor([3, blank, 3])
+    best[2, 30:33] = torch.tensor([3, 3, 0])  # the last live frame a token
+    best[3, :17] = blank
+    best[3, 14:17] = 3  # a run from the first block into the second frame past it (length 17)
+    best[4] = blank
+    best[4, 31:33] = 1  # runs across frames 31 | 32 and 47 | 48, the last frames a run
+    best[4, 47:49] = 0
+    best[4, 60:] = 3
+    lengths = torch.tensor([0, T, 33, 17, T, 45])
+    x = torch.randn(N, T, C, generator=g) + 6 * torch.nn.functional.one_hot(best, C)
+    if not logits:
+        x = x.log_softmax(-1)
+    path.launches.clear()
+    hyp = sk.ctc_greedy_decode(x.to(path.device), lengths.to(path.device), blank, logits=logits)
+    want = ctc_greedy_decode_reference(x.double(), lengths, blank, logits)
+    assert want.lengths.tolist()[:5] == [0, T, 5, 1, 3]
+    for name in ("tokens", "lengths", "frames"):
+        assert torch.equal(getattr(hyp, name).cpu(), getattr(want, name)), name
+    assert hyp.scores.dtype == torch.float32
+    tol = dict(rtol=1e-6, atol=1e-6) if logits else dict(rtol=0, atol=0)
+    torch.testing.assert_close(hyp.scores.cpu().double(), want.scores, **tol)
     assert bool(path.launches) == (path.param != "torch")
 
 

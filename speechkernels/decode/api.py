@@ -14,7 +14,6 @@ from .reference import (
     Hypotheses,
     TransducerState,
     ctc_greedy_decode_reference,
-    ctc_hypotheses,
     start_state,
     transducer_greedy_reference,
 )
@@ -78,8 +77,7 @@ def ctc_greedy_decode(
     if validate:
         check_lengths(il, "input_lengths", T, f"T={T}")
     if kernels is not None and use_triton(x) and N > 0 and T > 0:
-        best, score = kernels.ctc_best(kernel_layout(x), il, logits)
-        hyp = ctc_hypotheses(best, score, il, blank)
+        hyp = Hypotheses(*kernels.ctc_greedy(kernel_layout(x), il, blank, logits))
     else:
         hyp = ctc_greedy_decode_reference(x, il, blank, logits)
     if unbatched:

@@ -1,10 +1,22 @@
-"""Triton kernels of greedy decoding.
+"""Triton kernels of greedy CTC decoding: two launches, no PyTorch operation between them.
 
 ``_ctc_best_kernel`` (a block of frames of one sample per program): each frame's most likely class and its score,
 reading the scores once in blocks of classes: the running maximum and its first index (a NaN counts as the largest,
 its first index wins, as ``torch.argmax``), and with ``LOGITS`` the running log-sum-exp, so that the score is the
-log_softmax value. Frames at and past the sample's length are not read. The merge of runs and the compaction are
-[N, T] operations in ``api`` (shared with the PyTorch path).
+log_softmax value. Frames at and past the sample's length are neither read nor written. It writes a scratch
+[N, 2, T] int32: each sample's classes (row 0) and scores (row 1, float32 bits), 8 bytes a frame.
+
+``_ctc_compact_kernel`` (one sample per program): the merge of runs and the compaction, over the sample's live
+frames in blocks of ``BLOCK_T``: a frame emits where its class is not the blank and differs from the previous
+frame's (read shifted by one from the scratch, so a run that crosses a block boundary needs no carried label);
+an emitting frame's slot is the count of the blocks before plus an inclusive ``tl.cumsum`` of the block's emits,
+minus one. Then the tails past each hypothesis are filled (-1, -1, 0), so that every output element is written
+once by the kernel.
+
+Memory traffic: the scores [N, T, C] read once (the floor: N T C elements of their dtype); the scratch written
+once (8 bytes a live frame) and read once more (its classes twice, the shifted read from cache; a score only where
+a token is emitted); the outputs written once (20 bytes a frame, 8 a sample). [N, T] traffic is about 1/C of the
+scores'; past the scores' read, the cost is the second launch's latency.
 """
 
 from __future__ import annotations
@@ -13,11 +25,13 @@ import torch
 import triton
 import triton.language as tl
 
-from .._utils import kernel_output, next_power_of_2
+from .._utils import kernel_output, launch, next_power_of_2
+
+COMPACT_BLOCK_T = 1024  # frames per step of the compaction (a power of two; tests lower it to cross blocks)
 
 
 @triton.jit
-def _ctc_best_kernel(x_ptr, len_ptr, best_ptr, score_ptr, T, C, n_t_blocks,
+def _ctc_best_kernel(x_ptr, len_ptr, work_ptr, T, C, n_t_blocks,
                      LOGITS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):  # fmt: skip
     pid = tl.program_id(0)
     n = pid // n_t_blocks
@@ -50,20 +64,61 @@ def _ctc_best_kernel(x_ptr, len_ptr, best_ptr, score_ptr, T, C, n_t_blocks,
     if LOGITS:
         safe = tl.where(run_max == float("-inf"), 0.0, run_max)
         score = score - (safe + tl.log(run_sum))
-    o = n.to(tl.int64) * T + o_t
-    tl.store(best_ptr + o, best.to(tl.int64), mask=o_t < T)
-    tl.store(score_ptr + o, score, mask=o_t < T)
+    p_work = work_ptr + n.to(tl.int64) * (2 * T) + o_t
+    tl.store(p_work, best, mask=live)
+    tl.store(p_work + T, score.to(tl.int32, bitcast=True), mask=live)
 
 
-def ctc_best(x: torch.Tensor, lengths: torch.Tensor, logits: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(best [N, T] int64, score [N, T] float32) of x [N, T, C] (contiguous): each frame's most likely class and
-    its score (its log_softmax value with ``logits``); frames past ``lengths`` hold anything."""
+@triton.jit
+def _ctc_compact_kernel(work_ptr, len_ptr, tokens_ptr, frames_ptr, scores_ptr, n_out_ptr, T, blank,
+                        BLOCK_T: tl.constexpr):  # fmt: skip
+    n = tl.program_id(0)
+    L = tl.minimum(tl.maximum(tl.load(len_ptr + n).to(tl.int32), 0), T)
+    p_best = work_ptr + n.to(tl.int64) * (2 * T)
+    row = n.to(tl.int64) * T
+    count = tl.zeros((), tl.int32)  # tokens of the blocks before
+    for t0 in range(0, L, BLOCK_T):
+        o_t = t0 + tl.arange(0, BLOCK_T)
+        m_t = o_t < L
+        b_best = tl.load(p_best + o_t, mask=m_t, other=blank)
+        # the previous frame's class, blank or not (a blank between two equal labels makes two tokens)
+        b_prev = tl.load(p_best + o_t - 1, mask=m_t & (o_t > 0), other=-1)
+        emit = (b_best != blank) & (b_best != b_prev)
+        e = emit.to(tl.int32)
+        o_s = row + (count + tl.cumsum(e, 0) - 1)
+        b_score = tl.load(p_best + T + o_t, mask=emit, other=0).to(tl.float32, bitcast=True)
+        tl.store(tokens_ptr + o_s, b_best.to(tl.int64), mask=emit)
+        tl.store(frames_ptr + o_s, o_t.to(tl.int64), mask=emit)
+        tl.store(scores_ptr + o_s, b_score, mask=emit)
+        count += tl.sum(e, 0)
+    tl.store(n_out_ptr + n, count.to(tl.int64))
+    for t0 in range((count // BLOCK_T) * BLOCK_T, T, BLOCK_T):  # the padding past the hypothesis
+        o_t = t0 + tl.arange(0, BLOCK_T)
+        m_t = (o_t >= count) & (o_t < T)
+        tl.store(tokens_ptr + row + o_t, tl.full((BLOCK_T,), -1, tl.int64), mask=m_t)
+        tl.store(frames_ptr + row + o_t, tl.full((BLOCK_T,), -1, tl.int64), mask=m_t)
+        tl.store(scores_ptr + row + o_t, tl.zeros((BLOCK_T,), tl.float32), mask=m_t)
+
+
+def ctc_greedy(
+    x: torch.Tensor, lengths: torch.Tensor, blank: int, logits: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Greedy CTC decoding of x [N, T, C] (contiguous, N, T > 0) with ``lengths`` [N] (contiguous, clamped to
+    [0, T] here): (tokens [N, T] int64 -1 past, lengths [N] int64, frames [N, T] int64 -1 past, scores [N, T]
+    float32 0 past), the semantics of ``reference.ctc_greedy_decode_reference``. Two launches and five
+    allocations, no other operation and no host synchronisation."""
     N, T, C = x.shape
-    best = kernel_output((N, T), dtype=torch.int64, device=x.device)
-    score = kernel_output((N, T), dtype=torch.float32, device=x.device)
+    dev = x.device
+    work = kernel_output(N, 2, T, dtype=torch.int32, device=dev)  # classes, then scores' bits, of each sample
+    tokens = kernel_output(N, T, dtype=torch.int64, device=dev)
+    frames = kernel_output(N, T, dtype=torch.int64, device=dev)
+    scores = kernel_output(N, T, dtype=torch.float32, device=dev)
+    n_out = kernel_output(N, dtype=torch.int64, device=dev)
     BLOCK_C = min(next_power_of_2(C), 1024)
     BLOCK_T = max(1, min(16, 4096 // BLOCK_C))
     n_t_blocks = triton.cdiv(T, BLOCK_T)
-    _ctc_best_kernel[(N * n_t_blocks,)](x, lengths, best, score, T, C, n_t_blocks, LOGITS=logits, BLOCK_T=BLOCK_T,
-                                        BLOCK_C=BLOCK_C)  # fmt: skip
-    return best, score
+    launch(_ctc_best_kernel)[(N * n_t_blocks,)](x, lengths, work, T, C, n_t_blocks, LOGITS=logits, BLOCK_T=BLOCK_T,
+                                                BLOCK_C=BLOCK_C)  # fmt: skip
+    block = min(COMPACT_BLOCK_T, max(16, next_power_of_2(T)))
+    launch(_ctc_compact_kernel)[(N,)](work, lengths, tokens, frames, scores, n_out, T, blank, BLOCK_T=block)
+    return tokens, n_out, frames, scores
