@@ -43,7 +43,8 @@ def device(request, monkeypatch):
 
 
 def make_decoder(seed, *, V=7, E=6, P=5, J=8, layers=2, durations=None, stateless=0, activation="relu", blank=None,
-                 max_symbols=3, blank_bias=1.5, dtype=torch.float32, device="cpu") -> sk.TransducerDecoder:  # fmt: skip
+                 max_symbols=3, blank_bias=1.5, lstm_bias=True, dtype=torch.float32,
+                 device="cpu") -> sk.TransducerDecoder:  # fmt: skip
     """A random model; the blank's logit raised by ``blank_bias`` so that about one frame in two to four emits."""
     torch.manual_seed(seed)
     D = len(durations) if durations else 0
@@ -53,7 +54,7 @@ def make_decoder(seed, *, V=7, E=6, P=5, J=8, layers=2, durations=None, stateles
     if stateless:
         conv = torch.nn.Conv1d(P, P, stateless, groups=P if P % 2 else 2, bias=False) if stateless > 1 else None
     else:
-        lstm = torch.nn.LSTM(P, P + 1, layers)
+        lstm = torch.nn.LSTM(P, P + 1, layers, bias=lstm_bias)
     H = P if stateless else P + 1
     enc, pred, out = torch.nn.Linear(E, J), torch.nn.Linear(H, J), torch.nn.Linear(J, V + D)
     with torch.no_grad():
@@ -383,6 +384,33 @@ def test_a_batch_past_the_small_tiles(device, kind):
     lengths = torch.randint(0, T + 1, (N,), generator=g)
     hyp, _ = dec.greedy(x.to(device), lengths)
     check(hyp, oracle(dec, x, lengths.tolist()), dec, T)
+
+
+@pytest.mark.parametrize("kind", [dict(layers=3, lstm_bias=False), dict(layers=4, durations=[0, 1, 2])], ids=str)
+@pytest.mark.parametrize("N", [3, 18])
+def test_lstm_layouts(device, kind, N):
+    """An LSTM without biases, and the deepest one the kernel takes (its layers read where they are)."""
+    dec = make_decoder(8, device=device, **kind)
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(N, 6, 6, generator=g)
+    lengths = torch.randint(0, 7, (N,), generator=g)
+    hyp, _ = dec.greedy(x.to(device), lengths)
+    check(hyp, oracle(dec, x, lengths.tolist()), dec, 6)
+
+
+@pytest.mark.parametrize("dev", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_an_lstm_deeper_than_the_kernel_takes(dev, monkeypatch):
+    """More LSTM layers than the kernel's MAX_LAYERS: the PyTorch path, the same results."""
+    kernels = decode_api.transducer_kernels
+    if dev == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    if kernels is not None:
+        monkeypatch.setattr(kernels, "transducer_greedy", lambda *a, **k: pytest.fail("the kernel ran"))
+    dec = make_decoder(9, layers=(kernels.MAX_LAYERS if kernels else 4) + 1, device=dev)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(3, 5, 6, generator=g)
+    hyp, _ = dec.greedy(x.to(dev), [5, 2, 4])
+    check(hyp, oracle(dec, x, [5, 2, 4]), dec, 5)
 
 
 @pytest.mark.gpu

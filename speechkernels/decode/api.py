@@ -98,7 +98,8 @@ class TransducerDecoder(torch.nn.Module):
             width J.
         out: torch.nn.Linear from J to the V token classes (the blank among them), then the D duration logits
             for TDT.
-        lstm: the prediction network's torch.nn.LSTM (NeMo's ``RNNTDecoder``), or
+        lstm: the prediction network's torch.nn.LSTM (NeMo's ``RNNTDecoder``; the GPU kernel takes up to four
+            layers, deeper ones decode on the PyTorch path), or
         conv: a stateless prediction network's torch.nn.Conv1d over the last ``context_size`` tokens' embeddings,
             followed by a relu (icefall's ``Decoder``); with neither, the embedding of the last token.
         context_size: the tokens ``conv`` reads (1 without it).
@@ -256,17 +257,15 @@ class TransducerDecoder(torch.nn.Module):
         if state is not None:
             state = self._checked_state(state, N, w)
         wd = w.enc_w.dtype
-        if transducer_kernels is not None and use_triton(encoder_out) and wd in KERNEL_DTYPES and N > 0 and T > 0:
-            lengths = lengths.clamp(0, T)
+        if (transducer_kernels is not None and use_triton(encoder_out) and wd in KERNEL_DTYPES and N > 0 and T > 0
+                and len(w.lstm) <= transducer_kernels.MAX_LAYERS):  # fmt: skip
             x = encoder_out.to(wd).contiguous()
             if self._durations_on is None or self._durations_on.device != dev:  # no copy from the host per call
                 self._durations_on = torch.tensor(self.durations or (1,), dtype=torch.int64, device=dev)
-            tokens, n_out, frames, scores, durs, t_end, predictor, out = transducer_kernels.transducer_greedy(
+            *hyp, predictor, out, jumps, done = transducer_kernels.transducer_greedy(
                 w, x, lengths, state, self.blank, self.durations, self.max_symbols_per_frame, self._durations_on
             )
-            hyp = Hypotheses(tokens, n_out, frames, scores, durs)
-            done = lengths if state is None else state.frames + lengths
-            return hyp, TransducerState(predictor, out, t_end - lengths, done)
+            return Hypotheses(*hyp), TransducerState(predictor, out, jumps, done)
         if state is None:
             state = self.initial_state(N, dev)
         return transducer_greedy_reference(w, encoder_out, lengths, state, self.blank, self.durations,

@@ -18,6 +18,11 @@ Each step of the loop:
 Steps: max over rows of (frames visited + labels); per step one barrier, plus L + 1 (LSTM) or 1 (stateless) when a
 row emitted. The weights (13-26 MB for a 0.6B TDT model) stay in L2 between steps.
 
+The weights are read where they are: each LSTM layer's tensors are arguments of their own (up to MAX_LAYERS), so
+a call copies nothing; the scratch and the outputs are one allocation per kind carved into 16-element-aligned
+pieces (aligned pointers keep the K loops' loads 16-byte asynchronous copies); the kernel writes every output
+element, the padding past each hypothesis included.
+
 Slots of the packed keys rotate over three buffers (a slot is reset by its owner two steps before its reuse, when
 every program has read it) and the partial sums over two.
 """
@@ -37,8 +42,22 @@ _INTERPRETER = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 INT64_MIN = -(2**63)
 _NO_KEY = tl.constexpr(INT64_MIN)  # below every packed key
 SMALL_BATCH = 4  # up to this many rows: FMA tiles
-# FMA tiles: elements of a phase's product block per program, warps; tensor-core tiles: K block, warps
-TILES = dict(fma_elements=16384, fma_warps=8, dot_bk=64, dot_warps=4)
+MAX_LAYERS = 4  # LSTM layers the kernel takes (more: the PyTorch path)
+# FMA tiles: elements of a phase's product block per program, warps; tensor-core tiles: the most rows, the K block,
+# the output columns (joint), hidden units (LSTM) and projection columns of a tile, warps, pipeline stages of the K
+# loops, and whether a phase's columns are split into one range per program (spread) or into full blocks
+TILES = dict(
+    fma_elements=8192,
+    fma_warps=8,
+    dot_bb=64,
+    dot_bk=32,
+    dot_bv=64,
+    dot_bh=16,
+    dot_bj=32,
+    dot_warps=4,
+    dot_stages=4,
+    dot_spread=False,
+)
 
 
 @triton.jit
@@ -184,26 +203,26 @@ def _transducer_greedy_kernel(
     fofs_ptr,  # [N] int64 frames decoded before (added to the reported frames)
     table_ptr,  # stateless: [K, R, P] f32 the conv's per-token taps (or the embedding)
     emb_ptr,  # LSTM: [R, P] the embedding (weight dtype)
-    wih0_ptr,  # LSTM: [4H, P] W_ih of layer 0
-    wih_ptr,  # [max(L-1, 1), 4H, H] W_ih of layers 1..
-    whh_ptr,  # [L, 4H, H]
-    bl_ptr,  # [L, 4H] f32 b_ih + b_hh
+    wih0_ptr, wih1_ptr, wih2_ptr, wih3_ptr,  # LSTM: W_ih [4H, in] of layers 0..L-1 (MAX_LAYERS)
+    whh0_ptr, whh1_ptr, whh2_ptr, whh3_ptr,  # W_hh [4H, H]
+    bih0_ptr, bih1_ptr, bih2_ptr, bih3_ptr,  # b_ih [4H] (with HAS_LBIAS)
+    bhh0_ptr, bhh1_ptr, bhh2_ptr, bhh3_ptr,  # b_hh [4H]
     h_ptr,  # [2, L, N, H] f32 ping-pong hidden states (buffer 0 holds the state's)
     c_ptr,  # [L, N, H] f32 cells
-    ctx0_ptr,  # [N, K] int64 the state's context (stateless)
-    pw_ptr,  # [J, P] pred_w
-    pb_ptr,  # [J] f32 pred_b
     g_ptr,  # [N, J] f32 pred_w @ out + pred_b for each row's current prediction output
     pout_ptr,  # [N, P] f32 each row's current prediction output (in: the state's; START: written)
+    part_ptr,  # [2, 2, N, NCB] f32 partial (max, sum of exp) of the token logits per column block
+    ctx0_ptr,  # [N, K] int64 the state's context (stateless)
+    pw_ptr,  # [J, P] pred_w
+    pb_ptr,  # [J] pred_b (with HAS_PB)
     ow_ptr,  # [V + D, J] out_w
-    ob_ptr,  # [V + D] f32 out_b
+    ob_ptr,  # [V + D] out_b (with HAS_OB)
     dur_ptr,  # [D] int64 durations
     key_ptr,  # [3, 2, N] int64 packed keys (token, duration), _NO_KEY
-    part_ptr,  # [2, 2, N, NCB] f32 partial (max, sum of exp) of the token logits per column block
     priv_ptr,  # [nprog, 4 + K, N] int32 each program's row values (t, active, label, emit, context)
     bar_ptr,  # [1] int32 barrier counter, 0
-    tok_ptr, frm_ptr, dout_ptr, sc_ptr,  # [N, S] outputs (tokens, frames, durations, scores)
-    nout_ptr, tend_ptr,  # [N] int64 out: hypothesis lengths, final frame
+    tok_ptr, frm_ptr, dout_ptr, sc_ptr,  # [N, S] out: tokens, frames, durations (-1 past), scores (0 past)
+    nout_ptr,  # [3, N] int64 out: hypothesis lengths, frames jumped past the end, frames decoded in all
     hout_ptr, cout_ptr,  # [L, N, H] f32 out: final LSTM state
     ctxout_ptr,  # [N, K] int64 out: final context
     prof_ptr,  # [PROFILE, 2] int64 out: program 0's (event, time) pairs, with PROFILE > 0 (events: _PHASES)
@@ -212,7 +231,8 @@ def _transducer_greedy_kernel(
     L: tl.constexpr, K: tl.constexpr, FMA: tl.constexpr, STATELESS: tl.constexpr, HAS_CONV: tl.constexpr,
     HAS_DUR: tl.constexpr, ACT: tl.constexpr, F32: tl.constexpr, BLOCK_N: tl.constexpr, NCB_P2: tl.constexpr,
     BD: tl.constexpr, BB: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, BH: tl.constexpr, BJ: tl.constexpr,
-    UNROLL: tl.constexpr, START: tl.constexpr, PROFILE: tl.constexpr,
+    BS: tl.constexpr, UNROLL: tl.constexpr, SPREAD: tl.constexpr, HAS_LBIAS: tl.constexpr,
+    HAS_PB: tl.constexpr, HAS_OB: tl.constexpr, START: tl.constexpr, PROFILE: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -221,7 +241,7 @@ def _transducer_greedy_kernel(
     m_n = o_n < N
     own = m_n & (o_n % nprog == pid)
     p_priv = priv_ptr + pid * (4 + K) * N
-    L_n = tl.load(len_ptr + o_n, mask=m_n, other=0).to(tl.int32)
+    L_n = tl.minimum(tl.maximum(tl.load(len_ptr + o_n, mask=m_n, other=0), 0), T).to(tl.int32)
     t_n = tl.load(t0_ptr + o_n, mask=m_n & (not START), other=0).to(tl.int32)
     fofs = tl.load(fofs_ptr + o_n, mask=m_n & (not START), other=0)
     active = m_n & (t_n < L_n)
@@ -258,7 +278,7 @@ def _transducer_greedy_kernel(
             if not STATELESS:
                 # tiles (row block, range of hidden units): the four gates of the units in one product, columns
                 # q * BH + u for gate q (i, f, g, o) of unit u_lo + u
-                n_ut = _ranges(H, BH, nprog // n_rb if FMA else 0)
+                n_ut = _ranges(H, BH, nprog // n_rb if SPREAD else 0)
                 o_g = tl.arange(0, 4 * BH)
                 for layer in tl.static_range(L):
                     for tile in range(pid, n_rb * n_ut, nprog):
@@ -274,19 +294,26 @@ def _transducer_greedy_kernel(
                         e_r = (tl.load(p_priv + 3 * N + rows, mask=m_r, other=0) != 0) & m_r
                         m_ru = e_r[:, None] & m_u[None, :]
                         acc = _zeros(BB, BK, 4 * BH, FMA)
+                        p_ih = _layer(layer, wih0_ptr, wih1_ptr, wih2_ptr, wih3_ptr)
                         if layer == 0:  # the label's embedding, through W_ih of layer 0
                             lab = tl.load(p_priv + 2 * N + rows, mask=m_r, other=0)
-                            acc = _rows_product(acc, emb_ptr + lab.to(tl.int64)[:, None] * PE, wih0_ptr + grow[None, :]
-                                                * PE, e_r, m_g, PE, BK, UNROLL, WD, F32, FMA)  # fmt: skip
+                            p_x = emb_ptr + lab.to(tl.int64)[:, None] * PE
+                            acc = _rows_product(acc, p_x, p_ih + grow[None, :] * PE, e_r, m_g, PE, BK, UNROLL, WD, F32,
+                                                FMA)  # fmt: skip
                         else:  # the layer below's new output, through W_ih
                             p_x = h_ptr + (((1 - hp) * L + layer - 1) * N + rows[:, None]) * H
-                            p_w = wih_ptr + ((layer - 1) * 4 * H + grow[None, :]) * H
-                            acc = _rows_product(acc, p_x, p_w, e_r, m_g, H, BK, UNROLL, WD, F32, FMA)
+                            acc = _rows_product(acc, p_x, p_ih + grow[None, :] * H, e_r, m_g, H, BK, UNROLL, WD, F32,
+                                                FMA)  # fmt: skip
                         # the layer's own previous output, through W_hh
                         p_x = h_ptr + ((hp * L + layer) * N + rows[:, None]) * H
-                        p_w = whh_ptr + (layer * 4 * H + grow[None, :]) * H
+                        p_w = _layer(layer, whh0_ptr, whh1_ptr, whh2_ptr, whh3_ptr) + grow[None, :] * H
                         acc = _rows_product(acc, p_x, p_w, e_r, m_g, H, BK, UNROLL, WD, F32, FMA)
-                        gates = _total(acc, FMA) + tl.load(bl_ptr + layer * 4 * H + grow, mask=m_g, other=0.0)[None, :]
+                        gates = _total(acc, FMA)
+                        if HAS_LBIAS:  # b_ih + b_hh in float32
+                            p_b = _layer(layer, bih0_ptr, bih1_ptr, bih2_ptr, bih3_ptr) + grow
+                            gates += tl.load(p_b, mask=m_g, other=0.0).to(tl.float32)[None, :]
+                            p_b = _layer(layer, bhh0_ptr, bhh1_ptr, bhh2_ptr, bhh3_ptr) + grow
+                            gates += tl.load(p_b, mask=m_g, other=0.0).to(tl.float32)[None, :]
                         gi, gf, gg, go = _split4(gates, BB, BH)
                         p_c = c_ptr + (layer * N + rows[:, None]) * H + units[None, :]
                         c_old = tl.load(p_c, mask=m_ru, other=0.0)
@@ -304,7 +331,7 @@ def _transducer_greedy_kernel(
                     ev = _stamp(prof_ptr, ev, 5, PROFILE)
                 hp = 1 - hp
             # the projection g = pred_w @ out + pred_b of the emitting rows: tiles (row block, range of J)
-            n_jt = _ranges(J, BJ, nprog // n_rb if FMA else 0)
+            n_jt = _ranges(J, BJ, nprog // n_rb if SPREAD else 0)
             for tile in range(pid, n_rb * n_jt, nprog):
                 rows = (tile % n_rb) * BB + o_b
                 jt = tile // n_rb
@@ -334,7 +361,9 @@ def _transducer_greedy_kernel(
                     acc = _mm(x.to(WD), w, acc, F32, FMA)
                     # the prediction network's output, kept for the returned state (by the first range's tiles)
                     tl.store(pout_ptr + rows[:, None] * P + kk[None, :], x, mask=m_rk & (o_b * 0 + jt == 0)[:, None])
-                acc = _total(acc, FMA) + tl.load(pb_ptr + jj, mask=m_j, other=0.0)[None, :]
+                acc = _total(acc, FMA)
+                if HAS_PB:
+                    acc += tl.load(pb_ptr + jj, mask=m_j, other=0.0).to(tl.float32)[None, :]
                 if not F32:
                     acc = acc.to(WD).to(tl.float32)
                 tl.store(g_ptr + rows[:, None] * J + jj[None, :], acc, mask=e_r[:, None] & m_j[None, :])
@@ -347,7 +376,7 @@ def _transducer_greedy_kernel(
             kb = step % 3
             pb = step % 2
             # 1. joint logits of the active rows: tiles (row block, range of output columns) over the V + D columns
-            n_ct = _ranges(V + D, BV, nprog // n_rb if FMA else 0)
+            n_ct = _ranges(V + D, BV, nprog // n_rb if SPREAD else 0)
             for tile in range(pid, n_rb * n_ct, nprog):
                 rows = (tile % n_rb) * BB + o_b
                 ct = tile // n_rb
@@ -371,7 +400,9 @@ def _transducer_greedy_kernel(
                         ow_ptr + cols[None, :] * J + kk[:, None], mask=m_c[None, :] & (kk < J)[:, None], other=0.0
                     )
                     acc = _mm(x, w, acc, F32, FMA)
-                logits = _total(acc, FMA) + tl.load(ob_ptr + cols, mask=m_c, other=0.0)[None, :]
+                logits = _total(acc, FMA)
+                if HAS_OB:
+                    logits += tl.load(ob_ptr + cols, mask=m_c, other=0.0).to(tl.float32)[None, :]
                 if not F32:
                     logits = logits.to(WD).to(tl.float32)
                 is_tok = (m_c & (cols < V))[None, :]
@@ -452,9 +483,23 @@ def _transducer_greedy_kernel(
             step += 1
         else:
             n_emit = n_emit * 0
-    # the owners' final values: lengths, frames, the prediction network's state
+    # the owners' final values: lengths, the frames jumped past the end and decoded in all, the padding past each
+    # hypothesis, the prediction network's state
     tl.store(nout_ptr + o_n, k_n.to(tl.int64), mask=own)
-    tl.store(tend_ptr + o_n, t_n.to(tl.int64), mask=own)
+    tl.store(nout_ptr + N + o_n, (t_n - L_n).to(tl.int64), mask=own)
+    tl.store(nout_ptr + 2 * N + o_n, fofs + L_n, mask=own)
+    o_s = tl.arange(0, BS)
+    for n in range(pid, N, nprog):
+        k = tl.sum(tl.where(o_n == n, k_n, 0), 0)
+        for s0 in range(0, S, BS):
+            ss = s0 + o_s
+            m_s = (ss >= k) & (ss < S)
+            p_s = (tl.zeros([], tl.int64) + n) * S + ss
+            tl.store(tok_ptr + p_s, tl.full([BS], -1, tl.int64), mask=m_s)
+            tl.store(frm_ptr + p_s, tl.full([BS], -1, tl.int64), mask=m_s)
+            if HAS_DUR:
+                tl.store(dout_ptr + p_s, tl.full([BS], -1, tl.int64), mask=m_s)
+            tl.store(sc_ptr + p_s, tl.zeros([BS], tl.float32), mask=m_s)
     if STATELESS:
         for j in tl.static_range(K):
             tl.store(ctxout_ptr + o_n * K + j, tl.load(p_priv + (4 + j) * N + o_n, mask=own, other=-1).to(tl.int64),
@@ -470,45 +515,48 @@ def _transducer_greedy_kernel(
                 tl.store(cout_ptr + src, tl.load(c_ptr + src, mask=m, other=0.0, cache_modifier=".cg"), mask=m)
 
 
+@triton.jit
+def _layer(layer: tl.constexpr, p0, p1, p2, p3):
+    """The pointer of LSTM layer ``layer`` (< MAX_LAYERS) among the four."""
+    if layer == 0:
+        return p0
+    elif layer == 1:
+        return p1
+    elif layer == 2:
+        return p2
+    else:
+        return p3
+
+
 def _programs(device: torch.device) -> int:
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         return 1  # the interpreter runs programs one after the other: one program, so the barriers pass
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def prepared(w, durations) -> dict:
-    """What the kernel reads besides the weights themselves, derived from them (every call: a cache keyed on the
-    tensors' version counters would miss changes made through ``.data``): LSTM: the stacked W_ih (layers 1..) and
-    W_hh of the layers and their summed biases; stateless: the conv's per-token taps; float32 biases of the joint."""
-    f32, wd, dev = torch.float32, w.enc_w.dtype, w.enc_w.device
-    J = w.enc_w.shape[0]
+def conv_taps(w) -> torch.Tensor:
+    """A stateless prediction network's conv as per-token tables [K, R, P] float32 (tap k of every token row:
+    the conv of a context is the sum of its K tokens' rows, then the relu), or the embedding [1, R, P] without a
+    conv. Derived every call: a cache keyed on the tensors' version counters would miss changes through ``.data``."""
+    f32 = torch.float32
     R, P = w.embedding.shape
-    out = {}
-    empty = torch.zeros(1, dtype=f32, device=dev)
-    if w.stateless:
-        K = w.context_size
-        if w.conv is None:
-            table = w.embedding.to(f32)[None]
-        else:
-            G = w.groups
-            gs = P // G
-            wc = w.conv.to(f32).reshape(G, P // G, gs, K)
-            table = torch.einsum("gojk,vgj->kvgo", wc, w.embedding.to(f32).reshape(R, G, gs)).reshape(K, R, P)
-        out.update(table=table.contiguous(), wih=empty.to(wd), whh=empty.to(wd), bl=empty)
-    else:
-        L, H = len(w.lstm), w.lstm[0][1].shape[1]
-        wih = torch.stack([layer[0] for layer in w.lstm[1:]]) if L > 1 else empty.to(wd)
-        out.update(table=empty, wih=wih.contiguous(), whh=torch.stack([layer[1] for layer in w.lstm]).contiguous(),
-                   bl=torch.stack([sum((b.to(f32) for b in layer[2:] if b is not None), torch.zeros(4 * H, device=dev))
-                                   for layer in w.lstm]).contiguous())  # fmt: skip
-    out["pb"] = torch.zeros(J, dtype=f32, device=dev) if w.pred_b is None else w.pred_b.to(f32).contiguous()
-    out["ob"] = (torch.zeros(w.out_w.shape[0], dtype=f32, device=dev) if w.out_b is None
-                 else w.out_b.to(f32).contiguous())  # fmt: skip
-    return out
+    if w.conv is None:
+        return w.embedding.to(f32)[None].contiguous()
+    G, K = w.groups, w.context_size
+    gs = P // G
+    wc = w.conv.to(f32).reshape(G, P // G, gs, K)
+    return torch.einsum("gojk,vgj->kvgo", wc, w.embedding.to(f32).reshape(R, G, gs)).reshape(K, R, P).contiguous()
 
 
 _PHASES = ("step", "joint tiles", "joint barrier", "decision", "LSTM layer tiles", "LSTM barrier",
            "projection tiles", "projection barrier")  # fmt: skip
+
+
+def _carve(alloc, dtype: torch.dtype, device, sizes: tuple[int, ...]) -> list[torch.Tensor]:
+    """Flat pieces of the given sizes from one ``alloc`` (torch.zeros, torch.empty, kernel_output), each starting
+    on a multiple of 16 elements."""
+    padded = [-(-n // 16) * 16 for n in sizes]
+    return [t[:n] for t, n in zip(alloc(sum(padded), dtype=dtype, device=device).split(padded), sizes, strict=True)]
 
 
 def transducer_greedy(
@@ -522,11 +570,12 @@ def transducer_greedy(
     durations_tensor: torch.Tensor,
     profile: torch.Tensor | None = None,
 ):
-    """The kernel's launch: (tokens, lengths, frames, scores, durations, final frame, predictor state, output) as
-    the PyTorch path's ``transducer_greedy_reference`` (w: TransducerWeights of float32/bfloat16 tensors;
-    x [N, T, E] contiguous in w's dtype; lengths, state (None: the start) on x's device; ``durations_tensor``: the
-    durations (RNN-T: any int64 tensor of one element) on x's device). ``profile``: an int64 [E, 2] tensor that
-    receives program 0's first E events (_PHASES index, global timer ns) on a GPU."""
+    """The kernel's launch: (Hypotheses' tensors: tokens, lengths, frames, scores, durations; then the state's:
+    predictor, output, time jumps, frames decoded) as the PyTorch path's ``transducer_greedy_reference`` (w:
+    TransducerWeights of float32/bfloat16 tensors; x [N, T, E] contiguous in w's dtype; lengths (clamped to
+    [0, T] here), state (None: the start) on x's device; ``durations_tensor``: the durations (RNN-T: any int64
+    tensor of one element) on x's device). ``profile``: an int64 [E, 2] tensor that receives program 0's first E
+    events (_PHASES index, global timer ns) on a GPU."""
     N, T, _ = x.shape
     dev = x.device
     wd = w.enc_w.dtype
@@ -535,80 +584,77 @@ def transducer_greedy(
     V = w.out_w.shape[0] - D
     J = w.enc_w.shape[0]
     S = T * max_symbols
-    encp = torch.nn.functional.linear(x, w.enc_w, w.enc_b).contiguous()
-    prep = prepared(w, durations)
-    stateless = w.stateless
-    R = w.embedding.shape[0]
-    table, wih, whh, bl, pb, ob = (prep[k] for k in ("table", "wih", "whh", "bl", "pb", "ob"))
-    emb = w.embedding.contiguous()
-    wih0 = emb if stateless else w.lstm[0][0].contiguous()
+    R, PE = w.embedding.shape
+    encp = torch.nn.functional.linear(x, w.enc_w, w.enc_b)
+    emb = w.embedding if w.embedding.is_contiguous() else w.embedding.contiguous()
     start = state is None  # the kernel computes the start state itself
-    if stateless:
-        P, H, L, K = w.embedding.shape[1], 1, 1, w.context_size
-        h = c = bl
+    if w.stateless:
+        P, H, L, K = PE, 1, 1, w.context_size
+        table = conv_taps(w)
+        lstm, has_lbias = [emb] * 4 * MAX_LAYERS, False
         ctx0 = durations_tensor if start else state.predictor[0].contiguous()
     else:
         L, H, K = len(w.lstm), w.lstm[0][1].shape[1], 1
         P = H
-        if start:
-            h = torch.zeros(2, L, N, H, dtype=f32, device=dev)
-            c = torch.zeros(L, N, H, dtype=f32, device=dev)
-        else:
-            h = torch.empty(2, L, N, H, dtype=f32, device=dev)
-            h[0] = state.predictor[0]
-            c = state.predictor[1].to(f32).contiguous()
-        ctx0 = durations_tensor
-    if start:
-        g = torch.empty(N, J, dtype=f32, device=dev)
-        pout = torch.empty(N, P, dtype=f32, device=dev)
-        t0 = fofs = lengths
-    else:
-        g = torch.nn.functional.linear(state.output.to(wd), w.pred_w, w.pred_b).to(f32).contiguous()
-        pout = state.output.to(f32).contiguous()
-        t0, fofs = state.time_jumps.contiguous(), state.frames.contiguous()
+        table = ctx0 = durations_tensor
+        has_lbias = all(t is not None for layer in w.lstm for t in layer[2:])
+        # the layers' tensors where they are (no stacked copy per call): W_ih, W_hh, b_ih, b_hh of each layer
+        lstm = [
+            t if t.is_contiguous() else t.contiguous()
+            for q in range(4)
+            for t in [layer[q] if q < 2 or has_lbias else emb for layer in w.lstm] + [emb] * (MAX_LAYERS - L)
+        ]
     # a few rows: FMA products over thin tiles, so that every program has a tile of each phase and loads it at once;
     # more: tensor-core tiles
     fma = N <= SMALL_BATCH
     nprog = _programs(dev)
     if fma:
         BB = max(1, next_power_of_2(N))
-        BK = min(next_power_of_2(max(J, H, P, w.embedding.shape[1])), TILES["fma_elements"] // (32 * BB))
+        BK = min(next_power_of_2(max(J, H, P, PE)), TILES["fma_elements"] // (32 * BB))
         # K loops unrolled: every block's loads issued before the products need them
-        tiles = dict(
-            BB=BB,
-            BV=8,
-            BK=BK,
-            BH=8,
-            BJ=8,
-            UNROLL=triton.cdiv(max(J, H, P, w.embedding.shape[1]), BK),
-            num_warps=TILES["fma_warps"],
-        )
+        tiles = dict(BB=BB, BV=8, BK=BK, BH=8, BJ=8, UNROLL=triton.cdiv(max(J, H, P, PE), BK),
+                     num_warps=TILES["fma_warps"])  # fmt: skip
     else:
-        tiles = dict(BB=16 if N <= 16 else 32 if N <= 32 else 64, BV=64, BK=TILES["dot_bk"], BH=16, BJ=32,
-                     UNROLL=1, num_warps=TILES["dot_warps"])  # fmt: skip
+        tiles = dict(BB=min(max(16, next_power_of_2(N)), TILES["dot_bb"]), BV=TILES["dot_bv"], BK=TILES["dot_bk"],
+                     BH=TILES["dot_bh"], BJ=TILES["dot_bj"], UNROLL=1, num_warps=TILES["dot_warps"],
+                     num_stages=TILES["dot_stages"])  # fmt: skip
+    tiles["SPREAD"] = fma or TILES["dot_spread"]
     n_rb = triton.cdiv(N, tiles["BB"])
-    NCB = min(max(triton.cdiv(V + D, tiles["BV"]), nprog // n_rb if fma else 0), V + D)  # the joint's ranges
+    # the joint's column ranges
+    NCB = min(max(triton.cdiv(V + D, tiles["BV"]), nprog // n_rb if tiles["SPREAD"] else 0), V + D)
+    # one allocation per kind, carved into 16-element-aligned pieces (aligned pointers for the kernel's loads)
+    # scratch: h, c, g, the prediction output, the partial sums; zero at the start (the zero state)
+    h, c, g, pout, part = _carve(torch.zeros if start else torch.empty, f32, dev,
+                                 (2 * L * N * H, L * N * H, N * J, N * P, 4 * N * NCB))  # fmt: skip
+    if not start:
+        if not w.stateless:
+            h[: L * N * H].view(L, N, H).copy_(state.predictor[0])
+            c.view(L, N, H).copy_(state.predictor[1])
+        g.view(N, J).copy_(torch.nn.functional.linear(state.output.to(wd), w.pred_w, w.pred_b))
+        pout.view(N, P).copy_(state.output)
+    t0, fofs = (lengths, lengths) if start else (state.time_jumps.contiguous(), state.frames.contiguous())
     keys = torch.full((3, 2, N), INT64_MIN, dtype=torch.int64, device=dev)
-    part = torch.empty(2, 2, N, NCB, dtype=f32, device=dev)
-    priv = torch.empty(nprog, 4 + K, N, dtype=torch.int32, device=dev)
-    bar = torch.zeros(1, dtype=torch.int32, device=dev)
-    tokens, frames, durs = torch.full((3, N, S), -1, dtype=torch.int64, device=dev).unbind(0)
-    scores = torch.zeros(N, S, dtype=f32, device=dev)
-    n_out = kernel_output(N, dtype=torch.int64, device=dev)
-    t_end = kernel_output(N, dtype=torch.int64, device=dev)
-    h_out = torch.empty(L, N, H, dtype=f32, device=dev)
-    c_out = torch.empty(L, N, H, dtype=f32, device=dev)
-    ctx_out = torch.empty(N, K, dtype=torch.int64, device=dev)
+    priv, bar = _carve(torch.zeros, torch.int32, dev, (nprog * (4 + K) * N, 1))
+    tokens, frames, durs, per_row, ctx_out = _carve(kernel_output, torch.int64, dev, (N * S,) * 3 + (3 * N, N * K))
+    scores, h_out, c_out = _carve(kernel_output, f32, dev, (N * S, L * N * H, L * N * H))
     BLOCK_N = max(16, next_power_of_2(N))
     launch(_transducer_greedy_kernel)[(nprog,)](
-        encp, lengths.contiguous(), t0, fofs, table, emb, wih0, wih, whh, bl, h, c, ctx0, w.pred_w, pb, g, pout,
-        w.out_w, ob,
-        durations_tensor, keys, part, priv, bar, tokens, frames, durs, scores, n_out, t_end, h_out, c_out, ctx_out,
+        encp, lengths, t0, fofs, table, emb, *lstm, h, c, g, pout, part, ctx0, w.pred_w,
+        w.pred_w if w.pred_b is None else w.pred_b, w.out_w, w.out_w if w.out_b is None else w.out_b,
+        durations_tensor, keys, priv, bar, tokens, frames, durs, scores, per_row, h_out, c_out, ctx_out,
         bar if profile is None else profile,
-        N, T, S, R, NCB, blank, max_symbols, J=J, H=H, P=P, PE=w.embedding.shape[1], V=V, D=D,
-        L=L, K=K, FMA=fma, STATELESS=stateless, HAS_CONV=w.conv is not None, HAS_DUR=D > 0, ACT=("relu", "tanh",
+        N, T, S, R, NCB, blank, max_symbols, J=J, H=H, P=P, PE=PE, V=V, D=D,
+        L=L, K=K, FMA=fma, STATELESS=w.stateless, HAS_CONV=w.conv is not None, HAS_DUR=D > 0, ACT=("relu", "tanh",
         "sigmoid").index(w.activation), F32=wd == f32, BLOCK_N=BLOCK_N, NCB_P2=next_power_of_2(NCB),
-        BD=next_power_of_2(max(D, 1)), START=start, PROFILE=0 if profile is None else profile.shape[0], **tiles,
+        BD=next_power_of_2(max(D, 1)), HAS_LBIAS=has_lbias, HAS_PB=w.pred_b is not None,
+        HAS_OB=w.out_b is not None, BS=min(1024, next_power_of_2(S)), START=start,
+        PROFILE=0 if profile is None else profile.shape[0], **tiles,
     )  # fmt: skip
-    predictor = (ctx_out,) if stateless else (h_out.to(wd), c_out.to(wd))
-    return tokens, n_out, frames, scores, (durs if D else None), t_end, predictor, pout.to(wd)
+    n_out, jumps, done = per_row.view(3, N).unbind(0)
+    if w.stateless:
+        predictor = (ctx_out.view(N, K),)
+    else:
+        predictor = (h_out.view(L, N, H).to(wd), c_out.view(L, N, H).to(wd))
+    out = pout.view(N, P).to(wd)
+    return (tokens.view(N, S), n_out, frames.view(N, S), scores.view(N, S), durs.view(N, S) if D else None,
+            predictor, out, jumps, done)  # fmt: skip
