@@ -26,11 +26,11 @@ def auto_design(weights: torch.Tensor, x0: torch.Tensor) -> str:
     """The design ``design="auto"`` runs: on the CPU "torch"; on a GPU "cluster" for up to 16 streams where the
     cluster designs run (``cuda_runtime.clusters_available``) and its split takes H, else "stream".
 
-    On the H100 (benchmarks/results/wavenet_h100_2026-11-23.json, L = 80, H = 128) "cluster" makes 46 kHz per
-    stream at B = 1 and 43 / 37 kHz (float32 / bfloat16 weights) at B = 8, against 9.5 / 15 kHz for "stream",
-    0.4-0.6 kHz for "torch", 3.7 kHz for "barrier" (never the fastest) and 22-32 kHz for "partials" and
-    "pipeline"; at 132 streams and more, one cluster of 16 CTAs per stream no longer fits the GPU at once and
-    "stream" is as fast or faster (9.3 / 16.6 against 8.3 / 8.5 kHz at B = 132).
+    On the H100 (benchmarks/results/wavenet_h100_history.jsonl, source wavenet_h100_2026-11-23.json; L = 80,
+    H = 128) "cluster" makes 46 kHz per stream at B = 1 and 43 / 37 kHz (float32 / bfloat16 weights) at B = 8,
+    against 9.5 / 15 kHz for "stream", 0.4-0.6 kHz for "torch", 3.7 kHz for "barrier" (never the fastest) and
+    22-32 kHz for "partials" and "pipeline"; at 132 streams and more, one cluster of 16 CTAs per stream no longer
+    fits the GPU at once and "stream" is as fast or faster (9.3 / 16.6 against 8.3 / 8.5 kHz at B = 132).
     """
     if not x0.is_cuda:
         return "torch"
