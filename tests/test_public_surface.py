@@ -1,0 +1,32 @@
+"""The package's public surface, pinned: a name added to or dropped from ``speechkernels.__all__`` is a decision
+this test records; the version is written in one place."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import pathlib
+import re
+
+import speechkernels
+
+PUBLIC = {
+    "CTCLoss", "ctc_loss", "ctc_forced_align", "ctc_token_spans", "TokenSpans", "ctc_greedy_decode", "Hypotheses",
+    "TransducerDecoder", "TransducerState", "LSTMPredictor", "StatelessPredictor", "RNNTLoss", "rnnt_loss",
+    "RNNTJointLoss", "rnnt_joint_loss", "TDTLoss", "tdt_loss", "TDTJointLoss", "tdt_joint_loss", "MultiblankRNNTLoss",
+    "multiblank_rnnt_loss", "MultiblankJointLoss", "multiblank_joint_loss", "wavenet", "__version__",
+}  # fmt: skip
+
+
+def test_all_is_the_public_surface():
+    assert set(speechkernels.__all__) == PUBLIC
+    assert len(speechkernels.__all__) == len(PUBLIC), "a name listed twice"
+    missing = [name for name in PUBLIC if not hasattr(speechkernels, name)]
+    assert not missing, missing
+
+
+def test_one_version():
+    pyproject = (pathlib.Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    assert re.search(r'^dynamic = \["version"\]', pyproject, flags=re.M)
+    assert not re.search(r'^version = "', pyproject, flags=re.M), "a second version in pyproject.toml"
+    assert re.fullmatch(r"\d+\.\d+\.\d+", speechkernels.__version__)
+    assert importlib.metadata.version("speechkernels") == speechkernels.__version__
