@@ -13,7 +13,6 @@ functions below, so that every capability accepts the same forms and rejects the
 from __future__ import annotations
 
 import contextlib
-import importlib
 import inspect
 import math
 import numbers
@@ -47,15 +46,12 @@ def _poison(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def optional_kernels(module: str):
-    """The Triton kernels module ``module`` ("speechkernels.ctc.kernels"), or None where Triton is not installed
-    (the PyTorch path then serves every call); any other import error propagates."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as e:
-        if (e.name or "").split(".")[0] != "triton":
-            raise
-        return None
+def triton_missing(error: ImportError) -> None:
+    """For the ``except ImportError as error`` around a kernels module's import: None where Triton itself is what
+    is missing (the PyTorch path then serves every call); any other import error propagates."""
+    if (error.name or "").split(".")[0] != "triton":
+        raise error
+    return None
 
 
 def triton_interpreting() -> bool:

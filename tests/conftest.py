@@ -2,12 +2,13 @@ import os
 
 import pytest
 import torch
+from helpers import optional_module
 from hypothesis import HealthCheck, Phase, settings
 
-from speechkernels._utils import optional_kernels, triton_interpreting
+from speechkernels._utils import triton_interpreting
 
 # Triton is optional (the PyTorch paths serve every call without it): kernel tests skip where it is missing
-HAVE_TRITON = optional_kernels("triton") is not None
+HAVE_TRITON = optional_module("triton") is not None
 
 # Hypothesis profiles: "ci" (the default: few examples, the same ones every run, so that CI is reproducible),
 # "dev" (more, fresh ones each run) and "gpu" (many, fresh: chosen by `-m gpu`; a failure is reported as found,

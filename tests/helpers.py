@@ -3,9 +3,21 @@ its halves, call counting, gradients of several leaves."""
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import torch
+
+from speechkernels._utils import triton_missing
+
+
+def optional_module(name: str):
+    """The module ``name``, or None where Triton (which it imports) is not installed; any other import error
+    propagates (the package's own kernels modules are imported the same way)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as error:
+        return triton_missing(error)
 
 
 def check_compiled_matches_eager(f, x, **compile_kwargs):

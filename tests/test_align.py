@@ -10,14 +10,14 @@ import math
 
 import pytest
 import torch
+from helpers import optional_module
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import speechkernels as sk
-from speechkernels._utils import optional_kernels
 from speechkernels.align import ctc_forced_align_reference
 
-align_kernels = optional_kernels("speechkernels.align.kernels")  # None without Triton: its tests skip
+align_kernels = optional_module("speechkernels.align.kernels")  # None without Triton: its tests skip
 
 
 def make_problem(seed, N, T, C, S, *, blank=0, device="cpu", dtype=torch.float32, ragged=True, repeats=0.3):

@@ -4,17 +4,16 @@ must raise a ValueError that names the argument."""
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import os
 
 import numpy as np
 import pytest
 import torch
-from helpers import count_calls
+from helpers import count_calls, optional_module
 
 import speechkernels as sk
-from speechkernels._utils import Launch, optional_kernels
+from speechkernels._utils import Launch, triton_missing
 from speechkernels.ctc.reference import ctc_loss_reference
 from speechkernels.rnnt.reference import rnnt_loss_reference
 
@@ -354,15 +353,15 @@ def test_loss_modules_take_the_functions_options(module, function):
         module(bogus=1)
 
 
-def test_optional_kernels_hides_only_a_missing_triton(monkeypatch):
+def test_only_a_missing_triton_is_hidden():
+    """The kernels modules' imports (``except ImportError as error: kernels = triton_missing(error)``): None where
+    Triton is what is missing, any other import error raised again."""
+    assert triton_missing(ModuleNotFoundError("No module named 'triton'", name="triton")) is None
+    assert triton_missing(ImportError("cannot import name 'language'", name="triton.language")) is None
+    with pytest.raises(ModuleNotFoundError, match="numpy"):
+        triton_missing(ModuleNotFoundError("No module named 'numpy'", name="numpy"))
     with pytest.raises(ModuleNotFoundError):
-        optional_kernels("speechkernels.no_such_module")
-
-    def no_triton(name):
-        raise ModuleNotFoundError("No module named 'triton'", name="triton")
-
-    monkeypatch.setattr(importlib, "import_module", no_triton)
-    assert optional_kernels("speechkernels.ctc.kernels") is None
+        optional_module("speechkernels.no_such_module")
 
 
 def test_loss_op_outputs_own_aligned_storage_and_give_the_gradient():
@@ -403,7 +402,7 @@ def test_loss_op_outputs_own_aligned_storage_and_give_the_gradient():
         torch.testing.assert_close(xb.grad, 2 * x)
 
 
-_launch_kernels = optional_kernels("launch_kernels")
+_launch_kernels = optional_module("launch_kernels")
 
 
 @pytest.mark.skipif(_launch_kernels is None, reason="needs Triton")
@@ -500,7 +499,7 @@ CONTENTS = [
 
 @pytest.mark.parametrize("kind,overrides,message", CONTENTS, ids=[f"{c[0]}: {c[2][:30]}" for c in CONTENTS])
 def test_bad_contents_are_refused_naming_argument_sample_and_value(loss_path, monkeypatch, kind, overrides, message):
-    rnnt_kernels = optional_kernels("speechkernels.rnnt.kernels")  # None without Triton: the PyTorch path only
+    rnnt_kernels = optional_module("speechkernels.rnnt.kernels")  # None without Triton: the PyTorch path only
 
     loss_path.reset()
     device_checks = count_calls(monkeypatch, rnnt_kernels, "rnnt_validate") if rnnt_kernels is not None else []

@@ -16,10 +16,13 @@ from .._loss_inputs import (
     padded_labels,
     targets_padded,
 )
-from .._utils import as_bool, as_choice, as_int, check_float_input, check_integer_tensor, optional_kernels, use_triton
+from .._utils import as_bool, as_choice, as_int, check_float_input, check_integer_tensor, triton_missing, use_triton
 from .reference import ctc_forced_align_reference
 
-kernels = optional_kernels(__package__ + ".kernels")
+try:  # the Triton kernels; without Triton (error names it) the PyTorch path serves every call
+    from . import kernels
+except ImportError as error:
+    kernels = triton_missing(error)
 
 
 def ctc_forced_align(

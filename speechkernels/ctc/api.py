@@ -16,10 +16,13 @@ from .._loss_inputs import (
     targets_padded,
 )
 from .._op import LossModule, LossOp, pytorch_path_op
-from .._utils import as_bool, as_choice, as_int, check_float_input, kernel_layout, optional_kernels, use_triton
+from .._utils import as_bool, as_choice, as_int, check_float_input, kernel_layout, triton_missing, use_triton
 from .reference import ctc_forward_backward_scaled, reduce_loss
 
-kernels = optional_kernels(__package__ + ".kernels")
+try:  # the Triton kernels; without Triton (error names it) the PyTorch path serves every call
+    from . import kernels
+except ImportError as error:
+    kernels = triton_missing(error)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from .._loss_inputs import Lengths, batch_first_scores, batch_lengths, check_lengths
-from .._utils import as_bool, as_int, check_float_input, kernel_layout, optional_kernels, use_triton
+from .._utils import as_bool, as_int, check_float_input, kernel_layout, triton_missing, use_triton
 from ..tdt.api import durations_of
 from .networks import TransducerWeights, icefall_layers, nemo_layers, transducer_weights
 from .reference import (
@@ -18,8 +18,11 @@ from .reference import (
     transducer_greedy_reference,
 )
 
-kernels = optional_kernels(__package__ + ".kernels")
-transducer_kernels = optional_kernels(__package__ + ".transducer_kernels")
+try:  # the Triton kernels; without Triton (error names it) the PyTorch path serves every call
+    from . import kernels, transducer_kernels
+except ImportError as error:
+    kernels = triton_missing(error)
+    transducer_kernels = None
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # measured on the GPU; float16 networks take the PyTorch path
 
 

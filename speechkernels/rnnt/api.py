@@ -24,12 +24,15 @@ from .._utils import (
     as_int,
     check_float_input,
     kernel_layout,
-    optional_kernels,
+    triton_missing,
     use_triton,
 )
 from .reference import RNNT_TYPES, reduce_loss, rnnt_forward_backward_scaled
 
-kernels = optional_kernels(__package__ + ".kernels")
+try:  # the Triton kernels; without Triton (error names it) the PyTorch path serves every call
+    from . import kernels
+except ImportError as error:
+    kernels = triton_missing(error)
 
 
 def check_contents(

@@ -10,12 +10,15 @@ import torch
 
 from .._loss_inputs import REDUCTIONS, Lengths
 from .._op import LossOp
-from .._utils import as_bool, as_choice, as_float, as_generator, as_int, check_float_input, optional_kernels, use_triton
+from .._utils import as_bool, as_choice, as_float, as_generator, as_int, check_float_input, triton_missing, use_triton
 from .api import check_contents, check_loss_arguments, state_fake, validate_on_device
 from .joint_reference import ACTIVATIONS, RNNTJointLossReferenceFunction, activation_fn, joint_hidden
 from .reference import RNNT_TYPES, reduce_loss
 
-joint_kernels = optional_kernels(__package__ + ".joint_kernels")
+try:  # the Triton kernels; without Triton (error names it) the PyTorch path serves every call
+    from . import joint_kernels
+except ImportError as error:
+    joint_kernels = triton_missing(error)
 
 
 _INPUTS = (

@@ -24,14 +24,17 @@ from .._utils import (
     as_int,
     check_float_input,
     kernel_layout,
-    optional_kernels,
+    triton_missing,
     use_triton,
 )
 from ..rnnt.api import check_contents, check_loss_arguments, rnnt_loss, state_fake, validate_on_device
 from ..rnnt.reference import reduce_loss
 from .reference import multiblank_rnnt_loss_reference, tdt_loss_reference
 
-kernels = optional_kernels(__package__ + ".kernels")
+try:  # the Triton kernels; without Triton (error names it) the PyTorch path serves every call
+    from . import kernels
+except ImportError as error:
+    kernels = triton_missing(error)
 
 _INPUTS = (
     "Tensor x, Tensor targets, Tensor il, Tensor tl, str kind, int[] durations, int blank, float sigma, bool fused, "

@@ -13,7 +13,7 @@ import torch
 
 from .._loss_inputs import Lengths
 from .._op import LossOp
-from .._utils import as_choice, as_float, as_generator, optional_kernels, use_triton
+from .._utils import as_choice, as_float, as_generator, triton_missing, use_triton
 from ..rnnt.api import state_fake, validate_on_device
 from ..rnnt.joint import JointLossModule, as_dropout, draw_seed, joint_inputs, rnnt_joint_loss
 from ..rnnt.joint_reference import ACTIVATIONS, joint_hidden
@@ -30,8 +30,12 @@ from .api import (
     with_options,
 )
 
-joint_kernels = optional_kernels("speechkernels.rnnt.joint_kernels")
-tdt_kernels = optional_kernels(__package__ + ".kernels")
+try:  # the Triton kernels; without Triton (error names it) the PyTorch path serves every call
+    from ..rnnt import joint_kernels
+    from . import kernels as tdt_kernels
+except ImportError as error:
+    joint_kernels = triton_missing(error)
+    tdt_kernels = None
 
 _INPUTS = (
     "Tensor enc, Tensor pred, Tensor weight, Tensor? bias, Tensor targets, Tensor il, Tensor tl, str kind, "

@@ -14,8 +14,8 @@ from .._utils import (
     as_generator,
     as_int,
     check_float_input,
-    optional_kernels,
     triton_interpreting,
+    triton_missing,
 )
 from .cluster_vocoder import (
     cluster_plan,
@@ -27,7 +27,10 @@ from .incremental import IncrementalState, sample_incremental
 from .weights import VocoderInputs, vocoder_weights
 
 KERNELS = ("auto", "torch", "triton", "cluster")  # generate()'s paths; "auto" chooses (``generate``)
-triton_vocoder = optional_kernels(__package__ + ".triton_vocoder")  # None without Triton: the PyTorch path only
+try:  # the Triton kernels; without Triton (error names it) the PyTorch path serves every call
+    from . import triton_vocoder
+except ImportError as error:
+    triton_vocoder = triton_missing(error)
 
 
 def check_triton_kernel() -> None:

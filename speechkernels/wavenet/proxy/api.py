@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import torch
 
-from ..._utils import as_choice, as_int, check_float_input, optional_kernels, triton_interpreting
+from ..._utils import as_choice, as_int, check_float_input, triton_interpreting, triton_missing
 from ..cuda_runtime import clusters_available
 from .cluster import row_split_fits, serial_chain_cluster
 from .partials import serial_chain_partials
 from .pipeline import serial_chain_pipeline
 from .reference import ACTIVATIONS, serial_chain_torch
 
-triton_designs = optional_kernels(__package__ + ".triton_designs")  # None without Triton
+try:  # the Triton kernels; without Triton (error names it) the PyTorch path serves every call
+    from . import triton_designs
+except ImportError as error:
+    triton_designs = triton_missing(error)
 
 DESIGNS = ("auto", "torch", "stream", "barrier", "cluster", "partials", "pipeline")
 CLUSTER_DESIGNS = ("cluster", "partials", "pipeline")
