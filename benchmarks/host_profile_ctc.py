@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 import speechkernels as sk
-from speechkernels._utils import launch
+from speechkernels._launch import launch
 from speechkernels.bench.ctc import _cudnn_form, make_inputs
 from speechkernels.ctc import api as ctc_api
 from speechkernels.ctc import kernels

@@ -15,7 +15,7 @@ import torch
 from host_profile_ctc import _tiny_kernel, print_cprofile, us
 
 import speechkernels as sk
-from speechkernels._utils import launch
+from speechkernels._launch import launch
 from speechkernels.bench.rnnt import implementations, make_inputs
 from speechkernels.rnnt import api as rnnt_api
 

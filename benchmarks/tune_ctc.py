@@ -13,7 +13,7 @@ import functools
 import torch
 
 import speechkernels as sk
-from speechkernels import _utils as utils
+from speechkernels import _outputs as utils
 from speechkernels.bench.common import kernel_times_ms, time_ms
 from speechkernels.bench.ctc import make_inputs, reference
 from speechkernels.ctc import kernels

@@ -8,7 +8,7 @@ from typing import NoReturn
 
 import torch
 
-from ._utils import INDEX_DTYPES, as_index_tensor
+from ._args import INDEX_DTYPES, as_index_tensor
 
 REDUCTIONS = ("none", "mean", "sum")
 Lengths = torch.Tensor | Sequence[int]  # per-sample lengths: an integer tensor on any device, or integers

@@ -5,7 +5,7 @@ import torch
 from helpers import optional_module
 from hypothesis import HealthCheck, Phase, settings
 
-from speechkernels._utils import triton_interpreting
+from speechkernels._backend import triton_interpreting
 
 # Triton is optional (the PyTorch paths serve every call without it): kernel tests skip where it is missing
 HAVE_TRITON = optional_module("triton") is not None
@@ -57,9 +57,9 @@ def gpu() -> torch.device:
 @pytest.fixture(autouse=True)
 def poison_kernel_outputs(monkeypatch):
     """Every buffer a kernel writes starts as NaN (floats) or garbage (integers): unwritten elements show."""
-    from speechkernels import _utils
+    from speechkernels import _outputs
 
-    monkeypatch.setattr(_utils, "POISON_OUTPUTS", True)
+    monkeypatch.setattr(_outputs, "POISON_OUTPUTS", True)
 
 
 class LossPath:

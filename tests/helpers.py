@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from speechkernels._utils import triton_missing
+from speechkernels._backend import triton_missing
 
 
 def optional_module(name: str):

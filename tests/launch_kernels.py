@@ -1,4 +1,4 @@
-"""A small Triton kernel for the tests of ``speechkernels._utils.Launch``."""
+"""A small Triton kernel for the tests of ``speechkernels._launch.Launch``."""
 
 import triton
 import triton.language as tl

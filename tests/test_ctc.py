@@ -12,7 +12,7 @@ import torch
 from helpers import check_compiled_matches_eager, check_graph_replay_matches_eager
 
 import speechkernels as sk
-from speechkernels import _utils as utils
+from speechkernels import _outputs as utils
 from speechkernels.ctc import api as ctc_api
 from speechkernels.ctc import reference as ctc_reference
 from speechkernels.ctc.reference import ctc_loss_reference, ctc_losses_reference

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import speechkernels as sk
-from speechkernels._utils import triton_interpreting
+from speechkernels._backend import triton_interpreting
 from speechkernels.decode import api as decode_api
 from speechkernels.decode.reference import ctc_greedy_decode_reference
 

@@ -13,7 +13,8 @@ import torch
 from helpers import count_calls, optional_module
 
 import speechkernels as sk
-from speechkernels._utils import Launch, triton_missing
+from speechkernels._backend import triton_missing
+from speechkernels._launch import Launch
 from speechkernels.ctc.reference import ctc_loss_reference
 from speechkernels.rnnt.reference import rnnt_loss_reference
 

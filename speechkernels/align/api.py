@@ -6,6 +6,8 @@ from typing import NamedTuple
 
 import torch
 
+from .._args import as_bool, as_choice, as_int, check_float_input, check_integer_tensor
+from .._backend import triton_missing, use_triton
 from .._loss_inputs import (
     Lengths,
     batch_first_scores,
@@ -16,7 +18,6 @@ from .._loss_inputs import (
     padded_labels,
     targets_padded,
 )
-from .._utils import as_bool, as_choice, as_int, check_float_input, check_integer_tensor, triton_missing, use_triton
 from .reference import ctc_forced_align_reference
 
 try:  # the Triton kernels; without Triton (error names it) the PyTorch path serves every call

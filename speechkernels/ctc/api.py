@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from .._args import as_bool, as_choice, as_int, check_float_input
+from .._backend import kernel_layout, triton_missing, use_triton
 from .._loss_inputs import (
     REDUCTIONS,
     Lengths,
@@ -16,7 +18,6 @@ from .._loss_inputs import (
     targets_padded,
 )
 from .._op import LossModule, LossOp, pytorch_path_op
-from .._utils import as_bool, as_choice, as_int, check_float_input, kernel_layout, triton_missing, use_triton
 from .reference import ctc_forward_backward_scaled, reduce_loss
 
 try:  # the Triton kernels; without Triton (error names it) the PyTorch path serves every call

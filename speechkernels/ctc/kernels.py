@@ -53,8 +53,9 @@ import torch
 import triton
 import triton.language as tl
 
+from .._launch import launch, next_power_of_2
 from .._logspace import frame, lae, ln2, log2e, lse_step, lse_total, neg, wait_counter
-from .._utils import kernel_output, kernel_output_like, launch, next_power_of_2
+from .._outputs import kernel_output, kernel_output_like
 
 # Constants are jit functions rather than constexpr globals (see .._logspace).
 

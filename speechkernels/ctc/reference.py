@@ -19,8 +19,8 @@ import threading
 
 import torch
 
+from .._backend import loop_threads
 from .._reference import LossWithGradient
-from .._utils import loop_threads
 
 NEG_INF = float("-inf")
 NORMALISE_EVERY = 8  # frames between normalisations of the scaled recursion (float64: 700 nats of headroom)

@@ -6,8 +6,9 @@ from collections.abc import Sequence
 
 import torch
 
+from .._args import as_bool, as_int, check_float_input
+from .._backend import kernel_layout, triton_missing, use_triton
 from .._loss_inputs import Lengths, batch_first_scores, batch_lengths, check_lengths
-from .._utils import as_bool, as_int, check_float_input, kernel_layout, triton_missing, use_triton
 from ..tdt.api import durations_of
 from .networks import TransducerWeights, icefall_layers, nemo_layers, transducer_weights
 from .reference import (

@@ -25,7 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .._utils import kernel_output, launch, next_power_of_2
+from .._launch import launch, next_power_of_2
+from .._outputs import kernel_output
 
 COMPACT_BLOCK_T = 1024  # frames per step of the compaction (a power of two; tests lower it to cross blocks)
 

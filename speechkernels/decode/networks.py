@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import torch
 
-from .._utils import as_choice, as_int
+from .._args import as_choice, as_int
 from ..rnnt.joint_reference import ACTIVATIONS
 from ..tdt.api import durations_of
 

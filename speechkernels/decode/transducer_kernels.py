@@ -35,8 +35,9 @@ import torch
 import triton
 import triton.language as tl
 
+from .._launch import launch, next_power_of_2
 from .._logspace import wait_counter
-from .._utils import kernel_output, launch, next_power_of_2
+from .._outputs import kernel_output
 
 _INTERPRETER = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 INT64_MIN = -(2**63)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from .._args import INDEX_DTYPES, as_bool, as_choice, as_float, as_int, check_float_input
+from .._backend import kernel_layout, triton_missing, use_triton
 from .._loss_inputs import (
     REDUCTIONS,
     Lengths,
@@ -16,17 +18,6 @@ from .._loss_inputs import (
     refuse_flagged,
 )
 from .._op import LossModule, LossOp, pytorch_path_op
-from .._utils import (
-    INDEX_DTYPES,
-    as_bool,
-    as_choice,
-    as_float,
-    as_int,
-    check_float_input,
-    kernel_layout,
-    triton_missing,
-    use_triton,
-)
 from .reference import RNNT_TYPES, reduce_loss, rnnt_forward_backward_scaled
 
 try:  # the Triton kernels; without Triton (error names it) the PyTorch path serves every call

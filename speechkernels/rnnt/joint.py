@@ -8,9 +8,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from .._args import as_bool, as_choice, as_float, as_generator, as_int, check_float_input
+from .._backend import triton_missing, use_triton
 from .._loss_inputs import REDUCTIONS, Lengths
 from .._op import LossOp
-from .._utils import as_bool, as_choice, as_float, as_generator, as_int, check_float_input, triton_missing, use_triton
 from .api import check_contents, check_loss_arguments, state_fake, validate_on_device
 from .joint_reference import ACTIVATIONS, RNNTJointLossReferenceFunction, activation_fn, joint_hidden
 from .reference import RNNT_TYPES, reduce_loss

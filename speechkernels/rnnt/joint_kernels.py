@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from .._logspace import ln2, log2e, lse_step_rows, neg
-from .._utils import kernel_output
+from .._outputs import kernel_output
 from .joint_reference import ACTIVATIONS, DROP_BITS
 from .kernels import cell_offsets, lattice_buffers, rnnt_recursions, sample_lengths
 

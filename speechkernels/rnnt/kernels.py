@@ -33,8 +33,9 @@ import torch
 import triton
 import triton.language as tl
 
+from .._launch import launch, next_power_of_2
 from .._logspace import lae, ln2, log2e, lse_step, lse_total, neg
-from .._utils import kernel_output, kernel_output_like, launch, next_power_of_2
+from .._outputs import kernel_output, kernel_output_like
 
 
 @triton.jit

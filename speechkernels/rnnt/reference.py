@@ -29,8 +29,8 @@ import contextlib
 
 import torch
 
+from .._backend import GRAIN_SIZE, loop_threads
 from .._reference import LossWithGradient
-from .._utils import GRAIN_SIZE, loop_threads
 
 # a lattice of fewer values than this (both directions) is worked on one thread on the CPU (NOTES, "shared cores")
 LATTICE_ONE_THREAD = 8 * GRAIN_SIZE

@@ -14,19 +14,10 @@ from typing import NamedTuple
 
 import torch
 
+from .._args import as_bool, as_choice, as_float, as_generator, as_int, check_float_input
+from .._backend import kernel_layout, triton_missing, use_triton
 from .._loss_inputs import REDUCTIONS, Lengths, first_index
 from .._op import LossModule, LossOp, autograd_inside_op, pytorch_path_op
-from .._utils import (
-    as_bool,
-    as_choice,
-    as_float,
-    as_generator,
-    as_int,
-    check_float_input,
-    kernel_layout,
-    triton_missing,
-    use_triton,
-)
 from ..rnnt.api import check_contents, check_loss_arguments, rnnt_loss, state_fake, validate_on_device
 from ..rnnt.reference import reduce_loss
 from .reference import multiblank_rnnt_loss_reference, tdt_loss_reference

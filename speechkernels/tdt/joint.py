@@ -11,9 +11,10 @@ from typing import NamedTuple
 
 import torch
 
+from .._args import as_choice, as_float, as_generator
+from .._backend import triton_missing, use_triton
 from .._loss_inputs import Lengths
 from .._op import LossOp
-from .._utils import as_choice, as_float, as_generator, triton_missing, use_triton
 from ..rnnt.api import state_fake, validate_on_device
 from ..rnnt.joint import JointLossModule, as_dropout, draw_seed, joint_inputs, rnnt_joint_loss
 from ..rnnt.joint_reference import ACTIVATIONS, joint_hidden

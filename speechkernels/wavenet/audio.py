@@ -7,7 +7,7 @@ import wave
 
 import torch
 
-from .._utils import as_int, check_float_input, check_in_range, check_integer_tensor
+from .._args import as_int, check_float_input, check_in_range, check_integer_tensor
 
 
 def mu_law_encode(audio: torch.Tensor, classes: int = 256) -> torch.Tensor:

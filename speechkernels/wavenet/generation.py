@@ -7,16 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from .._utils import (
-    as_bool,
-    as_choice,
-    as_float,
-    as_generator,
-    as_int,
-    check_float_input,
-    triton_interpreting,
-    triton_missing,
-)
+from .._args import as_bool, as_choice, as_float, as_generator, as_int, check_float_input
+from .._backend import triton_interpreting, triton_missing
 from .cluster_vocoder import (
     cluster_plan,
     vocoder_cluster_supported,

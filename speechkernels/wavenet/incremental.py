@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from .._utils import loop_threads
+from .._backend import loop_threads
 
 
 class IncrementalState:

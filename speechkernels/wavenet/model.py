@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._utils import INDEX_DTYPES, as_index_tensor, as_int, check_float_input, check_in_range
+from .._args import INDEX_DTYPES, as_index_tensor, as_int, check_float_input, check_in_range
 from . import generation, server
 
 

@@ -20,7 +20,8 @@ from collections.abc import Iterator
 
 import torch
 
-from .._utils import as_choice, as_float, as_generator, as_int, triton_interpreting
+from .._args import as_choice, as_float, as_generator, as_int
+from .._backend import triton_interpreting
 from . import generation
 from .cluster_vocoder import batch_queue, cluster_plan, compile_batch_kernels, wavenet_generate_cluster_batch
 from .generation import check_triton_kernel, check_weights_dtype, cluster_kernel_available

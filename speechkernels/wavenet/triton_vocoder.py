@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._utils import next_power_of_2
+from .._launch import next_power_of_2
 from .weights import VocoderInputs, VocoderWeights, frame_bias, inverse_temperature, run_start
 
 

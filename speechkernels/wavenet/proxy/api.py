@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from ..._utils import as_choice, as_int, check_float_input, triton_interpreting, triton_missing
+from ..._args import as_choice, as_int, check_float_input
+from ..._backend import triton_interpreting, triton_missing
 from ..cuda_runtime import clusters_available
 from .cluster import row_split_fits, serial_chain_cluster
 from .partials import serial_chain_partials

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..._utils import as_choice, as_int, check_float_input
+from ..._args import as_choice, as_int, check_float_input
 
 ACTIVATIONS = ("tanh", "relu")
 

@@ -14,7 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._utils import next_power_of_2, triton_interpreting
+from ..._backend import triton_interpreting
+from ..._launch import next_power_of_2
 
 
 @triton.jit
