@@ -500,10 +500,10 @@ CONTENTS = [
 
 @pytest.mark.parametrize("kind,overrides,message", CONTENTS, ids=[f"{c[0]}: {c[2][:30]}" for c in CONTENTS])
 def test_bad_contents_are_refused_naming_argument_sample_and_value(loss_path, monkeypatch, kind, overrides, message):
-    rnnt_kernels = optional_module("speechkernels.rnnt.kernels")  # None without Triton: the PyTorch path only
+    lattice = optional_module("speechkernels._transducer.lattice")  # None without Triton: the PyTorch path only
 
     loss_path.reset()
-    device_checks = count_calls(monkeypatch, rnnt_kernels, "rnnt_validate") if rnnt_kernels is not None else []
+    device_checks = count_calls(monkeypatch, lattice, "validate_lengths_and_labels") if lattice is not None else []
     with pytest.raises(ValueError) as raised:
         _contents_call(kind, loss_path.device, **overrides)()
     assert str(raised.value) == message
@@ -527,11 +527,11 @@ def test_a_device_side_finding_names_the_sample_without_the_host_checks(loss_pat
     sample and the value (the device's bits per sample)."""
     if not loss_path.kernels:
         pytest.skip("the device-side check runs on the kernels' paths")
+    from speechkernels._transducer import checks as transducer_checks
     from speechkernels.ctc import api as ctc_api
-    from speechkernels.rnnt import api as rnnt_api
 
     monkeypatch.setattr(ctc_api, "check_label_contents", lambda *args: None)
-    monkeypatch.setattr(rnnt_api, "check_contents", lambda *args: None)
+    monkeypatch.setattr(transducer_checks, "check_contents", lambda *args: None)
     with pytest.raises(ValueError, match=message):
         _contents_call(kind, loss_path.device, **overrides)()
 

@@ -11,6 +11,7 @@ import torch
 from helpers import check_batch_halves, check_compiled_matches_eager, check_graph_replay_matches_eager
 
 import speechkernels as sk
+from speechkernels._transducer import checks as transducer_checks
 from speechkernels.rnnt import api as rnnt_api
 from speechkernels.rnnt import reference as rnnt_reference
 from speechkernels.rnnt.reference import rnnt_forward_backward_reference, rnnt_losses_reference
@@ -414,7 +415,7 @@ def test_kernels_several_chunks_and_u_blocks(kernel_device, kernel_spy, monkeypa
 def test_kernels_batch_reduction_and_validation_in_several_tiles(kernel_device, kernel_spy, monkeypatch):
     """The last program's batch sum and the validation loop over more samples than one tile holds."""
     monkeypatch.setattr(kernels, "_batch_block", lambda N: 4)
-    monkeypatch.setattr(kernels, "_validate_blocks", lambda N, U: (4, 16))
+    monkeypatch.setattr(transducer_checks.lattice, "_validate_blocks", lambda N, U: (4, 16))
     x, targets, il, tl, blank = make_problem(16, 11, 3, 2, 5, device=kernel_device)
     with torch.no_grad():  # loss only: the halves kernel sums
         out = sk.rnnt_loss(x.float(), targets, il, tl, blank=blank, reduction="sum")

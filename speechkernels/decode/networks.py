@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 
 from .._args import as_choice, as_int
-from ..rnnt.joint_reference import ACTIVATIONS
+from .._transducer.activations import ACTIVATIONS
 from ..tdt.api import durations_of
 
 _ACTIVATION_MODULES = {torch.nn.ReLU: "relu", torch.nn.Tanh: "tanh", torch.nn.Sigmoid: "sigmoid"}

@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..rnnt.joint_reference import activation_fn
+from .._transducer.activations import activation_fn
 from .networks import TransducerWeights
 
 

@@ -12,9 +12,11 @@ from .._args import as_bool, as_choice, as_float, as_generator, as_int, check_fl
 from .._backend import triton_missing, use_triton
 from .._loss_inputs import REDUCTIONS, Lengths
 from .._op import LossOp
-from .api import check_contents, check_loss_arguments, state_fake, validate_on_device
-from .joint_reference import ACTIVATIONS, RNNTJointLossReferenceFunction, activation_fn, joint_hidden
-from .reference import RNNT_TYPES, reduce_loss
+from .._transducer.activations import ACTIVATIONS, activation_fn
+from .._transducer.checks import check_contents, check_loss_arguments, state_fake, validate_on_device
+from .._transducer.reference import reduce_loss
+from .joint_reference import RNNTJointLossReferenceFunction, joint_hidden
+from .reference import RNNT_TYPES
 
 try:  # the Triton kernels; without Triton (error names it) the PyTorch path serves every call
     from . import joint_kernels

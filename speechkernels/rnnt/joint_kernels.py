@@ -43,8 +43,9 @@ import triton.language as tl
 
 from .._logspace import ln2, log2e, lse_step_rows, neg
 from .._outputs import kernel_output
-from .joint_reference import ACTIVATIONS, DROP_BITS
-from .kernels import cell_offsets, lattice_buffers, rnnt_recursions, sample_lengths
+from .._transducer.activations import ACTIVATIONS, DROP_BITS
+from .._transducer.lattice import cell_offsets, sample_lengths
+from .kernels import lattice_buffers, rnnt_recursions
 
 
 @triton.jit

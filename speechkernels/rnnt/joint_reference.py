@@ -22,16 +22,11 @@ from __future__ import annotations
 
 import torch
 
+from .._transducer.activations import DROP_BITS, activation_fn
 from .reference import alpha_beta, lattice_masks, pad_frame
 
-ACTIVATIONS = ("relu", "tanh", "sigmoid")
 NEG_INF = float("-inf")
 _M32 = 0xFFFFFFFF
-DROP_BITS = 24  # a hash's top 24 bits against the drop probability: p is rounded to a multiple of 2^-24
-
-
-def activation_fn(name: str):
-    return {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}[name]
 
 
 def drop_threshold(dropout: float) -> int:

@@ -31,6 +31,7 @@ import torch
 
 from .._backend import GRAIN_SIZE, loop_threads
 from .._reference import LossWithGradient
+from .._transducer.reference import reduce_loss
 
 # a lattice of fewer values than this (both directions) is worked on one thread on the CPU (NOTES, "shared cores")
 LATTICE_ONE_THREAD = 8 * GRAIN_SIZE
@@ -385,12 +386,6 @@ def rnnt_losses_reference(logits, targets, logit_lengths, target_lengths, blank,
         )  # fmt: skip
 
     return LossWithGradient.apply(logits, compute, 0)
-
-
-def reduce_loss(loss: torch.Tensor, reduction: str) -> torch.Tensor:
-    if reduction == "none":
-        return loss
-    return loss.sum() if reduction == "sum" else loss.mean()
 
 
 def rnnt_loss_reference(

@@ -18,8 +18,9 @@ from .._args import as_bool, as_choice, as_float, as_generator, as_int, check_fl
 from .._backend import kernel_layout, triton_missing, use_triton
 from .._loss_inputs import REDUCTIONS, Lengths, first_index
 from .._op import LossModule, LossOp, autograd_inside_op, pytorch_path_op
-from ..rnnt.api import check_contents, check_loss_arguments, rnnt_loss, state_fake, validate_on_device
-from ..rnnt.reference import reduce_loss
+from .._transducer.checks import check_contents, check_loss_arguments, state_fake, validate_on_device
+from .._transducer.reference import reduce_loss
+from ..rnnt import rnnt_loss
 from .reference import multiblank_rnnt_loss_reference, tdt_loss_reference
 
 try:  # the Triton kernels; without Triton (error names it) the PyTorch path serves every call

@@ -15,10 +15,11 @@ from .._args import as_choice, as_float, as_generator
 from .._backend import triton_missing, use_triton
 from .._loss_inputs import Lengths
 from .._op import LossOp
-from ..rnnt.api import state_fake, validate_on_device
+from .._transducer.activations import ACTIVATIONS
+from .._transducer.checks import state_fake, validate_on_device
+from .._transducer.reference import reduce_loss
 from ..rnnt.joint import JointLossModule, as_dropout, draw_seed, joint_inputs, rnnt_joint_loss
-from ..rnnt.joint_reference import ACTIVATIONS, joint_hidden
-from ..rnnt.reference import reduce_loss
+from ..rnnt.joint_reference import joint_hidden
 from .api import (
     TransducerOptions,
     big_blanks_of,

@@ -30,7 +30,7 @@ import triton.language as tl
 from .._launch import next_power_of_2
 from .._logspace import lae, log2e, lse_total, neg
 from .._outputs import kernel_output, kernel_output_like
-from ..rnnt.kernels import cell_scores, grad_cells, row_cells, sample_lengths, score_grad_chunks
+from .._transducer.lattice import cell_scores, grad_cells, row_cells, sample_lengths, score_grad_chunks
 
 
 @triton.jit

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 import torch
 
 from .._reference import LossWithGradient
-from ..rnnt.reference import reduce_loss
+from .._transducer.reference import reduce_loss
 
 NEG_INF = float("-inf")
 
