@@ -108,14 +108,14 @@ def loss_path(request, monkeypatch) -> LossPath:
         monkeypatch.setattr(align_api, "kernels", None)
     if not HAVE_TRITON:
         return path
+    from speechkernels._transducer import joint_kernels
     from speechkernels.align import kernels as align_kernels
     from speechkernels.ctc import kernels as ctc_kernels
-    from speechkernels.rnnt import joint_kernels
     from speechkernels.rnnt import kernels as rnnt_kernels
     from speechkernels.tdt import kernels as tdt_kernels
 
     for module, name in ((ctc_kernels, "ctc_forward"), (rnnt_kernels, "rnnt_forward"),
-                         (joint_kernels, "joint_forward"), (joint_kernels, "joint_lattice"),
+                         (rnnt_kernels, "joint_forward"), (joint_kernels, "joint_lattice"),
                          (tdt_kernels, "tdt_forward"), (align_kernels, "ctc_align")):  # fmt: skip
         real = getattr(module, name)
 

@@ -17,22 +17,19 @@ from helpers import (
 )
 
 import speechkernels as sk
+from speechkernels._transducer.activations import drop_threshold
+from speechkernels._transducer.joint_reference import dropout_keep, joint_hidden
 from speechkernels.rnnt import joint_reference
-from speechkernels.rnnt.joint_reference import (
-    RNNTJointLossReferenceFunction,
-    drop_threshold,
-    dropout_keep,
-    joint_hidden,
-)
+from speechkernels.rnnt.joint_reference import RNNTJointLossReferenceFunction
 from speechkernels.rnnt.reference import rnnt_loss_reference
 
 
 @pytest.fixture
 def joint_spy(monkeypatch):
     """Counts calls of the fused forward, so a test knows the kernels (not the reference) ran."""
-    from speechkernels.rnnt import joint_kernels
+    from speechkernels.rnnt import kernels
 
-    return count_calls(monkeypatch, joint_kernels, "joint_forward")
+    return count_calls(monkeypatch, kernels, "joint_forward")
 
 
 def make_case(N, T, U, H, V, *, seed=0, dtype=torch.float32, device="cpu", rna=False, scale=1.0):

@@ -18,7 +18,7 @@ from helpers import (
 )
 
 import speechkernels as sk
-from speechkernels.rnnt.joint_reference import joint_hidden
+from speechkernels._transducer.joint_reference import joint_hidden
 
 DURATIONS = [0, 1, 2, 4]
 
@@ -184,7 +184,7 @@ def test_tdt_joint_module():
 @pytest.fixture
 def kernel_spy(monkeypatch):
     """Counts calls of the fused lattice, so a test knows the kernels (not the PyTorch path) ran."""
-    from speechkernels.rnnt import joint_kernels
+    from speechkernels._transducer import joint_kernels
 
     return count_calls(monkeypatch, joint_kernels, "joint_lattice")
 

@@ -13,3 +13,8 @@ DROP_BITS = 24  # a hash's top 24 bits against the drop probability: p is rounde
 
 def activation_fn(name: str):
     return {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}[name]
+
+
+def drop_threshold(dropout: float) -> int:
+    """The integer the hash's top bits are compared with: an element is dropped when they are below it."""
+    return min(round(dropout * (1 << DROP_BITS)), (1 << DROP_BITS) - 1)

@@ -188,3 +188,13 @@ def _validate_blocks(N: int, U: int) -> tuple[int, int]:
     """(samples, labels) per tile of the validation kernel's loops."""
     block_j = max(16, min(next_power_of_2(max(U, 1)), 1024))
     return max(1, min(next_power_of_2(N), 1024 // block_j)), block_j
+
+
+def lattice_buffers(N: int, T: int, U1: int, device, with_lse: bool) -> tuple[torch.Tensor, ...]:
+    """The lattice kernels' outputs: per-cell natural-log log-sum-exps ([N * T * (U+1)] float32, empty without
+    ``with_lse``), the log2 lattice ([N * T * (U+1), 2] float32) and ``aux`` ([1 + 2N] int32: the reduction's
+    counter, then the halves' NaN counts)."""
+    n_cells = N * T * U1
+    lse = kernel_output(n_cells if with_lse else 0, dtype=torch.float32, device=device)
+    lat = kernel_output(2 * n_cells, dtype=torch.float32, device=device)
+    return lse, lat, kernel_output(1 + 2 * N, dtype=torch.int32, device=device)

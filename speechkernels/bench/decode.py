@@ -33,9 +33,9 @@ import traceback
 import torch
 
 import speechkernels as sk
+from speechkernels._transducer.activations import activation_fn
 from speechkernels.decode import api as decode_api
 from speechkernels.decode.reference import predict, start_state
-from speechkernels.rnnt.joint_reference import activation_fn
 
 from .common import (
     add_common_arguments,

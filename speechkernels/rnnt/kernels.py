@@ -37,10 +37,12 @@ import triton.language as tl
 from .._launch import launch, next_power_of_2
 from .._logspace import lae, ln2, neg
 from .._outputs import kernel_output, kernel_output_like
+from .._transducer import joint_kernels
 from .._transducer.lattice import (
     cell_offsets,
     cell_scores,
     grad_cells,
+    lattice_buffers,
     row_cells,
     row_lse,
     sample_lengths,
@@ -509,16 +511,6 @@ def rnnt_forward(
                            reduction)  # fmt: skip
 
 
-def lattice_buffers(N: int, T: int, U1: int, device, with_lse: bool) -> tuple[torch.Tensor, ...]:
-    """The lattice kernels' outputs: per-cell natural-log log-sum-exps ([N * T * (U+1)] float32, empty without
-    ``with_lse``), the log2 lattice ([N * T * (U+1), 2] float32) and ``aux`` ([1 + 2N] int32: the reduction's
-    counter, then the halves' NaN counts)."""
-    n_cells = N * T * U1
-    lse = kernel_output(n_cells if with_lse else 0, dtype=torch.float32, device=device)
-    lat = kernel_output(2 * n_cells, dtype=torch.float32, device=device)
-    return lse, lat, kernel_output(1 + 2 * N, dtype=torch.int32, device=device)
-
-
 def rnnt_recursions(
     lse: torch.Tensor,
     lat: torch.Tensor,
@@ -590,3 +582,29 @@ def rnnt_backward(
         BLOCK_R=block_r, BLOCK_V=block_v, num_warps=warps,
     )  # fmt: skip
     return grad
+
+
+def joint_forward(
+    joint: joint_kernels.JointNetwork,
+    targets: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    blank: int,
+    loss_scale: float,
+    rnna: bool,
+    need_grad: bool,
+    reduction: str = "none",
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """The fused joint's RNN-T loss: its lattice (``_transducer.joint_kernels.joint_lattice``), then the recursions.
+    Returns the loss ([N] float32 for reduction "none", else the batch sum or mean) and the state ``joint_backward``
+    takes (log-sum-exps, occupancies, log2 p).
+
+    Args:
+        joint: the joint network (``JointNetwork``).
+        targets: [N, U] int32/int64 (unit stride along U); lengths: [N] int32/int64; all on enc's device.
+    """
+    N, T, _ = joint.enc.shape
+    U1 = joint.pred.shape[1]
+    lse, lat, aux = joint_kernels.joint_lattice(joint, targets, logit_lengths, target_lengths, blank, rnna)
+    return rnnt_recursions(lse, lat, aux, logit_lengths, target_lengths, N, T, U1, loss_scale, rnna, need_grad,
+                           reduction)  # fmt: skip

@@ -17,9 +17,10 @@ from .._loss_inputs import Lengths
 from .._op import LossOp
 from .._transducer.activations import ACTIVATIONS
 from .._transducer.checks import state_fake, validate_on_device
+from .._transducer.joint import JointLossModule, as_dropout, draw_seed, joint_inputs
+from .._transducer.joint_reference import joint_hidden
 from .._transducer.reference import reduce_loss
-from ..rnnt.joint import JointLossModule, as_dropout, draw_seed, joint_inputs, rnnt_joint_loss
-from ..rnnt.joint_reference import joint_hidden
+from ..rnnt import rnnt_joint_loss
 from .api import (
     TransducerOptions,
     big_blanks_of,
@@ -33,7 +34,7 @@ from .api import (
 )
 
 try:  # the Triton kernels; without Triton (error names it) the PyTorch path serves every call
-    from ..rnnt import joint_kernels
+    from .._transducer import joint_kernels
     from . import kernels as tdt_kernels
 except ImportError as error:
     joint_kernels = triton_missing(error)

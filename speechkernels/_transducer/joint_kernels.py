@@ -1,5 +1,6 @@
-"""The joint network fused with the RNN-T loss (Triton kernels; two products of the backward in cuBLAS): the
-[N, T, U+1, V] logits never exist.
+"""The joint network fused with the transducer losses (Triton kernels; two products of the backward in cuBLAS): the
+[N, T, U+1, V] logits never exist. The losses' recursions over the lattice it makes are theirs (``rnnt.kernels``,
+``tdt.kernels``).
 
 The lattice's cells are taken chunk by chunk (samples x labels, all frames; at most ``CHUNK_BYTES`` of buffers a
 chunk): a chunk's cells are tiles of BT frames of one label, laid out one after another as the rows of the
@@ -11,7 +12,7 @@ chunk's buffers.
    cores, both operands through TMA descriptors; float32 inputs as three bfloat16 products, ``_split``), consumed
    on chip: the online log-sum-exp of the V logits; then one narrow chunk of gathered weight rows (the last few
    classes, the blank, each tile's next label: a tile's rows share it) gives the blank and next-label logits; into
-   the log2 lattice of the RNN-T kernels (``kernels.rnnt_recursions`` then gives the loss and, for the gradient,
+   the log2 lattice of the RNN-T kernels (``rnnt.kernels.rnnt_recursions`` then gives the loss and, for the gradient,
    the edge occupancies) and a float32 log-sum-exp per cell.
 3. ``_joint_dlogits_kernel`` (backward): the logits made again and their gradient
    g * (softmax * (occ_blank + s occ_label) - occ_blank [blank] - s occ_label [label]) stored for the chunk
@@ -43,9 +44,8 @@ import triton.language as tl
 
 from .._logspace import ln2, log2e, lse_step_rows, neg
 from .._outputs import kernel_output
-from .._transducer.activations import ACTIVATIONS, DROP_BITS
-from .._transducer.lattice import cell_offsets, sample_lengths
-from .kernels import lattice_buffers, rnnt_recursions
+from .activations import ACTIVATIONS, DROP_BITS, drop_threshold
+from .lattice import cell_offsets, lattice_buffers, sample_lengths
 
 
 @triton.jit
@@ -560,8 +560,6 @@ def _blocks(enc: torch.Tensor, kernel: str) -> dict:
 
 def _common(joint: JointNetwork):
     """Arguments every kernel takes: strides, the dropout hash's parameters, the constexpr flags."""
-    from .joint_reference import drop_threshold
-
     enc, pred, weight, bias, activation, dropout, seed = joint
     args = (enc.stride(0), enc.stride(1), enc.stride(2), pred.stride(0), pred.stride(1), pred.stride(2))
     drop = (seed[0], seed[1], drop_threshold(dropout), 1.0 / (1.0 - dropout))
@@ -646,31 +644,6 @@ class JointNetwork(NamedTuple):
     seed: tuple[int, int]
 
 
-def joint_forward(
-    joint: JointNetwork,
-    targets: torch.Tensor,
-    logit_lengths: torch.Tensor,
-    target_lengths: torch.Tensor,
-    blank: int,
-    loss_scale: float,
-    rnna: bool,
-    need_grad: bool,
-    reduction: str = "none",
-) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-    """The loss ([N] float32 for reduction "none", else the batch sum or mean) and the state ``joint_backward``
-    takes (log-sum-exps, occupancies, log2 p).
-
-    Args:
-        joint: the joint network (``JointNetwork``).
-        targets: [N, U] int32/int64 (unit stride along U); lengths: [N] int32/int64; all on enc's device.
-    """
-    N, T, _ = joint.enc.shape
-    U1 = joint.pred.shape[1]
-    lse, lat, aux = joint_lattice(joint, targets, logit_lengths, target_lengths, blank, rnna)
-    return rnnt_recursions(lse, lat, aux, logit_lengths, target_lengths, N, T, U1, loss_scale, rnna, need_grad,
-                           reduction)  # fmt: skip
-
-
 def joint_lattice(
     joint: JointNetwork,
     targets: torch.Tensor,
@@ -683,7 +656,7 @@ def joint_lattice(
     multiblank: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The lattice of the joint network's logits, chunk by chunk: (log-sum-exps [cells] float32, lattice, aux).
-    RNN-T (``durations`` 0): the [cells, 2] log2 lattice of ``kernels.rnnt_recursions`` (skewed rows) and its
+    RNN-T (``durations`` 0): the [cells, 2] log2 lattice of ``rnnt.kernels.rnnt_recursions`` (skewed rows) and its
     counter. TDT: the weight's last ``durations`` rows are the duration head: a [cells, 2 + durations] lattice
     (blank, next label (less sigma, log2 units), the durations' log2 log-softmax) and [N] int32 NaN counts, as
     ``tdt.kernels``' recursions take them. ``multiblank``: the ``durations`` extra entries are instead the big
@@ -745,10 +718,10 @@ def joint_backward(
     multiblank: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Gradients of sum(grad_out * loss) (reduction "none"; else of grad_out * the sum or batch mean) with
-    respect to enc, pred, weight and bias, in their dtypes; ``state``: ``joint_forward``'s (log-sum-exps, edge
-    occupancies, log2 p). TDT (``durations`` > 0, the weight's last rows): the occupancies are the TDT occupancy
-    kernel's (the label's FastEmit scale included: ``fastemit_lambda`` is not applied again); ``multiblank``: the
-    extra entries are big blanks.
+    respect to enc, pred, weight and bias, in their dtypes; ``state``: ``rnnt.kernels.joint_forward``'s
+    (log-sum-exps, edge occupancies, log2 p). TDT (``durations`` > 0, the weight's last rows): the occupancies are
+    the TDT occupancy kernel's (the label's FastEmit scale included: ``fastemit_lambda`` is not applied again);
+    ``multiblank``: the extra entries are big blanks.
 
     Chunk by chunk of tiles (samples x labels, all frames; at most ``CHUNK_BYTES`` of hidden vectors and logits'
     gradient): the logits' gradient of the chunk's tiles, then its products with the hidden vectors (into the
