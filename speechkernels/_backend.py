@@ -32,7 +32,7 @@ def loop_threads(device: torch.device, elements_per_step: int, below: int = GRAI
     one where each step touches fewer than GRAIN_SIZE elements, else torch's setting. Steps that small gain
     nothing from more threads and, where another process shares the cores, wait at each parallel operation for
     the thread left on a busy core (WaveNet.generate 2 x 400 on two cores with one busy neighbour: 2.0-2.5x its
-    idle time with two threads, 1.0x with one; benchmarks/NOTES.md). The large operations before and after the
+    idle time with two threads, 1.0x with one; benchmarks/notes/package.md). The large operations before and after the
     loop keep ``torch.get_num_threads()``; the setting is this thread's own and is restored on exit. ``below``:
     the threshold for other work of small operations."""
     n = torch.get_num_threads()

@@ -12,7 +12,7 @@ class Launch:
     """``kernel[grid](*args, **options)`` with less host time: the first call of each specialisation goes through
     Triton's launcher (which compiles, or finds the compiled kernel in its cache); later calls with the same
     specialisation call the compiled kernel directly, skipping Triton's per-call argument binding (about 1 us per
-    argument on the H100 machine's host: benchmarks/NOTES.md).
+    argument on the H100 machine's host: benchmarks/notes/package.md).
 
     The key is a superset of Triton's specialisation: every tensor's dtype and 16-byte alignment, every integer's
     equality to 1, divisibility by 16 and range (int32, int64), floats by type, other arguments (bool, None) and

@@ -745,7 +745,7 @@ def _ctc_grad_kernel(
 
 
 def _recursion_warps(block: int) -> int:
-    # measured on the H100 (benchmarks/NOTES.md): one warp per 64 states, up to 32: few warps for short label
+    # measured on the H100 (benchmarks/notes/ctc.md): one warp per 64 states, up to 32: few warps for short label
     # sequences, where the per-step exchange between warps dominates; up to 32 for long ones, where the
     # arithmetic per step does
     return min(32, max(1, block // 64))
@@ -770,7 +770,7 @@ def wave_shape(N: int, lanes: int, sms: int) -> tuple[int, int] | None:
     """(lanes, warps) per program of the wavefront for N samples of up to ``lanes`` lanes (L + 1) on a GPU of
     ``sms`` multiprocessors, or None where one program per sample is as fast.
 
-    Measured on the H100 (benchmarks/NOTES.md, tune_ctc.py --wave): with one lane per thread a step costs about
+    Measured on the H100 (benchmarks/notes/ctc.md, tune_ctc.py --wave): with one lane per thread a step costs about
     the same at 32 to 256 lanes per program, and half what two lanes per thread cost; the wavefront wins from
     about 300 lanes (L = 300, N = 1: 0.84 -> 0.74 ms of recursions; L up to 1500: 3.2 -> 1.0 ms at N = 1, 2.3 ms
     at N = 64) until the programs no longer run at once (N = 128, L up to 1500: 1536 programs, 3.2 -> 4.3 ms)."""
@@ -928,7 +928,7 @@ def ctc_backward(
     T, N, C = x.shape
     grad = kernel_output_like(x)
     reduced = grad_out.dim() == 0
-    # measured on the H100 (benchmarks/NOTES.md): wide rows want 8 warps; long label sequences a label block of
+    # measured on the H100 (benchmarks/notes/ctc.md): wide rows want 8 warps; long label sequences a label block of
     # 256 when there are 4 warps or more to scan it (one warp scans 64 faster)
     block_c = block_c or min(next_power_of_2(C), 4096)
     warps = warps or (8 if block_c >= 2048 else 4 if block_c >= 512 else 1)

@@ -33,7 +33,8 @@ from .._backend import GRAIN_SIZE, loop_threads
 from .._reference import LossWithGradient
 from .._transducer.reference import reduce_loss
 
-# a lattice of fewer values than this (both directions) is worked on one thread on the CPU (NOTES, "shared cores")
+# a lattice of fewer values than this (both directions) is worked on one thread on the CPU (benchmarks/notes/
+# package.md, "CPU paths with shared cores")
 LATTICE_ONE_THREAD = 8 * GRAIN_SIZE
 
 NEG_INF = float("-inf")

@@ -133,7 +133,7 @@ class WaveNetServer:
         of ``max_streams``), so that the first real chunk finds every
         one-time cost paid: the weights packed in the kernel's layout, the CUDA libraries and kernels of the
         chunk's PyTorch operations loaded (cuBLAS's for the conditioning, each operation's at its first launch:
-        0.2-0.35 s of a first chunk on an H100, benchmarks/NOTES.md); and on a GPU the conditioning's product at
+        0.2-0.35 s of a first chunk on an H100, benchmarks/notes/wavenet.md); and on a GPU the conditioning's product at
         each of its row counts' buckets (``weights.bucketed_linear``) up to what ``max_streams`` requests need, each
         of which loads a cuBLAS kernel at its first launch. The server's requests, generator and state are
         untouched."""

@@ -1,5 +1,5 @@
 """The vocoder's generation kernel in Triton: the fallback of the cluster kernels (``cluster_vocoder.py``) where
-they do not run (no Hopper GPU or no cuda-core). Measurements: benchmarks/NOTES.md.
+they do not run (no Hopper GPU or no cuda-core). Measurements: benchmarks/notes/wavenet.md.
 
 ``_wavenet_generate_kernel``: one program per stream for all samples in one launch: per sample every layer
 (dilation queues in global memory), the head and the sampling (inverse CDF of the softmax at a given uniform, as

@@ -11,7 +11,7 @@
 // is staged in shared memory, then sent to every CTA of the cluster in 16-byte st.async chunks that complete the
 // bytes on the receivers' mbarrier. Two exchange buffers: a CTA sends the next vector only after it has read the
 // last one, so the buffer a peer writes next is never one still being read. Skip rows are summed with the residual
-// update, when z arrives (measured faster than leaving them to the next layer's wait: benchmarks/NOTES.md).
+// update, when z arrives (measured faster than leaving them to the next layer's wait: benchmarks/notes/wavenet.md).
 // Serving: the queue ring is indexed by a time shared by all streams (tq0 + t), the conditioning frame by each
 // stream's own phase (phase[b] + t) / hop; the input before the first sample of the launch is prev[b], and a stream's
 // queue is row qslot[b] of the queue tensor (streams join and leave between launches).

@@ -4,7 +4,7 @@ optional: ``pip install speechkernels[cuda]``, Hopper or newer).
 Why not Triton: one SM streams the weights from L2 at most at its own L2 bandwidth, and the per-layer exchange
 between SMs that spreading a stream over several SMs needs costs 0.7-1.0 us through global memory (a grid
 barrier), 80 times per sample. A thread-block cluster exchanges through distributed shared memory instead, which
-Triton cannot express (benchmarks/NOTES.md has the measurements).
+Triton cannot express (benchmarks/notes/wavenet.md has the measurements).
 
 Design: one cluster of ``C`` CTAs per group of ``S`` streams. CTA r owns rows [r H/C, (r+1) H/C) of every
 matrix; a group of ``LPR`` lanes owns one row (lane l the columns 4 (l + LPR j) + 0..3: the group reads
@@ -32,7 +32,7 @@ def row_split_config(H: int, C: int, S: int, bf16: bool) -> dict:
     """Launch parameters for H rows over C CTAs and S streams per cluster: lanes per row LPR (a power of 2
     dividing 32; each lane holds H / LPR columns of its row; fewer when a CTA would need more than 32 warps) and
     the prefetch depth D (layers, even): 4, or fewer where the registers left per thread do not hold 4 (at
-    H = 128, C = 16 on the H100 depth 4 ran 3-5 % faster than 8 and 2, benchmarks/NOTES.md)."""
+    H = 128, C = 16 on the H100 depth 4 ran 3-5 % faster than 8 and 2, benchmarks/notes/wavenet.md)."""
     lpr = 8
     while lpr > 1 and ((H // lpr) % 4 or (H // C) * lpr // 32 > 32):
         lpr //= 2
@@ -40,7 +40,7 @@ def row_split_config(H: int, C: int, S: int, bf16: bool) -> dict:
     per_layer = (H // lpr) // (2 if bf16 else 1)  # registers per prefetched layer
     d = max(2, min(4, (min(255, 65536 // threads) - 40 - 8 * S) // max(1, per_layer)))
     d -= d % 2  # even: the buffer parity of an unrolled step is then known at compile time
-    # the critical path's options (benchmarks/NOTES.md, v15-v21): interleaved columns (no bank conflicts on the
+    # the critical path's options (benchmarks/notes/wavenet.md, v15-v21): interleaved columns (no bank conflicts on the
     # vector's reads), four FMA chains, the indexed reduction at one or two streams per cluster; with bfloat16
     # weights the loads (and conversions) placed in the polling loop
     opts = dict(TW=0, RED=int(S <= 2), FCH=4, LIW=int(bf16), WIL=int(bf16), CIL=1)
@@ -60,7 +60,7 @@ def row_split_kernel(arch: str, ACQ: int | None = None, **defines):
     """The row-split kernel for ``row_split_config()``'s parameters plus RELU; ACQ the wait's semantics
     (cluster_common.cuh), by default the relaxed poll with the restricted fence where this NVRTC compiles it
     (PTX 8.6, NVRTC 12.8 or newer). The other cluster kernels keep the acquiring poll: with the fence the compiler
-    schedules them 2-5 % slower (benchmarks/NOTES.md)."""
+    schedules them 2-5 % slower (benchmarks/notes/wavenet.md)."""
     if ACQ is None:
         try:
             return row_split_kernel(arch, 1, **defines)
@@ -75,7 +75,7 @@ def serial_chain_cluster(
     weights: torch.Tensor, x0: torch.Tensor, n_samples: int, relu: bool, C: int | None = None, S: int = 1, **over
 ) -> torch.Tensor:
     """Launcher: ceil(B / S) clusters of C CTAs ([B, H] float32 out); ``over`` overrides LPR or D. C defaults to
-    16 CTAs with 8 lanes per row where the GPU allows clusters of 16, else 8 (benchmarks/NOTES.md)."""
+    16 CTAs with 8 lanes per row where the GPU allows clusters of 16, else 8 (benchmarks/notes/wavenet.md)."""
     if C is None:
         H = weights.shape[1]
         try:

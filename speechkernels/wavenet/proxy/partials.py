@@ -9,7 +9,7 @@ the row (``st.async`` completing bytes on that CTA's mbarrier). The owner adds t
 elements (a few adds from shared memory, no shuffle reduction), applies the activation, and passes its KS new
 elements to its threads with KS independent shuffles; then the next layer's partial sums. One exchange per
 layer as before, with a shorter path around it; measured slower all the same (22-24 against 46 kHz on the
-H100, benchmarks/NOTES.md): 128 four-byte messages arrive at each CTA per layer instead of 32 sixteen-byte ones.
+H100, benchmarks/notes/wavenet.md): 128 four-byte messages arrive at each CTA per layer instead of 32 sixteen-byte ones.
 
 Thread t = 32 w + l handles row NW l + w (NW warps), so that every warp sends to every CTA: a CTA's partial
 sums for a layer complete only after all warps of every CTA have read the previous layer's partials, which is

@@ -7,7 +7,7 @@ that exchange (~350 ns) bounds it. Here CTA r of a cluster of ``C`` holds the wh
 [r L / C, (r + 1) L / C) in its registers, as tensor-core fragments, and runs them one after another inside the
 SM (a block barrier per layer); the vector crosses to the next CTA's shared memory once per CTA, not once per
 layer: C hops per sample instead of L exchanges. Measured slower all the same (32 against 46 kHz on the H100,
-benchmarks/NOTES.md): a layer inside the SM takes about 390 ns, the block barrier waiting for the slowest of the
+benchmarks/notes/wavenet.md): a layer inside the SM takes about 390 ns, the block barrier waiting for the slowest of the
 warps that share the tensor pipes.
 
 Per layer each of the H / 16 warps computes one 16-row tile of ``W x`` with ``mma.m16n8k16`` (bfloat16 inputs,

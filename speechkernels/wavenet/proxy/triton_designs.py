@@ -1,4 +1,4 @@
-"""The serial-chain proxy's Triton designs ("stream" and "barrier"); measurements: benchmarks/NOTES.md.
+"""The serial-chain proxy's Triton designs ("stream" and "barrier"); measurements: benchmarks/notes/wavenet.md.
 
 ``_serial_chain_stream_kernel``: one program per stream. Each program keeps its vector in registers and streams
 the L weight matrices from L2, one per layer, the next layer's tile loaded before this layer's product is
