@@ -2,7 +2,7 @@ import os
 
 import pytest
 import torch
-from helpers import optional_module
+from helpers import count_calls, optional_module
 from hypothesis import HealthCheck, Phase, settings
 
 from speechkernels._backend import triton_interpreting
@@ -117,11 +117,5 @@ def loss_path(request, monkeypatch) -> LossPath:
     for module, name in ((ctc_kernels, "ctc_forward"), (rnnt_kernels, "rnnt_forward"),
                          (rnnt_kernels, "joint_forward"), (joint_kernels, "joint_lattice"),
                          (tdt_kernels, "tdt_forward"), (align_kernels, "ctc_align")):  # fmt: skip
-        real = getattr(module, name)
-
-        def spy(*args, _real=real, **kwargs):
-            path.launches.append(1)
-            return _real(*args, **kwargs)
-
-        monkeypatch.setattr(module, name, spy)
+        count_calls(monkeypatch, module, name, path.launches)
     return path

@@ -81,14 +81,15 @@ def check_batch_halves(loss_fn, x):
     torch.testing.assert_close(grad_last, halves[1][1][1], rtol=0, atol=0)
 
 
-def count_calls(monkeypatch, module, name: str) -> list:
-    """Replaces module.name by a wrapper that records each call: a test then knows the kernels (not the
-    reference) ran."""
-    calls = []
+def count_calls(monkeypatch, module, name: str, calls: list | None = None, record=None) -> list:
+    """Replaces module.name by a wrapper that appends to ``calls`` (a new list unless given) on each call, 1 or
+    ``record(*args, **kwargs)``, then calls the real one: a test then knows which path ran (the kernels or the
+    reference) and with what. The one launch spy of the tests."""
+    calls = [] if calls is None else calls
     real = getattr(module, name)
 
     def spy(*args, **kwargs):
-        calls.append(1)
+        calls.append(1 if record is None else record(*args, **kwargs))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(module, name, spy)

@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from helpers import check_compiled_matches_eager, check_graph_replay_matches_eager
+from helpers import check_compiled_matches_eager, check_graph_replay_matches_eager, count_calls
 
 import speechkernels as sk
 from speechkernels import _outputs as utils
@@ -58,15 +58,7 @@ def reference(x, padded, il, tl, blank, reduction, logits, zero_infinity=False):
 @pytest.fixture
 def kernel_spy(monkeypatch):
     """Counts launches of the Triton forward, so a test knows the kernels (not the reference) ran."""
-    calls = []
-    real = kernels.ctc_forward
-
-    def spy(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(kernels, "ctc_forward", spy)
-    return calls
+    return count_calls(monkeypatch, kernels, "ctc_forward")
 
 
 @pytest.fixture(params=["grid", "fused"])
@@ -175,14 +167,9 @@ def test_cpu_path_recomputes_what_it_cannot_scale(monkeypatch):
     """Normalised every few frames, the scaled recursion hands nothing to the log-space reference. Never
     normalised, uniform scores over 1000 frames and 300 labels count more alignments than float64 holds (about
     1e367): the check must see it and hand those samples over, and the results are the reference's either way."""
-    calls = []
     real = ctc_reference.ctc_forward_backward_reference
-
-    def spy(lp, *args, **kwargs):
-        calls.append(lp.shape[1])
-        return real(lp, *args, **kwargs)
-
-    monkeypatch.setattr(ctc_reference, "ctc_forward_backward_reference", spy)
+    calls = count_calls(monkeypatch, ctc_reference, "ctc_forward_backward_reference",
+                        record=lambda lp, *args, **kwargs: lp.shape[1])  # fmt: skip
     x, padded, il, tl = make_problem(3, 300, 3, 6, 40, dtype=torch.float64)
     lp = x.log_softmax(-1)
     uniform = torch.zeros(1000, 2, 5, dtype=torch.float64).log_softmax(-1)

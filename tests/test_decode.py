@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import count_calls
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -27,13 +28,7 @@ def path(request, monkeypatch):
     if request.param == "torch":
         monkeypatch.setattr(decode_api, "kernels", None)
     else:
-        real = decode_api.kernels.ctc_greedy
-
-        def spy(*args, **kwargs):
-            request.launches.append(1)
-            return real(*args, **kwargs)
-
-        monkeypatch.setattr(decode_api.kernels, "ctc_greedy", spy)
+        count_calls(monkeypatch, decode_api.kernels, "ctc_greedy", request.launches)
     return request
 
 

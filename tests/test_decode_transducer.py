@@ -10,6 +10,7 @@ import types
 
 import pytest
 import torch
+from helpers import count_calls
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -30,13 +31,7 @@ def device(request, monkeypatch):
     if request.param == "torch":
         monkeypatch.setattr(decode_api, "transducer_kernels", None)
     else:
-        real = decode_api.transducer_kernels.transducer_greedy
-
-        def spy(*args, **kwargs):
-            launches.append(1)
-            return real(*args, **kwargs)
-
-        monkeypatch.setattr(decode_api.transducer_kernels, "transducer_greedy", spy)
+        count_calls(monkeypatch, decode_api.transducer_kernels, "transducer_greedy", launches)
     yield torch.device("cuda" if request.param == "cuda" else "cpu")
     if request.param != "torch":
         assert launches, "the kernel did not run"

@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from helpers import check_batch_halves, check_compiled_matches_eager, check_graph_replay_matches_eager
+from helpers import check_batch_halves, check_compiled_matches_eager, check_graph_replay_matches_eager, count_calls
 
 import speechkernels as sk
 from speechkernels._transducer import checks as transducer_checks
@@ -25,15 +25,7 @@ F16 = (torch.float16, 1e-2, 2e-3)
 @pytest.fixture
 def kernel_spy(monkeypatch):
     """Counts launches of the Triton forward, so a test knows the kernels (not the reference) ran."""
-    calls = []
-    real = kernels.rnnt_forward
-
-    def spy(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(kernels, "rnnt_forward", spy)
-    return calls
+    return count_calls(monkeypatch, kernels, "rnnt_forward")
 
 
 def make_problem(seed, N, T, U, V, *, blank=None, dtype=torch.float64, device="cpu"):
@@ -179,14 +171,9 @@ def test_cpu_path_recomputes_what_it_cannot_scale(monkeypatch):
     """Normalised every few diagonals, the scaled recursion hands nothing to the log-space reference. Never
     normalised, two equally likely classes on a 1000 x 400 lattice count more paths than float64 holds (about
     1e363): the check must see it and hand the sample over, and the results are the reference's either way."""
-    calls = []
     real = rnnt_reference.rnnt_forward_backward_reference
-
-    def spy(x, *args, **kwargs):
-        calls.append(x.shape[0])
-        return real(x, *args, **kwargs)
-
-    monkeypatch.setattr(rnnt_reference, "rnnt_forward_backward_reference", spy)
+    calls = count_calls(monkeypatch, rnnt_reference, "rnnt_forward_backward_reference",
+                        record=lambda x, *args, **kwargs: x.shape[0])  # fmt: skip
     x, targets, il, tl, blank = make_problem(3, 3, 40, 12, 6)
     uniform = torch.zeros(1, 1000, 401, 2, dtype=torch.float64)
     long_args = (torch.zeros(1, 400, dtype=torch.long), torch.tensor([1000]), torch.tensor([400]), 1)
