@@ -207,3 +207,32 @@ def test_unchecked_lengths_are_clamped():
     b = sk.ctc_greedy_decode(x, [6, 0])
     for u, v in zip(a[:4], b[:4], strict=True):
         assert torch.equal(u, v)
+
+
+@pytest.mark.parametrize("logits", [False, True])
+def test_special_values_across_blocks_of_classes(path, monkeypatch, logits):
+    """Ties (-0.0 with +0.0, equal values in different blocks of classes), infinities and NaNs of either sign: the
+    first maximum, a NaN counting as the largest (torch.argmax), with the kernel's blocks of classes lowered to 4."""
+    if path.param != "torch":
+        monkeypatch.setitem(decode_api.kernels.CTC_TILES, "block_c", 4)
+    nan, inf = float("nan"), float("inf")
+    rows = [
+        [-1.0, -0.0, -3.0, -2.0, 0.0, -0.0, -5.0, 0.0, -1.0, -7.0],  # -0.0 first: ties with the later +0.0
+        [-9.0, -8.0, -7.0, -6.0, -5.0, -4.0, -3.0, -2.0, -1.0, -1.0],  # tie across the last block
+        [-inf] * 10,  # all -inf: class 0
+        [-2.0, -inf, inf, -1.0, -3.0, inf, 0.0, -1.0, -2.0, -4.0],  # +inf twice
+        [-2.0, -1.0, -3.0, -4.0, -5.0, -6.0, inf, -8.0, -nan, nan],  # a NaN of each sign: the first
+        [-2.0, -1.0, -3.0, -4.0, -5.0, -6.0, -7.0, -8.0, -9.0, nan],  # a NaN in the last class
+        [3.0, 1.0, 2.0, 3.0, 0.0, -1.0, 1.0, 2.0, 3.0, 3.0],  # the maximum in the first class, ties after
+    ]
+    x = torch.tensor(rows)[None]
+    x[0, 4, 8] = -x[0, 4, 9].abs()  # a NaN with its sign bit set
+    hyp = sk.ctc_greedy_decode(x.to(path.device), blank=9, logits=logits)
+    best = x[0].argmax(-1)
+    assert best.tolist() == [1, 8, 0, 2, 8, 9, 0]
+    want = ctc_greedy_decode_reference(x.double(), torch.tensor([7]), 9, logits)
+    assert torch.equal(hyp.tokens.cpu(), want.tokens) and torch.equal(hyp.frames.cpu(), want.frames)
+    got, ref = hyp.scores.cpu().double(), want.scores
+    assert torch.equal(got.isnan(), ref.isnan())
+    assert torch.allclose(got.nan_to_num(), ref.nan_to_num(), rtol=1e-6, atol=1e-6)
+    assert len(path.launches) == (path.param != "torch")

@@ -1,10 +1,12 @@
 """Triton kernels of greedy CTC decoding: two launches, no PyTorch operation between them.
 
 ``_ctc_best_kernel`` (a block of frames of one sample per program): each frame's most likely class and its score,
-reading the scores once in blocks of classes: the running maximum and its first index (a NaN counts as the largest,
-its first index wins, as ``torch.argmax``), and with ``LOGITS`` the running log-sum-exp, so that the score is the
-log_softmax value. Frames at and past the sample's length are neither read nor written. It writes a scratch
-[N, 2, T] int32: each sample's classes (row 0) and scores (row 1, float32 bits), 8 bytes a frame.
+reading the scores once in blocks of classes: one running maximum of int64 keys, each value's order-preserving
+int32 image (a NaN above +inf, -0.0 equal to +0.0) over its complemented class, so that the maximum is the first
+maximum (a NaN counts as the largest, its first index wins, as ``torch.argmax``) and holds the value itself; with
+``LOGITS`` the running log-sum-exp, so that the score is the log_softmax value. Frames at and past the sample's
+length are neither read nor written. It writes a scratch [N, 2, T] int32: each sample's classes (row 0) and scores
+(row 1, float32 bits), 8 bytes a frame.
 
 ``_ctc_compact_kernel`` (one sample per program): the merge of runs and the compaction, over the sample's live
 frames in blocks of ``BLOCK_T``: a frame emits where its class is not the blank and differs from the previous
@@ -29,6 +31,19 @@ from .._launch import launch, next_power_of_2
 from .._outputs import kernel_output
 
 COMPACT_BLOCK_T = 1024  # frames per step of the compaction (a power of two; tests lower it to cross blocks)
+# the argmax's tiles: classes per block (a power of two; tests lower it to cross blocks), frames per program (at
+# most, and at most elements // classes), warps
+CTC_TILES = {"block_c": 1024, "block_t": 16, "elements": 8192, "warps": 4}
+
+
+@triton.jit
+def _ordered(b_x):
+    """float32 values as int32 keys in the same order (NaN above +inf, -0.0 as +0.0), so that one maximum of
+    (key, -index) packed into an int64 is the first maximum."""
+    bits = b_x.to(tl.int32, bitcast=True)
+    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    key = tl.where(bits == -2147483648, 0, key)  # -0.0 ties with +0.0 (torch.argmax)
+    return tl.where(b_x != b_x, 2147483647, key)
 
 
 @triton.jit
@@ -40,33 +55,31 @@ def _ctc_best_kernel(x_ptr, len_ptr, work_ptr, T, C, n_t_blocks,
     L = tl.minimum(tl.maximum(tl.load(len_ptr + n).to(tl.int32), 0), T)
     live = o_t < L
     p_row = x_ptr + (n.to(tl.int64) * T + o_t) * C
-    run_max = tl.full((BLOCK_T,), float("-inf"), tl.float32)
-    run_idx = tl.zeros((BLOCK_T,), tl.int32)
-    nan_idx = tl.zeros((BLOCK_T,), tl.int32) + C  # the first NaN's class, C if none
+    # the running maximum of (key << 32 | 0xFFFFFFFF - class): the largest key, then the lowest class
+    best = tl.full((BLOCK_T,), -9223372036854775807 - 1, tl.int64)
+    run_max = tl.full((BLOCK_T,), float("-inf"), tl.float32)  # with LOGITS: of the non-NaN values
     run_sum = tl.zeros((BLOCK_T,), tl.float32)  # of exp(x - run_max), with LOGITS
     for c0 in range(0, C, BLOCK_C):
         o_c = c0 + tl.arange(0, BLOCK_C)
         mask = live[:, None] & (o_c < C)[None, :]
         b_x = tl.load(p_row[:, None] + o_c[None, :], mask=mask, other=float("-inf")).to(tl.float32)
-        is_nan = b_x != b_x
-        nan_idx = tl.minimum(nan_idx, tl.min(tl.where(is_nan, o_c[None, :], C), 1))
-        b_v = tl.where(is_nan, float("-inf"), b_x)
-        b_max = tl.max(b_v, 1)
-        b_idx = tl.min(tl.where((b_v == b_max[:, None]) & mask, o_c[None, :], C), 1)
-        take = b_max > run_max
+        packed = (_ordered(b_x).to(tl.int64) << 32) | (4294967295 - o_c.to(tl.int64))[None, :]
+        best = tl.maximum(best, tl.max(packed, 1))
         if LOGITS:
-            new_max = tl.maximum(run_max, b_max)
+            b_v = tl.where(b_x != b_x, float("-inf"), b_x)
+            new_max = tl.maximum(run_max, tl.max(b_v, 1))
             safe = tl.where(new_max == float("-inf"), 0.0, new_max)
             run_sum = run_sum * tl.exp(run_max - safe) + tl.sum(tl.exp(b_v - safe[:, None]), 1)
-        run_idx = tl.where(take, b_idx, run_idx)
-        run_max = tl.where(take, b_max, run_max)
-    best = tl.where(nan_idx < C, nan_idx, run_idx)
-    score = tl.load(p_row + best, mask=live, other=0.0).to(tl.float32)
+            run_max = new_max
+    high = best >> 32
+    cls = (4294967295 - (best - (high << 32))).to(tl.int32)
+    key = high.to(tl.int32)
+    score = (key ^ ((key >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)  # the value back (a NaN for NaN)
     if LOGITS:
         safe = tl.where(run_max == float("-inf"), 0.0, run_max)
         score = score - (safe + tl.log(run_sum))
     p_work = work_ptr + n.to(tl.int64) * (2 * T) + o_t
-    tl.store(p_work, best, mask=live)
+    tl.store(p_work, cls, mask=live)
     tl.store(p_work + T, score.to(tl.int32, bitcast=True), mask=live)
 
 
@@ -115,11 +128,11 @@ def ctc_greedy(
     frames = kernel_output(N, T, dtype=torch.int64, device=dev)
     scores = kernel_output(N, T, dtype=torch.float32, device=dev)
     n_out = kernel_output(N, dtype=torch.int64, device=dev)
-    BLOCK_C = min(next_power_of_2(C), 1024)
-    BLOCK_T = max(1, min(16, 4096 // BLOCK_C))
+    BLOCK_C = min(next_power_of_2(C), CTC_TILES["block_c"])
+    BLOCK_T = max(1, min(CTC_TILES["block_t"], CTC_TILES["elements"] // BLOCK_C))
     n_t_blocks = triton.cdiv(T, BLOCK_T)
     launch(_ctc_best_kernel)[(N * n_t_blocks,)](x, lengths, work, T, C, n_t_blocks, LOGITS=logits, BLOCK_T=BLOCK_T,
-                                                BLOCK_C=BLOCK_C)  # fmt: skip
+                                                BLOCK_C=BLOCK_C, num_warps=CTC_TILES["warps"])  # fmt: skip
     block = min(COMPACT_BLOCK_T, max(16, next_power_of_2(T)))
     launch(_ctc_compact_kernel)[(N,)](work, lengths, tokens, frames, scores, n_out, T, blank, BLOCK_T=block)
     return tokens, n_out, frames, scores

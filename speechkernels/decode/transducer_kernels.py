@@ -1,7 +1,9 @@
 """The greedy transducer decoder in one launch: ``_transducer_greedy_kernel``, a persistent kernel whose programs
 (one per SM) run the whole label-looping loop of a batch, meeting at grid-wide barriers (an atomic counter).
 
-Each step of the loop:
+Before the loop, for a few rows (the FMA tiles' batches), the encoder projection enc_proj = x @ enc_w^T + enc_b of
+every live frame, in tiles over the programs (tensor-core products), then a barrier (more rows: a matrix product
+before the launch). Each step of the loop:
 1. Joint: the logits of every active row at its frame, act(enc_proj[n, t_n] + g_n) @ out_w^T + out_b, in tiles of
    (rows, output columns) spread over the programs (tensor-core products; float32 as three TF32 products). Each
    tile folds its token columns into a packed key (orderable value, first index) atomically maxed into the row's
@@ -40,8 +42,7 @@ from .._logspace import wait_counter
 from .._outputs import kernel_output
 
 _INTERPRETER = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
-INT64_MIN = -(2**63)
-_NO_KEY = tl.constexpr(INT64_MIN)  # below every packed key
+_NO_KEY = tl.constexpr(0)  # below every packed key (each is positive: a zeroed slot is empty)
 SMALL_BATCH = 4  # up to this many rows: FMA tiles
 MAX_LAYERS = 4  # LSTM layers the kernel takes (more: the PyTorch path)
 # FMA tiles: elements of a phase's product block per program, warps; tensor-core tiles: the most rows, the K block,
@@ -155,19 +156,20 @@ def _act(x, ACT: tl.constexpr):
 
 @triton.jit
 def _key(v, idx):
-    """An int64 whose order is (v's float order, then the lower index): v's bits made orderable as a signed int32
-    (NaN above everything, as torch.argmax; -0 as +0) in the high half, 2^31 - 1 - idx in the low half."""
+    """A positive int64 whose order is (v's float order, then the lower index): v's bits made orderable as a signed
+    int32 (NaN above everything, as torch.argmax; -0 as +0), offset by 2^31 into [1, 2^32), above 31 bits of
+    2^31 - 1 - idx."""
     v = v + 0.0
     bits = v.to(tl.int32, bitcast=True)
     ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
     ordered = tl.where(v != v, 0x7FFFFFFF, ordered)
-    return (ordered.to(tl.int64) << 32) | (0x7FFFFFFF - idx).to(tl.int64)
+    return ((ordered.to(tl.int64) + tl.full([], 2147483648, tl.int64)) << 31) | (0x7FFFFFFF - idx).to(tl.int64)
 
 
 @triton.jit
 def _unkey(key):
     """(value, index) of a packed key."""
-    ordered = (key >> 32).to(tl.int32)
+    ordered = ((key >> 31) - tl.full([], 2147483648, tl.int64)).to(tl.int32)
     bits = tl.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered)
     return bits.to(tl.float32, bitcast=True), 0x7FFFFFFF - (key & 0x7FFFFFFF).to(tl.int32)
 
@@ -198,7 +200,10 @@ def _grid_sync(bar_ptr, target):
 
 @triton.jit
 def _transducer_greedy_kernel(
-    encp_ptr,  # [N, T, J] encoder projection (bias included), weight dtype
+    x_ptr,  # [N, T, E] encoder output, weight dtype
+    ew_ptr,  # [J, E] enc_w
+    eb_ptr,  # [J] enc_b (with HAS_EB)
+    encp_ptr,  # [N, T, J] the encoder projection x @ enc_w^T + enc_b, weight dtype (ENC: written here)
     len_ptr,  # [N] int64 frames
     t0_ptr,  # [N] int64 first frame (the state's time jumps)
     fofs_ptr,  # [N] int64 frames decoded before (added to the reported frames)
@@ -219,15 +224,17 @@ def _transducer_greedy_kernel(
     ow_ptr,  # [V + D, J] out_w
     ob_ptr,  # [V + D] out_b (with HAS_OB)
     dur_ptr,  # [D] int64 durations
-    key_ptr,  # [3, 2, N] int64 packed keys (token, duration), _NO_KEY
+    key_ptr,  # [3, 2, N] int64 packed keys (token, duration), _NO_KEY (zero)
     priv_ptr,  # [nprog, 4 + K, N] int32 each program's row values (t, active, label, emit, context)
     bar_ptr,  # [1] int32 barrier counter, 0
     tok_ptr, frm_ptr, dout_ptr, sc_ptr,  # [N, S] out: tokens, frames, durations (-1 past), scores (0 past)
     nout_ptr,  # [3, N] int64 out: hypothesis lengths, frames jumped past the end, frames decoded in all
-    hout_ptr, cout_ptr,  # [L, N, H] f32 out: final LSTM state
+    hout_ptr, cout_ptr,  # [L, N, H] weight dtype out: final LSTM state
+    oout_ptr,  # [N, P] weight dtype out: final prediction output
     ctxout_ptr,  # [N, K] int64 out: final context
     prof_ptr,  # [PROFILE, 2] int64 out: program 0's (event, time) pairs, with PROFILE > 0 (events: _PHASES)
     N, T, S, R, NCB, blank, max_symbols,
+    E: tl.constexpr, ENC: tl.constexpr, HAS_EB: tl.constexpr, EB: tl.constexpr, EJ: tl.constexpr, EK: tl.constexpr,
     J: tl.constexpr, H: tl.constexpr, P: tl.constexpr, PE: tl.constexpr, V: tl.constexpr, D: tl.constexpr,
     L: tl.constexpr, K: tl.constexpr, FMA: tl.constexpr, STATELESS: tl.constexpr, HAS_CONV: tl.constexpr,
     HAS_DUR: tl.constexpr, ACT: tl.constexpr, F32: tl.constexpr, BLOCK_N: tl.constexpr, NCB_P2: tl.constexpr,
@@ -273,6 +280,30 @@ def _transducer_greedy_kernel(
     hp = 0  # the h buffer holding the current hidden states
     n_sync = 0
     ev = 0
+    # ENC: the encoder projection of every live frame: tiles (block of EB frames of the flattened [N, T], EJ columns)
+    n_fb = tl.cdiv(N * T, EB) if ENC else 0
+    o_eb = tl.arange(0, EB)
+    o_ej = tl.arange(0, EJ)
+    o_ek = tl.arange(0, EK)
+    for tile in range(pid, n_fb * tl.cdiv(J, EJ), nprog):
+        fr = (tile % n_fb) * EB + o_eb
+        m_f = fr < N * T
+        m_f &= (fr % T) < tl.load(len_ptr + fr // T, mask=m_f, other=0)
+        cols = (tile // n_fb) * EJ + o_ej
+        m_j = cols < J
+        acc = tl.zeros([EB, EJ], tl.float32)
+        for k0 in tl.range(0, E, EK):
+            kk = k0 + o_ek
+            xe = tl.load(x_ptr + fr.to(tl.int64)[:, None] * E + kk[None, :], mask=m_f[:, None] & (kk < E)[None, :],
+                         other=0.0)  # fmt: skip
+            we = tl.load(ew_ptr + cols[None, :] * E + kk[:, None], mask=m_j[None, :] & (kk < E)[:, None], other=0.0)
+            acc = _dot(xe, we, acc, F32)
+        if HAS_EB:
+            acc += tl.load(eb_ptr + cols, mask=m_j, other=0.0).to(tl.float32)[None, :]
+        tl.store(encp_ptr + fr.to(tl.int64)[:, None] * J + cols[None, :], acc, mask=m_f[:, None] & m_j[None, :])
+    if ENC:
+        n_sync += 1
+        _grid_sync(bar_ptr, n_sync * nprog)
     while (n_act > 0) | (n_emit > 0):
         # the prediction network of the rows that emitted at the last step (at the start: every row, the blank)
         if n_emit > 0:
@@ -501,6 +532,11 @@ def _transducer_greedy_kernel(
             if HAS_DUR:
                 tl.store(dout_ptr + p_s, tl.full([BS], -1, tl.int64), mask=m_s)
             tl.store(sc_ptr + p_s, tl.zeros([BS], tl.float32), mask=m_s)
+    for p0 in range(0, P, BK):  # the prediction output, in the weights' dtype
+        pp = p0 + o_k
+        m = own[:, None] & (pp < P)[None, :]
+        src = o_n[:, None] * P + pp[None, :]
+        tl.store(oout_ptr + src, tl.load(pout_ptr + src, mask=m, other=0.0, cache_modifier=".cg").to(WD), mask=m)
     if STATELESS:
         for j in tl.static_range(K):
             tl.store(ctxout_ptr + o_n * K + j, tl.load(p_priv + (4 + j) * N + o_n, mask=own, other=-1).to(tl.int64),
@@ -512,8 +548,8 @@ def _transducer_greedy_kernel(
                 m = own[:, None] & (hh < H)[None, :]
                 src = (layer * N + o_n[:, None]) * H + hh[None, :]
                 tl.store(hout_ptr + src, tl.load(h_ptr + hp * L * N * H + src, mask=m, other=0.0,
-                                                 cache_modifier=".cg"), mask=m)  # fmt: skip
-                tl.store(cout_ptr + src, tl.load(c_ptr + src, mask=m, other=0.0, cache_modifier=".cg"), mask=m)
+                                                 cache_modifier=".cg").to(WD), mask=m)  # fmt: skip
+                tl.store(cout_ptr + src, tl.load(c_ptr + src, mask=m, other=0.0, cache_modifier=".cg").to(WD), mask=m)
 
 
 @triton.jit
@@ -553,11 +589,25 @@ _PHASES = ("step", "joint tiles", "joint barrier", "decision", "LSTM layer tiles
            "projection tiles", "projection barrier")  # fmt: skip
 
 
-def _carve(alloc, dtype: torch.dtype, device, sizes: tuple[int, ...]) -> list[torch.Tensor]:
-    """Flat pieces of the given sizes from one ``alloc`` (torch.zeros, torch.empty, kernel_output), each starting
-    on a multiple of 16 elements."""
-    padded = [-(-n // 16) * 16 for n in sizes]
-    return [t[:n] for t, n in zip(alloc(sum(padded), dtype=dtype, device=device).split(padded), sizes, strict=True)]
+def _carve(alloc, dtype: torch.dtype, device, sizes: tuple[int, ...], dtypes: tuple = ()) -> list[torch.Tensor]:
+    """Flat pieces of the given sizes from one ``alloc`` (torch.zeros, torch.empty, kernel_output) of ``dtype``,
+    each starting on a multiple of 16 elements of ``dtype``; piece i is viewed as ``dtypes[i]`` where given (a
+    dtype of the same or twice the size: its size counts its own elements)."""
+    starts, total = [], 0
+    for i, n in enumerate(sizes):
+        wide = i < len(dtypes) and dtypes[i].itemsize > dtype.itemsize
+        starts.append(total)
+        total += -(-n * (2 if wide else 1) // 16) * 16
+    buf = alloc(total, dtype=dtype, device=device)
+    views = {dtype: (buf, 1)}
+    pieces = []
+    for i, (s, n) in enumerate(zip(starts, sizes, strict=True)):
+        d = dtypes[i] if i < len(dtypes) else dtype
+        if d not in views:
+            views[d] = (buf.view(d), buf.element_size() // d.itemsize or 2)
+        v, ratio = views[d]
+        pieces.append(v[s // ratio : s // ratio + n] if ratio == 2 else v[s : s + n])
+    return pieces
 
 
 def transducer_greedy(
@@ -586,7 +636,7 @@ def transducer_greedy(
     J = w.enc_w.shape[0]
     S = T * max_symbols
     R, PE = w.embedding.shape
-    encp = torch.nn.functional.linear(x, w.enc_w, w.enc_b)
+    E = x.shape[2]
     emb = w.embedding if w.embedding.is_contiguous() else w.embedding.contiguous()
     start = state is None  # the kernel computes the start state itself
     if w.stateless:
@@ -608,6 +658,9 @@ def transducer_greedy(
     # a few rows: FMA products over thin tiles, so that every program has a tile of each phase and loads it at once;
     # more: tensor-core tiles
     fma = N <= SMALL_BATCH
+    # the encoder projection: in the kernel for a few rows (one launch less: host time), else one matrix product
+    # before it (cuBLAS; float32 without TF32: the kernel's tiles took longer at 128 x 15 s)
+    encp = torch.empty(N * T * J, dtype=wd, device=dev) if fma else torch.nn.functional.linear(x, w.enc_w, w.enc_b)
     nprog = _programs(dev)
     if fma:
         BB = max(1, next_power_of_2(N))
@@ -623,10 +676,11 @@ def transducer_greedy(
     n_rb = triton.cdiv(N, tiles["BB"])
     # the joint's column ranges
     NCB = min(max(triton.cdiv(V + D, tiles["BV"]), nprog // n_rb if tiles["SPREAD"] else 0), V + D)
-    # one allocation per kind, carved into 16-element-aligned pieces (aligned pointers for the kernel's loads)
-    # scratch: h, c, g, the prediction output, the partial sums; zero at the start (the zero state)
-    h, c, g, pout, part = _carve(torch.zeros if start else torch.empty, f32, dev,
-                                 (2 * L * N * H, L * N * H, N * J, N * P, 4 * N * NCB))  # fmt: skip
+    # one allocation per kind, carved into 16-element-aligned pieces (aligned pointers for the kernel's loads).
+    # The scratch, zeroed (32-bit words): h, c, g, the prediction output, the partial sums (float32; zero: the
+    # zero state), the packed keys (int64; zero: empty), each program's row values and the barrier (int32)
+    sizes = (2 * L * N * H, L * N * H, N * J, N * P, 4 * N * NCB, 3 * 2 * N, nprog * (4 + K) * N, 1)
+    h, c, g, pout, part, keys, priv, bar = _carve(torch.zeros, torch.int32, dev, sizes, (f32,) * 5 + (torch.int64,))
     if not start:
         if not w.stateless:
             h[: L * N * H].view(L, N, H).copy_(state.predictor[0])
@@ -634,20 +688,23 @@ def transducer_greedy(
         g.view(N, J).copy_(torch.nn.functional.linear(state.output.to(wd), w.pred_w, w.pred_b))
         pout.view(N, P).copy_(state.output)
     t0, fofs = (lengths, lengths) if start else (state.time_jumps.contiguous(), state.frames.contiguous())
-    keys = torch.full((3, 2, N), INT64_MIN, dtype=torch.int64, device=dev)
-    priv, bar = _carve(torch.zeros, torch.int32, dev, (nprog * (4 + K) * N, 1))
     tokens, frames, durs, per_row, ctx_out = _carve(kernel_output, torch.int64, dev, (N * S,) * 3 + (3 * N, N * K))
-    scores, h_out, c_out = _carve(kernel_output, f32, dev, (N * S, L * N * H, L * N * H))
+    state_sizes = (L * N * H, L * N * H, N * P)
+    if wd == f32:
+        scores, h_out, c_out, out = _carve(kernel_output, f32, dev, (N * S, *state_sizes))
+    else:
+        (scores,) = _carve(kernel_output, f32, dev, (N * S,))
+        h_out, c_out, out = _carve(kernel_output, wd, dev, state_sizes)
     BLOCK_N = max(16, next_power_of_2(N))
     launch(_transducer_greedy_kernel)[(nprog,)](
-        encp, lengths, t0, fofs, table, emb, *lstm, h, c, g, pout, part, ctx0, w.pred_w,
-        w.pred_w if w.pred_b is None else w.pred_b, w.out_w, w.out_w if w.out_b is None else w.out_b,
-        durations_tensor, keys, priv, bar, tokens, frames, durs, scores, per_row, h_out, c_out, ctx_out,
-        bar if profile is None else profile,
-        N, T, S, R, NCB, blank, max_symbols, J=J, H=H, P=P, PE=PE, V=V, D=D,
-        L=L, K=K, FMA=fma, STATELESS=w.stateless, HAS_CONV=w.conv is not None, HAS_DUR=D > 0, ACT=("relu", "tanh",
-        "sigmoid").index(w.activation), F32=wd == f32, BLOCK_N=BLOCK_N, NCB_P2=next_power_of_2(NCB),
-        BD=next_power_of_2(max(D, 1)), HAS_LBIAS=has_lbias, HAS_PB=w.pred_b is not None,
+        x, w.enc_w, w.enc_w if w.enc_b is None else w.enc_b, encp, lengths, t0, fofs, table, emb, *lstm, h, c, g, pout,
+        part, ctx0, w.pred_w, w.pred_w if w.pred_b is None else w.pred_b, w.out_w,
+        w.out_w if w.out_b is None else w.out_b, durations_tensor, keys, priv, bar, tokens, frames, durs, scores,
+        per_row, h_out, c_out, out, ctx_out, bar if profile is None else profile,
+        N, T, S, R, NCB, blank, max_symbols, E=E, ENC=fma, HAS_EB=w.enc_b is not None, EB=64, EJ=64, EK=32, J=J, H=H,
+        P=P, PE=PE, V=V, D=D, L=L, K=K, FMA=fma, STATELESS=w.stateless, HAS_CONV=w.conv is not None, HAS_DUR=D > 0,
+        ACT=("relu", "tanh", "sigmoid").index(w.activation), F32=wd == f32, BLOCK_N=BLOCK_N,
+        NCB_P2=next_power_of_2(NCB), BD=next_power_of_2(max(D, 1)), HAS_LBIAS=has_lbias, HAS_PB=w.pred_b is not None,
         HAS_OB=w.out_b is not None, BS=min(1024, next_power_of_2(S)), START=start,
         PROFILE=0 if profile is None else profile.shape[0], **tiles,
     )  # fmt: skip
@@ -655,7 +712,6 @@ def transducer_greedy(
     if w.stateless:
         predictor = (ctx_out.view(N, K),)
     else:
-        predictor = (h_out.view(L, N, H).to(wd), c_out.view(L, N, H).to(wd))
-    out = pout.view(N, P).to(wd)
+        predictor = (h_out.view(L, N, H), c_out.view(L, N, H))
     return (tokens.view(N, S), n_out, frames.view(N, S), scores.view(N, S), durs.view(N, S) if D else None,
-            predictor, out, jumps, done)  # fmt: skip
+            predictor, out.view(N, P), jumps, done)  # fmt: skip
