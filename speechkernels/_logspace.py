@@ -1,6 +1,5 @@
-"""Triton helpers shared by the kernels: log-space arithmetic in base 2 on float64 state values, and the two
-pieces of the wavefronts (CTC loss, forced alignment) that split a recursion across programs: taking one frame
-from a [BLOCK, F] tile, and waiting for a neighbour's released counter.
+"""Triton helpers shared by the kernels: log-space arithmetic in base 2 on float64 state values (the helpers of
+programs that work together are in ``_sync``).
 
 Constants are jit functions rather than constexpr globals: Triton re-checks every global a kernel reads at each
 launch, which costs host time on the small problems where the host is the limit.
@@ -78,20 +77,3 @@ def lse_total(b_m, b_s, AXIS: tl.constexpr):
     m_all = tl.max(b_m, axis=AXIS)
     m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
     return m_safe + tl.log2(tl.sum(b_s * tl.exp2(b_m - tl.expand_dims(m_safe, AXIS)), axis=AXIS))
-
-
-@triton.jit
-def frame(tile, o_f, i: tl.constexpr):
-    """Frame i of an integer [BLOCK, F] tile (bit patterns): integer selects and sums of zeros, which fold away
-    when each thread holds its lanes' F frames (exact for any bit pattern, NaN and -inf included, unlike a float
-    sum)."""
-    return tl.sum(tl.where(o_f[None, :] == i, tile, 0), axis=1)
-
-
-@triton.jit
-def wait_counter(counter_ptr, need):
-    """Spins until the int32 counter reaches ``need`` (acquire: the stores its producer made before releasing it
-    are seen)."""
-    seen = tl.atomic_add(counter_ptr, 0, sem="acquire")
-    while seen < need:
-        seen = tl.atomic_add(counter_ptr, 0, sem="acquire")

@@ -41,8 +41,8 @@ import triton
 import triton.language as tl
 
 from .._launch import next_power_of_2
-from .._logspace import frame, wait_counter
 from .._outputs import kernel_output
+from .._sync import frame, wait_counter
 
 CHUNK = 16  # F: frames loaded per tile, and released per wavefront step
 FILL_BLOCKS = (128, 256, 512)  # the fill's lanes; its segments are K = block - CHUNK frames (a multiple of F)

@@ -54,8 +54,9 @@ import triton
 import triton.language as tl
 
 from .._launch import launch, next_power_of_2
-from .._logspace import frame, lae, ln2, log2e, lse_step, lse_total, neg, wait_counter
+from .._logspace import lae, ln2, log2e, lse_step, lse_total, neg
 from .._outputs import kernel_output, kernel_output_like
+from .._sync import frame, wait_counter
 
 # Constants are jit functions rather than constexpr globals (see .._logspace).
 

@@ -38,8 +38,8 @@ import triton
 import triton.language as tl
 
 from .._launch import launch, next_power_of_2
-from .._logspace import wait_counter
 from .._outputs import kernel_output
+from .._sync import grid_sync
 
 _INTERPRETER = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 _NO_KEY = tl.constexpr(0)  # below every packed key (each is positive: a zeroed slot is empty)
@@ -189,16 +189,6 @@ def _stamp(prof_ptr, i, code, PROFILE: tl.constexpr):
 
 
 @triton.jit
-def _grid_sync(bar_ptr, target):
-    """Every program's stores before this are seen by every program after it (the counter reaches target =
-    barriers passed x programs)."""
-    tl.debug_barrier()
-    tl.atomic_add(bar_ptr, 1, sem="release")
-    wait_counter(bar_ptr, target)
-    tl.debug_barrier()
-
-
-@triton.jit
 def _transducer_greedy_kernel(
     x_ptr,  # [N, T, E] encoder output, weight dtype
     ew_ptr,  # [J, E] enc_w
@@ -303,7 +293,7 @@ def _transducer_greedy_kernel(
         tl.store(encp_ptr + fr.to(tl.int64)[:, None] * J + cols[None, :], acc, mask=m_f[:, None] & m_j[None, :])
     if ENC:
         n_sync += 1
-        _grid_sync(bar_ptr, n_sync * nprog)
+        grid_sync(bar_ptr, n_sync * nprog)
     while (n_act > 0) | (n_emit > 0):
         # the prediction network of the rows that emitted at the last step (at the start: every row, the blank)
         if n_emit > 0:
@@ -359,7 +349,7 @@ def _transducer_greedy_kernel(
                                  mask=m_r[:, None] & m_u[None, :])  # fmt: skip
                     ev = _stamp(prof_ptr, ev, 4, PROFILE)
                     n_sync += 1
-                    _grid_sync(bar_ptr, n_sync * nprog)
+                    grid_sync(bar_ptr, n_sync * nprog)
                     ev = _stamp(prof_ptr, ev, 5, PROFILE)
                 hp = 1 - hp
             # the projection g = pred_w @ out + pred_b of the emitting rows: tiles (row block, range of J)
@@ -401,7 +391,7 @@ def _transducer_greedy_kernel(
                 tl.store(g_ptr + rows[:, None] * J + jj[None, :], acc, mask=e_r[:, None] & m_j[None, :])
             ev = _stamp(prof_ptr, ev, 6, PROFILE)
             n_sync += 1
-            _grid_sync(bar_ptr, n_sync * nprog)
+            grid_sync(bar_ptr, n_sync * nprog)
             ev = _stamp(prof_ptr, ev, 7, PROFILE)
         if n_act > 0:
             ev = _stamp(prof_ptr, ev, 0, PROFILE)
@@ -455,7 +445,7 @@ def _transducer_greedy_kernel(
                 tl.store(p_part + N * NCB, s, mask=a_r)
             ev = _stamp(prof_ptr, ev, 1, PROFILE)
             n_sync += 1
-            _grid_sync(bar_ptr, n_sync * nprog)
+            grid_sync(bar_ptr, n_sync * nprog)
             ev = _stamp(prof_ptr, ev, 2, PROFILE)
             # 2. the decision, every row in every program
             key = tl.load(key_ptr + (kb * 2) * N + o_n, mask=active, other=_NO_KEY, cache_modifier=".cg")
