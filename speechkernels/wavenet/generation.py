@@ -72,6 +72,37 @@ def check_weights_dtype(weights_dtype: torch.dtype) -> None:
         raise ValueError(f"weights_dtype must be torch.float32 or torch.bfloat16, got {weights_dtype}")
 
 
+def choose_kernel(kernel: str, weights_dtype: torch.dtype, model, cuda: bool) -> str:
+    """The generation path (one of ``KERNELS`` but "auto") that ``kernel`` names for ``model`` on a CUDA device
+    (``cuda``) or not, with its weights' dtype checked: "auto" is the cluster kernel where it runs, else the Triton
+    kernel on a GPU, the PyTorch path on the CPU; bfloat16 weights need the cluster kernel. Whether a named kernel
+    runs here is ``check_kernel_runs``'s (callers check their other arguments in between)."""
+    kernel = as_choice(kernel, "kernel", KERNELS)
+    check_weights_dtype(weights_dtype)
+    if kernel == "auto":
+        kernel = ("cluster" if cluster_kernel_available(model) else "triton") if cuda else "torch"
+    if kernel != "cluster" and weights_dtype != torch.float32:
+        raise ValueError("weights_dtype=torch.bfloat16 needs kernel='cluster'")
+    return kernel
+
+
+def check_kernel_runs(kernel: str, model, cuda: bool) -> None:
+    """A ValueError where the chosen path cannot run ``model`` here: the Triton kernel without Triton or off a CUDA
+    device (but under the interpreter), the cluster kernel off a CUDA device or without what it needs."""
+    if kernel == "triton":
+        check_triton_kernel()
+        if not (cuda or triton_interpreting()):
+            raise ValueError("kernel='triton' needs the model on a CUDA device")
+    elif kernel == "cluster":
+        if not cuda:
+            raise ValueError("kernel='cluster' needs the model on a CUDA device")
+        if not cluster_kernel_available(model):
+            raise ValueError(
+                "kernel='cluster' needs cuda-core, a GPU of compute capability >= 9.0 and a model whose widths "
+                "split over the cluster (speechkernels.wavenet.cluster_vocoder.vocoder_cluster_config)"
+            )
+
+
 def generate(
     model,
     cond: torch.Tensor | None,
@@ -106,14 +137,9 @@ def generate(
     ``progress``: the PyTorch path (the CPU's, about 0.6 kHz per stream for 20 layers) reports its progress on
     stderr about every second; the kernels make all samples in one launch and report nothing.
     """
-    kernel = as_choice(kernel, "kernel", KERNELS)
+    kernel = choose_kernel(kernel, weights_dtype, model, model.embed.weight.is_cuda)
     progress = as_bool(progress, "progress")
-    check_weights_dtype(weights_dtype)
-    if kernel == "auto" and not model.embed.weight.is_cuda:
-        kernel = "torch"
     if kernel == "torch":
-        if weights_dtype != torch.float32:
-            raise ValueError("weights_dtype=torch.bfloat16 needs kernel='cluster'")
         with torch.no_grad():
             state = incremental_state(model, cond, n_samples, temperature, generator, speaker, batch, None)
             return sample_incremental(state, progress=progress)[0]
@@ -136,29 +162,16 @@ def generate_kernel(
     """Generation by one of the GPU kernels ("triton", "cluster", or "auto": the cluster kernels where they are
     available, else the Triton kernel); [B, n_samples] int64."""
     kernel = as_choice(kernel, "kernel", ("auto", "triton", "cluster"))
-    check_weights_dtype(weights_dtype)
+    kernel = choose_kernel(kernel, weights_dtype, model, True)
     # the kernels read the conditioning per frame: no upsampled copy
     a = check_generation(model, cond, n_samples, temperature, generator, speaker, batch, uniforms)
-    if kernel == "triton":  # after the arguments' checks, as the device's
-        check_triton_kernel()
     dev = a.uniforms.device
-    if not (dev.type == "cuda" or (kernel == "triton" and triton_interpreting())):
-        raise ValueError(f"kernel={kernel!r} needs the model on a CUDA device")
+    check_kernel_runs(kernel, model, dev.type == "cuda")  # after the arguments' checks
     B = a.uniforms.shape[1]
-    if kernel == "auto":
-        kernel = "cluster" if cluster_kernel_available(model) else "triton"
     if kernel == "cluster":
-        if not cluster_kernel_available(model):
-            raise ValueError(
-                "kernel='cluster' needs cuda-core, a GPU of compute capability >= 9.0 and a model whose widths "
-                "split over the cluster (speechkernels.wavenet.cluster_vocoder.vocoder_cluster_config)"
-            )
         w = vocoder_weights(model)
         streams_per_cluster, _ = cluster_plan(w, B, dev)
         if streams_per_cluster == 1:
             return wavenet_generate_cluster(w, a, weights_dtype)
         return wavenet_generate_cluster_batch(w, a, weights_dtype, streams_per_cluster=streams_per_cluster)
-    if weights_dtype != torch.float32:
-        raise ValueError("weights_dtype=torch.bfloat16 needs kernel='cluster'")
-    check_triton_kernel()
     return triton_vocoder.wavenet_generate(vocoder_weights(model), a)

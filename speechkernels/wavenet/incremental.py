@@ -23,20 +23,30 @@ class IncrementalState:
         g: [B, speaker_channels] speaker embeddings, or None.
         uniforms: [n_samples, B] numbers in [0, 1) to sample with.
         temperature: > 0 samples from softmax(logits / temperature), 0 takes the most likely class.
+        queues, prev, queue_time: where an earlier run of the same streams stopped (chunks of a longer run:
+            ``server.WaveNetServer``): each layer's queue [B, d_i, residual_channels] (a ring indexed by the clock
+            mod d_i; the state writes into these tensors), the last samples [B], and the rings' clock at this
+            run's first sample; by default the start (zero queues, the start class, clock 0).
     """
 
-    def __init__(self, model, cond_up, g, uniforms: torch.Tensor, temperature: float) -> None:
+    def __init__(self, model, cond_up, g, uniforms: torch.Tensor, temperature: float, *,
+                 queues: list[torch.Tensor] | None = None, prev: torch.Tensor | None = None,
+                 queue_time: int = 0) -> None:  # fmt: skip
         self.model, self.uniforms, self.temperature = model, uniforms, temperature
         B = uniforms.shape[1]
         dev = uniforms.device
         # per layer: its inputs of the last d steps, a ring indexed by t mod d (zeros before the start)
-        self.queues = [torch.zeros(B, d, model.residual_channels, device=dev) for d in model.dilations]
+        if queues is None:
+            queues = [torch.zeros(B, d, model.residual_channels, device=dev) for d in model.dilations]
+        self.queues = queues
         # the conditioning terms do not depend on the samples: per layer [B, n_samples or 1, gate], or None
         self.bias = [model.layer_bias(i, cond_up, g) for i in range(model.layers)]
         self.bias = [None if isinstance(b, float) else b for b in self.bias]
         self.prev = torch.full((B,), model.start_class(), dtype=torch.long, device=dev)
+        if prev is not None:
+            self.prev.copy_(prev)
         self.t = torch.zeros(1, dtype=torch.long, device=dev)
-        self.queue_time = 0  # the queue rings' clock at t = 0 (chunks of a longer run: ``server.WaveNetServer``)
+        self.queue_time = queue_time
         self.logits = torch.empty(B, model.classes, device=dev)
 
     def step(self) -> torch.Tensor:

@@ -20,15 +20,12 @@ from collections.abc import Iterator
 
 import torch
 
-from .._args import as_choice, as_float, as_generator, as_int
-from .._backend import triton_interpreting
+from .._args import as_float, as_generator, as_int
 from . import generation
 from .cluster_vocoder import batch_queue, cluster_plan, compile_batch_kernels, wavenet_generate_cluster_batch
-from .generation import check_triton_kernel, check_weights_dtype, cluster_kernel_available
+from .generation import check_kernel_runs, choose_kernel
 from .incremental import IncrementalState, sample_incremental
 from .weights import VocoderInputs, bucketed_linear, vocoder_weights
-
-SERVER_KERNELS = ("auto", "torch", "triton", "cluster")  # WaveNetServer's paths ("auto": WaveNetServer)
 
 
 @dataclasses.dataclass(eq=False)
@@ -83,24 +80,11 @@ class WaveNetServer:
         self.chunk = as_int(chunk, "chunk", minimum=1)
         self.temperature = as_float(temperature, "temperature", minimum=0.0, finite=True)
         self.generator = as_generator(generator)
-        kernel = as_choice(kernel, "kernel", SERVER_KERNELS)
-        check_weights_dtype(weights_dtype)
-        self.max_streams = None if max_streams is None else as_int(max_streams, "max_streams", minimum=1)
         self.device = model.embed.weight.device
         cuda = self.device.type == "cuda"
-        if kernel == "auto":
-            kernel = ("cluster" if cluster_kernel_available(model) else "triton") if cuda else "torch"
-        if kernel != "cluster" and weights_dtype != torch.float32:
-            raise ValueError("weights_dtype=torch.bfloat16 needs kernel='cluster'")
-        if kernel == "triton":
-            check_triton_kernel()
-            if not (cuda or triton_interpreting()):
-                raise ValueError("kernel='triton' needs the model on a CUDA device")
-        if kernel == "cluster" and not (cuda and cluster_kernel_available(model)):
-            raise ValueError(
-                "kernel='cluster' needs the model on a CUDA GPU of compute capability >= 9.0, cuda-core and widths "
-                "that split over the cluster (speechkernels.wavenet.cluster_vocoder.vocoder_cluster_config)"
-            )
+        kernel = choose_kernel(kernel, weights_dtype, model, cuda)
+        self.max_streams = None if max_streams is None else as_int(max_streams, "max_streams", minimum=1)
+        check_kernel_runs(kernel, model, cuda)
         self.kernel, self.weights_dtype = kernel, weights_dtype
         self._pending: list[_Request] = []
         self._active: list[_Request] = []
@@ -320,10 +304,8 @@ class WaveNetServer:
             up = m.upsample(cond, cond.shape[2] * m.hop_length)
             idx = torch.tensor(phase, device=self.device)[:, None] + torch.arange(n, device=self.device)
             cond_up = up.gather(1, idx[:, :, None].expand(-1, -1, up.shape[2]))
-        state = IncrementalState(m, cond_up, g, u, self.temperature)
-        state.queues = [q.index_select(0, rows) for q in self._queue]
-        state.prev.copy_(prev)
-        state.queue_time = self._clock
+        queues = [q.index_select(0, rows) for q in self._queue]
+        state = IncrementalState(m, cond_up, g, u, self.temperature, queues=queues, prev=prev, queue_time=self._clock)
         out, _ = sample_incremental(state)
         for q, s in zip(self._queue, state.queues, strict=True):
             q.index_copy_(0, rows, s)
