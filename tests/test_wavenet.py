@@ -23,7 +23,7 @@ from speechkernels.wavenet import (
 )
 from speechkernels.wavenet.generation import incremental_state
 from speechkernels.wavenet.incremental import sample_incremental
-from speechkernels.wavenet.weights import VocoderInputs, vocoder_weights
+from speechkernels.wavenet.weights import Continuation, VocoderInputs, vocoder_weights
 
 
 def chain_case(L, H, B, activation, dtype=torch.float32, seed=0):
@@ -999,12 +999,12 @@ def test_gpu_batched_cluster_kernel_in_chunks(gpu):
         whole = wavenet_generate_cluster_batch(w, VocoderInputs(cond, g, u, 1.0), streams_per_cluster=4)
         rows = torch.tensor([5, 0, 7, 2, 3, 6], dtype=torch.int32, device=gpu)
         q = batch_queue(w, 8, 8, gpu)
-        a = wavenet_generate_cluster_batch(w, VocoderInputs(cond, g, u[:cut], 1.0), streams_per_cluster=4, queue=q,
-                                           queue_rows=rows)  # fmt: skip
+        a = wavenet_generate_cluster_batch(w, VocoderInputs(cond, g, u[:cut], 1.0), streams_per_cluster=4,
+                                           cont=Continuation(queue=q, rows=rows))  # fmt: skip
+        phase = torch.full((B,), cut % 4, dtype=torch.int32, device=gpu)
         b = wavenet_generate_cluster_batch(
             w, VocoderInputs(cond[:, :, cut // 4 :], g, u[cut:], 1.0), streams_per_cluster=4,
-            prev=a[:, -1].contiguous(), phase=torch.full((B,), cut % 4, dtype=torch.int32, device=gpu), queue=q,
-            queue_rows=rows, queue_time=cut,
+            cont=Continuation(a[:, -1].contiguous(), phase, q, rows, cut),
         )  # fmt: skip
     assert torch.equal(torch.cat([a, b], 1), whole)
 

@@ -39,7 +39,7 @@ from .cuda_runtime import (
     max_active_clusters,
     set_dynamic_shared_memory,
 )
-from .weights import VocoderInputs, VocoderWeights, frame_bias, inverse_temperature, run_start
+from .weights import Continuation, VocoderInputs, VocoderWeights, frame_bias, inverse_temperature, run_start
 
 
 def vocoder_cluster_config(
@@ -270,20 +270,12 @@ def wavenet_generate_cluster_batch(
     weights_dtype: torch.dtype = torch.float32,
     C: int = 8,
     streams_per_cluster: int | None = None,
-    prev: torch.Tensor | None = None,
-    phase: torch.Tensor | None = None,
-    queue: torch.Tensor | None = None,
-    queue_rows: torch.Tensor | None = None,
-    queue_time: int = 0,
+    cont: Continuation | None = None,
 ) -> torch.Tensor:
     """Launcher of the batched kernel: MS streams per cluster (the fewest that keep every cluster resident unless
     ``streams_per_cluster`` gives MS), all samples in one launch ([B, n_samples] int64).
 
-    For generation in chunks (``server.WaveNetServer``): ``prev`` [B] int64 each stream's input class before its
-    first sample (the model's start class if None); ``phase`` [B] int32 each stream's sample index at the first
-    sample within ``inputs.cond``'s first frame (zeros if None); ``queue`` the dilation queues (``batch_queue``:
-    zeros for a new stream) kept between launches, stream b's at row ``queue_rows[b]`` (int32, b if None), and
-    ``queue_time`` the samples made with the queue so far (the same clock for all its streams)."""
+    ``cont`` continues earlier launches (``weights.Continuation``; its queue: ``batch_queue``)."""
     import numpy as np
 
     w = weights
@@ -301,9 +293,7 @@ def wavenet_generate_cluster_batch(
     p = cluster_layout(w, weights_dtype, C)
     cb = frame_bias(w, cond, g).contiguous()
     cb = cb.expand(B, cb.shape[1], w.layers, w.gate_channels).contiguous()
-    if queue is None:
-        queue = batch_queue(w, B, C, dev)
-    prev, phase, queue_rows = run_start(w, B, dev, prev, phase, queue_rows)
+    prev, phase, queue, queue_rows, queue_time = run_start(w, B, dev, cont, lambda: batch_queue(w, B, C, dev))
     out = torch.empty(B, n, dtype=torch.long, device=dev)
     u = uniforms.float().contiguous()
     kernel = vocoder_cluster_batch_kernel(**cfg, MS=MS, WBF16=int(weights_dtype == torch.bfloat16),

@@ -25,7 +25,7 @@ from . import generation
 from .cluster_vocoder import batch_queue, cluster_plan, compile_batch_kernels, wavenet_generate_cluster_batch
 from .generation import check_kernel_runs, choose_kernel
 from .incremental import IncrementalState, sample_incremental
-from .weights import VocoderInputs, bucketed_linear, vocoder_weights
+from .weights import Continuation, VocoderInputs, bucketed_linear, vocoder_weights
 
 
 @dataclasses.dataclass(eq=False)
@@ -210,20 +210,16 @@ class WaveNetServer:
         g = torch.stack([r.g for r in reqs]) if reqs[0].g is not None else None
         u = torch.stack([self._uniforms(r, n) for r in reqs], dim=1)  # [n, B]
         prev = self._prev.index_select(0, rows)
+        inputs = VocoderInputs(cond, g, u, self.temperature)
+        if self.kernel != "torch":
+            cont = Continuation(prev, torch.tensor(phase, dtype=torch.int32, device=dev), self._queue,
+                                rows.to(torch.int32), self._clock)  # fmt: skip
         if self.kernel == "cluster":
             w = vocoder_weights(self.model)
             ms, _ = cluster_plan(w, B, dev)
-            out = wavenet_generate_cluster_batch(
-                w, VocoderInputs(cond, g, u, self.temperature), self.weights_dtype, streams_per_cluster=ms,
-                prev=prev, phase=torch.tensor(phase, dtype=torch.int32, device=dev), queue=self._queue,
-                queue_rows=rows.to(torch.int32), queue_time=self._clock,
-            )  # fmt: skip
+            out = wavenet_generate_cluster_batch(w, inputs, self.weights_dtype, streams_per_cluster=ms, cont=cont)
         elif self.kernel == "triton":
-            out = generation.triton_vocoder.wavenet_generate(
-                vocoder_weights(self.model), VocoderInputs(cond, g, u, self.temperature), prev=prev,
-                phase=torch.tensor(phase, dtype=torch.int32, device=dev), queue=self._queue,
-                queue_rows=rows.to(torch.int32), queue_time=self._clock,
-            )  # fmt: skip
+            out = generation.triton_vocoder.wavenet_generate(vocoder_weights(self.model), inputs, cont=cont)
         else:
             out = self._torch_chunk(cond, g, u, prev, phase, rows)
         self._prev.index_copy_(0, rows, out[:, -1])

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from .._launch import next_power_of_2
-from .weights import VocoderInputs, VocoderWeights, frame_bias, inverse_temperature, run_start
+from .weights import Continuation, VocoderInputs, VocoderWeights, frame_bias, inverse_temperature, run_start
 
 
 @triton.jit
@@ -127,16 +127,11 @@ def _wavenet_generate_kernel(
 def wavenet_generate(
     weights: VocoderWeights,
     inputs: VocoderInputs,
-    prev: torch.Tensor | None = None,
-    phase: torch.Tensor | None = None,
-    queue: torch.Tensor | None = None,
-    queue_rows: torch.Tensor | None = None,
-    queue_time: int = 0,
+    cont: Continuation | None = None,
 ) -> torch.Tensor:
     """Launcher of ``_wavenet_generate_kernel``: one program per stream, all samples in one launch; the model's
     weights (``weights.vocoder_weights``) and a run's checked inputs. Returns [B, n_samples] int64 classes.
-    ``prev``, ``phase``, ``queue`` (``triton_queue``), ``queue_rows`` and ``queue_time`` continue earlier launches,
-    as ``cluster_vocoder.wavenet_generate_cluster_batch``'s (``server.WaveNetServer``'s chunks)."""
+    ``cont`` continues earlier launches (``weights.Continuation``; its queue: ``triton_queue``)."""
     cond, g, uniforms, temperature = inputs
     n, B = uniforms.shape
     dev = uniforms.device
@@ -147,10 +142,7 @@ def wavenet_generate(
     hop = w.hop_length if cond is not None else 1 << 30
     cb = cb.expand(B, cb.shape[1], L, G).contiguous()
     Q = w.queue_slots
-    resume = prev is not None or phase is not None or queue is not None or queue_rows is not None or queue_time != 0
-    if queue is None:
-        queue = triton_queue(w, B, dev)
-    prev, phase, queue_rows = run_start(w, B, dev, prev, phase, queue_rows)
+    prev, phase, queue, queue_rows, queue_time = run_start(w, B, dev, cont, lambda: triton_queue(w, B, dev))
     out = torch.empty(B, n, dtype=torch.long, device=dev)
     _wavenet_generate_kernel[(B,)](
         w.embed, w.w_past, w.w_cur, cb, w.w_res, w.b_res, w.w_skip, w.b_skip,
@@ -158,8 +150,8 @@ def wavenet_generate(
         w.dilations, w.queue_offsets, queue, uniforms.float().contiguous(), out, prev, phase, queue_rows,
         B, L, R, G // 2, S, C, cb.shape[1], Q, hop, n, w.start_class, queue_time,
         inverse_temperature(temperature),
-        GREEDY=temperature == 0, CONTINUE=resume, BLOCK_R=next_power_of_2(R), BLOCK_G2=next_power_of_2(G // 2),
-        BLOCK_S=next_power_of_2(S), BLOCK_C=next_power_of_2(C), num_warps=8,
+        GREEDY=temperature == 0, CONTINUE=cont is not None, BLOCK_R=next_power_of_2(R),
+        BLOCK_G2=next_power_of_2(G // 2), BLOCK_S=next_power_of_2(S), BLOCK_C=next_power_of_2(C), num_warps=8,
     )  # fmt: skip
     return out
 

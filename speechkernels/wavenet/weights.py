@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -158,21 +159,33 @@ def inverse_temperature(temperature: float) -> float:
     return min(1.0 / temperature, FLOAT32_MAX) if temperature > 0 else 0.0
 
 
+class Continuation(NamedTuple):
+    """Where a kernel launch continues earlier launches of its streams (``server.WaveNetServer``'s chunks); each
+    field left None (0) starts anew. ``prev`` [B] int64: each stream's input class before its first sample (the
+    start class); ``phase`` [B] int32: its sample index within cond's first frame at its first sample (0);
+    ``queue``: the dilation queues kept between launches, in the launcher's layout (``triton_queue``,
+    ``batch_queue``; zeros), stream b's at row ``rows[b]`` (int32; b); ``time``: the samples made with the queue so
+    far, one clock for all its streams (0)."""
+
+    prev: torch.Tensor | None = None
+    phase: torch.Tensor | None = None
+    queue: torch.Tensor | None = None
+    rows: torch.Tensor | None = None
+    time: int = 0
+
+
 def run_start(
-    weights: VocoderWeights,
-    B: int,
-    device,
-    prev: torch.Tensor | None,
-    phase: torch.Tensor | None,
-    queue_rows: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Where a launch of B streams starts (the launchers' continuation arguments, a new run where None): each
-    stream's input class before its first sample (the start class), its phase within cond's first frame (0) and its
-    row of the queue tensor (b)."""
+    weights: VocoderWeights, B: int, device, cont: Continuation | None, new_queue: Callable[[], torch.Tensor]
+) -> Continuation:
+    """The continuation of a launch of B streams with every field given: ``cont``'s, the start's where None
+    (``new_queue()`` for the queue)."""
+    prev, phase, queue, rows, time = cont if cont is not None else Continuation()
     if prev is None:
         prev = torch.full((B,), weights.start_class, dtype=torch.long, device=device)
     if phase is None:
         phase = torch.zeros(B, dtype=torch.int32, device=device)
-    if queue_rows is None:
-        queue_rows = torch.arange(B, dtype=torch.int32, device=device)
-    return prev, phase, queue_rows
+    if queue is None:
+        queue = new_queue()
+    if rows is None:
+        rows = torch.arange(B, dtype=torch.int32, device=device)
+    return Continuation(prev, phase, queue, rows, time)
