@@ -20,7 +20,7 @@ import time
 import torch
 
 from speechkernels.wavenet import WaveNet, serial_chain
-from speechkernels.wavenet.cluster_vocoder import cluster_plan
+from speechkernels.wavenet.cluster_planning import cluster_plan
 from speechkernels.wavenet.cuda_runtime import clusters_available
 from speechkernels.wavenet.generation import KERNELS, cluster_kernel_available
 from speechkernels.wavenet.server import WaveNetServer

@@ -9,12 +9,8 @@ import torch
 
 from .._args import as_bool, as_choice, as_float, as_generator, as_int, check_float_input
 from .._backend import triton_interpreting, triton_missing
-from .cluster_vocoder import (
-    cluster_plan,
-    vocoder_cluster_supported,
-    wavenet_generate_cluster,
-    wavenet_generate_cluster_batch,
-)
+from .cluster_planning import cluster_plan, vocoder_cluster_supported
+from .cluster_vocoder import wavenet_generate_cluster, wavenet_generate_cluster_batch
 from .incremental import IncrementalState, sample_incremental
 from .weights import VocoderInputs, vocoder_weights
 
@@ -62,7 +58,7 @@ def incremental_state(model, cond, n_samples, temperature, generator, speaker, b
 
 def cluster_kernel_available(model, C: int = 8) -> bool:
     """Whether ``generate(kernel="cluster")`` can run ``model`` here: cuda-core, a GPU of compute capability 9.0 or
-    newer, and widths that split over clusters of C CTAs (``cluster_vocoder.vocoder_cluster_config``)."""
+    newer, and widths that split over clusters of C CTAs (``cluster_planning.vocoder_cluster_config``)."""
     sizes = (model.layers, model.residual_channels, model.gate_channels, model.skip_channels, model.classes)
     return vocoder_cluster_supported(*sizes, C)
 
@@ -99,7 +95,7 @@ def check_kernel_runs(kernel: str, model, cuda: bool) -> None:
         if not cluster_kernel_available(model):
             raise ValueError(
                 "kernel='cluster' needs cuda-core, a GPU of compute capability >= 9.0 and a model whose widths "
-                "split over the cluster (speechkernels.wavenet.cluster_vocoder.vocoder_cluster_config)"
+                "split over the cluster (speechkernels.wavenet.cluster_planning.vocoder_cluster_config)"
             )
 
 

@@ -22,7 +22,8 @@ import torch
 
 from .._args import as_float, as_generator, as_int
 from . import generation
-from .cluster_vocoder import batch_queue, cluster_plan, compile_batch_kernels, wavenet_generate_cluster_batch
+from .cluster_planning import cluster_plan
+from .cluster_vocoder import batch_queue, compile_batch_kernels, wavenet_generate_cluster_batch
 from .generation import check_kernel_runs, choose_kernel
 from .incremental import IncrementalState, sample_incremental
 from .weights import Continuation, VocoderInputs, bucketed_linear, vocoder_weights
