@@ -4,6 +4,7 @@ import pytest
 import torch
 from helpers import count_calls, optional_module
 from hypothesis import HealthCheck, Phase, settings
+from paths import CAPABILITIES, Path, resolve
 
 from speechkernels._backend import triton_interpreting
 
@@ -42,13 +43,6 @@ def interpreter() -> torch.device:
     return torch.device("cpu")
 
 
-@pytest.fixture(params=["interpreter", pytest.param("cuda", marks=pytest.mark.gpu)])
-def kernel_device(request) -> torch.device:
-    """Where a kernel test runs: the CPU under TRITON_INTERPRET=1 (skipped otherwise), and the GPU (marked gpu).
-    One test body for both; a test that needs other sizes on the GPU says so from ``device.type``."""
-    return torch.device("cuda") if request.param == "cuda" else request.getfixturevalue("interpreter")
-
-
 @pytest.fixture
 def gpu() -> torch.device:
     return torch.device("cuda")
@@ -62,60 +56,30 @@ def poison_kernel_outputs(monkeypatch):
     monkeypatch.setattr(_outputs, "POISON_OUTPUTS", True)
 
 
-class LossPath:
-    """Where a loss test runs: "torch" (the PyTorch path on the CPU), "triton" (the kernels under the
-    interpreter) or "cuda". ``launches`` counts the kernels' forward launches, so a test can tell which ran."""
-
-    def __init__(self, name: str, device: torch.device) -> None:
-        self.name, self.device, self.launches = name, device, []
-
-    @property
-    def kernels(self) -> bool:
-        return self.name != "torch"
-
-    def reset(self) -> None:
-        """Forget earlier launches (the fixture lives across a hypothesis test's examples)."""
-        self.launches.clear()
-
-    def check_ran(self, expected: bool = True) -> None:
-        """The kernels ran if this path has them (and the problem is not empty), else the PyTorch path did."""
-        assert bool(self.launches) == (self.kernels and expected), (self.name, len(self.launches))
+def pytest_generate_tests(metafunc):
+    """``path``: every test that takes it runs on the PyTorch path, the interpreter and the GPU; a test marked
+    ``kernels`` (it tests the kernels themselves) on the last two only."""
+    if "path" in metafunc.fixturenames:
+        kernels_only = metafunc.definition.get_closest_marker("kernels") is not None
+        gpu = pytest.param("cuda", marks=pytest.mark.gpu)
+        metafunc.parametrize("path", (["triton"] if kernels_only else ["torch", "triton"]) + [gpu], indirect=True)
 
 
-@pytest.fixture(params=["torch", "triton", pytest.param("cuda", marks=pytest.mark.gpu)])
-def loss_path(request, monkeypatch) -> LossPath:
-    """Each loss test once per path: the PyTorch path (kernels switched off), the Triton kernels under the
-    interpreter (skipped without TRITON_INTERPRET=1), and the GPU (tests marked gpu). The aligner's kernels are
-    switched and counted with the losses'."""
-    from speechkernels.align import api as align_api
-    from speechkernels.ctc import api as ctc_api
-    from speechkernels.rnnt import api as rnnt_api
-    from speechkernels.rnnt import joint as joint_api
-    from speechkernels.tdt import api as tdt_api
-    from speechkernels.tdt import joint as tdt_joint_api
-
+@pytest.fixture
+def path(request, monkeypatch) -> Path:
+    """Where the test runs (``paths.Path``), for every capability of ``paths.CAPABILITIES``: on the PyTorch path
+    their kernels are switched off; on the others the kernels' launches are recorded in ``path.launches``. The
+    interpreter's runs skip without TRITON_INTERPRET=1, the kernels' without Triton."""
     if request.param != "torch" and not HAVE_TRITON:
         pytest.skip("needs Triton")
     if request.param == "triton" and not triton_interpreting():
         pytest.skip("set TRITON_INTERPRET=1 to run the Triton kernels on the CPU")
-    path = LossPath(request.param, torch.device("cuda" if request.param == "cuda" else "cpu"))
-    if request.param == "torch":
-        monkeypatch.setattr(ctc_api, "kernels", None)
-        monkeypatch.setattr(rnnt_api, "kernels", None)
-        monkeypatch.setattr(joint_api, "joint_kernels", None)
-        monkeypatch.setattr(tdt_api, "kernels", None)
-        monkeypatch.setattr(tdt_joint_api, "joint_kernels", None)
-        monkeypatch.setattr(align_api, "kernels", None)
-    if not HAVE_TRITON:
-        return path
-    from speechkernels._transducer import joint_kernels
-    from speechkernels.align import kernels as align_kernels
-    from speechkernels.ctc import kernels as ctc_kernels
-    from speechkernels.rnnt import kernels as rnnt_kernels
-    from speechkernels.tdt import kernels as tdt_kernels
-
-    for module, name in ((ctc_kernels, "ctc_forward"), (rnnt_kernels, "rnnt_forward"),
-                         (rnnt_kernels, "joint_forward"), (joint_kernels, "joint_lattice"),
-                         (tdt_kernels, "tdt_forward"), (align_kernels, "ctc_align")):  # fmt: skip
-        count_calls(monkeypatch, module, name, path.launches)
+    path = Path(request.param)
+    for capability in CAPABILITIES.values():
+        if request.param == "torch":
+            for spec in capability.switches:
+                monkeypatch.setattr(*resolve(spec), None)
+        elif HAVE_TRITON:
+            for spec in capability.launchers:
+                count_calls(monkeypatch, *resolve(spec), path.launches)
     return path

@@ -121,13 +121,14 @@ GPU_CASES = [
 ]
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("case", range(len(KERNEL_CASES)))
-def test_kernels_match_reference(kernel_device, case):
-    cases = GPU_CASES if kernel_device.type == "cuda" else KERNEL_CASES
+def test_kernels_match_reference(path, case):
+    cases = GPU_CASES if path.device.type == "cuda" else KERNEL_CASES
     if case >= len(cases):
         pytest.skip("no such case here")
     N, T, C, S, block, segment, blank = cases[case]
-    x, tg, il, tl = make_problem(case, N, T, C, S, blank=blank, device=kernel_device)
+    x, tg, il, tl = make_problem(case, N, T, C, S, blank=blank, device=path.device)
     got = align_kernels.ctc_align(x, tg, il, tl, blank, True, block=block, segment=segment)
     assert_same(got, reference(x, tg, il, tl, blank))
 
@@ -141,16 +142,17 @@ def test_kernels_match_reference_gpu(gpu, case):
     assert_same(got, reference(x, tg, il, tl, blank))
 
 
+@pytest.mark.kernels
 @settings(max_examples=8)
 @given(N=st.integers(1, 3), T=st.integers(1, 40), S=st.integers(0, 14), blank_last=st.booleans(),
        seed=st.integers(0, 2**16), small=st.booleans())  # fmt: skip
-def test_kernels_match_reference_property(kernel_device, N, T, S, blank_last, seed, small):
+def test_kernels_match_reference_property(path, N, T, S, blank_last, seed, small):
     C = 6
-    if kernel_device.type == "cuda":
+    if path.device.type == "cuda":
         T, S = T * 50, S * 20
     blank = C - 1 if blank_last else 0
-    x, tg, il, tl = make_problem(seed, N, T, C, S, blank=blank, device=kernel_device)
-    kw = dict(block=8, segment=16) if small and kernel_device.type == "cpu" else {}
+    x, tg, il, tl = make_problem(seed, N, T, C, S, blank=blank, device=path.device)
+    kw = dict(block=8, segment=16) if small and path.device.type == "cpu" else {}
     got = align_kernels.ctc_align(x, tg, il, tl, blank, True, **kw)
     assert_same(got, reference(x, tg, il, tl, blank))
 
@@ -159,13 +161,14 @@ def test_kernels_match_reference_property(kernel_device, N, T, S, blank_last, se
 # the public function: forms of the arguments, dtypes, edge cases
 
 
-def test_public_forms_agree(kernel_device):
+@pytest.mark.kernels
+def test_public_forms_agree(path):
     x, tg, il, tl = make_problem(3, 3, 30, 7, 8)
     want = reference(x, tg, il, tl)
-    xd = x.to(kernel_device)
+    xd = x.to(path.device)
     assert_same(sk.ctc_forced_align(xd, tg, il, tl), want)
     assert_same(sk.ctc_forced_align(xd.transpose(0, 1), tg, il, tl, batch_first=False), want)
-    assert_same(sk.ctc_forced_align(xd, tg.to(torch.int32).to(kernel_device), il.tolist(), tl.numpy()), want)
+    assert_same(sk.ctc_forced_align(xd, tg.to(torch.int32).to(path.device), il.tolist(), tl.numpy()), want)
     cat = torch.cat([tg[n, : int(tl[n])] for n in range(3)] + [torch.tensor([2, 3])])
     assert_same(sk.ctc_forced_align(xd, cat, il, tl), want)
     # unbatched, default lengths
@@ -176,12 +179,13 @@ def test_public_forms_agree(kernel_device):
     assert_same(sk.ctc_forced_align(x, tg, il, tl), want)
 
 
-def test_half_precision(kernel_device):
+@pytest.mark.kernels
+def test_half_precision(path):
     x, tg, il, tl = make_problem(4, 3, 25, 9, 7, dtype=torch.float16)
-    dtypes = [torch.float16] + ([torch.bfloat16] if kernel_device.type == "cuda" else [])
+    dtypes = [torch.float16] + ([torch.bfloat16] if path.device.type == "cuda" else [])
     for dtype in dtypes:
         xd = x.to(dtype)
-        got = sk.ctc_forced_align(xd.to(kernel_device), tg, il, tl)
+        got = sk.ctc_forced_align(xd.to(path.device), tg, il, tl)
         assert got[1].dtype == torch.float32
         assert_same(got, reference(xd, tg, il, tl))
         assert_same(sk.ctc_forced_align(xd, tg, il, tl), reference(xd, tg, il, tl))
@@ -194,7 +198,8 @@ def test_float64_takes_the_cpu_path():
     assert_same((a, s), reference(x, tg, il, tl))
 
 
-def test_edge_cases(kernel_device):
+@pytest.mark.kernels
+def test_edge_cases(path):
     """One batch: a label sequence that needs every frame, one a frame short, no labels, no frames, a NaN the sample
     reads, NaN where it does not, +inf, zero-probability frames; each sample as it would be alone."""
     g = torch.Generator().manual_seed(7)
@@ -209,7 +214,7 @@ def test_edge_cases(kernel_device):
     x[7, 3, 0] = math.inf  # +inf: the blank
     x[8, :, 3] = -math.inf  # label 3 is impossible: no path
     want = reference(x, tg, il, tl)
-    got = sk.ctc_forced_align(x.to(kernel_device), tg, il, tl)
+    got = sk.ctc_forced_align(x.to(path.device), tg, il, tl)
     assert_same(got, want)
     a, s = want
     assert a[0].tolist() == [1, 0, 1, 2, 0, 2, 3, 0, 3, 4, 0, 4]  # forced: a blank between repeats only
@@ -226,13 +231,14 @@ def test_edge_cases(kernel_device):
         assert_same((a[n : n + 1], s[n : n + 1]), alone)
 
 
-def test_unchecked_values_agree(kernel_device):
+@pytest.mark.kernels
+def test_unchecked_values_agree(path):
     """validate=False: lengths past the tensors and labels outside [0, C) are clamped alike on every path."""
     x, tg, il, tl = make_problem(8, 3, 20, 6, 5)
     tg[0, 1], tg[1, 0] = 17, -4
     il[2], tl[2] = 25, 9
     want = sk.ctc_forced_align(x, tg, il, tl, validate=False)
-    assert_same(sk.ctc_forced_align(x.to(kernel_device), tg, il, tl, validate=False), want)
+    assert_same(sk.ctc_forced_align(x.to(path.device), tg, il, tl, validate=False), want)
 
 
 @pytest.mark.parametrize(
@@ -409,8 +415,9 @@ def test_packed_choices_give_the_same_path(monkeypatch):
     assert_same(reference(x, tg, il, tl), want)
 
 
-def test_empty_batch_and_no_frames(kernel_device):
+@pytest.mark.kernels
+def test_empty_batch_and_no_frames(path):
     cases = [((0, 10, 5), torch.zeros(0, 3, dtype=torch.int64)), ((2, 0, 5), torch.ones(2, 3, dtype=torch.int64))]
     for shape, tg in cases:
-        a, s = sk.ctc_forced_align(torch.zeros(shape, device=kernel_device), tg, [shape[1]] * shape[0], [0] * shape[0])
+        a, s = sk.ctc_forced_align(torch.zeros(shape, device=path.device), tg, [shape[1]] * shape[0], [0] * shape[0])
         assert a.shape == s.shape == shape[:2] and a.dtype == torch.int64 and s.dtype == torch.float32

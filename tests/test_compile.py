@@ -34,14 +34,14 @@ def _problem(kind: str, N: int, T: int, U: int, seed: int, device):
 
 
 @pytest.mark.parametrize("kind", ["ctc", "rnnt", "tdt"])
-def test_compiled_whole_graph_across_lengths(loss_path, kind):
-    cpu = loss_path.device.type == "cpu"
+def test_compiled_whole_graph_across_lengths(path, kind):
+    cpu = path.device.type == "cpu"
     counter = CompileCounterWithBackend("aot_eager" if cpu else "inductor")
     torch._dynamo.reset()
     compiled = torch.compile(_loss, fullgraph=True, backend=counter)
     shapes = [(3, 10, 3), (2, 13, 4), (4, 8, 2), (3, 15, 5), (2, 11, 3)]
     for seed, (N, T, U) in enumerate(shapes):
-        x, targets, frames, labels = _problem(kind, N, T, U, seed, loss_path.device)
+        x, targets, frames, labels = _problem(kind, N, T, U, seed, path.device)
         xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
         la = compiled(kind, xa, targets, frames, labels)
         lb = _loss(kind, xb, targets, frames, labels)
@@ -50,11 +50,11 @@ def test_compiled_whole_graph_across_lengths(loss_path, kind):
         exact = dict(rtol=0, atol=0) if cpu else {}  # inductor's own kernels around the op may round otherwise
         torch.testing.assert_close(la, lb, **exact)
         torch.testing.assert_close(xa.grad, xb.grad, **exact)
-    loss_path.check_ran()
+    path.check_ran()
     # the first shape static, the second dynamic; no more
     assert counter.frame_count <= 2, counter.frame_count
     # a bad length refused as in eager mode, with the same words
-    x, targets, frames, labels = _problem(kind, 2, 10, 3, 0, loss_path.device)
+    x, targets, frames, labels = _problem(kind, 2, 10, 3, 0, path.device)
     frames[1] = 11
     with pytest.raises(ValueError) as eager:
         _loss(kind, x, targets, frames, labels)

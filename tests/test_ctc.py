@@ -55,12 +55,6 @@ def reference(x, padded, il, tl, blank, reduction, logits, zero_infinity=False):
     return xr, out
 
 
-@pytest.fixture
-def kernel_spy(monkeypatch):
-    """Counts launches of the Triton forward, so a test knows the kernels (not the reference) ran."""
-    return count_calls(monkeypatch, kernels, "ctc_forward")
-
-
 @pytest.fixture(params=["grid", "fused"])
 def emission_path(request, monkeypatch):
     """Both forward paths: the grid-wide emission kernel, and the emissions inside the recursion kernel."""
@@ -217,55 +211,60 @@ def test_cpu_path_public_api(monkeypatch, logits, layout):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# the Triton kernels: one body on the CPU (interpreter) and on the GPU (kernel_device)
+# the Triton kernels: one body on the CPU (interpreter) and on the GPU (the path fixture, tests marked kernels)
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("logits", [True, False])
 @pytest.mark.parametrize("layout", ["padded", "concatenated"])
 @pytest.mark.parametrize("seed", range(2))
-def test_kernels_match_reference(kernel_device, kernel_spy, emission_path, logits, layout, seed):
+def test_kernels_match_reference(path, emission_path, logits, layout, seed):
     g = torch.Generator().manual_seed(100 + seed)
     T, N, C = (int(torch.randint(lo, hi, (1,), generator=g)) for lo, hi in ((1, 14), (1, 5), (2, 9)))
     S = int(torch.randint(1, 8, (1,), generator=g))
     blank = int(torch.randint(0, C, (1,), generator=g))
-    x, padded, il, tl = make_problem(seed, T, N, C, S, blank=blank, device=kernel_device)
+    x, padded, il, tl = make_problem(seed, T, N, C, S, blank=blank, device=path.device)
     compare(x, padded, il, tl, blank=blank, logits=logits, layout=layout, seed=seed)
-    assert kernel_spy
+    assert path.launches
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
-def test_kernels_reductions(kernel_device, kernel_spy, reduction):
-    x, padded, il, tl = make_problem(11, 9, 3, 6, 4, device=kernel_device)
+def test_kernels_reductions(path, reduction):
+    x, padded, il, tl = make_problem(11, 9, 3, 6, 4, device=path.device)
     compare(x, padded, il, tl, reduction=reduction)
     theirs = torch.nn.functional.ctc_loss(x.log_softmax(-1), padded, il, tl, reduction=reduction)
     ours = sk.ctc_loss(x, padded, il, tl, reduction=reduction, logits=True)
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
-    assert kernel_spy
+    assert path.launches
 
 
-def test_kernels_unnormalised_log_probs(kernel_device, kernel_spy, emission_path):
+@pytest.mark.kernels
+def test_kernels_unnormalised_log_probs(path, emission_path):
     """logits=False on scores that are not log-probabilities: the gradient is the exact derivative."""
-    x, padded, il, tl = make_problem(12, 10, 3, 5, 4, device=kernel_device, scale=3.0)
+    x, padded, il, tl = make_problem(12, 10, 3, 5, 4, device=path.device, scale=3.0)
     compare(x + 1.5, padded, il, tl, logits=False)
-    assert kernel_spy
+    assert path.launches
 
 
-def test_kernels_edge_cases(kernel_device, kernel_spy, emission_path):
+@pytest.mark.kernels
+def test_kernels_edge_cases(path, emission_path):
     # T = 1; empty labels; a label sequence of repeats that needs blanks between; input length 0
     T, N, C = 6, 6, 4
-    x = torch.randn(T, N, C, generator=torch.Generator().manual_seed(5)).to(kernel_device)
+    x = torch.randn(T, N, C, generator=torch.Generator().manual_seed(5)).to(path.device)
     padded = torch.tensor([[1, 2, 3], [2, 2, 2], [1, 1, 0], [3, 0, 0], [1, 2, 1], [2, 0, 0]])
     il = torch.tensor([6, 5, 3, 1, 0, 1])
     tl = torch.tensor([3, 3, 2, 1, 0, 0])
     compare(x, padded, il, tl, logits=True)
     compare(x[:1], padded, torch.ones(N, dtype=torch.long), torch.tensor([1, 1, 0, 1, 0, 0]), logits=False)
-    assert kernel_spy
+    assert path.launches
 
 
-def test_kernels_impossible_samples(kernel_device, kernel_spy, emission_path):
+@pytest.mark.kernels
+def test_kernels_impossible_samples(path, emission_path):
     """No alignment: infinite loss (or zero with zero_infinity), zero gradient, never NaN."""
     T, N, C = 5, 4, 5
-    x = torch.randn(T, N, C, generator=torch.Generator().manual_seed(6)).to(kernel_device).requires_grad_()
+    x = torch.randn(T, N, C, generator=torch.Generator().manual_seed(6)).to(path.device).requires_grad_()
     padded = torch.tensor([[1, 1, 1, 0, 0, 0], [1, 2, 3, 4, 1, 2], [1, 2, 0, 0, 0, 0], [3, 3, 0, 0, 0, 0]])
     il = torch.tensor([4, 5, 1, 3])  # 3 repeats need 5 frames; 6 labels > T; 2 labels in 1 frame; [3,3] fits in 3
     tl = torch.tensor([3, 6, 2, 2])
@@ -280,11 +279,12 @@ def test_kernels_impossible_samples(kernel_device, kernel_spy, emission_path):
         (zg,) = torch.autograd.grad(zl, x)
         assert (zg[:, :3] == 0).all() and not zg.isnan().any()
     compare(x.detach(), padded, il, tl, zero_infinity=True, reduction="mean")
-    assert kernel_spy
+    assert path.launches
 
 
-def test_kernels_nan_stays_in_its_sample(kernel_device, kernel_spy, emission_path):
-    x, padded, il, tl = make_problem(8, 8, 3, 5, 3, device=kernel_device)
+@pytest.mark.kernels
+def test_kernels_nan_stays_in_its_sample(path, emission_path):
+    x, padded, il, tl = make_problem(8, 8, 3, 5, 3, device=path.device)
     x[2, 1, 3] = math.nan
     x.requires_grad_()
     loss = sk.ctc_loss(x, padded, il, tl, reduction="none", logits=True)
@@ -292,11 +292,12 @@ def test_kernels_nan_stays_in_its_sample(kernel_device, kernel_spy, emission_pat
     loss.sum().backward()
     assert x.grad[: int(il[1]), 1].isnan().all()
     assert torch.isfinite(x.grad[:, [0, 2]]).all()
-    assert kernel_spy
+    assert path.launches
 
 
-def test_kernels_layouts_and_argument_forms(kernel_device, kernel_spy, emission_path):
-    x, padded, il, tl = make_problem(9, 9, 3, 6, 4, device=kernel_device)
+@pytest.mark.kernels
+def test_kernels_layouts_and_argument_forms(path, emission_path):
+    x, padded, il, tl = make_problem(9, 9, 3, 6, 4, device=path.device)
     compare(x, padded, il, tl, batch_first=True, reduction="sum")
     ref = sk.ctc_loss(x, padded, il, tl, reduction="none", logits=True)
     for tgt in (padded.int(), concatenated(padded, tl).int()):
@@ -306,26 +307,28 @@ def test_kernels_layouts_and_argument_forms(kernel_device, kernel_spy, emission_
     torch.testing.assert_close(module(x, padded, il, tl), ref, rtol=0, atol=0)
     unbatched = sk.ctc_loss(x[:, 0], padded[0, : int(tl[0])], il[0:1], tl[0:1], reduction="none", logits=True)
     torch.testing.assert_close(unbatched, ref[0], rtol=1e-6, atol=1e-6)
-    assert kernel_spy
+    assert path.launches
 
 
-def test_kernels_float16(kernel_device, kernel_spy, emission_path):
-    x, padded, il, tl = make_problem(10, 10, 3, 7, 4, device=kernel_device, dtype=torch.float16)
+@pytest.mark.kernels
+def test_kernels_float16(path, emission_path):
+    x, padded, il, tl = make_problem(10, 10, 3, 7, 4, device=path.device, dtype=torch.float16)
     compare(x, padded, il, tl, tol=F16)
-    assert kernel_spy
+    assert path.launches
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("reduction", ["none", "mean"])
-def test_kernels_split_recursion_and_blocks_agree(kernel_device, reduction):
+def test_kernels_split_recursion_and_blocks_agree(path, reduction):
     """alpha and beta as one launch or two give the same bits; the gradient kernel's block choices agree."""
-    x, padded, il, tl = make_problem(15, 40, 3, 9, 12, device=kernel_device)
+    x, padded, il, tl = make_problem(15, 40, 3, 9, 12, device=path.device)
     args = (x, padded, il, tl, 0, True, True, True, True, False, reduction)
     out_a, state_a, _ = kernels.ctc_forward(*args, split_recursion=False)
     out_b, state_b, _ = kernels.ctc_forward(*args, split_recursion=True)
     assert torch.equal(out_a, out_b)
     for a, b in zip(state_a, state_b, strict=True):  # unwritten table slots are NaN
         torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
-    g = torch.rand(() if reduction == "mean" else 3, generator=torch.Generator().manual_seed(16)).to(kernel_device)
+    g = torch.rand(() if reduction == "mean" else 3, generator=torch.Generator().manual_seed(16)).to(path.device)
     base = kernels.ctc_backward(g, x, *state_a, 0, True)
     # the row block and warps change no sum; the label block changes the order of the repeated classes' sums
     assert torch.equal(kernels.ctc_backward(g, x, *state_a, 0, True, block_c=32, warps=2), base)
@@ -345,15 +348,16 @@ def _same_bits(a, b):
     return torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)) if a.is_floating_point() else torch.equal(a, b)
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize(
     "case", ["ragged", "edges", "nan", "concatenated_no_grad", "log_probs_sum", "zero_infinity_mean"]
 )
-def test_kernels_wavefront_equals_one_program(kernel_device, case, monkeypatch):
+def test_kernels_wavefront_equals_one_program(path, case, monkeypatch):
     """The wavefront (each sample's lanes split across programs) gives the one-program path's loss, log p and
     occupancy table bit for bit: ragged lengths, repeats, a last blank that starts a program (L a multiple of
     the block), empty label sequences, no frames, impossible samples, NaN, both target layouts and reductions."""
     monkeypatch.setattr(utils, "POISON_OUTPUTS", True)  # unwritten table slots are NaN in both
-    gpu = kernel_device.type == "cuda"
+    gpu = path.device.type == "cuda"
     logits, need_grad, layout, reduction, zero_infinity = True, True, "padded", "none", False
     if case == "edges":
         T, N, C, S = 20, 6, 5, 12
@@ -369,10 +373,10 @@ def test_kernels_wavefront_equals_one_program(kernel_device, case, monkeypatch):
             padded = torch.randint(1, C, (N, S), generator=g)
             tl = torch.tensor([128, 40, 0, 256, 200, 64])
             il = torch.tensor([300, 0, 7, 200, 300, 150])
-        x, padded, il, tl = (v.to(kernel_device) for v in (x, padded, il, tl))
+        x, padded, il, tl = (v.to(path.device) for v in (x, padded, il, tl))
     else:
         T, S = (24, 10) if not gpu else (400, 300)
-        x, padded, il, tl = make_problem(31, T, 4, 7, S, device=kernel_device)
+        x, padded, il, tl = make_problem(31, T, 4, 7, S, device=path.device)
         if case == "nan":
             x[T // 3, 1, int(padded[1, 0])] = math.nan  # a label's score of sample 1
         if case == "concatenated_no_grad":
@@ -381,12 +385,12 @@ def test_kernels_wavefront_equals_one_program(kernel_device, case, monkeypatch):
             logits, reduction = False, "sum"
         if case == "zero_infinity_mean":
             tl[2], il[2] = S, S - 2  # fewer frames than labels: impossible
-            padded[2] = torch.arange(S, device=kernel_device) % 6 + 1
+            padded[2] = torch.arange(S, device=path.device) % 6 + 1
             reduction, zero_infinity = "mean", True
     targets = padded if layout == "padded" else concatenated(padded, tl)
     args = (x, targets, il, tl, 0, layout == "padded", logits, need_grad, True, zero_infinity, reduction)
     out_a, state_a, _ = kernels.ctc_forward(*args, fuse_emission=False, wave=None)
-    for shape in _wave_blocks(kernel_device):
+    for shape in _wave_blocks(path.device):
         out_b, state_b, _ = kernels.ctc_forward(*args, fuse_emission=False, wave=shape)
         assert _same_bits(out_a, out_b), (shape, out_a, out_b)
         for name, a, b in zip(("weights", "logp", "lse", "table", "meta", "srt"), state_a, state_b, strict=True):
@@ -397,17 +401,18 @@ def test_kernels_wavefront_equals_one_program(kernel_device, case, monkeypatch):
         assert state_a[1][2] == -math.inf and torch.isfinite(out_a)
 
 
-def test_kernels_wavefront_public_api(kernel_device, kernel_spy, monkeypatch):
+@pytest.mark.kernels
+def test_kernels_wavefront_public_api(path, monkeypatch):
     """The loss and gradient through ctc_loss with the wavefront chosen, against the float64 reference."""
-    block = _wave_blocks(kernel_device)[0]
+    block = _wave_blocks(path.device)[0]
     monkeypatch.setattr(kernels, "wave_shape", lambda *args: block)
     monkeypatch.setattr(kernels, "use_small_forward", lambda *args: False)
-    T, S = (24, 10) if kernel_device.type == "cpu" else (300, 140)
-    x, padded, il, tl = make_problem(32, T, 3, 6, S, device=kernel_device)
+    T, S = (24, 10) if path.device.type == "cpu" else (300, 140)
+    x, padded, il, tl = make_problem(32, T, 3, 6, S, device=path.device)
     for reduction in ("none", "mean"):
         compare(x, padded, il, tl, reduction=reduction, logits=True)
     compare(x, padded, il, tl, layout="concatenated", logits=False)
-    assert kernel_spy
+    assert path.launches
 
 
 @pytest.mark.parametrize("text", ["150x1", "150x1x28x0", "150xax28", "1x2x3x4x5"])
@@ -429,15 +434,16 @@ def test_wave_shape_choice():
     assert kernels.wave_shape(128, 1500, 132) is None
 
 
-def test_kernels_long_labels_chunked_scan(kernel_device, kernel_spy, emission_path):
+@pytest.mark.kernels
+def test_kernels_long_labels_chunked_scan(path, emission_path):
     """More labels than one scan chunk (64), with repeated classes spread over several chunks."""
     T, N, C, S = 150, 2, 5, 70
-    x, _, _, _ = make_problem(13, T, N, C, S, device=kernel_device)
+    x, _, _, _ = make_problem(13, T, N, C, S, device=path.device)
     padded = torch.randint(1, C, (N, S), generator=torch.Generator().manual_seed(14))
     tl = torch.tensor([70, 66])
     il = torch.tensor([150, 140])
     compare(x, padded, il, tl, logits=True)
-    assert kernel_spy
+    assert path.launches
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -481,15 +487,16 @@ def test_bad_arguments_raise_value_error(case, dtype):
         sk.ctc_loss(x, tg, il, tl, **kwargs)
 
 
-def test_bad_arguments_raise_value_error_in_kernels(kernel_device, kernel_spy):
+@pytest.mark.kernels
+def test_bad_arguments_raise_value_error_in_kernels(path):
     """The same content checks through the kernels' path (float32)."""
     for match, tensors, kwargs in _bad_cases():
-        x, tg, il, tl = (t.to(kernel_device) for t in tensors)
+        x, tg, il, tl = (t.to(path.device) for t in tensors)
         if not x.dtype.is_floating_point:
             continue
         with pytest.raises(ValueError, match=match):
             sk.ctc_loss(x, tg, il, tl, **kwargs)
-    assert kernel_spy
+    assert path.launches
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -574,14 +581,15 @@ def test_gpu_more_than_2_31_elements(gpu):
     torch.testing.assert_close(grad_last, halves[1][1][:, 1], rtol=0, atol=0)
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("logits", [True, False])
-def test_kernels_through_torch_compile(kernel_device, kernel_spy, logits):
+def test_kernels_through_torch_compile(path, logits):
     """The torch.library op (fake shapes, autograd registration) under torch.compile's tracing: whole graph, with
     inductor on the GPU."""
-    x, padded, il, tl = make_problem(31, 9, 3, 6, 4, device=kernel_device)
+    x, padded, il, tl = make_problem(31, 9, 3, 6, 4, device=path.device)
 
     def f(v):
         return sk.ctc_loss(v if logits else v.log_softmax(-1), padded, il, tl, logits=logits, validate=False) * 2.0
 
-    check_compiled_matches_eager(f, x, backend="aot_eager" if kernel_device.type == "cpu" else "inductor")
-    assert kernel_spy
+    check_compiled_matches_eager(f, x, backend="aot_eager" if path.device.type == "cpu" else "inductor")
+    assert path.launches

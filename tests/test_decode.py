@@ -5,31 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import count_calls
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import speechkernels as sk
-from speechkernels._backend import triton_interpreting
 from speechkernels.decode import api as decode_api
 from speechkernels.decode.reference import ctc_greedy_decode_reference
-
-
-@pytest.fixture(params=["torch", "triton", pytest.param("cuda", marks=pytest.mark.gpu)])
-def path(request, monkeypatch):
-    """Each test on the PyTorch path (kernels switched off), the kernel under the interpreter (TRITON_INTERPRET=1)
-    and the GPU; on the kernels' paths the test checks they ran (``path.launches``)."""
-    if request.param != "torch" and decode_api.kernels is None:
-        pytest.skip("needs Triton")
-    if request.param == "triton" and not triton_interpreting():
-        pytest.skip("set TRITON_INTERPRET=1 to run the Triton kernels on the CPU")
-    request.device = torch.device("cuda" if request.param == "cuda" else "cpu")
-    request.launches = []
-    if request.param == "torch":
-        monkeypatch.setattr(decode_api, "kernels", None)
-    else:
-        count_calls(monkeypatch, decode_api.kernels, "ctc_greedy", request.launches)
-    return request
 
 
 def oracle(x: torch.Tensor, lengths: list[int], blank: int, logits: bool):
@@ -79,7 +60,7 @@ def test_matches_the_oracle(path, N, T, C, logits, seed, dtype):
     check(
         hyp.__class__(*(v.cpu() if v is not None else None for v in hyp)), oracle(x, lengths.tolist(), blank, logits), T
     )
-    assert bool(path.launches) == (path.param != "torch" and dtype == torch.float32)  # float64: the PyTorch path
+    assert bool(path.launches) == (path.name != "torch" and dtype == torch.float32)  # float64: the PyTorch path
 
 
 @pytest.mark.parametrize("C", [3, 700, 2500])
@@ -102,7 +83,7 @@ def test_kernel_blocks_of_classes_and_frames(path, C):
     finite = [k for k, v in enumerate(want[0][2]) if v == v]
     assert torch.isnan(got.scores[0, : got.lengths[0]]).sum() == len(want[0][2]) - len(finite)
     check(got.__class__(got.tokens[1:], got.lengths[1:], got.frames[1:], got.scores[1:]), want[1:], 21)
-    assert bool(path.launches) == (path.param != "torch")
+    assert bool(path.launches) == (path.name != "torch")
 
 
 @pytest.mark.parametrize("logits", [False, True])
@@ -140,7 +121,7 @@ def test_compaction_across_blocks_of_frames(path, monkeypatch, logits):
     assert hyp.scores.dtype == torch.float32
     tol = dict(rtol=1e-6, atol=1e-6) if logits else dict(rtol=0, atol=0)
     torch.testing.assert_close(hyp.scores.cpu().double(), want.scores, **tol)
-    assert bool(path.launches) == (path.param != "torch")
+    assert bool(path.launches) == (path.name != "torch")
 
 
 def test_agrees_with_argmax_and_unique_consecutive():
@@ -213,7 +194,7 @@ def test_unchecked_lengths_are_clamped():
 def test_special_values_across_blocks_of_classes(path, monkeypatch, logits):
     """Ties (-0.0 with +0.0, equal values in different blocks of classes), infinities and NaNs of either sign: the
     first maximum, a NaN counting as the largest (torch.argmax), with the kernel's blocks of classes lowered to 4."""
-    if path.param != "torch":
+    if path.name != "torch":
         monkeypatch.setitem(decode_api.kernels.CTC_TILES, "block_c", 4)
     nan, inf = float("nan"), float("inf")
     rows = [
@@ -235,4 +216,4 @@ def test_special_values_across_blocks_of_classes(path, monkeypatch, logits):
     got, ref = hyp.scores.cpu().double(), want.scores
     assert torch.equal(got.isnan(), ref.isnan())
     assert torch.allclose(got.nan_to_num(), ref.nan_to_num(), rtol=1e-6, atol=1e-6)
-    assert len(path.launches) == (path.param != "torch")
+    assert len(path.launches) == (path.name != "torch")

@@ -10,31 +10,19 @@ import types
 
 import pytest
 import torch
-from helpers import count_calls
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import speechkernels as sk
-from speechkernels._backend import triton_interpreting
 from speechkernels.decode import api as decode_api
 
 
-@pytest.fixture(params=["torch", "triton", pytest.param("cuda", marks=pytest.mark.gpu)])
-def device(request, monkeypatch):
-    """Each test on the PyTorch path (kernels switched off), the kernel under the interpreter (TRITON_INTERPRET=1)
-    and the GPU; on the kernels' paths the test checks at its end that the kernel ran."""
-    if request.param != "torch" and decode_api.transducer_kernels is None:
-        pytest.skip("needs Triton")
-    if request.param == "triton" and not triton_interpreting():
-        pytest.skip("set TRITON_INTERPRET=1 to run the Triton kernels on the CPU")
-    launches = []
-    if request.param == "torch":
-        monkeypatch.setattr(decode_api, "transducer_kernels", None)
-    else:
-        count_calls(monkeypatch, decode_api.transducer_kernels, "transducer_greedy", launches)
-    yield torch.device("cuda" if request.param == "cuda" else "cpu")
-    if request.param != "torch":
-        assert launches, "the kernel did not run"
+@pytest.fixture(autouse=True)
+def _the_kernel_ran(request):
+    """On the kernels' paths a test that takes ``path`` checks at its end that the kernel ran."""
+    path = request.getfixturevalue("path") if "path" in request.fixturenames else None
+    yield
+    assert path is None or not path.kernels or path.launches, "the kernel did not run"
 
 
 def make_decoder(seed, *, V=7, E=6, P=5, J=8, layers=2, durations=None, stateless=0, activation="relu", blank=None,
@@ -136,14 +124,14 @@ KINDS = [
 @settings(deadline=None, max_examples=25)
 @given(kind=st.sampled_from(KINDS), N=st.integers(1, 4), T=st.integers(1, 12), seed=st.integers(0, 9999),
        dtype=st.sampled_from([torch.float32, torch.float64]), bias=st.sampled_from([-1.0, 1.5, 4.0]))  # fmt: skip
-def test_matches_the_oracle(device, kind, N, T, seed, dtype, bias):
+def test_matches_the_oracle(path, kind, N, T, seed, dtype, bias):
     if decode_api.transducer_kernels is not None:
         dtype = torch.float32  # the kernel's dtypes (float64 goes to the PyTorch path)
-    dec = make_decoder(seed, blank_bias=bias, dtype=dtype, device=device, **kind)
+    dec = make_decoder(seed, blank_bias=bias, dtype=dtype, device=path.device, **kind)
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(N, T, 6, generator=g)
     lengths = torch.randint(0, T + 1, (N,), generator=g)
-    hyp, state = dec.greedy(x.to(device, dtype), lengths)
+    hyp, state = dec.greedy(x.to(path.device, dtype), lengths)
     check(hyp, oracle(dec, x, lengths.tolist()), dec, T)
     assert hyp.scores.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
     assert state.frames.tolist() == lengths.tolist()
@@ -151,11 +139,11 @@ def test_matches_the_oracle(device, kind, N, T, seed, dtype, bias):
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=str)
-def test_chunks_decode_as_the_whole(device, kind):
-    dec = make_decoder(3, device=device, **kind)
+def test_chunks_decode_as_the_whole(path, kind):
+    dec = make_decoder(3, device=path.device, **kind)
     g = torch.Generator().manual_seed(1)
     N, T = 5, 30
-    x = torch.randn(N, T, 6, generator=g).to(device)
+    x = torch.randn(N, T, 6, generator=g).to(path.device)
     lengths = torch.tensor([30, 17, 0, 1, 29])
     whole, end = dec.greedy(x, lengths)
     state, parts, t0 = None, [], 0
@@ -176,11 +164,11 @@ def test_chunks_decode_as_the_whole(device, kind):
     torch.testing.assert_close(state.output, end.output)
 
 
-def test_views_decode_as_copies(device):
-    dec = make_decoder(5, durations=[0, 1, 2], device=device)
-    base = torch.randn(9, 3, 6, device=device)
+def test_views_decode_as_copies(path):
+    dec = make_decoder(5, durations=[0, 1, 2], device=path.device)
+    base = torch.randn(9, 3, 6, device=path.device)
     x = base.transpose(0, 1)[:, 1:]  # [3, 8, 6], strided over the batch and offset
-    lengths = torch.tensor([8, 5, 2, 7, 1], device=device)[::2]
+    lengths = torch.tensor([8, 5, 2, 7, 1], device=path.device)[::2]
     a, _ = dec.greedy(x, lengths)
     b, _ = dec.greedy(x.contiguous(), lengths.contiguous())
     for u, v in zip(a, b, strict=True):
@@ -202,13 +190,13 @@ def test_views_decode_as_copies(device):
         assert torch.equal(u, v)
 
 
-def test_empty(device):
-    dec = make_decoder(0, durations=[0, 1], device=device)
-    hyp, state = dec.greedy(torch.zeros(0, 5, 6, device=device))
+def test_empty(path):
+    dec = make_decoder(0, durations=[0, 1], device=path.device)
+    hyp, state = dec.greedy(torch.zeros(0, 5, 6, device=path.device))
     assert hyp.tokens.shape == (0, 15) and state.frames.shape == (0,)
-    hyp, state = dec.greedy(torch.zeros(2, 0, 6, device=device))
+    hyp, state = dec.greedy(torch.zeros(2, 0, 6, device=path.device))
     assert hyp.tokens.shape == (2, 0) and hyp.lengths.tolist() == [0, 0] and state.frames.tolist() == [0, 0]
-    x = torch.randn(3, 4, 6, device=device)  # and a batch whose utterances are all empty
+    x = torch.randn(3, 4, 6, device=path.device)  # and a batch whose utterances are all empty
     hyp, state = dec.greedy(x, [0, 0, 0])
     assert hyp.lengths.tolist() == [0, 0, 0] and (hyp.tokens == -1).all() and state.frames.tolist() == [0, 0, 0]
 
@@ -370,26 +358,26 @@ def test_predictor_refusals():
 
 
 @pytest.mark.parametrize("kind", [dict(durations=[0, 1, 2]), dict(stateless=2)], ids=str)
-def test_a_batch_past_the_small_tiles(device, kind):
+def test_a_batch_past_the_small_tiles(path, kind):
     """More rows than the kernel's FMA tiles take (tensor-core tiles), ragged."""
-    dec = make_decoder(11, device=device, **kind)
+    dec = make_decoder(11, device=path.device, **kind)
     g = torch.Generator().manual_seed(4)
     N, T = 19, 7
     x = torch.randn(N, T, 6, generator=g)
     lengths = torch.randint(0, T + 1, (N,), generator=g)
-    hyp, _ = dec.greedy(x.to(device), lengths)
+    hyp, _ = dec.greedy(x.to(path.device), lengths)
     check(hyp, oracle(dec, x, lengths.tolist()), dec, T)
 
 
 @pytest.mark.parametrize("kind", [dict(layers=3, lstm_bias=False), dict(layers=4, durations=[0, 1, 2])], ids=str)
 @pytest.mark.parametrize("N", [3, 18])
-def test_lstm_layouts(device, kind, N):
+def test_lstm_layouts(path, kind, N):
     """An LSTM without biases, and the deepest one the kernel takes (its layers read where they are)."""
-    dec = make_decoder(8, device=device, **kind)
+    dec = make_decoder(8, device=path.device, **kind)
     g = torch.Generator().manual_seed(6)
     x = torch.randn(N, 6, 6, generator=g)
     lengths = torch.randint(0, 7, (N,), generator=g)
-    hyp, _ = dec.greedy(x.to(device), lengths)
+    hyp, _ = dec.greedy(x.to(path.device), lengths)
     check(hyp, oracle(dec, x, lengths.tolist()), dec, 6)
 
 

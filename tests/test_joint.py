@@ -106,18 +106,18 @@ def _check_against_float64(path, N, T, U, H, V, opts, reduction="none", seed=0, 
         ((3, 9, 5, 17, 5), OPTIONS[3], "none"),
     ],
 )
-def test_joint_loss_matches_float64(loss_path, size, opts, reduction):
-    _check_against_float64(loss_path, *size, opts, reduction)
+def test_joint_loss_matches_float64(path, size, opts, reduction):
+    _check_against_float64(path, *size, opts, reduction)
 
 
 @pytest.mark.parametrize("size", [(2, 1, 0, 16, 3), (2, 5, 0, 20, 7), (1, 1, 1, 16, 2), (3, 4, 6, 24, 5)])
-def test_joint_loss_small_and_empty_lattices(loss_path, size):
+def test_joint_loss_small_and_empty_lattices(path, size):
     """U = 0, T = 1, more labels than frames."""
-    _check_against_float64(loss_path, *size, {})
+    _check_against_float64(path, *size, {})
 
 
-def test_joint_loss_edge_cases(loss_path):
-    dev = loss_path.device
+def test_joint_loss_edge_cases(path):
+    dev = path.device
     xs, tg, il, tl = make_case(3, 6, 3, 20, 11, device=dev)
     xs = [x.requires_grad_() for x in xs]
     il = torch.tensor([6, 0, 4], device=dev)  # a sample without frames but with labels: no path
@@ -136,8 +136,8 @@ def test_joint_loss_edge_cases(loss_path):
         sk.rnnt_joint_loss(e, p, xs[2], xs[3], **empty, reduction="mean")
 
 
-def test_joint_loss_nan_stays_in_its_sample(loss_path):
-    xs, tg, il, tl = make_case(3, 6, 3, 20, 11, device=loss_path.device)
+def test_joint_loss_nan_stays_in_its_sample(path):
+    xs, tg, il, tl = make_case(3, 6, 3, 20, 11, device=path.device)
     xs[0][1, 2, 5] = float("nan")  # a frame sample 1 reads
     il = torch.full_like(il, 6)
     xs = [x.requires_grad_() for x in xs]
@@ -148,8 +148,8 @@ def test_joint_loss_nan_stays_in_its_sample(loss_path):
     assert torch.isfinite(xs[1].grad[[0, 2]]).all()
 
 
-def test_dropout_is_repeatable_and_seeded(loss_path):
-    xs, tg, il, tl = make_case(2, 8, 4, 24, 13, device=loss_path.device)
+def test_dropout_is_repeatable_and_seeded(path):
+    xs, tg, il, tl = make_case(2, 8, 4, 24, 13, device=path.device)
 
     def run(seed):
         return leaf_grads(xs, lambda e, p, w, b: sk.rnnt_joint_loss(
@@ -212,10 +212,10 @@ def _bad_calls():
 
 
 @pytest.mark.parametrize("case", range(len(_bad_calls()[0])))
-def test_joint_bad_arguments_raise_value_error(loss_path, case):
+def test_joint_bad_arguments_raise_value_error(path, case):
     cases, ok = _bad_calls()
     change, message = cases[case]
-    args = {k: (v.to(loss_path.device) if isinstance(v, torch.Tensor) else v) for k, v in {**ok, **change}.items()}
+    args = {k: (v.to(path.device) if isinstance(v, torch.Tensor) else v) for k, v in {**ok, **change}.items()}
     with pytest.raises(ValueError, match=message):
         sk.rnnt_joint_loss(**args)
 
@@ -286,8 +286,9 @@ def test_gpu_joint_loss_16bit(gpu, dtype, opts):
     _check_16bit(gpu, dtype, opts, (4, 70, 23, 200, 301))
 
 
-def test_joint_kernels_float16_inputs(kernel_device, joint_spy):
-    _check_16bit(kernel_device, torch.float16, OPTIONS[1], (3, 11, 4, 40, 37))
+@pytest.mark.kernels
+def test_joint_kernels_float16_inputs(path, joint_spy):
+    _check_16bit(path.device, torch.float16, OPTIONS[1], (3, 11, 4, 40, 37))
     assert joint_spy
 
 
@@ -331,8 +332,9 @@ def _compiled_matches_eager(device, opts):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("opts", [dict(reduction="none"), dict(reduction="mean", activation="tanh", bias=False),
                                   dict(reduction="sum", rnnt_type="rna", fastemit_lambda=0.1, clamp=0.05)])  # fmt: skip
-def test_joint_kernels_through_torch_compile(kernel_device, joint_spy, opts):
-    _compiled_matches_eager(kernel_device, opts)
+def test_joint_kernels_through_torch_compile(path, joint_spy, opts):
+    _compiled_matches_eager(path.device, opts)
     assert joint_spy

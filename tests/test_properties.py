@@ -2,7 +2,7 @@
 
 Each example draws a random ragged problem (lengths from 0 to the tensor's size, impossible samples, empty
 batches and empty label sets, a NaN somewhere or not, every option of the loss) and runs it on one path of
-``loss_path`` (the PyTorch path, the Triton kernels under the interpreter, the GPU). The reference sees the
+``path`` (the PyTorch path, the Triton kernels under the interpreter, the GPU). The reference sees the
 same values in float64. Checked: the loss's value and dtype, the gradient under a random upstream gradient
 (zero outside what a sample reads, NaN exactly where the reference has it), and that the path meant to run
 did. The number of examples comes from the hypothesis profile (tests/conftest.py): small in CI, larger with
@@ -116,16 +116,16 @@ def make_ctc(p, dtype):
 
 
 @given(p=ctc_problems())
-def test_ctc_loss_matches_float64_reference(loss_path, p):
-    loss_path.reset()
-    dtype = _dtypes(loss_path)[p["seed"] % len(_dtypes(loss_path))]
+def test_ctc_loss_matches_float64_reference(path, p):
+    path.reset()
+    dtype = _dtypes(path)[p["seed"] % len(_dtypes(path))]
     x, padded, il, tl, g = make_ctc(p, dtype)
     if p["layout"] == "padded":
         targets = padded
     else:
         targets = torch.cat([padded[n, : int(tl[n])] for n in range(p["N"])] + [padded.new_zeros(0)])
     index = torch.int32 if p["int32"] else torch.int64
-    dev = loss_path.device
+    dev = path.device
     targets = targets.to(dev, index)
     il_in, tl_in = (il.tolist(), tl.tolist()) if p["lengths_as"] == "list" else (il.to(dev, index), tl.to(dev, index))
     x_in = (x.transpose(0, 1) if p["batch_first"] else x).detach().clone().to(dev).requires_grad_()
@@ -141,7 +141,7 @@ def test_ctc_loss_matches_float64_reference(loss_path, p):
         x_ref, padded, il, tl, p["blank"], p["reduction"], p["zero_infinity"], logits=p["logits"]
     ).double()
     _check_against_reference(out, ref, x_in, x_ref, g, dtype, batch_first=p["batch_first"])
-    loss_path.check_ran(dtype != torch.float64 and p["N"] > 0 and p["T"] > 0)
+    path.check_ran(dtype != torch.float64 and p["N"] > 0 and p["T"] > 0)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -182,12 +182,12 @@ def make_rnnt(p, dtype):
 
 
 @given(p=rnnt_problems())
-def test_rnnt_loss_matches_float64_reference(loss_path, p):
-    loss_path.reset()
-    dtype = _dtypes(loss_path)[p["seed"] % len(_dtypes(loss_path))]
+def test_rnnt_loss_matches_float64_reference(path, p):
+    path.reset()
+    dtype = _dtypes(path)[p["seed"] % len(_dtypes(path))]
     x, targets, il, tl, g = make_rnnt(p, dtype)
     index = torch.int32 if p["int32"] else torch.int64
-    dev = loss_path.device
+    dev = path.device
     il_in, tl_in = (il.tolist(), tl.tolist()) if p["lengths_as"] == "list" else (il.to(dev, index), tl.to(dev, index))
     x_in = x.detach().clone().to(dev).requires_grad_()
     options = dict(
@@ -204,15 +204,15 @@ def test_rnnt_loss_matches_float64_reference(loss_path, p):
     x_ref = x.double().requires_grad_()
     ref = rnnt_loss_reference(x_ref, targets, il, tl, fastemit_loss_scale=p["fastemit_loss_scale"], **options)
     _check_against_reference(out, ref, x_in, x_ref, g, dtype)
-    loss_path.check_ran(dtype != torch.float64 and p["N"] > 0 and p["T"] > 0)
+    path.check_ran(dtype != torch.float64 and p["N"] > 0 and p["T"] > 0)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # unchecked input (validate=False): the kernels and the PyTorch path clamp lengths and labels the same way
 
 
-def _unchecked_paths(loss_path):
-    if not loss_path.kernels:
+def _unchecked_paths(path):
+    if not path.kernels:
         pytest.skip("compares the kernel paths with the PyTorch path")
 
 
@@ -227,16 +227,16 @@ def unchecked_lengths(draw, N, T, S, C, avoid=None):
 
 
 @given(data=st.data(), seed=st.integers(0, 2**31 - 1), logits=st.booleans(), padded=st.booleans())
-def test_ctc_unchecked_input_same_on_every_path(loss_path, data, seed, logits, padded):
-    _unchecked_paths(loss_path)
-    loss_path.reset()
+def test_ctc_unchecked_input_same_on_every_path(path, data, seed, logits, padded):
+    _unchecked_paths(path)
+    path.reset()
     # a label equal to the blank (or clamped onto it) is outside what the paths promise to agree on
     N, T, C, S, blank = 3, 6, 5, 3, 2
     il, tl, labels = data.draw(unchecked_lengths(N, T, S, C, avoid=blank))
     x = torch.randn(T, N, C, generator=torch.Generator().manual_seed(seed))
     targets = torch.tensor(labels).reshape(N, S) if padded else torch.tensor(labels)
     out = {}
-    for name, dev in (("kernels", loss_path.device), ("torch", torch.device("cpu"))):
+    for name, dev in (("kernels", path.device), ("torch", torch.device("cpu"))):
         with mock.patch.object(ctc_api, "kernels", None if name == "torch" else ctc_api.kernels):
             xi = x.clone().to(dev).requires_grad_()
             loss = sk.ctc_loss(xi, targets.to(dev), il, tl, blank, "none", logits=logits, validate=False)
@@ -244,19 +244,19 @@ def test_ctc_unchecked_input_same_on_every_path(loss_path, data, seed, logits, p
             out[name] = (loss.detach().cpu(), xi.grad.cpu())
     torch.testing.assert_close(out["kernels"][0], out["torch"][0], rtol=2e-5, atol=1e-4)
     torch.testing.assert_close(out["kernels"][1], out["torch"][1], rtol=0, atol=2e-5)
-    loss_path.check_ran()
+    path.check_ran()
 
 
 @given(data=st.data(), seed=st.integers(0, 2**31 - 1), fused=st.booleans(), rnnt_type=st.sampled_from(["rnnt", "rna"]))
-def test_rnnt_unchecked_input_same_on_every_path(loss_path, data, seed, fused, rnnt_type):
-    _unchecked_paths(loss_path)
-    loss_path.reset()
+def test_rnnt_unchecked_input_same_on_every_path(path, data, seed, fused, rnnt_type):
+    _unchecked_paths(path)
+    path.reset()
     N, T, U, V = 3, 5, 3, 5
     il, tl, labels = data.draw(unchecked_lengths(N, T, U, V))
     x = torch.randn(N, T, U + 1, V, generator=torch.Generator().manual_seed(seed))
     targets = torch.tensor(labels).reshape(N, U)
     out = {}
-    for name, dev in (("kernels", loss_path.device), ("torch", torch.device("cpu"))):
+    for name, dev in (("kernels", path.device), ("torch", torch.device("cpu"))):
         with mock.patch.object(rnnt_api, "kernels", None if name == "torch" else rnnt_api.kernels):
             xi = x.clone().to(dev).requires_grad_()
             loss = sk.rnnt_loss(
@@ -267,4 +267,4 @@ def test_rnnt_unchecked_input_same_on_every_path(loss_path, data, seed, fused, r
             out[name] = (loss.detach().cpu(), xi.grad.cpu())
     torch.testing.assert_close(out["kernels"][0], out["torch"][0], rtol=2e-5, atol=1e-4)
     torch.testing.assert_close(out["kernels"][1], out["torch"][1], rtol=0, atol=2e-5)
-    loss_path.check_ran()
+    path.check_ran()

@@ -1,4 +1,4 @@
-"""No silent wrong result, no obscure error: the losses' edge cases on every path (``loss_path``: the PyTorch
+"""No silent wrong result, no obscure error: the losses' edge cases on every path (``path``: the PyTorch
 path, the Triton kernels under the interpreter, the GPU), and a catalogue of malformed arguments, each of which
 must raise a ValueError that names the argument."""
 
@@ -37,8 +37,8 @@ def _rnnt_problem(dev, N=2, T=5, U=2, V=5, seed=0, dtype=torch.float32):
 # reuse_logits_for_grad: never a silently wrong gradient
 
 
-def test_reuse_logits_refuses_logits_that_overlap_themselves(loss_path):
-    base, targets = _rnnt_problem(loss_path.device, N=1)
+def test_reuse_logits_refuses_logits_that_overlap_themselves(path):
+    base, targets = _rnnt_problem(path.device, N=1)
     lg = base.requires_grad_().expand(2, -1, -1, -1)
     targets = targets.expand(2, -1)
     with pytest.raises(ValueError, match="reuse_logits_for_grad"):
@@ -49,11 +49,11 @@ def test_reuse_logits_refuses_logits_that_overlap_themselves(loss_path):
 
 
 @pytest.mark.parametrize("reader", ["square", "log_softmax"])
-def test_reuse_logits_a_later_reader_raises_instead_of_reading_the_gradient(loss_path, reader):
+def test_reuse_logits_a_later_reader_raises_instead_of_reading_the_gradient(path, reader):
     """Another op that saved the logits for its backward (lg ** 2; or the log_softmax that made them) would read
     the gradient written over them: autograd's in-place check stops it. The PyTorch path never writes into the
     logits, so there the gradient is simply right."""
-    x, targets = _rnnt_problem(loss_path.device)
+    x, targets = _rnnt_problem(path.device)
 
     def total(reuse):
         leaf = x.clone().requires_grad_()
@@ -66,7 +66,7 @@ def test_reuse_logits_a_later_reader_raises_instead_of_reading_the_gradient(loss
     expected_leaf, expected = total(False)
     expected.backward()
     leaf, total = total(True)
-    if loss_path.kernels:
+    if path.kernels:
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             total.backward()
     else:
@@ -74,17 +74,17 @@ def test_reuse_logits_a_later_reader_raises_instead_of_reading_the_gradient(loss
         torch.testing.assert_close(leaf.grad, expected_leaf.grad)
 
 
-def test_reuse_logits_consumes_a_contiguous_joint_output(loss_path):
+def test_reuse_logits_consumes_a_contiguous_joint_output(path):
     """The supported use: the logits made by an op whose backward does not read them (a matmul's output)."""
-    x, targets = _rnnt_problem(loss_path.device)
-    w = torch.randn(5, 5, device=loss_path.device)
+    x, targets = _rnnt_problem(path.device)
+    w = torch.randn(5, 5, device=path.device)
     grads = []
     for reuse in (False, True):
         leaf = x.clone().requires_grad_()
         sk.rnnt_loss(leaf @ w, targets, [5, 4], [2, 1], blank=0, reuse_logits_for_grad=reuse).backward()
         grads.append(leaf.grad)
     torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=0)
-    loss_path.check_ran()
+    path.check_ran()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -96,13 +96,13 @@ def test_reuse_logits_consumes_a_contiguous_joint_output(loss_path):
     [[4.7, 3.2, 5.0], np.array([3.5, 3.0, 4.0]), [True, 3, 4], torch.tensor([4.0, 3.0, 5.0]), ["4", 3, 4]],
     ids=["float-list", "float-numpy", "bool", "float-tensor", "str"],
 )
-def test_non_integer_lengths_are_refused_naming_the_element(loss_path, lengths):
-    x, targets = _ctc_problem(loss_path.device)
+def test_non_integer_lengths_are_refused_naming_the_element(path, lengths):
+    x, targets = _ctc_problem(path.device)
     with pytest.raises(ValueError, match=r"input_lengths"):
         sk.ctc_loss(x, targets, lengths, [2, 2, 1])
     with pytest.raises(ValueError, match=r"target_lengths"):
         sk.ctc_loss(x, targets, [6, 5, 4], lengths)
-    lg, tg = _rnnt_problem(loss_path.device, N=3)
+    lg, tg = _rnnt_problem(path.device, N=3)
     with pytest.raises(ValueError, match=r"logit_lengths"):
         sk.rnnt_loss(lg, tg, lengths, [2, 2, 1])
     if not isinstance(lengths, torch.Tensor):
@@ -110,9 +110,9 @@ def test_non_integer_lengths_are_refused_naming_the_element(loss_path, lengths):
             sk.ctc_loss(x, targets, lengths, [2, 2, 1])
 
 
-def test_integer_like_forms_give_the_same_loss(loss_path):
-    x, targets = _ctc_problem(loss_path.device)
-    lg, tg = _rnnt_problem(loss_path.device, N=3)
+def test_integer_like_forms_give_the_same_loss(path):
+    x, targets = _ctc_problem(path.device)
+    lg, tg = _rnnt_problem(path.device, N=3)
     forms = [[6, 5, 4], (6, 5, 4), np.array([6, 5, 4]), np.array([6, 5, 4], dtype=np.int32),
              [np.int64(6), np.int32(5), torch.tensor(4)], torch.tensor([6, 5, 4], dtype=torch.int32)]  # fmt: skip
     ctc = [sk.ctc_loss(x, targets, f, [2, 2, 1], blank=0, reduction="none") for f in forms]
@@ -132,32 +132,32 @@ def test_integer_like_forms_give_the_same_loss(loss_path):
 # what used to crash inside
 
 
-def test_ctc_batch_whose_targets_are_all_empty(loss_path):
-    x, _ = _ctc_problem(loss_path.device, N=2, T=4)
+def test_ctc_batch_whose_targets_are_all_empty(path):
+    x, _ = _ctc_problem(path.device, N=2, T=4)
     lp = x.log_softmax(-1).requires_grad_()
     for targets in (torch.zeros(2, 0, dtype=torch.long), torch.zeros(0, dtype=torch.long)):
-        out = sk.ctc_loss(lp, targets.to(loss_path.device), [4, 3], [0, 0], reduction="none")
+        out = sk.ctc_loss(lp, targets.to(path.device), [4, 3], [0, 0], reduction="none")
         # no labels: the only path is all blanks
         expected = -lp.detach()[:, :, 0].cpu().double()
         torch.testing.assert_close(out.cpu().double(), torch.stack([expected[:4, 0].sum(), expected[:3, 1].sum()]))
-        if not loss_path.name == "cuda":  # torch's own CTC agrees (its CPU kernel)
+        if not path.name == "cuda":  # torch's own CTC agrees (its CPU kernel)
             torch.testing.assert_close(
                 out.cpu(),
                 torch.nn.functional.ctc_loss(lp.detach().cpu(), targets, [4, 3], [0, 0], reduction="none"),
             )
-    loss_path.check_ran()
+    path.check_ran()
 
 
-def test_unchecked_out_of_range_labels_are_clamped_not_a_crash(loss_path):
+def test_unchecked_out_of_range_labels_are_clamped_not_a_crash(path):
     """validate=False promises clamped labels and lengths (meaningless numbers, never a fault or an IndexError):
     label 9 of 5 classes reads class 4, as the kernels do."""
-    x, _ = _ctc_problem(loss_path.device, N=2)
-    bad = torch.tensor([[9, 1], [-3, 2]], device=loss_path.device)
+    x, _ = _ctc_problem(path.device, N=2)
+    bad = torch.tensor([[9, 1], [-3, 2]], device=path.device)
     clamped = bad.clamp(0, 4)
     out = sk.ctc_loss(x, bad, [6, 6], [2, 2], reduction="none", validate=False)
     torch.testing.assert_close(out, sk.ctc_loss(x, clamped, [6, 6], [2, 2], reduction="none", validate=False))
-    lg, _ = _rnnt_problem(loss_path.device)
-    bad = torch.tensor([[9, 1], [-3, 2]], device=loss_path.device)
+    lg, _ = _rnnt_problem(path.device)
+    bad = torch.tensor([[9, 1], [-3, 2]], device=path.device)
     out = sk.rnnt_loss(lg, bad, [5, 5], [2, 2], blank=0, reduction="none", validate=False)
     expected = sk.rnnt_loss(lg, bad.clamp(0, 4), [5, 5], [2, 2], blank=0, reduction="none", validate=False)
     torch.testing.assert_close(out, expected)
@@ -169,8 +169,8 @@ def test_unchecked_out_of_range_labels_are_clamped_not_a_crash(loss_path):
 # NaN only where it is read
 
 
-def test_nan_past_the_lengths_is_not_read(loss_path):
-    x, targets = _ctc_problem(loss_path.device, N=2)
+def test_nan_past_the_lengths_is_not_read(path):
+    x, targets = _ctc_problem(path.device, N=2)
     x[5, 1] = float("nan")  # frame 5 of sample 1, whose input length is 4
     for logits in (True, False):
         xi = x.clone().requires_grad_()
@@ -178,7 +178,7 @@ def test_nan_past_the_lengths_is_not_read(loss_path):
         loss.backward(torch.ones_like(loss))
         assert torch.isfinite(loss).all() and torch.isfinite(xi.grad).all()
         assert (xi.grad[4:, 1] == 0).all()
-    lg, tg = _rnnt_problem(loss_path.device, U=3)
+    lg, tg = _rnnt_problem(path.device, U=3)
     lg[1, 4] = float("nan")  # frame 4 of sample 1 (3 frames)
     lg[1, :, 3] = float("nan")  # label row 3 of sample 1 (2 labels)
     for fused in (True, False):
@@ -187,7 +187,7 @@ def test_nan_past_the_lengths_is_not_read(loss_path):
         loss.backward(torch.ones_like(loss))
         assert torch.isfinite(loss).all() and torch.isfinite(xi.grad).all()
         assert (xi.grad[1, 3:] == 0).all() and (xi.grad[1, :, 3] == 0).all()
-    loss_path.check_ran()
+    path.check_ran()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -195,22 +195,22 @@ def test_nan_past_the_lengths_is_not_read(loss_path):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
-def test_loss_dtype_is_float32_or_float64(loss_path, dtype):
-    if dtype == torch.bfloat16 and loss_path.name == "triton":
+def test_loss_dtype_is_float32_or_float64(path, dtype):
+    if dtype == torch.bfloat16 and path.name == "triton":
         pytest.skip("the interpreter has no bfloat16")
     expected = torch.float64 if dtype == torch.float64 else torch.float32
-    x, targets = _ctc_problem(loss_path.device, dtype=dtype)
+    x, targets = _ctc_problem(path.device, dtype=dtype)
     for reduction in ("none", "mean"):
         assert sk.ctc_loss(x, targets, [6, 5, 4], [2, 2, 1], reduction=reduction).dtype == expected
-    lg, tg = _rnnt_problem(loss_path.device, dtype=dtype)
+    lg, tg = _rnnt_problem(path.device, dtype=dtype)
     for reduction in ("none", "sum"):
         assert sk.rnnt_loss(lg, tg, [5, 4], [2, 1], blank=0, reduction=reduction).dtype == expected
 
 
-def test_empty_batch(loss_path):
-    x = torch.randn(6, 0, 5, device=loss_path.device, requires_grad=True)
-    targets = torch.zeros(0, 2, dtype=torch.long, device=loss_path.device)
-    lg = torch.randn(0, 5, 3, 5, device=loss_path.device, requires_grad=True)
+def test_empty_batch(path):
+    x = torch.randn(6, 0, 5, device=path.device, requires_grad=True)
+    targets = torch.zeros(0, 2, dtype=torch.long, device=path.device)
+    lg = torch.randn(0, 5, 3, 5, device=path.device, requires_grad=True)
     none = sk.ctc_loss(x, targets, [], [], reduction="none")
     assert none.shape == (0,) and none.dtype == torch.float32
     total = sk.ctc_loss(x, targets, [], [], reduction="sum")
@@ -226,10 +226,10 @@ def test_empty_batch(loss_path):
 
 
 @pytest.mark.parametrize("fused", [True, False])
-def test_fastemit_conventions(loss_path, fused):
+def test_fastemit_conventions(path, fused):
     """NeMo reports (1 + lambda) times the loss, warp-rnnt the loss itself; both scale the label edges' gradient
     by 1 + lambda."""
-    x, targets = _rnnt_problem(loss_path.device)
+    x, targets = _rnnt_problem(path.device)
     lam = 0.3
     grads, losses = [], []
     for scale in (True, False):
@@ -249,7 +249,7 @@ def test_fastemit_conventions(loss_path, fused):
                               fused_log_softmax=fused, reduction="none", fastemit_lambda=lam,
                               fastemit_loss_scale=False)  # fmt: skip
     torch.testing.assert_close(losses[1].cpu().double(), ref.cpu(), rtol=1e-5, atol=1e-5)
-    loss_path.check_ran()
+    path.check_ran()
 
 
 def test_ctc_reference_oracle_matches_torch_on_empty_targets():
@@ -407,28 +407,28 @@ _launch_kernels = optional_module("launch_kernels")
 
 
 @pytest.mark.skipif(_launch_kernels is None, reason="needs Triton")
-def test_launch_gives_tritons_results_for_every_specialisation(kernel_device):
+def test_launch_gives_tritons_results_for_every_specialisation(path):
     """Launch calls the compiled kernel directly once a specialisation has run: an integer equal to 1 or a
     multiple of 16, a pointer off 16-byte alignment, another dtype or constexpr each take their own compiled
     kernel, and every call writes what Triton's launcher writes."""
     fast = Launch(_launch_kernels.axpy_kernel)
     cases = []
     for dtype in (torch.float32, torch.float16):
-        x = torch.randn(80, device=kernel_device).to(dtype)
+        x = torch.randn(80, device=path.device).to(dtype)
         for offset in (0, 1):  # x[1:] is 2 or 4 bytes off the allocation's alignment
             for n, a in ((1, 0.5), (5, -2.0), (16, 3.0), (37, 1.5)):
                 for scale in (1, 3):
                     cases.append((x[offset:], n, a, scale))
     for round in range(2):  # the second round runs every specialisation through the direct call
-        if round == 1 and kernel_device.type == "cuda":
+        if round == 1 and path.device.type == "cuda":
             fast.kernel = _NoLauncher()
         for x, n, a, scale in cases:
-            y = torch.full((64,), float("nan"), device=kernel_device, dtype=x.dtype)
+            y = torch.full((64,), float("nan"), device=path.device, dtype=x.dtype)
             fast[(1,)](x, y, n, a, SCALE=scale, BLOCK=64, num_warps=1)
             expected = torch.full((64,), float("nan"), dtype=torch.float64)
             expected[:n] = x[:n].double().cpu() * a * scale + n
             torch.testing.assert_close(y.double().cpu(), expected, equal_nan=True, rtol=1e-3, atol=1e-3)
-    if kernel_device.type == "cuda":
+    if path.device.type == "cuda":
         # dtypes x alignments x (n == 1, n % 16 == 0) classes x constexprs; floats are not part of the key
         assert len(fast._compiled) == 2 * 2 * 3 * 2
 
@@ -499,16 +499,16 @@ CONTENTS = [
 
 
 @pytest.mark.parametrize("kind,overrides,message", CONTENTS, ids=[f"{c[0]}: {c[2][:30]}" for c in CONTENTS])
-def test_bad_contents_are_refused_naming_argument_sample_and_value(loss_path, monkeypatch, kind, overrides, message):
+def test_bad_contents_are_refused_naming_argument_sample_and_value(path, monkeypatch, kind, overrides, message):
     lattice = optional_module("speechkernels._transducer.lattice")  # None without Triton: the PyTorch path only
 
-    loss_path.reset()
+    path.reset()
     device_checks = count_calls(monkeypatch, lattice, "validate_lengths_and_labels") if lattice is not None else []
     with pytest.raises(ValueError) as raised:
-        _contents_call(kind, loss_path.device, **overrides)()
+        _contents_call(kind, path.device, **overrides)()
     assert str(raised.value) == message
     # on the kernels' paths the device-side check found it (CTC's in its first kernel): no host check came first
-    assert len(loss_path.launches if kind.startswith("ctc") else device_checks) == int(loss_path.kernels)
+    assert len(path.launches if kind.startswith("ctc") else device_checks) == int(path.kernels)
 
 
 @pytest.mark.parametrize(
@@ -521,11 +521,11 @@ def test_bad_contents_are_refused_naming_argument_sample_and_value(loss_path, mo
      ("rnnt", dict(targets=[[1, 2], [5, 1]]), r"^targets: the device-side check read a label outside \[0, V=5\) in "
       r"sample 1's")],
 )  # fmt: skip
-def test_a_device_side_finding_names_the_sample_without_the_host_checks(loss_path, monkeypatch, kind, overrides,
+def test_a_device_side_finding_names_the_sample_without_the_host_checks(path, monkeypatch, kind, overrides,
                                                                        message):  # fmt: skip
     """Should the host-side re-check not confirm what the device found, the refusal still names the argument, the
     sample and the value (the device's bits per sample)."""
-    if not loss_path.kernels:
+    if not path.kernels:
         pytest.skip("the device-side check runs on the kernels' paths")
     from speechkernels._transducer import checks as transducer_checks
     from speechkernels.ctc import api as ctc_api
@@ -533,7 +533,7 @@ def test_a_device_side_finding_names_the_sample_without_the_host_checks(loss_pat
     monkeypatch.setattr(ctc_api, "check_label_contents", lambda *args: None)
     monkeypatch.setattr(transducer_checks, "check_contents", lambda *args: None)
     with pytest.raises(ValueError, match=message):
-        _contents_call(kind, loss_path.device, **overrides)()
+        _contents_call(kind, path.device, **overrides)()
 
 
 def test_the_package_works_without_triton():

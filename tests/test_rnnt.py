@@ -22,12 +22,6 @@ F32 = (torch.float32, 1e-5, 1e-5)  # dtype, loss rtol, gradient atol
 F16 = (torch.float16, 1e-2, 2e-3)
 
 
-@pytest.fixture
-def kernel_spy(monkeypatch):
-    """Counts launches of the Triton forward, so a test knows the kernels (not the reference) ran."""
-    return count_calls(monkeypatch, kernels, "rnnt_forward")
-
-
 def make_problem(seed, N, T, U, V, *, blank=None, dtype=torch.float64, device="cpu"):
     """Random scores, ragged lengths (the first sample uses the full lattice), labels avoiding the blank."""
     g = torch.Generator().manual_seed(seed)
@@ -190,28 +184,27 @@ def test_cpu_path_recomputes_what_it_cannot_scale(monkeypatch):
 
 @pytest.mark.parametrize("rnnt_type", ["rnnt", "rna"])
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
-@pytest.mark.parametrize("path", ["default", "pytorch"])  # under TRITON_INTERPRET=1 the default is the kernels
-def test_rnnt_loss_matches_reference_float32(rnnt_type, reduction, path, monkeypatch):
-    if path == "pytorch":
-        monkeypatch.setattr(rnnt_api, "kernels", None)
-    x, targets, il, tl, blank = make_problem(5, 4, 7, 3, 6, dtype=torch.float32)
+def test_rnnt_loss_matches_reference_float32(rnnt_type, reduction, path):
+    x, targets, il, tl, blank = make_problem(5, 4, 7, 3, 6, dtype=torch.float32, device=path.device)
     xs = x.clone().requires_grad_()
     out = sk.rnnt_loss(xs, targets, il, tl, blank=blank, reduction=reduction, rnnt_type=rnnt_type)
     assert out.dtype == torch.float32
-    ref, ref_grad = rnnt_forward_backward_reference(x, targets, il, tl, blank, rnnt_type=rnnt_type)
+    ref, ref_grad = rnnt_forward_backward_reference(x.cpu(), targets.cpu(), il.cpu(), tl.cpu(), blank,
+                                                    rnnt_type=rnnt_type)  # fmt: skip
     finite = torch.isfinite(ref)
     g = torch.rand(ref.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(6)) * finite
     if reduction == "none":
-        torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
-        out.backward(g.float())
+        torch.testing.assert_close(out.double().cpu(), ref, rtol=1e-5, atol=1e-5)
+        out.backward(g.float().to(path.device))
         expected_grad = (ref_grad * g[:, None, None, None]).float()
     else:
         expected = ref.sum() if reduction == "sum" else ref.mean()
-        torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out.double().cpu(), expected, rtol=1e-5, atol=1e-5)
         out.backward()
         expected_grad = (ref_grad / (1 if reduction == "sum" else len(ref))).float()
     assert xs.grad.dtype == torch.float32
-    torch.testing.assert_close(xs.grad, expected_grad, rtol=0, atol=1e-6)
+    torch.testing.assert_close(xs.grad.cpu(), expected_grad, rtol=0, atol=1e-6)
+    path.check_ran()
 
 
 def test_rnnt_loss_edge_cases():
@@ -313,7 +306,7 @@ def test_gpu_rnnt_loss_matches_torchaudio(gpu):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# the Triton kernels: one body on the CPU (interpreter) and on the GPU (kernel_device)
+# the Triton kernels: one body on the CPU (interpreter) and on the GPU (path.device)
 
 
 def compare_kernels(x, targets, il, tl, blank, *, tol=F32, reduction="none", seed=0, **kwargs):
@@ -335,34 +328,37 @@ def compare_kernels(x, targets, il, tl, blank, *, tol=F32, reduction="none", see
     return out, xin.grad
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("rnnt_type", ["rnnt", "rna"])
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("seed", range(2))
-def test_kernels_match_reference(kernel_device, kernel_spy, rnnt_type, fused, seed):
+def test_kernels_match_reference(path, rnnt_type, fused, seed):
     g = torch.Generator().manual_seed(200 + seed)
     N, T, U, V = (int(torch.randint(lo, hi, (1,), generator=g)) for lo, hi in ((1, 5), (1, 9), (0, 6), (2, 40)))
     blank = int(torch.randint(0, V, (1,), generator=g))
-    x, targets, il, tl, blank = make_problem(seed, N, T, U, V, blank=blank, device=kernel_device)
+    x, targets, il, tl, blank = make_problem(seed, N, T, U, V, blank=blank, device=path.device)
     if not fused:  # not normalised
         x = x.log_softmax(-1) + 0.3 * torch.randn(x.shape, generator=g, dtype=x.dtype).to(x.device)
     lam = [0.0, 0.3][seed]
     compare_kernels(x, targets, il, tl, blank, fused_log_softmax=fused, rnnt_type=rnnt_type, fastemit_lambda=lam)
-    assert kernel_spy
+    assert path.launches
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
-def test_kernels_reductions_and_clamp(kernel_device, kernel_spy, reduction):
-    x, targets, il, tl, blank = make_problem(12, 3, 6, 3, 9, device=kernel_device)
+def test_kernels_reductions_and_clamp(path, reduction):
+    x, targets, il, tl, blank = make_problem(12, 3, 6, 3, 9, device=path.device)
     compare_kernels(x * 3, targets, il, tl, blank, reduction=reduction, clamp=0.05)
     # int32 lengths and labels go to the kernels as they are
     compare_kernels(x, targets.int(), il.int(), tl.int(), blank, reduction=reduction)
-    assert kernel_spy
+    assert path.launches
 
 
-def test_kernels_edge_cases(kernel_device, kernel_spy):
+@pytest.mark.kernels
+def test_kernels_edge_cases(path):
     """U = 0, T = 1, no frames (impossible with labels), RNA with more labels than frames, a NaN."""
     V = 6
-    x = torch.randn(6, 4, 4, V, dtype=torch.float64, generator=torch.Generator().manual_seed(13)).to(kernel_device)
+    x = torch.randn(6, 4, 4, V, dtype=torch.float64, generator=torch.Generator().manual_seed(13)).to(path.device)
     targets = torch.tensor([[1, 2, 3], [1, 1, 2], [3, 0, 1], [2, 3, 4], [1, 2, 1], [4, 4, 4]])
     il = torch.tensor([4, 1, 0, 0, 2, 3])
     tl = torch.tensor([0, 3, 1, 0, 3, 2])
@@ -379,15 +375,16 @@ def test_kernels_edge_cases(kernel_device, kernel_spy):
     out, _ = compare_kernels(x[[0, 1, 3, 4, 5]], targets[[0, 1, 3, 4, 5]], il[[0, 1, 3, 4, 5]],
                              tl[[0, 1, 3, 4, 5]], 5, reduction="sum")  # fmt: skip
     assert out.isnan()
-    assert kernel_spy
+    assert path.launches
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("blocks", [(2, 8, 1), (4, 16, 2)])
-def test_kernels_several_chunks_and_u_blocks(kernel_device, kernel_spy, monkeypatch, blocks):
+def test_kernels_several_chunks_and_u_blocks(path, monkeypatch, blocks):
     """Blocks smaller than a row: the log-sum-exp runs online over several chunks of classes, and a row's cells
     spread over several programs (the tuned blocks cover whole rows at these sizes)."""
     monkeypatch.setattr(kernels, "_row_blocks", lambda U1, V: blocks)
-    x, targets, il, tl, blank = make_problem(15, 3, 5, 6, 37, device=kernel_device)
+    x, targets, il, tl, blank = make_problem(15, 3, 5, 6, 37, device=path.device)
     compare_kernels(x, targets, il, tl, blank, fastemit_lambda=0.2, clamp=0.3)
     # consuming the logits, the backward computes the log-sum-exps again, chunk by chunk, before writing
     kw = dict(blank=blank, reduction="sum", fastemit_lambda=0.2, clamp=0.3)
@@ -396,14 +393,15 @@ def test_kernels_several_chunks_and_u_blocks(kernel_device, kernel_spy, monkeypa
     logits = x.float().requires_grad_() * 1.0
     sk.rnnt_loss(logits, targets, il, tl, **kw, reuse_logits_for_grad=True).backward()
     torch.testing.assert_close(logits.detach(), plain.grad, rtol=0, atol=1e-6)
-    assert kernel_spy
+    assert path.launches
 
 
-def test_kernels_batch_reduction_and_validation_in_several_tiles(kernel_device, kernel_spy, monkeypatch):
+@pytest.mark.kernels
+def test_kernels_batch_reduction_and_validation_in_several_tiles(path, monkeypatch):
     """The last program's batch sum and the validation loop over more samples than one tile holds."""
     monkeypatch.setattr(kernels, "_batch_block", lambda N: 4)
     monkeypatch.setattr(transducer_checks.lattice, "_validate_blocks", lambda N, U: (4, 16))
-    x, targets, il, tl, blank = make_problem(16, 11, 3, 2, 5, device=kernel_device)
+    x, targets, il, tl, blank = make_problem(16, 11, 3, 2, 5, device=path.device)
     with torch.no_grad():  # loss only: the halves kernel sums
         out = sk.rnnt_loss(x.float(), targets, il, tl, blank=blank, reduction="sum")
     torch.testing.assert_close(out.double(), sk.rnnt.rnnt_loss_reference(x, targets, il, tl, blank, reduction="sum"))
@@ -414,16 +412,17 @@ def test_kernels_batch_reduction_and_validation_in_several_tiles(kernel_device, 
     bad[10] = 3  # past targets.shape[1] = 2: found in the last tile
     with pytest.raises(ValueError, match=r"target_lengths\[10\]"):
         sk.rnnt_loss(x.float(), targets, il, bad, blank=blank)
-    assert kernel_spy
+    assert path.launches
 
 
-def test_kernels_strided_logits_and_float16(kernel_device, kernel_spy):
-    x, targets, il, tl, blank = make_problem(14, 3, 7, 4, 10, device=kernel_device)
+@pytest.mark.kernels
+def test_kernels_strided_logits_and_float16(path):
+    x, targets, il, tl, blank = make_problem(14, 3, 7, 4, 10, device=path.device)
     strided = x.transpose(1, 2).contiguous().transpose(1, 2)  # same values, T and U strides swapped
     assert not strided.is_contiguous()
     compare_kernels(strided, targets, il, tl, blank)
     compare_kernels(x, targets, il, tl, blank, tol=F16)
-    assert kernel_spy
+    assert path.launches
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -464,9 +463,10 @@ def test_gpu_deterministic(gpu):
         assert torch.equal(loss, results[0][0]) and torch.equal(grad, results[0][1])
 
 
-def test_kernels_reuse_logits_for_grad(kernel_device, kernel_spy):
+@pytest.mark.kernels
+def test_kernels_reuse_logits_for_grad(path):
     """The gradient lands in the logits' storage and equals the ordinary one."""
-    x, targets, il, tl, blank = make_problem(15, 3, 6, 3, 7, dtype=torch.float32, device=kernel_device)
+    x, targets, il, tl, blank = make_problem(15, 3, 6, 3, 7, dtype=torch.float32, device=path.device)
     xa = x.clone().requires_grad_()
     sk.rnnt_loss(xa, targets, il, tl, blank=blank, fastemit_lambda=0.2, clamp=0.3).backward()
     joint = x.clone().requires_grad_()
@@ -479,20 +479,21 @@ def test_kernels_reuse_logits_for_grad(kernel_device, kernel_spy):
     torch.testing.assert_close(joint.grad, xa.grad, rtol=1e-6, atol=1e-8)
     torch.testing.assert_close(logits.detach(), joint.grad, rtol=0, atol=0)  # consumed: it holds the gradient now
     assert logits.data_ptr() == storage
-    assert kernel_spy
+    assert path.launches
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("reduction", ["mean", "none"])
-def test_kernels_through_torch_compile(kernel_device, kernel_spy, reduction):
+def test_kernels_through_torch_compile(path, reduction):
     """The torch.library op (fake shapes, autograd registration) under torch.compile's tracing: whole graph, with
     inductor on the GPU (which checks the alignment of the op's outputs: the batch mean is one of them)."""
-    x, targets, il, tl, blank = make_problem(16, 2, 5, 3, 6, dtype=torch.float32, device=kernel_device)
+    x, targets, il, tl, blank = make_problem(16, 2, 5, 3, 6, dtype=torch.float32, device=path.device)
 
     def f(v):
         return sk.rnnt_loss(v, targets, il, tl, blank=blank, reduction=reduction, validate=False).sum() * 2.0
 
-    check_compiled_matches_eager(f, x, backend="aot_eager" if kernel_device.type == "cpu" else "inductor")
-    assert kernel_spy
+    check_compiled_matches_eager(f, x, backend="aot_eager" if path.device.type == "cpu" else "inductor")
+    assert path.launches
 
 
 @pytest.mark.gpu
@@ -514,13 +515,14 @@ def test_gpu_more_than_2_31_logits(gpu):
     check_batch_halves(lambda v, sl: sk.rnnt_loss(v, targets[sl], il[sl], tl[sl], reduction="none"), x)
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("seed", range(3))
-def test_kernels_random_shapes_with_a_zero_probability(kernel_device, kernel_spy, seed):
+def test_kernels_random_shapes_with_a_zero_probability(path, seed):
     """Random shapes (labels outnumbering frames too: the skewed lattice rows wrap), a -inf score."""
     g = torch.Generator().manual_seed(300 + seed)
     N, T, U, V = (int(torch.randint(lo, hi, (1,), generator=g)) for lo, hi in ((1, 5), (1, 9), (0, 7), (2, 20)))
-    x, targets, il, tl, blank = make_problem(seed, N, T, U, V, device=kernel_device)
+    x, targets, il, tl, blank = make_problem(seed, N, T, U, V, device=path.device)
     x[0, 0, 0, 0] = -math.inf  # a zero probability
     out, _ = compare_kernels(x, targets, il, tl, blank, fastemit_lambda=0.1 * seed)
     assert torch.isfinite(out).all() or seed == 0
-    assert kernel_spy
+    assert path.launches

@@ -197,7 +197,7 @@ TDT_OPTIONS = [
 
 @pytest.mark.parametrize("opts", TDT_OPTIONS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_tdt_loss_matches_reference(loss_path, opts, dtype):
+def test_tdt_loss_matches_reference(path, opts, dtype):
     """Values and gradients of the public loss (each path) against the float64 reference on fresh random inputs
     (ragged lengths, a sample without labels), for each option; float32 in, float32 out."""
     from speechkernels import tdt_loss
@@ -207,9 +207,9 @@ def test_tdt_loss_matches_reference(loss_path, opts, dtype):
     x, targets, il, tl = tdt_case(60 + len(opts), 4, 7, 3, 6, 4, blank=blank, dtype=dtype)
     tl[1] = 0
     x = x if opts.get("fused_log_softmax", True) else torch.log_softmax(x, -1)
-    xd, td, ild, tld = on(loss_path.device, x, targets, il, tl)
+    xd, td, ild, tld = on(path.device, x, targets, il, tl)
     loss, grad = grads_of(lambda v: tdt_loss(v, td, ild, tld, durations, **opts), xd)
-    loss_path.check_ran(dtype != torch.float64)
+    path.check_ran(dtype != torch.float64)
     loss, grad = loss.cpu(), grad.cpu()
     ropts = {k: v for k, v in opts.items() if k not in ("blank", "sigma")}
     ropts.setdefault("reduction", "mean")
@@ -235,15 +235,15 @@ def test_tdt_clamp_leaves_the_durations_gradient():
 
 @pytest.mark.parametrize("opts", [dict(), dict(reduction="none", sigma=0.05, clamp=0.03, fastemit_lambda=0.2),
                                   dict(reduction="sum", fused_log_softmax=False)])  # fmt: skip
-def test_multiblank_loss_matches_reference(loss_path, opts):
+def test_multiblank_loss_matches_reference(path, opts):
     """The public multi-blank loss (each path, float32) against its float64 reference (values and gradients)."""
     from speechkernels import multiblank_rnnt_loss
 
     x, targets, il, tl = make_case(71, 3, 8, 3, 7, avoid=(4, 5, 6))
     x = x if opts.get("fused_log_softmax", True) else torch.log_softmax(x, -1)
-    xd, td, ild, tld = on(loss_path.device, x.float(), targets, il, tl)
+    xd, td, ild, tld = on(path.device, x.float(), targets, il, tl)
     loss, grad = grads_of(lambda v: multiblank_rnnt_loss(v, td, ild, tld, [2, 4], **opts), xd)
-    loss_path.check_ran()
+    path.check_ran()
     ro = {k: v for k, v in opts.items() if k != "sigma"}
     ref, rgrad = grads_of(lambda v: multiblank_rnnt_loss_reference(v, targets, il, tl, [2, 4], -1,
                                                                    opts.get("sigma", 0.0), **ro), x)  # fmt: skip
@@ -252,11 +252,11 @@ def test_multiblank_loss_matches_reference(loss_path, opts):
 
 
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
-def test_multiblank_loss_without_big_blanks_is_rnnt_loss(loss_path, reduction):
+def test_multiblank_loss_without_big_blanks_is_rnnt_loss(path, reduction):
     """Without big blanks the multi-blank loss is rnnt_loss (values and gradients, float32, each path)."""
     from speechkernels import multiblank_rnnt_loss, rnnt_loss
 
-    y, targets, il, tl = on(loss_path.device, *make_case(72, 3, 6, 3, 5, avoid=(4,), dtype=torch.float32))
+    y, targets, il, tl = on(path.device, *make_case(72, 3, 6, 3, 5, avoid=(4,), dtype=torch.float32))
     ours = grads_of(lambda v: multiblank_rnnt_loss(v, targets, il, tl, [], reduction=reduction), y)
     theirs = grads_of(lambda v: rnnt_loss(v, targets, il, tl, reduction=reduction), y)
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
@@ -299,19 +299,19 @@ def test_tdt_omega_draws_from_the_generator():
 
 
 @pytest.mark.parametrize("T, U, durations", [(1, 0, [1]), (1, 2, [0, 1]), (5, 0, [2, 3]), (4, 2, [0, 3])])
-def test_tdt_small_shapes_match_reference(loss_path, T, U, durations):
+def test_tdt_small_shapes_match_reference(path, T, U, durations):
     """U = 0, T = 1, durations that overshoot T: the public loss (each path, float32) is the reference's."""
     from speechkernels import tdt_loss
 
     x, targets, il, tl = tdt_case(74 + T, 3, T, U, 4, len(durations))
-    xd, td, ild, tld = on(loss_path.device, x.float(), targets, il, tl)
+    xd, td, ild, tld = on(path.device, x.float(), targets, il, tl)
     loss, grad = grads_of(lambda v: tdt_loss(v, td, ild, tld, durations, reduction="none"), xd)
     ref, rgrad = grads_of(lambda v: tdt_loss_reference(v, targets, il, tl, durations, reduction="none"), x)
     torch.testing.assert_close(loss.cpu().double(), ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(grad.cpu().double(), rgrad, rtol=1e-5, atol=1e-5)
 
 
-def test_tdt_no_frames_and_nan_confinement(loss_path):
+def test_tdt_no_frames_and_nan_confinement(path):
     """A sample with no frames (+inf, zero gradient); a NaN in a cell no sample reads has no effect, one in a cell
     a sample reads makes that sample's loss NaN only (each path)."""
     from speechkernels import tdt_loss
@@ -321,9 +321,9 @@ def test_tdt_no_frames_and_nan_confinement(loss_path):
     x[1, 4] = math.nan  # past sample 1's frames
     x[1, 1, 2] = math.nan  # read by sample 1 (t=1 < 3, u=2 <= 2)
     x[2, 0, 2] = math.nan  # past sample 2's labels
-    x, targets, il, tl = on(loss_path.device, x, targets, il, tl)
+    x, targets, il, tl = on(path.device, x, targets, il, tl)
     loss, grad = grads_of(lambda v: tdt_loss(v, targets, il, tl, [0, 1, 2], reduction="none"), x)
-    loss_path.check_ran()
+    path.check_ran()
     loss, grad = loss.cpu(), grad.cpu()
     assert math.isinf(loss[0]) and (grad[0] == 0).all()
     assert math.isnan(loss[1]) and math.isfinite(loss[2])
@@ -434,15 +434,15 @@ def _both_losses(device, dtype=torch.float32, seed=80, N=3, T=6, U=3, **opts):
     ]
 
 
-def test_tdt_kernels_through_torch_compile(loss_path):
+def test_tdt_kernels_through_torch_compile(path):
     """The torch.library op (fake shapes, autograd registration) under torch.compile's whole-graph tracing, both
     losses: aot_eager on the interpreter, inductor on the GPU (which checks the outputs' alignment)."""
-    if not loss_path.kernels:
+    if not path.kernels:
         pytest.skip("the kernels' op")
-    backend = "inductor" if loss_path.device.type == "cuda" else "aot_eager"
-    for _name, fn, x in _both_losses(loss_path.device, validate=False, reduction="none"):
+    backend = "inductor" if path.device.type == "cuda" else "aot_eager"
+    for _name, fn, x in _both_losses(path.device, validate=False, reduction="none"):
         check_compiled_matches_eager(lambda v, fn=fn: fn(v).sum() * 2.0, x, backend=backend)
-    loss_path.check_ran()
+    path.check_ran()
 
 
 @pytest.mark.gpu

@@ -12,7 +12,6 @@ from helpers import (
     FixedPath,
     check_float32_against_float64,
     check_graph_replay_matches_eager,
-    count_calls,
     leaf_grads,
     rel,
 )
@@ -83,8 +82,8 @@ def test_float64_path_is_the_unfused_composition():
         ((3, 9, 5, 17, 6), OPTIONS[3], "none"),
     ],
 )
-def test_tdt_joint_loss_matches_float64(loss_path, size, opts, reduction):
-    _check_against_float64(loss_path, *size, opts, reduction)
+def test_tdt_joint_loss_matches_float64(path, size, opts, reduction):
+    _check_against_float64(path, *size, opts, reduction)
 
 
 SMALL = [
@@ -96,13 +95,13 @@ SMALL = [
 
 
 @pytest.mark.parametrize("size, durations", SMALL)
-def test_tdt_joint_loss_small_and_empty_lattices(loss_path, size, durations):
+def test_tdt_joint_loss_small_and_empty_lattices(path, size, durations):
     """U = 0, T = 1, more labels than frames, one duration and five."""
-    _check_against_float64(loss_path, *size, {}, durations=durations)
+    _check_against_float64(path, *size, {}, durations=durations)
 
 
-def test_tdt_joint_loss_impossible_sample_and_nan_confinement(loss_path):
-    dev = loss_path.device
+def test_tdt_joint_loss_impossible_sample_and_nan_confinement(path):
+    dev = path.device
     xs, tg, il, tl = make_case(3, 6, 3, 20, 11, 4, device=dev)
     xs[0][2, 1, 5] = float("nan")  # a frame sample 2 reads
     il = torch.tensor([6, 0, 6], device=dev)  # sample 1: labels but no frames (no path)
@@ -181,29 +180,22 @@ def test_tdt_joint_module():
         sk.TDTJointLoss(12, 10, 16, 9, [0, 1], rnnt_type="rna")
 
 
-@pytest.fixture
-def kernel_spy(monkeypatch):
-    """Counts calls of the fused lattice, so a test knows the kernels (not the PyTorch path) ran."""
-    from speechkernels._transducer import joint_kernels
-
-    return count_calls(monkeypatch, joint_kernels, "joint_lattice")
-
-
-def test_tdt_joint_kernels_through_torch_compile(kernel_device, kernel_spy):
+@pytest.mark.kernels
+def test_tdt_joint_kernels_through_torch_compile(path):
     """The loss and all four gradients through torch.compile (whole graph: the library ops' fake shapes and
     autograd registration) equal eager's, bit for bit."""
-    xs, tg, il, tl = make_case(3, 9, 4, 20, 11, 4, seed=5, device=kernel_device)
+    xs, tg, il, tl = make_case(3, 9, 4, 20, 11, 4, seed=5, device=path.device)
 
     def f(enc, pred, weight, b):
         return sk.tdt_joint_loss(enc, pred, weight, b, tg, il, tl, DURATIONS, validate=False, sigma=0.02) * 2.0
 
-    compiled = torch.compile(f, fullgraph=True, backend="aot_eager" if kernel_device.type == "cpu" else "inductor")
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager" if path.device.type == "cpu" else "inductor")
     la, ga = leaf_grads(xs, compiled)
     lb, gb = leaf_grads(xs, f)
     torch.testing.assert_close(la, lb, rtol=0, atol=0)
     for a, b in zip(ga, gb, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
-    assert kernel_spy
+    assert path.launches
 
 
 def _check_16bit(device, dtype, size):
@@ -224,9 +216,10 @@ def _check_16bit(device, dtype, size):
     assert torch.equal(loss, again[0]) and all(torch.equal(a, b) for a, b in zip(grads, again[1], strict=True))
 
 
-def test_tdt_joint_kernels_float16_inputs(kernel_device, kernel_spy):
-    _check_16bit(kernel_device, torch.float16, (3, 11, 4, 40, 37))
-    assert kernel_spy
+@pytest.mark.kernels
+def test_tdt_joint_kernels_float16_inputs(path):
+    _check_16bit(path.device, torch.float16, (3, 11, 4, 40, 37))
+    assert path.launches
 
 
 @pytest.mark.gpu
@@ -289,8 +282,8 @@ def _check_multiblank_against_float64(path, N, T, U, H, V, opts, reduction="none
         ((3, 4, 6, 24, 7), dict(dropout=0.2), "mean"),
     ],
 )
-def test_multiblank_joint_loss_matches_float64(loss_path, size, opts, reduction):
-    _check_multiblank_against_float64(loss_path, *size, opts, reduction)
+def test_multiblank_joint_loss_matches_float64(path, size, opts, reduction):
+    _check_multiblank_against_float64(path, *size, opts, reduction)
 
 
 def test_multiblank_joint_float64_path_is_the_unfused_composition():

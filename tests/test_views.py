@@ -1,6 +1,6 @@
 """Inputs as users hold them: every tensor argument of every public loss, of the aligner and of WaveNet generation
 given as a view (strided, transposed, at an offset, expanded where its values allow) gives, bit for bit, what the
-same values give contiguous, on every path (``loss_path``: the PyTorch path, the Triton kernels under the
+same values give contiguous, on every path (``path``: the PyTorch path, the Triton kernels under the
 interpreter, the GPU).
 
 Each hypothesis example draws a small ragged problem (empty batches and empty label sets included, lengths equal
@@ -272,9 +272,9 @@ def _run(problem: Problem, tensors: list, upstream: Callable | None) -> list:
 @pytest.mark.parametrize("function", list(PROBLEMS))
 @settings(max_examples=min(settings.default.max_examples, 20))  # on the GPU each new size compiles kernels
 @given(data=st.data())
-def test_views_give_the_results_of_contiguous_inputs(loss_path, function, data):
-    loss_path.reset()
-    problem = PROBLEMS[function](data.draw, loss_path)
+def test_views_give_the_results_of_contiguous_inputs(path, function, data):
+    path.reset()
+    problem = PROBLEMS[function](data.draw, path)
     seed = data.draw(st.integers(0, 2**31 - 1))
     g = _gen(seed)
     w = None
@@ -303,15 +303,15 @@ def test_views_give_the_results_of_contiguous_inputs(loss_path, function, data):
                 msg=lambda m, k=k: f"{function}: output {k}, views of {chosen}: {m}",
             )
     if function != "wavenet_generate":
-        loss_path.check_ran(problem.check_ran)
+        path.check_ran(problem.check_ran)
 
 
 @pytest.mark.parametrize("validate", [True, False])
-def test_lengths_as_columns_of_one_tensor(loss_path, validate):
+def test_lengths_as_columns_of_one_tensor(path, validate):
     """k2 keeps each sample's frames and labels as columns of one tensor: ``boundary[:, 0]`` has stride 2. The
     losses of such lengths are those of their contiguous copies, and the float64 reference's."""
     torch.manual_seed(0)
-    dev = loss_path.device
+    dev = path.device
     L = torch.tensor([[6, 3], [4, 2]], device=dev)
     x = torch.randn(2, 6, 4, 5).to(dev)
     y = torch.randint(0, 4, (2, 3), dtype=torch.int32).to(dev)
@@ -329,4 +329,4 @@ def test_lengths_as_columns_of_one_tensor(loss_path, validate):
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
     reference = ctc_loss_reference(lp.double().cpu(), targets.cpu(), B[:, 1].cpu(), B[:, 3].cpu(), reduction="none")
     torch.testing.assert_close(got.double().cpu(), reference, rtol=1e-6, atol=1e-6)
-    loss_path.check_ran()
+    path.check_ran()
