@@ -14,6 +14,7 @@ import torch
 import triton
 
 import speechkernels as sk
+from speechkernels._transducer.options import TransducerOptions
 from speechkernels.bench.common import kernel_times_ms, time_ms
 from speechkernels.bench.rnnt import make_inputs
 from speechkernels.rnnt import kernels
@@ -46,7 +47,7 @@ def warps_sweep(T, U, V, N, warps_list):
             kernels._recursion_warps = lambda block, N, w=w: w
 
             def fwd():
-                return kernels.rnnt_forward(logits, targets, il, tl, 0, True, 1.0, False, True)
+                return kernels.rnnt_forward(logits, targets, il, tl, TransducerOptions(0, reduction="none"), True)
 
             ms = time_ms(fwd, dev, reps=5)
             loss = fwd()[0]

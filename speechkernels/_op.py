@@ -12,7 +12,9 @@ under torch.compile, which traces it as one opaque op through the fake function.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
+import typing
 from collections.abc import Callable, Iterator
 
 import torch
@@ -35,13 +37,24 @@ class LossOp:
         n_state: how many state tensors ``forward`` returns.
         grads: names of the inputs that have gradients, space-separated, in the order ``backward`` returns them
             (saved inputs: the backward op's fake makes its gradients' shapes from them).
+        options: the op's option values by name ({"opts": TransducerOptions, ...}: NamedTuple types whose fields
+            are int, float, bool, str or tuple[int, ...]): the last inputs of ``apply``, ``forward`` and
+            ``forward_fake`` are one value of each, in this order, and the backward takes those it names as
+            parameters, after its non-tensor inputs and in this order; the ops' schemas hold their fields as
+            scalars, after ``inputs``.
     """
 
     def __init__(
         self, name: str, inputs: str, forward: Callable, forward_fake: Callable, backward: Callable, *,
-        n_state: int, grads: str,
+        n_state: int, grads: str, options: dict[str, type] | None = None,
     ) -> None:  # fmt: skip
         self.name = name
+        self._options = options = dict(options or {})
+        if options:
+            inputs = ", ".join([inputs, *map(options_schema, options.values())])
+            forward, forward_fake = _with_options(forward, options), _with_options(forward_fake, options)
+            named = inspect.signature(backward).parameters
+            backward = _with_options(backward, {k: t for k, t in options.items() if k in named})
         params = [p.strip().rsplit(" ", 1) for p in inputs.split(",")]
         self.types = {arg: typ for typ, arg in params}
         self.names = [arg for _typ, arg in params]
@@ -70,6 +83,10 @@ class LossOp:
         args = []
         while params and params[0].name in self.types:
             args.append(params.pop(0).name)
+        for key, options in self._options.items():  # an option value's fields, in order
+            if params and params[0].name == key:
+                params.pop(0)
+                args += options._fields
         if len(state) < n_state or any(p.name in self.types for p in state):
             raise ValueError(f"{self.name}: the backward's parameters {[p.name for p in state]} are not n_state="
                              f"{n_state} state tensors after the saved inputs {saved}")  # fmt: skip
@@ -79,6 +96,9 @@ class LossOp:
 
     def apply(self, *inputs):
         """The loss (``forward``'s out), differentiable with respect to the ``grads`` inputs."""
+        if self._options:
+            k = len(inputs) - len(self._options)
+            inputs = (*inputs[:k], *(field for value in inputs[k:] for field in value))
         if torch.compiler.is_compiling():
             return self._fwd_op(*inputs)[0]
         return self._function.apply(*inputs)
@@ -173,8 +193,9 @@ def _float32_but_float64(dtype: torch.dtype) -> torch.dtype:
 
 
 def pytorch_path_op(
-    name: str, inputs: str, losses: Callable, batch_dim: int, grad_dtype: Callable = _float32_but_float64
-) -> LossOp:
+    name: str, inputs: str, losses: Callable, batch_dim: int, grad_dtype: Callable = _float32_but_float64,
+    options: dict[str, type] | None = None,
+) -> LossOp:  # fmt: skip
     """A loss's PyTorch path as a LossOp, so that under torch.compile it is one opaque op whose checks of the
     tensors' contents and per-sample branches run on real values (whole graph, no recompilation per length).
 
@@ -183,7 +204,7 @@ def pytorch_path_op(
     contiguous (a reduction's rounding depends on its layout: a view gives the bits of its contiguous copy).
     The op's loss is float32 (float64 for float64 x); its gradient, of dtype ``grad_dtype(x.dtype)``, is kept
     and scaled by the upstream gradient along x's ``batch_dim`` in the backward, then cast to x's dtype (by
-    default float32, float64 for float64 x)."""
+    default float32, float64 for float64 x). ``options``: as LossOp's (``losses`` takes the values last)."""
     names = [p.strip().rsplit(" ", 1)[1] for p in inputs.split(",")]
     if names[0] != "x" or "need_grad" not in names:
         raise ValueError(f"{name}: the inputs must start with x and have need_grad, got {names}")
@@ -209,7 +230,7 @@ def pytorch_path_op(
         shape[batch_dim] = -1
         return (kept_grad * grad_out.to(kept_grad.dtype).view(shape)).to(x.dtype)
 
-    return LossOp(name, inputs, forward, forward_fake, backward, n_state=1, grads="x")
+    return LossOp(name, inputs, forward, forward_fake, backward, n_state=1, grads="x", options=options)
 
 
 _AUTOGRAD_KEYS = [getattr(torch._C.DispatchKey, k) for k in ("ADInplaceOrView", "AutogradFunctionality")
@@ -281,3 +302,31 @@ def _camel(name: str) -> str:
 def _one_or_tuple(xs: tuple):
     """An op's outputs as its schema has them: "-> (Tensor)" is one tensor, not a tuple of one."""
     return xs[0] if len(xs) == 1 else xs
+
+
+_SCHEMA_TYPES = {int: "int", float: "float", bool: "bool", str: "str", tuple[int, ...]: "int[]"}
+
+
+def options_schema(options: type) -> str:
+    """The scalar inputs of an op's schema for a NamedTuple type of options: "int blank, float clamp, ..."."""
+    hints = typing.get_type_hints(options)
+    return ", ".join(f"{_SCHEMA_TYPES[hints[f]]} {f}" for f in options._fields)
+
+
+def _with_options(fn: Callable, options: dict[str, type]) -> Callable:
+    """``fn(*inputs, *values)`` (one value of each of ``options``' types) called with the ops' flat inputs, each
+    value's fields in turn (``inspect.signature`` still shows fn's, which LossOp reads for the backward)."""
+    if not options:
+        return fn
+    sizes = [len(t._fields) for t in options.values()]
+    n = sum(sizes)
+
+    @functools.wraps(fn)
+    def flat(*args):
+        values, at = [], len(args) - n
+        for t, size in zip(options.values(), sizes, strict=True):
+            values.append(t._make(args[at : at + size]))
+            at += size
+        return fn(*args[: len(args) - n], *values)
+
+    return flat

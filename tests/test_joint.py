@@ -19,6 +19,7 @@ from helpers import (
 import speechkernels as sk
 from speechkernels._transducer.activations import drop_threshold
 from speechkernels._transducer.joint_reference import dropout_keep, joint_hidden
+from speechkernels._transducer.options import JointNetworkOptions, TransducerOptions
 from speechkernels.rnnt import joint_reference
 from speechkernels.rnnt.joint_reference import RNNTJointLossReferenceFunction
 from speechkernels.rnnt.reference import rnnt_loss_reference
@@ -67,9 +68,9 @@ def test_reference_matches_unfused_composition(opts, monkeypatch):
     upstream = torch.rand(3, dtype=torch.float64)
 
     def fused(e, p, w, b):
-        return RNNTJointLossReferenceFunction.apply(
-            e, p, w, b, tg, il, tl, 0, act, drop, seed, fe, clamp, rt, scale, torch.float64
-        )
+        opts = TransducerOptions(blank=0, clamp=clamp, fastemit_lambda=fe, fastemit_loss_scale=scale, rnnt_type=rt)
+        net = JointNetworkOptions(act, drop, *seed)
+        return RNNTJointLossReferenceFunction.apply(e, p, w, b, tg, il, tl, opts, net, torch.float64)
 
     def unfused(e, p, w, b):
         logits = torch.nn.functional.linear(joint_hidden(e, p, 0, 7, act, drop, seed), w, b)

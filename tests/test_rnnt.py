@@ -12,6 +12,7 @@ from helpers import check_batch_halves, check_compiled_matches_eager, check_grap
 
 import speechkernels as sk
 from speechkernels._transducer import checks as transducer_checks
+from speechkernels._transducer.options import TransducerOptions
 from speechkernels.rnnt import api as rnnt_api
 from speechkernels.rnnt import reference as rnnt_reference
 from speechkernels.rnnt.reference import rnnt_forward_backward_reference, rnnt_losses_reference
@@ -86,7 +87,8 @@ def test_reference_gradcheck(rnnt_type, fused):
     x = (x if fused else x.log_softmax(-1)).detach().requires_grad_()
 
     def f(v):
-        return rnnt_losses_reference(v, targets, il, tl, blank, fused, 0.0, -1.0, rnnt_type)
+        return rnnt_losses_reference(v, targets, il, tl, TransducerOptions(blank, fused_log_softmax=fused,
+                                                                          rnnt_type=rnnt_type))  # fmt: skip
 
     assert torch.autograd.gradcheck(f, (x,))
 
@@ -154,8 +156,9 @@ def test_cpu_path_matches_reference(fused, dtype):
         extra = (0.3 if seed % 3 == 0 else 0.0, 0.5 if seed % 4 == 0 else -1.0, "rnnt")
         ref_loss, ref_grad = rnnt_forward_backward_reference(x.double(), tg, il, tl, blank, fused, *extra,
                                                              fastemit_loss_scale=seed % 2 == 1)  # fmt: skip
-        loss, grad = rnnt_reference.rnnt_forward_backward_scaled(x, tg, il, tl, blank, fused, *extra,
-                                                                 fastemit_loss_scale=seed % 2 == 1)  # fmt: skip
+        opts = TransducerOptions(blank, clamp=extra[1], fastemit_lambda=extra[0], fused_log_softmax=fused,
+                                 fastemit_loss_scale=seed % 2 == 1)  # fmt: skip
+        loss, grad = rnnt_reference.rnnt_forward_backward_scaled(x, tg, il, tl, opts)
         assert grad.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
         torch.testing.assert_close(loss, ref_loss, rtol=tol, atol=tol, equal_nan=True)
         torch.testing.assert_close(grad.double(), ref_grad, rtol=0, atol=tol, equal_nan=True)
@@ -165,8 +168,8 @@ def test_cpu_path_recomputes_what_it_cannot_scale(monkeypatch):
     """Normalised every few diagonals, the scaled recursion hands nothing to the log-space reference. Never
     normalised, two equally likely classes on a 1000 x 400 lattice count more paths than float64 holds (about
     1e363): the check must see it and hand the sample over, and the results are the reference's either way."""
-    real = rnnt_reference.rnnt_forward_backward_reference
-    calls = count_calls(monkeypatch, rnnt_reference, "rnnt_forward_backward_reference",
+    real = rnnt_reference.log_space_forward_backward
+    calls = count_calls(monkeypatch, rnnt_reference, "log_space_forward_backward",
                         record=lambda x, *args, **kwargs: x.shape[0])  # fmt: skip
     x, targets, il, tl, blank = make_problem(3, 3, 40, 12, 6)
     uniform = torch.zeros(1, 1000, 401, 2, dtype=torch.float64)
@@ -174,9 +177,10 @@ def test_cpu_path_recomputes_what_it_cannot_scale(monkeypatch):
     for every, problem, handed in ((8, (x, targets, il, tl, blank), []), (10**6, (uniform, *long_args), [1])):
         monkeypatch.setattr(rnnt_reference, "NORMALISE_EVERY", every)
         calls.clear()
-        loss, grad = rnnt_reference.rnnt_forward_backward_scaled(*problem)
+        opts = TransducerOptions(problem[-1])
+        loss, grad = rnnt_reference.rnnt_forward_backward_scaled(*problem[:-1], opts)
         assert calls == handed
-        ref_loss, ref_grad = real(*problem)
+        ref_loss, ref_grad = real(*problem[:-1], opts)
         assert torch.isfinite(ref_loss).all()
         torch.testing.assert_close(loss, ref_loss, rtol=1e-11, atol=0)
         torch.testing.assert_close(grad, ref_grad, rtol=0, atol=1e-11)

@@ -46,6 +46,7 @@ from .._logspace import ln2, log2e, lse_step_rows, neg
 from .._outputs import kernel_output
 from .activations import ACTIVATIONS, DROP_BITS, drop_threshold
 from .lattice import cell_offsets, lattice_buffers, sample_lengths
+from .options import TransducerOptions
 
 
 @triton.jit
@@ -709,18 +710,14 @@ def joint_backward(
     logit_lengths: torch.Tensor,
     target_lengths: torch.Tensor,
     state: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    blank: int,
-    fastemit_lambda: float,
-    clamp: float,
-    rnna: bool,
-    reduction: str = "none",
+    opts: TransducerOptions,
     durations: int = 0,
     multiblank: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Gradients of sum(grad_out * loss) (reduction "none"; else of grad_out * the sum or batch mean) with
+    """Gradients of sum(grad_out * loss) (``opts.reduction`` "none"; else of grad_out * the sum or batch mean) with
     respect to enc, pred, weight and bias, in their dtypes; ``state``: ``rnnt.kernels.joint_forward``'s
     (log-sum-exps, edge occupancies, log2 p). TDT (``durations`` > 0, the weight's last rows): the occupancies are
-    the TDT occupancy kernel's (the label's FastEmit scale included: ``fastemit_lambda`` is not applied again);
+    the TDT occupancy kernel's (the label's FastEmit scale included: ``opts.label_scale`` is not applied again);
     ``multiblank``: the extra entries are big blanks.
 
     Chunk by chunk of tiles (samples x labels, all frames; at most ``CHUNK_BYTES`` of hidden vectors and logits'
@@ -733,6 +730,7 @@ def joint_backward(
     V = weight.shape[0]
     dev = enc.device
     lse, occ, logp = state
+    blank, clamp, reduction = opts.blank, opts.clamp, opts.reduction
     strides, seeds, meta = _common(joint)
     gstride = grad_out.stride(0) if reduction == "none" else 0
     gscale = 1.0 / N if reduction == "mean" else 1.0
@@ -774,8 +772,8 @@ def joint_backward(
         _joint_dlogits_kernel[(triton.cdiv(tiles * BT, b1["BM"]) * n_cg,)](
             h_desc, *w_descs, bias, targets, logit_lengths, target_lengths, lse, occ, logp, grad_out, ds, *ds_descs,
             flags, gbp, gstride, gscale, n0, u0, ucc, tiles, T, U1, V, k_h, n_tb, v_main, d_cols, s_ds,
-            targets.stride(0), blank, 1.0 if durations else 1.0 + fastemit_lambda, max(clamp, 0.0),
-            V if multiblank else V - durations, HAS_BIAS=bias is not None, CLAMP=clamp > 0, RNA=rnna, X=durations,
+            targets.stride(0), blank, 1.0 if durations else opts.label_scale, max(clamp, 0.0),
+            V if multiblank else V - durations, HAS_BIAS=bias is not None, CLAMP=clamp > 0, RNA=opts.rna, X=durations,
             MULTI=multiblank, BT=BT, BM=b1["BM"], BV=b1["BV"],
             BVT=b1["BVT"], BK=b1["BK"], **prec, **_launch(b1),
         )  # fmt: skip

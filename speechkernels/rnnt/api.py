@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import torch
 
-from .._args import as_bool, as_choice, as_float, as_int, check_float_input
+from .._args import as_bool, check_float_input
 from .._backend import kernel_layout, triton_missing, use_triton
 from .._loss_inputs import (
-    REDUCTIONS,
     Lengths,
 )
 from .._op import LossModule, LossOp, pytorch_path_op
 from .._transducer.checks import check_contents, check_loss_arguments, state_fake, validate_on_device
+from .._transducer.options import TransducerOptions, transducer_options, with_rnnt_type
 from .._transducer.reference import reduce_loss
-from .reference import RNNT_TYPES, rnnt_forward_backward_scaled
+from .reference import rnnt_forward_backward_scaled
 
 try:  # the Triton kernels; without Triton (error names it) the PyTorch path serves every call
     from . import kernels
@@ -35,43 +35,35 @@ def _overlaps_itself(x: torch.Tensor) -> bool:
     return False
 
 
-_INPUTS = (
-    "Tensor x, Tensor targets, Tensor il, Tensor tl, int blank, bool fused, float fastemit_lambda, "
-    "float loss_scale, float clamp, bool rna, bool need_grad, bool validate, bool reuse_logits, str reduction"
-)
+_INPUTS = "Tensor x, Tensor targets, Tensor il, Tensor tl, bool need_grad, bool reuse_logits"
 
 
-def _forward(x, targets, il, tl, blank, fused, fastemit_lambda, loss_scale, clamp, rna, need_grad, validate,
-             reuse_logits, reduction):  # fmt: skip
+def _forward(x, targets, il, tl, need_grad, reuse_logits, opts: TransducerOptions):
     """The forward kernels (the loss with its batch reduction), after the device-side check of lengths and
     labels. Consuming the logits, the backward computes the log-sum-exps again rather than keep them (memory)."""
     N, T, U1, V = x.shape
-    if validate:
-        validate_on_device(T, U1 - 1, V, targets, il, tl, blank)
-    return kernels.rnnt_forward(x, targets, il, tl, blank, fused, loss_scale, rna, need_grad, reduction,
-                                not reuse_logits)  # fmt: skip
+    if opts.validate:
+        validate_on_device(T, U1 - 1, V, targets, il, tl, opts.blank)
+    return kernels.rnnt_forward(x, targets, il, tl, opts, need_grad, not reuse_logits)
 
 
-def _forward_fake(x, targets, il, tl, blank, fused, fastemit_lambda, loss_scale, clamp, rna, need_grad, validate,
-                  reuse_logits, reduction):  # fmt: skip
+def _forward_fake(x, targets, il, tl, need_grad, reuse_logits, opts: TransducerOptions):
     N, T, U1, _ = x.shape
     cells = N * T * U1
-    return state_fake(x, N, reduction, cells if fused and not reuse_logits else 0, 2 * cells)
+    return state_fake(x, N, opts.reduction, cells if opts.fused_log_softmax and not reuse_logits else 0, 2 * cells)
 
 
-def _backward(grad_loss, x, targets, il, tl, lse, occ, logp, blank, fused, fastemit_lambda, clamp, rna, reduction,
-              reuse_logits):  # fmt: skip
+def _backward(grad_loss, x, targets, il, tl, lse, occ, logp, reuse_logits, opts: TransducerOptions):
     """The gradient from the stored edge occupancies; with ``reuse_logits`` (eager mode only) written over the
     logits."""
-    args = (blank, fused, fastemit_lambda, clamp, rna, reduction)
     if not reuse_logits:
-        return kernels.rnnt_backward(grad_loss, x, targets, il, tl, (lse, occ, logp), *args)
+        return kernels.rnnt_backward(grad_loss, x, targets, il, tl, (lse, occ, logp), opts)
     # each cell's logits are read before its gradient is written over them; then the logits' version counter
     # moves on, so that any later reader of them (the backward of the op that made them, of another op that
     # saved them, a second backward through this one) fails with autograd's in-place error instead of reading
     # the gradient as logits
     grad = x.detach()
-    kernels.rnnt_backward(grad_loss, x, targets, il, tl, (lse, occ, logp), *args, out=grad, recompute_lse=True)
+    kernels.rnnt_backward(grad_loss, x, targets, il, tl, (lse, occ, logp), opts, out=grad, recompute_lse=True)
     torch.autograd.graph.increment_version(grad)
     return grad
 
@@ -79,7 +71,8 @@ def _backward(grad_loss, x, targets, il, tl, lse, occ, logp, blank, fused, faste
 # state: log-sum-exps, edge occupancies, log p per sample
 RNNT_LOSS_OP = None
 if kernels is not None:
-    RNNT_LOSS_OP = LossOp("speechkernels::rnnt_loss", _INPUTS, _forward, _forward_fake, _backward, n_state=3, grads="x")
+    RNNT_LOSS_OP = LossOp("speechkernels::rnnt_loss", _INPUTS, _forward, _forward_fake, _backward, n_state=3, grads="x",
+                          options={"opts": TransducerOptions})  # fmt: skip
 
 
 def rnnt_loss(
@@ -149,60 +142,48 @@ def rnnt_loss(
         >>> loss.backward()
     """
     check_float_input(logits, "logits")
-    blank = as_int(blank, "blank")
-    clamp = as_float(clamp, "clamp")
-    reduction = as_choice(reduction, "reduction", REDUCTIONS)
-    fused_log_softmax = as_bool(fused_log_softmax, "fused_log_softmax")
-    fastemit_lambda = as_float(fastemit_lambda, "fastemit_lambda", minimum=0.0, finite=True)
-    fastemit_loss_scale = as_bool(fastemit_loss_scale, "fastemit_loss_scale")
-    rnnt_type = as_choice(rnnt_type, "rnnt_type", RNNT_TYPES)
-    validate = as_bool(validate, "validate")
+    opts = transducer_options(blank=blank, clamp=clamp, reduction=reduction, fused_log_softmax=fused_log_softmax,
+                              fastemit_lambda=fastemit_lambda, fastemit_loss_scale=fastemit_loss_scale,
+                              validate=validate)  # fmt: skip
+    opts = with_rnnt_type(opts, rnnt_type)
     reuse_logits_for_grad = as_bool(reuse_logits_for_grad, "reuse_logits_for_grad")
     if logits.dim() != 4:
         raise ValueError(f"logits must have 4 dimensions [N, T, U+1, V], got shape {tuple(logits.shape)}")
     N, T, U1, V = logits.shape
     dev = logits.device
     targets, il, tl, blank = check_loss_arguments(
-        targets, logit_lengths, target_lengths, blank, reduction, N, U1, V, dev, "logits", "logits.shape[2]"
+        targets, logit_lengths, target_lengths, opts.blank, opts.reduction, N, U1, V, dev, "logits", "logits.shape[2]"
     )
+    opts = opts._replace(blank=blank)
     if reuse_logits_for_grad and logits.requires_grad and _overlaps_itself(logits):
         raise ValueError(
             "reuse_logits_for_grad=True needs logits whose elements do not share memory (the gradient is written "
             f"over them), got strides {logits.stride()} for shape {tuple(logits.shape)}: pass .contiguous() logits"
         )
-    loss_scale = 1.0 + fastemit_lambda if fastemit_loss_scale else 1.0
+    need_grad = torch.is_grad_enabled() and logits.requires_grad
     if kernels is not None and use_triton(logits) and N > 0 and T > 0:
-        need_grad = torch.is_grad_enabled() and logits.requires_grad
         if reuse_logits_for_grad and torch.compiler.is_compiling():
             raise ValueError("reuse_logits_for_grad=True is not supported under torch.compile")
-        return RNNT_LOSS_OP.apply(
-            kernel_layout(logits), targets, il, tl, blank, fused_log_softmax, float(fastemit_lambda), loss_scale,
-            float(clamp), rnnt_type == "rna", need_grad, validate, reuse_logits_for_grad, reduction,
-        )  # fmt: skip
-    il, tl = il.long(), tl.long()
-    need_grad = torch.is_grad_enabled() and logits.requires_grad
-    loss = RNNT_PYTORCH_OP.apply(logits, targets, il, tl, blank, fused_log_softmax, float(fastemit_lambda),
-                                 float(clamp), rnnt_type, fastemit_loss_scale, need_grad, validate)  # fmt: skip
-    return reduce_loss(loss, reduction)
+        return RNNT_LOSS_OP.apply(kernel_layout(logits), targets, il, tl, need_grad, reuse_logits_for_grad, opts)
+    loss = RNNT_PYTORCH_OP.apply(logits, targets, il.long(), tl.long(), need_grad, opts)
+    return reduce_loss(loss, opts.reduction)
 
 
-def _pytorch_losses(x, targets, il, tl, blank, fused, fastemit_lambda, clamp, rnnt_type, fastemit_loss_scale,
-                    need_grad, validate):  # fmt: skip
+def _pytorch_losses(x, targets, il, tl, need_grad, opts: TransducerOptions):
     """The PyTorch path: the contents checked, then the losses and their gradient by
     ``rnnt_forward_backward_scaled``."""
     N, T, U1, V = x.shape
-    if validate:
-        check_contents(T, U1 - 1, V, targets, il, tl, blank)
-    return rnnt_forward_backward_scaled(x, targets, il, tl, blank, fused, fastemit_lambda, clamp, rnnt_type,
-                                        need_grad=need_grad, fastemit_loss_scale=fastemit_loss_scale)  # fmt: skip
+    if opts.validate:
+        check_contents(T, U1 - 1, V, targets, il, tl, opts.blank)
+    return rnnt_forward_backward_scaled(x, targets, il, tl, opts, need_grad)
 
 
 RNNT_PYTORCH_OP = pytorch_path_op(
     "speechkernels::rnnt_loss_pytorch",
-    "Tensor x, Tensor targets, Tensor il, Tensor tl, int blank, bool fused, float fastemit_lambda, float clamp, "
-    "str rnnt_type, bool fastemit_loss_scale, bool need_grad, bool validate",
+    "Tensor x, Tensor targets, Tensor il, Tensor tl, bool need_grad",
     _pytorch_losses,
     batch_dim=0,
+    options={"opts": TransducerOptions},
 )
 
 

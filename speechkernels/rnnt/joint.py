@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import torch
 
-from .._args import as_bool, as_choice, as_float, as_generator, as_int
+from .._args import as_choice, as_generator
 from .._backend import triton_missing, use_triton
-from .._loss_inputs import REDUCTIONS, Lengths
+from .._loss_inputs import Lengths
 from .._op import LossOp
 from .._transducer.activations import ACTIVATIONS
 from .._transducer.checks import check_contents, state_fake, validate_on_device
 from .._transducer.joint import JointLossModule, as_dropout, draw_seed, joint_inputs
+from .._transducer.options import JointNetworkOptions, TransducerOptions, transducer_options, with_rnnt_type
 from .._transducer.reference import reduce_loss
 from .joint_reference import RNNTJointLossReferenceFunction
-from .reference import RNNT_TYPES
 
 try:  # the Triton kernels; without Triton (error names it) the PyTorch path serves every call
     from .._transducer import joint_kernels
@@ -24,41 +24,34 @@ except ImportError as error:
     kernels = None
 
 
-_INPUTS = (
-    "Tensor enc, Tensor pred, Tensor weight, Tensor? bias, Tensor targets, Tensor il, Tensor tl, int blank, "
-    "str activation, float dropout, int seed_lo, int seed_hi, float fastemit_lambda, float loss_scale, "
-    "float clamp, bool rna, bool need_grad, bool validate, str reduction"
-)
+_INPUTS = "Tensor enc, Tensor pred, Tensor weight, Tensor? bias, Tensor targets, Tensor il, Tensor tl, bool need_grad"
 
 
-def _forward(enc, pred, weight, bias, targets, il, tl, blank, activation, dropout, seed_lo, seed_hi,
-             fastemit_lambda, loss_scale, clamp, rna, need_grad, validate, reduction):  # fmt: skip
+def _forward(enc, pred, weight, bias, targets, il, tl, need_grad, opts, net):
     """The fused kernels' forward: the loss (reduced by the kernels) and the backward's state (log-sum-exps,
-    edge occupancies, log p; fastemit_lambda and clamp are the backward's)."""
-    if validate:
-        validate_on_device(enc.shape[1], pred.shape[1] - 1, weight.shape[0], targets, il, tl, blank)
-    joint = joint_kernels.JointNetwork(enc, pred, weight, bias, activation, dropout, (seed_lo, seed_hi))
-    return kernels.joint_forward(joint, targets, il, tl, blank, loss_scale, rna, need_grad, reduction)
+    edge occupancies, log p)."""
+    if opts.validate:
+        validate_on_device(enc.shape[1], pred.shape[1] - 1, weight.shape[0], targets, il, tl, opts.blank)
+    joint = joint_kernels.JointNetwork(enc, pred, weight, bias, net.activation, net.dropout, net.seed)
+    return kernels.joint_forward(joint, targets, il, tl, opts, need_grad)
 
 
-def _forward_fake(enc, pred, weight, bias, targets, il, tl, blank, activation, dropout, seed_lo, seed_hi,
-                  fastemit_lambda, loss_scale, clamp, rna, need_grad, validate, reduction):  # fmt: skip
+def _forward_fake(enc, pred, weight, bias, targets, il, tl, need_grad, opts, net):
     cells = enc.shape[0] * enc.shape[1] * pred.shape[1]
-    return state_fake(enc, enc.shape[0], reduction, cells, 2 * cells)
+    return state_fake(enc, enc.shape[0], opts.reduction, cells, 2 * cells)
 
 
-def _backward(grad_loss, enc, pred, weight, bias, targets, il, tl, lse, occ, logp, blank, activation, dropout,
-              seed_lo, seed_hi, fastemit_lambda, clamp, rna, reduction):  # fmt: skip
+def _backward(grad_loss, enc, pred, weight, bias, targets, il, tl, lse, occ, logp, opts, net):
     """Gradients for enc, pred, weight and bias (None without a bias)."""
-    joint = joint_kernels.JointNetwork(enc, pred, weight, bias, activation, dropout, (seed_lo, seed_hi))
-    return joint_kernels.joint_backward(grad_loss, joint, targets, il, tl, (lse, occ, logp), blank, fastemit_lambda,
-                                        clamp, rna, reduction)  # fmt: skip
+    joint = joint_kernels.JointNetwork(enc, pred, weight, bias, net.activation, net.dropout, net.seed)
+    return joint_kernels.joint_backward(grad_loss, joint, targets, il, tl, (lse, occ, logp), opts)
 
 
 JOINT_LOSS_OP = None
 if joint_kernels is not None:
     JOINT_LOSS_OP = LossOp("speechkernels::rnnt_joint_loss", _INPUTS, _forward, _forward_fake, _backward, n_state=3,
-                           grads="enc pred weight bias")  # fmt: skip
+                           grads="enc pred weight bias",
+                           options={"opts": TransducerOptions, "net": JointNetworkOptions})  # fmt: skip
 
 
 def rnnt_joint_loss(
@@ -127,40 +120,30 @@ def rnnt_joint_loss(
     """
     activation = as_choice(activation, "activation", ACTIVATIONS)
     dropout = as_dropout(dropout)
-    blank = as_int(blank, "blank")
-    clamp = as_float(clamp, "clamp")
-    reduction = as_choice(reduction, "reduction", REDUCTIONS)
-    fastemit_lambda = as_float(fastemit_lambda, "fastemit_lambda", minimum=0.0, finite=True)
-    fastemit_loss_scale = as_bool(fastemit_loss_scale, "fastemit_loss_scale")
-    rnnt_type = as_choice(rnnt_type, "rnnt_type", RNNT_TYPES)
-    validate = as_bool(validate, "validate")
+    opts = transducer_options(blank=blank, reduction=reduction, clamp=clamp, fastemit_lambda=fastemit_lambda,
+                              fastemit_loss_scale=fastemit_loss_scale, validate=validate)  # fmt: skip
+    opts = with_rnnt_type(opts, rnnt_type)
     generator = as_generator(generator)
     enc, pred, weight, bias, targets, il, tl, blank = joint_inputs(
-        enc, pred, weight, bias, targets, logit_lengths, target_lengths, blank, reduction
+        enc, pred, weight, bias, targets, logit_lengths, target_lengths, opts.blank, opts.reduction
     )
+    opts = opts._replace(blank=blank)
     N, T, H = enc.shape
     U1, V = pred.shape[1], weight.shape[0]
     dev = enc.device
-    seed = draw_seed(generator) if dropout > 0 else (0, 0)
-    loss_scale = 1.0 + fastemit_lambda if fastemit_loss_scale else 1.0
+    net = JointNetworkOptions(activation, dropout, *(draw_seed(generator) if dropout > 0 else (0, 0)))
     with torch.autocast(dev.type, enabled=False):
         if joint_kernels is not None and use_triton(enc) and N > 0 and T > 0:
             need_grad = torch.is_grad_enabled() and any(
                 x is not None and x.requires_grad for x in (enc, pred, weight, bias)
             )
-            return JOINT_LOSS_OP.apply(
-                enc, pred, weight, bias, targets, il, tl, blank, activation, dropout, *seed,
-                fastemit_lambda, loss_scale, clamp, rnnt_type == "rna", need_grad, validate, reduction,
-            )  # fmt: skip
+            return JOINT_LOSS_OP.apply(enc, pred, weight, bias, targets, il, tl, need_grad, opts, net)
         il, tl = il.long(), tl.long()
-        if validate:
+        if opts.validate:
             check_contents(T, U1 - 1, V, targets, il, tl, blank)
         compute = torch.float64 if enc.dtype == torch.float64 else torch.float32
-        loss = RNNTJointLossReferenceFunction.apply(
-            enc, pred, weight, bias, targets, il, tl, blank, activation, dropout, seed, fastemit_lambda, clamp,
-            rnnt_type, fastemit_loss_scale, compute,
-        )  # fmt: skip
-        return reduce_loss(loss, reduction)
+        loss = RNNTJointLossReferenceFunction.apply(enc, pred, weight, bias, targets, il, tl, opts, net, compute)
+        return reduce_loss(loss, opts.reduction)
 
 
 class RNNTJointLoss(JointLossModule, loss=rnnt_joint_loss):

@@ -40,10 +40,10 @@ class RNNTJointLossReferenceFunction(torch.autograd.Function):
     float64."""
 
     @staticmethod
-    def forward(
-        ctx, enc, pred, weight, bias, targets, il, tl, blank, activation, dropout, seed, fastemit_lambda, clamp,
-        rnnt_type, fastemit_loss_scale, compute_dtype,
-    ):  # fmt: skip
+    def forward(ctx, enc, pred, weight, bias, targets, il, tl, opts, net, compute_dtype):
+        """``opts``: the loss's TransducerOptions (``opts.blank`` an index); ``net``: the JointNetworkOptions."""
+        blank, rnnt_type = opts.blank, opts.rnnt_type
+        activation, dropout, seed = net.activation, net.dropout, net.seed
         N, T, H = enc.shape
         U1 = pred.shape[1]
         V = weight.shape[0]
@@ -66,7 +66,7 @@ class RNNTJointLossReferenceFunction(torch.autograd.Function):
             idx = tg[:, None, :, None].expand(N, t1 - t0, U1 - 1, 1)
             lp_emit[:, t0:t1, :-1] = (torch.gather(x[:, :, :-1], 3, idx).squeeze(3) - lse[:, t0:t1, :-1]).double()
         alpha, beta, log_p = alpha_beta(lp_blank, lp_emit, T_n, U_n, rnnt_type)
-        loss = -(1.0 + fastemit_lambda if fastemit_loss_scale else 1.0) * log_p
+        loss = -opts.loss_scale * log_p
         ctx.save_for_backward(enc, pred, weight, bias, tg)
         if any(ctx.needs_input_grad[:4]):
             # edge occupancies, as rnnt_forward_backward_reference forms them
@@ -83,7 +83,7 @@ class RNNTJointLossReferenceFunction(torch.autograd.Function):
             occ_b = torch.where(nan, float("nan"), occ_b)
             occ_e = torch.where(nan & (u < U_n[:, None, None])[:, :T], float("nan"), occ_e)
             ctx.state = (lse, occ_b, occ_e, has_edges[:, :T])
-        ctx.args = (blank, activation, dropout, seed, fastemit_lambda, clamp, cd)
+        ctx.args = (opts, net, cd)
         out_dtype = torch.float64 if enc.dtype == torch.float64 else torch.float32
         return loss.to(out_dtype)
 
@@ -91,7 +91,8 @@ class RNNTJointLossReferenceFunction(torch.autograd.Function):
     def backward(ctx, grad_loss):
         enc, pred, weight, bias, tg = ctx.saved_tensors
         lse, occ_b, occ_e, has_edges = ctx.state
-        blank, activation, dropout, seed, fastemit_lambda, clamp, cd = ctx.args
+        opts, net, cd = ctx.args
+        blank, clamp = opts.blank, opts.clamp
         N, T, H = enc.shape
         U1 = pred.shape[1]
         V = weight.shape[0]
@@ -99,12 +100,12 @@ class RNNTJointLossReferenceFunction(torch.autograd.Function):
         leaves.append(None if bias is None else bias.detach().to(cd).requires_grad_())
         e, p, w, b = leaves
         g = grad_loss.to(cd)[:, None, None, None]
-        scale = 1.0 + fastemit_lambda
+        scale = opts.label_scale
         step = _chunk_frames(N, U1, V, H)
         with torch.enable_grad():
             for t0 in range(0, T, step):
                 t1 = min(T, t0 + step)
-                h = joint_hidden(e[:, t0:t1], p, t0, T, activation, dropout, seed)
+                h = joint_hidden(e[:, t0:t1], p, t0, T, net.activation, net.dropout, net.seed)
                 # cells a sample does not read take no part (their scores are never formed by the kernels)
                 h = torch.where(has_edges[:, t0:t1, :, None], h, 0.0)
                 x = torch.nn.functional.linear(h, w, b)
@@ -122,4 +123,4 @@ class RNNTJointLossReferenceFunction(torch.autograd.Function):
             None if x is None else (torch.zeros_like(x) if x.grad is None else x.grad).to(y.dtype)
             for x, y in zip(leaves, (enc, pred, weight, bias), strict=True)
         ]
-        return (*grads,) + (None,) * 12
+        return (*grads,) + (None,) * 6

@@ -48,6 +48,7 @@ from .._transducer.lattice import (
     sample_lengths,
     score_grad_chunks,
 )
+from .._transducer.options import TransducerOptions
 
 
 @triton.jit
@@ -478,19 +479,15 @@ def rnnt_forward(
     targets: torch.Tensor,
     logit_lengths: torch.Tensor,
     target_lengths: torch.Tensor,
-    blank: int,
-    fused: bool,
-    loss_scale: float,
-    rnna: bool,
+    opts: TransducerOptions,
     need_grad: bool,
-    reduction: str = "none",
     store_lse: bool = True,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-    """The loss (per-sample [N] float32 for reduction "none", else a 0-dim sum or batch mean), and the state
-    ``rnnt_backward`` takes (lse, occupancies, log p). The kernels clamp lengths and labels: unchecked values
+    """The loss (per-sample [N] float32 for ``opts.reduction`` "none", else a 0-dim sum or batch mean), and the
+    state ``rnnt_backward`` takes (lse, occupancies, log p). The kernels clamp lengths and labels: unchecked values
     cannot fault. ``store_lse=False``: the log-sum-exps are not kept (the backward then computes them again,
-    with ``recompute_lse=True``). ``loss_scale`` multiplies the reported loss: 1, or 1 + lambda for FastEmit as
-    NeMo reports it (the gradient's label edges are scaled by 1 + lambda in ``rnnt_backward`` either way).
+    with ``recompute_lse=True``). The reported loss is times ``opts.loss_scale`` (FastEmit as NeMo reports it;
+    the gradient's label edges are scaled by ``opts.label_scale`` in ``rnnt_backward`` either way).
 
     Args:
         x: [N, T, U+1, V] float32/float16/bfloat16, any strides.
@@ -499,16 +496,16 @@ def rnnt_forward(
     """
     N, T, U1, V = x.shape
     dev = x.device
+    fused = opts.fused_log_softmax
     lse, lat, aux = lattice_buffers(N, T, U1, dev, fused and store_lse)
     block_r, block_v, warps = _row_blocks(U1, V)
     launch(_rnnt_lattice_kernel)[(N * T, triton.cdiv(U1, block_r))](
         x, lse, lat, targets, logit_lengths, target_lengths, aux, T, U1, V,
-        x.stride(0), x.stride(1), x.stride(2), x.stride(3), targets.stride(0), blank,
-        FUSED=fused, STORE_LSE=store_lse, ONE_CHUNK=V <= block_v, RNA=rnna, BLOCK_R=block_r, BLOCK_V=block_v,
+        x.stride(0), x.stride(1), x.stride(2), x.stride(3), targets.stride(0), opts.blank,
+        FUSED=fused, STORE_LSE=store_lse, ONE_CHUNK=V <= block_v, RNA=opts.rna, BLOCK_R=block_r, BLOCK_V=block_v,
         num_warps=warps,
     )  # fmt: skip
-    return rnnt_recursions(lse, lat, aux, logit_lengths, target_lengths, N, T, U1, loss_scale, rnna, need_grad,
-                           reduction)  # fmt: skip
+    return rnnt_recursions(lse, lat, aux, logit_lengths, target_lengths, N, T, U1, opts, need_grad)
 
 
 def rnnt_recursions(
@@ -520,10 +517,8 @@ def rnnt_recursions(
     N: int,
     T: int,
     U1: int,
-    loss_scale: float,
-    rnna: bool,
+    opts: TransducerOptions,
     need_grad: bool,
-    reduction: str,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """The recursions over a log2 lattice (``lat``: [N * T * (U+1), 2] in the skewed layout of
     ``cell_offsets``, written for the cells with edges): the loss ([N], or the batch sum or mean) and the
@@ -536,10 +531,10 @@ def rnnt_recursions(
     block_u = max(16, next_power_of_2(U1))
     state = kernel_output(N * (T + 1) * U1 if need_grad else 0, dtype=torch.float64, device=dev)
     mid = kernel_output(N * U1 if need_grad else 0, dtype=torch.float64, device=dev)
-    reduce = reduction != "none"
-    args = (lat, state, mid, aux, loss, logp, logit_lengths, target_lengths, N, T, U1, loss_scale,
-            1.0 / N if reduction == "mean" else 1.0)  # fmt: skip
-    meta = dict(REDUCE=reduce, RNA=rnna, BLOCK_U=block_u, BLOCK_N=_batch_block(N),
+    reduce = opts.reduction != "none"
+    args = (lat, state, mid, aux, loss, logp, logit_lengths, target_lengths, N, T, U1, opts.loss_scale,
+            1.0 / N if opts.reduction == "mean" else 1.0)  # fmt: skip
+    meta = dict(REDUCE=reduce, RNA=opts.rna, BLOCK_U=block_u, BLOCK_N=_batch_block(N),
                 num_warps=_recursion_warps(block_u, N))  # fmt: skip
     launch(_rnnt_halves_kernel)[(N, 2 if need_grad else 1)](*args, SPLIT=need_grad, **meta)
     if need_grad:
@@ -554,16 +549,11 @@ def rnnt_backward(
     logit_lengths: torch.Tensor,
     target_lengths: torch.Tensor,
     state: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    blank: int,
-    fused: bool,
-    fastemit_lambda: float,
-    clamp: float,
-    rnna: bool,
-    reduction: str = "none",
+    opts: TransducerOptions,
     out: torch.Tensor | None = None,
     recompute_lse: bool = False,
 ) -> torch.Tensor:
-    """Gradient of the loss with respect to x, in x's dtype: of sum(grad_out * loss) for reduction "none"
+    """Gradient of the loss with respect to x, in x's dtype: of sum(grad_out * loss) for ``opts.reduction`` "none"
     (grad_out: [N]), else of grad_out * the sum or batch mean (grad_out: 0-dim). Into ``out`` when given, which
     may be x's own storage (each cell's logits are read before its gradient is written). ``state``: the
     forward's (log-sum-exps, edge occupancies, log2 p)."""
@@ -571,14 +561,16 @@ def rnnt_backward(
     lse, occ, logp = state
     grad = out if out is not None else kernel_output_like(x)
     block_r, block_v, warps = _row_blocks(U1, V)
+    reduction = opts.reduction
     launch(_rnnt_grad_kernel)[(N * T, triton.cdiv(U1, block_r))](
         x, grad, lse, occ, logp, grad_out, grad_out.stride(0) if reduction == "none" else 0,
         1.0 / N if reduction == "mean" else 1.0, targets, logit_lengths, target_lengths,
         T, U1, V,
         x.stride(0), x.stride(1), x.stride(2), x.stride(3),
-        grad.stride(0), grad.stride(1), grad.stride(2), grad.stride(3), targets.stride(0), blank,
-        1.0 + fastemit_lambda, max(clamp, 0.0),
-        FUSED=fused, LOAD_LSE=not recompute_lse, ONE_CHUNK=V <= block_v, CLAMP=clamp > 0, RNA=rnna,
+        grad.stride(0), grad.stride(1), grad.stride(2), grad.stride(3), targets.stride(0), opts.blank,
+        opts.label_scale, max(opts.clamp, 0.0),
+        FUSED=opts.fused_log_softmax, LOAD_LSE=not recompute_lse, ONE_CHUNK=V <= block_v, CLAMP=opts.clamp > 0,
+        RNA=opts.rna,
         BLOCK_R=block_r, BLOCK_V=block_v, num_warps=warps,
     )  # fmt: skip
     return grad
@@ -589,11 +581,8 @@ def joint_forward(
     targets: torch.Tensor,
     logit_lengths: torch.Tensor,
     target_lengths: torch.Tensor,
-    blank: int,
-    loss_scale: float,
-    rnna: bool,
+    opts: TransducerOptions,
     need_grad: bool,
-    reduction: str = "none",
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """The fused joint's RNN-T loss: its lattice (``_transducer.joint_kernels.joint_lattice``), then the recursions.
     Returns the loss ([N] float32 for reduction "none", else the batch sum or mean) and the state ``joint_backward``
@@ -605,6 +594,5 @@ def joint_forward(
     """
     N, T, _ = joint.enc.shape
     U1 = joint.pred.shape[1]
-    lse, lat, aux = joint_kernels.joint_lattice(joint, targets, logit_lengths, target_lengths, blank, rnna)
-    return rnnt_recursions(lse, lat, aux, logit_lengths, target_lengths, N, T, U1, loss_scale, rnna, need_grad,
-                           reduction)  # fmt: skip
+    lse, lat, aux = joint_kernels.joint_lattice(joint, targets, logit_lengths, target_lengths, opts.blank, opts.rna)
+    return rnnt_recursions(lse, lat, aux, logit_lengths, target_lengths, N, T, U1, opts, need_grad)

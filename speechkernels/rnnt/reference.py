@@ -31,6 +31,7 @@ import torch
 
 from .._backend import GRAIN_SIZE, loop_threads
 from .._reference import LossWithGradient
+from .._transducer.options import TransducerOptions
 from .._transducer.reference import reduce_loss
 
 # a lattice of fewer values than this (both directions) is worked on one thread on the CPU (benchmarks/notes/
@@ -38,7 +39,6 @@ from .._transducer.reference import reduce_loss
 LATTICE_ONE_THREAD = 8 * GRAIN_SIZE
 
 NEG_INF = float("-inf")
-RNNT_TYPES = ("rnnt", "rna")
 NORMALISE_EVERY = 8  # diagonals between normalisations of the scaled recursion (float64: 700 nats of headroom)
 TOL = 1e-9  # largest deviation of a diagonal's occupancy sum from one that the scaled recursion accepts
 
@@ -153,11 +153,28 @@ def rnnt_forward_backward_reference(
         targets: [N, U] labels; entries past ``target_lengths`` are ignored.
         logit_lengths: [N] in [0, T]; target_lengths: [N] in [0, U].
         blank: index of the blank class in [0, V).
+        fused_log_softmax, fastemit_lambda, clamp, rnnt_type, fastemit_loss_scale: as ``rnnt_loss``.
 
     Returns:
         loss [N] float64 (+inf where no path exists), grad [N, T, U+1, V] float64 or None (zero outside the
         cells with edges, t < T_n and u <= U_n, whatever the scores there).
     """
+    opts = TransducerOptions(blank=blank, clamp=clamp, fastemit_lambda=fastemit_lambda,
+                             fastemit_loss_scale=fastemit_loss_scale, fused_log_softmax=fused_log_softmax,
+                             rnnt_type=rnnt_type)  # fmt: skip
+    return log_space_forward_backward(logits, targets, logit_lengths, target_lengths, opts, need_grad)
+
+
+def log_space_forward_backward(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    opts: TransducerOptions,
+    need_grad: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``rnnt_forward_backward_reference`` with the options as one value (``opts.blank`` an index in [0, V))."""
+    blank, fused_log_softmax, clamp, rnnt_type = opts.blank, opts.fused_log_softmax, opts.clamp, opts.rnnt_type
     x = logits.to(torch.float64)
     N, T, U1, V = x.shape
     T_n = logit_lengths.to(x.device, torch.long).clamp(0, T)
@@ -166,7 +183,7 @@ def rnnt_forward_backward_reference(
     tg = torch.where(valid_label, targets.to(x.device).long().clamp(0, V - 1), 0)  # unchecked labels: clamped
     lp, lp_blank, lp_emit = lattice_log_probs(x, tg, blank, fused_log_softmax)
     alpha, beta, log_p = alpha_beta(lp_blank, lp_emit, T_n, U_n, rnnt_type)
-    loss = -(1.0 + fastemit_lambda if fastemit_loss_scale else 1.0) * log_p
+    loss = -opts.loss_scale * log_p
     if not need_grad:
         return loss, None
     t, u, node, has_edges = lattice_masks(T_n, U_n, T, U1)
@@ -186,7 +203,7 @@ def rnnt_forward_backward_reference(
     occ_e = torch.where(nan & (u < U_n[:, None, None])[:, :T], float("nan"), occ_e)
     g_lp = torch.zeros_like(x)
     g_lp[..., blank] -= occ_b
-    g_lp.scatter_add_(3, tg[:, None, :, None].expand(N, T, U1 - 1, 1), -(1.0 + fastemit_lambda) * occ_e[..., :-1, None])
+    g_lp.scatter_add_(3, tg[:, None, :, None].expand(N, T, U1 - 1, 1), -opts.label_scale * occ_e[..., :-1, None])
     if fused_log_softmax:
         grad = g_lp - torch.exp(lp) * g_lp.sum(-1, keepdim=True)
     else:
@@ -203,15 +220,10 @@ def rnnt_forward_backward_scaled(
     targets: torch.Tensor,
     logit_lengths: torch.Tensor,
     target_lengths: torch.Tensor,
-    blank: int,
-    fused_log_softmax: bool = True,
-    fastemit_lambda: float = 0.0,
-    clamp: float = -1.0,
-    rnnt_type: str = "rnnt",
+    opts: TransducerOptions,
     need_grad: bool = True,
-    fastemit_loss_scale: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``rnnt_forward_backward_reference``'s results (to 1e-9 in float64), faster: the CPU path. The gradient is
+    """``log_space_forward_backward``'s results (to 1e-9 in float64), faster: the CPU path. The gradient is
     float64 for float64 logits, else float32 (the log-sum-exp over the classes too, as the GPU kernels take it).
 
     The recursion runs on probabilities in float64 along the anti-diagonals t + u = d (both edges leaving a
@@ -229,14 +241,12 @@ def rnnt_forward_backward_scaled(
     cores, each waits for the thread left on a busy core; the operations over the logits keep torch's threads.
     """
     with contextlib.ExitStack() as lattice_threads:
-        return _forward_backward_scaled(lattice_threads, logits, targets, logit_lengths, target_lengths, blank,
-                                        fused_log_softmax, fastemit_lambda, clamp, rnnt_type, need_grad,
-                                        fastemit_loss_scale)  # fmt: skip
+        return _forward_backward_scaled(lattice_threads, logits, targets, logit_lengths, target_lengths, opts,
+                                        need_grad)  # fmt: skip
 
 
-def _forward_backward_scaled(lattice_threads, logits, targets, logit_lengths, target_lengths, blank,
-                             fused_log_softmax, fastemit_lambda, clamp, rnnt_type, need_grad,
-                             fastemit_loss_scale):  # fmt: skip
+def _forward_backward_scaled(lattice_threads, logits, targets, logit_lengths, target_lengths, opts, need_grad):
+    blank, fused_log_softmax, clamp = opts.blank, opts.fused_log_softmax, opts.clamp
     x = logits
     N, T, U1, V = x.shape
     dev = x.device
@@ -244,9 +254,8 @@ def _forward_backward_scaled(lattice_threads, logits, targets, logit_lengths, ta
     wd = torch.float64 if x.dtype == torch.float64 else torch.float32
     T_n = logit_lengths.to(dev, torch.long).clamp(0, T)
     U_n = target_lengths.to(dev, torch.long).clamp(0, U1 - 1)
-    if rnnt_type != "rnnt" or N == 0 or T == 0:
-        return rnnt_forward_backward_reference(x, targets, T_n, U_n, blank, fused_log_softmax, fastemit_lambda,
-                                               clamp, rnnt_type, need_grad, fastemit_loss_scale)  # fmt: skip
+    if opts.rna or N == 0 or T == 0:
+        return log_space_forward_backward(x, targets, T_n, U_n, opts, need_grad)
     U = U1 - 1
     xw = x.to(wd)
     u_ar = torch.arange(U1, device=dev)
@@ -316,8 +325,7 @@ def _forward_backward_scaled(lattice_threads, logits, targets, logit_lengths, ta
     a_end = A[Dn, n_ar, U_n]
     logP = a_end.log() + logF[n_ar, Dn]
     ok = ~bad & (a_end > 0) & torch.isfinite(logP) & (T_n > 0)
-    scale = 1.0 + fastemit_lambda if fastemit_loss_scale else 1.0
-    loss = -scale * logP
+    loss = -opts.loss_scale * logP
     grad = None
     if need_grad:
         tT = torch.arange(T, device=dev)
@@ -342,7 +350,7 @@ def _forward_backward_scaled(lattice_threads, logits, targets, logit_lengths, ta
         ok = ok & (dev_n < TOL)
         occ_b = occ_b.masked_fill_(~ok[:, None, None], 0.0)
         occ_e = occ_e.masked_fill_(~ok[:, None, None], 0.0)
-        lam = 1.0 + fastemit_lambda
+        lam = opts.label_scale
         lattice_threads.close()  # the dense gradient: operations over the logits
         if fused_log_softmax:
             grad = torch.sub(xw, lse[..., None]).exp_().mul_((occ_b + lam * occ_e).to(wd)[..., None])
@@ -356,18 +364,8 @@ def _forward_backward_scaled(lattice_threads, logits, targets, logit_lengths, ta
     redo = ~ok
     if bool(redo.any()):
         idx = redo.nonzero()[:, 0]
-        l2, g2 = rnnt_forward_backward_reference(
-            x.index_select(0, idx),
-            targets.index_select(0, idx),
-            T_n[idx],
-            U_n[idx],
-            blank,
-            fused_log_softmax,
-            fastemit_lambda,
-            clamp,
-            rnnt_type,
-            need_grad,
-            fastemit_loss_scale,
+        l2, g2 = log_space_forward_backward(
+            x.index_select(0, idx), targets.index_select(0, idx), T_n[idx], U_n[idx], opts, need_grad
         )
         loss[idx] = l2
         if need_grad:
@@ -375,16 +373,12 @@ def _forward_backward_scaled(lattice_threads, logits, targets, logit_lengths, ta
     return loss, grad
 
 
-def rnnt_losses_reference(logits, targets, logit_lengths, target_lengths, blank, fused, fastemit_lambda, clamp,
-                          rnnt_type, fastemit_loss_scale=True) -> torch.Tensor:  # fmt: skip
-    """Per-sample losses with the analytic gradient of ``rnnt_forward_backward_reference`` (gradcheck'd), in
+def rnnt_losses_reference(logits, targets, logit_lengths, target_lengths, opts: TransducerOptions) -> torch.Tensor:
+    """Per-sample losses with the analytic gradient of ``log_space_forward_backward`` (gradcheck'd), in
     float32 for every input dtype but float64, as the kernels return them."""
 
     def compute(x):
-        return rnnt_forward_backward_reference(
-            x, targets, logit_lengths, target_lengths, blank, fused, fastemit_lambda, clamp, rnnt_type,
-            need_grad=x.requires_grad, fastemit_loss_scale=fastemit_loss_scale,
-        )  # fmt: skip
+        return log_space_forward_backward(x, targets, logit_lengths, target_lengths, opts, need_grad=x.requires_grad)
 
     return LossWithGradient.apply(logits, compute, 0)
 
@@ -404,9 +398,7 @@ def rnnt_loss_reference(
 ) -> torch.Tensor:
     """The reference with torchaudio's signature (no argument checks): float64 arithmetic, any device."""
     V = logits.shape[-1]
-    blank = blank + V if blank < 0 else blank
-    loss = rnnt_losses_reference(
-        logits, targets, logit_lengths, target_lengths, blank, fused_log_softmax, fastemit_lambda, clamp, rnnt_type,
-        fastemit_loss_scale,
-    )  # fmt: skip
-    return reduce_loss(loss, reduction)
+    opts = TransducerOptions(blank=blank + V if blank < 0 else blank, clamp=clamp, fastemit_lambda=fastemit_lambda,
+                             fastemit_loss_scale=fastemit_loss_scale, fused_log_softmax=fused_log_softmax,
+                             rnnt_type=rnnt_type)  # fmt: skip
+    return reduce_loss(rnnt_losses_reference(logits, targets, logit_lengths, target_lengths, opts), reduction)

@@ -10,28 +10,25 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
 
 import torch
 
-from .._args import as_bool, as_choice, as_float, as_generator, as_int, check_float_input
+from .._args import as_float, as_generator, as_int, check_float_input
 from .._backend import kernel_layout, triton_missing, use_triton
-from .._loss_inputs import REDUCTIONS, Lengths, first_index
+from .._loss_inputs import Lengths, first_index
 from .._op import LossModule, LossOp, autograd_inside_op, pytorch_path_op
 from .._transducer.checks import check_contents, check_loss_arguments, state_fake, validate_on_device
+from .._transducer.options import TransducerOptions, transducer_options
 from .._transducer.reference import reduce_loss
 from ..rnnt import rnnt_loss
-from .reference import multiblank_rnnt_loss_reference, tdt_loss_reference
+from .reference import multiblank_losses_reference, tdt_losses_reference
 
 try:  # the Triton kernels; without Triton (error names it) the PyTorch path serves every call
     from . import kernels
 except ImportError as error:
     kernels = triton_missing(error)
 
-_INPUTS = (
-    "Tensor x, Tensor targets, Tensor il, Tensor tl, str kind, int[] durations, int blank, float sigma, bool fused, "
-    "float fastemit_lambda, float loss_scale, float clamp, bool need_grad, str reduction, bool validate"
-)
+_INPUTS = "Tensor x, Tensor targets, Tensor il, Tensor tl, str kind, int[] durations, bool need_grad"
 
 
 def _check_contents(kind, x, targets, il, tl, durations, blank, on_device: bool) -> None:
@@ -44,87 +41,48 @@ def _check_contents(kind, x, targets, il, tl, durations, blank, on_device: bool)
         check_no_big_blank_label(targets, tl, blank, len(durations))
 
 
-def _forward(x, targets, il, tl, kind, durations, blank, sigma, fused, fastemit_lambda, loss_scale, clamp, need_grad,
-             reduction, validate):  # fmt: skip
+def _forward(x, targets, il, tl, kind, durations, need_grad, opts: TransducerOptions):
     """The kernels' per-sample losses, reduced; the state: log-sum-exps, the entries' coefficients, log2 p."""
-    if validate:
-        _check_contents(kind, x, targets, il, tl, durations, blank, True)
-    loss, state = kernels.tdt_forward(x, targets, il, tl, kind, tuple(durations), blank, sigma, fused,
-                                      fastemit_lambda, loss_scale, need_grad)  # fmt: skip
-    return reduce_loss(loss, reduction), state
+    if opts.validate:
+        _check_contents(kind, x, targets, il, tl, durations, opts.blank, True)
+    loss, state = kernels.tdt_forward(x, targets, il, tl, kind, tuple(durations), opts, need_grad)
+    return reduce_loss(loss, opts.reduction), state
 
 
-def _forward_fake(x, targets, il, tl, kind, durations, blank, sigma, fused, fastemit_lambda, loss_scale, clamp,
-                  need_grad, reduction, validate):  # fmt: skip
+def _forward_fake(x, targets, il, tl, kind, durations, need_grad, opts: TransducerOptions):
     N, T, U1, _ = x.shape
     cells = N * T * U1
-    return state_fake(x, N, reduction, cells if fused else 0, cells * (2 + len(durations)))
+    return state_fake(x, N, opts.reduction, cells if opts.fused_log_softmax else 0, cells * (2 + len(durations)))
 
 
-def _backward(grad_loss, x, targets, il, tl, lse, occ, logp, kind, durations, blank, fused, clamp, reduction):
-    return kernels.tdt_backward(grad_loss, x, targets, il, tl, (lse, occ, logp), kind, tuple(durations), blank, fused,
-                                clamp, reduction)  # fmt: skip
+def _backward(grad_loss, x, targets, il, tl, lse, occ, logp, kind, durations, opts: TransducerOptions):
+    return kernels.tdt_backward(grad_loss, x, targets, il, tl, (lse, occ, logp), kind, tuple(durations), opts)
 
 
 TDT_LOSS_OP = None
 if kernels is not None:
-    TDT_LOSS_OP = LossOp("speechkernels::tdt_loss", _INPUTS, _forward, _forward_fake, _backward, n_state=3, grads="x")
+    TDT_LOSS_OP = LossOp("speechkernels::tdt_loss", _INPUTS, _forward, _forward_fake, _backward, n_state=3, grads="x",
+                         options={"opts": TransducerOptions})  # fmt: skip
 
 
-def _pytorch_losses(x, targets, il, tl, kind, durations, blank, sigma, fused, fastemit_lambda, clamp,
-                    fastemit_loss_scale, need_grad, validate):  # fmt: skip
+def _pytorch_losses(x, targets, il, tl, kind, durations, need_grad, opts: TransducerOptions):
     """The PyTorch path: the contents checked, then the float64 reference's losses and their gradient (by
     autograd, in float64)."""
-    if validate:
-        _check_contents(kind, x, targets, il, tl, durations, blank, False)
-    reference = tdt_loss_reference if kind == "tdt" else multiblank_rnnt_loss_reference
+    if opts.validate:
+        _check_contents(kind, x, targets, il, tl, durations, opts.blank, False)
+    reference = tdt_losses_reference if kind == "tdt" else multiblank_losses_reference
     with autograd_inside_op():
         v = x.detach().to(torch.float64).requires_grad_(need_grad)
-        loss = reference(v, targets, il, tl, list(durations), blank, sigma, fused, reduction="none", clamp=clamp,
-                         fastemit_lambda=fastemit_lambda, fastemit_loss_scale=fastemit_loss_scale)  # fmt: skip
+        loss = reference(v, targets, il, tl, tuple(durations), opts)
         grad = torch.autograd.grad(loss.sum(), v)[0] if need_grad else None
     return loss.detach(), grad
 
 
 TDT_PYTORCH_OP = pytorch_path_op(
-    "speechkernels::tdt_loss_pytorch",
-    "Tensor x, Tensor targets, Tensor il, Tensor tl, str kind, int[] durations, int blank, float sigma, bool fused, "
-    "float fastemit_lambda, float clamp, bool fastemit_loss_scale, bool need_grad, bool validate",
-    _pytorch_losses, batch_dim=0, grad_dtype=lambda dtype: torch.float64,
+    "speechkernels::tdt_loss_pytorch", "Tensor x, Tensor targets, Tensor il, Tensor tl, str kind, int[] durations, "
+    "bool need_grad", _pytorch_losses, batch_dim=0, grad_dtype=lambda dtype: torch.float64,
+    options={"opts": TransducerOptions},
 )  # fmt: skip
-
-
-class TransducerOptions(NamedTuple):
-    """The checked options of a TDT or multi-blank loss (``transducer_options``)."""
-
-    blank: int
-    sigma: float
-    reduction: str
-    clamp: float
-    fastemit_lambda: float
-    fastemit_loss_scale: bool
-    fused_log_softmax: bool
-    validate: bool
-
-
-def transducer_options(
-    blank: int = -1,
-    sigma: float = 0.0,
-    reduction: str = "mean",
-    clamp: float = -1.0,
-    fastemit_lambda: float = 0.0,
-    fastemit_loss_scale: bool = True,
-    fused_log_softmax: bool = True,
-    validate: bool = True,
-) -> TransducerOptions:
-    """The options both losses take, checked (a ValueError names a bad one; blank is checked against the classes
-    later)."""
-    return TransducerOptions(
-        as_int(blank, "blank"), as_float(sigma, "sigma", finite=True), as_choice(reduction, "reduction", REDUCTIONS),
-        as_float(clamp, "clamp"), as_float(fastemit_lambda, "fastemit_lambda", minimum=0.0, finite=True),
-        as_bool(fastemit_loss_scale, "fastemit_loss_scale"), as_bool(fused_log_softmax, "fused_log_softmax"),
-        as_bool(validate, "validate"),
-    )  # fmt: skip
 
 
 def with_options(options: Callable) -> Callable[[Callable], Callable]:
@@ -192,17 +150,12 @@ def _on_kernels(logits: torch.Tensor) -> bool:
 
 
 def _loss(kind, logits, targets, il, tl, durations, blank, opts: TransducerOptions) -> torch.Tensor:
-    """The loss, by the kernels where they take the logits, else by the float64 reference."""
-    if _on_kernels(logits):
-        need_grad = torch.is_grad_enabled() and logits.requires_grad
-        loss_scale = 1.0 + opts.fastemit_lambda if opts.fastemit_loss_scale else 1.0
-        return TDT_LOSS_OP.apply(kernel_layout(logits), targets, il, tl, kind, list(durations), blank, opts.sigma,
-                                 opts.fused_log_softmax, opts.fastemit_lambda, loss_scale, opts.clamp, need_grad,
-                                 opts.reduction, opts.validate)  # fmt: skip
+    """The loss, by the kernels where they take the logits, else by the float64 reference (``blank`` resolved)."""
+    opts = opts._replace(blank=blank)
     need_grad = torch.is_grad_enabled() and logits.requires_grad
-    loss = TDT_PYTORCH_OP.apply(logits, targets, il, tl, kind, list(durations), blank, opts.sigma,
-                                opts.fused_log_softmax, opts.fastemit_lambda, opts.clamp, opts.fastemit_loss_scale,
-                                need_grad, opts.validate)  # fmt: skip
+    if _on_kernels(logits):
+        return TDT_LOSS_OP.apply(kernel_layout(logits), targets, il, tl, kind, list(durations), need_grad, opts)
+    loss = TDT_PYTORCH_OP.apply(logits, targets, il, tl, kind, list(durations), need_grad, opts)
     return reduce_loss(loss, opts.reduction)
 
 

@@ -19,17 +19,16 @@ from .._transducer.activations import ACTIVATIONS
 from .._transducer.checks import state_fake, validate_on_device
 from .._transducer.joint import JointLossModule, as_dropout, draw_seed, joint_inputs
 from .._transducer.joint_reference import joint_hidden
+from .._transducer.options import JointNetworkOptions, TransducerOptions, transducer_options
 from .._transducer.reference import reduce_loss
 from ..rnnt import rnnt_joint_loss
 from .api import (
-    TransducerOptions,
     big_blanks_of,
     check_big_blank_room,
     check_no_big_blank_label,
     durations_of,
     multiblank_rnnt_loss,
     tdt_loss,
-    transducer_options,
     with_options,
 )
 
@@ -42,45 +41,40 @@ except ImportError as error:
 
 _INPUTS = (
     "Tensor enc, Tensor pred, Tensor weight, Tensor? bias, Tensor targets, Tensor il, Tensor tl, str kind, "
-    "int[] durations, "
-    "int blank, str activation, float dropout, int seed_lo, int seed_hi, float sigma, float fastemit_lambda, "
-    "float loss_scale, float clamp, bool need_grad, bool validate, str reduction"
+    "int[] durations, bool need_grad"
 )
 
 
-def _forward(enc, pred, weight, bias, targets, il, tl, kind, durations, blank, activation, dropout, seed_lo, seed_hi,
-             sigma, fastemit_lambda, loss_scale, clamp, need_grad, validate, reduction):  # fmt: skip
+def _forward(enc, pred, weight, bias, targets, il, tl, kind, durations, need_grad, opts, net):
     """The lattice from the fused joint kernels, the TDT recursions; the loss reduced and the backward's state
-    (log-sum-exps, the entries' coefficients, log2 p)."""
+    (log-sum-exps, the entries' coefficients, log2 p). The joint's outputs are scores (``opts.fused_log_softmax``)."""
     N, T, _ = enc.shape
     U1, X, multi = pred.shape[1], len(durations), kind == "multiblank"
-    if validate:
-        validate_on_device(T, U1 - 1, weight.shape[0] - (0 if multi else X), targets, il, tl, blank)
-    joint = joint_kernels.JointNetwork(enc, pred, weight, bias, activation, dropout, (seed_lo, seed_hi))
-    lse, lat, nan = joint_kernels.joint_lattice(joint, targets, il, tl, blank, False, X, sigma, multi)
-    loss, logp = tdt_kernels.tdt_recursions(lat, nan, il, tl, kind, tuple(durations), T, U1, True, fastemit_lambda,
-                                            loss_scale, need_grad)  # fmt: skip
-    return reduce_loss(loss, reduction), (lse, lat, logp)
+    if opts.validate:
+        validate_on_device(T, U1 - 1, weight.shape[0] - (0 if multi else X), targets, il, tl, opts.blank)
+    joint = joint_kernels.JointNetwork(enc, pred, weight, bias, net.activation, net.dropout, net.seed)
+    lse, lat, nan = joint_kernels.joint_lattice(joint, targets, il, tl, opts.blank, False, X, opts.sigma, multi)
+    loss, logp = tdt_kernels.tdt_recursions(lat, nan, il, tl, kind, tuple(durations), T, U1, opts, need_grad)
+    return reduce_loss(loss, opts.reduction), (lse, lat, logp)
 
 
-def _forward_fake(enc, pred, weight, bias, targets, il, tl, kind, durations, blank, activation, dropout, seed_lo,
-                  seed_hi, sigma, fastemit_lambda, loss_scale, clamp, need_grad, validate, reduction):  # fmt: skip
+def _forward_fake(enc, pred, weight, bias, targets, il, tl, kind, durations, need_grad, opts, net):
     cells = enc.shape[0] * enc.shape[1] * pred.shape[1]
-    return state_fake(enc, enc.shape[0], reduction, cells, cells * (2 + len(durations)))
+    return state_fake(enc, enc.shape[0], opts.reduction, cells, cells * (2 + len(durations)))
 
 
-def _backward(grad_loss, enc, pred, weight, bias, targets, il, tl, lse, occ, logp, kind, durations, blank,
-              activation, dropout, seed_lo, seed_hi, clamp, reduction):  # fmt: skip
+def _backward(grad_loss, enc, pred, weight, bias, targets, il, tl, lse, occ, logp, kind, durations, opts, net):
     """Gradients for enc, pred, weight and bias (None without a bias)."""
-    joint = joint_kernels.JointNetwork(enc, pred, weight, bias, activation, dropout, (seed_lo, seed_hi))
-    return joint_kernels.joint_backward(grad_loss, joint, targets, il, tl, (lse, occ, logp), blank, 0.0, clamp, False,
-                                        reduction, len(durations), kind == "multiblank")  # fmt: skip
+    joint = joint_kernels.JointNetwork(enc, pred, weight, bias, net.activation, net.dropout, net.seed)
+    return joint_kernels.joint_backward(grad_loss, joint, targets, il, tl, (lse, occ, logp), opts, len(durations),
+                                        kind == "multiblank")  # fmt: skip
 
 
 TDT_JOINT_LOSS_OP = None
 if joint_kernels is not None and tdt_kernels is not None:
     TDT_JOINT_LOSS_OP = LossOp("speechkernels::tdt_joint_loss", _INPUTS, _forward, _forward_fake, _backward,
-                               n_state=3, grads="enc pred weight bias")  # fmt: skip
+                               n_state=3, grads="enc pred weight bias",
+                               options={"opts": TransducerOptions, "net": JointNetworkOptions})  # fmt: skip
 
 
 class JointOptions(NamedTuple):
@@ -190,18 +184,15 @@ def _joint_loss(kind, enc, pred, weight, bias, targets, il, tl, durations, blank
     dev = enc.device
     lo = opts.loss
     seed = draw_seed(opts.generator) if opts.dropout > 0 else (0, 0)
-    loss_scale = 1.0 + lo.fastemit_lambda if lo.fastemit_loss_scale else 1.0
+    net = JointNetworkOptions(opts.activation, opts.dropout, *seed)
     with torch.autocast(dev.type, enabled=False):
         if joint_kernels is not None and tdt_kernels is not None and use_triton(enc) and N > 0 and T > 0:
             need_grad = torch.is_grad_enabled() and any(
                 x is not None and x.requires_grad for x in (enc, pred, weight, bias)
             )
-            return TDT_JOINT_LOSS_OP.apply(
-                enc, pred, weight, bias, targets, il, tl, kind, list(durations), blank, opts.activation,
-                opts.dropout, *seed, lo.sigma, lo.fastemit_lambda, loss_scale, lo.clamp, need_grad, lo.validate,
-                lo.reduction,
-            )  # fmt: skip
-        h = joint_hidden(enc, pred, 0, T, opts.activation, opts.dropout, seed)
+            return TDT_JOINT_LOSS_OP.apply(enc, pred, weight, bias, targets, il, tl, kind, list(durations), need_grad,
+                                           lo._replace(blank=blank), net)  # fmt: skip
+        h = joint_hidden(enc, pred, 0, T, net.activation, net.dropout, net.seed)
         loss = tdt_loss if kind == "tdt" else multiblank_rnnt_loss
         return loss(
             torch.nn.functional.linear(h, weight, bias), targets, il, tl, durations, blank=blank, sigma=lo.sigma,

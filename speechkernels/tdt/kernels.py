@@ -31,6 +31,7 @@ from .._launch import next_power_of_2
 from .._logspace import lae, log2e, lse_total, neg
 from .._outputs import kernel_output, kernel_output_like
 from .._transducer.lattice import cell_scores, grad_cells, row_cells, sample_lengths, score_grad_chunks
+from .._transducer.options import TransducerOptions
 
 
 @triton.jit
@@ -307,22 +308,19 @@ def tdt_forward(
     target_lengths: torch.Tensor,
     kind: str,
     durations: tuple[int, ...],
-    blank: int,
-    sigma: float,
-    fused: bool,
-    fastemit_lambda: float,
-    loss_scale: float,
+    opts: TransducerOptions,
     need_grad: bool,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-    """Per-sample losses ([N] float32: -ln p times loss_scale; +inf without a path, NaN with a NaN read) and the
-    backward's state (log-sum-exps, the entries' coefficients (``_tdt_occupancy_kernel``; with ``need_grad``),
+    """Per-sample losses ([N] float32: -ln p times ``opts.loss_scale``; +inf without a path, NaN with a NaN read)
+    and the backward's state (log-sum-exps, the entries' coefficients (``_tdt_occupancy_kernel``; with ``need_grad``),
     log2 p).
 
     Args:
         x: [N, T, U+1, C]: "tdt": C = V + len(durations) (tokens, then durations); "multiblank": C = V, the big
             blanks (durations ``durations``) at blank - 1 - i.
-        blank: in [0, V) (TDT: among the tokens).
+        opts.blank: in [0, V) (TDT: among the tokens).
     """
+    fused = opts.fused_log_softmax
     N, T, U1, C = x.shape
     X = len(durations)
     V = C - X if kind == "tdt" else C
@@ -334,12 +332,11 @@ def tdt_forward(
     nan = torch.zeros(N, dtype=torch.int32, device=dev)
     block_r, block_v = _row_blocks(U1, V)
     _tdt_lattice_kernel[(N * T, triton.cdiv(U1, block_r))](
-        x, lse, lat, nan, targets, logit_lengths, target_lengths, T, U1, V, X, *x.stride(), targets.stride(0), blank,
-        sigma * 1.4426950408889634, FUSED=fused, MULTI=kind == "multiblank", ONE_CHUNK=V <= block_v, BLOCK_R=block_r,
-        BLOCK_V=block_v, BLOCK_X=next_power_of_2(max(X, 1)), num_warps=1,
+        x, lse, lat, nan, targets, logit_lengths, target_lengths, T, U1, V, X, *x.stride(), targets.stride(0),
+        opts.blank, opts.sigma * 1.4426950408889634, FUSED=fused, MULTI=kind == "multiblank", ONE_CHUNK=V <= block_v,
+        BLOCK_R=block_r, BLOCK_V=block_v, BLOCK_X=next_power_of_2(max(X, 1)), num_warps=1,
     )  # fmt: skip
-    loss, logp = tdt_recursions(lat, nan, logit_lengths, target_lengths, kind, durations, T, U1, fused,
-                                fastemit_lambda, loss_scale, need_grad)  # fmt: skip
+    loss, logp = tdt_recursions(lat, nan, logit_lengths, target_lengths, kind, durations, T, U1, opts, need_grad)
     return loss, (lse, lat, logp)
 
 
@@ -352,15 +349,13 @@ def tdt_recursions(
     durations: tuple[int, ...],
     T: int,
     U1: int,
-    fused: bool,
-    fastemit_lambda: float,
-    loss_scale: float,
+    opts: TransducerOptions,
     need_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """From a lattice ([N * T * (U+1), 2 + X] log2 entries, as ``_tdt_lattice_kernel`` writes it) and the NaN
-    counts per sample: the per-sample losses ([N] float32, -ln p times loss_scale) and log2 p ([N] float64); with
-    ``need_grad`` the lattice is then overwritten by the entries' coefficients (``_tdt_occupancy_kernel``; the
-    durations' with their softmax when ``fused``)."""
+    counts per sample: the per-sample losses ([N] float32, -ln p times ``opts.loss_scale``) and log2 p ([N] float64);
+    with ``need_grad`` the lattice is then overwritten by the entries' coefficients (``_tdt_occupancy_kernel``; the
+    durations' with their softmax when ``opts.fused_log_softmax``)."""
     N = nan.shape[0]
     K = 2 + len(durations)
     dev = lat.device
@@ -376,11 +371,11 @@ def tdt_recursions(
     if need_grad:
         _tdt_occupancy_kernel[(N * T,)](
             lat, alpha, beta, logp, edges, logit_lengths, target_lengths, T, U1, K, zero_a, zero_b,
-            1.0 + fastemit_lambda,
-            NB=nb, NE=ne, FUSED=fused, MULTI=kind == "multiblank", BLOCK_U=block_u, BLOCK_K=next_power_of_2(K),
+            opts.label_scale, NB=nb, NE=ne, FUSED=opts.fused_log_softmax, MULTI=kind == "multiblank", BLOCK_U=block_u,
+            BLOCK_K=next_power_of_2(K),
             num_warps=max(1, min(8, block_u * next_power_of_2(K) // 256)),
         )  # fmt: skip
-    return (logp * (-0.6931471805599453 * loss_scale)).to(torch.float32), logp
+    return (logp * (-0.6931471805599453 * opts.loss_scale)).to(torch.float32), logp
 
 
 def tdt_backward(
@@ -392,14 +387,12 @@ def tdt_backward(
     state: tuple[torch.Tensor, ...],
     kind: str,
     durations: tuple[int, ...],
-    blank: int,
-    fused: bool,
-    clamp: float,
-    reduction: str,
+    opts: TransducerOptions,
 ) -> torch.Tensor:
-    """Gradient with respect to x, in x's dtype, of sum(grad_out * loss) (reduction "none": grad_out [N]) or of
-    grad_out * the batch sum or mean (grad_out 0-dim); ``state``: ``tdt_forward``'s."""
+    """Gradient with respect to x, in x's dtype, of sum(grad_out * loss) (``opts.reduction`` "none": grad_out [N])
+    or of grad_out * the batch sum or mean (grad_out 0-dim); ``state``: ``tdt_forward``'s."""
     lse, occ, logp = state
+    clamp, reduction = opts.clamp, opts.reduction
     N, T, U1, C = x.shape
     X = len(durations)
     V = C - X if kind == "tdt" else C
@@ -408,7 +401,7 @@ def tdt_backward(
     _tdt_grad_kernel[(N * T, triton.cdiv(U1, block_r))](
         x, grad, lse, occ, logp, grad_out, grad_out.stride(0) if reduction == "none" else 0,
         1.0 / N if reduction == "mean" else 1.0, targets, logit_lengths, target_lengths, T, U1, V, X, 2 + X,
-        *x.stride(), *grad.stride(), targets.stride(0), blank, max(clamp, 0.0), FUSED=fused,
+        *x.stride(), *grad.stride(), targets.stride(0), opts.blank, max(clamp, 0.0), FUSED=opts.fused_log_softmax,
         MULTI=kind == "multiblank", CLAMP=clamp > 0, BLOCK_R=block_r, BLOCK_V=block_v,
         BLOCK_X=X, num_warps=1,
     )  # fmt: skip

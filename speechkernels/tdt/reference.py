@@ -33,6 +33,7 @@ from collections.abc import Sequence
 import torch
 
 from .._reference import LossWithGradient
+from .._transducer.options import TransducerOptions
 from .._transducer.reference import reduce_loss
 
 NEG_INF = float("-inf")
@@ -154,14 +155,12 @@ def _batch(x, targets, logit_lengths, target_lengths):
     return torch.where(valid, targets.to(x.device).long(), 0), T_n, U_n
 
 
-def _reference(logits, targets, logit_lengths, target_lengths, edges, tokens, reduction: str = "mean",
-               clamp: float = -1.0, fastemit_lambda: float = 0.0, fastemit_loss_scale: bool = True):  # fmt: skip
-    """The loss of the lattice whose edges ``edges(x, labels)`` gives from float64 logits x: (blank weights
-    [N, Kb, T, U+1], their durations, label weights [N, Ke, T, U+1], their durations); ``tokens``: the token
-    logits' count (the columns ``clamp`` applies to). The options as ``rnnt_loss``'s: the reduction, the
-    gradient's clamp, FastEmit's lambda and whether the loss reports its factor 1 + lambda. Cells a sample does
-    not read are zeroed first: a NaN there reaches neither its loss nor its gradient."""
-    scale = 1.0 + fastemit_lambda
+def _reference(logits, targets, logit_lengths, target_lengths, edges, tokens, opts: TransducerOptions):
+    """The per-sample losses of the lattice whose edges ``edges(x, labels)`` gives from float64 logits x: (blank
+    weights [N, Kb, T, U+1], their durations, label weights [N, Ke, T, U+1], their durations); ``tokens``: the token
+    logits' count (the columns ``opts.clamp`` applies to); FastEmit's factors ``opts.loss_scale`` and
+    ``opts.label_scale``. Cells a sample does not read are zeroed first: a NaN there reaches neither its loss nor
+    its gradient."""
 
     def per_sample(x):
         tg, T_n, U_n = _batch(x, targets, logit_lengths, target_lengths)
@@ -172,10 +171,9 @@ def _reference(logits, targets, logit_lengths, target_lengths, edges, tokens, re
         N, _, T, U1 = wb.shape
         wb = torch.where(torch.stack([_edge_masks(T_n, U_n, T, U1, d, False) for d in db], 1), wb, NEG_INF)
         we = torch.where(torch.stack([_edge_masks(T_n, U_n, T, U1, d, True) for d in de], 1), we, NEG_INF)
-        return _DurationLattice.apply(wb, we, T_n, U_n, tuple(db), tuple(de),
-                                      scale if fastemit_loss_scale else 1.0, scale)  # fmt: skip
+        return _DurationLattice.apply(wb, we, T_n, U_n, tuple(db), tuple(de), opts.loss_scale, opts.label_scale)
 
-    return reduce_loss(_losses(logits, per_sample, clamp, tokens), reduction)
+    return _losses(logits, per_sample, opts.clamp, tokens)
 
 
 def tdt_loss_reference(
@@ -200,19 +198,27 @@ def tdt_loss_reference(
         options: reduction ("mean", "sum", "none"), clamp (of the token logits' gradient, as NeMo), fastemit_lambda,
             fastemit_loss_scale, as ``rnnt_loss``'s.
     """
+    opts = TransducerOptions(blank=blank, sigma=sigma, fused_log_softmax=fused_log_softmax, **options)
+    losses = tdt_losses_reference(logits, targets, logit_lengths, target_lengths, tuple(durations), opts)
+    return reduce_loss(losses, opts.reduction)
+
+
+def tdt_losses_reference(logits, targets, logit_lengths, target_lengths, durations: tuple[int, ...],
+                         opts: TransducerOptions) -> torch.Tensor:  # fmt: skip
+    """``tdt_loss_reference``'s per-sample losses, with the options as one value."""
     D = len(durations)
 
     def edges(x, labels):
         V = x.shape[-1] - D
-        b = blank + V if blank < 0 else blank
-        lp, ld = (torch.log_softmax(h, -1) if fused_log_softmax else h for h in (x[..., :V], x[..., V:]))
-        lp = lp - sigma
+        b = opts.blank + V if opts.blank < 0 else opts.blank
+        lp, ld = (torch.log_softmax(h, -1) if opts.fused_log_softmax else h for h in (x[..., :V], x[..., V:]))
+        lp = lp - opts.sigma
         emit = label_log_probs(lp, labels)
         wb = torch.stack([lp[..., b] + ld[..., i] for i, d in enumerate(durations) if d > 0], 1)
         we = torch.stack([emit + ld[..., i] for i in range(D)], 1)
         return wb, [d for d in durations if d > 0], we, list(durations)
 
-    return _reference(logits, targets, logit_lengths, target_lengths, edges, logits.shape[-1] - D, **options)
+    return _reference(logits, targets, logit_lengths, target_lengths, edges, logits.shape[-1] - D, opts)
 
 
 def multiblank_rnnt_loss_reference(
@@ -235,10 +241,20 @@ def multiblank_rnnt_loss_reference(
         sigma, fused_log_softmax, options: as ``tdt_loss_reference``'s.
     """
 
+    opts = TransducerOptions(blank=blank, sigma=sigma, fused_log_softmax=fused_log_softmax, **options)
+    losses = multiblank_losses_reference(logits, targets, logit_lengths, target_lengths, tuple(big_blank_durations),
+                                         opts)  # fmt: skip
+    return reduce_loss(losses, opts.reduction)
+
+
+def multiblank_losses_reference(logits, targets, logit_lengths, target_lengths, big_blank_durations: tuple[int, ...],
+                                opts: TransducerOptions) -> torch.Tensor:  # fmt: skip
+    """``multiblank_rnnt_loss_reference``'s per-sample losses, with the options as one value."""
+
     def edges(x, labels):
-        b = blank + x.shape[-1] if blank < 0 else blank
-        lp = (torch.log_softmax(x, -1) if fused_log_softmax else x) - sigma
+        b = opts.blank + x.shape[-1] if opts.blank < 0 else opts.blank
+        lp = (torch.log_softmax(x, -1) if opts.fused_log_softmax else x) - opts.sigma
         wb = torch.stack([lp[..., b]] + [lp[..., b - 1 - i] for i in range(len(big_blank_durations))], 1)
         return wb, [1, *big_blank_durations], label_log_probs(lp, labels)[:, None], [0]
 
-    return _reference(logits, targets, logit_lengths, target_lengths, edges, logits.shape[-1], **options)
+    return _reference(logits, targets, logit_lengths, target_lengths, edges, logits.shape[-1], opts)

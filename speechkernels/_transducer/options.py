@@ -1,0 +1,79 @@
+"""The transducer family's loss options as one value: ``TransducerOptions`` (checked by ``transducer_options``),
+which the losses' ops, their kernels' launchers and their PyTorch paths take whole."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from .._args import as_bool, as_choice, as_float, as_int
+from .._loss_inputs import REDUCTIONS
+
+RNNT_TYPES = ("rnnt", "rna")
+
+
+class TransducerOptions(NamedTuple):
+    """The options of a transducer loss (RNN-T and RNA, TDT, multi-blank, their fused joints), as the public
+    functions take them; ``blank`` is resolved to an index in [0, V) before the loss's op gets the value."""
+
+    blank: int = -1
+    sigma: float = 0.0
+    reduction: str = "mean"
+    clamp: float = -1.0
+    fastemit_lambda: float = 0.0
+    fastemit_loss_scale: bool = True
+    fused_log_softmax: bool = True
+    validate: bool = True
+    rnnt_type: str = "rnnt"
+
+    @property
+    def loss_scale(self) -> float:
+        """The reported loss's factor: 1 + lambda with ``fastemit_loss_scale`` (NeMo's convention), else 1."""
+        return 1.0 + self.fastemit_lambda if self.fastemit_loss_scale else 1.0
+
+    @property
+    def label_scale(self) -> float:
+        """FastEmit's factor of the label edges' gradient: 1 + lambda."""
+        return 1.0 + self.fastemit_lambda
+
+    @property
+    def rna(self) -> bool:
+        return self.rnnt_type == "rna"
+
+
+def transducer_options(
+    blank: int = -1,
+    sigma: float = 0.0,
+    reduction: str = "mean",
+    clamp: float = -1.0,
+    fastemit_lambda: float = 0.0,
+    fastemit_loss_scale: bool = True,
+    fused_log_softmax: bool = True,
+    validate: bool = True,
+) -> TransducerOptions:
+    """The options the family's losses share, checked (a ValueError names a bad one; blank is checked against the
+    classes later); RNN-T's ``rnnt_type`` with ``with_rnnt_type``."""
+    return TransducerOptions(
+        as_int(blank, "blank"), as_float(sigma, "sigma", finite=True), as_choice(reduction, "reduction", REDUCTIONS),
+        as_float(clamp, "clamp"), as_float(fastemit_lambda, "fastemit_lambda", minimum=0.0, finite=True),
+        as_bool(fastemit_loss_scale, "fastemit_loss_scale"), as_bool(fused_log_softmax, "fused_log_softmax"),
+        as_bool(validate, "validate"),
+    )  # fmt: skip
+
+
+def with_rnnt_type(opts: TransducerOptions, rnnt_type: str) -> TransducerOptions:
+    """``opts`` with RNN-T's lattice, checked: "rnnt" or "rna"."""
+    return opts._replace(rnnt_type=as_choice(rnnt_type, "rnnt_type", RNNT_TYPES))
+
+
+class JointNetworkOptions(NamedTuple):
+    """The fused joint network's options as its ops take them: the activation, dropout's probability and the
+    dropout mask's seed (two int32 halves, drawn per call)."""
+
+    activation: str = "relu"
+    dropout: float = 0.0
+    seed_lo: int = 0
+    seed_hi: int = 0
+
+    @property
+    def seed(self) -> tuple[int, int]:
+        return self.seed_lo, self.seed_hi
