@@ -14,7 +14,7 @@ if [[ $what == tests || $what == all ]]; then
   rc=${PIPESTATUS[0]}
 fi
 if [[ $what == wntests ]]; then
-  python3 -m pytest -m gpu -q tests/test_wavenet.py 2>&1 | tee "$out/pytest_gpu.log" | tail -25
+  python3 -m pytest -m gpu -q tests/test_wavenet_*.py 2>&1 | tee "$out/pytest_gpu.log" | tail -25
   rc=${PIPESTATUS[0]}
 fi
 if [[ $what == wnprobe ]]; then
