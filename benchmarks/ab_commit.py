@@ -50,8 +50,11 @@ def main() -> int:
                 torch.cuda.synchronize()
                 t[name].append(time.perf_counter() - t0)
         med = {k: sorted(v[steps // 8 :])[len(v[steps // 8 :]) // 2] * 1e3 for k, v in t.items()}
-        rows[key] = {"old_ms": round(med["old"], 4), "new_ms": round(med["new"], 4),
-                     "new_minus_old_us": round((med["new"] - med["old"]) * 1e3, 1)}  # fmt: skip
+        rows[key] = {
+            "old_ms": round(med["old"], 4),
+            "new_ms": round(med["new"], 4),
+            "new_minus_old_us": round((med["new"] - med["old"]) * 1e3, 1),
+        }
         print(key, rows[key], flush=True)
 
     def rnnt_step(mod, *args, **kw):
@@ -75,8 +78,10 @@ def main() -> int:
     for N in (1, 8):
         x = torch.randn(150, N, 28, device=dev, generator=g).requires_grad_()
         tg = torch.randint(1, 28, (N, 40), device=dev, generator=g)
-        lengths = {"list": ([150] * N, [40] * N), "tensor": (torch.full((N,), 150, device=dev),
-                                                             torch.full((N,), 40, device=dev))}  # fmt: skip
+        lengths = {
+            "list": ([150] * N, [40] * N),
+            "tensor": (torch.full((N,), 150, device=dev), torch.full((N,), 40, device=dev)),
+        }
         for kind, (il, tl) in lengths.items():
             ab(f"ctc_150x{N}x28_{kind}", ctc_step(skold, x, tg, il, tl), ctc_step(sk, x, tg, il, tl))
     # kernel-bound rows: the largest of the benchmarks' tables, fewer steps

@@ -51,8 +51,12 @@ def _cases() -> dict:
     def generate():
         net.generate(None, 400, batch=2, generator=torch.Generator().manual_seed(0))
 
-    return {"ctc_loss 150x32x28": ctc, "torch ctc_loss 150x32x28": torch_ctc, "rnnt_loss 4x150x40x28": rnnt,
-            "WaveNet.generate 2 x 400": generate}  # fmt: skip
+    return {
+        "ctc_loss 150x32x28": ctc,
+        "torch ctc_loss 150x32x28": torch_ctc,
+        "rnnt_loss 4x150x40x28": rnnt,
+        "WaveNet.generate 2 x 400": generate,
+    }
 
 
 def _times(cases: dict, reps: int) -> dict:
@@ -80,9 +84,19 @@ def main() -> None:
     with busy_core(settle_s=1.0):
         shared = _times(cases, a.reps)
     for k in cases:
-        print(json.dumps(dict(case=k, idle_ms=round(idle[k], 2), shared_ms=round(shared[k], 2),
-                              ratio=round(shared[k] / idle[k], 2), threads=torch.get_num_threads(),
-                              cores=len(cores))), flush=True)  # fmt: skip
+        print(
+            json.dumps(
+                dict(
+                    case=k,
+                    idle_ms=round(idle[k], 2),
+                    shared_ms=round(shared[k], 2),
+                    ratio=round(shared[k] / idle[k], 2),
+                    threads=torch.get_num_threads(),
+                    cores=len(cores),
+                )
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -28,13 +28,32 @@ def main() -> None:
         again = ms(lambda x=x: F.linear(x, w))
         one = ms(lambda x=x: F.linear(x.reshape(-1, 80), big))
         one_again = ms(lambda x=x: F.linear(x.reshape(-1, 80), big))
-        print(json.dumps(dict(op="linear", B=B, frames=frames, first_ms=first, again_ms=again,
-                              one_gemm_first_ms=one, one_gemm_again_ms=one_again)))  # fmt: skip
+        print(
+            json.dumps(
+                dict(
+                    op="linear",
+                    B=B,
+                    frames=frames,
+                    first_ms=first,
+                    again_ms=again,
+                    one_gemm_first_ms=one,
+                    one_gemm_again_ms=one_again,
+                )
+            )
+        )
     cond = torch.randn(80, 100, device=dev)
     for n in [1, 2, 9, 10]:
         idx = torch.arange(n, device=dev)
-        print(json.dumps(dict(op="index_select", n=n, first_ms=ms(lambda idx=idx: cond.index_select(1, idx)),
-                              again_ms=ms(lambda idx=idx: cond.index_select(1, idx)))))  # fmt: skip
+        print(
+            json.dumps(
+                dict(
+                    op="index_select",
+                    n=n,
+                    first_ms=ms(lambda idx=idx: cond.index_select(1, idx)),
+                    again_ms=ms(lambda idx=idx: cond.index_select(1, idx)),
+                )
+            )
+        )
 
 
 if __name__ == "__main__":

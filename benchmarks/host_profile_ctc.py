@@ -186,14 +186,18 @@ def main():
     out["Launch of the 18-argument kernel (compiled kernel called directly)"] = us(lambda: fast[(1,)](*many, BLOCK=128))
     (compiled, tail), *_ = fast._compiled.values()
     stream = torch._C._cuda_getCurrentRawStream(dev.index or 0)
-    out["  its compiled kernel's launcher alone"] = us(lambda: compiled.run(
-        1, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None, *many, *tail))  # fmt: skip
+    out["  its compiled kernel's launcher alone"] = us(
+        lambda: compiled.run(
+            1, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None, *many, *tail
+        )
+    )
     key_of = next(iter(fast._keys.values()))
     out["  its specialisation key alone"] = us(lambda: key_of(0, (("BLOCK", 128),), *many))
     out["cuda synchronize (idle)"] = us(torch.cuda.synchronize)
     out["torch op + synchronize"] = us(lambda: (a.clamp(min=1), torch.cuda.synchronize()))
-    out["triton launch, 3 args + synchronize"] = us(lambda: (_tiny_kernel[(1,)](a, b, 100, BLOCK=128),
-                                                             torch.cuda.synchronize()))  # fmt: skip
+    out["triton launch, 3 args + synchronize"] = us(
+        lambda: (_tiny_kernel[(1,)](a, b, 100, BLOCK=128), torch.cuda.synchronize())
+    )
     out["tiny launch + .tolist() of 2 values"] = us(lambda: (_tiny_kernel[(1,)](a, b, 100, BLOCK=128), b[:2].tolist()))
     v4 = torch.randn(4, 16, device=dev, requires_grad=True)
 

@@ -19,8 +19,18 @@ from speechkernels.wavenet import cuda_runtime
 
 SRC = (pathlib.Path(__file__).parent / "csrc" / "latency_probe.cu").read_text()
 
-NAMES = ["mma", "shfl_add", "tanh_exp_div", "split3", "lds", "bar_sync", "sts_bar_lds_bar", "tanh_approx", "fma",
-         "mma_issue"]  # fmt: skip
+NAMES = [
+    "mma",
+    "shfl_add",
+    "tanh_exp_div",
+    "split3",
+    "lds",
+    "bar_sync",
+    "sts_bar_lds_bar",
+    "tanh_approx",
+    "fma",
+    "mma_issue",
+]
 
 
 def main():

@@ -62,9 +62,18 @@ def one(requests: int, chunk: int, layers: int, steps: int, top: int, compile_on
             profile = s.getvalue()
         times.append(1e3 * (time.perf_counter() - t))
     steady = sorted(times[1:])[len(times[1:]) // 2]
-    return dict(requests=requests, chunk=chunk, layers=layers, compile_only=compile_only, warmup_ms=round(warmup_ms, 1),
-                first_ms=round(times[0], 2), steady_ms=[round(x, 2) for x in times[1:]],
-                ratio=round(times[0] / steady, 3), gpu=torch.cuda.get_device_name(), profile=profile)  # fmt: skip
+    return dict(
+        requests=requests,
+        chunk=chunk,
+        layers=layers,
+        compile_only=compile_only,
+        warmup_ms=round(warmup_ms, 1),
+        first_ms=round(times[0], 2),
+        steady_ms=[round(x, 2) for x in times[1:]],
+        ratio=round(times[0] / steady, 3),
+        gpu=torch.cuda.get_device_name(),
+        profile=profile,
+    )
 
 
 def main() -> None:
@@ -81,8 +90,20 @@ def main() -> None:
         print(json.dumps(one(a.one, a.chunk, a.layers, a.steps, a.top, a.compile_only)))
         return
     for r in (int(v) for v in a.requests.split(",")):
-        args = [sys.executable, __file__, "--one", str(r), "--chunk", str(a.chunk), "--layers", str(a.layers),
-                "--steps", str(a.steps), "--top", str(a.top)]  # fmt: skip
+        args = [
+            sys.executable,
+            __file__,
+            "--one",
+            str(r),
+            "--chunk",
+            str(a.chunk),
+            "--layers",
+            str(a.layers),
+            "--steps",
+            str(a.steps),
+            "--top",
+            str(a.top),
+        ]
         if a.compile_only:
             args.append("--compile-only")
         out = subprocess.run(args, capture_output=True, text=True)

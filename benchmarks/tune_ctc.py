@@ -103,9 +103,18 @@ def grad_sweep(T, N, C):
     g = torch.ones(N, device=dev)
     base = kernels.ctc_backward(g, x, *state, 0, True)
     for block_c, warps, block_k in (
-        (1024, 4, 64), (2048, 8, 64), (4096, 8, 64), (1024, 4, 256), (1024, 4, 1024), (2048, 8, 512), (32, 1, 64),
-        (32, 1, 256), (32, 1, 1024), (32, 2, 512), (32, 4, 1024),
-    ):  # fmt: skip
+        (1024, 4, 64),
+        (2048, 8, 64),
+        (4096, 8, 64),
+        (1024, 4, 256),
+        (1024, 4, 1024),
+        (2048, 8, 512),
+        (32, 1, 64),
+        (32, 1, 256),
+        (32, 1, 1024),
+        (32, 2, 512),
+        (32, 4, 1024),
+    ):
         if block_c < min(C, 1024) or (block_c > 32 and C <= 32):
             continue
         kw = dict(block_c=block_c, warps=warps, block_k=block_k)

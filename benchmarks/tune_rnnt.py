@@ -65,9 +65,14 @@ def blocks_sweep(T, U, V, N):
     v = logits.clone().requires_grad_()
     real = kernels._row_blocks
     bv0 = min(triton.next_power_of_2(V), 1024)
-    configs = [(br, bv, w) for bv in sorted({bv0, min(bv0, 512), min(2 * bv0, 2048)})
-               for br in (1, 2, 4, 8, 16, 32, 64) if 256 <= br * bv <= 4096 and br <= triton.next_power_of_2(U)
-               for w in (1, 2, 4, 8, 16) if 32 * w <= br * bv]  # fmt: skip
+    configs = [
+        (br, bv, w)
+        for bv in sorted({bv0, min(bv0, 512), min(2 * bv0, 2048)})
+        for br in (1, 2, 4, 8, 16, 32, 64)
+        if 256 <= br * bv <= 4096 and br <= triton.next_power_of_2(U)
+        for w in (1, 2, 4, 8, 16)
+        if 32 * w <= br * bv
+    ]
     try:
         for cfg in configs:
             kernels._row_blocks = lambda U1, V, cfg=cfg: cfg
@@ -79,8 +84,11 @@ def blocks_sweep(T, U, V, N):
             per = kernel_times_ms(step, calls=3)
             lat = sum(ms for k, ms in per.items() if "lattice" in k)
             grad = sum(ms for k, ms in per.items() if "grad" in k)
-            print(f"{T}x{U}x{V}x{N} blocks r={cfg[0]:3d} v={cfg[1]:5d} warps={cfg[2]:2d}: lattice {lat:7.3f} ms,"
-                  f" grad {grad:7.3f} ms", flush=True)  # fmt: skip
+            print(
+                f"{T}x{U}x{V}x{N} blocks r={cfg[0]:3d} v={cfg[1]:5d} warps={cfg[2]:2d}: lattice {lat:7.3f} ms,"
+                f" grad {grad:7.3f} ms",
+                flush=True,
+            )
     finally:
         kernels._row_blocks = real
 

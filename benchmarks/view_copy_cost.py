@@ -39,8 +39,15 @@ def ctc_row(T: int, N: int, C: int, S: int, reps: int, gbps: float) -> dict:
     b = time_forward_backward(
         {"view": lambda v: loss(v, True), "caller": lambda v: loss(v, True, True)}, base, dev, reps
     )
-    return _row("ctc_loss", f"{T}x{N}x{C}x{S}", "log_probs = batch-first [N, T, C].transpose(0, 1)", a, b,
-                base.numel() * base.element_size(), gbps)  # fmt: skip
+    return _row(
+        "ctc_loss",
+        f"{T}x{N}x{C}x{S}",
+        "log_probs = batch-first [N, T, C].transpose(0, 1)",
+        a,
+        b,
+        base.numel() * base.element_size(),
+        gbps,
+    )
 
 
 def rnnt_row(N: int, T: int, U: int, V: int, reps: int, gbps: float) -> dict:
@@ -61,16 +68,30 @@ def rnnt_row(N: int, T: int, U: int, V: int, reps: int, gbps: float) -> dict:
     b = time_forward_backward(
         {"view": lambda v: loss(v, True), "caller": lambda v: loss(v, True, True)}, wide, dev, reps
     )
-    return _row("rnnt_loss", f"{N}x{T}x{U}x{V}", "logits = [..., :V] of a [N, T, U+1, V+8] tensor", a, b,
-                contiguous.numel() * contiguous.element_size(), gbps)  # fmt: skip
+    return _row(
+        "rnnt_loss",
+        f"{N}x{T}x{U}x{V}",
+        "logits = [..., :V] of a [N, T, U+1, V+8] tensor",
+        a,
+        b,
+        contiguous.numel() * contiguous.element_size(),
+        gbps,
+    )
 
 
 def _row(fn: str, shape: str, view: str, a: dict, b: dict, nbytes: int, gbps: float) -> dict:
     v, c = b["view"]["ms"], b["caller"]["ms"]
-    return dict(function=fn, shape=shape, view=view, contiguous_ms=round(a["ms"], 3), view_ms=round(v, 3),
-                caller_contiguous_ms=round(c, 3), extra_ms=round(v - a["ms"], 3),
-                copy_floor_ms=round(2 * nbytes / gbps / 1e6, 3),
-                gpu=torch.cuda.get_device_name())  # fmt: skip
+    return dict(
+        function=fn,
+        shape=shape,
+        view=view,
+        contiguous_ms=round(a["ms"], 3),
+        view_ms=round(v, 3),
+        caller_contiguous_ms=round(c, 3),
+        extra_ms=round(v - a["ms"], 3),
+        copy_floor_ms=round(2 * nbytes / gbps / 1e6, 3),
+        gpu=torch.cuda.get_device_name(),
+    )
 
 
 def main() -> None:
@@ -78,8 +99,12 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--gbps", type=float, default=3350.0, help="the GPU's memory bandwidth (H100 SXM: 3350)")
     a = p.parse_args()
-    for row in (ctc_row(150, 32, 5000, 40, a.reps, a.gbps), ctc_row(150, 32, 28, 40, a.reps, a.gbps),
-                rnnt_row(16, 150, 40, 1024, a.reps, a.gbps), rnnt_row(4, 150, 40, 28, a.reps, a.gbps)):  # fmt: skip
+    for row in (
+        ctc_row(150, 32, 5000, 40, a.reps, a.gbps),
+        ctc_row(150, 32, 28, 40, a.reps, a.gbps),
+        rnnt_row(16, 150, 40, 1024, a.reps, a.gbps),
+        rnnt_row(4, 150, 40, 28, a.reps, a.gbps),
+    ):
         print(json.dumps(row), flush=True)
 
 

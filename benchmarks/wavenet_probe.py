@@ -79,10 +79,23 @@ def pipeline_probe():
         for B in (1, 2, 8, 132) if L == 80 else (1,):
             x0 = torch.randn(B, H, generator=g).cuda()
             for tw, nacc in ((0, 4), (1, 4), (0, 2)) if B == 1 else ((0, 4),):
-                r = rate(lambda k, w=w, x0=x0, C=C, tw=tw, nacc=nacc: cp.serial_chain_pipeline(
-                    w, x0, k, False, C=C, TW=tw, NACC=nacc), n)  # fmt: skip
-                emit(part="pipe", L=L, B=B, TW=tw, NACC=nacc, C=cp.pipeline_config(L, H, C=C)["C"], khz=r / 1e3,
-                     ns_per_layer=1e9 / r / L, total_msps=r * B / 1e6)  # fmt: skip
+                r = rate(
+                    lambda k, w=w, x0=x0, C=C, tw=tw, nacc=nacc: cp.serial_chain_pipeline(
+                        w, x0, k, False, C=C, TW=tw, NACC=nacc
+                    ),
+                    n,
+                )
+                emit(
+                    part="pipe",
+                    L=L,
+                    B=B,
+                    TW=tw,
+                    NACC=nacc,
+                    C=cp.pipeline_config(L, H, C=C)["C"],
+                    khz=r / 1e3,
+                    ns_per_layer=1e9 / r / L,
+                    total_msps=r * B / 1e6,
+                )
     k = cp.pipeline_kernel(**cp.pipeline_config(80, H), RELU=0, arch=cuda_runtime.device_arch())
     a = k.attributes
     emit(part="pipe_kernel", regs=a.num_regs, local_bytes=a.local_size_bytes, smem=a.shared_size_bytes)
@@ -105,11 +118,24 @@ def cluster_ablation():
                     w, x1, k, relu, C=16, LPR=lpr, D=4
                 )
                 r = rate(fn, n)
-                emit(part="ablate", design="cluster", weights=str(dtype)[6:], relu=relu, LPR=lpr, khz=r / 1e3,
-                     ns_per_layer=1e9 / r / L)  # fmt: skip
+                emit(
+                    part="ablate",
+                    design="cluster",
+                    weights=str(dtype)[6:],
+                    relu=relu,
+                    LPR=lpr,
+                    khz=r / 1e3,
+                    ns_per_layer=1e9 / r / L,
+                )
             r = rate(lambda k, w=w, x1=x1, relu=relu: serial_chain_partials(w, x1, k, relu), n)
-            emit(part="ablate", design="partials", weights=str(dtype)[6:], relu=relu, khz=r / 1e3,
-                 ns_per_layer=1e9 / r / L)  # fmt: skip
+            emit(
+                part="ablate",
+                design="partials",
+                weights=str(dtype)[6:],
+                relu=relu,
+                khz=r / 1e3,
+                ns_per_layer=1e9 / r / L,
+            )
 
 
 def cluster_sweep(part, options, reps=2):
@@ -129,8 +155,7 @@ def cluster_sweep(part, options, reps=2):
                 r = rate(lambda k, w=w, x0=x0, kw=kw: cluster.serial_chain_cluster(w, x0, k, False, **kw), n)
                 base = cluster.row_split_config(H, kw["C"], 1, dtype == torch.bfloat16)
                 cfg = {"ACQ": "default", **base, **kw}  # as run
-                emit(part=part, weights=str(dtype)[6:], B=1, **cfg, rep=rep, khz=r / 1e3,
-                     ns_per_layer=1e9 / r / L)  # fmt: skip
+                emit(part=part, weights=str(dtype)[6:], B=1, **cfg, rep=rep, khz=r / 1e3, ns_per_layer=1e9 / r / L)
 
 
 def cluster_depth():
@@ -217,8 +242,9 @@ def pipeline_profile():
         w = (torch.randn(L, H, H, generator=g) / math.sqrt(H)).to(torch.bfloat16).cuda()
         x0 = torch.randn(1, H, generator=g).cuda()
         prof = torch.zeros(C * (4 * (LPC + 1) * 4 + 2048), dtype=torch.int64, device="cuda")
-        wall = event_time(lambda w=w, x0=x0, C=C, prof=prof: cp.serial_chain_pipeline(
-            w, x0, n, False, C=C, PROF=P, prof=prof), reps=3)  # fmt: skip
+        wall = event_time(
+            lambda w=w, x0=x0, C=C, prof=prof: cp.serial_chain_pipeline(w, x0, n, False, C=C, PROF=P, prof=prof), reps=3
+        )
         allp = prof.cpu().numpy().astype(np.int64)
         q = allp[: C * 4 * (LPC + 1) * 4].reshape(C, 4, LPC + 1, 4)
         gt = allp[C * 4 * (LPC + 1) * 4 :].reshape(C, 1024, 2)[:, :n]  # ns: start, end of each CTA's part
@@ -252,8 +278,16 @@ def pipeline_profile():
         if row["period"]:
             row["hop"] = (row["period"] - C * row["span"]) / C
         # SM clock: the sample period in clocks over its wall time (the whole run's, per sample)
-        emit(part="pipe_profile", L=L, C=C, LPC=LPC, clocks=row, us_per_sample=wall / n * 1e6,
-             ghz=(row["period"] or 0) / (wall / n) / 1e9, timeline=timeline)  # fmt: skip
+        emit(
+            part="pipe_profile",
+            L=L,
+            C=C,
+            LPC=LPC,
+            clocks=row,
+            us_per_sample=wall / n * 1e6,
+            ghz=(row["period"] or 0) / (wall / n) / 1e9,
+            timeline=timeline,
+        )
 
 
 def proxy_sweeps(quick, parts=("stream", "cluster", "many"), cs=(1, 2, 4, 8)):

@@ -94,8 +94,14 @@ def main(argv: list[str] | None = None) -> float:
     ter = errors / int(lengths.sum())
     k = int(hyp.lengths[0])
     print("reference :", y[0, : lengths[0]].tolist())
-    print("hypothesis:", hyp.tokens[0, :k].tolist(), "at frames", hyp.frames[0, :k].tolist(), "durations",
-          hyp.durations[0, :k].tolist())  # fmt: skip
+    print(
+        "hypothesis:",
+        hyp.tokens[0, :k].tolist(),
+        "at frames",
+        hyp.frames[0, :k].tolist(),
+        "durations",
+        hyp.durations[0, :k].tolist(),
+    )
     print(f"{device.type}: token error rate {100 * ter:.1f}% on 64 held-out utterances after {args.steps} steps")
     return ter
 

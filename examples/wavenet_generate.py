@@ -40,8 +40,10 @@ def main(argv: list[str] | None = None) -> tuple[str, int]:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
     save_wav(args.out, mu_law_decode(classes[0]), args.rate)
-    print(f"{device.type}: {args.samples} samples in {seconds:.2f} s ({args.samples / seconds / 1e3:.1f} kHz, the "
-          f"first call includes compilation on a GPU); wrote {args.out}")  # fmt: skip
+    print(
+        f"{device.type}: {args.samples} samples in {seconds:.2f} s ({args.samples / seconds / 1e3:.1f} kHz, the "
+        f"first call includes compilation on a GPU); wrote {args.out}"
+    )
     return args.out, args.samples
 
 

@@ -38,8 +38,12 @@ def main(argv: list[str] | None = None) -> dict[int, torch.Tensor]:
     args = p.parse_args(argv)
     device = example_device(p, args.device)
     cpu = device.type == "cpu"
-    for name, gpu_default, cpu_default in (("requests", 32, 8), ("samples", 8000, 1000), ("chunk", 2000, 250),
-                                           ("layers", 20, 10)):  # fmt: skip
+    for name, gpu_default, cpu_default in (
+        ("requests", 32, 8),
+        ("samples", 8000, 1000),
+        ("chunk", 2000, 250),
+        ("layers", 20, 10),
+    ):
         if getattr(args, name) is None:
             setattr(args, name, cpu_default if cpu else gpu_default)
     torch.manual_seed(0)
@@ -76,14 +80,19 @@ def main(argv: list[str] | None = None) -> dict[int, torch.Tensor]:
             if sum(x.shape[0] for x in parts[rid]) == lengths[rid]:
                 done[rid] = now - submitted[rid]
         steps += 1
-        print(f"step {steps:3d}  chunks for {len(chunks)} requests, {len(done)} of {args.requests} requests done, "
-              f"{now - t0:.2f} s", flush=True)  # fmt: skip
+        print(
+            f"step {steps:3d}  chunks for {len(chunks)} requests, {len(done)} of {args.requests} requests done, "
+            f"{now - t0:.2f} s",
+            flush=True,
+        )
     total = time.perf_counter() - t0
     out = {rid: torch.cat(c) for rid, c in parts.items()}
     rates = [lengths[r] / done[r] / 1e3 for r in done]
-    print(f"{device.type}: {len(out)} requests, {sum(lengths)} samples in {total:.2f} s "
-          f"({sum(lengths) / total / 1e6:.3f} M samples/s); first chunk after {1e3 * min(first.values()):.0f} to "
-          f"{1e3 * max(first.values()):.0f} ms; {min(rates):.1f} to {max(rates):.1f} kHz per request")  # fmt: skip
+    print(
+        f"{device.type}: {len(out)} requests, {sum(lengths)} samples in {total:.2f} s "
+        f"({sum(lengths) / total / 1e6:.3f} M samples/s); first chunk after {1e3 * min(first.values()):.0f} to "
+        f"{1e3 * max(first.values()):.0f} ms; {min(rates):.1f} to {max(rates):.1f} kHz per request"
+    )
     return out
 
 

@@ -49,9 +49,19 @@ class Launch:
                 self._compiled[key] = (compiled, tuple(tail))
             return
         compiled, tail = entry
-        compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
-                     torch._C._cuda_getCurrentRawStream(dev), compiled.function, compiled.packed_metadata, None, None,
-                     None, *args, *tail)  # fmt: skip
+        compiled.run(
+            grid[0],
+            grid[1] if len(grid) > 1 else 1,
+            grid[2] if len(grid) > 2 else 1,
+            torch._C._cuda_getCurrentRawStream(dev),
+            compiled.function,
+            compiled.packed_metadata,
+            None,
+            None,
+            None,
+            *args,
+            *tail,
+        )
 
 
 _LAUNCHES: dict[int, Launch] = {}

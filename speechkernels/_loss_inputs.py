@@ -80,8 +80,10 @@ def check_lengths(lengths: torch.Tensor, name: str, high: int, bound: str) -> No
 def check_labels(labels: torch.Tensor, valid: torch.Tensor, C: int, classes: str, blank: int, describe) -> None:
     """Raises ValueError naming the first label (where ``valid``) outside [0, C) (``classes`` names C) or equal
     to the blank; ``describe(flat_index, value)`` says which label it is. Error paths only: it synchronises."""
-    for cond, what in (((labels < 0) | (labels >= C), f"is outside [0, {classes}={C})"),
-                       (labels == blank, f"equals blank={blank}")):  # fmt: skip
+    for cond, what in (
+        ((labels < 0) | (labels >= C), f"is outside [0, {classes}={C})"),
+        (labels == blank, f"equals blank={blank}"),
+    ):
         cond = cond & valid
         if cond.any():
             flat = first_index(cond.reshape(-1))
@@ -108,11 +110,14 @@ def refuse_flagged(
     bits = errors[n]
     for bit, (name, lengths, bound) in ((1, frames), (2, counts)):
         if bits & bit:
-            raise ValueError(f"{name}[{n}] is outside [0, {bound}] as the device-side check read it, although "
-                             f"it reads {int(lengths[n])} here")  # fmt: skip
+            raise ValueError(
+                f"{name}[{n}] is outside [0, {bound}] as the device-side check read it, although "
+                f"it reads {int(lengths[n])} here"
+            )
     what = f"outside [0, {classes}={C})" if bits & 4 else f"equal to blank={blank}"
-    raise ValueError(f"targets: the device-side check read a label {what} in sample {n}'s labels, which read as "
-                     "valid here")  # fmt: skip
+    raise ValueError(
+        f"targets: the device-side check read a label {what} in sample {n}'s labels, which read as valid here"
+    )
 
 
 def first_index(mask: torch.Tensor) -> int:
@@ -140,8 +145,10 @@ def check_label_contents(
         total = int(ends[-1]) if ends.numel() else 0
         if total > tg.numel():
             n = first_index(ends > tg.numel())
-            raise ValueError(f"target_lengths[{n}]={int(tl[n])} runs past the {tg.numel()} concatenated targets "
-                             f"(samples 0 to {n} take {int(ends[n])} labels)")  # fmt: skip
+            raise ValueError(
+                f"target_lengths[{n}]={int(tl[n])} runs past the {tg.numel()} concatenated targets "
+                f"(samples 0 to {n} take {int(ends[n])} labels)"
+            )
         valid = torch.arange(tg.numel()) < total
 
         def position(flat):

@@ -45,9 +45,17 @@ class LossOp:
     """
 
     def __init__(
-        self, name: str, inputs: str, forward: Callable, forward_fake: Callable, backward: Callable, *,
-        n_state: int, grads: str, options: dict[str, type] | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        name: str,
+        inputs: str,
+        forward: Callable,
+        forward_fake: Callable,
+        backward: Callable,
+        *,
+        n_state: int,
+        grads: str,
+        options: dict[str, type] | None = None,
+    ) -> None:
         self.name = name
         self._options = options = dict(options or {})
         if options:
@@ -88,8 +96,10 @@ class LossOp:
                 params.pop(0)
                 args += options._fields
         if len(state) < n_state or any(p.name in self.types for p in state):
-            raise ValueError(f"{self.name}: the backward's parameters {[p.name for p in state]} are not n_state="
-                             f"{n_state} state tensors after the saved inputs {saved}")  # fmt: skip
+            raise ValueError(
+                f"{self.name}: the backward's parameters {[p.name for p in state]} are not n_state="
+                f"{n_state} state tensors after the saved inputs {saved}"
+            )
         if any(p.default is inspect.Parameter.empty for p in params):
             raise ValueError(f"{self.name}: the backward's parameters {[p.name for p in params]} are not inputs")
         return tuple(saved), tuple(args)
@@ -193,9 +203,13 @@ def _float32_but_float64(dtype: torch.dtype) -> torch.dtype:
 
 
 def pytorch_path_op(
-    name: str, inputs: str, losses: Callable, batch_dim: int, grad_dtype: Callable = _float32_but_float64,
+    name: str,
+    inputs: str,
+    losses: Callable,
+    batch_dim: int,
+    grad_dtype: Callable = _float32_but_float64,
     options: dict[str, type] | None = None,
-) -> LossOp:  # fmt: skip
+) -> LossOp:
     """A loss's PyTorch path as a LossOp, so that under torch.compile it is one opaque op whose checks of the
     tensors' contents and per-sample branches run on real values (whole graph, no recompilation per length).
 
@@ -233,8 +247,11 @@ def pytorch_path_op(
     return LossOp(name, inputs, forward, forward_fake, backward, n_state=1, grads="x", options=options)
 
 
-_AUTOGRAD_KEYS = [getattr(torch._C.DispatchKey, k) for k in ("ADInplaceOrView", "AutogradFunctionality")
-                  if hasattr(torch._C.DispatchKey, k)]  # fmt: skip
+_AUTOGRAD_KEYS = [
+    getattr(torch._C.DispatchKey, k)
+    for k in ("ADInplaceOrView", "AutogradFunctionality")
+    if hasattr(torch._C.DispatchKey, k)
+]
 
 
 @contextlib.contextmanager

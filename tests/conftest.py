@@ -14,8 +14,9 @@ HAVE_TRITON = optional_module("triton") is not None
 # Hypothesis profiles: "ci" (the default: few examples, the same ones every run, so that CI is reproducible),
 # "dev" (more, fresh ones each run) and "gpu" (many, fresh: chosen by `-m gpu`; a failure is reported as found,
 # not shrunk, as each shrinking step may compile kernels). HYPOTHESIS_PROFILE overrides.
-_common = dict(deadline=None, print_blob=True,
-               suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])  # fmt: skip
+_common = dict(
+    deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 settings.register_profile("ci", max_examples=30, derandomize=True, **_common)
 settings.register_profile("dev", max_examples=60, **_common)
 settings.register_profile("gpu", max_examples=300, phases=[Phase.explicit, Phase.generate], **_common)

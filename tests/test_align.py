@@ -89,8 +89,9 @@ def test_reference_is_the_best_path(blank):
         labels = [classes[i] for i in torch.randint(0, 4, (L,), generator=g).tolist()]
         lp = torch.randn(T, 5, generator=g, dtype=torch.float64).log_softmax(-1)
         (score, states), ext = brute_force(lp, labels, blank)
-        ali, sc = ctc_forced_align_reference(lp[None], torch.tensor([labels + [1]]), torch.tensor([T]),
-                                             torch.tensor([L]), blank)  # fmt: skip
+        ali, sc = ctc_forced_align_reference(
+            lp[None], torch.tensor([labels + [1]]), torch.tensor([T]), torch.tensor([L]), blank
+        )
         if states is None:  # too few frames for the labels and their repeats
             assert (ali == -1).all() and (sc == -math.inf).all()
         else:
@@ -144,8 +145,14 @@ def test_kernels_match_reference_gpu(gpu, case):
 
 @pytest.mark.kernels
 @settings(max_examples=8)
-@given(N=st.integers(1, 3), T=st.integers(1, 40), S=st.integers(0, 14), blank_last=st.booleans(),
-       seed=st.integers(0, 2**16), small=st.booleans())  # fmt: skip
+@given(
+    N=st.integers(1, 3),
+    T=st.integers(1, 40),
+    S=st.integers(0, 14),
+    blank_last=st.booleans(),
+    seed=st.integers(0, 2**16),
+    small=st.booleans(),
+)
 def test_kernels_match_reference_property(path, N, T, S, blank_last, seed, small):
     C = 6
     if path.device.type == "cuda":
@@ -264,8 +271,15 @@ def test_unchecked_values_agree(path):
     ],
 )
 def test_bad_arguments(change, match):
-    args = dict(log_probs=torch.zeros(2, 10, 5), targets=torch.ones(2, 3, dtype=torch.int64), input_lengths=[10, 9],
-                target_lengths=[3, 2], blank=0, batch_first=True, validate=True)  # fmt: skip
+    args = dict(
+        log_probs=torch.zeros(2, 10, 5),
+        targets=torch.ones(2, 3, dtype=torch.int64),
+        input_lengths=[10, 9],
+        target_lengths=[3, 2],
+        blank=0,
+        batch_first=True,
+        validate=True,
+    )
     args.update(change)
     with pytest.raises(ValueError, match=match):
         sk.ctc_forced_align(**args)
@@ -356,8 +370,9 @@ def test_token_spans_match_a_loop():
     for n in range(5):
         want = spans_by_loop(tokens[n], scores[n], 0)
         assert int(sp.lengths[n]) == len(want)
-        got = list(zip(sp.tokens[n].tolist(), sp.starts[n].tolist(), sp.ends[n].tolist(), sp.scores[n].tolist(),
-                       strict=False))[: len(want)]  # fmt: skip
+        got = list(
+            zip(sp.tokens[n].tolist(), sp.starts[n].tolist(), sp.ends[n].tolist(), sp.scores[n].tolist(), strict=False)
+        )[: len(want)]
         for (tok, s0, e0, m), (tok2, s1, e1, m1) in zip(got, want, strict=True):
             assert (tok, s0, e0) == (tok2, s1, e1) and m == pytest.approx(m1, rel=1e-6)
         assert (sp.tokens[n, len(want) :] == -1).all() and (sp.scores[n, len(want) :] == 0).all()

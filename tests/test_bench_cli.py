@@ -160,8 +160,23 @@ def test_wavenet_capacity(tmp_path, capsys, monkeypatch):
     pytest.importorskip("matplotlib")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     out_json, out_png = tmp_path / "cap.json", tmp_path / "cap.png"
-    argv = ["wavenet", "--capacity", "1,2", "--layers", "2", "--samples", "16", "--reps", "1", "--chunk", "8",
-            "--json", str(out_json), "--plot", str(out_png)]  # fmt: skip
+    argv = [
+        "wavenet",
+        "--capacity",
+        "1,2",
+        "--layers",
+        "2",
+        "--samples",
+        "16",
+        "--reps",
+        "1",
+        "--chunk",
+        "8",
+        "--json",
+        str(out_json),
+        "--plot",
+        str(out_png),
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "most streams all above 16 kHz:" in out and "most streams all above 24 kHz:" in out
@@ -170,8 +185,10 @@ def test_wavenet_capacity(tmp_path, capsys, monkeypatch):
     rows = result["rows"]
     assert set(result["summary"]) == {"most_streams_above_16khz", "most_streams_above_24khz"}
     assert all(r["first_chunk_s"] > 0 and r["chunk"] == 8 for r in rows)
-    assert [(r["kind"], r["B"], r["path"], r["layers"]) for r in rows] == [("capacity", 1, "torch", 2),
-                                                                         ("capacity", 2, "torch", 2)]  # fmt: skip
+    assert [(r["kind"], r["B"], r["path"], r["layers"]) for r in rows] == [
+        ("capacity", 1, "torch", 2),
+        ("capacity", 2, "torch", 2),
+    ]
     assert all(r["samples_per_s_per_stream"] > 0 for r in rows)
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -227,8 +244,19 @@ def test_decode_peers_file(tmp_path, capsys):
         "            'broken': (broken, utterances)}\n"
     )
     out_json = tmp_path / "d.json"
-    argv = ["decode", "--device", "cpu", "--rows", "rnnt-2x1", "--reps", "1", "--peers", str(peers), "--json",
-            str(out_json)]  # fmt: skip
+    argv = [
+        "decode",
+        "--device",
+        "cpu",
+        "--rows",
+        "rnnt-2x1",
+        "--reps",
+        "1",
+        "--peers",
+        str(peers),
+        "--json",
+        str(out_json),
+    ]
     assert main(argv) == 0
     row = json.loads(out_json.read_text())["rows"][0]
     assert row["peers_equal"]["same"] == {"tokens_frames_durations": 2, "tokens_frames": 2}

@@ -63,8 +63,21 @@ def emission_path(request, monkeypatch):
     return request.param
 
 
-def compare(x, padded, il, tl, *, blank=0, reduction="none", logits=True, layout="padded", tol=F32,
-            zero_infinity=False, batch_first=False, seed=0):  # fmt: skip
+def compare(
+    x,
+    padded,
+    il,
+    tl,
+    *,
+    blank=0,
+    reduction="none",
+    logits=True,
+    layout="padded",
+    tol=F32,
+    zero_infinity=False,
+    batch_first=False,
+    seed=0,
+):
     dtype, rtol, atol = tol
     targets = padded if layout == "padded" else concatenated(padded, tl)
     xin = x.detach().transpose(0, 1).contiguous() if batch_first else x.detach().clone()
@@ -162,8 +175,9 @@ def test_cpu_path_recomputes_what_it_cannot_scale(monkeypatch):
     normalised, uniform scores over 1000 frames and 300 labels count more alignments than float64 holds (about
     1e367): the check must see it and hand those samples over, and the results are the reference's either way."""
     real = ctc_reference.ctc_forward_backward_reference
-    calls = count_calls(monkeypatch, ctc_reference, "ctc_forward_backward_reference",
-                        record=lambda lp, *args, **kwargs: lp.shape[1])  # fmt: skip
+    calls = count_calls(
+        monkeypatch, ctc_reference, "ctc_forward_backward_reference", record=lambda lp, *args, **kwargs: lp.shape[1]
+    )
     x, padded, il, tl = make_problem(3, 300, 3, 6, 40, dtype=torch.float64)
     lp = x.log_softmax(-1)
     uniform = torch.zeros(1000, 2, 5, dtype=torch.float64).log_softmax(-1)

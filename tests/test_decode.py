@@ -38,14 +38,21 @@ def check(hyp, want, T):
         assert int(hyp.lengths[n]) == k
         assert hyp.tokens[n, :k].tolist() == tokens and (hyp.tokens[n, k:] == -1).all()
         assert hyp.frames[n, :k].tolist() == frames and (hyp.frames[n, k:] == -1).all()
-        torch.testing.assert_close(hyp.scores[n, :k].double(), torch.tensor(scores, dtype=torch.float64),
-                                   rtol=1e-6, atol=1e-6)  # fmt: skip
+        torch.testing.assert_close(
+            hyp.scores[n, :k].double(), torch.tensor(scores, dtype=torch.float64), rtol=1e-6, atol=1e-6
+        )
         assert (hyp.scores[n, k:] == 0).all()
 
 
 @settings(deadline=None)
-@given(N=st.integers(1, 4), T=st.integers(1, 30), C=st.integers(2, 6), logits=st.booleans(), seed=st.integers(0, 9999),
-       dtype=st.sampled_from([torch.float32, torch.float64]))  # fmt: skip
+@given(
+    N=st.integers(1, 4),
+    T=st.integers(1, 30),
+    C=st.integers(2, 6),
+    logits=st.booleans(),
+    seed=st.integers(0, 9999),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+)
 def test_matches_the_oracle(path, N, T, C, logits, seed, dtype):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(N, T, C, generator=g, dtype=dtype) * 3  # few classes: repeats and blanks between them

@@ -25,9 +25,24 @@ def _the_kernel_ran(request):
     assert path is None or not path.kernels or path.launches, "the kernel did not run"
 
 
-def make_decoder(seed, *, V=7, E=6, P=5, J=8, layers=2, durations=None, stateless=0, activation="relu", blank=None,
-                 max_symbols=3, blank_bias=1.5, lstm_bias=True, dtype=torch.float32,
-                 device="cpu") -> sk.TransducerDecoder:  # fmt: skip
+def make_decoder(
+    seed,
+    *,
+    V=7,
+    E=6,
+    P=5,
+    J=8,
+    layers=2,
+    durations=None,
+    stateless=0,
+    activation="relu",
+    blank=None,
+    max_symbols=3,
+    blank_bias=1.5,
+    lstm_bias=True,
+    dtype=torch.float32,
+    device="cpu",
+) -> sk.TransducerDecoder:
     """A random model; the blank's logit raised by ``blank_bias`` so that about one frame in two to four emits."""
     torch.manual_seed(seed)
     D = len(durations) if durations else 0
@@ -44,9 +59,19 @@ def make_decoder(seed, *, V=7, E=6, P=5, J=8, layers=2, durations=None, stateles
         for m in (enc, pred, out):
             m.weight.mul_(2.0)
         out.bias[blank] += blank_bias
-    dec = sk.TransducerDecoder(embedding, enc, pred, out, lstm=lstm, conv=conv, context_size=max(stateless, 1),
-                               activation=activation, blank=blank, durations=durations,
-                               max_symbols_per_frame=max_symbols)  # fmt: skip
+    dec = sk.TransducerDecoder(
+        embedding,
+        enc,
+        pred,
+        out,
+        lstm=lstm,
+        conv=conv,
+        context_size=max(stateless, 1),
+        activation=activation,
+        blank=blank,
+        durations=durations,
+        max_symbols_per_frame=max_symbols,
+    )
     return dec.to(device=device, dtype=dtype)
 
 
@@ -104,8 +129,9 @@ def check(hyp, want, dec, T, score_tol=1e-5):
         assert hyp.frames[n, :k].tolist() == frames and (hyp.frames[n, k:] == -1).all()
         if dec.durations:
             assert hyp.durations[n, :k].tolist() == durs and (hyp.durations[n, k:] == -1).all()
-        torch.testing.assert_close(hyp.scores[n, :k].double().cpu(), torch.tensor(scores, dtype=torch.float64),
-                                   rtol=score_tol, atol=score_tol)  # fmt: skip
+        torch.testing.assert_close(
+            hyp.scores[n, :k].double().cpu(), torch.tensor(scores, dtype=torch.float64), rtol=score_tol, atol=score_tol
+        )
         assert (hyp.scores[n, k:] == 0).all()
 
 
@@ -122,8 +148,14 @@ KINDS = [
 
 
 @settings(deadline=None, max_examples=25)
-@given(kind=st.sampled_from(KINDS), N=st.integers(1, 4), T=st.integers(1, 12), seed=st.integers(0, 9999),
-       dtype=st.sampled_from([torch.float32, torch.float64]), bias=st.sampled_from([-1.0, 1.5, 4.0]))  # fmt: skip
+@given(
+    kind=st.sampled_from(KINDS),
+    N=st.integers(1, 4),
+    T=st.integers(1, 12),
+    seed=st.integers(0, 9999),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    bias=st.sampled_from([-1.0, 1.5, 4.0]),
+)
 def test_matches_the_oracle(path, kind, N, T, seed, dtype, bias):
     if decode_api.transducer_kernels is not None:
         dtype = torch.float32  # the kernel's dtypes (float64 goes to the PyTorch path)
@@ -180,12 +212,21 @@ def test_views_decode_as_copies(path):
     # the start computed inside the kernel, or given: the same up to rounding
     torch.testing.assert_close(a.scores, c.scores, rtol=1e-6, atol=1e-6)
     _, wide = dec.greedy(torch.cat([x, x], 0)[[0, 3, 1, 4, 2, 5]], torch.cat([lengths, lengths])[[0, 3, 1, 4, 2, 5]])
-    strided = sk.TransducerState(tuple(t[:, ::2] if t.dim() == 3 else t[::2] for t in wide.predictor),
-                                 wide.output[::2], wide.time_jumps[::2], wide.frames[::2])  # fmt: skip
+    strided = sk.TransducerState(
+        tuple(t[:, ::2] if t.dim() == 3 else t[::2] for t in wide.predictor),
+        wide.output[::2],
+        wide.time_jumps[::2],
+        wide.frames[::2],
+    )
     _, whole = dec.greedy(x, lengths)
     d, _ = dec.greedy(x, lengths, strided)
-    e, _ = dec.greedy(x, lengths, sk.TransducerState(*(tuple(t.contiguous() for t in v) if isinstance(v, tuple)
-                                                      else v.contiguous() for v in strided)))  # fmt: skip
+    e, _ = dec.greedy(
+        x,
+        lengths,
+        sk.TransducerState(
+            *(tuple(t.contiguous() for t in v) if isinstance(v, tuple) else v.contiguous() for v in strided)
+        ),
+    )
     for u, v in zip(d, e, strict=True):
         assert torch.equal(u, v)
 
@@ -252,10 +293,15 @@ def test_from_nemo_refusals():
 def test_from_icefall():
     """icefall's Decoder (context 2, grouped conv, blank 0) and Joiner (tanh): one symbol per frame."""
     torch.manual_seed(1)
-    decoder = types.SimpleNamespace(embedding=torch.nn.Embedding(9, 8), conv=torch.nn.Conv1d(8, 8, 2, groups=2,
-                                    bias=False), context_size=2, blank_id=0)  # fmt: skip
-    joiner = types.SimpleNamespace(encoder_proj=torch.nn.Linear(4, 6), decoder_proj=torch.nn.Linear(8, 6),
-                                   output_linear=torch.nn.Linear(6, 9))  # fmt: skip
+    decoder = types.SimpleNamespace(
+        embedding=torch.nn.Embedding(9, 8),
+        conv=torch.nn.Conv1d(8, 8, 2, groups=2, bias=False),
+        context_size=2,
+        blank_id=0,
+    )
+    joiner = types.SimpleNamespace(
+        encoder_proj=torch.nn.Linear(4, 6), decoder_proj=torch.nn.Linear(8, 6), output_linear=torch.nn.Linear(6, 9)
+    )
     with torch.no_grad():
         joiner.output_linear.weight.mul_(3)
     dec = sk.TransducerDecoder.from_icefall(decoder, joiner)

@@ -55,8 +55,9 @@ def test_wavenet_example_writes_the_samples(device, tmp_path):
 @pytest.mark.parametrize("device", DEVICES)
 def test_wavenet_serving_example(device, capsys):
     """Requests arriving while others generate: each gets all its samples, the report names the rates."""
-    out = load("wavenet_serve").main(["--requests", "5", "--samples", "64", "--chunk", "24", "--layers", "2",
-                                      "--device", device])  # fmt: skip
+    out = load("wavenet_serve").main(
+        ["--requests", "5", "--samples", "64", "--chunk", "24", "--layers", "2", "--device", device]
+    )
     assert sorted(out) == list(range(5))
     assert [c.shape[0] for c in out.values()] == [16, 32, 48, 64, 16]
     assert all(c.min() >= 0 and c.max() < 256 for c in out.values())

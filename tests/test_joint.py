@@ -90,8 +90,9 @@ def _check_against_float64(path, N, T, U, H, V, opts, reduction="none", seed=0, 
 
     def run(dtype):
         def f(e, p, w, b):
-            return sk.rnnt_joint_loss(e, p, w, b, tg, il, tl, blank=0, reduction=reduction,
-                                      generator=torch.Generator().manual_seed(3), **opts)  # fmt: skip
+            return sk.rnnt_joint_loss(
+                e, p, w, b, tg, il, tl, blank=0, reduction=reduction, generator=torch.Generator().manual_seed(3), **opts
+            )
 
         return leaf_grads([x.to(dtype) for x in xs], f, upstream)
 
@@ -153,8 +154,12 @@ def test_dropout_is_repeatable_and_seeded(path):
     xs, tg, il, tl = make_case(2, 8, 4, 24, 13, device=path.device)
 
     def run(seed):
-        return leaf_grads(xs, lambda e, p, w, b: sk.rnnt_joint_loss(
-            e, p, w, b, tg, il, tl, blank=0, dropout=0.4, generator=torch.Generator().manual_seed(seed)))  # fmt: skip
+        return leaf_grads(
+            xs,
+            lambda e, p, w, b: sk.rnnt_joint_loss(
+                e, p, w, b, tg, il, tl, blank=0, dropout=0.4, generator=torch.Generator().manual_seed(seed)
+            ),
+        )
 
     (la, ga), (lb, gb), (lc, _) = run(1), run(1), run(2)
     assert torch.equal(la, lb) and all(torch.equal(a, b) for a, b in zip(ga, gb, strict=True))
@@ -209,7 +214,7 @@ def _bad_calls():
         (dict(fastemit_lambda=-1.0), "fastemit_lambda"),
         (dict(generator=3), "generator"),
         (dict(validate=1), "validate"),
-    ], ok  # fmt: skip
+    ], ok
 
 
 @pytest.mark.parametrize("case", range(len(_bad_calls()[0])))
@@ -247,8 +252,15 @@ def test_joint_module():
     with pytest.raises(TypeError, match="blnk"):
         sk.RNNTJointLoss(4, 4, 4, 5, blnk=0)
     options = list(inspect.signature(sk.RNNTJointLoss).parameters)
-    assert options[-7:] == ["blank", "reduction", "clamp", "fastemit_lambda", "fastemit_loss_scale", "rnnt_type",
-                            "validate"]  # fmt: skip
+    assert options[-7:] == [
+        "blank",
+        "reduction",
+        "clamp",
+        "fastemit_lambda",
+        "fastemit_loss_scale",
+        "rnnt_type",
+        "validate",
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -266,8 +278,9 @@ def _check_16bit(device, dtype, opts, size):
     xs = [x.to(dtype) for x in xs]
 
     def f(e, p, w, b):
-        return sk.rnnt_joint_loss(e, p, w, b, tg, il, tl, blank=0, reduction="sum",
-                                  generator=torch.Generator().manual_seed(3), **opts)  # fmt: skip
+        return sk.rnnt_joint_loss(
+            e, p, w, b, tg, il, tl, blank=0, reduction="sum", generator=torch.Generator().manual_seed(3), **opts
+        )
 
     loss, grads = leaf_grads(xs, f)
     ref_loss, ref_grads = leaf_grads([x.double() for x in xs], f)
@@ -319,8 +332,10 @@ def _compiled_matches_eager(device, opts):
     bias = opts.pop("bias", True)
 
     def f(enc, pred, weight, b):
-        return sk.rnnt_joint_loss(enc, pred, weight, b if bias else None, tg, il, tl, blank=0, validate=False,
-                                  **opts) * 2.0  # fmt: skip
+        return (
+            sk.rnnt_joint_loss(enc, pred, weight, b if bias else None, tg, il, tl, blank=0, validate=False, **opts)
+            * 2.0
+        )
 
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager" if device.type == "cpu" else "inductor")
     la, ga = leaf_grads(xs, compiled)
@@ -334,8 +349,14 @@ def _compiled_matches_eager(device, opts):
 
 
 @pytest.mark.kernels
-@pytest.mark.parametrize("opts", [dict(reduction="none"), dict(reduction="mean", activation="tanh", bias=False),
-                                  dict(reduction="sum", rnnt_type="rna", fastemit_lambda=0.1, clamp=0.05)])  # fmt: skip
+@pytest.mark.parametrize(
+    "opts",
+    [
+        dict(reduction="none"),
+        dict(reduction="mean", activation="tanh", bias=False),
+        dict(reduction="sum", rnnt_type="rna", fastemit_lambda=0.1, clamp=0.05),
+    ],
+)
 def test_joint_kernels_through_torch_compile(path, joint_spy, opts):
     _compiled_matches_eager(path.device, opts)
     assert joint_spy

@@ -86,7 +86,10 @@ def ctc_problems(draw):
     C = draw(st.integers(2, 7))
     S = draw(st.integers(0, 4))
     return dict(
-        N=N, T=T, C=C, S=S,
+        N=N,
+        T=T,
+        C=C,
+        S=S,
         blank=draw(st.integers(0, C - 1)),
         reduction=draw(st.sampled_from(["none", "sum", "mean"])),
         logits=draw(st.booleans()),
@@ -94,7 +97,7 @@ def ctc_problems(draw):
         zero_infinity=draw(st.booleans()),
         batch_first=draw(st.booleans()),
         **_common_draws(draw),
-    )  # fmt: skip
+    )
 
 
 def make_ctc(p, dtype):
@@ -152,7 +155,10 @@ def test_ctc_loss_matches_float64_reference(path, p):
 def rnnt_problems(draw):
     V = draw(st.integers(2, 7))
     return dict(
-        N=draw(st.integers(0, 3)), T=draw(st.integers(0, 6)), U=draw(st.integers(0, 3)), V=V,
+        N=draw(st.integers(0, 3)),
+        T=draw(st.integers(0, 6)),
+        U=draw(st.integers(0, 3)),
+        V=V,
         blank=draw(st.integers(-V, V - 1)),
         reduction=draw(st.sampled_from(["none", "sum", "mean"])),
         fused=draw(st.booleans()),
@@ -161,7 +167,7 @@ def rnnt_problems(draw):
         fastemit_loss_scale=draw(st.booleans()),
         clamp=draw(st.sampled_from([-1.0, -1.0, 0.05])),
         **_common_draws(draw),
-    )  # fmt: skip
+    )
 
 
 def make_rnnt(p, dtype):
@@ -191,9 +197,13 @@ def test_rnnt_loss_matches_float64_reference(path, p):
     il_in, tl_in = (il.tolist(), tl.tolist()) if p["lengths_as"] == "list" else (il.to(dev, index), tl.to(dev, index))
     x_in = x.detach().clone().to(dev).requires_grad_()
     options = dict(
-        blank=p["blank"], clamp=p["clamp"], reduction=p["reduction"], fused_log_softmax=p["fused"],
-        fastemit_lambda=p["fastemit_lambda"], rnnt_type=p["rnnt_type"],
-    )  # fmt: skip
+        blank=p["blank"],
+        clamp=p["clamp"],
+        reduction=p["reduction"],
+        fused_log_softmax=p["fused"],
+        fastemit_lambda=p["fastemit_lambda"],
+        rnnt_type=p["rnnt_type"],
+    )
     if p["N"] == 0 and p["reduction"] == "mean":
         with pytest.raises(ValueError, match="reduction='mean'"):
             sk.rnnt_loss(x_in, targets.to(dev, index), il_in, tl_in, **options)
@@ -260,9 +270,16 @@ def test_rnnt_unchecked_input_same_on_every_path(path, data, seed, fused, rnnt_t
         with mock.patch.object(rnnt_api, "kernels", None if name == "torch" else rnnt_api.kernels):
             xi = x.clone().to(dev).requires_grad_()
             loss = sk.rnnt_loss(
-                xi, targets.to(dev), il, tl, blank=0, reduction="none", fused_log_softmax=fused,
-                rnnt_type=rnnt_type, validate=False,
-            )  # fmt: skip
+                xi,
+                targets.to(dev),
+                il,
+                tl,
+                blank=0,
+                reduction="none",
+                fused_log_softmax=fused,
+                rnnt_type=rnnt_type,
+                validate=False,
+            )
             loss.backward(torch.ones_like(loss))
             out[name] = (loss.detach().cpu(), xi.grad.cpu())
     torch.testing.assert_close(out["kernels"][0], out["torch"][0], rtol=2e-5, atol=1e-4)

@@ -10,11 +10,32 @@ import re
 import speechkernels
 
 PUBLIC = {
-    "CTCLoss", "ctc_loss", "ctc_forced_align", "ctc_token_spans", "TokenSpans", "ctc_greedy_decode", "Hypotheses",
-    "TransducerDecoder", "TransducerState", "LSTMPredictor", "StatelessPredictor", "RNNTLoss", "rnnt_loss",
-    "RNNTJointLoss", "rnnt_joint_loss", "TDTLoss", "tdt_loss", "TDTJointLoss", "tdt_joint_loss", "MultiblankRNNTLoss",
-    "multiblank_rnnt_loss", "MultiblankJointLoss", "multiblank_joint_loss", "wavenet", "__version__",
-}  # fmt: skip
+    "CTCLoss",
+    "ctc_loss",
+    "ctc_forced_align",
+    "ctc_token_spans",
+    "TokenSpans",
+    "ctc_greedy_decode",
+    "Hypotheses",
+    "TransducerDecoder",
+    "TransducerState",
+    "LSTMPredictor",
+    "StatelessPredictor",
+    "RNNTLoss",
+    "rnnt_loss",
+    "RNNTJointLoss",
+    "rnnt_joint_loss",
+    "TDTLoss",
+    "tdt_loss",
+    "TDTJointLoss",
+    "tdt_joint_loss",
+    "MultiblankRNNTLoss",
+    "multiblank_rnnt_loss",
+    "MultiblankJointLoss",
+    "multiblank_joint_loss",
+    "wavenet",
+    "__version__",
+}
 
 
 def test_all_is_the_public_surface():

@@ -113,8 +113,14 @@ def test_non_integer_lengths_are_refused_naming_the_element(path, lengths):
 def test_integer_like_forms_give_the_same_loss(path):
     x, targets = _ctc_problem(path.device)
     lg, tg = _rnnt_problem(path.device, N=3)
-    forms = [[6, 5, 4], (6, 5, 4), np.array([6, 5, 4]), np.array([6, 5, 4], dtype=np.int32),
-             [np.int64(6), np.int32(5), torch.tensor(4)], torch.tensor([6, 5, 4], dtype=torch.int32)]  # fmt: skip
+    forms = [
+        [6, 5, 4],
+        (6, 5, 4),
+        np.array([6, 5, 4]),
+        np.array([6, 5, 4], dtype=np.int32),
+        [np.int64(6), np.int32(5), torch.tensor(4)],
+        torch.tensor([6, 5, 4], dtype=torch.int32),
+    ]
     ctc = [sk.ctc_loss(x, targets, f, [2, 2, 1], blank=0, reduction="none") for f in forms]
     blanks = [2, np.int64(2), torch.tensor(2), np.int32(2)]
     ctc += [sk.ctc_loss(x, targets.clamp(max=1), [6, 5, 4], [2, 2, 1], blank=b, reduction="none") for b in blanks]
@@ -234,20 +240,38 @@ def test_fastemit_conventions(path, fused):
     grads, losses = [], []
     for scale in (True, False):
         xi = x.clone().requires_grad_()
-        loss = sk.rnnt_loss(xi, targets, [5, 4], [2, 1], blank=0, fused_log_softmax=fused, reduction="none",
-                            fastemit_lambda=lam, fastemit_loss_scale=scale)  # fmt: skip
+        loss = sk.rnnt_loss(
+            xi,
+            targets,
+            [5, 4],
+            [2, 1],
+            blank=0,
+            fused_log_softmax=fused,
+            reduction="none",
+            fastemit_lambda=lam,
+            fastemit_loss_scale=scale,
+        )
         loss.backward(torch.ones_like(loss))
         grads.append(xi.grad)
         losses.append(loss.detach())
     # with a gradient to compute, as above (the kernels then meet alpha and beta halfway: another rounding)
-    plain = sk.rnnt_loss(x.clone().requires_grad_(), targets, [5, 4], [2, 1], blank=0, fused_log_softmax=fused,
-                         reduction="none").detach()  # fmt: skip
+    plain = sk.rnnt_loss(
+        x.clone().requires_grad_(), targets, [5, 4], [2, 1], blank=0, fused_log_softmax=fused, reduction="none"
+    ).detach()
     torch.testing.assert_close(losses[0], (1 + lam) * plain, rtol=1e-6, atol=0)
     torch.testing.assert_close(losses[1], plain, rtol=0, atol=0)
     torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
-    ref = rnnt_loss_reference(x.double(), targets, torch.tensor([5, 4]), torch.tensor([2, 1]), blank=0,
-                              fused_log_softmax=fused, reduction="none", fastemit_lambda=lam,
-                              fastemit_loss_scale=False)  # fmt: skip
+    ref = rnnt_loss_reference(
+        x.double(),
+        targets,
+        torch.tensor([5, 4]),
+        torch.tensor([2, 1]),
+        blank=0,
+        fused_log_softmax=fused,
+        reduction="none",
+        fastemit_lambda=lam,
+        fastemit_loss_scale=False,
+    )
     torch.testing.assert_close(losses[1].cpu().double(), ref.cpu(), rtol=1e-5, atol=1e-5)
     path.check_ran()
 
@@ -332,10 +356,13 @@ CATALOGUE = [
     ("rnnt rnnt_type", _rnnt_call(rnnt_type="tdt"), "rnnt_type"),
     ("rnnt validate", _rnnt_call(validate=None), "validate"),
     ("rnnt reuse_logits_for_grad", _rnnt_call(reuse_logits_for_grad=1), "reuse_logits_for_grad"),
-    ("ctc module reduction", lambda: sk.CTCLoss(reduction="avg")(*_ctc_problem("cpu"), [6, 5, 4], [2, 2, 1]),
-     "reduction"),
+    (
+        "ctc module reduction",
+        lambda: sk.CTCLoss(reduction="avg")(*_ctc_problem("cpu"), [6, 5, 4], [2, 2, 1]),
+        "reduction",
+    ),
     ("rnnt module clamp", lambda: sk.RNNTLoss(clamp=float("nan"))(*_rnnt_problem("cpu"), [5, 4], [2, 1]), "clamp"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("call,match", [c[1:] for c in CATALOGUE], ids=[c[0] for c in CATALOGUE])
@@ -383,8 +410,15 @@ def test_loss_op_outputs_own_aligned_storage_and_give_the_gradient():
     def backward(grad_out, x, twice_x, reduction):
         return torch.zeros_like(x) + twice_x * (grad_out if reduction == "sum" else grad_out[:, None])
 
-    op = LossOp("speechkernels_test::square_sum", "Tensor x, str reduction", forward, forward_fake, backward,
-                n_state=1, grads="x")  # fmt: skip
+    op = LossOp(
+        "speechkernels_test::square_sum",
+        "Tensor x, str reduction",
+        forward,
+        forward_fake,
+        backward,
+        n_state=1,
+        grads="x",
+    )
     x = torch.randn(3, 4, dtype=torch.float64)
     for reduction in ("sum", "none"):
         out, state = op._fwd_op(x, reduction)
@@ -479,12 +513,21 @@ CONTENTS = [
     ("ctc", dict(target_lengths=[-1, 2, 1]), "target_lengths[0]=-1 is outside [0, targets.shape[1]=2]"),
     ("ctc", dict(targets=[[1, 2], [1, 5], [3, 4]]), "targets: label 5 of sample 1 (position 1) is outside [0, C=5)"),
     ("ctc", dict(targets=[[1, 2], [1, 2], [0, 4]]), "targets: label 0 of sample 2 (position 0) equals blank=0"),
-    ("ctc concatenated", dict(target_lengths=[2, 2, 2]),
-     "target_lengths[2]=2 runs past the 5 concatenated targets (samples 0 to 2 take 6 labels)"),
-    ("ctc concatenated", dict(target_lengths=[2, 6, 1]),
-     "target_lengths[1]=6 is outside [0, 5 (the concatenated targets)]"),
-    ("ctc concatenated", dict(targets=[1, 2, 3, -1, 4]),
-     "targets: label -1 of sample 1 (position 1) is outside [0, C=5)"),
+    (
+        "ctc concatenated",
+        dict(target_lengths=[2, 2, 2]),
+        "target_lengths[2]=2 runs past the 5 concatenated targets (samples 0 to 2 take 6 labels)",
+    ),
+    (
+        "ctc concatenated",
+        dict(target_lengths=[2, 6, 1]),
+        "target_lengths[1]=6 is outside [0, 5 (the concatenated targets)]",
+    ),
+    (
+        "ctc concatenated",
+        dict(targets=[1, 2, 3, -1, 4]),
+        "targets: label -1 of sample 1 (position 1) is outside [0, C=5)",
+    ),
     ("rnnt", dict(logit_lengths=[5, 6]), "logit_lengths[1]=6 is outside [0, T=5]"),
     ("rnnt", dict(target_lengths=[-3, 1]), "target_lengths[0]=-3 is outside [0, U=2]"),
     ("rnnt", dict(targets=[[1, 2], [5, 1]]), "targets[1, 0]=5 is outside [0, V=5)"),
@@ -495,7 +538,7 @@ CONTENTS = [
     ("multiblank", dict(targets=[[1, 2], [1, 9]], target_lengths=[2, 2]), "targets[1, 1]=9 is outside [0, V=5)"),
     ("joint", dict(logit_lengths=[5, -1]), "logit_lengths[1]=-1 is outside [0, T=5]"),
     ("joint", dict(targets=[[-4, 2], [1, 1]]), "targets[0, 0]=-4 is outside [0, V=5)"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("kind,overrides,message", CONTENTS, ids=[f"{c[0]}: {c[2][:30]}" for c in CONTENTS])
@@ -513,16 +556,29 @@ def test_bad_contents_are_refused_naming_argument_sample_and_value(path, monkeyp
 
 @pytest.mark.parametrize(
     "kind,overrides,message",
-    [("ctc", dict(input_lengths=[6, 7, 4]), r"^input_lengths\[1\] is outside \[0, T=6\] as the device-side check "
-      r"read it, although it reads 7 here$"),
-     ("ctc", dict(targets=[[1, 2], [1, 2], [0, 4]]), r"^targets: the device-side check read a label equal to blank=0 "
-      r"in sample 2's labels"),
-     ("rnnt", dict(target_lengths=[2, 3]), r"^target_lengths\[1\] is outside \[0, U=2\] as the device-side check"),
-     ("rnnt", dict(targets=[[1, 2], [5, 1]]), r"^targets: the device-side check read a label outside \[0, V=5\) in "
-      r"sample 1's")],
-)  # fmt: skip
-def test_a_device_side_finding_names_the_sample_without_the_host_checks(path, monkeypatch, kind, overrides,
-                                                                       message):  # fmt: skip
+    [
+        (
+            "ctc",
+            dict(input_lengths=[6, 7, 4]),
+            r"^input_lengths\[1\] is outside \[0, T=6\] as the device-side check "
+            r"read it, although it reads 7 here$",
+        ),
+        (
+            "ctc",
+            dict(targets=[[1, 2], [1, 2], [0, 4]]),
+            r"^targets: the device-side check read a label equal to blank=0 "
+            r"in sample 2's labels",
+        ),
+        ("rnnt", dict(target_lengths=[2, 3]), r"^target_lengths\[1\] is outside \[0, U=2\] as the device-side check"),
+        (
+            "rnnt",
+            dict(targets=[[1, 2], [5, 1]]),
+            r"^targets: the device-side check read a label outside \[0, V=5\) in "
+            r"sample 1's",
+        ),
+    ],
+)
+def test_a_device_side_finding_names_the_sample_without_the_host_checks(path, monkeypatch, kind, overrides, message):
     """Should the host-side re-check not confirm what the device found, the refusal still names the argument, the
     sample and the value (the device's bits per sample)."""
     if not path.kernels:

@@ -16,9 +16,15 @@ NOTES = re.compile(r"benchmarks/notes/([\w-]+\.md)")
 
 
 def citing_files() -> list[pathlib.Path]:
-    return [ROOT / "README.md", ROOT / "benchmarks" / "NOTES.md", *sorted((ROOT / "benchmarks" / "notes").glob("*.md")),
-            *sorted((ROOT / "speechkernels").rglob("*.py")), *sorted((ROOT / "speechkernels").rglob("*.cu")),
-            *sorted((ROOT / "examples").glob("*.py")), *sorted((ROOT / "benchmarks").glob("*.py"))]  # fmt: skip
+    return [
+        ROOT / "README.md",
+        ROOT / "benchmarks" / "NOTES.md",
+        *sorted((ROOT / "benchmarks" / "notes").glob("*.md")),
+        *sorted((ROOT / "speechkernels").rglob("*.py")),
+        *sorted((ROOT / "speechkernels").rglob("*.cu")),
+        *sorted((ROOT / "examples").glob("*.py")),
+        *sorted((ROOT / "benchmarks").glob("*.py")),
+    ]
 
 
 def test_no_results_file_is_named_by_date():
@@ -29,17 +35,22 @@ def test_no_results_file_is_named_by_date():
 
 
 def test_every_cited_results_file_exists():
-    cited = {(path.relative_to(ROOT).as_posix(), name) for path in citing_files()
-             for name in CITED.findall(path.read_text())}  # fmt: skip
+    cited = {
+        (path.relative_to(ROOT).as_posix(), name) for path in citing_files() for name in CITED.findall(path.read_text())
+    }
     assert len(cited) >= 10  # the README and the notes cite the benchmarks' results
     missing = sorted(f"{where} cites results/{name}" for where, name in cited if not (RESULTS / name).is_file())
     assert not missing, "\n".join(missing)
 
 
 def test_every_cited_notes_file_exists():
-    cited = {(path.relative_to(ROOT).as_posix(), name) for path in citing_files()
-             for name in NOTES.findall(path.read_text())}  # fmt: skip
+    cited = {
+        (path.relative_to(ROOT).as_posix(), name) for path in citing_files() for name in NOTES.findall(path.read_text())
+    }
     assert len(cited) >= 10  # the code and the README cite the notes of their capability
-    missing = sorted(f"{where} cites benchmarks/notes/{name}" for where, name in cited
-                     if not (ROOT / "benchmarks" / "notes" / name).is_file())  # fmt: skip
+    missing = sorted(
+        f"{where} cites benchmarks/notes/{name}"
+        for where, name in cited
+        if not (ROOT / "benchmarks" / "notes" / name).is_file()
+    )
     assert not missing, "\n".join(missing)

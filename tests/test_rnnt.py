@@ -87,8 +87,9 @@ def test_reference_gradcheck(rnnt_type, fused):
     x = (x if fused else x.log_softmax(-1)).detach().requires_grad_()
 
     def f(v):
-        return rnnt_losses_reference(v, targets, il, tl, TransducerOptions(blank, fused_log_softmax=fused,
-                                                                          rnnt_type=rnnt_type))  # fmt: skip
+        return rnnt_losses_reference(
+            v, targets, il, tl, TransducerOptions(blank, fused_log_softmax=fused, rnnt_type=rnnt_type)
+        )
 
     assert torch.autograd.gradcheck(f, (x,))
 
@@ -154,10 +155,12 @@ def test_cpu_path_matches_reference(fused, dtype):
     for seed in range(60):
         x, tg, il, tl, blank = _awkward_problem(seed, fused, dtype)
         extra = (0.3 if seed % 3 == 0 else 0.0, 0.5 if seed % 4 == 0 else -1.0, "rnnt")
-        ref_loss, ref_grad = rnnt_forward_backward_reference(x.double(), tg, il, tl, blank, fused, *extra,
-                                                             fastemit_loss_scale=seed % 2 == 1)  # fmt: skip
-        opts = TransducerOptions(blank, clamp=extra[1], fastemit_lambda=extra[0], fused_log_softmax=fused,
-                                 fastemit_loss_scale=seed % 2 == 1)  # fmt: skip
+        ref_loss, ref_grad = rnnt_forward_backward_reference(
+            x.double(), tg, il, tl, blank, fused, *extra, fastemit_loss_scale=seed % 2 == 1
+        )
+        opts = TransducerOptions(
+            blank, clamp=extra[1], fastemit_lambda=extra[0], fused_log_softmax=fused, fastemit_loss_scale=seed % 2 == 1
+        )
         loss, grad = rnnt_reference.rnnt_forward_backward_scaled(x, tg, il, tl, opts)
         assert grad.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
         torch.testing.assert_close(loss, ref_loss, rtol=tol, atol=tol, equal_nan=True)
@@ -169,8 +172,9 @@ def test_cpu_path_recomputes_what_it_cannot_scale(monkeypatch):
     normalised, two equally likely classes on a 1000 x 400 lattice count more paths than float64 holds (about
     1e363): the check must see it and hand the sample over, and the results are the reference's either way."""
     real = rnnt_reference.log_space_forward_backward
-    calls = count_calls(monkeypatch, rnnt_reference, "log_space_forward_backward",
-                        record=lambda x, *args, **kwargs: x.shape[0])  # fmt: skip
+    calls = count_calls(
+        monkeypatch, rnnt_reference, "log_space_forward_backward", record=lambda x, *args, **kwargs: x.shape[0]
+    )
     x, targets, il, tl, blank = make_problem(3, 3, 40, 12, 6)
     uniform = torch.zeros(1, 1000, 401, 2, dtype=torch.float64)
     long_args = (torch.zeros(1, 400, dtype=torch.long), torch.tensor([1000]), torch.tensor([400]), 1)
@@ -193,8 +197,9 @@ def test_rnnt_loss_matches_reference_float32(rnnt_type, reduction, path):
     xs = x.clone().requires_grad_()
     out = sk.rnnt_loss(xs, targets, il, tl, blank=blank, reduction=reduction, rnnt_type=rnnt_type)
     assert out.dtype == torch.float32
-    ref, ref_grad = rnnt_forward_backward_reference(x.cpu(), targets.cpu(), il.cpu(), tl.cpu(), blank,
-                                                    rnnt_type=rnnt_type)  # fmt: skip
+    ref, ref_grad = rnnt_forward_backward_reference(
+        x.cpu(), targets.cpu(), il.cpu(), tl.cpu(), blank, rnnt_type=rnnt_type
+    )
     finite = torch.isfinite(ref)
     g = torch.rand(ref.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(6)) * finite
     if reduction == "none":
@@ -376,8 +381,9 @@ def test_kernels_edge_cases(path):
     out, grad = compare_kernels(x, targets, il, tl, 5)
     assert out[5].isnan() and torch.isfinite(out[[0, 1, 3, 4]]).all()
     assert grad[5].isnan().any() and torch.isfinite(grad[:5]).all()
-    out, _ = compare_kernels(x[[0, 1, 3, 4, 5]], targets[[0, 1, 3, 4, 5]], il[[0, 1, 3, 4, 5]],
-                             tl[[0, 1, 3, 4, 5]], 5, reduction="sum")  # fmt: skip
+    out, _ = compare_kernels(
+        x[[0, 1, 3, 4, 5]], targets[[0, 1, 3, 4, 5]], il[[0, 1, 3, 4, 5]], tl[[0, 1, 3, 4, 5]], 5, reduction="sum"
+    )
     assert out.isnan()
     assert path.launches
 

@@ -90,8 +90,10 @@ def test_multiblank_reference_matches_brute_force(seed):
         torch.testing.assert_close(loss[n], expected.to(loss.dtype), rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("opts", [{}, dict(fastemit_lambda=0.3, clamp=0.05), dict(fastemit_lambda=0.2,
-                                  fastemit_loss_scale=False, reduction="sum")])  # fmt: skip
+@pytest.mark.parametrize(
+    "opts",
+    [{}, dict(fastemit_lambda=0.3, clamp=0.05), dict(fastemit_lambda=0.2, fastemit_loss_scale=False, reduction="sum")],
+)
 def test_multiblank_without_big_blanks_is_the_rnnt_loss(opts):
     x, targets, il, tl = make_case(20, 4, 7, 4, 6, avoid=(5,))
     opts = {"reduction": "none", **opts}
@@ -133,8 +135,9 @@ def test_tdt_fastemit_scales_the_label_edges_gradient():
     for lam in (0.0, 0.5):
         for scale in (True, False):
             xi = x.clone().requires_grad_()
-            loss = tdt_loss_reference(xi, targets, il, tl, durations, reduction="sum", fastemit_lambda=lam,
-                                      fastemit_loss_scale=scale)  # fmt: skip
+            loss = tdt_loss_reference(
+                xi, targets, il, tl, durations, reduction="sum", fastemit_lambda=lam, fastemit_loss_scale=scale
+            )
             loss.backward()
             grads[lam, scale] = (loss.detach(), xi.grad)
     plain = grads[0.0, True][0]
@@ -213,8 +216,9 @@ def test_tdt_loss_matches_reference(path, opts, dtype):
     loss, grad = loss.cpu(), grad.cpu()
     ropts = {k: v for k, v in opts.items() if k not in ("blank", "sigma")}
     ropts.setdefault("reduction", "mean")
-    ref, rgrad = grads_of(lambda v: tdt_loss_reference(v, targets, il, tl, durations, blank, opts.get("sigma", 0.0),
-                                                       **ropts), x.double())  # fmt: skip
+    ref, rgrad = grads_of(
+        lambda v: tdt_loss_reference(v, targets, il, tl, durations, blank, opts.get("sigma", 0.0), **ropts), x.double()
+    )
     assert loss.dtype == dtype and grad.dtype == dtype
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(loss.double(), ref, **tol)
@@ -233,8 +237,14 @@ def test_tdt_clamp_leaves_the_durations_gradient():
     torch.testing.assert_close(clamped[..., 5:], free[..., 5:])
 
 
-@pytest.mark.parametrize("opts", [dict(), dict(reduction="none", sigma=0.05, clamp=0.03, fastemit_lambda=0.2),
-                                  dict(reduction="sum", fused_log_softmax=False)])  # fmt: skip
+@pytest.mark.parametrize(
+    "opts",
+    [
+        dict(),
+        dict(reduction="none", sigma=0.05, clamp=0.03, fastemit_lambda=0.2),
+        dict(reduction="sum", fused_log_softmax=False),
+    ],
+)
 def test_multiblank_loss_matches_reference(path, opts):
     """The public multi-blank loss (each path, float32) against its float64 reference (values and gradients)."""
     from speechkernels import multiblank_rnnt_loss
@@ -245,8 +255,9 @@ def test_multiblank_loss_matches_reference(path, opts):
     loss, grad = grads_of(lambda v: multiblank_rnnt_loss(v, td, ild, tld, [2, 4], **opts), xd)
     path.check_ran()
     ro = {k: v for k, v in opts.items() if k != "sigma"}
-    ref, rgrad = grads_of(lambda v: multiblank_rnnt_loss_reference(v, targets, il, tl, [2, 4], -1,
-                                                                   opts.get("sigma", 0.0), **ro), x)  # fmt: skip
+    ref, rgrad = grads_of(
+        lambda v: multiblank_rnnt_loss_reference(v, targets, il, tl, [2, 4], -1, opts.get("sigma", 0.0), **ro), x
+    )
     torch.testing.assert_close(loss.cpu().double(), ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(grad.cpu().double(), rgrad, rtol=1e-5, atol=1e-5)
 
@@ -275,8 +286,10 @@ def test_tdt_omega_draws_from_the_generator():
 
     def run(seed, calls):
         g = torch.Generator().manual_seed(seed)
-        out = [grads_of(lambda v: tdt_loss(v, targets, il, tl, [0, 1, 2], omega=0.5, generator=g, **kw), x)
-               for _ in range(calls)]  # fmt: skip
+        out = [
+            grads_of(lambda v: tdt_loss(v, targets, il, tl, [0, 1, 2], omega=0.5, generator=g, **kw), x)
+            for _ in range(calls)
+        ]
         return out
 
     first, again = run(5, 12), run(5, 12)
@@ -338,13 +351,15 @@ def test_tdt_module_forms():
 
     x, targets, il, tl = tdt_case(81, 2, 5, 2, 6, 2, dtype=torch.float32)
     crit = TDTLoss([0, 2], sigma=0.05, reduction="sum")
-    torch.testing.assert_close(crit(x, targets, il, tl), tdt_loss(x, targets, il, tl, [0, 2], sigma=0.05,
-                                                                  reduction="sum"))  # fmt: skip
+    torch.testing.assert_close(
+        crit(x, targets, il, tl), tdt_loss(x, targets, il, tl, [0, 2], sigma=0.05, reduction="sum")
+    )
     assert list(inspect.signature(TDTLoss).parameters) == list(inspect.signature(tdt_loss).parameters)[4:]
     y = x[..., :6]
     crit = MultiblankRNNTLoss(big_blank_durations=[3], clamp=0.1)
-    torch.testing.assert_close(crit(y, targets.clamp(max=3), il, tl),
-                               multiblank_rnnt_loss(y, targets.clamp(max=3), il, tl, [3], clamp=0.1))  # fmt: skip
+    torch.testing.assert_close(
+        crit(y, targets.clamp(max=3), il, tl), multiblank_rnnt_loss(y, targets.clamp(max=3), il, tl, [3], clamp=0.1)
+    )
     with pytest.raises(TypeError, match="durations"):
         TDTLoss()
     with pytest.raises(TypeError, match="bogus"):
@@ -462,16 +477,19 @@ def test_gpu_tdt_half_precision(gpu, dtype):
 
     x, targets, il, tl = tdt_case(82, 4, 40, 12, 100, 5)
     xh = x.to(dtype)
-    loss, grad = grads_of(lambda v: tdt_loss(v, *on(gpu, targets, il, tl), [0, 1, 2, 3, 4], reduction="none"),
-                          xh.to(gpu))  # fmt: skip
-    ref, rgrad = grads_of(lambda v: tdt_loss_reference(v, targets, il, tl, [0, 1, 2, 3, 4], -1, 0.0,
-                                                       reduction="none"), xh.double())  # fmt: skip
+    loss, grad = grads_of(
+        lambda v: tdt_loss(v, *on(gpu, targets, il, tl), [0, 1, 2, 3, 4], reduction="none"), xh.to(gpu)
+    )
+    ref, rgrad = grads_of(
+        lambda v: tdt_loss_reference(v, targets, il, tl, [0, 1, 2, 3, 4], -1, 0.0, reduction="none"), xh.double()
+    )
     assert loss.dtype == torch.float32 and grad.dtype == dtype
     torch.testing.assert_close(loss.cpu().double(), ref, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(grad.cpu().double(), rgrad, rtol=0, atol=1e-2)
     xm, tm, ilm, tlm = make_case(83, 4, 40, 12, 103, avoid=(99, 100, 101, 102))
-    loss, grad = grads_of(lambda v: multiblank_rnnt_loss(v, *on(gpu, tm, ilm, tlm), [2, 4, 8], reduction="none"),
-                          xm.to(dtype).to(gpu))  # fmt: skip
+    loss, grad = grads_of(
+        lambda v: multiblank_rnnt_loss(v, *on(gpu, tm, ilm, tlm), [2, 4, 8], reduction="none"), xm.to(dtype).to(gpu)
+    )
     ref, rgrad = grads_of(
         lambda v: multiblank_rnnt_loss_reference(v, tm, ilm, tlm, [2, 4, 8], -1, 0.0, reduction="none"),
         xm.to(dtype).double(),

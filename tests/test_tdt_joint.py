@@ -56,8 +56,19 @@ def _check_against_float64(path, N, T, U, H, V, opts, reduction="none", duration
 
     def run(dtype):
         def f(e, p, w, b=None):
-            return sk.tdt_joint_loss(e, p, w, b, tg, il, tl, durations, reduction=reduction,
-                                     generator=torch.Generator().manual_seed(3), **opts)  # fmt: skip
+            return sk.tdt_joint_loss(
+                e,
+                p,
+                w,
+                b,
+                tg,
+                il,
+                tl,
+                durations,
+                reduction=reduction,
+                generator=torch.Generator().manual_seed(3),
+                **opts,
+            )
 
         return leaf_grads([x.to(dtype) if x is not None else None for x in xs], f, upstream)
 
@@ -170,8 +181,12 @@ def test_tdt_joint_module():
     m = sk.TDTJointLoss(12, 10, 16, 9, [0, 1, 2], sigma=0.05, reduction="sum")
     assert m.out.weight.shape == (12, 16)
     assert list(inspect.signature(sk.TDTJointLoss).parameters)[:5] == [
-        "enc_dim", "pred_dim", "joint_dim", "vocab_size", "durations"
-    ]  # fmt: skip
+        "enc_dim",
+        "pred_dim",
+        "joint_dim",
+        "vocab_size",
+        "durations",
+    ]
     enc, pred = torch.randn(2, 7, 12), torch.randn(2, 4, 10)
     tg, il, tl = torch.randint(0, 8, (2, 3)), torch.tensor([7, 5]), torch.tensor([3, 1])
     expected = sk.tdt_loss(m.joint(enc, pred), tg, il, tl, [0, 1, 2], sigma=0.05, reduction="sum")
@@ -266,8 +281,9 @@ def _check_multiblank_against_float64(path, N, T, U, H, V, opts, reduction="none
 
     def run(dtype):
         def f(e, p, w, b):
-            return sk.multiblank_joint_loss(e, p, w, b, tg, il, tl, big, reduction=reduction,
-                                            generator=torch.Generator().manual_seed(3), **opts)  # fmt: skip
+            return sk.multiblank_joint_loss(
+                e, p, w, b, tg, il, tl, big, reduction=reduction, generator=torch.Generator().manual_seed(3), **opts
+            )
 
         return leaf_grads([x.to(dtype) for x in xs], f, upstream)
 
@@ -295,8 +311,9 @@ def test_multiblank_joint_float64_path_is_the_unfused_composition():
     torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("kw, match", [(dict(big=[1]), ">= 2"), (dict(blank=1), "no room"),
-                                       (dict(label=7), "is a big blank")])  # fmt: skip
+@pytest.mark.parametrize(
+    "kw, match", [(dict(big=[1]), ">= 2"), (dict(blank=1), "no room"), (dict(label=7), "is a big blank")]
+)
 def test_multiblank_joint_bad_arguments(kw, match):
     xs, tg, il, tl = make_case(2, 5, 2, 8, 9, 0)
     tg = tg % 6

@@ -94,8 +94,9 @@ def ctc_problem(draw, path) -> Problem:
     logits, reduction, validate = draw(st.booleans()), draw(st.sampled_from(["none", "sum"])), draw(st.booleans())
 
     def fn(*a):
-        return sk.ctc_loss(*a, blank=blank, reduction=reduction, batch_first=batch_first, logits=logits,
-                           validate=validate)  # fmt: skip
+        return sk.ctc_loss(
+            *a, blank=blank, reduction=reduction, batch_first=batch_first, logits=logits, validate=validate
+        )
 
     return Problem(fn, tensors, (0,), tensors[3].shape[0] > 0 and dtype != torch.float64)
 
@@ -119,8 +120,12 @@ def _transducer_tensors(draw, path, extra: int, label_classes: Callable[[int, in
 
 
 def _loss_options(draw) -> dict:
-    return dict(reduction=draw(st.sampled_from(["none", "sum"])), validate=draw(st.booleans()),
-                fused_log_softmax=draw(st.booleans()), clamp=draw(st.sampled_from([-1.0, 0.05])))  # fmt: skip
+    return dict(
+        reduction=draw(st.sampled_from(["none", "sum"])),
+        validate=draw(st.booleans()),
+        fused_log_softmax=draw(st.booleans()),
+        clamp=draw(st.sampled_from([-1.0, 0.05])),
+    )
 
 
 def rnnt_problem(draw, path) -> Problem:
@@ -185,8 +190,14 @@ def _joint_problem(draw, path, kind: str) -> Problem:
     def fn(*a):
         enc, pred, weight, *rest = a
         bias = rest.pop(0) if with_bias else None
-        options = dict(blank=blank, activation=activation, dropout=dropout, generator=_gen(seed),
-                       reduction=reduction, validate=validate)  # fmt: skip
+        options = dict(
+            blank=blank,
+            activation=activation,
+            dropout=dropout,
+            generator=_gen(seed),
+            reduction=reduction,
+            validate=validate,
+        )
         if kind == "tdt":
             return sk.tdt_joint_loss(enc, pred, weight, bias, *rest, durations, **options)
         if kind == "multiblank":
@@ -235,8 +246,9 @@ def wavenet_problem(draw, path) -> Problem:
     def fn(*a):
         cond = a[0] if cond_channels else None
         speaker = a[-1] if speakers else None
-        return model.generate(cond, n, temperature=temperature, generator=_gen(seed), speaker=speaker, batch=B,
-                              kernel=kernel)  # fmt: skip
+        return model.generate(
+            cond, n, temperature=temperature, generator=_gen(seed), speaker=speaker, batch=B, kernel=kernel
+        )
 
     return Problem(fn, tensors, (), False)
 

@@ -51,8 +51,14 @@ def test_generate_bad_arguments(entry, model_kw, kw, match):
     from speechkernels.wavenet import generation
 
     net = small_model(**model_kw)
-    args = dict(cond=torch.randn(2, 5, 10) if net.cond_channels else None, n_samples=8, temperature=1.0,
-                generator=None, speaker=torch.tensor([0, 1]) if net.speakers else None, batch=None)  # fmt: skip
+    args = dict(
+        cond=torch.randn(2, 5, 10) if net.cond_channels else None,
+        n_samples=8,
+        temperature=1.0,
+        generator=None,
+        speaker=torch.tensor([0, 1]) if net.speakers else None,
+        batch=None,
+    )
     args.update(kw)
     if entry == "generate":
         call = lambda: net.generate(**args)
@@ -76,8 +82,9 @@ def test_generate_takes_normalised_arguments():
     net = small_model()
     cond = torch.randn(2, 5, 10).half().float()
     ref = net.generate(cond, 9, 0.7, torch.Generator().manual_seed(2), torch.tensor([2, 0]), batch=2)
-    out = net.generate(cond.double(), np.int64(9), np.float32(0.7), torch.Generator().manual_seed(2), [2, 0],
-                       batch=torch.tensor(2))  # fmt: skip
+    out = net.generate(
+        cond.double(), np.int64(9), np.float32(0.7), torch.Generator().manual_seed(2), [2, 0], batch=torch.tensor(2)
+    )
     assert torch.equal(out, ref)
     with pytest.raises(ValueError, match="generate_cuda_graph needs the model on a CUDA device"):
         generate_cuda_graph(net, cond, 9, speaker=[2, 0])
@@ -118,8 +125,9 @@ def test_generate_kernel_tiny_temperature_matches_torch(interpreter):
     net = small_model()
     g = torch.Generator().manual_seed(9)
     cond, spk = torch.randn(3, 5, 8, generator=g), torch.tensor([1, 0, 2])
-    runs = {k: net.generate(cond, 21, 1e-40, torch.Generator().manual_seed(1), spk, kernel=k)
-            for k in ("torch", "triton")}  # fmt: skip
+    runs = {
+        k: net.generate(cond, 21, 1e-40, torch.Generator().manual_seed(1), spk, kernel=k) for k in ("torch", "triton")
+    }
     greedy = net.generate(cond, 21, 0.0, None, spk, kernel="torch")
     assert torch.equal(runs["torch"], greedy)  # the model's argmax at this temperature...
     # ...also where 1 / temperature overflows float64 (the PyTorch path divides logits shifted by their maximum)
@@ -148,8 +156,10 @@ def test_generate_kernel_choice_and_bad_arguments(interpreter):
 def test_gpu_generate_auto_kernel_matches_explicit(gpu):
     net = small_model(residual_channels=64, gate_channels=128, skip_channels=256, classes=256).to(gpu)
     cond, spk = torch.randn(3, 5, 20, device=gpu), torch.tensor([2, 0, 1], device=gpu)
-    runs = {k: net.generate(cond, 50, generator=torch.Generator(gpu).manual_seed(1), speaker=spk, kernel=k)
-            for k in ("auto", "triton", "cluster", "torch")}  # fmt: skip
+    runs = {
+        k: net.generate(cond, 50, generator=torch.Generator(gpu).manual_seed(1), speaker=spk, kernel=k)
+        for k in ("auto", "triton", "cluster", "torch")
+    }
     assert torch.equal(runs["auto"], runs["cluster"])
     for k in ("triton", "torch"):  # same uniforms: the same classes but for a rare float32 boundary case
         assert (runs[k] == runs["cluster"]).float().mean() > 0.95

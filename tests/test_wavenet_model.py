@@ -193,8 +193,16 @@ def test_tiny_model_learns_a_tone():
     """Trained for a few hundred steps on a 500 Hz tone (8 kHz), the model generates that tone."""
     torch.manual_seed(0)
     sr, freq, classes = 8000, 500.0, 64
-    net = WaveNet(layers=6, cycle=6, residual_channels=16, gate_channels=32, skip_channels=32, classes=classes,
-                  cond_channels=0, speakers=0)  # fmt: skip
+    net = WaveNet(
+        layers=6,
+        cycle=6,
+        residual_channels=16,
+        gate_channels=32,
+        skip_channels=32,
+        classes=classes,
+        cond_channels=0,
+        speakers=0,
+    )
     opt = torch.optim.Adam(net.parameters(), lr=1e-2)
     t = torch.arange(256)
     for _ in range(300):

@@ -60,8 +60,10 @@ def test_server_matches_incremental_path(max_streams, kernel, request):
     conds = [torch.randn(5, math.ceil(n / 4) + k) for k, n in enumerate(lens)]
     server = WaveNetServer(net, chunk=chunk, max_streams=max_streams, kernel=kernel)
     server.warmup()
-    reqs = [(lens[k], conds[k], spk[k] if k != 2 else torch.tensor(spk[k]), torch.Generator().manual_seed(seeds[k]))
-            for k in range(3)]  # fmt: skip
+    reqs = [
+        (lens[k], conds[k], spk[k] if k != 2 else torch.tensor(spk[k]), torch.Generator().manual_seed(seeds[k]))
+        for k in range(3)
+    ]
     joins = {0: [reqs[0]], 1: [reqs[1]], 2: [reqs[2]]}
     if max_streams == 2:
         joins = {0: reqs}
@@ -115,8 +117,9 @@ def test_generate_stream_chunks():
     parts = list(net.generate_stream(cond, n, chunk=chunk, generator=torch.Generator().manual_seed(3)))
     assert [p.shape for p in parts] == [(B, 8), (B, 8), (B, 8), (B, 2)]
     g = torch.Generator().manual_seed(3)
-    u = torch.cat([torch.stack([torch.rand(min(chunk, n - k), generator=g) for _ in range(B)], 1)
-                   for k in range(0, n, chunk)])  # fmt: skip
+    u = torch.cat(
+        [torch.stack([torch.rand(min(chunk, n - k), generator=g) for _ in range(B)], 1) for k in range(0, n, chunk)]
+    )
     ref, _ = incremental_path(net, cond, n, 1.0, None, None, uniforms=u)
     assert torch.equal(torch.cat(parts, 1), ref)
     for kw, match in [(dict(chunk=0), "chunk"), (dict(kernel="cuda"), "kernel must be"), (dict(batch=2), "batch")]:
@@ -161,8 +164,9 @@ def test_server_bad_arguments():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("temperature", [0.0, 1.0, 1e-40])
-@pytest.mark.parametrize("per_cluster, weights_dtype", [(1, "float32"), (3, "float32"), (8, "float32"),
-                                                        (9, "float32"), (5, "bfloat16")])  # fmt: skip
+@pytest.mark.parametrize(
+    "per_cluster, weights_dtype", [(1, "float32"), (3, "float32"), (8, "float32"), (9, "float32"), (5, "bfloat16")]
+)
 def test_gpu_batched_cluster_kernel_matches_incremental_path(gpu, temperature, per_cluster, weights_dtype):
     """The batched cluster kernel (streams per cluster not dividing B, blocks of 8 and a remainder), each step
     against the PyTorch logits on the kernel's own samples and the same uniform; bfloat16 against the model with
@@ -180,8 +184,9 @@ def test_gpu_batched_cluster_kernel_matches_incremental_path(gpu, temperature, p
     wd = getattr(torch, weights_dtype)
     with torch.no_grad():
         g = net.speaker_embed(speaker)
-        out = wavenet_generate_cluster_batch(vocoder_weights(net), VocoderInputs(cond, g, u, temperature), wd,
-                                             streams_per_cluster=per_cluster)  # fmt: skip
+        out = wavenet_generate_cluster_batch(
+            vocoder_weights(net), VocoderInputs(cond, g, u, temperature), wd, streams_per_cluster=per_cluster
+        )
         if wd == torch.bfloat16:
             for name, prm in net.named_parameters():
                 if prm.dim() == 2 and not name.startswith(("embed", "speaker", "w_cond", "w_speaker")):
@@ -209,13 +214,16 @@ def test_gpu_batched_cluster_kernel_in_chunks(gpu):
         whole = wavenet_generate_cluster_batch(w, VocoderInputs(cond, g, u, 1.0), streams_per_cluster=4)
         rows = torch.tensor([5, 0, 7, 2, 3, 6], dtype=torch.int32, device=gpu)
         q = batch_queue(w, 8, 8, gpu)
-        a = wavenet_generate_cluster_batch(w, VocoderInputs(cond, g, u[:cut], 1.0), streams_per_cluster=4,
-                                           cont=Continuation(queue=q, rows=rows))  # fmt: skip
+        a = wavenet_generate_cluster_batch(
+            w, VocoderInputs(cond, g, u[:cut], 1.0), streams_per_cluster=4, cont=Continuation(queue=q, rows=rows)
+        )
         phase = torch.full((B,), cut % 4, dtype=torch.int32, device=gpu)
         b = wavenet_generate_cluster_batch(
-            w, VocoderInputs(cond[:, :, cut // 4 :], g, u[cut:], 1.0), streams_per_cluster=4,
+            w,
+            VocoderInputs(cond[:, :, cut // 4 :], g, u[cut:], 1.0),
+            streams_per_cluster=4,
             cont=Continuation(a[:, -1].contiguous(), phase, q, rows, cut),
-        )  # fmt: skip
+        )
     assert torch.equal(torch.cat([a, b], 1), whole)
 
 
@@ -279,8 +287,10 @@ def test_gpu_generate_many_streams_auto_is_cluster(gpu):
         pytest.skip("cuda-core or a GPU of compute capability 9.0 missing")
     B, n = 40, 60
     cond, spk = torch.randn(B, 5, 20, device=gpu), torch.randint(0, 3, (B,), device=gpu)
-    runs = {k: net.generate(cond, n, generator=torch.Generator(gpu).manual_seed(1), speaker=spk, kernel=k)
-            for k in ("auto", "cluster")}  # fmt: skip
+    runs = {
+        k: net.generate(cond, n, generator=torch.Generator(gpu).manual_seed(1), speaker=spk, kernel=k)
+        for k in ("auto", "cluster")
+    }
     assert torch.equal(runs["auto"], runs["cluster"])
     u = torch.rand(n, B, generator=torch.Generator(gpu).manual_seed(1), device=gpu)
     with torch.no_grad():

@@ -20,7 +20,17 @@ def incremental_path(net, cond, n, temperature, generator, speaker, batch=None, 
 
 def small_model(seed=0, **kw):
     torch.manual_seed(seed)
-    cfg = dict(layers=6, cycle=3, residual_channels=8, gate_channels=12, skip_channels=10, classes=32,
-               cond_channels=5, hop_length=4, speakers=3, speaker_channels=4)  # fmt: skip
+    cfg = dict(
+        layers=6,
+        cycle=3,
+        residual_channels=8,
+        gate_channels=12,
+        skip_channels=10,
+        classes=32,
+        cond_channels=5,
+        hop_length=4,
+        speakers=3,
+        speaker_channels=4,
+    )
     cfg.update(kw)
     return WaveNet(**cfg).eval()

@@ -70,5 +70,9 @@ def state_fake(like: torch.Tensor, N: int, reduction: str, lse_cells: int, occ_f
     """Empty tensors as a transducer loss's forward kernels return them (a fake function's): the loss ([N] or a
     scalar), the log-sum-exps and the occupancies (float32), log2 p per sample (float64)."""
     f32 = dict(dtype=torch.float32)
-    return (like.new_empty(N if reduction == "none" else (), **f32), like.new_empty(lse_cells, **f32),
-            like.new_empty(occ_floats, **f32), like.new_empty(N, dtype=torch.float64))  # fmt: skip
+    return (
+        like.new_empty(N if reduction == "none" else (), **f32),
+        like.new_empty(lse_cells, **f32),
+        like.new_empty(occ_floats, **f32),
+        like.new_empty(N, dtype=torch.float64),
+    )

@@ -61,8 +61,19 @@ def _check_tensors(enc, pred, weight, bias) -> None:
             raise ValueError(f"{name} is on {x.device} but enc is on {enc.device}")
 
 
-def joint_inputs(enc, pred, weight, bias, targets, logit_lengths, target_lengths, blank: int, reduction: str,
-                 extra: int = 0, what: str = ""):  # fmt: skip
+def joint_inputs(
+    enc,
+    pred,
+    weight,
+    bias,
+    targets,
+    logit_lengths,
+    target_lengths,
+    blank: int,
+    reduction: str,
+    extra: int = 0,
+    what: str = "",
+):
     """A fused joint loss's checked inputs: the joint's tensors (cast to autocast's dtype when it is on, else of
     one dtype) and contiguous, the targets and lengths on enc's device, blank in [0, V) for the V token classes (the
     weight's rows less its last ``extra``, the ``what``). Raises ValueError naming a bad argument.
@@ -123,10 +134,12 @@ class JointLossModule(torch.nn.Module):
             P(n, P.POSITIONAL_OR_KEYWORD, annotation=int) for n in ("enc_dim", "pred_dim", "joint_dim", "vocab_size")
         ]
         own = [P(extra, P.POSITIONAL_OR_KEYWORD, annotation=Sequence[int])] if extra else []
-        own += [P("activation", P.POSITIONAL_OR_KEYWORD, default="relu", annotation=str),
-                P("dropout", P.POSITIONAL_OR_KEYWORD, default=0.0, annotation=float),
-                P("device", P.KEYWORD_ONLY, default=None, annotation=torch.device | str | None),
-                P("dtype", P.KEYWORD_ONLY, default=None, annotation=torch.dtype | None)]  # fmt: skip
+        own += [
+            P("activation", P.POSITIONAL_OR_KEYWORD, default="relu", annotation=str),
+            P("dropout", P.POSITIONAL_OR_KEYWORD, default=0.0, annotation=float),
+            P("device", P.KEYWORD_ONLY, default=None, annotation=torch.device | str | None),
+            P("dtype", P.KEYWORD_ONLY, default=None, annotation=torch.dtype | None),
+        ]
         cls.__signature__ = inspect.Signature([*dims, *own, *cls._options.values()])
 
     def __init__(self, *args, **kwargs) -> None:
@@ -172,10 +185,19 @@ class JointLossModule(torch.nn.Module):
         """The loss of encoder outputs [N, T, enc_dim] and predictor outputs [N, U+1, pred_dim] (the prediction
         network's states before each label and after the last) for ``targets`` [N, U]."""
         return self._loss(
-            self.enc(encoder_outputs), self.pred(predictor_outputs), self.out.weight, self.out.bias, targets,
-            logit_lengths, target_lengths, *self._loss_inputs(), activation=self.activation,
-            dropout=self.dropout if self.training else 0.0, generator=generator, **self.loss_args,
-        )  # fmt: skip
+            self.enc(encoder_outputs),
+            self.pred(predictor_outputs),
+            self.out.weight,
+            self.out.bias,
+            targets,
+            logit_lengths,
+            target_lengths,
+            *self._loss_inputs(),
+            activation=self.activation,
+            dropout=self.dropout if self.training else 0.0,
+            generator=generator,
+            **self.loss_args,
+        )
 
     def _loss_inputs(self) -> tuple:
         """The loss's positional arguments after the lengths: the extra one, if any."""

@@ -565,8 +565,14 @@ def _common(joint: JointNetwork):
     args = (enc.stride(0), enc.stride(1), enc.stride(2), pred.stride(0), pred.stride(1), pred.stride(2))
     drop = (seed[0], seed[1], drop_threshold(dropout), 1.0 / (1.0 - dropout))
     split = weight.dtype == torch.float32
-    meta = dict(ACT=ACTIVATIONS.index(activation), DROPOUT=dropout > 0, DROP_SHIFT=32 - DROP_BITS,
-                HAS_BIAS=bias is not None, DT=TRITON_DTYPES[_products_dtype(weight)], SPLIT=split)  # fmt: skip
+    meta = dict(
+        ACT=ACTIVATIONS.index(activation),
+        DROPOUT=dropout > 0,
+        DROP_SHIFT=32 - DROP_BITS,
+        HAS_BIAS=bias is not None,
+        DT=TRITON_DTYPES[_products_dtype(weight)],
+        SPLIT=split,
+    )
     return args, drop, meta
 
 
@@ -605,16 +611,38 @@ def _launch(blk: dict) -> dict:
     return {k: blk[k] for k in ("num_warps", "num_stages", "maxnreg") if k in blk}
 
 
-def _stage_hidden(enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, n_tb, s_h, strides, seeds,
-                  meta):  # fmt: skip
+def _stage_hidden(enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, n_tb, s_h, strides, seeds, meta):
     """A chunk's hidden vectors into hbuf (``_joint_hidden_kernel``; s_h columns a segment)."""
     T, H = enc.shape[1], enc.shape[2]
     bh, BT = _blocks(enc, "hidden"), _blocks(enc, "tile")["BT"]
     _joint_hidden_kernel[(triton.cdiv(tiles * BT, bh["BM"]), triton.cdiv(s_h, bh["BK"]))](
-        enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, T, pred.shape[1], H, n_tb,
-        hbuf.stride(0), s_h, *strides, *seeds, ACT=meta["ACT"], DROPOUT=meta["DROPOUT"], DROP_SHIFT=meta["DROP_SHIFT"],
-        DT=meta["DT"], SPLIT=meta["SPLIT"], BT=BT, BM=bh["BM"], BK=bh["BK"], **_launch(bh),
-    )  # fmt: skip
+        enc,
+        pred,
+        logit_lengths,
+        target_lengths,
+        hbuf,
+        n0,
+        u0,
+        ucc,
+        tiles,
+        T,
+        pred.shape[1],
+        H,
+        n_tb,
+        hbuf.stride(0),
+        s_h,
+        *strides,
+        *seeds,
+        ACT=meta["ACT"],
+        DROPOUT=meta["DROPOUT"],
+        DROP_SHIFT=meta["DROP_SHIFT"],
+        DT=meta["DT"],
+        SPLIT=meta["SPLIT"],
+        BT=BT,
+        BM=bh["BM"],
+        BK=bh["BK"],
+        **_launch(bh),
+    )
 
 
 def _descriptor(x: torch.Tensor, block: list[int]):
@@ -692,14 +720,48 @@ def joint_lattice(
     h_desc, w_desc = _descriptor(hbuf, [bf["BM"], bf["BK"]]), _descriptor(w_k, [bf["BV"], bf["BK"]])
     v_main = _main_classes(V_tok, bf, reserved)
     for n0, u0, tiles, _rows_n, ucc in _chunk_list(N, U1, n_tb, nc, uc):
-        _stage_hidden(enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, n_tb, s_h, strides, seeds,
-                      meta)  # fmt: skip
+        _stage_hidden(
+            enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, n_tb, s_h, strides, seeds, meta
+        )
         _joint_lattice_kernel[(triton.cdiv(tiles * BT, bf["BM"]),)](
-            h_desc, w_desc, w_k, bias, targets, logit_lengths, target_lengths, lse, lat, aux, n0, u0, ucc, tiles, T,
-            U1, V_tok, k_h, n_tb, v_main, w_k.stride(0), w_k.shape[1], targets.stride(0), blank,
-            sigma * 1.4426950408889634, HAS_BIAS=bias is not None, DT=meta["DT"], SPLIT=split, RNA=rnna, X=durations,
-            MULTI=multiblank, BT=BT, BM=bf["BM"], BV=bf["BV"], BVT=bf["BVT"], BK=bf["BK"], **_launch(bf),
-        )  # fmt: skip
+            h_desc,
+            w_desc,
+            w_k,
+            bias,
+            targets,
+            logit_lengths,
+            target_lengths,
+            lse,
+            lat,
+            aux,
+            n0,
+            u0,
+            ucc,
+            tiles,
+            T,
+            U1,
+            V_tok,
+            k_h,
+            n_tb,
+            v_main,
+            w_k.stride(0),
+            w_k.shape[1],
+            targets.stride(0),
+            blank,
+            sigma * 1.4426950408889634,
+            HAS_BIAS=bias is not None,
+            DT=meta["DT"],
+            SPLIT=split,
+            RNA=rnna,
+            X=durations,
+            MULTI=multiblank,
+            BT=BT,
+            BM=bf["BM"],
+            BV=bf["BV"],
+            BVT=bf["BVT"],
+            BK=bf["BK"],
+            **_launch(bf),
+        )
     return lse, lat, aux
 
 
@@ -767,16 +829,56 @@ def joint_backward(
     w_descs = tuple(_descriptor(w_k, [b1[k], b1["BK"]]) for k in ("BV", "BVT"))
     ds_descs = tuple(_descriptor(ds[:, :s_ds], [b1["BM"], b1[k]]) for k in ("BV", "BVT"))
     for n0, u0, tiles, rows, ucc in _chunk_list(N, U1, n_tb, nc, uc):
-        _stage_hidden(enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, n_tb, s_h, strides, seeds,
-                      meta)  # fmt: skip
+        _stage_hidden(
+            enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, n_tb, s_h, strides, seeds, meta
+        )
         _joint_dlogits_kernel[(triton.cdiv(tiles * BT, b1["BM"]) * n_cg,)](
-            h_desc, *w_descs, bias, targets, logit_lengths, target_lengths, lse, occ, logp, grad_out, ds, *ds_descs,
-            flags, gbp, gstride, gscale, n0, u0, ucc, tiles, T, U1, V, k_h, n_tb, v_main, d_cols, s_ds,
-            targets.stride(0), blank, 1.0 if durations else opts.label_scale, max(clamp, 0.0),
-            V if multiblank else V - durations, HAS_BIAS=bias is not None, CLAMP=clamp > 0, RNA=opts.rna, X=durations,
-            MULTI=multiblank, BT=BT, BM=b1["BM"], BV=b1["BV"],
-            BVT=b1["BVT"], BK=b1["BK"], **prec, **_launch(b1),
-        )  # fmt: skip
+            h_desc,
+            *w_descs,
+            bias,
+            targets,
+            logit_lengths,
+            target_lengths,
+            lse,
+            occ,
+            logp,
+            grad_out,
+            ds,
+            *ds_descs,
+            flags,
+            gbp,
+            gstride,
+            gscale,
+            n0,
+            u0,
+            ucc,
+            tiles,
+            T,
+            U1,
+            V,
+            k_h,
+            n_tb,
+            v_main,
+            d_cols,
+            s_ds,
+            targets.stride(0),
+            blank,
+            1.0 if durations else opts.label_scale,
+            max(clamp, 0.0),
+            V if multiblank else V - durations,
+            HAS_BIAS=bias is not None,
+            CLAMP=clamp > 0,
+            RNA=opts.rna,
+            X=durations,
+            MULTI=multiblank,
+            BT=BT,
+            BM=b1["BM"],
+            BV=b1["BV"],
+            BVT=b1["BVT"],
+            BK=b1["BK"],
+            **prec,
+            **_launch(b1),
+        )
         d, h = ds[: tiles * BT], hbuf[: tiles * BT]
         if split:  # the weight's gradient, then the hidden vectors' (float32, over the hidden vectors)
             _addmm_f32(gw, d[:, :s_ds].t(), h)
@@ -788,9 +890,29 @@ def joint_backward(
             dh = _mm_into(d, w_d, h)  # the hidden vectors', in their place (DT)
         n_s = rows // n_tb  # the chunk's samples
         _joint_grad_rows_kernel[(triton.cdiv(H, b2["BN"]), n_s * n_fb)](
-            enc, pred, dh, flags, genc, gpred_part, n0, u0, ucc, T, U1, H, n_tb, n_fb, dh.stride(0), *strides, *seeds,
-            BT=BT, FB=FB, BN=b2["BN"], **act, **_launch(b2),
-        )  # fmt: skip
+            enc,
+            pred,
+            dh,
+            flags,
+            genc,
+            gpred_part,
+            n0,
+            u0,
+            ucc,
+            T,
+            U1,
+            H,
+            n_tb,
+            n_fb,
+            dh.stride(0),
+            *strides,
+            *seeds,
+            BT=BT,
+            FB=FB,
+            BN=b2["BN"],
+            **act,
+            **_launch(b2),
+        )
         # the frame blocks' shares of the chunk's predictor rows, in order
         part = gpred_part[: n_s * n_fb * ucc * H].view(n_s, n_fb, ucc, H)
         gpred[n0 : n0 + rows // n_tb, u0 : u0 + ucc] += part.sum(1)

@@ -176,9 +176,20 @@ def validate_lengths_and_labels(
     flag = kernel_output(1 + N, dtype=torch.int32, device=targets.device)
     block_n, block_j = _validate_blocks(N, U)
     launch(_validate_kernel)[(1,)](
-        targets, logit_lengths, target_lengths, flag, N, T, U, V, targets.stride(0), blank,
-        BLOCK_N=block_n, BLOCK_J=block_j, num_warps=4,
-    )  # fmt: skip
+        targets,
+        logit_lengths,
+        target_lengths,
+        flag,
+        N,
+        T,
+        U,
+        V,
+        targets.stride(0),
+        blank,
+        BLOCK_N=block_n,
+        BLOCK_J=block_j,
+        num_warps=4,
+    )
     if flag[0].item() == 0:
         return None
     return flag[1:].tolist()

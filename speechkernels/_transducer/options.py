@@ -53,11 +53,15 @@ def transducer_options(
     """The options the family's losses share, checked (a ValueError names a bad one; blank is checked against the
     classes later); RNN-T's ``rnnt_type`` with ``with_rnnt_type``."""
     return TransducerOptions(
-        as_int(blank, "blank"), as_float(sigma, "sigma", finite=True), as_choice(reduction, "reduction", REDUCTIONS),
-        as_float(clamp, "clamp"), as_float(fastemit_lambda, "fastemit_lambda", minimum=0.0, finite=True),
-        as_bool(fastemit_loss_scale, "fastemit_loss_scale"), as_bool(fused_log_softmax, "fused_log_softmax"),
+        as_int(blank, "blank"),
+        as_float(sigma, "sigma", finite=True),
+        as_choice(reduction, "reduction", REDUCTIONS),
+        as_float(clamp, "clamp"),
+        as_float(fastemit_lambda, "fastemit_lambda", minimum=0.0, finite=True),
+        as_bool(fastemit_loss_scale, "fastemit_loss_scale"),
+        as_bool(fused_log_softmax, "fused_log_softmax"),
         as_bool(validate, "validate"),
-    )  # fmt: skip
+    )
 
 
 def with_rnnt_type(opts: TransducerOptions, rnnt_type: str) -> TransducerOptions:

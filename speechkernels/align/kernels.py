@@ -374,14 +374,55 @@ def ctc_align(
     flags = kernel_output(N * P, dtype=torch.int32, device=dev)
     sn, st, sc = x.stride()
     _align_forward_kernel[(N * P,)](
-        x, targets, meta, anc_a, anc_o, bnd, prog, flags, N, T, C, W, P, K, sn, st, sc, blank,
-        BLOCK=block, F=CHUNK, num_warps=warps or max(1, min(8, block // 32)),
-    )  # fmt: skip
+        x,
+        targets,
+        meta,
+        anc_a,
+        anc_o,
+        bnd,
+        prog,
+        flags,
+        N,
+        T,
+        C,
+        W,
+        P,
+        K,
+        sn,
+        st,
+        sc,
+        blank,
+        BLOCK=block,
+        F=CHUNK,
+        num_warps=warps or max(1, min(8, block // 32)),
+    )
     choices = torch.empty(N * R * K * fill_block, dtype=torch.uint8, device=dev)
     alignments = kernel_output((N, T), dtype=torch.int64, device=dev)
     scores = kernel_output((N, T), dtype=torch.float32, device=dev)
     _align_fill_kernel[(N * R,)](
-        x, targets, meta, anc_a, anc_o, flags, choices, alignments, scores, N, T, C, W, P, R, K, sn, st, sc, blank,
-        BLOCK=fill_block, BLOCK_P=next_power_of_2(P), F=CHUNK, num_warps=max(1, min(8, fill_block // 32)),
-    )  # fmt: skip
+        x,
+        targets,
+        meta,
+        anc_a,
+        anc_o,
+        flags,
+        choices,
+        alignments,
+        scores,
+        N,
+        T,
+        C,
+        W,
+        P,
+        R,
+        K,
+        sn,
+        st,
+        sc,
+        blank,
+        BLOCK=fill_block,
+        BLOCK_P=next_power_of_2(P),
+        F=CHUNK,
+        num_warps=max(1, min(8, fill_block // 32)),
+    )
     return alignments, scores

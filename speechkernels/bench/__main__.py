@@ -19,8 +19,10 @@ import torch
 import speechkernels
 
 if getattr(speechkernels, "__file__", None) is None:  # a folder named speechkernels shadows the package
-    sys.exit(f"speechkernels imports as the folder {list(speechkernels.__path__)} (a namespace package without the "
-             "library's code): run from another folder than the one holding the repository's clone")  # fmt: skip
+    sys.exit(
+        f"speechkernels imports as the folder {list(speechkernels.__path__)} (a namespace package without the "
+        "library's code): run from another folder than the one holding the repository's clone"
+    )
 
 from . import align, common, ctc, decode, joint, rnnt, tdt, wavenet  # noqa: E402
 
@@ -48,8 +50,9 @@ def all_rows(text: str) -> tuple[str, list]:
     """all --rows: BENCHMARK=ROWS, the rows in that benchmark's own form."""
     what, sep, rows = text.partition("=")
     if not sep or what not in CAPABILITIES:
-        raise argparse.ArgumentTypeError(f"{text!r} is not BENCHMARK=ROWS with BENCHMARK one of "
-                                         f"{', '.join(CAPABILITIES)}, e.g. ctc=150x8x28")  # fmt: skip
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not BENCHMARK=ROWS with BENCHMARK one of {', '.join(CAPABILITIES)}, e.g. ctc=150x8x28"
+        )
     try:
         return what, CAPABILITIES[what][0].parse_rows(rows)
     except argparse.ArgumentTypeError as err:
@@ -60,34 +63,56 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     """The command line, and each subcommand's parser by name (for errors found after parsing)."""
     raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(prog="python -m speechkernels.bench", description=__doc__, formatter_class=raw)
-    sub = parser.add_subparsers(dest="what", required=True, metavar="BENCHMARK",
-                                help=f"one of {', '.join(CAPABILITIES)} or all")  # fmt: skip
+    sub = parser.add_subparsers(
+        dest="what", required=True, metavar="BENCHMARK", help=f"one of {', '.join(CAPABILITIES)} or all"
+    )
     subs = {}
     for name, (module, text) in CAPABILITIES.items():
         p = sub.add_parser(name, help=text, description=module.__doc__, formatter_class=raw)
         module.add_arguments(p)
         subs[name] = p
-    p = sub.add_parser("all", help="every benchmark above, one after the other", formatter_class=raw,
-                       description="Every benchmark with its default rows (on a CPU, short demos of each), one "
-                       "table after the other.")  # fmt: skip
+    p = sub.add_parser(
+        "all",
+        help="every benchmark above, one after the other",
+        formatter_class=raw,
+        description="Every benchmark with its default rows (on a CPU, short demos of each), one table after the other.",
+    )
     p.add_argument(
         "--device",
         choices=("cuda", "cpu"),
         default=None,
         help="where to run (default: cuda when available, else cpu: a short demo of the CPU paths)",
     )
-    p.add_argument("--json", metavar="DIR/|PREFIX", default=None,
-                   help="one JSON file per benchmark: in a folder (an existing one, or a path ending in /, created "
-                   "if missing) as DIR/ctc.json, DIR/rnnt.json, ...; otherwise PREFIX_ctc.json, PREFIX_rnnt.json, "
-                   "...")  # fmt: skip
-    p.add_argument("--plot", metavar="DIR/|PREFIX", default=None,
-                   help="one PNG per benchmark, named as --json names its files (DIR/ctc.png or PREFIX_ctc.png, "
-                   "...); needs matplotlib")  # fmt: skip
-    p.add_argument("--rows", metavar="BENCHMARK=ROWS", type=all_rows, action="append", default=None,
-                   help="only these rows of one benchmark, in its own --rows form, e.g. --rows ctc=150x8x28 --rows "
-                   "rnnt=50x10x28x2 (repeat for others; the rest run their default rows)")  # fmt: skip
-    p.add_argument("--reps", type=common.positive_int, default=None,
-                   help="timed repetitions for every benchmark (default: each benchmark's own)")  # fmt: skip
+    p.add_argument(
+        "--json",
+        metavar="DIR/|PREFIX",
+        default=None,
+        help="one JSON file per benchmark: in a folder (an existing one, or a path ending in /, created "
+        "if missing) as DIR/ctc.json, DIR/rnnt.json, ...; otherwise PREFIX_ctc.json, PREFIX_rnnt.json, "
+        "...",
+    )
+    p.add_argument(
+        "--plot",
+        metavar="DIR/|PREFIX",
+        default=None,
+        help="one PNG per benchmark, named as --json names its files (DIR/ctc.png or PREFIX_ctc.png, "
+        "...); needs matplotlib",
+    )
+    p.add_argument(
+        "--rows",
+        metavar="BENCHMARK=ROWS",
+        type=all_rows,
+        action="append",
+        default=None,
+        help="only these rows of one benchmark, in its own --rows form, e.g. --rows ctc=150x8x28 --rows "
+        "rnnt=50x10x28x2 (repeat for others; the rest run their default rows)",
+    )
+    p.add_argument(
+        "--reps",
+        type=common.positive_int,
+        default=None,
+        help="timed repetitions for every benchmark (default: each benchmark's own)",
+    )
     subs["all"] = p
     return parser, subs
 

@@ -59,12 +59,16 @@ CELLS = (
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_common_arguments(p, parse_rows, "NxTxCxS (utterances, frames, classes, labels per utterance; N:T:C:S "
-                         "works too), e.g. 8x300x32x40", "our speed-up over torchaudio's forced_align per row, "
-                         "on the GPU and on the CPU")  # fmt: skip
+    add_common_arguments(
+        p,
+        parse_rows,
+        "NxTxCxS (utterances, frames, classes, labels per utterance; N:T:C:S works too), e.g. 8x300x32x40",
+        "our speed-up over torchaudio's forced_align per row, on the GPU and on the CPU",
+    )
     p.add_argument("--reps", type=positive_int, default=20, help="timed calls of ours on the GPU (default 20)")
-    p.add_argument("--peer-reps", type=positive_int, default=3,
-                   help="timed calls of torchaudio, and of every CPU run (default 3)")  # fmt: skip
+    p.add_argument(
+        "--peer-reps", type=positive_int, default=3, help="timed calls of torchaudio, and of every CPU run (default 3)"
+    )
     p.add_argument("--no-cpu", action="store_true", help="skip the CPU columns")
     p.add_argument("--cpu-long", action="store_true", help=f"CPU columns also for rows above N*T*S={LONG:.0e}")
 
@@ -78,8 +82,9 @@ def parse_rows(text: str) -> list[tuple[int, int, int, int]]:
         if C < 2:
             raise argparse.ArgumentTypeError(f"{item!r}: C={C} leaves no class for the labels (the blank is 0)")
         if T < 2 * S - 1:
-            raise argparse.ArgumentTypeError(f"{item!r}: T={T} frames cannot hold S={S} labels with a blank between "
-                                             f"repeated ones (T >= 2S - 1)")  # fmt: skip
+            raise argparse.ArgumentTypeError(
+                f"{item!r}: T={T} frames cannot hold S={S} labels with a blank between repeated ones (T >= 2S - 1)"
+            )
         rows.append((N, T, C, S))
     return list(dict.fromkeys(rows))
 
@@ -135,8 +140,14 @@ def agreement(x: torch.Tensor, ours: torch.Tensor, theirs: torch.Tensor) -> dict
     gaps = []
     for n in (~equal).nonzero()[:, 0].tolist():
         mine, other = (_path_score(x[n], path) for path in (ours[n], theirs[n]))
-        gaps.append({"utterance": n, "frames_differing": int((~same[n]).sum()), "ours_minus_theirs": mine - other,
-                     "ours_total": mine})  # fmt: skip
+        gaps.append(
+            {
+                "utterance": n,
+                "frames_differing": int((~same[n]).sum()),
+                "ours_minus_theirs": mine - other,
+                "ours_total": mine,
+            }
+        )
     frames = same.float().mean().item()
     return {"utterances_equal": int(equal.sum()), "utterances": len(same), "frames_equal": frames, "differing": gaps}
 
@@ -186,12 +197,15 @@ def run(args) -> int:
     forced_align = torchaudio_align()
     rows = args.rows or (ROWS if device.type == "cuda" else CPU_DEMO)
     gpu = device.type == "cuda"
-    print_title("CTC forced alignment (ctc_forced_align vs torchaudio forced_align, one utterance per call)", env,
-                args.reps)  # fmt: skip
+    print_title(
+        "CTC forced alignment (ctc_forced_align vs torchaudio forced_align, one utterance per call)", env, args.reps
+    )
     print_legend(LEGEND, CELLS)
-    print(f"{'N':>3} {'T':>6} {'C':>5} {'S':>5} | {'ours ms':>8} {'unchk ms':>8} {'ta ms':>8} {'x':>6} | "
-          f"{'ours MB':>8} {'ta MB':>7} | {'cpu ms':>8} {'ta cpu':>8} {'x':>5} | equal (ta gpu, ta cpu)",
-          flush=True)  # fmt: skip
+    print(
+        f"{'N':>3} {'T':>6} {'C':>5} {'S':>5} | {'ours ms':>8} {'unchk ms':>8} {'ta ms':>8} {'x':>6} | "
+        f"{'ours MB':>8} {'ta MB':>7} | {'cpu ms':>8} {'ta cpu':>8} {'x':>5} | equal (ta gpu, ta cpu)",
+        flush=True,
+    )
     out = []
     for N, T, C, S in progress(rows, "align", lambda r: "x".join(map(str, r))):
         cpu_ok = not args.no_cpu and (args.cpu_long or N * T * S <= LONG or not gpu)
@@ -201,11 +215,20 @@ def run(args) -> int:
         write_json(args.json, {"benchmark": "align", "environment": env, "rows": out})
     if args.plot:
         labels = [f"{r['N']}x{r['T']}x{r['C']}\nS={r['S']}" for r in out]
-        series = {"GPU: torchaudio ms / ours ms": [_over(r, "torchaudio", "ours") for r in out],
-                  "CPU: torchaudio ms / ours ms": [_over(r, "torchaudio_cpu", "ours_cpu") for r in out]}  # fmt: skip
-        plot_series(args.plot, labels, series, plot_title("CTC forced alignment against torchaudio", env, device),
-                    "speed-up over torchaudio's forced_align", "NxTxC, S labels", lines=((1.0, "1.0: as fast"),),
-                    empty_note="torchaudio did not run (not installed?)")  # fmt: skip
+        series = {
+            "GPU: torchaudio ms / ours ms": [_over(r, "torchaudio", "ours") for r in out],
+            "CPU: torchaudio ms / ours ms": [_over(r, "torchaudio_cpu", "ours_cpu") for r in out],
+        }
+        plot_series(
+            args.plot,
+            labels,
+            series,
+            plot_title("CTC forced alignment against torchaudio", env, device),
+            "speed-up over torchaudio's forced_align",
+            "NxTxC, S labels",
+            lines=((1.0, "1.0: as fast"),),
+            empty_note="torchaudio did not run (not installed?)",
+        )
     return 0
 
 
@@ -229,7 +252,9 @@ def _print_row(row: dict) -> None:
         a = row.get(key)
         return f"{a['utterances_equal']}/{a['utterances']}" if a else "-"
 
-    emit(f"{row['N']:>3} {row['T']:>6} {row['C']:>5} {row['S']:>5} | {ms('ours')} {ms('unchecked')} "
-         f"{ms('torchaudio')} {ratio('ours', 'torchaudio')} | {mb('ours')} {mb('torchaudio')[1:]} | {ms('ours_cpu')} "
-         f"{ms('torchaudio_cpu')} {ratio('ours_cpu', 'torchaudio_cpu')[1:]} | "
-         f"{eq('agree_torchaudio')}, {eq('agree_torchaudio_cpu')}")  # fmt: skip
+    emit(
+        f"{row['N']:>3} {row['T']:>6} {row['C']:>5} {row['S']:>5} | {ms('ours')} {ms('unchecked')} "
+        f"{ms('torchaudio')} {ratio('ours', 'torchaudio')} | {mb('ours')} {mb('torchaudio')[1:]} | {ms('ours_cpu')} "
+        f"{ms('torchaudio_cpu')} {ratio('ours_cpu', 'torchaudio_cpu')[1:]} | "
+        f"{eq('agree_torchaudio')}, {eq('agree_torchaudio_cpu')}"
+    )

@@ -119,14 +119,18 @@ def time_forward_backward(
         mem = peak_extra_memory(step, device, before=lambda v=v: setattr(v, "grad", None)) or {}
         v.grad = None
         out[name] = {
-            "ms": statistics.median(times[name]), "ms_quartiles": [q1, q3], "ms_min": min(times[name]),
-            "peak_extra_bytes": mem.get("allocated"), "peak_extra_requested_bytes": mem.get("requested"),
-        }  # fmt: skip
+            "ms": statistics.median(times[name]),
+            "ms_quartiles": [q1, q3],
+            "ms_min": min(times[name]),
+            "peak_extra_bytes": mem.get("allocated"),
+            "peak_extra_requested_bytes": mem.get("requested"),
+        }
     return out
 
 
-def time_graphed_step(loss_fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, device: torch.device,
-                      reps: int) -> dict:  # fmt: skip
+def time_graphed_step(
+    loss_fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, device: torch.device, reps: int
+) -> dict:
     """A training step (loss_fn(v) then its backward, v a leaf on x's values) captured in one CUDA graph, as
     torch.compile's "reduce-overhead" mode or torch.cuda.make_graphed_callables run it: the median replay time,
     its quartiles and minimum. loss_fn must not synchronise with the host (validate=False)."""
@@ -240,8 +244,13 @@ def add_common_arguments(
         help="write the rows and the environment (device, versions, date) to this JSON file",
     )
     p.add_argument("--plot", metavar="PATH", default=None, help=f"write a PNG of {plot_help} (needs matplotlib)")
-    p.add_argument("--rows", metavar="ROWS", type=rows_type, default=None,
-                   help=f"run only these rows, comma-separated: {rows_help}")  # fmt: skip
+    p.add_argument(
+        "--rows",
+        metavar="ROWS",
+        type=rows_type,
+        default=None,
+        help=f"run only these rows, comma-separated: {rows_help}",
+    )
 
 
 def positive_int(text: str) -> int:
@@ -360,8 +369,10 @@ def check_common(parser: argparse.ArgumentParser, args: argparse.Namespace, outp
     error after them would lose the table): CUDA present for --device cuda, matplotlib for --plot, the folders
     of the files to write (``outputs``) present. Errors exit through ``parser.error`` (usage, status 2)."""
     if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: CUDA is not available on this machine (torch.cuda.is_available() is False); "
-                     "run with --device cpu for the CPU demo")  # fmt: skip
+        parser.error(
+            "--device cuda: CUDA is not available on this machine (torch.cuda.is_available() is False); "
+            "run with --device cpu for the CPU demo"
+        )
     if args.plot and not matplotlib_available():
         parser.error(MATPLOTLIB_HINT)
     for path in outputs:
@@ -372,9 +383,12 @@ def check_common(parser: argparse.ArgumentParser, args: argparse.Namespace, outp
 
 def cpu_note(what: str, seconds: float) -> None:
     """The first line of a CPU run: what its numbers are (and are not) about, and how long it takes."""
-    print(f"# note: running on the CPU, {what} is a short demo of the CPU (PyTorch) paths at small sizes (about "
-          f"{seconds:.0f} s in all with the default rows). The GPU kernels are the point of this package: run on a "
-          "CUDA GPU for the real tables (results from an H100 are in benchmarks/results/).", flush=True)  # fmt: skip
+    print(
+        f"# note: running on the CPU, {what} is a short demo of the CPU (PyTorch) paths at small sizes (about "
+        f"{seconds:.0f} s in all with the default rows). The GPU kernels are the point of this package: run on a "
+        "CUDA GPU for the real tables (results from an H100 are in benchmarks/results/).",
+        flush=True,
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -402,8 +416,11 @@ def progress(items: Sequence, what: str, label: Callable[[object], str]) -> Iter
         bar.close()
     else:
         for i, item in enumerate(items, 1):
-            print(f"[{i}/{len(items)}] {what} {label(item)} ... ({time.perf_counter() - start:.1f} s elapsed)",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"[{i}/{len(items)}] {what} {label(item)} ... ({time.perf_counter() - start:.1f} s elapsed)",
+                file=sys.stderr,
+                flush=True,
+            )
             yield item
     print(f"{what}: {len(items)} rows in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
 

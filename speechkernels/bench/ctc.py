@@ -51,9 +51,13 @@ CPU_SECONDS = 3  # the CPU demo's rows with the default options, start-up not in
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_common_arguments(p, parse_rows, "TxNxC or TxNxCxS (frames, batch, classes, longest label sequence; S "
-                         "defaults to T), e.g. 150x256x5000,1200x16x32x600", "the speed-up over the fastest torch "
-                         "kernel per row")  # fmt: skip
+    add_common_arguments(
+        p,
+        parse_rows,
+        "TxNxC or TxNxCxS (frames, batch, classes, longest label sequence; S "
+        "defaults to T), e.g. 150x256x5000,1200x16x32x600",
+        "the speed-up over the fastest torch kernel per row",
+    )
     p.add_argument("--reps", type=positive_int, default=20, help="timed calls per implementation (default 20)")
     p.add_argument("--no-error", action="store_true", help="skip the float64 reference comparison")
     p.add_argument("--graph", action="store_true", help="also time our step captured in a CUDA graph (GPU)")
@@ -163,8 +167,10 @@ def run(args) -> int:
     print_title("CTC loss, forward+backward from activations", env, args.reps)
     print_legend(LEGEND, CELLS)
     results = []
-    header = (f"{'T':>5} {'N':>4} {'C':>5} {'S':>5} | {'sk logits':>9} {'sk lp':>8} {'native':>8} {'cudnn':>8} | "
-              f"{'x best':>6} {'x(lp)':>6} | {'MB sk':>7} {'MB nat':>7} | {'loss err':>8} {'grad err':>8}")  # fmt: skip
+    header = (
+        f"{'T':>5} {'N':>4} {'C':>5} {'S':>5} | {'sk logits':>9} {'sk lp':>8} {'native':>8} {'cudnn':>8} | "
+        f"{'x best':>6} {'x(lp)':>6} | {'MB sk':>7} {'MB nat':>7} | {'loss err':>8} {'grad err':>8}"
+    )
     print(header, flush=True)
     busy = [False] * len(rows)
     if device.type == "cpu" and not args.rows:
@@ -247,19 +253,30 @@ def print_row(row: dict) -> None:
     g = row.get("sk_graph")
     graph = f" | graph {g['ms']:7.3f} ms, {fmt_num(row['speedup_graph'], '.2f', 5, 'x')}" if g else ""
     busy = "  (one busy core beside it)" if row.get("busy_core") else ""
-    emit(f"{shape} | {row['sk_logits']['ms']:9.3f} {ms('sk_logprobs')} "
-         f"{ms('torch_native')} {ms('torch_cudnn')} | {fmt_num(row['speedup_logits'], '.2f', 6)} "
-         f"{fmt_num(row['speedup_logprobs'], '.2f', 6)} | {mb('sk_logits')} {mb('torch_native')} | "
-         f"{fmt_num(err[0], '.1e', 8)} {fmt_num(err[1], '.1e', 8)}" + graph + busy)  # fmt: skip
+    emit(
+        f"{shape} | {row['sk_logits']['ms']:9.3f} {ms('sk_logprobs')} "
+        f"{ms('torch_native')} {ms('torch_cudnn')} | {fmt_num(row['speedup_logits'], '.2f', 6)} "
+        f"{fmt_num(row['speedup_logprobs'], '.2f', 6)} | {mb('sk_logits')} {mb('torch_native')} | "
+        f"{fmt_num(err[0], '.1e', 8)} {fmt_num(err[1], '.1e', 8)}" + graph + busy
+    )
 
 
 def plot(results: list[dict], path: str, title: str) -> None:
     """Speed-up over the fastest torch kernel per row: eager logits and log_probs modes, and the step captured in a
     CUDA graph (against the peers' eager steps) where the run measured it."""
     labels = [f"{r['T']}/{r['N']}/{r['C']}" + (f"/{r['S']}" if r.get("S", r["T"]) != r["T"] else "") for r in results]
-    series = {"logits mode, eager": [r["speedup_logits"] for r in results],
-              "log_probs mode, eager": [r["speedup_logprobs"] for r in results]}  # fmt: skip
+    series = {
+        "logits mode, eager": [r["speedup_logits"] for r in results],
+        "log_probs mode, eager": [r["speedup_logprobs"] for r in results],
+    }
     if any("speedup_graph" in r for r in results):
         series["logits mode in a CUDA graph"] = [r.get("speedup_graph") for r in results]
-    plot_series(path, labels, series, title, "speed-up over the fastest torch kernel (eager)",
-                "T/N/C (/S: longest label sequence, default T)", lines=((1.0, "1.0: as fast as torch"),))  # fmt: skip
+    plot_series(
+        path,
+        labels,
+        series,
+        title,
+        "speed-up over the fastest torch kernel (eager)",
+        "T/N/C (/S: longest label sequence, default T)",
+        lines=((1.0, "1.0: as fast as torch"),),
+    )

@@ -56,8 +56,17 @@ from .common import (
 
 MODELS = ("tdt", "rnnt", "zipformer")
 FRAME_MS = {"tdt": 80, "rnnt": 80, "zipformer": 40}
-ROWS = ["tdt-1x8", "tdt-8x8", "tdt-128x15", "rnnt-1x8", "rnnt-8x8", "rnnt-128x15", "zipformer-128x15",
-        "ctc-128x188x1025", "ctc-64x1500x5000"]  # fmt: skip
+ROWS = [
+    "tdt-1x8",
+    "tdt-8x8",
+    "tdt-128x15",
+    "rnnt-1x8",
+    "rnnt-8x8",
+    "rnnt-128x15",
+    "zipformer-128x15",
+    "ctc-128x188x1025",
+    "ctc-64x1500x5000",
+]
 CPU_DEMO = ["tdt-2x2", "zipformer-2x2", "ctc-4x100x129"]
 CPU_SECONDS = 10  # the CPU demo with the default options, start-up not included
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -80,15 +89,26 @@ CELLS = "-: not run (no peer given, or not defined for the row)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_common_arguments(p, parse_rows, "model-NxSECONDS with model one of tdt, rnnt, zipformer (e.g. tdt-8x8), or "
-                         "ctc-NxTxC (e.g. ctc-128x188x1025)", "our speed-up over the fastest other decoder per "
-                         "row")  # fmt: skip
-    p.add_argument("--dtypes", type=comma_choices(tuple(DTYPES)), default=None,
-                   help="the networks' dtypes for the transducer rows (default: float32,bfloat16 on the GPU, float32 "
-                   "on the CPU)")  # fmt: skip
+    add_common_arguments(
+        p,
+        parse_rows,
+        "model-NxSECONDS with model one of tdt, rnnt, zipformer (e.g. tdt-8x8), or ctc-NxTxC (e.g. ctc-128x188x1025)",
+        "our speed-up over the fastest other decoder per row",
+    )
+    p.add_argument(
+        "--dtypes",
+        type=comma_choices(tuple(DTYPES)),
+        default=None,
+        help="the networks' dtypes for the transducer rows (default: float32,bfloat16 on the GPU, float32 on the CPU)",
+    )
     p.add_argument("--reps", type=positive_int, default=20, help="timed calls of each decoder (default 20)")
-    p.add_argument("--peers", metavar="FILE", type=peers_file, default=None,
-                   help="a Python file defining transducer_peers(decoder, dtype) (see above)")  # fmt: skip
+    p.add_argument(
+        "--peers",
+        metavar="FILE",
+        type=peers_file,
+        default=None,
+        help="a Python file defining transducer_peers(decoder, dtype) (see above)",
+    )
 
 
 def peers_file(text: str) -> str:
@@ -109,8 +129,10 @@ def parse_rows(text: str) -> list[str]:
         except ValueError:
             dims = []
         if (model not in MODELS and model != "ctc") or len(dims) != want or min(dims, default=0) < 1:
-            raise argparse.ArgumentTypeError(f"{item!r} is not MODEL-NxSECONDS (MODEL one of {', '.join(MODELS)}, "
-                                             "e.g. tdt-8x8) or ctc-NxTxC (e.g. ctc-128x188x1025)")  # fmt: skip
+            raise argparse.ArgumentTypeError(
+                f"{item!r} is not MODEL-NxSECONDS (MODEL one of {', '.join(MODELS)}, "
+                "e.g. tdt-8x8) or ctc-NxTxC (e.g. ctc-128x188x1025)"
+            )
         rows.append(item)
     return list(dict.fromkeys(rows))
 
@@ -120,15 +142,30 @@ def build_model(name: str, device, dtype) -> tuple[sk.TransducerDecoder, int]:
     torch.manual_seed(0)
     if name == "zipformer":
         V, E, P = 500, 512, 512
-        dec = sk.TransducerDecoder(torch.nn.Embedding(V, P), torch.nn.Linear(E, P), torch.nn.Linear(P, P),
-                                   torch.nn.Linear(P, V), conv=torch.nn.Conv1d(P, P, 2, groups=P // 4, bias=False),
-                                   context_size=2, activation="tanh", blank=0, max_symbols_per_frame=1)  # fmt: skip
+        dec = sk.TransducerDecoder(
+            torch.nn.Embedding(V, P),
+            torch.nn.Linear(E, P),
+            torch.nn.Linear(P, P),
+            torch.nn.Linear(P, V),
+            conv=torch.nn.Conv1d(P, P, 2, groups=P // 4, bias=False),
+            context_size=2,
+            activation="tanh",
+            blank=0,
+            max_symbols_per_frame=1,
+        )
     else:
         V, E, H = 1025, 1024, 640
         durations = [0, 1, 2, 3, 4] if name == "tdt" else None
         out = torch.nn.Linear(H, V + (5 if durations else 0))
-        dec = sk.TransducerDecoder(torch.nn.Embedding(V, H), torch.nn.Linear(E, H), torch.nn.Linear(H, H), out,
-                                   lstm=torch.nn.LSTM(H, H, 2), blank=V - 1, durations=durations)  # fmt: skip
+        dec = sk.TransducerDecoder(
+            torch.nn.Embedding(V, H),
+            torch.nn.Linear(E, H),
+            torch.nn.Linear(H, H),
+            out,
+            lstm=torch.nn.LSTM(H, H, 2),
+            blank=V - 1,
+            durations=durations,
+        )
     return dec.to(device=device, dtype=dtype).eval(), E
 
 
@@ -172,8 +209,9 @@ def first_divergence(dec: sk.TransducerDecoder, x: torch.Tensor, length: int, ou
     enc = torch.nn.functional.linear(x.double(), w.enc_w, w.enc_b)
     t, j, at_frame = 0, 0, 0
     while t < length:
-        logits = torch.nn.functional.linear(act(enc[t] + torch.nn.functional.linear(out[0], w.pred_w, w.pred_b)),
-                                            w.out_w, w.out_b)  # fmt: skip
+        logits = torch.nn.functional.linear(
+            act(enc[t] + torch.nn.functional.linear(out[0], w.pred_w, w.pred_b)), w.out_w, w.out_b
+        )
         ours_emits = j < len(tokens) and frames[j] == t
         choice = tokens[j] if ours_emits else blank
         scale = logits[:V].abs().max().item() or 1.0
@@ -225,9 +263,14 @@ def exactness(dec, x, lengths, hyp, dtype) -> dict:
             differing.append(d)
     tol = NEAR_TIE[dtype]
     ties = sum(1 for d in differing if d["margin"] is not None and 0 <= d["margin"] <= tol)
-    return {"utterances": len(ours), "equal": len(ours) - len(differing), "near_ties": ties, "tie_tolerance": tol,
-            "equal_torch_path_same_dtype": sum(a == b for a, b in zip(ours, torch_path, strict=True)),
-            "differing": differing}  # fmt: skip
+    return {
+        "utterances": len(ours),
+        "equal": len(ours) - len(differing),
+        "near_ties": ties,
+        "tie_tolerance": tol,
+        "equal_torch_path_same_dtype": sum(a == b for a, b in zip(ours, torch_path, strict=True)),
+        "differing": differing,
+    }
 
 
 def _double(dec: sk.TransducerDecoder) -> sk.TransducerDecoder:
@@ -289,10 +332,12 @@ def measure_transducer(row: str, dtype, device, args, peers_fn) -> dict:
     out["exact"] = exactness(dec, x, lengths, hyp, dtype)
     ours = utterances(hyp)
     out["peers_equal"] = {
-        name: {"tokens_frames_durations": sum(a == b for a, b in zip(ours, theirs, strict=True)),
-               "tokens_frames": sum(a[:2] == b[:2] for a, b in zip(ours, theirs, strict=True))}
+        name: {
+            "tokens_frames_durations": sum(a == b for a, b in zip(ours, theirs, strict=True)),
+            "tokens_frames": sum(a[:2] == b[:2] for a, b in zip(ours, theirs, strict=True)),
+        }
         for name, theirs in peer_lists.items()
-    }  # fmt: skip
+    }
     return out
 
 
@@ -309,8 +354,16 @@ def measure_ctc(row: str, device, args) -> dict:
     fns = {"ours": lambda: sk.ctc_greedy_decode(x, lengths, validate=False), "torch loop": peer}
     times = interleaved_times_ms(fns, device, warmup=3, reps=args.reps if device.type == "cuda" else 2)
     ms = {k: statistics.median(v) for k, v in times.items()}
-    return dict(row=row, model="ctc", N=N, T=T, C=C, dtype="float32", ms=ms,
-                tbps=x.numel() * x.element_size() / (ms["ours"] / 1000) / 1e12)  # fmt: skip
+    return dict(
+        row=row,
+        model="ctc",
+        N=N,
+        T=T,
+        C=C,
+        dtype="float32",
+        ms=ms,
+        tbps=x.numel() * x.element_size() / (ms["ours"] / 1000) / 1e12,
+    )
 
 
 def run(args) -> int:
@@ -322,8 +375,11 @@ def run(args) -> int:
     peers_fn = load_peers(args.peers)
     print_title("Greedy decoding (TransducerDecoder.greedy, ctc_greedy_decode)", env, args.reps)
     print_legend(LEGEND, CELLS)
-    print(f"{'row':>18} {'dtype':>8} | {'ours ms':>8} {'loop ms':>8} {'peers':>18} {'x':>6} | {'RTFx':>8} "
-          f"{'TB/s':>5} | exact (ties); same dtype", flush=True)  # fmt: skip
+    print(
+        f"{'row':>18} {'dtype':>8} | {'ours ms':>8} {'loop ms':>8} {'peers':>18} {'x':>6} | {'RTFx':>8} "
+        f"{'TB/s':>5} | exact (ties); same dtype",
+        flush=True,
+    )
     work = [(r, d) for r in rows for d in (dtypes if not r.startswith("ctc") else [None])]
     out = []
     for r, d in progress(work, "decode", lambda w: f"{w[0]} {w[1] or ''}"):
@@ -334,8 +390,14 @@ def run(args) -> int:
     if args.plot:
         labels = [f"{r['row']}\n{r['dtype']}" for r in out]
         series = {"fastest other decoder ms / ours": [_speedup(r) for r in out]}
-        plot_series(args.plot, labels, series, plot_title("Greedy decoding against the PyTorch loop and peers", env,
-                    device), "speed-up", "row, dtype")  # fmt: skip
+        plot_series(
+            args.plot,
+            labels,
+            series,
+            plot_title("Greedy decoding against the PyTorch loop and peers", env, device),
+            "speed-up",
+            "row, dtype",
+        )
     return 0
 
 
@@ -354,5 +416,7 @@ def _print_row(row: dict) -> None:
     tbps = f"{row['tbps']:5.2f}" if "tbps" in row else f"{'-':>5}"
     e = row.get("exact")
     exact = f"{e['equal']}/{e['utterances']} ({e['near_ties']}); {e['equal_torch_path_same_dtype']}" if e else "-"
-    emit(f"{row['row']:>18} {row['dtype']:>8} | {ms['ours']:8.3f} {ms['torch loop']:8.2f} {peer} "
-         f"{x if x is None else format(x, '6.1f')} | {rtfx} {tbps} | {exact}")  # fmt: skip
+    emit(
+        f"{row['row']:>18} {row['dtype']:>8} | {ms['ours']:8.3f} {ms['torch loop']:8.2f} {peer} "
+        f"{x if x is None else format(x, '6.1f')} | {rtfx} {tbps} | {exact}"
+    )

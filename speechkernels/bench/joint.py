@@ -75,10 +75,18 @@ CELLS = (
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_common_arguments(p, parse_rows, "NxTxUxV (batch, frames, labels, vocabulary), e.g. 32x400x128x1025",
-                         "the fused step's speed-up over the fastest unfused one per row")  # fmt: skip
-    p.add_argument("--dtypes", type=comma_choices(DTYPES), default=list(DTYPES),
-                   help="float32 and/or bfloat16 (autocast), comma-separated (default both)")  # fmt: skip
+    add_common_arguments(
+        p,
+        parse_rows,
+        "NxTxUxV (batch, frames, labels, vocabulary), e.g. 32x400x128x1025",
+        "the fused step's speed-up over the fastest unfused one per row",
+    )
+    p.add_argument(
+        "--dtypes",
+        type=comma_choices(DTYPES),
+        default=list(DTYPES),
+        help="float32 and/or bfloat16 (autocast), comma-separated (default both)",
+    )
     p.add_argument(
         "--impls",
         type=comma_choices(IMPLS),
@@ -138,8 +146,10 @@ def implementations(module, names: list[str]) -> dict:
         try:
             import torchaudio.functional  # noqa: F401
 
-            impls["torchaudio"] = (lambda e, p, tg, il, tl: unfused(module, e, p, tg, il, tl, "torchaudio"),
-                                   torch.float16)  # fmt: skip
+            impls["torchaudio"] = (
+                lambda e, p, tg, il, tl: unfused(module, e, p, tg, il, tl, "torchaudio"),
+                torch.float16,
+            )
         except ImportError:
             pass
     return impls
@@ -192,12 +202,17 @@ def run(args) -> int:
     rows = args.rows or (ROWS if device.type == "cuda" else CPU_DEMO)
     dtypes = args.dtypes.split(",") if isinstance(args.dtypes, str) else args.dtypes
     env = environment(device)
-    print(f"# joint network + RNN-T loss, training step (forward+backward), joint {ENC_DIM}->{JOINT_DIM}<-{PRED_DIM}"
-          f" relu, {env['device']}, torch {env['torch']}, triton {env['triton']}, median of {args.reps}")  # fmt: skip
+    print(
+        f"# joint network + RNN-T loss, training step (forward+backward), joint {ENC_DIM}->{JOINT_DIM}<-{PRED_DIM}"
+        f" relu, {env['device']}, torch {env['torch']}, triton {env['triton']}, median of {args.reps}"
+    )
     print_legend(LEGEND, CELLS)
-    print(f"{'N':>3} {'T':>5} {'U':>4} {'V':>5} {'dtype':>8} | {'fused':>8} {'sk':>8} {'taudio':>8} | {'x best':>6} | "
-          f"{'MB fused':>8} {'MB sk':>8} {'MB ta':>8} | {'TFLOP/s':>7} | {'loss err':>8} {'grad err':>8} "
-          f"{'min cos':>8}", flush=True)  # fmt: skip
+    print(
+        f"{'N':>3} {'T':>5} {'U':>4} {'V':>5} {'dtype':>8} | {'fused':>8} {'sk':>8} {'taudio':>8} | {'x best':>6} | "
+        f"{'MB fused':>8} {'MB sk':>8} {'MB ta':>8} | {'TFLOP/s':>7} | {'loss err':>8} {'grad err':>8} "
+        f"{'min cos':>8}",
+        flush=True,
+    )
     results = []
     for N, T, U, V in progress(rows, "joint", lambda r: "x".join(map(str, r))):
         inputs = make_inputs(N, T, U, V, device)
@@ -206,8 +221,7 @@ def run(args) -> int:
         cells = int((il * (tl + 1)).sum())
         flop = 3 * 2 * cells * JOINT_DIM * V
         for dtype in dtypes:
-            row = {"N": N, "T": T, "U": U, "V": V, "H": JOINT_DIM, "dtype": dtype, "cells": cells,
-                   "joint_flop": flop}  # fmt: skip
+            row = {"N": N, "T": T, "U": U, "V": V, "H": JOINT_DIM, "dtype": dtype, "cells": cells, "joint_flop": flop}
             impls = {}
             names = list(args.impls.split(",") if isinstance(args.impls, str) else args.impls)
             if N * T * (U + 1) * V >= TORCHAUDIO_LIMIT and "torchaudio" in names:
@@ -253,16 +267,25 @@ def safe_times(impls, x, device, reps):
 def plot(results: list[dict], path: str, title: str) -> None:
     """The fused step's speed-up over the fastest unfused step per row (no bar where none ran)."""
     labels = [f"{r['N']}x{r['T']}x{r['U']}x{r['V']}\n{r['dtype']}" for r in results]
-    plot_series(path, labels, {"fused against the fastest of sk, torchaudio": [r.get("speedup") for r in results]},
-                title, "speed-up of the fused step", "NxTxUxV, dtype", lines=((1.0, "1.0: as fast as unfused"),),
-                empty_note="no unfused step ran (see --impls)")  # fmt: skip
+    plot_series(
+        path,
+        labels,
+        {"fused against the fastest of sk, torchaudio": [r.get("speedup") for r in results]},
+        title,
+        "speed-up of the fused step",
+        "NxTxUxV, dtype",
+        lines=((1.0, "1.0: as fast as unfused"),),
+        empty_note="no unfused step ran (see --impls)",
+    )
 
 
 def print_row(row: dict) -> None:
     f = row.get("fused") or {}
     err = f.get("loss_rel_err"), f.get("grad_rel_err_max"), f.get("grad_cosine_min")
-    emit(f"{row['N']:3d} {row['T']:5d} {row['U']:4d} {row['V']:5d} {row['dtype']:>8} | {fmt_ms(row.get('fused'))} "
-         f"{fmt_ms(row.get('sk'))} {fmt_ms(row.get('torchaudio'))} | {fmt_num(row['speedup'], '.2f', 6)} | "
-         f"{fmt_mb(row.get('fused'))} {fmt_mb(row.get('sk'))} {fmt_mb(row.get('torchaudio'))} | "
-         f"{fmt_num(f.get('tflops'), '.1f', 7)} | {fmt_num(err[0], '.1e', 8)} {fmt_num(err[1], '.1e', 8)} "
-         f"{fmt_num(err[2], '.5f', 8)}")  # fmt: skip
+    emit(
+        f"{row['N']:3d} {row['T']:5d} {row['U']:4d} {row['V']:5d} {row['dtype']:>8} | {fmt_ms(row.get('fused'))} "
+        f"{fmt_ms(row.get('sk'))} {fmt_ms(row.get('torchaudio'))} | {fmt_num(row['speedup'], '.2f', 6)} | "
+        f"{fmt_mb(row.get('fused'))} {fmt_mb(row.get('sk'))} {fmt_mb(row.get('torchaudio'))} | "
+        f"{fmt_num(f.get('tflops'), '.1f', 7)} | {fmt_num(err[0], '.1e', 8)} {fmt_num(err[1], '.1e', 8)} "
+        f"{fmt_num(err[2], '.5f', 8)}"
+    )

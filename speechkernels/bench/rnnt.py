@@ -59,13 +59,19 @@ LEGEND = [
     ("grad err", "max absolute error of our gradient against the float64 reference (rows up to 2^26 logits)"),
     ("graph", "with --graph on a GPU: our step captured in a CUDA graph, ms and speed-up over the peers' eager steps"),
 ]
-CELLS = ("-: no value (no peer ran, memory on a CPU, errors with --no-error or the row too large for the float64 "
-         "gradient); n/a: the peer is not installed, or not run on rows of 2^31 logits or more")  # fmt: skip
+CELLS = (
+    "-: no value (no peer ran, memory on a CPU, errors with --no-error or the row too large for the float64 "
+    "gradient); n/a: the peer is not installed, or not run on rows of 2^31 logits or more"
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_common_arguments(p, parse_rows, "TxUxVxN (frames, label positions with the blank row, vocabulary, batch), "
-                         "e.g. 150x40x28x128", "the speed-up over the fastest peer per row")  # fmt: skip
+    add_common_arguments(
+        p,
+        parse_rows,
+        "TxUxVxN (frames, label positions with the blank row, vocabulary, batch), e.g. 150x40x28x128",
+        "the speed-up over the fastest peer per row",
+    )
     p.add_argument("--reps", type=positive_int, default=20, help="timed calls per implementation (default 20)")
     p.add_argument("--no-error", action="store_true", help="skip the float64 reference comparison")
     p.add_argument("--graph", action="store_true", help="also time our step captured in a CUDA graph (GPU)")
@@ -164,13 +170,22 @@ def run(args) -> int:
     env = environment(device)
     print_title("RNN-T loss, forward+backward from logits", env, args.reps)
     print_legend(LEGEND, CELLS)
-    print(f"{'T':>5} {'U':>4} {'V':>5} {'N':>4} | {'sk ms':>8} {'taudio':>8} {'warp':>8} | {'x best':>6} | "
-          f"{'MB sk':>8} {'reuse':>6} {'MB ta':>8} | {'loss err':>8} {'grad err':>8}", flush=True)  # fmt: skip
+    print(
+        f"{'T':>5} {'U':>4} {'V':>5} {'N':>4} | {'sk ms':>8} {'taudio':>8} {'warp':>8} | {'x best':>6} | "
+        f"{'MB sk':>8} {'reuse':>6} {'MB ta':>8} | {'loss err':>8} {'grad err':>8}",
+        flush=True,
+    )
     results = []
     for T, U, V, N in progress(rows, "rnnt", lambda r: "x".join(map(str, r))):
         logits, targets, il, tl = make_inputs(T, U, V, N, device)
-        row = {"T": T, "U": U, "V": V, "N": N, "logits_bytes": logits.numel() * logits.element_size(),
-               "cells": N * T * U}  # fmt: skip
+        row = {
+            "T": T,
+            "U": U,
+            "V": V,
+            "N": N,
+            "logits_bytes": logits.numel() * logits.element_size(),
+            "cells": N * T * U,
+        }
         impls = implementations(logits, targets, il, tl)
         row.update(time_forward_backward(impls, logits, device, reps=args.reps, warmup=3))
         reuse = reuse_memory(logits, targets, il, tl, device) or {}
@@ -209,8 +224,15 @@ def plot(results: list[dict], path: str, title: str) -> None:
     series = {"ours, eager": [r.get("speedup") for r in results]}
     if any("speedup_graph" in r for r in results):
         series["ours in a CUDA graph"] = [r.get("speedup_graph") for r in results]
-    plot_series(path, labels, series, title, "speed-up over the fastest peer (eager)", "TxUxV, batch N",
-                empty_note="no peer ran (torchaudio and warp-rnnt not installed)")  # fmt: skip
+    plot_series(
+        path,
+        labels,
+        series,
+        title,
+        "speed-up over the fastest peer (eager)",
+        "TxUxV, batch N",
+        empty_note="no peer ran (torchaudio and warp-rnnt not installed)",
+    )
 
 
 def print_row(row: dict) -> None:
@@ -227,6 +249,8 @@ def print_row(row: dict) -> None:
     err = row["sk"].get("loss_rel_err"), row["sk"].get("grad_abs_err")
     g = row.get("sk_graph")
     graph = f" | graph {g['ms']:7.3f} ms, {fmt_num(row['speedup_graph'], '.2f', 5, 'x')}" if g else ""
-    emit(f"{row['T']:5d} {row['U']:4d} {row['V']:5d} {row['N']:4d} | {ms('sk')} {ms('torchaudio')} "
-         f"{fmt_ms(warp_best)} | {fmt_num(row['speedup'], '.2f', 6)} | {mb('sk')} {reuse} {mb('torchaudio')} | "
-         f"{fmt_num(err[0], '.1e', 8)} {fmt_num(err[1], '.1e', 8)}" + graph)  # fmt: skip
+    emit(
+        f"{row['T']:5d} {row['U']:4d} {row['V']:5d} {row['N']:4d} | {ms('sk')} {ms('torchaudio')} "
+        f"{fmt_ms(warp_best)} | {fmt_num(row['speedup'], '.2f', 6)} | {mb('sk')} {reuse} {mb('torchaudio')} | "
+        f"{fmt_num(err[0], '.1e', 8)} {fmt_num(err[1], '.1e', 8)}" + graph
+    )

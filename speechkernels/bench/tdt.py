@@ -61,15 +61,22 @@ CPU_SECONDS = 2  # the CPU demo's rows with the default options, start-up not in
 LEGEND = [
     ("kind N T U", "tdt or multiblank, batch, frames, labels (lo-hi: ragged lengths, the longest spans the tensor)"),
     ("V X", f"tokens (blank V - 1) and extra columns: TDT's durations {DURATIONS}, or big blanks {BIG_BLANKS}"),
-    ("ours ms", "median ms of one forward+backward from the logits [N, T, U + 1, V + X]: tdt_loss or "
-                "multiblank_rnnt_loss"),
-    ("rnnt ms", "the same, our rnnt_loss on the token logits alone (*: on a slice of ours, not on a contiguous "
-                "copy: on a CPU, or no room for one on the GPU)"),
+    (
+        "ours ms",
+        "median ms of one forward+backward from the logits [N, T, U + 1, V + X]: tdt_loss or multiblank_rnnt_loss",
+    ),
+    (
+        "rnnt ms",
+        "the same, our rnnt_loss on the token logits alone (*: on a slice of ours, not on a contiguous "
+        "copy: on a CPU, or no room for one on the GPU)",
+    ),
     ("ratio", "ours ms / rnnt ms: the cost of the durations or big blanks (>1: ours is slower)"),
     ("MB ours, MB rnnt", "peak extra GPU memory of one call in MiB"),
-    ("loss err, grad err", "relative error of the loss and max absolute error of the gradient against float64 "
-                           "(CPU runs only)"),
-]  # fmt: skip
+    (
+        "loss err, grad err",
+        "relative error of the loss and max absolute error of the gradient against float64 (CPU runs only)",
+    ),
+]
 CELLS = "-: no value (memory on a CPU, errors on a GPU); n/a: the loss could not run the row"
 JOINT_LEGEND = [
     ("N T U V", "batch, frames, labels, tokens (blank V - 1)"),
@@ -84,10 +91,14 @@ JOINT_CELLS = "-: no value (memory on a CPU, or no ratio where one side ran out 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_common_arguments(p, parse_rows, "[KIND:]NxTxUxV, KIND tdt (default) or multiblank, T and U either a length "
-                         "or a range lo-hi of ragged lengths, e.g. tdt:2x20x5x28,multiblank:16x250-400x40-100x8193 "
-                         "(with --joint: NxTxUxV)", "the speed-up of rnnt_loss's time over ours per row (below 1: "
-                         "ours is slower)")  # fmt: skip
+    add_common_arguments(
+        p,
+        parse_rows,
+        "[KIND:]NxTxUxV, KIND tdt (default) or multiblank, T and U either a length "
+        "or a range lo-hi of ragged lengths, e.g. tdt:2x20x5x28,multiblank:16x250-400x40-100x8193 "
+        "(with --joint: NxTxUxV)",
+        "the speed-up of rnnt_loss's time over ours per row (below 1: ours is slower)",
+    )
     p.add_argument("--reps", type=positive_int, default=20, help="timed calls per loss (default 20)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--joint", action="store_true", help="the fused joint's table (TDTJointLoss) instead")
@@ -124,8 +135,10 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         for row in args.rows:
             kind, _, T_range, U_range, _, _ = row
             if kind != "tdt" or T_range[0] != T_range[1] or U_range[0] != U_range[1]:
-                parser.error(f"--joint --rows: {_label(row)}: the joint's table takes NxTxUxV rows only (TDT, no "
-                             "lo-hi ranges), e.g. 2x30x8x33")  # fmt: skip
+                parser.error(
+                    f"--joint --rows: {_label(row)}: the joint's table takes NxTxUxV rows only (TDT, no "
+                    "lo-hi ranges), e.g. 2x30x8x33"
+                )
 
 
 def make_inputs(kind, N, T_range, U_range, V, X, device, dtype, seed=0):
@@ -175,12 +188,18 @@ def errors(kind, logits, targets, il, tl, V):
 
 def run_joint(args, device, env) -> int:
     """The fused joint's table: TDTJointLoss against RNNTJointLoss (same N, T, U, V) and the unfused TDT joint."""
-    print_title("TDT joint network + loss, training step (forward+backward)", env, args.reps,
-                f"; joint {joint_bench.ENC_DIM}->{joint_bench.JOINT_DIM}<-{joint_bench.PRED_DIM} relu, durations "
-                f"{DURATIONS}")  # fmt: skip
+    print_title(
+        "TDT joint network + loss, training step (forward+backward)",
+        env,
+        args.reps,
+        f"; joint {joint_bench.ENC_DIM}->{joint_bench.JOINT_DIM}<-{joint_bench.PRED_DIM} relu, durations {DURATIONS}",
+    )
     print_legend(JOINT_LEGEND, JOINT_CELLS)
-    print(f"{'N':>3} {'T':>5} {'U':>4} {'V':>5} {'dtype':>8} | {'tdt ms':>8} {'rnnt ms':>8} {'ratio':>6} "
-          f"{'unfused':>8} | {'MB tdt':>8} {'MB rnnt':>8} {'MB unf':>8}", flush=True)  # fmt: skip
+    print(
+        f"{'N':>3} {'T':>5} {'U':>4} {'V':>5} {'dtype':>8} | {'tdt ms':>8} {'rnnt ms':>8} {'ratio':>6} "
+        f"{'unfused':>8} | {'MB tdt':>8} {'MB rnnt':>8} {'MB unf':>8}",
+        flush=True,
+    )
     out = []
     if args.rows:
         rows = [(N, T_range[1], U_range[1], V) for _, N, T_range, U_range, V, _ in args.rows]
@@ -189,8 +208,9 @@ def run_joint(args, device, env) -> int:
     for N, T, U, V in progress(rows, "tdt --joint", lambda r: "x".join(map(str, r))):
         inputs = joint_bench.make_inputs(N, T, U, V, device)
         torch.manual_seed(0)
-        tdt = sk.TDTJointLoss(joint_bench.ENC_DIM, joint_bench.PRED_DIM, joint_bench.JOINT_DIM, V, DURATIONS,
-                              blank=V - 1).to(device)  # fmt: skip
+        tdt = sk.TDTJointLoss(
+            joint_bench.ENC_DIM, joint_bench.PRED_DIM, joint_bench.JOINT_DIM, V, DURATIONS, blank=V - 1
+        ).to(device)
         rnnt = joint_bench.make_module(V, device)
 
         def unfused(e, p, tg, il, tl, tdt=tdt, V=V):
@@ -207,20 +227,30 @@ def run_joint(args, device, env) -> int:
             ratio = res["tdt"]["ms"] / res["rnnt"]["ms"] if res.get("tdt") and res.get("rnnt") else None
             row = dict(N=N, T=T, U=U, V=V, durations=DURATIONS, dtype=dtype, ratio=ratio, **res)
             out.append(row)
-            emit(f"{N:>3} {T:>5} {U:>4} {V:>5} {dtype:>8} | {fmt_ms(res['tdt'])} {fmt_ms(res['rnnt'])} "
-                 f"{fmt_num(ratio, '.2f', 6)} {fmt_ms(res['unfused'])} | {fmt_mb(res['tdt'])} {fmt_mb(res['rnnt'])} "
-                 f"{fmt_mb(res['unfused'])}")  # fmt: skip
+            emit(
+                f"{N:>3} {T:>5} {U:>4} {V:>5} {dtype:>8} | {fmt_ms(res['tdt'])} {fmt_ms(res['rnnt'])} "
+                f"{fmt_num(ratio, '.2f', 6)} {fmt_ms(res['unfused'])} | {fmt_mb(res['tdt'])} {fmt_mb(res['rnnt'])} "
+                f"{fmt_mb(res['unfused'])}"
+            )
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     if args.json:
         write_json(args.json, {"benchmark": "tdt_joint", "environment": env, "rows": out})
     if args.plot:
         labels = [f"{r['N']}x{r['T']}x{r['U']}x{r['V']}+{len(DURATIONS)}\n{r['dtype']}" for r in out]
-        series = {"RNNTJointLoss ms / TDTJointLoss ms": [_over(r, "rnnt", "tdt") for r in out],
-                  "unfused TDT joint ms / TDTJointLoss ms": [_over(r, "unfused", "tdt") for r in out]}  # fmt: skip
-        plot_series(args.plot, labels, series, plot_title("TDT joint network + loss, training step", env, device),
-                    "speed-up of TDTJointLoss (<1: slower)", "NxTxUxV+durations, dtype",
-                    lines=((1.0, "1.0: as fast"),))  # fmt: skip
+        series = {
+            "RNNTJointLoss ms / TDTJointLoss ms": [_over(r, "rnnt", "tdt") for r in out],
+            "unfused TDT joint ms / TDTJointLoss ms": [_over(r, "unfused", "tdt") for r in out],
+        }
+        plot_series(
+            args.plot,
+            labels,
+            series,
+            plot_title("TDT joint network + loss, training step", env, device),
+            "speed-up of TDTJointLoss (<1: slower)",
+            "NxTxUxV+durations, dtype",
+            lines=((1.0, "1.0: as fast"),),
+        )
     return 0
 
 
@@ -243,8 +273,11 @@ def run(args) -> int:
         "; rnnt: rnnt_loss of the token logits",
     )
     print_legend(LEGEND, CELLS)
-    print(f"{'kind':>10} {'N':>3} {'T':>9} {'U':>8} {'V':>5} {'X':>2} | {'ours ms':>8} {'rnnt ms':>8} {'ratio':>6} | "
-          f"{'MB ours':>8} {'MB rnnt':>8} | loss err  grad err", flush=True)  # fmt: skip
+    print(
+        f"{'kind':>10} {'N':>3} {'T':>9} {'U':>8} {'V':>5} {'X':>2} | {'ours ms':>8} {'rnnt ms':>8} {'ratio':>6} | "
+        f"{'MB ours':>8} {'MB rnnt':>8} | loss err  grad err",
+        flush=True,
+    )
     out = []
     for kind, N, T_range, U_range, V, X in progress(rows, "tdt", _label):
         logits, targets, il, tl = make_inputs(kind, N, T_range, U_range, V, X, device, dtype)
@@ -259,21 +292,38 @@ def run(args) -> int:
         res = time_forward_backward(losses(kind, targets, il, tl, C, tokens), logits, device, args.reps)
         ours, rnnt = res[kind], res["rnnt"]
         err = errors(kind, logits, targets, il, tl, C) if device.type == "cpu" else (None, None)
-        row = dict(kind=kind, N=N, T=list(T_range), U=list(U_range), V=V, X=X, dtype=args.dtype, ours=ours, rnnt=rnnt,
-                   ratio=ours["ms"] / rnnt["ms"], rnnt_on="slice" if tokens is None and C < logits.shape[-1] else
-                   "contiguous", loss_err=err[0], grad_err=err[1])  # fmt: skip
+        row = dict(
+            kind=kind,
+            N=N,
+            T=list(T_range),
+            U=list(U_range),
+            V=V,
+            X=X,
+            dtype=args.dtype,
+            ours=ours,
+            rnnt=rnnt,
+            ratio=ours["ms"] / rnnt["ms"],
+            rnnt_on="slice" if tokens is None and C < logits.shape[-1] else "contiguous",
+            loss_err=err[0],
+            grad_err=err[1],
+        )
         out.append(row)
         t_s, u_s = _span(T_range), _span(U_range)
         mark = "*" if row["rnnt_on"] == "slice" else " "
-        emit(f"{kind:>10} {N:>3} {t_s:>9} {u_s:>8} {V:>5} {X:>2} | {fmt_ms(ours)} {fmt_ms(rnnt)}{mark}"
-             f"{fmt_num(row['ratio'], '.2f', 6)} | {fmt_mb(ours)} {fmt_mb(rnnt)} | {fmt_num(err[0], '.1e', 7)}  "
-             f"{fmt_num(err[1], '.1e', 7)}")  # fmt: skip
+        emit(
+            f"{kind:>10} {N:>3} {t_s:>9} {u_s:>8} {V:>5} {X:>2} | {fmt_ms(ours)} {fmt_ms(rnnt)}{mark}"
+            f"{fmt_num(row['ratio'], '.2f', 6)} | {fmt_mb(ours)} {fmt_mb(rnnt)} | {fmt_num(err[0], '.1e', 7)}  "
+            f"{fmt_num(err[1], '.1e', 7)}"
+        )
         del logits, tokens
     if args.json:
         write_json(args.json, {"benchmark": "tdt", "environment": env, "rows": out})
     if args.plot:
-        plot(out, args.plot, plot_title(f"TDT and multi-blank losses against rnnt_loss of the token logits "
-                                        f"({args.dtype})", env, device))  # fmt: skip
+        plot(
+            out,
+            args.plot,
+            plot_title(f"TDT and multi-blank losses against rnnt_loss of the token logits ({args.dtype})", env, device),
+        )
     return 0
 
 
@@ -289,6 +339,12 @@ def _label(row: tuple) -> str:
 def plot(rows: list[dict], path: str, title: str) -> None:
     """rnnt_loss's time over ours per row: how close the TDT / multi-blank loss comes to the plain RNN-T loss."""
     labels = [f"{r['kind']}\n{r['N']}x{_span(r['T'])}x{_span(r['U'])}x{r['V']}+{r['X']}" for r in rows]
-    plot_series(path, labels, {"rnnt ms / ours ms": [_over(r, "rnnt", "ours") for r in rows]}, title,
-                "speed-up over rnnt_loss (<1: ours is slower)", "kind, NxTxUxV+X",
-                lines=((1.0, "1.0: as fast as rnnt_loss"),))  # fmt: skip
+    plot_series(
+        path,
+        labels,
+        {"rnnt ms / ours ms": [_over(r, "rnnt", "ours") for r in rows]},
+        title,
+        "speed-up over rnnt_loss (<1: ours is slower)",
+        "kind, NxTxUxV+X",
+        lines=((1.0, "1.0: as fast as rnnt_loss"),),
+    )

@@ -36,8 +36,9 @@ _INPUTS = (
 )
 
 
-def _forward(x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate, zero_infinity,
-             reduction):  # fmt: skip
+def _forward(
+    x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate, zero_infinity, reduction
+):
     """Runs the forward kernels; returns the output and what the backward needs (weights, logp, lse, table, meta,
     sorted labels)."""
     out, state, errors = kernels.ctc_forward(
@@ -47,13 +48,15 @@ def _forward(x, targets, input_lengths, target_lengths, blank, padded, logits, n
         T, _, C = x.shape
         check_label_contents(T, C, targets, input_lengths, target_lengths, blank, padded)
         S = f"targets.shape[1]={targets.shape[1]}" if padded else f"{targets.numel()} (the concatenated targets)"
-        refuse_flagged(errors, ("input_lengths", input_lengths, f"T={T}"), ("target_lengths", target_lengths, S), C,
-                       "C", blank)  # fmt: skip
+        refuse_flagged(
+            errors, ("input_lengths", input_lengths, f"T={T}"), ("target_lengths", target_lengths, S), C, "C", blank
+        )
     return out, state
 
 
-def _forward_fake(x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate,
-                  zero_infinity, reduction):  # fmt: skip
+def _forward_fake(
+    x, targets, input_lengths, target_lengths, blank, padded, logits, need_grad, validate, zero_infinity, reduction
+):
     T, N, _ = x.shape
     lp_size, _ = kernels.table_sizes(T, N, targets, padded)
     f32 = dict(dtype=torch.float32, device=x.device)
@@ -71,8 +74,9 @@ def _forward_fake(x, targets, input_lengths, target_lengths, blank, padded, logi
 # state: weights, logp, lse, table, meta, sorted labels
 CTC_LOSS_OP = None
 if kernels is not None:
-    CTC_LOSS_OP = LossOp("speechkernels::ctc_loss", _INPUTS, _forward, _forward_fake, kernels.ctc_backward, n_state=6,
-                         grads="x")  # fmt: skip
+    CTC_LOSS_OP = LossOp(
+        "speechkernels::ctc_loss", _INPUTS, _forward, _forward_fake, kernels.ctc_backward, n_state=6, grads="x"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------

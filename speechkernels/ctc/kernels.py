@@ -849,9 +849,24 @@ def ctc_forward(
     warps = warps or _recursion_warps(block)
     block_n = max(16, next_power_of_2(N))
     launch(_ctc_prepare_kernel)[(N,)](
-        input_lengths, target_lengths, targets, meta, srt, weights, N, T, S, C, blank,
-        PADDED=padded, VALIDATE=validate, MEAN=reduce == 2, BLOCK_N=block_n, BLOCK=block, num_warps=warps,
-    )  # fmt: skip
+        input_lengths,
+        target_lengths,
+        targets,
+        meta,
+        srt,
+        weights,
+        N,
+        T,
+        S,
+        C,
+        blank,
+        PADDED=padded,
+        VALIDATE=validate,
+        MEAN=reduce == 2,
+        BLOCK_N=block_n,
+        BLOCK=block,
+        num_warps=warps,
+    )
     if validate:  # one read of the device: the error bits, and the label counts that size the alpha table
         counts_and_errors = meta[N : 3 * N].tolist()  # rows _row_l, _row_err
         if any(counts_and_errors[N:]):
@@ -870,17 +885,51 @@ def ctc_forward(
     if fuse_emission:
         block_c = max(2, next_power_of_2(C))
         launch(_ctc_small_forward_kernel)[(N,)](
-            x, lse, table, alpha, loss, logp, out, weights, targets, meta, N, T, C,
-            x.stride(0), x.stride(1), x.stride(2), blank, IS_LOGITS=logits, NEED_GRAD=need_grad, **common,
-            BLOCK_C=block_c, BLOCK_T=max(1, min(SMALL_BLOCK_T, 4096 // block_c)), BLOCK_L=SMALL_BLOCK_L,
+            x,
+            lse,
+            table,
+            alpha,
+            loss,
+            logp,
+            out,
+            weights,
+            targets,
+            meta,
+            N,
+            T,
+            C,
+            x.stride(0),
+            x.stride(1),
+            x.stride(2),
+            blank,
+            IS_LOGITS=logits,
+            NEED_GRAD=need_grad,
+            **common,
+            BLOCK_C=block_c,
+            BLOCK_T=max(1, min(SMALL_BLOCK_T, 4096 // block_c)),
+            BLOCK_L=SMALL_BLOCK_L,
             num_warps=warps,
-        )  # fmt: skip
+        )
         return out, (weights, logp, lse, table, meta, srt), None
     block_c = min(next_power_of_2(C), 2048)
     launch(_ctc_emission_kernel)[(T * N,)](
-        x, lse, table, targets, meta, N, T, C, x.stride(0), x.stride(1), x.stride(2), blank,
-        IS_LOGITS=logits, BLOCK_C=block_c, BLOCK_L=min(block, 256), num_warps=4 if block_c >= 512 else 1,
-    )  # fmt: skip
+        x,
+        lse,
+        table,
+        targets,
+        meta,
+        N,
+        T,
+        C,
+        x.stride(0),
+        x.stride(1),
+        x.stride(2),
+        blank,
+        IS_LOGITS=logits,
+        BLOCK_C=block_c,
+        BLOCK_L=min(block, 256),
+        num_warps=4 if block_c >= 512 else 1,
+    )
     if wave is True:
         wave = wave_shape(N, lanes, _multiprocessors(dev))
     if wave is not None:
@@ -935,8 +984,30 @@ def ctc_backward(
     warps = warps or (8 if block_c >= 2048 else 4 if block_c >= 512 else 1)
     block_k = block_k or (256 if warps >= 4 and srt.numel() > 256 * N else 64)
     launch(_ctc_grad_kernel)[(T * N,)](
-        x, grad, lse, table, logp, grad_out, 0 if reduced else grad_out.stride(0), weights, srt, meta, N, T, C,
-        x.stride(0), x.stride(1), x.stride(2), grad.stride(0), grad.stride(1), grad.stride(2), blank,
-        IS_LOGITS=logits, REDUCED=reduced, BLOCK_C=block_c, BLOCK_K=block_k, num_warps=warps,
-    )  # fmt: skip
+        x,
+        grad,
+        lse,
+        table,
+        logp,
+        grad_out,
+        0 if reduced else grad_out.stride(0),
+        weights,
+        srt,
+        meta,
+        N,
+        T,
+        C,
+        x.stride(0),
+        x.stride(1),
+        x.stride(2),
+        grad.stride(0),
+        grad.stride(1),
+        grad.stride(2),
+        blank,
+        IS_LOGITS=logits,
+        REDUCED=reduced,
+        BLOCK_C=block_c,
+        BLOCK_K=block_k,
+        num_warps=warps,
+    )
     return grad

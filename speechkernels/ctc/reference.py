@@ -308,8 +308,9 @@ def ctc_forward_backward_scaled(
     redo = (~ok & ~impossible & (il > 0)) | nan_read
     if bool(redo.any()):
         idx = redo.nonzero()[:, 0]
-        l2, g2 = _reference_on(x.index_select(1, idx), targets.index_select(0, idx), il[idx], tl[idx], blank,
-                               need_grad, logits)  # fmt: skip
+        l2, g2 = _reference_on(
+            x.index_select(1, idx), targets.index_select(0, idx), il[idx], tl[idx], blank, need_grad, logits
+        )
         loss[idx] = l2
         if need_grad:
             grad[:, idx] = g2.to(wd)
@@ -332,8 +333,9 @@ def ctc_losses_reference(log_probs, targets, input_lengths, target_lengths, blan
     """Per-sample CTC losses with the forward-backward gradient, differentiable with respect to log_probs."""
 
     def compute(x):
-        return ctc_forward_backward_reference(x, targets, input_lengths, target_lengths, blank,
-                                              need_grad=x.requires_grad)  # fmt: skip
+        return ctc_forward_backward_reference(
+            x, targets, input_lengths, target_lengths, blank, need_grad=x.requires_grad
+        )
 
     return LossWithGradient.apply(log_probs, compute, 1)
 

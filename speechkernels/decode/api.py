@@ -123,10 +123,21 @@ class TransducerDecoder(torch.nn.Module):
         >>> transcripts = [hyp.tokens[n, : hyp.lengths[n]].tolist() for n in range(len(hyp.lengths))]
     """
 
-    def __init__(self, embedding: torch.nn.Embedding, enc: torch.nn.Linear, pred: torch.nn.Linear,
-                 out: torch.nn.Linear, *, lstm: torch.nn.LSTM | None = None, conv: torch.nn.Conv1d | None = None,
-                 context_size: int = 1, activation: str = "relu", blank: int = -1,
-                 durations: Sequence[int] | None = None, max_symbols_per_frame: int = 10) -> None:  # fmt: skip
+    def __init__(
+        self,
+        embedding: torch.nn.Embedding,
+        enc: torch.nn.Linear,
+        pred: torch.nn.Linear,
+        out: torch.nn.Linear,
+        *,
+        lstm: torch.nn.LSTM | None = None,
+        conv: torch.nn.Conv1d | None = None,
+        context_size: int = 1,
+        activation: str = "relu",
+        blank: int = -1,
+        durations: Sequence[int] | None = None,
+        max_symbols_per_frame: int = 10,
+    ) -> None:
         super().__init__()
         self.embedding, self.lstm, self.conv, self.enc, self.pred, self.out = embedding, lstm, conv, enc, pred, out
         self._durations_on = None  # the durations as a tensor on the networks' device
@@ -145,17 +156,27 @@ class TransducerDecoder(torch.nn.Module):
             raise ValueError(f"blank={blank} is outside [-V, V) for the V={V} token classes of out")
         self.blank = blank % V
         if self.blank >= w.embedding.shape[0]:
-            raise ValueError(f"blank={self.blank} (the start symbol) has no row in the embedding's "
-                             f"{w.embedding.shape[0]}")  # fmt: skip
+            raise ValueError(
+                f"blank={self.blank} (the start symbol) has no row in the embedding's {w.embedding.shape[0]}"
+            )
 
     def weights(self) -> TransducerWeights:
         """The networks' tensors (their current values, not copies)."""
-        return transducer_weights(self.embedding, self.enc, self.pred, self.out, lstm=self.lstm, conv=self.conv,
-                                  activation=self.activation, stateless_context=self.context_size)  # fmt: skip
+        return transducer_weights(
+            self.embedding,
+            self.enc,
+            self.pred,
+            self.out,
+            lstm=self.lstm,
+            conv=self.conv,
+            activation=self.activation,
+            stateless_context=self.context_size,
+        )
 
     @classmethod
-    def from_nemo(cls, decoder, joint, durations: Sequence[int] | None = None,
-                  max_symbols_per_frame: int = 10) -> TransducerDecoder:  # fmt: skip
+    def from_nemo(
+        cls, decoder, joint, durations: Sequence[int] | None = None, max_symbols_per_frame: int = 10
+    ) -> TransducerDecoder:
         """From NeMo's ``RNNTDecoder`` and ``RNNTJoint`` (read through their attributes; NeMo is not imported):
         the embedding ``decoder.prediction["embed"]``, the LSTM ``decoder.prediction["dec_rnn"].lstm``, the blank
         ``decoder.blank_idx``; ``joint.enc``, ``joint.pred``, ``joint.joint_net`` (activation, optional dropout,
@@ -165,8 +186,9 @@ class TransducerDecoder(torch.nn.Module):
         V = layers.pop("vocab_size")
         self = cls(**layers, max_symbols_per_frame=max_symbols_per_frame)
         if self.vocab_size != V:
-            raise ValueError(f"joint.num_classes_with_blank={V} but joint_net's last Linear has "
-                             f"{self.vocab_size} token rows")  # fmt: skip
+            raise ValueError(
+                f"joint.num_classes_with_blank={V} but joint_net's last Linear has {self.vocab_size} token rows"
+            )
         return self
 
     @classmethod
@@ -179,8 +201,9 @@ class TransducerDecoder(torch.nn.Module):
         return cls(**layers, max_symbols_per_frame=1)
 
     @classmethod
-    def from_joint(cls, joint: torch.nn.Module, predictor: torch.nn.Module,
-                   max_symbols_per_frame: int = 10) -> TransducerDecoder:  # fmt: skip
+    def from_joint(
+        cls, joint: torch.nn.Module, predictor: torch.nn.Module, max_symbols_per_frame: int = 10
+    ) -> TransducerDecoder:
         """From this library's :class:`~speechkernels.RNNTJointLoss` or :class:`~speechkernels.TDTJointLoss` (its
         layers, activation, blank and durations) and the prediction network trained with it
         (:class:`LSTMPredictor`, :class:`StatelessPredictor`, or any module with an ``embedding`` and an ``lstm``,
@@ -194,10 +217,19 @@ class TransducerDecoder(torch.nn.Module):
         if embedding is None:
             raise ValueError("predictor has no embedding (an LSTMPredictor or a StatelessPredictor is expected)")
         K = getattr(predictor, "context_size", 1)
-        return cls(embedding, joint.enc, joint.pred, joint.out, lstm=getattr(predictor, "lstm", None),
-                   conv=getattr(predictor, "conv", None), context_size=K, activation=joint.activation,
-                   blank=joint.loss_args.get("blank", -1), durations=getattr(joint, "durations", None),
-                   max_symbols_per_frame=max_symbols_per_frame)  # fmt: skip
+        return cls(
+            embedding,
+            joint.enc,
+            joint.pred,
+            joint.out,
+            lstm=getattr(predictor, "lstm", None),
+            conv=getattr(predictor, "conv", None),
+            context_size=K,
+            activation=joint.activation,
+            blank=joint.loss_args.get("blank", -1),
+            durations=getattr(joint, "durations", None),
+            max_symbols_per_frame=max_symbols_per_frame,
+        )
 
     def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> TransducerState:
         """The state before an utterance's first frame (``greedy``'s when ``state`` is None)."""
@@ -247,8 +279,9 @@ class TransducerDecoder(torch.nn.Module):
         w = self.weights()
         E = w.enc_w.shape[1]
         if encoder_out.dim() != 3 or encoder_out.shape[2] != E:
-            raise ValueError(f"encoder_out must be [N, T, E={E}] (E: enc.in_features), got shape "
-                             f"{tuple(encoder_out.shape)}")  # fmt: skip
+            raise ValueError(
+                f"encoder_out must be [N, T, E={E}] (E: enc.in_features), got shape {tuple(encoder_out.shape)}"
+            )
         N, T, _ = encoder_out.shape
         dev = w.enc_w.device
         if encoder_out.device != dev:
@@ -261,8 +294,14 @@ class TransducerDecoder(torch.nn.Module):
         if state is not None:
             state = self._checked_state(state, N, w)
         wd = w.enc_w.dtype
-        if (transducer_kernels is not None and use_triton(encoder_out) and wd in KERNEL_DTYPES and N > 0 and T > 0
-                and len(w.lstm) <= transducer_kernels.MAX_LAYERS):  # fmt: skip
+        if (
+            transducer_kernels is not None
+            and use_triton(encoder_out)
+            and wd in KERNEL_DTYPES
+            and N > 0
+            and T > 0
+            and len(w.lstm) <= transducer_kernels.MAX_LAYERS
+        ):
             x = encoder_out.to(wd).contiguous()
             if self._durations_on is None or self._durations_on.device != dev:  # no copy from the host per call
                 self._durations_on = torch.tensor(self.durations or (1,), dtype=torch.int64, device=dev)
@@ -272,13 +311,15 @@ class TransducerDecoder(torch.nn.Module):
             return Hypotheses(*hyp), TransducerState(predictor, out, jumps, done)
         if state is None:
             state = self.initial_state(N, dev)
-        return transducer_greedy_reference(w, encoder_out, lengths, state, self.blank, self.durations,
-                                           self.max_symbols_per_frame)  # fmt: skip
+        return transducer_greedy_reference(
+            w, encoder_out, lengths, state, self.blank, self.durations, self.max_symbols_per_frame
+        )
 
     def _checked_state(self, state, N: int, w: TransducerWeights) -> TransducerState:
         if not isinstance(state, TransducerState):
-            raise ValueError(f"state must be a TransducerState (from greedy or initial_state), got "
-                             f"{type(state).__name__}")  # fmt: skip
+            raise ValueError(
+                f"state must be a TransducerState (from greedy or initial_state), got {type(state).__name__}"
+            )
         want = self.initial_state(N, w.enc_w.device)
         for name in TransducerState._fields:
             got, ref = getattr(state, name), getattr(want, name)
@@ -287,14 +328,21 @@ class TransducerDecoder(torch.nn.Module):
             pairs = zip(got, ref, strict=True) if name == "predictor" else [(got, ref)]
             for a, b in pairs:
                 if not isinstance(a, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
-                    what = f"a {type(a).__name__}" if not isinstance(a, torch.Tensor) else (
-                        f"{tuple(a.shape)} {a.dtype} on {a.device}")  # fmt: skip
-                    raise ValueError(f"state.{name} must be {tuple(b.shape)} {b.dtype} on {b.device} for this batch "
-                                     f"and network, got {what}")  # fmt: skip
+                    what = (
+                        f"a {type(a).__name__}"
+                        if not isinstance(a, torch.Tensor)
+                        else (f"{tuple(a.shape)} {a.dtype} on {a.device}")
+                    )
+                    raise ValueError(
+                        f"state.{name} must be {tuple(b.shape)} {b.dtype} on {b.device} for this batch "
+                        f"and network, got {what}"
+                    )
         return state
 
     def extra_repr(self) -> str:
         kind = "TDT" if self.durations else "RNN-T"
-        return (f"{kind}, vocab_size={self.vocab_size}, blank={self.blank}, durations={self.durations}, "
-                f"activation={self.activation!r}, context_size={self.context_size}, "
-                f"max_symbols_per_frame={self.max_symbols_per_frame}")  # fmt: skip
+        return (
+            f"{kind}, vocab_size={self.vocab_size}, blank={self.blank}, durations={self.durations}, "
+            f"activation={self.activation!r}, context_size={self.context_size}, "
+            f"max_symbols_per_frame={self.max_symbols_per_frame}"
+        )

@@ -131,8 +131,18 @@ def ctc_greedy(
     BLOCK_C = min(next_power_of_2(C), CTC_TILES["block_c"])
     BLOCK_T = max(1, min(CTC_TILES["block_t"], CTC_TILES["elements"] // BLOCK_C))
     n_t_blocks = triton.cdiv(T, BLOCK_T)
-    launch(_ctc_best_kernel)[(N * n_t_blocks,)](x, lengths, work, T, C, n_t_blocks, LOGITS=logits, BLOCK_T=BLOCK_T,
-                                                BLOCK_C=BLOCK_C, num_warps=CTC_TILES["warps"])  # fmt: skip
+    launch(_ctc_best_kernel)[(N * n_t_blocks,)](
+        x,
+        lengths,
+        work,
+        T,
+        C,
+        n_t_blocks,
+        LOGITS=logits,
+        BLOCK_T=BLOCK_T,
+        BLOCK_C=BLOCK_C,
+        num_warps=CTC_TILES["warps"],
+    )
     block = min(COMPACT_BLOCK_T, max(16, next_power_of_2(T)))
     launch(_ctc_compact_kernel)[(N,)](work, lengths, tokens, frames, scores, n_out, T, blank, BLOCK_T=block)
     return tokens, n_out, frames, scores

@@ -43,8 +43,21 @@ class TransducerWeights(NamedTuple):
     activation: str
 
     def tensors(self) -> list[torch.Tensor]:
-        return [t for t in (self.embedding, *(x for layer in self.lstm for x in layer), self.conv, self.enc_w,
-                            self.enc_b, self.pred_w, self.pred_b, self.out_w, self.out_b) if t is not None]  # fmt: skip
+        return [
+            t
+            for t in (
+                self.embedding,
+                *(x for layer in self.lstm for x in layer),
+                self.conv,
+                self.enc_w,
+                self.enc_b,
+                self.pred_w,
+                self.pred_b,
+                self.out_w,
+                self.out_b,
+            )
+            if t is not None
+        ]
 
     def to(self, dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> TransducerWeights:
         def cast(t):
@@ -78,16 +91,31 @@ class LSTMPredictor(torch.nn.Module):
         >>> decoder = TransducerDecoder.from_joint(joint, predictor)
     """
 
-    def __init__(self, vocab_size: int, embed_dim: int, hidden_size: int, num_layers: int = 1, blank: int = -1, *,
-                 device=None, dtype=None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        vocab_size: int,
+        embed_dim: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        blank: int = -1,
+        *,
+        device=None,
+        dtype=None,
+    ) -> None:
         super().__init__()
         vocab_size = as_int(vocab_size, "vocab_size", minimum=1)
         self.blank = _blank_index(blank, vocab_size)
-        self.embedding = torch.nn.Embedding(vocab_size, as_int(embed_dim, "embed_dim", minimum=1), device=device,
-                                            dtype=dtype)  # fmt: skip
-        self.lstm = torch.nn.LSTM(embed_dim, as_int(hidden_size, "hidden_size", minimum=1),
-                                  as_int(num_layers, "num_layers", minimum=1), batch_first=True, device=device,
-                                  dtype=dtype)  # fmt: skip
+        self.embedding = torch.nn.Embedding(
+            vocab_size, as_int(embed_dim, "embed_dim", minimum=1), device=device, dtype=dtype
+        )
+        self.lstm = torch.nn.LSTM(
+            embed_dim,
+            as_int(hidden_size, "hidden_size", minimum=1),
+            as_int(num_layers, "num_layers", minimum=1),
+            batch_first=True,
+            device=device,
+            dtype=dtype,
+        )
 
     def forward(self, targets: torch.Tensor) -> torch.Tensor:
         return self.lstm(self.embedding(_with_start(targets, self.blank, self.embedding.num_embeddings, 1)))[0]
@@ -98,8 +126,17 @@ class StatelessPredictor(torch.nn.Module):
     (before the start: zeros; the start symbol: the blank), mixed by a grouped Conv1d without bias and a relu when
     ``context_size`` > 1. ``forward(targets [N, U])`` gives [N, U + 1, dim] as :class:`LSTMPredictor`'s."""
 
-    def __init__(self, vocab_size: int, dim: int, context_size: int = 2, blank: int = 0, groups: int | None = None, *,
-                 device=None, dtype=None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        vocab_size: int,
+        dim: int,
+        context_size: int = 2,
+        blank: int = 0,
+        groups: int | None = None,
+        *,
+        device=None,
+        dtype=None,
+    ) -> None:
         super().__init__()
         vocab_size = as_int(vocab_size, "vocab_size", minimum=1)
         dim = as_int(dim, "dim", minimum=1)
@@ -109,8 +146,9 @@ class StatelessPredictor(torch.nn.Module):
         self.embedding = torch.nn.Embedding(vocab_size, dim, device=device, dtype=dtype)
         self.conv = None
         if self.context_size > 1:
-            self.conv = torch.nn.Conv1d(dim, dim, self.context_size, groups=groups, bias=False, device=device,
-                                        dtype=dtype)  # fmt: skip
+            self.conv = torch.nn.Conv1d(
+                dim, dim, self.context_size, groups=groups, bias=False, device=device, dtype=dtype
+            )
 
     def forward(self, targets: torch.Tensor) -> torch.Tensor:
         y = _with_start(targets, self.blank, self.embedding.num_embeddings, self.context_size)
@@ -147,8 +185,10 @@ def _attr(obj, path: str, what: str):
         try:
             cur = cur[part[1:-1].strip("\"'")] if part.startswith("[") else getattr(cur, part)
         except (AttributeError, KeyError, TypeError):
-            raise ValueError(f"{what} has no {done}{part if part.startswith('[') else '.' + part} (an unsupported "
-                             f"layout: {path} is read)") from None  # fmt: skip
+            raise ValueError(
+                f"{what} has no {done}{part if part.startswith('[') else '.' + part} (an unsupported "
+                f"layout: {path} is read)"
+            ) from None
         done += part if part.startswith("[") else "." + part
     return cur
 
@@ -165,14 +205,17 @@ def _lstm_layers(lstm, name: str):
     if lstm.bidirectional or lstm.proj_size:
         raise ValueError(f"{name}: a bidirectional LSTM or one with proj_size cannot predict (unsupported layout)")
     return tuple(
-        tuple(getattr(lstm, f"{k}_l{layer}") if hasattr(lstm, f"{k}_l{layer}") else None
-              for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
+        tuple(
+            getattr(lstm, f"{k}_l{layer}") if hasattr(lstm, f"{k}_l{layer}") else None
+            for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+        )
         for layer in range(lstm.num_layers)
-    )  # fmt: skip
+    )
 
 
-def transducer_weights(embedding, enc, pred, out, *, lstm=None, conv=None, activation: str = "relu",
-                       stateless_context: int = 1) -> TransducerWeights:  # fmt: skip
+def transducer_weights(
+    embedding, enc, pred, out, *, lstm=None, conv=None, activation: str = "relu", stateless_context: int = 1
+) -> TransducerWeights:
     """TransducerWeights of the layers (the tensors themselves, not copies): ``embedding`` (torch.nn.Embedding),
     ``enc``/``pred``/``out`` (torch.nn.Linear), ``lstm`` (torch.nn.LSTM) or ``conv`` (torch.nn.Conv1d over
     ``stateless_context`` tokens) or neither."""
@@ -191,30 +234,49 @@ def transducer_weights(embedding, enc, pred, out, *, lstm=None, conv=None, activ
         if not isinstance(conv, torch.nn.Conv1d):
             raise ValueError(f"conv must be a torch.nn.Conv1d, got {type(conv).__name__}")
         K = conv.kernel_size[0]
-        if conv.in_channels != P or conv.out_channels != P or conv.bias is not None or conv.stride != (1,) or (
-            conv.dilation != (1,) or conv.padding not in ((0,), "valid")
-        ):  # fmt: skip
-            raise ValueError(f"conv must map the embedding's {P} channels to {P} over {K} tokens without bias, "
-                             "stride, dilation or padding (icefall's Decoder layout)")  # fmt: skip
+        if (
+            conv.in_channels != P
+            or conv.out_channels != P
+            or conv.bias is not None
+            or conv.stride != (1,)
+            or (conv.dilation != (1,) or conv.padding not in ((0,), "valid"))
+        ):
+            raise ValueError(
+                f"conv must map the embedding's {P} channels to {P} over {K} tokens without bias, "
+                "stride, dilation or padding (icefall's Decoder layout)"
+            )
         if K != stateless_context:
             raise ValueError(f"context_size={stateless_context} does not match conv.kernel_size={K}")
         groups, conv_w = conv.groups, conv.weight
     elif stateless_context != 1:
         raise ValueError(f"context_size={stateless_context} needs a conv")
-    w = TransducerWeights(embedding.weight, layers, conv_w, groups, K, *_linear(enc, "enc"), *_linear(pred, "pred"),
-                          *_linear(out, "out"), as_choice(activation, "activation", ACTIVATIONS))  # fmt: skip
+    w = TransducerWeights(
+        embedding.weight,
+        layers,
+        conv_w,
+        groups,
+        K,
+        *_linear(enc, "enc"),
+        *_linear(pred, "pred"),
+        *_linear(out, "out"),
+        as_choice(activation, "activation", ACTIVATIONS),
+    )
     H = layers[-1][1].shape[1] if layers else P
     if w.pred_w.shape[1] != H:
         raise ValueError(f"pred.in_features={w.pred_w.shape[1]} does not match the prediction network's width {H}")
     J = w.enc_w.shape[0]
     if w.pred_w.shape[0] != J or w.out_w.shape[1] != J:
-        raise ValueError(f"the joint's widths disagree: enc.out_features={J}, pred.out_features={w.pred_w.shape[0]}, "
-                         f"out.in_features={w.out_w.shape[1]}")  # fmt: skip
+        raise ValueError(
+            f"the joint's widths disagree: enc.out_features={J}, pred.out_features={w.pred_w.shape[0]}, "
+            f"out.in_features={w.out_w.shape[1]}"
+        )
     dtypes = {t.dtype for t in w.tensors()}
     devices = {t.device for t in w.tensors()}
     if len(dtypes) > 1 or len(devices) > 1:
-        raise ValueError(f"the networks' tensors must share one dtype and one device, got {sorted(map(str, dtypes))} "
-                         f"on {sorted(map(str, devices))}")  # fmt: skip
+        raise ValueError(
+            f"the networks' tensors must share one dtype and one device, got {sorted(map(str, dtypes))} "
+            f"on {sorted(map(str, devices))}"
+        )
     if not next(iter(dtypes)).is_floating_point:
         raise ValueError(f"the networks' tensors must be floating point, got {next(iter(dtypes))}")
     return w
@@ -232,8 +294,10 @@ def nemo_layers(decoder, joint, durations) -> dict:
     plain = (torch.nn.Dropout, torch.nn.Linear)
     others = [m for m in net if type(m) not in _ACTIVATION_MODULES and not isinstance(m, plain)]
     if len(acts) != 1 or others or not isinstance(net[-1], torch.nn.Linear):
-        raise ValueError("joint.joint_net must hold one activation (ReLU, Tanh or Sigmoid), optional Dropout and a "
-                         f"final Linear (an unsupported layout: {[type(m).__name__ for m in net]})")  # fmt: skip
+        raise ValueError(
+            "joint.joint_net must hold one activation (ReLU, Tanh or Sigmoid), optional Dropout and a "
+            f"final Linear (an unsupported layout: {[type(m).__name__ for m in net]})"
+        )
     V = as_int(_attr(joint, "num_classes_with_blank", "joint"), "joint.num_classes_with_blank")
     D = as_int(_attr(joint, "num_extra_outputs", "joint"), "joint.num_extra_outputs")
     if D and durations is None:
@@ -242,8 +306,17 @@ def nemo_layers(decoder, joint, durations) -> dict:
         durations = durations_of(durations)
         if len(durations) != D:
             raise ValueError(f"durations has {len(durations)} entries but joint.num_extra_outputs={D}")
-    return dict(embedding=embed, enc=_attr(joint, "enc", "joint"), pred=_attr(joint, "pred", "joint"), out=net[-1],
-                lstm=lstm, activation=acts[0], blank=blank, vocab_size=V, durations=durations)  # fmt: skip
+    return dict(
+        embedding=embed,
+        enc=_attr(joint, "enc", "joint"),
+        pred=_attr(joint, "pred", "joint"),
+        out=net[-1],
+        lstm=lstm,
+        activation=acts[0],
+        blank=blank,
+        vocab_size=V,
+        durations=durations,
+    )
 
 
 def icefall_layers(decoder, joiner) -> dict:
@@ -251,8 +324,14 @@ def icefall_layers(decoder, joiner) -> dict:
     1, ``blank_id``) and ``Joiner`` (``encoder_proj``, ``decoder_proj``, ``output_linear``; tanh)."""
     K = as_int(_attr(decoder, "context_size", "decoder"), "decoder.context_size", minimum=1)
     embed = _attr(decoder, "embedding", "decoder")
-    return dict(embedding=embed, conv=_attr(decoder, "conv", "decoder") if K > 1 else None, context_size=K,
-                blank=as_int(_attr(decoder, "blank_id", "decoder"), "decoder.blank_id"),
-                enc=_attr(joiner, "encoder_proj", "joiner"), pred=_attr(joiner, "decoder_proj", "joiner"),
-                out=_attr(joiner, "output_linear", "joiner"), activation="tanh",
-                vocab_size=_attr(joiner, "output_linear", "joiner").out_features)  # fmt: skip
+    return dict(
+        embedding=embed,
+        conv=_attr(decoder, "conv", "decoder") if K > 1 else None,
+        context_size=K,
+        blank=as_int(_attr(decoder, "blank_id", "decoder"), "decoder.blank_id"),
+        enc=_attr(joiner, "encoder_proj", "joiner"),
+        pred=_attr(joiner, "decoder_proj", "joiner"),
+        out=_attr(joiner, "output_linear", "joiner"),
+        activation="tanh",
+        vocab_size=_attr(joiner, "output_linear", "joiner").out_features,
+    )

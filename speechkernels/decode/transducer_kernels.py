@@ -575,8 +575,16 @@ def conv_taps(w) -> torch.Tensor:
     return torch.einsum("gojk,vgj->kvgo", wc, w.embedding.to(f32).reshape(R, G, gs)).reshape(K, R, P).contiguous()
 
 
-_PHASES = ("step", "joint tiles", "joint barrier", "decision", "LSTM layer tiles", "LSTM barrier",
-           "projection tiles", "projection barrier")  # fmt: skip
+_PHASES = (
+    "step",
+    "joint tiles",
+    "joint barrier",
+    "decision",
+    "LSTM layer tiles",
+    "LSTM barrier",
+    "projection tiles",
+    "projection barrier",
+)
 
 
 def _carve(alloc, dtype: torch.dtype, device, sizes: tuple[int, ...], dtypes: tuple = ()) -> list[torch.Tensor]:
@@ -656,12 +664,20 @@ def transducer_greedy(
         BB = max(1, next_power_of_2(N))
         BK = min(next_power_of_2(max(J, H, P, PE)), TILES["fma_elements"] // (32 * BB))
         # K loops unrolled: every block's loads issued before the products need them
-        tiles = dict(BB=BB, BV=8, BK=BK, BH=8, BJ=8, UNROLL=triton.cdiv(max(J, H, P, PE), BK),
-                     num_warps=TILES["fma_warps"])  # fmt: skip
+        tiles = dict(
+            BB=BB, BV=8, BK=BK, BH=8, BJ=8, UNROLL=triton.cdiv(max(J, H, P, PE), BK), num_warps=TILES["fma_warps"]
+        )
     else:
-        tiles = dict(BB=min(max(16, next_power_of_2(N)), TILES["dot_bb"]), BV=TILES["dot_bv"], BK=TILES["dot_bk"],
-                     BH=TILES["dot_bh"], BJ=TILES["dot_bj"], UNROLL=1, num_warps=TILES["dot_warps"],
-                     num_stages=TILES["dot_stages"])  # fmt: skip
+        tiles = dict(
+            BB=min(max(16, next_power_of_2(N)), TILES["dot_bb"]),
+            BV=TILES["dot_bv"],
+            BK=TILES["dot_bk"],
+            BH=TILES["dot_bh"],
+            BJ=TILES["dot_bj"],
+            UNROLL=1,
+            num_warps=TILES["dot_warps"],
+            num_stages=TILES["dot_stages"],
+        )
     tiles["SPREAD"] = fma or TILES["dot_spread"]
     n_rb = triton.cdiv(N, tiles["BB"])
     # the joint's column ranges
@@ -687,21 +703,91 @@ def transducer_greedy(
         h_out, c_out, out = _carve(kernel_output, wd, dev, state_sizes)
     BLOCK_N = max(16, next_power_of_2(N))
     launch(_transducer_greedy_kernel)[(nprog,)](
-        x, w.enc_w, w.enc_w if w.enc_b is None else w.enc_b, encp, lengths, t0, fofs, table, emb, *lstm, h, c, g, pout,
-        part, ctx0, w.pred_w, w.pred_w if w.pred_b is None else w.pred_b, w.out_w,
-        w.out_w if w.out_b is None else w.out_b, durations_tensor, keys, priv, bar, tokens, frames, durs, scores,
-        per_row, h_out, c_out, out, ctx_out, bar if profile is None else profile,
-        N, T, S, R, NCB, blank, max_symbols, E=E, ENC=fma, HAS_EB=w.enc_b is not None, EB=64, EJ=64, EK=32, J=J, H=H,
-        P=P, PE=PE, V=V, D=D, L=L, K=K, FMA=fma, STATELESS=w.stateless, HAS_CONV=w.conv is not None, HAS_DUR=D > 0,
-        ACT=("relu", "tanh", "sigmoid").index(w.activation), F32=wd == f32, BLOCK_N=BLOCK_N,
-        NCB_P2=next_power_of_2(NCB), BD=next_power_of_2(max(D, 1)), HAS_LBIAS=has_lbias, HAS_PB=w.pred_b is not None,
-        HAS_OB=w.out_b is not None, BS=min(1024, next_power_of_2(S)), START=start,
-        PROFILE=0 if profile is None else profile.shape[0], **tiles,
-    )  # fmt: skip
+        x,
+        w.enc_w,
+        w.enc_w if w.enc_b is None else w.enc_b,
+        encp,
+        lengths,
+        t0,
+        fofs,
+        table,
+        emb,
+        *lstm,
+        h,
+        c,
+        g,
+        pout,
+        part,
+        ctx0,
+        w.pred_w,
+        w.pred_w if w.pred_b is None else w.pred_b,
+        w.out_w,
+        w.out_w if w.out_b is None else w.out_b,
+        durations_tensor,
+        keys,
+        priv,
+        bar,
+        tokens,
+        frames,
+        durs,
+        scores,
+        per_row,
+        h_out,
+        c_out,
+        out,
+        ctx_out,
+        bar if profile is None else profile,
+        N,
+        T,
+        S,
+        R,
+        NCB,
+        blank,
+        max_symbols,
+        E=E,
+        ENC=fma,
+        HAS_EB=w.enc_b is not None,
+        EB=64,
+        EJ=64,
+        EK=32,
+        J=J,
+        H=H,
+        P=P,
+        PE=PE,
+        V=V,
+        D=D,
+        L=L,
+        K=K,
+        FMA=fma,
+        STATELESS=w.stateless,
+        HAS_CONV=w.conv is not None,
+        HAS_DUR=D > 0,
+        ACT=("relu", "tanh", "sigmoid").index(w.activation),
+        F32=wd == f32,
+        BLOCK_N=BLOCK_N,
+        NCB_P2=next_power_of_2(NCB),
+        BD=next_power_of_2(max(D, 1)),
+        HAS_LBIAS=has_lbias,
+        HAS_PB=w.pred_b is not None,
+        HAS_OB=w.out_b is not None,
+        BS=min(1024, next_power_of_2(S)),
+        START=start,
+        PROFILE=0 if profile is None else profile.shape[0],
+        **tiles,
+    )
     n_out, jumps, done = per_row.view(3, N).unbind(0)
     if w.stateless:
         predictor = (ctx_out.view(N, K),)
     else:
         predictor = (h_out.view(L, N, H), c_out.view(L, N, H))
-    return (tokens.view(N, S), n_out, frames.view(N, S), scores.view(N, S), durs.view(N, S) if D else None,
-            predictor, out.view(N, P), jumps, done)  # fmt: skip
+    return (
+        tokens.view(N, S),
+        n_out,
+        frames.view(N, S),
+        scores.view(N, S),
+        durs.view(N, S) if D else None,
+        predictor,
+        out.view(N, P),
+        jumps,
+        done,
+    )

@@ -71,8 +71,16 @@ def _backward(grad_loss, x, targets, il, tl, lse, occ, logp, reuse_logits, opts:
 # state: log-sum-exps, edge occupancies, log p per sample
 RNNT_LOSS_OP = None
 if kernels is not None:
-    RNNT_LOSS_OP = LossOp("speechkernels::rnnt_loss", _INPUTS, _forward, _forward_fake, _backward, n_state=3, grads="x",
-                          options={"opts": TransducerOptions})  # fmt: skip
+    RNNT_LOSS_OP = LossOp(
+        "speechkernels::rnnt_loss",
+        _INPUTS,
+        _forward,
+        _forward_fake,
+        _backward,
+        n_state=3,
+        grads="x",
+        options={"opts": TransducerOptions},
+    )
 
 
 def rnnt_loss(
@@ -142,9 +150,15 @@ def rnnt_loss(
         >>> loss.backward()
     """
     check_float_input(logits, "logits")
-    opts = transducer_options(blank=blank, clamp=clamp, reduction=reduction, fused_log_softmax=fused_log_softmax,
-                              fastemit_lambda=fastemit_lambda, fastemit_loss_scale=fastemit_loss_scale,
-                              validate=validate)  # fmt: skip
+    opts = transducer_options(
+        blank=blank,
+        clamp=clamp,
+        reduction=reduction,
+        fused_log_softmax=fused_log_softmax,
+        fastemit_lambda=fastemit_lambda,
+        fastemit_loss_scale=fastemit_loss_scale,
+        validate=validate,
+    )
     opts = with_rnnt_type(opts, rnnt_type)
     reuse_logits_for_grad = as_bool(reuse_logits_for_grad, "reuse_logits_for_grad")
     if logits.dim() != 4:

@@ -49,9 +49,16 @@ def _backward(grad_loss, enc, pred, weight, bias, targets, il, tl, lse, occ, log
 
 JOINT_LOSS_OP = None
 if joint_kernels is not None:
-    JOINT_LOSS_OP = LossOp("speechkernels::rnnt_joint_loss", _INPUTS, _forward, _forward_fake, _backward, n_state=3,
-                           grads="enc pred weight bias",
-                           options={"opts": TransducerOptions, "net": JointNetworkOptions})  # fmt: skip
+    JOINT_LOSS_OP = LossOp(
+        "speechkernels::rnnt_joint_loss",
+        _INPUTS,
+        _forward,
+        _forward_fake,
+        _backward,
+        n_state=3,
+        grads="enc pred weight bias",
+        options={"opts": TransducerOptions, "net": JointNetworkOptions},
+    )
 
 
 def rnnt_joint_loss(
@@ -120,8 +127,14 @@ def rnnt_joint_loss(
     """
     activation = as_choice(activation, "activation", ACTIVATIONS)
     dropout = as_dropout(dropout)
-    opts = transducer_options(blank=blank, reduction=reduction, clamp=clamp, fastemit_lambda=fastemit_lambda,
-                              fastemit_loss_scale=fastemit_loss_scale, validate=validate)  # fmt: skip
+    opts = transducer_options(
+        blank=blank,
+        reduction=reduction,
+        clamp=clamp,
+        fastemit_lambda=fastemit_lambda,
+        fastemit_loss_scale=fastemit_loss_scale,
+        validate=validate,
+    )
     opts = with_rnnt_type(opts, rnnt_type)
     generator = as_generator(generator)
     enc, pred, weight, bias, targets, il, tl, blank = joint_inputs(

@@ -500,11 +500,30 @@ def rnnt_forward(
     lse, lat, aux = lattice_buffers(N, T, U1, dev, fused and store_lse)
     block_r, block_v, warps = _row_blocks(U1, V)
     launch(_rnnt_lattice_kernel)[(N * T, triton.cdiv(U1, block_r))](
-        x, lse, lat, targets, logit_lengths, target_lengths, aux, T, U1, V,
-        x.stride(0), x.stride(1), x.stride(2), x.stride(3), targets.stride(0), opts.blank,
-        FUSED=fused, STORE_LSE=store_lse, ONE_CHUNK=V <= block_v, RNA=opts.rna, BLOCK_R=block_r, BLOCK_V=block_v,
+        x,
+        lse,
+        lat,
+        targets,
+        logit_lengths,
+        target_lengths,
+        aux,
+        T,
+        U1,
+        V,
+        x.stride(0),
+        x.stride(1),
+        x.stride(2),
+        x.stride(3),
+        targets.stride(0),
+        opts.blank,
+        FUSED=fused,
+        STORE_LSE=store_lse,
+        ONE_CHUNK=V <= block_v,
+        RNA=opts.rna,
+        BLOCK_R=block_r,
+        BLOCK_V=block_v,
         num_warps=warps,
-    )  # fmt: skip
+    )
     return rnnt_recursions(lse, lat, aux, logit_lengths, target_lengths, N, T, U1, opts, need_grad)
 
 
@@ -532,10 +551,24 @@ def rnnt_recursions(
     state = kernel_output(N * (T + 1) * U1 if need_grad else 0, dtype=torch.float64, device=dev)
     mid = kernel_output(N * U1 if need_grad else 0, dtype=torch.float64, device=dev)
     reduce = opts.reduction != "none"
-    args = (lat, state, mid, aux, loss, logp, logit_lengths, target_lengths, N, T, U1, opts.loss_scale,
-            1.0 / N if opts.reduction == "mean" else 1.0)  # fmt: skip
-    meta = dict(REDUCE=reduce, RNA=opts.rna, BLOCK_U=block_u, BLOCK_N=_batch_block(N),
-                num_warps=_recursion_warps(block_u, N))  # fmt: skip
+    args = (
+        lat,
+        state,
+        mid,
+        aux,
+        loss,
+        logp,
+        logit_lengths,
+        target_lengths,
+        N,
+        T,
+        U1,
+        opts.loss_scale,
+        1.0 / N if opts.reduction == "mean" else 1.0,
+    )
+    meta = dict(
+        REDUCE=reduce, RNA=opts.rna, BLOCK_U=block_u, BLOCK_N=_batch_block(N), num_warps=_recursion_warps(block_u, N)
+    )
     launch(_rnnt_halves_kernel)[(N, 2 if need_grad else 1)](*args, SPLIT=need_grad, **meta)
     if need_grad:
         launch(_rnnt_join_kernel)[(N, 2)](*args, **meta)
@@ -563,16 +596,41 @@ def rnnt_backward(
     block_r, block_v, warps = _row_blocks(U1, V)
     reduction = opts.reduction
     launch(_rnnt_grad_kernel)[(N * T, triton.cdiv(U1, block_r))](
-        x, grad, lse, occ, logp, grad_out, grad_out.stride(0) if reduction == "none" else 0,
-        1.0 / N if reduction == "mean" else 1.0, targets, logit_lengths, target_lengths,
-        T, U1, V,
-        x.stride(0), x.stride(1), x.stride(2), x.stride(3),
-        grad.stride(0), grad.stride(1), grad.stride(2), grad.stride(3), targets.stride(0), opts.blank,
-        opts.label_scale, max(opts.clamp, 0.0),
-        FUSED=opts.fused_log_softmax, LOAD_LSE=not recompute_lse, ONE_CHUNK=V <= block_v, CLAMP=opts.clamp > 0,
+        x,
+        grad,
+        lse,
+        occ,
+        logp,
+        grad_out,
+        grad_out.stride(0) if reduction == "none" else 0,
+        1.0 / N if reduction == "mean" else 1.0,
+        targets,
+        logit_lengths,
+        target_lengths,
+        T,
+        U1,
+        V,
+        x.stride(0),
+        x.stride(1),
+        x.stride(2),
+        x.stride(3),
+        grad.stride(0),
+        grad.stride(1),
+        grad.stride(2),
+        grad.stride(3),
+        targets.stride(0),
+        opts.blank,
+        opts.label_scale,
+        max(opts.clamp, 0.0),
+        FUSED=opts.fused_log_softmax,
+        LOAD_LSE=not recompute_lse,
+        ONE_CHUNK=V <= block_v,
+        CLAMP=opts.clamp > 0,
         RNA=opts.rna,
-        BLOCK_R=block_r, BLOCK_V=block_v, num_warps=warps,
-    )  # fmt: skip
+        BLOCK_R=block_r,
+        BLOCK_V=block_v,
+        num_warps=warps,
+    )
     return grad
 
 

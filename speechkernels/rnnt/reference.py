@@ -159,9 +159,14 @@ def rnnt_forward_backward_reference(
         loss [N] float64 (+inf where no path exists), grad [N, T, U+1, V] float64 or None (zero outside the
         cells with edges, t < T_n and u <= U_n, whatever the scores there).
     """
-    opts = TransducerOptions(blank=blank, clamp=clamp, fastemit_lambda=fastemit_lambda,
-                             fastemit_loss_scale=fastemit_loss_scale, fused_log_softmax=fused_log_softmax,
-                             rnnt_type=rnnt_type)  # fmt: skip
+    opts = TransducerOptions(
+        blank=blank,
+        clamp=clamp,
+        fastemit_lambda=fastemit_lambda,
+        fastemit_loss_scale=fastemit_loss_scale,
+        fused_log_softmax=fused_log_softmax,
+        rnnt_type=rnnt_type,
+    )
     return log_space_forward_backward(logits, targets, logit_lengths, target_lengths, opts, need_grad)
 
 
@@ -241,8 +246,9 @@ def rnnt_forward_backward_scaled(
     cores, each waits for the thread left on a busy core; the operations over the logits keep torch's threads.
     """
     with contextlib.ExitStack() as lattice_threads:
-        return _forward_backward_scaled(lattice_threads, logits, targets, logit_lengths, target_lengths, opts,
-                                        need_grad)  # fmt: skip
+        return _forward_backward_scaled(
+            lattice_threads, logits, targets, logit_lengths, target_lengths, opts, need_grad
+        )
 
 
 def _forward_backward_scaled(lattice_threads, logits, targets, logit_lengths, target_lengths, opts, need_grad):
@@ -398,7 +404,12 @@ def rnnt_loss_reference(
 ) -> torch.Tensor:
     """The reference with torchaudio's signature (no argument checks): float64 arithmetic, any device."""
     V = logits.shape[-1]
-    opts = TransducerOptions(blank=blank + V if blank < 0 else blank, clamp=clamp, fastemit_lambda=fastemit_lambda,
-                             fastemit_loss_scale=fastemit_loss_scale, fused_log_softmax=fused_log_softmax,
-                             rnnt_type=rnnt_type)  # fmt: skip
+    opts = TransducerOptions(
+        blank=blank + V if blank < 0 else blank,
+        clamp=clamp,
+        fastemit_lambda=fastemit_lambda,
+        fastemit_loss_scale=fastemit_loss_scale,
+        fused_log_softmax=fused_log_softmax,
+        rnnt_type=rnnt_type,
+    )
     return reduce_loss(rnnt_losses_reference(logits, targets, logit_lengths, target_lengths, opts), reduction)

@@ -61,8 +61,16 @@ def _backward(grad_loss, x, targets, il, tl, lse, occ, logp, kind, durations, op
 
 TDT_LOSS_OP = None
 if kernels is not None:
-    TDT_LOSS_OP = LossOp("speechkernels::tdt_loss", _INPUTS, _forward, _forward_fake, _backward, n_state=3, grads="x",
-                         options={"opts": TransducerOptions})  # fmt: skip
+    TDT_LOSS_OP = LossOp(
+        "speechkernels::tdt_loss",
+        _INPUTS,
+        _forward,
+        _forward_fake,
+        _backward,
+        n_state=3,
+        grads="x",
+        options={"opts": TransducerOptions},
+    )
 
 
 def _pytorch_losses(x, targets, il, tl, kind, durations, need_grad, opts: TransducerOptions):
@@ -79,10 +87,13 @@ def _pytorch_losses(x, targets, il, tl, kind, durations, need_grad, opts: Transd
 
 
 TDT_PYTORCH_OP = pytorch_path_op(
-    "speechkernels::tdt_loss_pytorch", "Tensor x, Tensor targets, Tensor il, Tensor tl, str kind, int[] durations, "
-    "bool need_grad", _pytorch_losses, batch_dim=0, grad_dtype=lambda dtype: torch.float64,
+    "speechkernels::tdt_loss_pytorch",
+    "Tensor x, Tensor targets, Tensor il, Tensor tl, str kind, int[] durations, bool need_grad",
+    _pytorch_losses,
+    batch_dim=0,
+    grad_dtype=lambda dtype: torch.float64,
     options={"opts": TransducerOptions},
-)  # fmt: skip
+)
 
 
 def with_options(options: Callable) -> Callable[[Callable], Callable]:
@@ -102,8 +113,10 @@ def _durations(value, name: str, minimum: int) -> tuple[int, ...]:
     """A non-empty sequence of distinct integers >= minimum (a list, tuple, numpy array or 1-D integer tensor)."""
     if isinstance(value, torch.Tensor):
         if value.dim() != 1 or value.dtype.is_floating_point or value.dtype == torch.bool:
-            raise ValueError(f"{name} must be a sequence of integers, got a tensor of shape "
-                             f"{tuple(value.shape)} and dtype {value.dtype}")  # fmt: skip
+            raise ValueError(
+                f"{name} must be a sequence of integers, got a tensor of shape "
+                f"{tuple(value.shape)} and dtype {value.dtype}"
+            )
         value = value.tolist()
     if isinstance(value, (str, bytes)) or (not isinstance(value, Sequence) and not hasattr(value, "__len__")):
         raise ValueError(f"{name} must be a sequence of integers, got {type(value).__name__}")
@@ -137,8 +150,20 @@ def _inputs(logits, targets, logit_lengths, target_lengths, opts: TransducerOpti
     the loss's op)."""
     N, T, U1, _ = logits.shape
     dev = logits.device
-    targets, il, tl, blank = check_loss_arguments(targets, logit_lengths, target_lengths, opts.blank, opts.reduction,
-                                                  N, U1, V, dev, "logits", "logits.shape[2]", classes_of)  # fmt: skip
+    targets, il, tl, blank = check_loss_arguments(
+        targets,
+        logit_lengths,
+        target_lengths,
+        opts.blank,
+        opts.reduction,
+        N,
+        U1,
+        V,
+        dev,
+        "logits",
+        "logits.shape[2]",
+        classes_of,
+    )
     if not _on_kernels(logits):
         il, tl = il.long(), tl.long()
     return targets, il, tl, blank
@@ -219,14 +244,25 @@ def tdt_loss(
     generator = as_generator(generator)
     N, T, U1, V = _check_logits(logits, len(durations), "durations")
     if not -V <= opts.blank < V:
-        raise ValueError(f"blank={opts.blank} is outside [-V, V) for V={V} token classes "
-                         f"(logits.shape[3] - len(durations))")  # fmt: skip
+        raise ValueError(
+            f"blank={opts.blank} is outside [-V, V) for V={V} token classes (logits.shape[3] - len(durations))"
+        )
     if omega > 0.0:
         dev = generator.device if generator is not None else "cpu"
         if torch.rand((), generator=generator, device=dev).item() < omega:
-            return rnnt_loss(logits[..., :V], targets, logit_lengths, target_lengths, opts.blank, opts.clamp,
-                             opts.reduction, opts.fused_log_softmax, fastemit_lambda=opts.fastemit_lambda,
-                             fastemit_loss_scale=opts.fastemit_loss_scale, validate=opts.validate)  # fmt: skip
+            return rnnt_loss(
+                logits[..., :V],
+                targets,
+                logit_lengths,
+                target_lengths,
+                opts.blank,
+                opts.clamp,
+                opts.reduction,
+                opts.fused_log_softmax,
+                fastemit_lambda=opts.fastemit_lambda,
+                fastemit_loss_scale=opts.fastemit_loss_scale,
+                validate=opts.validate,
+            )
     targets, il, tl, blank = _inputs(logits, targets, logit_lengths, target_lengths, opts, V, " token classes")
     return _loss("tdt", logits, targets, il, tl, durations, blank, opts)
 
@@ -279,8 +315,10 @@ def check_big_blank_room(blank: int, V: int, n_big: int) -> None:
     """The big blanks sit before the blank: blank (in [-V, V)) leaves room for them among the V classes."""
     b = blank + V if blank < 0 else blank
     if b < n_big:
-        raise ValueError(f"the {n_big} big blanks sit before the blank (indices {b - n_big} to {b - 1}): "
-                         f"blank={blank} leaves no room for them in V={V} classes")  # fmt: skip
+        raise ValueError(
+            f"the {n_big} big blanks sit before the blank (indices {b - n_big} to {b - 1}): "
+            f"blank={blank} leaves no room for them in V={V} classes"
+        )
 
 
 def check_no_big_blank_label(targets: torch.Tensor, tl: torch.Tensor, blank: int, n_big: int) -> None:
@@ -292,8 +330,10 @@ def check_no_big_blank_label(targets: torch.Tensor, tl: torch.Tensor, blank: int
     bad = valid & (targets >= blank - n_big) & (targets < blank)
     if bad.any():
         flat = first_index(bad.reshape(-1))
-        raise ValueError(f"targets[{flat // U}, {flat % U}]={int(targets.reshape(-1)[flat])} is a big blank "
-                         f"(indices {blank - n_big} to {blank - 1})")  # fmt: skip
+        raise ValueError(
+            f"targets[{flat // U}, {flat % U}]={int(targets.reshape(-1)[flat])} is a big blank "
+            f"(indices {blank - n_big} to {blank - 1})"
+        )
 
 
 class TDTLoss(LossModule, loss=tdt_loss):

@@ -66,15 +66,23 @@ def _forward_fake(enc, pred, weight, bias, targets, il, tl, kind, durations, nee
 def _backward(grad_loss, enc, pred, weight, bias, targets, il, tl, lse, occ, logp, kind, durations, opts, net):
     """Gradients for enc, pred, weight and bias (None without a bias)."""
     joint = joint_kernels.JointNetwork(enc, pred, weight, bias, net.activation, net.dropout, net.seed)
-    return joint_kernels.joint_backward(grad_loss, joint, targets, il, tl, (lse, occ, logp), opts, len(durations),
-                                        kind == "multiblank")  # fmt: skip
+    return joint_kernels.joint_backward(
+        grad_loss, joint, targets, il, tl, (lse, occ, logp), opts, len(durations), kind == "multiblank"
+    )
 
 
 TDT_JOINT_LOSS_OP = None
 if joint_kernels is not None and tdt_kernels is not None:
-    TDT_JOINT_LOSS_OP = LossOp("speechkernels::tdt_joint_loss", _INPUTS, _forward, _forward_fake, _backward,
-                               n_state=3, grads="enc pred weight bias",
-                               options={"opts": TransducerOptions, "net": JointNetworkOptions})  # fmt: skip
+    TDT_JOINT_LOSS_OP = LossOp(
+        "speechkernels::tdt_joint_loss",
+        _INPUTS,
+        _forward,
+        _forward_fake,
+        _backward,
+        n_state=3,
+        grads="enc pred weight bias",
+        options={"opts": TransducerOptions, "net": JointNetworkOptions},
+    )
 
 
 class JointOptions(NamedTuple):
@@ -87,14 +95,19 @@ class JointOptions(NamedTuple):
     loss: TransducerOptions
 
 
-def joint_options(activation: str = "relu", dropout: float = 0.0, generator: torch.Generator | None = None,
-                  **loss) -> JointOptions:  # fmt: skip
+def joint_options(
+    activation: str = "relu", dropout: float = 0.0, generator: torch.Generator | None = None, **loss
+) -> JointOptions:
     """The options both fused losses take, checked (a ValueError names a bad one): the joint's, and the loss's as
     ``transducer_options`` takes them (but ``fused_log_softmax``: the joint's outputs are scores)."""
     if "fused_log_softmax" in loss:
         raise TypeError("got an unexpected keyword argument 'fused_log_softmax' (the joint's outputs are scores)")
-    return JointOptions(as_choice(activation, "activation", ACTIVATIONS), as_dropout(dropout), as_generator(generator),
-                        transducer_options(**loss))  # fmt: skip
+    return JointOptions(
+        as_choice(activation, "activation", ACTIVATIONS),
+        as_dropout(dropout),
+        as_generator(generator),
+        transducer_options(**loss),
+    )
 
 
 joint_options.__signature__ = inspect.Signature(
@@ -106,10 +119,18 @@ joint_options.__signature__ = inspect.Signature(
 
 @with_options(joint_options)
 def tdt_joint_loss(
-    enc: torch.Tensor, pred: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,  # the joint network
-    targets: torch.Tensor, logit_lengths: Lengths, target_lengths: Lengths,  # the labels
-    durations: Sequence[int], *, omega: float = 0.0, **options,
-) -> torch.Tensor:  # fmt: skip
+    enc: torch.Tensor,
+    pred: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,  # the joint network
+    targets: torch.Tensor,
+    logit_lengths: Lengths,
+    target_lengths: Lengths,  # the labels
+    durations: Sequence[int],
+    *,
+    omega: float = 0.0,
+    **options,
+) -> torch.Tensor:
     """The TDT loss of the joint network ``logits = weight @ dropout(act(enc_t + pred_u)) + bias`` whose last
     ``len(durations)`` outputs are the duration head (NeMo's TDT joint layout: one output layer of V + D rows, the
     V token rows then the D duration rows), without materialising the [N, T, U+1, V + D] logits (on the GPU; the
@@ -169,11 +190,23 @@ def tdt_joint_loss(
         if torch.rand((), generator=opts.generator, device=dev).item() < omega:
             lo = opts.loss
             return rnnt_joint_loss(
-                enc, pred, weight[:V], None if bias is None else bias[:V], targets, il, tl, activation=opts.activation,
-                dropout=opts.dropout, blank=lo.blank, reduction=lo.reduction, clamp=lo.clamp,
-                fastemit_lambda=lo.fastemit_lambda, fastemit_loss_scale=lo.fastemit_loss_scale, validate=lo.validate,
+                enc,
+                pred,
+                weight[:V],
+                None if bias is None else bias[:V],
+                targets,
+                il,
+                tl,
+                activation=opts.activation,
+                dropout=opts.dropout,
+                blank=lo.blank,
+                reduction=lo.reduction,
+                clamp=lo.clamp,
+                fastemit_lambda=lo.fastemit_lambda,
+                fastemit_loss_scale=lo.fastemit_loss_scale,
+                validate=lo.validate,
                 generator=opts.generator,
-            )  # fmt: skip
+            )
     return _joint_loss("tdt", enc, pred, weight, bias, targets, il, tl, durations, blank_v, opts)
 
 
@@ -190,23 +223,50 @@ def _joint_loss(kind, enc, pred, weight, bias, targets, il, tl, durations, blank
             need_grad = torch.is_grad_enabled() and any(
                 x is not None and x.requires_grad for x in (enc, pred, weight, bias)
             )
-            return TDT_JOINT_LOSS_OP.apply(enc, pred, weight, bias, targets, il, tl, kind, list(durations), need_grad,
-                                           lo._replace(blank=blank), net)  # fmt: skip
+            return TDT_JOINT_LOSS_OP.apply(
+                enc,
+                pred,
+                weight,
+                bias,
+                targets,
+                il,
+                tl,
+                kind,
+                list(durations),
+                need_grad,
+                lo._replace(blank=blank),
+                net,
+            )
         h = joint_hidden(enc, pred, 0, T, net.activation, net.dropout, net.seed)
         loss = tdt_loss if kind == "tdt" else multiblank_rnnt_loss
         return loss(
-            torch.nn.functional.linear(h, weight, bias), targets, il, tl, durations, blank=blank, sigma=lo.sigma,
-            reduction=lo.reduction, clamp=lo.clamp, fastemit_lambda=lo.fastemit_lambda,
-            fastemit_loss_scale=lo.fastemit_loss_scale, validate=lo.validate,
-        )  # fmt: skip
+            torch.nn.functional.linear(h, weight, bias),
+            targets,
+            il,
+            tl,
+            durations,
+            blank=blank,
+            sigma=lo.sigma,
+            reduction=lo.reduction,
+            clamp=lo.clamp,
+            fastemit_lambda=lo.fastemit_lambda,
+            fastemit_loss_scale=lo.fastemit_loss_scale,
+            validate=lo.validate,
+        )
 
 
 @with_options(joint_options)
 def multiblank_joint_loss(
-    enc: torch.Tensor, pred: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,  # the joint network
-    targets: torch.Tensor, logit_lengths: Lengths, target_lengths: Lengths,  # the labels
-    big_blank_durations: Sequence[int], **options,
-) -> torch.Tensor:  # fmt: skip
+    enc: torch.Tensor,
+    pred: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,  # the joint network
+    targets: torch.Tensor,
+    logit_lengths: Lengths,
+    target_lengths: Lengths,  # the labels
+    big_blank_durations: Sequence[int],
+    **options,
+) -> torch.Tensor:
     """The multi-blank transducer loss of the joint network ``logits = weight @ dropout(act(enc_t + pred_u)) +
     bias`` (weight [V, H]: one softmax over the V classes, big blank i at class ``blank - 1 - i`` as
     ``multiblank_rnnt_loss`` lays them out), without materialising the [N, T, U+1, V] logits (on the GPU).

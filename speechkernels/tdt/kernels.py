@@ -332,10 +332,29 @@ def tdt_forward(
     nan = torch.zeros(N, dtype=torch.int32, device=dev)
     block_r, block_v = _row_blocks(U1, V)
     _tdt_lattice_kernel[(N * T, triton.cdiv(U1, block_r))](
-        x, lse, lat, nan, targets, logit_lengths, target_lengths, T, U1, V, X, *x.stride(), targets.stride(0),
-        opts.blank, opts.sigma * 1.4426950408889634, FUSED=fused, MULTI=kind == "multiblank", ONE_CHUNK=V <= block_v,
-        BLOCK_R=block_r, BLOCK_V=block_v, BLOCK_X=next_power_of_2(max(X, 1)), num_warps=1,
-    )  # fmt: skip
+        x,
+        lse,
+        lat,
+        nan,
+        targets,
+        logit_lengths,
+        target_lengths,
+        T,
+        U1,
+        V,
+        X,
+        *x.stride(),
+        targets.stride(0),
+        opts.blank,
+        opts.sigma * 1.4426950408889634,
+        FUSED=fused,
+        MULTI=kind == "multiblank",
+        ONE_CHUNK=V <= block_v,
+        BLOCK_R=block_r,
+        BLOCK_V=block_v,
+        BLOCK_X=next_power_of_2(max(X, 1)),
+        num_warps=1,
+    )
     loss, logp = tdt_recursions(lat, nan, logit_lengths, target_lengths, kind, durations, T, U1, opts, need_grad)
     return loss, (lse, lat, logp)
 
@@ -365,16 +384,48 @@ def tdt_recursions(
     logp = kernel_output(N, dtype=torch.float64, device=dev)
     block_u = next_power_of_2(U1)
     _tdt_recursion_kernel[(N,)](
-        lat, alpha, beta, logp, nan, edges, logit_lengths, target_lengths, T, U1, K, zero_a, zero_b, NB=nb, NE=ne,
-        BETA=need_grad, BLOCK_U=block_u, num_warps=max(1, min(16, block_u // 32)),
-    )  # fmt: skip
+        lat,
+        alpha,
+        beta,
+        logp,
+        nan,
+        edges,
+        logit_lengths,
+        target_lengths,
+        T,
+        U1,
+        K,
+        zero_a,
+        zero_b,
+        NB=nb,
+        NE=ne,
+        BETA=need_grad,
+        BLOCK_U=block_u,
+        num_warps=max(1, min(16, block_u // 32)),
+    )
     if need_grad:
         _tdt_occupancy_kernel[(N * T,)](
-            lat, alpha, beta, logp, edges, logit_lengths, target_lengths, T, U1, K, zero_a, zero_b,
-            opts.label_scale, NB=nb, NE=ne, FUSED=opts.fused_log_softmax, MULTI=kind == "multiblank", BLOCK_U=block_u,
+            lat,
+            alpha,
+            beta,
+            logp,
+            edges,
+            logit_lengths,
+            target_lengths,
+            T,
+            U1,
+            K,
+            zero_a,
+            zero_b,
+            opts.label_scale,
+            NB=nb,
+            NE=ne,
+            FUSED=opts.fused_log_softmax,
+            MULTI=kind == "multiblank",
+            BLOCK_U=block_u,
             BLOCK_K=next_power_of_2(K),
             num_warps=max(1, min(8, block_u * next_power_of_2(K) // 256)),
-        )  # fmt: skip
+        )
     return (logp * (-0.6931471805599453 * opts.loss_scale)).to(torch.float32), logp
 
 
@@ -399,10 +450,33 @@ def tdt_backward(
     grad = kernel_output_like(x)
     block_r, block_v = _row_blocks(U1, V)
     _tdt_grad_kernel[(N * T, triton.cdiv(U1, block_r))](
-        x, grad, lse, occ, logp, grad_out, grad_out.stride(0) if reduction == "none" else 0,
-        1.0 / N if reduction == "mean" else 1.0, targets, logit_lengths, target_lengths, T, U1, V, X, 2 + X,
-        *x.stride(), *grad.stride(), targets.stride(0), opts.blank, max(clamp, 0.0), FUSED=opts.fused_log_softmax,
-        MULTI=kind == "multiblank", CLAMP=clamp > 0, BLOCK_R=block_r, BLOCK_V=block_v,
-        BLOCK_X=X, num_warps=1,
-    )  # fmt: skip
+        x,
+        grad,
+        lse,
+        occ,
+        logp,
+        grad_out,
+        grad_out.stride(0) if reduction == "none" else 0,
+        1.0 / N if reduction == "mean" else 1.0,
+        targets,
+        logit_lengths,
+        target_lengths,
+        T,
+        U1,
+        V,
+        X,
+        2 + X,
+        *x.stride(),
+        *grad.stride(),
+        targets.stride(0),
+        opts.blank,
+        max(clamp, 0.0),
+        FUSED=opts.fused_log_softmax,
+        MULTI=kind == "multiblank",
+        CLAMP=clamp > 0,
+        BLOCK_R=block_r,
+        BLOCK_V=block_v,
+        BLOCK_X=X,
+        num_warps=1,
+    )
     return grad

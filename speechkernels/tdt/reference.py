@@ -203,8 +203,9 @@ def tdt_loss_reference(
     return reduce_loss(losses, opts.reduction)
 
 
-def tdt_losses_reference(logits, targets, logit_lengths, target_lengths, durations: tuple[int, ...],
-                         opts: TransducerOptions) -> torch.Tensor:  # fmt: skip
+def tdt_losses_reference(
+    logits, targets, logit_lengths, target_lengths, durations: tuple[int, ...], opts: TransducerOptions
+) -> torch.Tensor:
     """``tdt_loss_reference``'s per-sample losses, with the options as one value."""
     D = len(durations)
 
@@ -242,13 +243,15 @@ def multiblank_rnnt_loss_reference(
     """
 
     opts = TransducerOptions(blank=blank, sigma=sigma, fused_log_softmax=fused_log_softmax, **options)
-    losses = multiblank_losses_reference(logits, targets, logit_lengths, target_lengths, tuple(big_blank_durations),
-                                         opts)  # fmt: skip
+    losses = multiblank_losses_reference(
+        logits, targets, logit_lengths, target_lengths, tuple(big_blank_durations), opts
+    )
     return reduce_loss(losses, opts.reduction)
 
 
-def multiblank_losses_reference(logits, targets, logit_lengths, target_lengths, big_blank_durations: tuple[int, ...],
-                                opts: TransducerOptions) -> torch.Tensor:  # fmt: skip
+def multiblank_losses_reference(
+    logits, targets, logit_lengths, target_lengths, big_blank_durations: tuple[int, ...], opts: TransducerOptions
+) -> torch.Tensor:
     """``multiblank_rnnt_loss_reference``'s per-sample losses, with the options as one value."""
 
     def edges(x, labels):

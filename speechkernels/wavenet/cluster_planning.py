@@ -105,8 +105,9 @@ def vocoder_cluster_batch_kernel(
 ):
     """The batched kernel (MS streams per cluster) for ``vocoder_cluster_config``'s sizes."""
     defines = dict(R=R, G2=G2, SK=SK, NC=NC, C=C, MS=MS, WBF16=WBF16, GREEDY=GREEDY, VIL=1)
-    kernel = compile_cluster_kernel("wavenet_cluster_batch", "wavenet_cluster_batch.cu", arch, defines, C,
-                                    (VOCODER_HEADER,))  # fmt: skip
+    kernel = compile_cluster_kernel(
+        "wavenet_cluster_batch", "wavenet_cluster_batch.cu", arch, defines, C, (VOCODER_HEADER,)
+    )
     set_dynamic_shared_memory(kernel, batch_shared_bytes(R, G2, SK, NC, C, MS), "the batched vocoder kernel")
     return kernel
 

@@ -88,12 +88,29 @@ def wavenet_generate_cluster(
     queue = torch.zeros(B, C, Q, w.gate_channels // 2 // C, 2, device=dev)
     out = torch.empty(B, n, dtype=torch.long, device=dev)
     u = uniforms.float().contiguous()
-    kernel = vocoder_cluster_kernel(**cfg, WBF16=int(weights_dtype == torch.bfloat16), GREEDY=int(temperature == 0),
-                                    arch=device_arch(dev))  # fmt: skip
+    kernel = vocoder_cluster_kernel(
+        **cfg, WBF16=int(weights_dtype == torch.bfloat16), GREEDY=int(temperature == 0), arch=device_arch(dev)
+    )
     nt = 32 * (cfg["G2"] // C)
     hop = w.hop_length if cond is not None else 1 << 30
-    tensors = (p["wg"], p["wr"], p["br"], p["ws"], p["bs"], p["w1"], p["b1"], p["w2"], p["b2"], w.embed, cb,
-               w.dilations, w.queue_offsets, queue, u, out)  # fmt: skip
+    tensors = (
+        p["wg"],
+        p["wr"],
+        p["br"],
+        p["ws"],
+        p["bs"],
+        p["w1"],
+        p["b1"],
+        p["w2"],
+        p["b2"],
+        w.embed,
+        cb,
+        w.dilations,
+        w.queue_offsets,
+        queue,
+        u,
+        out,
+    )
     inv_temp = inverse_temperature(temperature)  # finite in float32 however small the temperature
     args = [np.uint64(x.data_ptr()) for x in tensors]
     args += [np.int32(v) for v in (B, w.layers, cb.shape[1], Q, hop, n, w.start_class)]
@@ -116,8 +133,9 @@ def compile_batch_kernels(
     cfg = vocoder_cluster_config(w.layers, w.residual_channels, w.gate_channels, w.skip_channels, w.classes, C)
     counts = sorted({cluster_plan(w, B, device, C)[0] for B in range(1, max_streams + 1)})
     for ms in counts:
-        vocoder_cluster_batch_kernel(**cfg, MS=ms, WBF16=int(weights_dtype == torch.bfloat16), GREEDY=int(greedy),
-                                     arch=device_arch(device))  # fmt: skip
+        vocoder_cluster_batch_kernel(
+            **cfg, MS=ms, WBF16=int(weights_dtype == torch.bfloat16), GREEDY=int(greedy), arch=device_arch(device)
+        )
     return counts
 
 
@@ -153,16 +171,43 @@ def wavenet_generate_cluster_batch(
     prev, phase, queue, queue_rows, queue_time = run_start(w, B, dev, cont, lambda: batch_queue(w, B, C, dev))
     out = torch.empty(B, n, dtype=torch.long, device=dev)
     u = uniforms.float().contiguous()
-    kernel = vocoder_cluster_batch_kernel(**cfg, MS=MS, WBF16=int(weights_dtype == torch.bfloat16),
-                                          GREEDY=int(temperature == 0), arch=arch)  # fmt: skip
+    kernel = vocoder_cluster_batch_kernel(
+        **cfg, MS=MS, WBF16=int(weights_dtype == torch.bfloat16), GREEDY=int(temperature == 0), arch=arch
+    )
     hop = w.hop_length if cond is not None else 1 << 30
-    tensors = (p["wg"], p["wr"], p["br"], p["ws"], p["bs"], p["w1"], p["b1"], p["w2"], p["b2"], w.embed, cb,
-               w.dilations, w.queue_offsets, queue, u, prev, phase, queue_rows, out)  # fmt: skip
+    tensors = (
+        p["wg"],
+        p["wr"],
+        p["br"],
+        p["ws"],
+        p["bs"],
+        p["w1"],
+        p["b1"],
+        p["w2"],
+        p["b2"],
+        w.embed,
+        cb,
+        w.dilations,
+        w.queue_offsets,
+        queue,
+        u,
+        prev,
+        phase,
+        queue_rows,
+        out,
+    )
     args = [np.uint64(x.data_ptr()) for x in tensors]
     args += [np.int32(v) for v in (B, w.layers, cb.shape[1], w.queue_slots, hop, n, queue_time)]
     args.append(np.float32(inverse_temperature(temperature)))
-    launch(kernel, dev, K, 32 * (cfg["G2"] // C), args, cluster=C,
-           shmem=batch_shared_bytes(cfg["R"], cfg["G2"], cfg["SK"], cfg["NC"], C, MS))  # fmt: skip
+    launch(
+        kernel,
+        dev,
+        K,
+        32 * (cfg["G2"] // C),
+        args,
+        cluster=C,
+        shmem=batch_shared_bytes(cfg["R"], cfg["G2"], cfg["SK"], cfg["NC"], C, MS),
+    )
     return out
 
 

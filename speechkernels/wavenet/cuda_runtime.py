@@ -74,14 +74,22 @@ def compile_cluster_kernel(
 def allow_cluster_size(kernel, cluster_size: int) -> None:
     """Clusters of more than 8 CTAs are opt-in (Hopper allows 16)."""
     if cluster_size > 8:
-        _set_attribute(kernel, "CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED", 1,
-                       f"clusters of C={cluster_size} CTAs are not available here")  # fmt: skip
+        _set_attribute(
+            kernel,
+            "CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED",
+            1,
+            f"clusters of C={cluster_size} CTAs are not available here",
+        )
 
 
 def set_dynamic_shared_memory(kernel, nbytes: int, what: str) -> None:
     """Let ``kernel`` be launched with ``nbytes`` of dynamic shared memory (above 48 KB it is opt-in)."""
-    _set_attribute(kernel, "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES", nbytes,
-                   f"{what} cannot have {nbytes} B of shared memory")  # fmt: skip
+    _set_attribute(
+        kernel,
+        "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES",
+        nbytes,
+        f"{what} cannot have {nbytes} B of shared memory",
+    )
 
 
 def _set_attribute(kernel, attribute: str, value: int, message: str) -> None:

@@ -29,9 +29,18 @@ class IncrementalState:
             run's first sample; by default the start (zero queues, the start class, clock 0).
     """
 
-    def __init__(self, model, cond_up, g, uniforms: torch.Tensor, temperature: float, *,
-                 queues: list[torch.Tensor] | None = None, prev: torch.Tensor | None = None,
-                 queue_time: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model,
+        cond_up,
+        g,
+        uniforms: torch.Tensor,
+        temperature: float,
+        *,
+        queues: list[torch.Tensor] | None = None,
+        prev: torch.Tensor | None = None,
+        queue_time: int = 0,
+    ) -> None:
         self.model, self.uniforms, self.temperature = model, uniforms, temperature
         B = uniforms.shape[1]
         dev = uniforms.device
@@ -117,6 +126,9 @@ class _Progress:
         self.last = now
         rate = done / max(now - self.t0, 1e-9)
         left = (self.total - done) / rate
-        print(f"generated {done}/{self.total} samples per stream ({100 * done / self.total:.0f} %, {self.streams} "
-              f"stream{'s' if self.streams > 1 else ''}, {rate / 1e3:.2f} kHz per stream, {left:.0f} s left)",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"generated {done}/{self.total} samples per stream ({100 * done / self.total:.0f} %, {self.streams} "
+            f"stream{'s' if self.streams > 1 else ''}, {rate / 1e3:.2f} kHz per stream, {left:.0f} s left)",
+            file=sys.stderr,
+            flush=True,
+        )

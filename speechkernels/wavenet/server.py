@@ -126,8 +126,9 @@ class WaveNetServer:
             max_streams = self.max_streams or 256
         n = as_int(max_streams, "max_streams", minimum=1)
         if self.kernel == "cluster":
-            compile_batch_kernels(vocoder_weights(self.model), n, self.weights_dtype, self.temperature == 0,
-                                  self.device)  # fmt: skip
+            compile_batch_kernels(
+                vocoder_weights(self.model), n, self.weights_dtype, self.temperature == 0, self.device
+            )
         m, dev = self.model, self.device
         # requests of a whole chunk on a GPU (the chunk's shapes), of two samples on the CPU (its path is slow); on a
         # GPU two and max_streams of them: PyTorch's index kernels have one variant up to 16 indices and one beyond
@@ -213,8 +214,9 @@ class WaveNetServer:
         prev = self._prev.index_select(0, rows)
         inputs = VocoderInputs(cond, g, u, self.temperature)
         if self.kernel != "torch":
-            cont = Continuation(prev, torch.tensor(phase, dtype=torch.int32, device=dev), self._queue,
-                                rows.to(torch.int32), self._clock)  # fmt: skip
+            cont = Continuation(
+                prev, torch.tensor(phase, dtype=torch.int32, device=dev), self._queue, rows.to(torch.int32), self._clock
+            )
         if self.kernel == "cluster":
             w = vocoder_weights(self.model)
             ms, _ = cluster_plan(w, B, dev)
@@ -327,8 +329,10 @@ def generate_stream(
     drawn chunk by chunk."""
     cond, speaker, B = model.check_inputs(cond, speaker, batch, n_samples)
     server = WaveNetServer(model, chunk, temperature, generator, kernel, weights_dtype)
-    ids = [server.submit(n_samples, None if cond is None else cond[b], None if speaker is None else speaker[b])
-           for b in range(B)]  # fmt: skip
+    ids = [
+        server.submit(n_samples, None if cond is None else cond[b], None if speaker is None else speaker[b])
+        for b in range(B)
+    ]
     return (torch.stack([chunks[i] for i in ids]) for chunks in server)
 
 

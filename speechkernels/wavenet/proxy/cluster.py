@@ -95,8 +95,14 @@ def serial_chain_cluster(
     out = torch.empty(B, H, dtype=torch.float32, device=x0.device)
     kernel = row_split_kernel(**cfg, RELU=int(relu), arch=device_arch(x0.device))
     nw = (H // C) // (32 // cfg["LPR"])
-    args = (np.uint64(w.data_ptr()), np.uint64(x.data_ptr()), np.uint64(out.data_ptr()), np.int32(L),
-            np.int64(n_samples * L), np.int32(B))  # fmt: skip
+    args = (
+        np.uint64(w.data_ptr()),
+        np.uint64(x.data_ptr()),
+        np.uint64(out.data_ptr()),
+        np.int32(L),
+        np.int64(n_samples * L),
+        np.int32(B),
+    )
     launch(kernel, x0.device, (B + S - 1) // S, 32 * nw, args, cluster=C)
     return out
 

@@ -76,7 +76,12 @@ def serial_chain_partials(
     x = x0.float().contiguous()
     out = torch.empty(B, H, dtype=torch.float32, device=x0.device)
     kernel = partials_kernel(**cfg, RELU=int(relu), arch=device_arch(x0.device))
-    args = (np.uint64(w.data_ptr()), np.uint64(x.data_ptr()), np.uint64(out.data_ptr()), np.int32(L),
-            np.int64(n_samples * L))  # fmt: skip
+    args = (
+        np.uint64(w.data_ptr()),
+        np.uint64(x.data_ptr()),
+        np.uint64(out.data_ptr()),
+        np.int32(L),
+        np.int64(n_samples * L),
+    )
     launch(kernel, x0.device, B, H, args, cluster=C)
     return out

@@ -88,8 +88,13 @@ def serial_chain_pipeline(
     x = x0.float().contiguous()
     out = torch.empty(B, H, dtype=torch.float32, device=x0.device)
     kernel = pipeline_kernel(**cfg, RELU=int(relu), arch=device_arch(x0.device), TW=TW, PROF=PROF, NACC=NACC)
-    args = (np.uint64(w.data_ptr()), np.uint64(x.data_ptr()), np.uint64(out.data_ptr()), np.int32(L),
-            np.int32(n_samples))  # fmt: skip
+    args = (
+        np.uint64(w.data_ptr()),
+        np.uint64(x.data_ptr()),
+        np.uint64(out.data_ptr()),
+        np.int32(L),
+        np.int32(n_samples),
+    )
     if PROF:
         assert prof is not None and prof.numel() >= B * cfg["C"] * (4 * (cfg["LPC"] + 1) * 4 + 2048)
         args += (np.uint64(prof.data_ptr()),)

@@ -143,7 +143,17 @@ def serial_chain_barrier(weights: torch.Tensor, x0: torch.Tensor, n_samples: int
     count = torch.zeros(1, dtype=torch.int32, device=x0.device)
     block_b = min(64, max(16, next_power_of_2(B)))
     _serial_chain_barrier_kernel[(n_prog,)](
-        weights.contiguous(), xbuf, count, L, H, B, n_samples * L,
-        RELU=relu, BLOCK_R=block_r, BLOCK_H=block_h, BLOCK_B=block_b, num_warps=4,
-    )  # fmt: skip
+        weights.contiguous(),
+        xbuf,
+        count,
+        L,
+        H,
+        B,
+        n_samples * L,
+        RELU=relu,
+        BLOCK_R=block_r,
+        BLOCK_H=block_h,
+        BLOCK_B=block_b,
+        num_warps=4,
+    )
     return xbuf[(n_samples * L) % 2]
