@@ -51,3 +51,26 @@ def test_one_version():
     assert not re.search(r'^version = "', pyproject, flags=re.M), "a second version in pyproject.toml"
     assert re.fullmatch(r"\d+\.\d+\.\d+", speechkernels.__version__)
     assert importlib.metadata.version("speechkernels") == speechkernels.__version__
+
+
+def test_transducer_losses_declare_the_family_options_alike():
+    """Every transducer loss declares its options as explicit keywords with the names and defaults of
+    ``transducer_options`` (which checks them; ``options_from`` passes them on by name): the ones each takes."""
+    import inspect
+
+    from speechkernels._transducer.options import transducer_options
+
+    shared = {n: p.default for n, p in inspect.signature(transducer_options).parameters.items()}
+    without = {
+        speechkernels.rnnt_loss: {"sigma"},
+        speechkernels.rnnt_joint_loss: {"sigma", "fused_log_softmax"},
+        speechkernels.tdt_loss: set(),
+        speechkernels.multiblank_rnnt_loss: set(),
+        speechkernels.tdt_joint_loss: {"fused_log_softmax"},
+        speechkernels.multiblank_joint_loss: {"fused_log_softmax"},
+    }
+    for loss, absent in without.items():
+        params = inspect.signature(loss).parameters
+        declared = {n: params[n].default for n in shared if n in params}
+        assert set(declared) == set(shared) - absent, loss.__name__
+        assert declared == {n: shared[n] for n in declared}, loss.__name__

@@ -3,6 +3,8 @@ which the losses' ops, their kernels' launchers and their PyTorch paths take who
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from typing import NamedTuple
 
 from .._args import as_bool, as_choice, as_float, as_int
@@ -81,3 +83,11 @@ class JointNetworkOptions(NamedTuple):
     @property
     def seed(self) -> tuple[int, int]:
         return self.seed_lo, self.seed_hi
+
+
+def options_from(arguments: dict, checker: Callable = transducer_options) -> TransducerOptions:
+    """The checked options among a public function's ``arguments`` (its ``locals()`` on entry): the functions of
+    the family declare their options as explicit keywords (their names and defaults those of ``checker``, a test
+    keeps them so) and pass them on by name without spelling them again."""
+    names = inspect.signature(checker).parameters
+    return checker(**{name: value for name, value in arguments.items() if name in names})

@@ -12,7 +12,7 @@ from .._loss_inputs import (
 )
 from .._op import LossModule, LossOp, pytorch_path_op
 from .._transducer.checks import check_contents, check_loss_arguments, state_fake, validate_on_device
-from .._transducer.options import TransducerOptions, transducer_options, with_rnnt_type
+from .._transducer.options import TransducerOptions, options_from, with_rnnt_type
 from .._transducer.reference import reduce_loss
 from .reference import rnnt_forward_backward_scaled
 
@@ -150,16 +150,7 @@ def rnnt_loss(
         >>> loss.backward()
     """
     check_float_input(logits, "logits")
-    opts = transducer_options(
-        blank=blank,
-        clamp=clamp,
-        reduction=reduction,
-        fused_log_softmax=fused_log_softmax,
-        fastemit_lambda=fastemit_lambda,
-        fastemit_loss_scale=fastemit_loss_scale,
-        validate=validate,
-    )
-    opts = with_rnnt_type(opts, rnnt_type)
+    opts = with_rnnt_type(options_from(locals()), rnnt_type)
     reuse_logits_for_grad = as_bool(reuse_logits_for_grad, "reuse_logits_for_grad")
     if logits.dim() != 4:
         raise ValueError(f"logits must have 4 dimensions [N, T, U+1, V], got shape {tuple(logits.shape)}")

@@ -12,7 +12,7 @@ from .._op import LossOp
 from .._transducer.activations import ACTIVATIONS
 from .._transducer.checks import check_contents, state_fake, validate_on_device
 from .._transducer.joint import JointLossModule, as_dropout, draw_seed, joint_inputs
-from .._transducer.options import JointNetworkOptions, TransducerOptions, transducer_options, with_rnnt_type
+from .._transducer.options import JointNetworkOptions, TransducerOptions, options_from, with_rnnt_type
 from .._transducer.reference import reduce_loss
 from .joint_reference import RNNTJointLossReferenceFunction
 
@@ -127,15 +127,7 @@ def rnnt_joint_loss(
     """
     activation = as_choice(activation, "activation", ACTIVATIONS)
     dropout = as_dropout(dropout)
-    opts = transducer_options(
-        blank=blank,
-        reduction=reduction,
-        clamp=clamp,
-        fastemit_lambda=fastemit_lambda,
-        fastemit_loss_scale=fastemit_loss_scale,
-        validate=validate,
-    )
-    opts = with_rnnt_type(opts, rnnt_type)
+    opts = with_rnnt_type(options_from(locals()), rnnt_type)
     generator = as_generator(generator)
     enc, pred, weight, bias, targets, il, tl, blank = joint_inputs(
         enc, pred, weight, bias, targets, logit_lengths, target_lengths, opts.blank, opts.reduction

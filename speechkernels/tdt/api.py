@@ -2,14 +2,13 @@
 ``omega``, dispatch to the Triton kernels (CUDA tensors, or CPU ones under the interpreter) or the float64
 reference, autograd.
 
-The two losses share one set of options (``transducer_options``: its parameters are theirs, keyword-only, with the
-same names and defaults), so that they cannot drift apart; ``inspect.signature`` and ``help`` show them in full.
+The two losses declare the family's options as explicit keywords (the names and defaults of
+``_transducer.options.transducer_options``, which a test keeps so) and check them through ``options_from``.
 """
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -18,7 +17,7 @@ from .._backend import kernel_layout, triton_missing, use_triton
 from .._loss_inputs import Lengths, first_index
 from .._op import LossModule, LossOp, autograd_inside_op, pytorch_path_op
 from .._transducer.checks import check_contents, check_loss_arguments, state_fake, validate_on_device
-from .._transducer.options import TransducerOptions, transducer_options
+from .._transducer.options import TransducerOptions, options_from
 from .._transducer.reference import reduce_loss
 from ..rnnt import rnnt_loss
 from .reference import multiblank_losses_reference, tdt_losses_reference
@@ -96,19 +95,6 @@ TDT_PYTORCH_OP = pytorch_path_op(
 )
 
 
-def with_options(options: Callable) -> Callable[[Callable], Callable]:
-    """A decorator: ``loss(*inputs, **kw)`` shown with ``options``' parameters as its keyword-only ones (after its
-    own), so that losses sharing an options function cannot drift apart."""
-
-    def decorate(loss: Callable) -> Callable:
-        own = [p for p in inspect.signature(loss).parameters.values() if p.kind is not p.VAR_KEYWORD]
-        shared = [p.replace(kind=p.KEYWORD_ONLY) for p in inspect.signature(options).parameters.values()]
-        loss.__signature__ = inspect.Signature(own + shared, return_annotation=torch.Tensor)
-        return loss
-
-    return decorate
-
-
 def _durations(value, name: str, minimum: int) -> tuple[int, ...]:
     """A non-empty sequence of distinct integers >= minimum (a list, tuple, numpy array or 1-D integer tensor)."""
     if isinstance(value, torch.Tensor):
@@ -184,7 +170,6 @@ def _loss(kind, logits, targets, il, tl, durations, blank, opts: TransducerOptio
     return reduce_loss(loss, opts.reduction)
 
 
-@with_options(transducer_options)
 def tdt_loss(
     logits: torch.Tensor,
     targets: torch.Tensor,
@@ -194,7 +179,14 @@ def tdt_loss(
     *,
     omega: float = 0.0,
     generator: torch.Generator | None = None,
-    **options,
+    blank: int = -1,
+    sigma: float = 0.0,
+    reduction: str = "mean",
+    clamp: float = -1.0,
+    fastemit_lambda: float = 0.0,
+    fastemit_loss_scale: bool = True,
+    fused_log_softmax: bool = True,
+    validate: bool = True,
 ) -> torch.Tensor:
     """Token-and-Duration Transducer loss (Xu et al. 2023; NVIDIA's Parakeet-TDT models).
 
@@ -236,7 +228,7 @@ def tdt_loss(
         >>> loss = tdt_loss(logits, torch.randint(0, 5, (2, 3)), [10, 8], [3, 2], durations=[0, 1, 2])
         >>> loss.backward()
     """
-    opts = transducer_options(**options)
+    opts = options_from(locals())
     durations = durations_of(durations)
     omega = as_float(omega, "omega", minimum=0.0)
     if omega > 1.0:
@@ -267,14 +259,21 @@ def tdt_loss(
     return _loss("tdt", logits, targets, il, tl, durations, blank, opts)
 
 
-@with_options(transducer_options)
 def multiblank_rnnt_loss(
     logits: torch.Tensor,
     targets: torch.Tensor,
     logit_lengths: Lengths,
     target_lengths: Lengths,
     big_blank_durations: Sequence[int],
-    **options,
+    *,
+    blank: int = -1,
+    sigma: float = 0.0,
+    reduction: str = "mean",
+    clamp: float = -1.0,
+    fastemit_lambda: float = 0.0,
+    fastemit_loss_scale: bool = True,
+    fused_log_softmax: bool = True,
+    validate: bool = True,
 ) -> torch.Tensor:
     """Multi-blank transducer loss (Xu et al. 2022): big blanks that consume several frames at once.
 
@@ -296,7 +295,7 @@ def multiblank_rnnt_loss(
         >>> logits = torch.randn(2, 10, 4, 8, requires_grad=True)  # 5 labels, big blanks 4 and 2, the blank
         >>> loss = multiblank_rnnt_loss(logits, torch.randint(0, 5, (2, 3)), [10, 8], [3, 2], [2, 4])
     """
-    opts = transducer_options(**options)
+    opts = options_from(locals())
     big = big_blanks_of(big_blank_durations)
     N, T, U1, V = _check_logits(logits, 0, "big blanks")
     if not -V <= opts.blank < V:

@@ -5,7 +5,6 @@ in the narrow chunk of gathered weight rows, then the TDT recursions) or to the 
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -19,7 +18,7 @@ from .._transducer.activations import ACTIVATIONS
 from .._transducer.checks import state_fake, validate_on_device
 from .._transducer.joint import JointLossModule, as_dropout, draw_seed, joint_inputs
 from .._transducer.joint_reference import joint_hidden
-from .._transducer.options import JointNetworkOptions, TransducerOptions, transducer_options
+from .._transducer.options import JointNetworkOptions, TransducerOptions, options_from
 from .._transducer.reference import reduce_loss
 from ..rnnt import rnnt_joint_loss
 from .api import (
@@ -29,7 +28,6 @@ from .api import (
     durations_of,
     multiblank_rnnt_loss,
     tdt_loss,
-    with_options,
 )
 
 try:  # the Triton kernels; without Triton (error names it) the PyTorch path serves every call
@@ -95,29 +93,18 @@ class JointOptions(NamedTuple):
     loss: TransducerOptions
 
 
-def joint_options(
-    activation: str = "relu", dropout: float = 0.0, generator: torch.Generator | None = None, **loss
-) -> JointOptions:
-    """The options both fused losses take, checked (a ValueError names a bad one): the joint's, and the loss's as
-    ``transducer_options`` takes them (but ``fused_log_softmax``: the joint's outputs are scores)."""
-    if "fused_log_softmax" in loss:
-        raise TypeError("got an unexpected keyword argument 'fused_log_softmax' (the joint's outputs are scores)")
+def joint_options(arguments: dict) -> JointOptions:
+    """The checked options among a fused loss's ``arguments`` (its ``locals()`` on entry): the joint's, and the
+    loss's as ``transducer_options`` takes them (``fused_log_softmax`` is not one: the joint's outputs are
+    scores)."""
     return JointOptions(
-        as_choice(activation, "activation", ACTIVATIONS),
-        as_dropout(dropout),
-        as_generator(generator),
-        transducer_options(**loss),
+        as_choice(arguments["activation"], "activation", ACTIVATIONS),
+        as_dropout(arguments["dropout"]),
+        as_generator(arguments["generator"]),
+        options_from(arguments),
     )
 
 
-joint_options.__signature__ = inspect.Signature(
-    [p for p in inspect.signature(joint_options).parameters.values() if p.kind is not p.VAR_KEYWORD]
-    + [p for p in inspect.signature(transducer_options).parameters.values() if p.name != "fused_log_softmax"],
-    return_annotation=JointOptions,
-)
-
-
-@with_options(joint_options)
 def tdt_joint_loss(
     enc: torch.Tensor,
     pred: torch.Tensor,
@@ -129,7 +116,16 @@ def tdt_joint_loss(
     durations: Sequence[int],
     *,
     omega: float = 0.0,
-    **options,
+    activation: str = "relu",
+    dropout: float = 0.0,
+    generator: torch.Generator | None = None,
+    blank: int = -1,
+    sigma: float = 0.0,
+    reduction: str = "mean",
+    clamp: float = -1.0,
+    fastemit_lambda: float = 0.0,
+    fastemit_loss_scale: bool = True,
+    validate: bool = True,
 ) -> torch.Tensor:
     """The TDT loss of the joint network ``logits = weight @ dropout(act(enc_t + pred_u)) + bias`` whose last
     ``len(durations)`` outputs are the duration head (NeMo's TDT joint layout: one output layer of V + D rows, the
@@ -166,7 +162,7 @@ def tdt_joint_loss(
         >>> loss.backward()
     """
     durations = durations_of(durations)
-    opts = joint_options(**options)
+    opts = joint_options(locals())
     omega = as_float(omega, "omega", minimum=0.0)
     if omega > 1.0:
         raise ValueError(f"omega must be a probability in [0, 1], got {omega}")
@@ -255,7 +251,6 @@ def _joint_loss(kind, enc, pred, weight, bias, targets, il, tl, durations, blank
         )
 
 
-@with_options(joint_options)
 def multiblank_joint_loss(
     enc: torch.Tensor,
     pred: torch.Tensor,
@@ -265,7 +260,17 @@ def multiblank_joint_loss(
     logit_lengths: Lengths,
     target_lengths: Lengths,  # the labels
     big_blank_durations: Sequence[int],
-    **options,
+    *,
+    activation: str = "relu",
+    dropout: float = 0.0,
+    generator: torch.Generator | None = None,
+    blank: int = -1,
+    sigma: float = 0.0,
+    reduction: str = "mean",
+    clamp: float = -1.0,
+    fastemit_lambda: float = 0.0,
+    fastemit_loss_scale: bool = True,
+    validate: bool = True,
 ) -> torch.Tensor:
     """The multi-blank transducer loss of the joint network ``logits = weight @ dropout(act(enc_t + pred_u)) +
     bias`` (weight [V, H]: one softmax over the V classes, big blank i at class ``blank - 1 - i`` as
@@ -280,7 +285,7 @@ def multiblank_joint_loss(
         >>> loss = multiblank_joint_loss(enc, pred, out.weight, out.bias, targets, [50, 40], [5, 3], [2, 4, 8])
     """
     big = big_blanks_of(big_blank_durations)
-    opts = joint_options(**options)
+    opts = joint_options(locals())
     enc, pred, weight, bias, targets, il, tl, blank = joint_inputs(
         enc, pred, weight, bias, targets, logit_lengths, target_lengths, opts.loss.blank, opts.loss.reduction
     )
