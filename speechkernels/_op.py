@@ -108,7 +108,10 @@ class LossOp:
         """The loss (``forward``'s out), differentiable with respect to the ``grads`` inputs."""
         if self._options:
             k = len(inputs) - len(self._options)
-            inputs = (*inputs[:k], *(field for value in inputs[k:] for field in value))
+            flat = inputs[:k]
+            for value in inputs[k:]:
+                flat += value  # a NamedTuple's fields
+            inputs = flat
         if torch.compiler.is_compiling():
             return self._fwd_op(*inputs)[0]
         return self._function.apply(*inputs)
@@ -335,15 +338,14 @@ def _with_options(fn: Callable, options: dict[str, type]) -> Callable:
     value's fields in turn (``inspect.signature`` still shows fn's, which LossOp reads for the backward)."""
     if not options:
         return fn
-    sizes = [len(t._fields) for t in options.values()]
-    n = sum(sizes)
+    spans, end = [], 0  # each type's fields as a slice counted from the end of the arguments
+    for t in reversed(options.values()):
+        spans.insert(0, (t, -end - len(t._fields), -end or None))
+        end += len(t._fields)
+    new = tuple.__new__
 
     @functools.wraps(fn)
     def flat(*args):
-        values, at = [], len(args) - n
-        for t, size in zip(options.values(), sizes, strict=True):
-            values.append(t._make(args[at : at + size]))
-            at += size
-        return fn(*args[: len(args) - n], *values)
+        return fn(*args[:-end], *[new(t, args[a:b]) for t, a, b in spans])
 
     return flat

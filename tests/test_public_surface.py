@@ -55,7 +55,7 @@ def test_one_version():
 
 def test_transducer_losses_declare_the_family_options_alike():
     """Every transducer loss declares its options as explicit keywords with the names and defaults of
-    ``transducer_options`` (which checks them; ``options_from`` passes them on by name): the ones each takes."""
+    ``transducer_options`` (which checks them): the ones each takes."""
     import inspect
 
     from speechkernels._transducer.options import transducer_options
@@ -64,10 +64,10 @@ def test_transducer_losses_declare_the_family_options_alike():
     without = {
         speechkernels.rnnt_loss: {"sigma"},
         speechkernels.rnnt_joint_loss: {"sigma", "fused_log_softmax"},
-        speechkernels.tdt_loss: set(),
-        speechkernels.multiblank_rnnt_loss: set(),
-        speechkernels.tdt_joint_loss: {"fused_log_softmax"},
-        speechkernels.multiblank_joint_loss: {"fused_log_softmax"},
+        speechkernels.tdt_loss: {"rnnt_type"},
+        speechkernels.multiblank_rnnt_loss: {"rnnt_type"},
+        speechkernels.tdt_joint_loss: {"fused_log_softmax", "rnnt_type"},
+        speechkernels.multiblank_joint_loss: {"fused_log_softmax", "rnnt_type"},
     }
     for loss, absent in without.items():
         params = inspect.signature(loss).parameters

@@ -3,8 +3,6 @@ which the losses' ops, their kernels' launchers and their PyTorch paths take who
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
 from typing import NamedTuple
 
 from .._args import as_bool, as_choice, as_float, as_int
@@ -51,9 +49,11 @@ def transducer_options(
     fastemit_loss_scale: bool = True,
     fused_log_softmax: bool = True,
     validate: bool = True,
+    rnnt_type: str = "rnnt",
 ) -> TransducerOptions:
     """The options the family's losses share, checked (a ValueError names a bad one; blank is checked against the
-    classes later); RNN-T's ``rnnt_type`` with ``with_rnnt_type``."""
+    classes later). The public functions declare them as explicit keywords (a test keeps their names and defaults
+    those of this function) and pass them on positionally: no ``locals()``, which torch.compile cannot trace."""
     return TransducerOptions(
         as_int(blank, "blank"),
         as_float(sigma, "sigma", finite=True),
@@ -63,12 +63,8 @@ def transducer_options(
         as_bool(fastemit_loss_scale, "fastemit_loss_scale"),
         as_bool(fused_log_softmax, "fused_log_softmax"),
         as_bool(validate, "validate"),
+        as_choice(rnnt_type, "rnnt_type", RNNT_TYPES),
     )
-
-
-def with_rnnt_type(opts: TransducerOptions, rnnt_type: str) -> TransducerOptions:
-    """``opts`` with RNN-T's lattice, checked: "rnnt" or "rna"."""
-    return opts._replace(rnnt_type=as_choice(rnnt_type, "rnnt_type", RNNT_TYPES))
 
 
 class JointNetworkOptions(NamedTuple):
@@ -83,11 +79,3 @@ class JointNetworkOptions(NamedTuple):
     @property
     def seed(self) -> tuple[int, int]:
         return self.seed_lo, self.seed_hi
-
-
-def options_from(arguments: dict, checker: Callable = transducer_options) -> TransducerOptions:
-    """The checked options among a public function's ``arguments`` (its ``locals()`` on entry): the functions of
-    the family declare their options as explicit keywords (their names and defaults those of ``checker``, a test
-    keeps them so) and pass them on by name without spelling them again."""
-    names = inspect.signature(checker).parameters
-    return checker(**{name: value for name, value in arguments.items() if name in names})

@@ -12,7 +12,7 @@ from .._loss_inputs import (
 )
 from .._op import LossModule, LossOp, pytorch_path_op
 from .._transducer.checks import check_contents, check_loss_arguments, state_fake, validate_on_device
-from .._transducer.options import TransducerOptions, options_from, with_rnnt_type
+from .._transducer.options import TransducerOptions, transducer_options
 from .._transducer.reference import reduce_loss
 from .reference import rnnt_forward_backward_scaled
 
@@ -150,7 +150,9 @@ def rnnt_loss(
         >>> loss.backward()
     """
     check_float_input(logits, "logits")
-    opts = with_rnnt_type(options_from(locals()), rnnt_type)
+    opts = transducer_options(
+        blank, 0.0, reduction, clamp, fastemit_lambda, fastemit_loss_scale, fused_log_softmax, validate, rnnt_type
+    )
     reuse_logits_for_grad = as_bool(reuse_logits_for_grad, "reuse_logits_for_grad")
     if logits.dim() != 4:
         raise ValueError(f"logits must have 4 dimensions [N, T, U+1, V], got shape {tuple(logits.shape)}")

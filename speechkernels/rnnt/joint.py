@@ -12,7 +12,7 @@ from .._op import LossOp
 from .._transducer.activations import ACTIVATIONS
 from .._transducer.checks import check_contents, state_fake, validate_on_device
 from .._transducer.joint import JointLossModule, as_dropout, draw_seed, joint_inputs
-from .._transducer.options import JointNetworkOptions, TransducerOptions, options_from, with_rnnt_type
+from .._transducer.options import JointNetworkOptions, TransducerOptions, transducer_options
 from .._transducer.reference import reduce_loss
 from .joint_reference import RNNTJointLossReferenceFunction
 
@@ -127,7 +127,9 @@ def rnnt_joint_loss(
     """
     activation = as_choice(activation, "activation", ACTIVATIONS)
     dropout = as_dropout(dropout)
-    opts = with_rnnt_type(options_from(locals()), rnnt_type)
+    opts = transducer_options(
+        blank, 0.0, reduction, clamp, fastemit_lambda, fastemit_loss_scale, True, validate, rnnt_type
+    )
     generator = as_generator(generator)
     enc, pred, weight, bias, targets, il, tl, blank = joint_inputs(
         enc, pred, weight, bias, targets, logit_lengths, target_lengths, opts.blank, opts.reduction

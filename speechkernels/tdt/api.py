@@ -3,7 +3,7 @@
 reference, autograd.
 
 The two losses declare the family's options as explicit keywords (the names and defaults of
-``_transducer.options.transducer_options``, which a test keeps so) and check them through ``options_from``.
+``_transducer.options.transducer_options``, which a test keeps so) and check them through it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from .._backend import kernel_layout, triton_missing, use_triton
 from .._loss_inputs import Lengths, first_index
 from .._op import LossModule, LossOp, autograd_inside_op, pytorch_path_op
 from .._transducer.checks import check_contents, check_loss_arguments, state_fake, validate_on_device
-from .._transducer.options import TransducerOptions, options_from
+from .._transducer.options import TransducerOptions, transducer_options
 from .._transducer.reference import reduce_loss
 from ..rnnt import rnnt_loss
 from .reference import multiblank_losses_reference, tdt_losses_reference
@@ -228,7 +228,9 @@ def tdt_loss(
         >>> loss = tdt_loss(logits, torch.randint(0, 5, (2, 3)), [10, 8], [3, 2], durations=[0, 1, 2])
         >>> loss.backward()
     """
-    opts = options_from(locals())
+    opts = transducer_options(
+        blank, sigma, reduction, clamp, fastemit_lambda, fastemit_loss_scale, fused_log_softmax, validate
+    )
     durations = durations_of(durations)
     omega = as_float(omega, "omega", minimum=0.0)
     if omega > 1.0:
@@ -295,7 +297,9 @@ def multiblank_rnnt_loss(
         >>> logits = torch.randn(2, 10, 4, 8, requires_grad=True)  # 5 labels, big blanks 4 and 2, the blank
         >>> loss = multiblank_rnnt_loss(logits, torch.randint(0, 5, (2, 3)), [10, 8], [3, 2], [2, 4])
     """
-    opts = options_from(locals())
+    opts = transducer_options(
+        blank, sigma, reduction, clamp, fastemit_lambda, fastemit_loss_scale, fused_log_softmax, validate
+    )
     big = big_blanks_of(big_blank_durations)
     N, T, U1, V = _check_logits(logits, 0, "big blanks")
     if not -V <= opts.blank < V:

@@ -18,7 +18,7 @@ from .._transducer.activations import ACTIVATIONS
 from .._transducer.checks import state_fake, validate_on_device
 from .._transducer.joint import JointLossModule, as_dropout, draw_seed, joint_inputs
 from .._transducer.joint_reference import joint_hidden
-from .._transducer.options import JointNetworkOptions, TransducerOptions, options_from
+from .._transducer.options import JointNetworkOptions, TransducerOptions, transducer_options
 from .._transducer.reference import reduce_loss
 from ..rnnt import rnnt_joint_loss
 from .api import (
@@ -93,15 +93,13 @@ class JointOptions(NamedTuple):
     loss: TransducerOptions
 
 
-def joint_options(arguments: dict) -> JointOptions:
-    """The checked options among a fused loss's ``arguments`` (its ``locals()`` on entry): the joint's, and the
-    loss's as ``transducer_options`` takes them (``fused_log_softmax`` is not one: the joint's outputs are
-    scores)."""
+def joint_options(
+    activation: str, dropout: float, generator: torch.Generator | None, loss: TransducerOptions
+) -> JointOptions:
+    """The checked options of a fused loss: the joint's, and the loss's (``transducer_options``;
+    ``fused_log_softmax`` is not one: the joint's outputs are scores)."""
     return JointOptions(
-        as_choice(arguments["activation"], "activation", ACTIVATIONS),
-        as_dropout(arguments["dropout"]),
-        as_generator(arguments["generator"]),
-        options_from(arguments),
+        as_choice(activation, "activation", ACTIVATIONS), as_dropout(dropout), as_generator(generator), loss
     )
 
 
@@ -162,7 +160,12 @@ def tdt_joint_loss(
         >>> loss.backward()
     """
     durations = durations_of(durations)
-    opts = joint_options(locals())
+    opts = joint_options(
+        activation,
+        dropout,
+        generator,
+        transducer_options(blank, sigma, reduction, clamp, fastemit_lambda, fastemit_loss_scale, True, validate),
+    )
     omega = as_float(omega, "omega", minimum=0.0)
     if omega > 1.0:
         raise ValueError(f"omega must be a probability in [0, 1], got {omega}")
@@ -285,7 +288,12 @@ def multiblank_joint_loss(
         >>> loss = multiblank_joint_loss(enc, pred, out.weight, out.bias, targets, [50, 40], [5, 3], [2, 4, 8])
     """
     big = big_blanks_of(big_blank_durations)
-    opts = joint_options(locals())
+    opts = joint_options(
+        activation,
+        dropout,
+        generator,
+        transducer_options(blank, sigma, reduction, clamp, fastemit_lambda, fastemit_loss_scale, True, validate),
+    )
     enc, pred, weight, bias, targets, il, tl, blank = joint_inputs(
         enc, pred, weight, bias, targets, logit_lengths, target_lengths, opts.loss.blank, opts.loss.reduction
     )
