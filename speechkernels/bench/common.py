@@ -140,15 +140,21 @@ def time_graphed_step(
         v.grad = None
         loss_fn(v).backward()
 
+    return time_graphed_call(step, device, reps)
+
+
+def time_graphed_call(fn: Callable[[], object], device: torch.device, reps: int) -> dict:
+    """fn() captured in one CUDA graph (after three calls on a side stream: compilation, allocator), replayed: the
+    median replay time, its quartiles and minimum. fn must not synchronise with the host."""
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
-        for _ in range(3):  # warm-up off the capture stream (compilation, allocator)
-            step()
+        for _ in range(3):
+            fn()
     torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        step()
+        fn()
     times = times_ms(graph.replay, device, warmup=5, reps=reps)
     q1, _, q3 = statistics.quantiles(times, n=4) if reps > 1 else (math.nan,) * 3
     return {"ms": statistics.median(times), "ms_quartiles": [q1, q3], "ms_min": min(times)}

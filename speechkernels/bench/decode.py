@@ -51,6 +51,7 @@ from .common import (
     progress,
     resolve_device,
     split_rows,
+    time_graphed_call,
     write_json,
 )
 
@@ -75,10 +76,11 @@ LEGEND = [
     ("row", "model-NxSECONDS (transducers) or ctc-NxTxC"),
     ("ours ms", "median ms of one decode of the batch (validate=False; CTC: the whole ctc_greedy_decode call)"),
     ("loop ms", "the same, the PyTorch path (transducers) or argmax + unique_consecutive per utterance (CTC)"),
+    ("graph ms", "ours captured in a CUDA graph and replayed (GPU): the device's time, no host part"),
     ("peers", "the fastest --peers decoder's ms and name"),
     ("x", "the fastest other decoder's ms / ours"),
     ("RTFx", "seconds of audio decoded per second (transducers; decoder only)"),
-    ("TB/s", "CTC: the scores' bytes / ours ms"),
+    ("TB/s", "CTC: the scores' bytes / ours ms, and / graph ms"),
     (
         "exact",
         "utterances equal to the float64 PyTorch path / all (differences explained by a near-tie); = the "
@@ -328,6 +330,8 @@ def measure_transducer(row: str, dtype, device, args, peers_fn) -> dict:
     reps = args.reps if device.type == "cuda" else 2
     times = interleaved_times_ms(fns, device, warmup=2, reps=reps)
     out["ms"] = {k: statistics.median(v) for k, v in times.items()}
+    if device.type == "cuda":
+        out["graph_ms"] = time_graphed_call(fns["ours"], device, reps)["ms"]
     out["rtfx"] = N * seconds / (out["ms"]["ours"] / 1000)
     out["exact"] = exactness(dec, x, lengths, hyp, dtype)
     ours = utterances(hyp)
@@ -354,16 +358,12 @@ def measure_ctc(row: str, device, args) -> dict:
     fns = {"ours": lambda: sk.ctc_greedy_decode(x, lengths, validate=False), "torch loop": peer}
     times = interleaved_times_ms(fns, device, warmup=3, reps=args.reps if device.type == "cuda" else 2)
     ms = {k: statistics.median(v) for k, v in times.items()}
-    return dict(
-        row=row,
-        model="ctc",
-        N=N,
-        T=T,
-        C=C,
-        dtype="float32",
-        ms=ms,
-        tbps=x.numel() * x.element_size() / (ms["ours"] / 1000) / 1e12,
-    )
+    nbytes = x.numel() * x.element_size()
+    out = dict(row=row, model="ctc", N=N, T=T, C=C, dtype="float32", ms=ms, tbps=nbytes / (ms["ours"] / 1000) / 1e12)
+    if device.type == "cuda":
+        out["graph_ms"] = time_graphed_call(fns["ours"], device, args.reps)["ms"]
+        out["tbps_graph"] = nbytes / (out["graph_ms"] / 1000) / 1e12
+    return out
 
 
 def run(args) -> int:
@@ -376,8 +376,8 @@ def run(args) -> int:
     print_title("Greedy decoding (TransducerDecoder.greedy, ctc_greedy_decode)", env, args.reps)
     print_legend(LEGEND, CELLS)
     print(
-        f"{'row':>18} {'dtype':>8} | {'ours ms':>8} {'loop ms':>8} {'peers':>18} {'x':>6} | {'RTFx':>8} "
-        f"{'TB/s':>5} | exact (ties); same dtype",
+        f"{'row':>18} {'dtype':>8} | {'ours ms':>8} {'graph ms':>8} {'loop ms':>8} {'peers':>18} {'x':>6} | "
+        f"{'RTFx':>8} {'TB/s':>11} | exact (ties); same dtype",
         flush=True,
     )
     work = [(r, d) for r in rows for d in (dtypes if not r.startswith("ctc") else [None])]
@@ -413,10 +413,12 @@ def _print_row(row: dict) -> None:
     peer = f"{peers[best]:7.2f} {best[:10]:>10}" if best else f"{'-':>18}"
     x = _speedup(row)
     rtfx = f"{row['rtfx']:8.0f}" if "rtfx" in row else f"{'-':>8}"
-    tbps = f"{row['tbps']:5.2f}" if "tbps" in row else f"{'-':>5}"
+    tbps = f"{row['tbps']:5.2f}" if "tbps" in row else "-"
+    tbps = f"{tbps} / {row['tbps_graph']:4.2f}" if "tbps_graph" in row else tbps
+    graph = f"{row['graph_ms']:8.3f}" if "graph_ms" in row else f"{'-':>8}"
     e = row.get("exact")
     exact = f"{e['equal']}/{e['utterances']} ({e['near_ties']}); {e['equal_torch_path_same_dtype']}" if e else "-"
     emit(
-        f"{row['row']:>18} {row['dtype']:>8} | {ms['ours']:8.3f} {ms['torch loop']:8.2f} {peer} "
-        f"{x if x is None else format(x, '6.1f')} | {rtfx} {tbps} | {exact}"
+        f"{row['row']:>18} {row['dtype']:>8} | {ms['ours']:8.3f} {graph} {ms['torch loop']:8.2f} {peer} "
+        f"{x if x is None else format(x, '6.1f')} | {rtfx} {tbps:>11} | {exact}"
     )
