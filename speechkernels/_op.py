@@ -110,7 +110,7 @@ class LossOp:
             k = len(inputs) - len(self._options)
             flat = inputs[:k]
             for value in inputs[k:]:
-                flat += value  # a NamedTuple's fields
+                flat += tuple(value)  # a NamedTuple's fields (tuple(): torch.compile adds no NamedTuple to a tuple)
             inputs = flat
         if torch.compiler.is_compiling():
             return self._fwd_op(*inputs)[0]

@@ -74,48 +74,19 @@ def wavenet_generate_cluster(
     """Launcher: one cluster of C CTAs per stream, all samples in one launch ([B, n_samples] int64), from the
     model's weights (``weights.vocoder_weights``) and a run's checked inputs. ``weights_dtype``: torch.float32 or
     torch.bfloat16, the type the kernel reads the matrices in (float32 arithmetic)."""
-    import numpy as np
-
     w = weights
-    cond, g, uniforms, temperature = inputs
+    uniforms, temperature = inputs.uniforms, inputs.temperature
     cfg = vocoder_cluster_config(w.layers, w.residual_channels, w.gate_channels, w.skip_channels, w.classes, C)
     n, B = uniforms.shape
     dev = uniforms.device
     p = cluster_layout(w, weights_dtype, C)
-    cb = frame_bias(w, cond, g).contiguous()
-    cb = cb.expand(B, cb.shape[1], w.layers, w.gate_channels).contiguous()
     Q = w.queue_slots
     queue = torch.zeros(B, C, Q, w.gate_channels // 2 // C, 2, device=dev)
     out = torch.empty(B, n, dtype=torch.long, device=dev)
-    u = uniforms.float().contiguous()
     kernel = vocoder_cluster_kernel(
         **cfg, WBF16=int(weights_dtype == torch.bfloat16), GREEDY=int(temperature == 0), arch=device_arch(dev)
     )
-    nt = 32 * (cfg["G2"] // C)
-    hop = w.hop_length if cond is not None else 1 << 30
-    tensors = (
-        p["wg"],
-        p["wr"],
-        p["br"],
-        p["ws"],
-        p["bs"],
-        p["w1"],
-        p["b1"],
-        p["w2"],
-        p["b2"],
-        w.embed,
-        cb,
-        w.dilations,
-        w.queue_offsets,
-        queue,
-        u,
-        out,
-    )
-    inv_temp = inverse_temperature(temperature)  # finite in float32 however small the temperature
-    args = [np.uint64(x.data_ptr()) for x in tensors]
-    args += [np.int32(v) for v in (B, w.layers, cb.shape[1], Q, hop, n, w.start_class)]
-    args.append(np.float32(inv_temp))
-    launch(kernel, dev, B, nt, args, cluster=C, shmem=embed_bytes(cfg["R"], cfg["NC"]))
+    _launch(kernel, B, embed_bytes(cfg["R"], cfg["NC"]), cfg, C, w, p, inputs, (queue,), (out,), w.start_class)
     return out
 
 
@@ -151,10 +122,8 @@ def wavenet_generate_cluster_batch(
     ``streams_per_cluster`` gives MS), all samples in one launch ([B, n_samples] int64).
 
     ``cont`` continues earlier launches (``weights.Continuation``; its queue: ``batch_queue``)."""
-    import numpy as np
-
     w = weights
-    cond, g, uniforms, temperature = inputs
+    uniforms, temperature = inputs.uniforms, inputs.temperature
     cfg = vocoder_cluster_config(w.layers, w.residual_channels, w.gate_channels, w.skip_channels, w.classes, C)
     n, B = uniforms.shape
     dev = uniforms.device
@@ -166,49 +135,51 @@ def wavenet_generate_cluster_batch(
     if not batch_streams_supported(cfg, MS):
         raise ValueError(f"the batched cluster kernel does not run {MS} streams per cluster for {cfg}")
     p = cluster_layout(w, weights_dtype, C)
-    cb = frame_bias(w, cond, g).contiguous()
-    cb = cb.expand(B, cb.shape[1], w.layers, w.gate_channels).contiguous()
     prev, phase, queue, queue_rows, queue_time = run_start(w, B, dev, cont, lambda: batch_queue(w, B, C, dev))
     out = torch.empty(B, n, dtype=torch.long, device=dev)
-    u = uniforms.float().contiguous()
     kernel = vocoder_cluster_batch_kernel(
         **cfg, MS=MS, WBF16=int(weights_dtype == torch.bfloat16), GREEDY=int(temperature == 0), arch=arch
     )
-    hop = w.hop_length if cond is not None else 1 << 30
-    tensors = (
-        p["wg"],
-        p["wr"],
-        p["br"],
-        p["ws"],
-        p["bs"],
-        p["w1"],
-        p["b1"],
-        p["w2"],
-        p["b2"],
-        w.embed,
-        cb,
-        w.dilations,
-        w.queue_offsets,
-        queue,
-        u,
-        prev,
-        phase,
-        queue_rows,
-        out,
-    )
-    args = [np.uint64(x.data_ptr()) for x in tensors]
-    args += [np.int32(v) for v in (B, w.layers, cb.shape[1], w.queue_slots, hop, n, queue_time)]
-    args.append(np.float32(inverse_temperature(temperature)))
-    launch(
-        kernel,
-        dev,
-        K,
-        32 * (cfg["G2"] // C),
-        args,
-        cluster=C,
-        shmem=batch_shared_bytes(cfg["R"], cfg["G2"], cfg["SK"], cfg["NC"], C, MS),
-    )
+    shmem = batch_shared_bytes(cfg["R"], cfg["G2"], cfg["SK"], cfg["NC"], C, MS)
+    _launch(kernel, K, shmem, cfg, C, w, p, inputs, (queue,), (prev, phase, queue_rows, out), queue_time)
     return out
+
+
+_LAYOUT_KEYS = ("wg", "wr", "br", "ws", "bs", "w1", "b1", "w2", "b2")
+
+
+def _launch(
+    kernel,
+    grid: int,
+    shmem: int,
+    cfg: dict,
+    C: int,
+    w: VocoderWeights,
+    p: dict,
+    inputs: VocoderInputs,
+    queues: tuple,
+    outputs: tuple,
+    last: int,
+) -> None:
+    """Launches either cluster kernel (``grid`` clusters of C CTAs) with its arguments in their order: the
+    layout's weights, the embedding, each stream's frame bias, the dilations and queue offsets, ``queues``, the
+    uniforms, ``outputs`` (pointers); then the streams, layers, frames, queue slots, hop and samples and ``last``
+    (int32: the start class of the one-stream kernel, the queue's clock of the batched one), and the inverse
+    temperature (float32). The tensors made here live until the launch is enqueued."""
+    import numpy as np
+
+    cond, g, uniforms, temperature = inputs
+    n, B = uniforms.shape
+    cb = frame_bias(w, cond, g).contiguous()
+    cb = cb.expand(B, cb.shape[1], w.layers, w.gate_channels).contiguous()
+    hop = w.hop_length if cond is not None else 1 << 30
+    u = uniforms.float().contiguous()
+    tensors = (*(p[k] for k in _LAYOUT_KEYS), w.embed, cb, w.dilations, w.queue_offsets, *queues, u, *outputs)
+    ints = (B, w.layers, cb.shape[1], w.queue_slots, hop, n, last)
+    args = [np.uint64(x.data_ptr()) for x in tensors]
+    args += [np.int32(v) for v in ints]
+    args.append(np.float32(inverse_temperature(temperature)))  # finite in float32 however small the temperature
+    launch(kernel, uniforms.device, grid, 32 * (cfg["G2"] // C), args, cluster=C, shmem=shmem)
 
 
 def batch_queue(weights: VocoderWeights, rows: int, C: int, device) -> torch.Tensor:

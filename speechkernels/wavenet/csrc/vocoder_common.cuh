@@ -112,3 +112,45 @@ __device__ __forceinline__ int sample_class(const float* v_all, int lane, float 
 #endif
   return min(cnt, NC - 1);
 }
+
+// ---- the prologue both vocoder kernels share
+// the two exchange mbarriers, initialised by thread 0 and made visible to the cluster
+__device__ __forceinline__ void init_exchange_bars(const u32* bar) {
+  if (threadIdx.x == 0) {
+    mbar_init(bar[0], 1);
+    mbar_init(bar[1], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+}
+// the layers' dilations and queue offsets into shared memory
+__device__ __forceinline__ void load_dilations(int* s_dil, int* s_qoff, const int* dil, const int* qoff, int L) {
+  for (int i = threadIdx.x; i < L; i += NT) {
+    s_dil[i] = dil[i];
+    s_qoff[i] = qoff[i];
+  }
+}
+// biases of this lane's skip, head1 and logit rows (constants: off the critical path)
+__device__ __forceinline__ void load_head_biases(float* bsk, float* bh1, float* bh2, const float* bs, const float* b1,
+                                                 const float* b2, u32 rank, int gi) {
+#pragma unroll
+  for (int k = 0; k < SR; k++) {
+    bsk[k] = bs[rank * (SK / C) + gi * SR + k];
+    bh1[k] = b1[rank * (SK / C) + gi * SR + k];
+  }
+#pragma unroll
+  for (int k = 0; k < H2R; k++) bh2[k] = b2[rank * (NC / C) + gi * H2R + k];
+}
+// layer i's weights of this lane (l: its lane in the group of 8) into w (either kernel's LW): its gate row, its
+// residual and skip rows, the residual rows' biases
+template <class LWT>
+__device__ __forceinline__ void load_layer_weights(LWT& w, const wtype* wg, const wtype* wr, const float* br,
+                                                   const wtype* ws, int i, u32 rank, int warp, int grp, int gi, int l) {
+  ldw(w.g, wg + ((((long long)i * C + rank) * NW + warp) * 4 + grp) * R + LOFF(RCL), RCL / WPV);
+#pragma unroll
+  for (int k = 0; k < RR; k++) ldw(w.r[k], wr + ((long long)i * R + gi * RR + k) * G2 + LOFF(ZCL), ZCL / WPV);
+#pragma unroll
+  for (int k = 0; k < SR; k++)
+    ldw(w.s[k], ws + ((long long)i * SK + rank * (SK / C) + gi * SR + k) * G2 + LOFF(ZCL), ZCL / WPV);
+#pragma unroll
+  for (int k = 0; k < RR; k++) w.br[k] = __ldg(br + (long long)i * R + gi * RR + k);
+}

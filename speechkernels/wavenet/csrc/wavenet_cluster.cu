@@ -42,26 +42,12 @@ wavenet_cluster(const wtype* __restrict__ wg,  // [L][C][NW][4][R]: rows cur_t, 
   const int j = rank * ZC + warp;
   const u32 bar[2] = {smem_addr(&bars[0]), smem_addr(&bars[1])};
   float* qb = queue + ((long long)b * C + rank) * Q * NW * 2 + warp * 2 + (grp & 1);
-  if (threadIdx.x == 0) {
-    mbar_init(bar[0], 1);
-    mbar_init(bar[1], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
+  init_exchange_bars(bar);
   for (int i = threadIdx.x; i < R; i += NT) xs[0][i] = embed[(long long)start * R + i];
   for (int i = threadIdx.x; i < NC * R; i += NT) s_embed[i] = embed[i];
-  for (int i = threadIdx.x; i < L; i += NT) {
-    s_dil[i] = dil[i];
-    s_qoff[i] = qoff[i];
-  }
-  // biases of this lane's skip, head1 and logit rows (constants: off the critical path)
+  load_dilations(s_dil, s_qoff, dil, qoff, L);
   float bsk[SR], bh1[SR], bh2[H2R];
-#pragma unroll
-  for (int k = 0; k < SR; k++) {
-    bsk[k] = bs[rank * (SK / C) + gi * SR + k];
-    bh1[k] = b1[rank * (SK / C) + gi * SR + k];
-  }
-#pragma unroll
-  for (int k = 0; k < H2R; k++) bh2[k] = b2[rank * (NC / C) + gi * H2R + k];
+  load_head_biases(bsk, bh1, bh2, bs, b1, b2, rank, gi);
   cluster_sync();
   if (threadIdx.x == 0) mbar_arrive_expect(bar[0], G2 * 4);  // event 0: layer 0's z
 
@@ -75,14 +61,7 @@ wavenet_cluster(const wtype* __restrict__ wg,  // [L][C][NW][4][R]: rows cur_t, 
     ldw(h2w[k], w2 + (long long)(rank * (NC / C) + gi * H2R + k) * SK + LOFF(HCL), HCL / WPV);
 
   auto load_layer = [&](LW& w, int t, int i) {
-    ldw(w.g, wg + ((((long long)i * C + rank) * NW + warp) * 4 + grp) * R + LOFF(RCL), RCL / WPV);
-#pragma unroll
-    for (int k = 0; k < RR; k++) ldw(w.r[k], wr + ((long long)i * R + gi * RR + k) * G2 + LOFF(ZCL), ZCL / WPV);
-#pragma unroll
-    for (int k = 0; k < SR; k++)
-      ldw(w.s[k], ws + ((long long)i * SK + rank * (SK / C) + gi * SR + k) * G2 + LOFF(ZCL), ZCL / WPV);
-#pragma unroll
-    for (int k = 0; k < RR; k++) w.br[k] = __ldg(br + (long long)i * R + gi * RR + k);
+    load_layer_weights(w, wg, wr, br, ws, i, rank, warp, grp, gi, l);
     const int frame = min(t / hop, F - 1);
     w.cb = (grp < 2) ? __ldg(cb + (((long long)b * F + frame) * L + i) * 2 * G2 + grp * G2 + j) : 0.0f;
     w.slot = (s_qoff[i] + t % s_dil[i]) * NW * 2;

@@ -132,20 +132,13 @@ wavenet_cluster_batch(const wtype* __restrict__ wg,  // [L][C][NW][4][R]
   for (int k = 0; k < NBLK; k++) ls[k] = min(8 * k + (l & (pow2up(bsz(k)) - 1)), MS - 1);
   const u32 bar[2] = {smem_addr(&bars[0]), smem_addr(&bars[1])};
   float* qb = queue + (long long)rank * Q * NW * 2 + warp * 2 + (grp & 1);  // + qslot C Q NW 2: a stream's
-  if (threadIdx.x == 0) {
-    mbar_init(bar[0], 1);
-    mbar_init(bar[1], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
+  init_exchange_bars(bar);
   for (int i = threadIdx.x; i < NC * R; i += NT) s_embed[i] = embed[i];
   // this CTA's head rows (SK / C of head1, then NC / C of the logits)
   for (int i = threadIdx.x; i < (SK / C) * SK; i += NT) s_head[i] = w1[(long long)rank * (SK / C) * SK + i];
   for (int i = threadIdx.x; i < (NC / C) * SK; i += NT)
     s_head[(SK / C) * SK + i] = w2[(long long)rank * (NC / C) * SK + i];
-  for (int i = threadIdx.x; i < L; i += NT) {
-    s_dil[i] = dil[i];
-    s_qoff[i] = qoff[i];
-  }
+  load_dilations(s_dil, s_qoff, dil, qoff, L);
   __syncthreads();
   for (int i = threadIdx.x; i < MS * R; i += NT) {
     const int bg = min(cl * MS + i / R, B - 1);
@@ -162,26 +155,13 @@ wavenet_cluster_batch(const wtype* __restrict__ wg,  // [L][C][NW][4][R]
     own[k] = l < bsz(k) && cl * MS + 8 * k + l < B;
   }
   float bsk[SR], bh1[SR], bh2[H2R];
-#pragma unroll
-  for (int k = 0; k < SR; k++) {
-    bsk[k] = bs[rank * (SK / C) + gi * SR + k];
-    bh1[k] = b1[rank * (SK / C) + gi * SR + k];
-  }
-#pragma unroll
-  for (int k = 0; k < H2R; k++) bh2[k] = b2[rank * (NC / C) + gi * H2R + k];
+  load_head_biases(bsk, bh1, bh2, bs, b1, b2, rank, gi);
   cluster_sync();
   if (threadIdx.x == 0) mbar_arrive_expect(bar[0], MS * G2 * 4);  // event 0: layer 0's z
 
 
   auto load_layer = [&](LW& w, int t, int i) {
-    ldw(w.g, wg + ((((long long)i * C + rank) * NW + warp) * 4 + grp) * R + LOFF(RCL), RCL / WPV);
-#pragma unroll
-    for (int k = 0; k < RR; k++) ldw(w.r[k], wr + ((long long)i * R + gi * RR + k) * G2 + LOFF(ZCL), ZCL / WPV);
-#pragma unroll
-    for (int k = 0; k < SR; k++)
-      ldw(w.s[k], ws + ((long long)i * SK + rank * (SK / C) + gi * SR + k) * G2 + LOFF(ZCL), ZCL / WPV);
-#pragma unroll
-    for (int k = 0; k < RR; k++) w.br[k] = __ldg(br + (long long)i * R + gi * RR + k);
+    load_layer_weights(w, wg, wr, br, ws, i, rank, warp, grp, gi, l);
     w.slot = (s_qoff[i] + (int)((unsigned)(tq0 + t) % (unsigned)s_dil[i])) * NW * 2;
 #pragma unroll
     for (int k = 0; k < NBLK; k++) {
