@@ -473,3 +473,23 @@ def test_captured_in_a_cuda_graph(kind, N):
             a, b = getattr(captured, name), getattr(want, name)
             assert (a is None and b is None) or torch.equal(a, b), (seed, name)
         torch.testing.assert_close(captured.scores, want.scores)
+
+
+def test_scratch_pieces_of_mixed_dtypes():
+    """The kernel's scratch: pieces of 16-, 32- and 64-bit dtypes carved from one 32-bit allocation, each the size
+    asked in its own elements, starting 64-byte aligned, none overlapping another."""
+    tk = decode_api.transducer_kernels
+    if tk is None:
+        pytest.skip("Triton missing")
+    sizes, dtypes = (7, 5, 3, 33, 1), (torch.bfloat16, torch.float32, torch.int64, torch.bfloat16)
+    pieces = tk._carve(torch.zeros, torch.int32, "cpu", sizes, dtypes)
+    base = pieces[-1].untyped_storage().data_ptr()
+    spans = []
+    for p, n, d in zip(pieces, sizes, (*dtypes, torch.int32), strict=True):
+        assert p.dtype == d and p.numel() == n and p.untyped_storage().data_ptr() == base
+        assert p.data_ptr() % 64 == 0
+        spans.append((p.data_ptr(), p.data_ptr() + n * d.itemsize))
+    spans.sort()
+    assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:], strict=False))
+    pieces[0].fill_(1.5)  # a 16-bit piece written leaves its neighbours zero
+    assert pieces[0].tolist() == [1.5] * 7 and not pieces[1].any() and not pieces[2].any()

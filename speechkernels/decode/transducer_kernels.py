@@ -203,7 +203,7 @@ def _transducer_greedy_kernel(
     whh0_ptr, whh1_ptr, whh2_ptr, whh3_ptr,  # W_hh [4H, H]
     bih0_ptr, bih1_ptr, bih2_ptr, bih3_ptr,  # b_ih [4H] (with HAS_LBIAS)
     bhh0_ptr, bhh1_ptr, bhh2_ptr, bhh3_ptr,  # b_hh [4H]
-    h_ptr,  # [2, L, N, H] f32 ping-pong hidden states (buffer 0 holds the state's)
+    h_ptr,  # [2, L, N, H] ping-pong hidden states in the weights' dtype (buffer 0 holds the state's)
     c_ptr,  # [L, N, H] f32 cells
     g_ptr,  # [N, J] f32 pred_w @ out + pred_b for each row's current prediction output
     pout_ptr,  # [N, P] f32 each row's current prediction output (in: the state's; START: written)
@@ -270,28 +270,29 @@ def _transducer_greedy_kernel(
     hp = 0  # the h buffer holding the current hidden states
     n_sync = 0
     ev = 0
-    # ENC: the encoder projection of every live frame: tiles (block of EB frames of the flattened [N, T], EJ columns)
-    n_fb = tl.cdiv(N * T, EB) if ENC else 0
-    o_eb = tl.arange(0, EB)
-    o_ej = tl.arange(0, EJ)
-    o_ek = tl.arange(0, EK)
-    for tile in range(pid, n_fb * tl.cdiv(J, EJ), nprog):
-        fr = (tile % n_fb) * EB + o_eb
-        m_f = fr < N * T
-        m_f &= (fr % T) < tl.load(len_ptr + fr // T, mask=m_f, other=0)
-        cols = (tile // n_fb) * EJ + o_ej
-        m_j = cols < J
-        acc = tl.zeros([EB, EJ], tl.float32)
-        for k0 in tl.range(0, E, EK):
-            kk = k0 + o_ek
-            xe = tl.load(x_ptr + fr.to(tl.int64)[:, None] * E + kk[None, :], mask=m_f[:, None] & (kk < E)[None, :],
-                         other=0.0)  # fmt: skip
-            we = tl.load(ew_ptr + cols[None, :] * E + kk[:, None], mask=m_j[None, :] & (kk < E)[:, None], other=0.0)
-            acc = _dot(xe, we, acc, F32)
-        if HAS_EB:
-            acc += tl.load(eb_ptr + cols, mask=m_j, other=0.0).to(tl.float32)[None, :]
-        tl.store(encp_ptr + fr.to(tl.int64)[:, None] * J + cols[None, :], acc, mask=m_f[:, None] & m_j[None, :])
+    # ENC: the encoder projection of every live frame: tiles (block of EB frames of the flattened [N, T], EJ columns).
+    # Compiled only with ENC (without it the tiles' frame index would divide by a zero count of blocks)
     if ENC:
+        n_fb = tl.cdiv(N * T, EB)
+        o_eb = tl.arange(0, EB)
+        o_ej = tl.arange(0, EJ)
+        o_ek = tl.arange(0, EK)
+        for tile in range(pid, n_fb * tl.cdiv(J, EJ), nprog):
+            fr = (tile % n_fb) * EB + o_eb
+            m_f = fr < N * T
+            m_f &= (fr % T) < tl.load(len_ptr + fr // T, mask=m_f, other=0)
+            cols = (tile // n_fb) * EJ + o_ej
+            m_j = cols < J
+            acc = tl.zeros([EB, EJ], tl.float32)
+            for k0 in tl.range(0, E, EK):
+                kk = k0 + o_ek
+                xe = tl.load(x_ptr + fr.to(tl.int64)[:, None] * E + kk[None, :], mask=m_f[:, None] & (kk < E)[None, :],
+                             other=0.0)  # fmt: skip
+                we = tl.load(ew_ptr + cols[None, :] * E + kk[:, None], mask=m_j[None, :] & (kk < E)[:, None], other=0.0)
+                acc = _dot(xe, we, acc, F32)
+            if HAS_EB:
+                acc += tl.load(eb_ptr + cols, mask=m_j, other=0.0).to(tl.float32)[None, :]
+            tl.store(encp_ptr + fr.to(tl.int64)[:, None] * J + cols[None, :], acc, mask=m_f[:, None] & m_j[None, :])
         n_sync += 1
         grid_sync(bar_ptr, n_sync * nprog)
     while (n_act > 0) | (n_emit > 0):
@@ -589,22 +590,22 @@ _PHASES = (
 
 def _carve(alloc, dtype: torch.dtype, device, sizes: tuple[int, ...], dtypes: tuple = ()) -> list[torch.Tensor]:
     """Flat pieces of the given sizes from one ``alloc`` (torch.zeros, torch.empty, kernel_output) of ``dtype``,
-    each starting on a multiple of 16 elements of ``dtype``; piece i is viewed as ``dtypes[i]`` where given (a
-    dtype of the same or twice the size: its size counts its own elements)."""
+    each starting on a multiple of 16 elements of ``dtype``; piece i is viewed as ``dtypes[i]`` where given (its
+    size counts its own elements)."""
+    kinds = [dtypes[i] if i < len(dtypes) else dtype for i in range(len(sizes))]
     starts, total = [], 0
-    for i, n in enumerate(sizes):
-        wide = i < len(dtypes) and dtypes[i].itemsize > dtype.itemsize
+    for n, d in zip(sizes, kinds, strict=True):
         starts.append(total)
-        total += -(-n * (2 if wide else 1) // 16) * 16
+        words = -(-n * d.itemsize // dtype.itemsize)  # elements of dtype that hold the piece
+        total += -(-words // 16) * 16
     buf = alloc(total, dtype=dtype, device=device)
-    views = {dtype: (buf, 1)}
+    views = {dtype: buf}
     pieces = []
-    for i, (s, n) in enumerate(zip(starts, sizes, strict=True)):
-        d = dtypes[i] if i < len(dtypes) else dtype
+    for s, n, d in zip(starts, sizes, kinds, strict=True):
         if d not in views:
-            views[d] = (buf.view(d), buf.element_size() // d.itemsize or 2)
-        v, ratio = views[d]
-        pieces.append(v[s // ratio : s // ratio + n] if ratio == 2 else v[s : s + n])
+            views[d] = buf.view(d)
+        at = s * dtype.itemsize // d.itemsize
+        pieces.append(views[d][at : at + n])
     return pieces
 
 
@@ -683,10 +684,13 @@ def transducer_greedy(
     # the joint's column ranges
     NCB = min(max(triton.cdiv(V + D, tiles["BV"]), nprog // n_rb if tiles["SPREAD"] else 0), V + D)
     # one allocation per kind, carved into 16-element-aligned pieces (aligned pointers for the kernel's loads).
-    # The scratch, zeroed (32-bit words): h, c, g, the prediction output, the partial sums (float32; zero: the
-    # zero state), the packed keys (int64; zero: empty), each program's row values and the barrier (int32)
+    # The scratch, zeroed (32-bit words): h (the weights' dtype: the products read it so, half the bytes in 16
+    # bits), c, g, the prediction output, the partial sums (float32; zero: the zero state), the packed keys (int64;
+    # zero: empty), each program's row values and the barrier (int32)
     sizes = (2 * L * N * H, L * N * H, N * J, N * P, 4 * N * NCB, 3 * 2 * N, nprog * (4 + K) * N, 1)
-    h, c, g, pout, part, keys, priv, bar = _carve(torch.zeros, torch.int32, dev, sizes, (f32,) * 5 + (torch.int64,))
+    h, c, g, pout, part, keys, priv, bar = _carve(
+        torch.zeros, torch.int32, dev, sizes, (wd,) + (f32,) * 4 + (torch.int64,)
+    )
     if not start:
         if not w.stateless:
             h[: L * N * H].view(L, N, H).copy_(state.predictor[0])
