@@ -205,10 +205,7 @@ def _lstm_layers(lstm, name: str):
     if lstm.bidirectional or lstm.proj_size:
         raise ValueError(f"{name}: a bidirectional LSTM or one with proj_size cannot predict (unsupported layout)")
     return tuple(
-        tuple(
-            getattr(lstm, f"{k}_l{layer}") if hasattr(lstm, f"{k}_l{layer}") else None
-            for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
-        )
+        tuple(getattr(lstm, f"{k}_l{layer}", None) for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
         for layer in range(lstm.num_layers)
     )
 
@@ -270,8 +267,9 @@ def transducer_weights(
             f"the joint's widths disagree: enc.out_features={J}, pred.out_features={w.pred_w.shape[0]}, "
             f"out.in_features={w.out_w.shape[1]}"
         )
-    dtypes = {t.dtype for t in w.tensors()}
-    devices = {t.device for t in w.tensors()}
+    tensors = tuple(w.tensors())
+    dtypes = {t.dtype for t in tensors}
+    devices = {t.device for t in tensors}
     if len(dtypes) > 1 or len(devices) > 1:
         raise ValueError(
             f"the networks' tensors must share one dtype and one device, got {sorted(map(str, dtypes))} "
