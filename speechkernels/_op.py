@@ -58,6 +58,8 @@ class LossOp:
     ) -> None:
         self.name = name
         self._options = options = dict(options or {})
+        # the eager path takes the option values whole (no flattening per call); the library ops their fields
+        self._eager_forward, self._eager_backward = forward, backward
         if options:
             inputs = ", ".join([inputs, *map(options_schema, options.values())])
             forward, forward_fake = _with_options(forward, options), _with_options(forward_fake, options)
@@ -77,6 +79,13 @@ class LossOp:
         self._grads = [index[a] for a in grads]
         self._optional_grads = [index[a] for a in grads if self.types[a].endswith("?")]
         self._no_grads = (None,) * len(self.names)
+        # the eager inputs: the inputs before the options (the same positions), then one value per option type
+        n_plain = len(self.names) - sum(len(t._fields) for t in options.values())
+        fields = {f for t in options.values() for f in t._fields}
+        named = inspect.signature(self._eager_backward).parameters
+        self._eager_args = [index[a] for a in backward_args if a not in fields]
+        self._eager_args += [n_plain + i for i, key in enumerate(options) if key in named]
+        self._eager_no_grads = (None,) * (n_plain + len(options))
         self._forward, self._backward, self._n_state = forward, backward, n_state
         self._function = self._eager_function()
         self._fwd_op, self._bwd_op = self._library_ops(forward_fake, saved, backward_args)
@@ -106,22 +115,23 @@ class LossOp:
 
     def apply(self, *inputs):
         """The loss (``forward``'s out), differentiable with respect to the ``grads`` inputs."""
+        if not torch.compiler.is_compiling():
+            return self._function.apply(*inputs)
         if self._options:
             k = len(inputs) - len(self._options)
             flat = inputs[:k]
             for value in inputs[k:]:
                 flat += tuple(value)  # a NamedTuple's fields (tuple(): torch.compile adds no NamedTuple to a tuple)
             inputs = flat
-        if torch.compiler.is_compiling():
-            return self._fwd_op(*inputs)[0]
-        return self._function.apply(*inputs)
+        return self._fwd_op(*inputs)[0]
 
     # -----------------------------------------------------------------------------------------------------------
 
-    def _grads_of_inputs(self, grads, missing: tuple) -> tuple:
-        """The backward's gradients placed at their inputs' positions: None for every other input, and for the
-        inputs in ``missing`` (optional inputs with a gradient that were None)."""
-        out = list(self._no_grads)
+    def _grads_of_inputs(self, grads, missing: tuple, no_grads: tuple | None = None) -> tuple:
+        """The backward's gradients placed at their inputs' positions (``no_grads``: one None per input, the
+        library op's by default): None for every other input, and for the inputs in ``missing`` (optional inputs
+        with a gradient that were None)."""
+        out = list(self._no_grads if no_grads is None else no_grads)
         if isinstance(grads, (tuple, list)):
             for i, g in zip(self._grads, grads, strict=True):
                 out[i] = g
@@ -132,11 +142,11 @@ class LossOp:
             out[i] = None
         return tuple(out)
 
-    def _save(self, ctx, inputs, state) -> None:
-        """What the backward needs, on ``ctx``: the saved inputs and the state as tensors, the non-tensor inputs,
-        and which optional inputs with a gradient were None."""
+    def _save(self, ctx, inputs, state, args: list[int] | None = None) -> None:
+        """What the backward needs, on ``ctx``: the saved inputs and the state as tensors, the non-tensor inputs
+        (those at ``args``, the library op's by default), and which optional inputs with a gradient were None."""
         ctx.save_for_backward(*[inputs[i] for i in self._saved], *state)
-        ctx.args = [inputs[i] for i in self._args]
+        ctx.args = [inputs[i] for i in (self._args if args is None else args)]
         ctx.missing = [i for i in self._optional_grads if inputs[i] is None] if self._optional_grads else ()
 
     def _eager_function(self) -> type:
@@ -145,13 +155,14 @@ class LossOp:
         class Function(torch.autograd.Function):
             @staticmethod
             def forward(ctx, *inputs):
-                out, state = op._forward(*inputs)
-                op._save(ctx, inputs, state)
+                out, state = op._eager_forward(*inputs)
+                op._save(ctx, inputs, state, op._eager_args)
                 return out
 
             @staticmethod
             def backward(ctx, grad_out):
-                return op._grads_of_inputs(op._backward(grad_out, *ctx.saved_tensors, *ctx.args), ctx.missing)
+                grads = op._eager_backward(grad_out, *ctx.saved_tensors, *ctx.args)
+                return op._grads_of_inputs(grads, ctx.missing, op._eager_no_grads)
 
         Function.__name__ = Function.__qualname__ = _camel(self.name) + "Function"
         return Function
