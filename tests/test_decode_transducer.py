@@ -10,6 +10,7 @@ import types
 
 import pytest
 import torch
+from helpers import count_calls
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -413,6 +414,37 @@ def test_a_batch_past_the_small_tiles(path, kind):
     lengths = torch.randint(0, T + 1, (N,), generator=g)
     hyp, _ = dec.greedy(x.to(path.device), lengths)
     check(hyp, oracle(dec, x, lengths.tolist()), dec, T)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("kind", [{}, dict(durations=[0, 1, 2, 3]), dict(stateless=2, activation="tanh")], ids=str)
+@pytest.mark.parametrize("N", [3, 9])  # the kernel's FMA tiles, tensor-core tiles
+def test_bfloat16_networks_decide_as_float64_but_near_ties(monkeypatch, device, kind, N):
+    """bfloat16 weights (on the GPU the kernel with its 16-bit states, projections and logits; on the CPU the
+    PyTorch path, the interpreter having no bfloat16): every utterance equals the float64 oracle, or its first
+    decision that differs is a near-tie (the float64 gap below 2^-7 of the largest logit)."""
+    from speechkernels.bench.decode import first_divergence, utterances
+
+    launches = []
+    if decode_api.transducer_kernels is not None:
+        count_calls(monkeypatch, decode_api.transducer_kernels, "transducer_greedy", launches)
+    dec = make_decoder(3, J=40, P=20, dtype=torch.bfloat16, device=device, **kind)
+    g = torch.Generator().manual_seed(N)
+    T = 10
+    x = torch.randn(N, T, 6, generator=g)
+    lengths = torch.randint(0, T + 1, (N,), generator=g)
+    hyp, _ = dec.greedy(x.to(device, torch.bfloat16), lengths)
+    assert bool(launches) == (device == "cuda")
+    ours = utterances(hyp)
+    equal = 0
+    for n, (tokens, frames, durations, _scores) in enumerate(oracle(dec, x, lengths.tolist())):
+        same = ours[n][0] == tokens and ours[n][1] == frames
+        if same and (dec.durations is None or ours[n][2] == durations):
+            equal += 1
+            continue
+        div = first_divergence(dec, x[n].to(device), int(lengths[n]), ours[n])
+        assert div is not None and div["margin"] is not None and div["margin"] < 2.0**-7, (n, div)
+    assert equal >= N - 1, equal
 
 
 @pytest.mark.parametrize("kind", [dict(layers=3, lstm_bias=False), dict(layers=4, durations=[0, 1, 2])], ids=str)
