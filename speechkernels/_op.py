@@ -41,7 +41,8 @@ class LossOp:
             are int, float, bool, str or tuple[int, ...]): the last inputs of ``apply``, ``forward`` and
             ``forward_fake`` are one value of each, in this order, and the backward takes those it names as
             parameters, after its non-tensor inputs and in this order; the ops' schemas hold their fields as
-            scalars, after ``inputs``.
+            scalars, after ``inputs`` (the eager Function takes the values whole; only the library ops, under
+            torch.compile, flatten them).
     """
 
     def __init__(
