@@ -61,10 +61,10 @@ class LossOp:
         self._options = options = dict(options or {})
         # the eager path takes the option values whole (no flattening per call); the library ops their fields
         self._eager_forward, self._eager_backward = forward, backward
+        named = inspect.signature(backward).parameters
         if options:
             inputs = ", ".join([inputs, *map(options_schema, options.values())])
             forward, forward_fake = _with_options(forward, options), _with_options(forward_fake, options)
-            named = inspect.signature(backward).parameters
             backward = _with_options(backward, {k: t for k, t in options.items() if k in named})
         params = [p.strip().rsplit(" ", 1) for p in inputs.split(",")]
         self.types = {arg: typ for typ, arg in params}
@@ -83,7 +83,6 @@ class LossOp:
         # the eager inputs: the inputs before the options (the same positions), then one value per option type
         n_plain = len(self.names) - sum(len(t._fields) for t in options.values())
         fields = {f for t in options.values() for f in t._fields}
-        named = inspect.signature(self._eager_backward).parameters
         self._eager_args = [index[a] for a in backward_args if a not in fields]
         self._eager_args += [n_plain + i for i, key in enumerate(options) if key in named]
         self._eager_no_grads = (None,) * (n_plain + len(options))
