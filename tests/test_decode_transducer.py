@@ -447,6 +447,41 @@ def test_bfloat16_networks_decide_as_float64_but_near_ties(monkeypatch, device, 
     assert equal >= N - 1, equal
 
 
+@pytest.mark.kernels
+@pytest.mark.parametrize("kind", [{}, dict(durations=[0, 1, 2, 3], layers=3), dict(lstm_bias=False, layers=1)], ids=str)
+def test_lstm_split_over_k(path, monkeypatch, kind):
+    """The LSTM layers' tensor-core tiles split over ranges of K (the input's and the own output's columns
+    concatenated; partial gates summed in a fixed order after a barrier), forced on small models: K blocks of 16,
+    four ranges of 6 blocks (one range straddles the input and the output, one is empty)."""
+    monkeypatch.setitem(decode_api.transducer_kernels.TILES, "dot_bk", 16)
+    monkeypatch.setitem(decode_api.transducer_kernels.TILES, "dot_lstm_splits_min", 4)
+    dec = make_decoder(13, P=40, device=path.device, **kind)
+    g = torch.Generator().manual_seed(6)
+    N, T = 9, 8
+    x = torch.randn(N, T, 6, generator=g)
+    lengths = torch.randint(0, T + 1, (N,), generator=g)
+    hyp, _ = dec.greedy(x.to(path.device), lengths)
+    check(hyp, oracle(dec, x, lengths.tolist()), dec, T)
+    path.check_ran()
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("kind", [{}, dict(durations=[0, 1, 2, 3]), dict(stateless=2, activation="tanh")], ids=str)
+def test_joint_split_over_k(path, monkeypatch, kind):
+    """The joint's tensor-core tiles split over ranges of K (partial logits summed in a fixed order after a
+    barrier), forced on small models: K blocks of 16, three ranges of a joint width of 40."""
+    monkeypatch.setitem(decode_api.transducer_kernels.TILES, "dot_bk", 16)
+    monkeypatch.setitem(decode_api.transducer_kernels.TILES, "dot_joint_splits_min", 3)
+    dec = make_decoder(12, J=40, device=path.device, **kind)
+    g = torch.Generator().manual_seed(5)
+    N, T = 9, 8
+    x = torch.randn(N, T, 6, generator=g)
+    lengths = torch.randint(0, T + 1, (N,), generator=g)
+    hyp, _ = dec.greedy(x.to(path.device), lengths)
+    check(hyp, oracle(dec, x, lengths.tolist()), dec, T)
+    path.check_ran()
+
+
 @pytest.mark.parametrize("kind", [dict(layers=3, lstm_bias=False), dict(layers=4, durations=[0, 1, 2])], ids=str)
 @pytest.mark.parametrize("N", [3, 18])
 def test_lstm_layouts(path, kind, N):

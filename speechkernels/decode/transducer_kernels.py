@@ -47,7 +47,9 @@ SMALL_BATCH = 4  # up to this many rows: FMA tiles
 MAX_LAYERS = 4  # LSTM layers the kernel takes (more: the PyTorch path)
 # FMA tiles: elements of a phase's product block per program, warps; tensor-core tiles: the most rows, the K block,
 # the output columns (joint), hidden units (LSTM) and projection columns of a tile, warps, pipeline stages of the K
-# loops, and whether a phase's columns are split into one range per program (spread) or into full blocks
+# loops, whether a phase's columns are split into one range per program (spread) or into full blocks; for the
+# LSTM and the joint the most ranges of K their tiles are split into while they fit the programs, and the fewest
+# (tests)
 TILES = dict(
     fma_elements=8192,
     fma_warps=8,
@@ -59,6 +61,10 @@ TILES = dict(
     dot_warps=4,
     dot_stages=4,
     dot_spread=False,
+    dot_lstm_splits=4,
+    dot_lstm_splits_min=1,
+    dot_joint_splits=4,
+    dot_joint_splits_min=1,
 )
 
 
@@ -189,6 +195,72 @@ def _stamp(prof_ptr, i, code, PROFILE: tl.constexpr):
 
 
 @triton.jit
+def _rows_range(acc, p_x, p_w, m_x, m_w, K: tl.constexpr, k_lo, k_hi, BK: tl.constexpr, WD: tl.constexpr,
+                F32: tl.constexpr):  # fmt: skip
+    """acc + X @ W^T over K in [k_lo, k_hi) (multiples of BK; an empty range adds nothing) with tensor-core tiles:
+    ``_rows_product`` over a range of K."""
+    o_k = tl.arange(0, BK)
+    for k0 in tl.range(k_lo, k_hi, BK):
+        kk = k0 + o_k
+        x = tl.load(p_x + kk[None, :], mask=m_x[:, None] & (kk < K)[None, :], other=0.0, cache_modifier=".cg")
+        w = tl.load(p_w + kk[:, None], mask=m_w[None, :] & (kk < K)[:, None], other=0.0)
+        acc = _dot(x.to(WD), w, acc, F32)
+    return acc
+
+
+@triton.jit
+def _lstm_cell(gates, rows, units, grow, m_r, m_u, m_g, e_r, layer: tl.constexpr, hp, p_bih, p_bhh, c_ptr, h_ptr, N,
+               H: tl.constexpr, L: tl.constexpr, BH: tl.constexpr, HAS_LBIAS: tl.constexpr):  # fmt: skip
+    """An LSTM layer's cells of ``rows`` x ``units`` from their gates [rows, 4 BH] (columns q BH + u for gate q =
+    i, f, g, o of unit u; the layer's biases added here): c and h of the emitting rows updated, the others' h carried
+    to the other buffer."""
+    if HAS_LBIAS:  # b_ih + b_hh in float32
+        gates += tl.load(p_bih + grow, mask=m_g, other=0.0).to(tl.float32)[None, :]
+        gates += tl.load(p_bhh + grow, mask=m_g, other=0.0).to(tl.float32)[None, :]
+    gi, gf, gg, go = _split4(gates, rows.shape[0], BH)
+    m_ru = e_r[:, None] & m_u[None, :]
+    p_c = c_ptr + (layer * N + rows[:, None]) * H + units[None, :]
+    c_old = tl.load(p_c, mask=m_ru, other=0.0)
+    c_new = _sigmoid(gf) * c_old + _sigmoid(gi) * _tanh(gg)
+    h_new = _sigmoid(go) * _tanh(c_new)
+    tl.store(p_c, c_new, mask=m_ru)
+    # rows not emitting carry their hidden state to the other buffer
+    p_old = h_ptr + ((hp * L + layer) * N + rows[:, None]) * H + units[None, :]
+    h_old = tl.load(p_old, mask=m_r[:, None] & m_u[None, :], other=0.0, cache_modifier=".cg")
+    tl.store(p_old + (1 - 2 * hp) * L * N * H, tl.where(e_r[:, None], h_new, h_old), mask=m_r[:, None] & m_u[None, :])
+
+
+@triton.jit
+def _joint_outputs(logits, rows, cols, m_c, a_r, c_lo, c_hi, ct, ob_ptr, key_ptr, part_ptr, kb, pb, N, NCB,
+                   V: tl.constexpr, HAS_OB: tl.constexpr, HAS_DUR: tl.constexpr, F32: tl.constexpr,
+                   WD: tl.constexpr):  # fmt: skip
+    """A joint tile's outputs from its logits [BB, BV] (rows, columns c_lo + ..): the output bias, the rows' packed
+    (value, index) keys of the token and duration columns, maxed atomically into slot kb, and the token columns'
+    partial log-sum-exp (max, sum of exp) in column block ct of buffer pb."""
+    o_b = tl.arange(0, rows.shape[0])
+    if HAS_OB:
+        logits += tl.load(ob_ptr + cols, mask=m_c, other=0.0).to(tl.float32)[None, :]
+    if not F32:
+        logits = logits.to(WD).to(tl.float32)
+    is_tok = (m_c & (cols < V))[None, :]
+    tkey = tl.max(tl.where(is_tok, _key(logits, cols[None, :]), _NO_KEY), 1)
+    tl.atomic_max(key_ptr + (kb * 2) * N + rows, tkey, mask=a_r & (o_b * 0 + c_lo < V), sem="relaxed")
+    if HAS_DUR:
+        is_dur = (m_c & (cols >= V))[None, :]
+        dkey = tl.max(tl.where(is_dur, _key(logits, cols[None, :] - V), _NO_KEY), 1)
+        m_d = a_r & (o_b * 0 + c_hi > V)
+        tl.atomic_max(key_ptr + (kb * 2 + 1) * N + rows, dkey, mask=m_d, sem="relaxed")
+    # the partial log-sum-exp of the tile's token columns (-inf, 0 for a tile of durations only)
+    lv = tl.where(is_tok, logits, float("-inf"))
+    m = tl.max(lv, 1)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    s = tl.sum(tl.exp(lv - m_safe[:, None]), 1)
+    p_part = part_ptr + ((pb * 2) * N + rows) * NCB + ct
+    tl.store(p_part, m, mask=a_r)
+    tl.store(p_part + N * NCB, s, mask=a_r)
+
+
+@triton.jit
 def _transducer_greedy_kernel(
     x_ptr,  # [N, T, E] encoder output, weight dtype
     ew_ptr,  # [J, E] enc_w
@@ -205,9 +277,11 @@ def _transducer_greedy_kernel(
     bhh0_ptr, bhh1_ptr, bhh2_ptr, bhh3_ptr,  # b_hh [4H]
     h_ptr,  # [2, L, N, H] ping-pong hidden states in the weights' dtype (buffer 0 holds the state's)
     c_ptr,  # [L, N, H] f32 cells
-    g_ptr,  # [N, J] f32 pred_w @ out + pred_b for each row's current prediction output
+    g_ptr,  # [N, J] pred_w @ out + pred_b for each row's current prediction output (weights' dtype)
     pout_ptr,  # [N, P] f32 each row's current prediction output (in: the state's; START: written)
     part_ptr,  # [2, 2, N, NCB] f32 partial (max, sum of exp) of the token logits per column block
+    lpart_ptr,  # [LS, N, 4H] f32 an LSTM layer's partial gates per range of K (LS > 1)
+    plog_ptr,  # [JS, N, V + D] f32 the joint's partial logits per range of K (JS > 1)
     ctx0_ptr,  # [N, K] int64 the state's context (stateless)
     pw_ptr,  # [J, P] pred_w
     pb_ptr,  # [J] pred_b (with HAS_PB)
@@ -229,7 +303,8 @@ def _transducer_greedy_kernel(
     L: tl.constexpr, K: tl.constexpr, FMA: tl.constexpr, STATELESS: tl.constexpr, HAS_CONV: tl.constexpr,
     HAS_DUR: tl.constexpr, ACT: tl.constexpr, F32: tl.constexpr, BLOCK_N: tl.constexpr, NCB_P2: tl.constexpr,
     BD: tl.constexpr, BB: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, BH: tl.constexpr, BJ: tl.constexpr,
-    BS: tl.constexpr, UNROLL: tl.constexpr, SPREAD: tl.constexpr, HAS_LBIAS: tl.constexpr,
+    BS: tl.constexpr, UNROLL: tl.constexpr, SPREAD: tl.constexpr, LS: tl.constexpr,
+    KB0: tl.constexpr, KB1: tl.constexpr, JS: tl.constexpr, KJ: tl.constexpr, HAS_LBIAS: tl.constexpr,
     HAS_PB: tl.constexpr, HAS_OB: tl.constexpr, START: tl.constexpr, PROFILE: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
@@ -304,9 +379,9 @@ def _transducer_greedy_kernel(
                 n_ut = _ranges(H, BH, nprog // n_rb if SPREAD else 0)
                 o_g = tl.arange(0, 4 * BH)
                 for layer in tl.static_range(L):
-                    for tile in range(pid, n_rb * n_ut, nprog):
+                    for tile in range(pid, n_rb * n_ut * LS, nprog):
                         rows = (tile % n_rb) * BB + o_b
-                        ut = tile // n_rb
+                        ut = (tile // n_rb) % n_ut
                         u_lo = ut * H // n_ut
                         u_hi = (ut + 1) * H // n_ut
                         units = u_lo + tl.arange(0, BH)
@@ -315,39 +390,70 @@ def _transducer_greedy_kernel(
                         m_g = (u_lo + o_g % BH) < u_hi
                         m_r = rows < N
                         e_r = (tl.load(p_priv + 3 * N + rows, mask=m_r, other=0) != 0) & m_r
-                        m_ru = e_r[:, None] & m_u[None, :]
                         acc = _zeros(BB, BK, 4 * BH, FMA)
                         p_ih = _layer(layer, wih0_ptr, wih1_ptr, wih2_ptr, wih3_ptr)
-                        if layer == 0:  # the label's embedding, through W_ih of layer 0
-                            lab = tl.load(p_priv + 2 * N + rows, mask=m_r, other=0)
-                            p_x = emb_ptr + lab.to(tl.int64)[:, None] * PE
-                            acc = _rows_product(acc, p_x, p_ih + grow[None, :] * PE, e_r, m_g, PE, BK, UNROLL, WD, F32,
-                                                FMA)  # fmt: skip
-                        else:  # the layer below's new output, through W_ih
-                            p_x = h_ptr + (((1 - hp) * L + layer - 1) * N + rows[:, None]) * H
-                            acc = _rows_product(acc, p_x, p_ih + grow[None, :] * H, e_r, m_g, H, BK, UNROLL, WD, F32,
-                                                FMA)  # fmt: skip
-                        # the layer's own previous output, through W_hh
-                        p_x = h_ptr + ((hp * L + layer) * N + rows[:, None]) * H
-                        p_w = _layer(layer, whh0_ptr, whh1_ptr, whh2_ptr, whh3_ptr) + grow[None, :] * H
-                        acc = _rows_product(acc, p_x, p_w, e_r, m_g, H, BK, UNROLL, WD, F32, FMA)
-                        gates = _total(acc, FMA)
-                        if HAS_LBIAS:  # b_ih + b_hh in float32
-                            p_b = _layer(layer, bih0_ptr, bih1_ptr, bih2_ptr, bih3_ptr) + grow
-                            gates += tl.load(p_b, mask=m_g, other=0.0).to(tl.float32)[None, :]
-                            p_b = _layer(layer, bhh0_ptr, bhh1_ptr, bhh2_ptr, bhh3_ptr) + grow
-                            gates += tl.load(p_b, mask=m_g, other=0.0).to(tl.float32)[None, :]
-                        gi, gf, gg, go = _split4(gates, BB, BH)
-                        p_c = c_ptr + (layer * N + rows[:, None]) * H + units[None, :]
-                        c_old = tl.load(p_c, mask=m_ru, other=0.0)
-                        c_new = _sigmoid(gf) * c_old + _sigmoid(gi) * _tanh(gg)
-                        h_new = _sigmoid(go) * _tanh(c_new)
-                        tl.store(p_c, c_new, mask=m_ru)
-                        # rows not emitting carry their hidden state to the other buffer
-                        p_old = h_ptr + ((hp * L + layer) * N + rows[:, None]) * H + units[None, :]
-                        h_old = tl.load(p_old, mask=m_r[:, None] & m_u[None, :], other=0.0, cache_modifier=".cg")
-                        tl.store(p_old + (1 - 2 * hp) * L * N * H, tl.where(e_r[:, None], h_new, h_old),
-                                 mask=m_r[:, None] & m_u[None, :])  # fmt: skip
+                        p_hx = h_ptr + ((hp * L + layer) * N + rows[:, None]) * H  # the layer's own previous output
+                        p_hw = _layer(layer, whh0_ptr, whh1_ptr, whh2_ptr, whh3_ptr) + grow[None, :] * H
+                        if LS == 1:
+                            if layer == 0:  # the label's embedding, through W_ih of layer 0
+                                lab = tl.load(p_priv + 2 * N + rows, mask=m_r, other=0)
+                                p_x = emb_ptr + lab.to(tl.int64)[:, None] * PE
+                                acc = _rows_product(acc, p_x, p_ih + grow[None, :] * PE, e_r, m_g, PE, BK, UNROLL, WD,
+                                                    F32, FMA)  # fmt: skip
+                            else:  # the layer below's new output, through W_ih
+                                p_x = h_ptr + (((1 - hp) * L + layer - 1) * N + rows[:, None]) * H
+                                acc = _rows_product(acc, p_x, p_ih + grow[None, :] * H, e_r, m_g, H, BK, UNROLL, WD,
+                                                    F32, FMA)  # fmt: skip
+                            # the layer's own previous output, through W_hh
+                            acc = _rows_product(acc, p_hx, p_hw, e_r, m_g, H, BK, UNROLL, WD, F32, FMA)
+                            _lstm_cell(_total(acc, FMA), rows, units, grow, m_r, m_u, m_g, e_r, layer, hp,
+                                       _layer(layer, bih0_ptr, bih1_ptr, bih2_ptr, bih3_ptr),
+                                       _layer(layer, bhh0_ptr, bhh1_ptr, bhh2_ptr, bhh3_ptr), c_ptr, h_ptr, N, H, L,
+                                       BH, HAS_LBIAS)  # fmt: skip
+                        else:
+                            # K range ks of [input, own output] concatenated: blocks [ks KB, (ks + 1) KB) of BK each
+                            ks = tile // (n_rb * n_ut)
+                            if layer == 0:
+                                lab = tl.load(p_priv + 2 * N + rows, mask=m_r, other=0)
+                                b_in = (PE + BK - 1) // BK
+                                b_lo = ks * KB0
+                                b_hi = b_lo + KB0
+                                acc = _rows_range(acc, emb_ptr + lab.to(tl.int64)[:, None] * PE,
+                                                  p_ih + grow[None, :] * PE, e_r, m_g, PE, b_lo * BK,
+                                                  tl.minimum(b_hi, b_in) * BK, BK, WD, F32)  # fmt: skip
+                            else:
+                                b_in = (H + BK - 1) // BK
+                                b_lo = ks * KB1
+                                b_hi = b_lo + KB1
+                                acc = _rows_range(acc, h_ptr + (((1 - hp) * L + layer - 1) * N + rows[:, None]) * H,
+                                                  p_ih + grow[None, :] * H, e_r, m_g, H, b_lo * BK,
+                                                  tl.minimum(b_hi, b_in) * BK, BK, WD, F32)  # fmt: skip
+                            acc = _rows_range(acc, p_hx, p_hw, e_r, m_g, H, tl.maximum(b_lo - b_in, 0) * BK,
+                                              tl.maximum(b_hi - b_in, 0) * BK, BK, WD, F32)  # fmt: skip
+                            p_l = lpart_ptr + (ks * N + rows[:, None]) * (4 * H) + grow[None, :]
+                            tl.store(p_l, acc, mask=e_r[:, None] & m_g[None, :])
+                    if LS > 1:  # the partial gates summed in the order of K, the cells updated
+                        n_sync += 1
+                        grid_sync(bar_ptr, n_sync * nprog)
+                        n_uc = tl.cdiv(H, BH)
+                        for tile in range(pid, n_rb * n_uc, nprog):
+                            rows = (tile % n_rb) * BB + o_b
+                            units = (tile // n_rb) * BH + tl.arange(0, BH)
+                            m_u = units < H
+                            m_r = rows < N
+                            e_r = (tl.load(p_priv + 3 * N + rows, mask=m_r, other=0) != 0) & m_r
+                            o_g4 = tl.arange(0, 4 * BH)
+                            grow = (o_g4 // BH) * H + (tile // n_rb) * BH + o_g4 % BH
+                            m_g = ((tile // n_rb) * BH + o_g4 % BH) < H
+                            m_rg = e_r[:, None] & m_g[None, :]
+                            p_l = lpart_ptr + rows[:, None] * (4 * H) + grow[None, :]
+                            gates = tl.load(p_l, mask=m_rg, other=0.0, cache_modifier=".cg")
+                            for k2 in tl.static_range(1, LS):
+                                gates += tl.load(p_l + k2 * N * 4 * H, mask=m_rg, other=0.0, cache_modifier=".cg")
+                            _lstm_cell(gates, rows, units, grow, m_r, m_u, m_g, e_r, layer, hp,
+                                       _layer(layer, bih0_ptr, bih1_ptr, bih2_ptr, bih3_ptr),
+                                       _layer(layer, bhh0_ptr, bhh1_ptr, bhh2_ptr, bhh3_ptr), c_ptr, h_ptr, N, H, L,
+                                       BH, HAS_LBIAS)  # fmt: skip
                     ev = _stamp(prof_ptr, ev, 4, PROFILE)
                     n_sync += 1
                     grid_sync(bar_ptr, n_sync * nprog)
@@ -398,11 +504,14 @@ def _transducer_greedy_kernel(
             ev = _stamp(prof_ptr, ev, 0, PROFILE)
             kb = step % 3
             pb = step % 2
-            # 1. joint logits of the active rows: tiles (row block, range of output columns) over the V + D columns
+            # 1. joint logits of the active rows: tiles (row block, range of output columns, range of K) over the V +
+            # D columns; with JS > 1 ranges of K, each tile's partial logits in plog, summed in a fixed order by the
+            # (row block, column range) tiles after a barrier
             n_ct = _ranges(V + D, BV, nprog // n_rb if SPREAD else 0)
-            for tile in range(pid, n_rb * n_ct, nprog):
+            for tile in range(pid, n_rb * n_ct * JS, nprog):
                 rows = (tile % n_rb) * BB + o_b
-                ct = tile // n_rb
+                ct = (tile // n_rb) % n_ct
+                k_lo = (tile // (n_rb * n_ct)) * KJ
                 c_lo = ct * (V + D) // n_ct
                 c_hi = (ct + 1) * (V + D) // n_ct
                 cols = c_lo + tl.arange(0, BV)
@@ -412,7 +521,7 @@ def _transducer_greedy_kernel(
                 a_r = tl.load(p_priv + N + rows, mask=m_r, other=0) != 0
                 t_r = tl.minimum(t_r, T - 1)
                 acc = _zeros(BB, BK, BV, FMA)
-                for k0 in tl.range(0, J, BK, loop_unroll_factor=UNROLL):
+                for k0 in tl.range(k_lo, k_lo + KJ, BK, loop_unroll_factor=UNROLL):
                     kk = k0 + o_k
                     m_rk = a_r[:, None] & (kk < J)[None, :]
                     e = tl.load(encp_ptr + (rows.to(tl.int64)[:, None] * T + t_r[:, None]) * J + kk[None, :], mask=m_rk,
@@ -423,27 +532,31 @@ def _transducer_greedy_kernel(
                         ow_ptr + cols[None, :] * J + kk[:, None], mask=m_c[None, :] & (kk < J)[:, None], other=0.0
                     )
                     acc = _mm(x, w, acc, F32, FMA)
-                logits = _total(acc, FMA)
-                if HAS_OB:
-                    logits += tl.load(ob_ptr + cols, mask=m_c, other=0.0).to(tl.float32)[None, :]
-                if not F32:
-                    logits = logits.to(WD).to(tl.float32)
-                is_tok = (m_c & (cols < V))[None, :]
-                tkey = tl.max(tl.where(is_tok, _key(logits, cols[None, :]), _NO_KEY), 1)
-                tl.atomic_max(key_ptr + (kb * 2) * N + rows, tkey, mask=a_r & (o_b * 0 + c_lo < V), sem="relaxed")
-                if HAS_DUR:
-                    is_dur = (m_c & (cols >= V))[None, :]
-                    dkey = tl.max(tl.where(is_dur, _key(logits, cols[None, :] - V), _NO_KEY), 1)
-                    m_d = a_r & (o_b * 0 + c_hi > V)
-                    tl.atomic_max(key_ptr + (kb * 2 + 1) * N + rows, dkey, mask=m_d, sem="relaxed")
-                # the partial log-sum-exp of the tile's token columns (-inf, 0 for a tile of durations only)
-                lv = tl.where(is_tok, logits, float("-inf"))
-                m = tl.max(lv, 1)
-                m_safe = tl.where(m == float("-inf"), 0.0, m)
-                s = tl.sum(tl.exp(lv - m_safe[:, None]), 1)
-                p_part = part_ptr + ((pb * 2) * N + rows) * NCB + ct
-                tl.store(p_part, m, mask=a_r)
-                tl.store(p_part + N * NCB, s, mask=a_r)
+                if JS == 1:
+                    _joint_outputs(_total(acc, FMA), rows, cols, m_c, a_r, c_lo, c_hi, ct, ob_ptr, key_ptr, part_ptr,
+                                   kb, pb, N, NCB, V, HAS_OB, HAS_DUR, F32, WD)  # fmt: skip
+                else:
+                    p_l = plog_ptr + ((tile // (n_rb * n_ct)) * N + rows[:, None]) * (V + D) + cols[None, :]
+                    tl.store(p_l, _total(acc, FMA), mask=a_r[:, None] & m_c[None, :])
+            if JS > 1:
+                n_sync += 1
+                grid_sync(bar_ptr, n_sync * nprog)
+                for tile in range(pid, n_rb * n_ct, nprog):
+                    rows = (tile % n_rb) * BB + o_b
+                    ct = tile // n_rb
+                    c_lo = ct * (V + D) // n_ct
+                    c_hi = (ct + 1) * (V + D) // n_ct
+                    cols = c_lo + tl.arange(0, BV)
+                    m_c = cols < c_hi
+                    m_r = rows < N
+                    a_r = tl.load(p_priv + N + rows, mask=m_r, other=0) != 0
+                    m_rc = a_r[:, None] & m_c[None, :]
+                    p_l = plog_ptr + rows[:, None] * (V + D) + cols[None, :]
+                    logits = tl.load(p_l, mask=m_rc, other=0.0, cache_modifier=".cg")
+                    for ks in tl.static_range(1, JS):  # in the order of K
+                        logits += tl.load(p_l + ks * N * (V + D), mask=m_rc, other=0.0, cache_modifier=".cg")
+                    _joint_outputs(logits, rows, cols, m_c, a_r, c_lo, c_hi, ct, ob_ptr, key_ptr, part_ptr, kb, pb, N,
+                                   NCB, V, HAS_OB, HAS_DUR, F32, WD)  # fmt: skip
             ev = _stamp(prof_ptr, ev, 1, PROFILE)
             n_sync += 1
             grid_sync(bar_ptr, n_sync * nprog)
@@ -681,16 +794,38 @@ def transducer_greedy(
         )
     tiles["SPREAD"] = fma or TILES["dot_spread"]
     n_rb = triton.cdiv(N, tiles["BB"])
-    # the joint's column ranges
+    # the LSTM layers' tensor-core tiles: (row block, range of hidden units), and LS ranges of K (each of KB0 blocks
+    # for layer 0, KB1 for the others) while the split tiles still fit one wave of programs; their partial gates are
+    # summed after a barrier. At 128 rows (80 tiles on 132 programs) no split: splits of taller tiles lost there
+    # (benchmarks/notes/decode.md)
+    BK = tiles["BK"]
+    LS = 1
+    if not fma and not w.stateless:
+        n_ut = min(triton.cdiv(H, tiles["BH"]), H)
+        LS = max(TILES["dot_lstm_splits_min"], min(TILES["dot_lstm_splits"], nprog // (n_rb * n_ut)))
+        LS = min(LS, triton.cdiv(PE, BK) + triton.cdiv(H, BK))
+    b_hh = triton.cdiv(H, BK)
+    tiles.update(LS=LS, KB0=triton.cdiv(triton.cdiv(PE, BK) + b_hh, LS), KB1=triton.cdiv(2 * b_hh, LS))
+    # the joint's column ranges, and with tensor-core tiles JS ranges of K too (KJ each): all dot_joint_splits of
+    # them when the split tiles fit one wave of programs, else none (fewer ranges lost to the barrier and the sums
+    # they add: benchmarks/notes/decode.md)
     NCB = min(max(triton.cdiv(V + D, tiles["BV"]), nprog // n_rb if tiles["SPREAD"] else 0), V + D)
+    k_blocks = triton.cdiv(J, tiles["BK"])
+    JS = TILES["dot_joint_splits"] if n_rb * NCB * TILES["dot_joint_splits"] <= nprog else 1
+    JS = 1 if fma else min(max(JS, TILES["dot_joint_splits_min"]), k_blocks)
+    tiles.update(JS=JS, KJ=triton.cdiv(k_blocks, JS) * tiles["BK"])
     # one allocation per kind, carved into 16-element-aligned pieces (aligned pointers for the kernel's loads).
-    # The scratch, zeroed (32-bit words): h (the weights' dtype: the products read it so, half the bytes in 16
-    # bits), c, g, the prediction output, the partial sums (float32; zero: the zero state), the packed keys (int64;
-    # zero: empty), each program's row values and the barrier (int32)
-    sizes = (2 * L * N * H, L * N * H, N * J, N * P, 4 * N * NCB, 3 * 2 * N, nprog * (4 + K) * N, 1)
-    h, c, g, pout, part, keys, priv, bar = _carve(
-        torch.zeros, torch.int32, dev, sizes, (wd,) + (f32,) * 4 + (torch.int64,)
-    )
+    # The scratch, zeroed (32-bit words): h and g (the weights' dtype: the products read them so, half the bytes in
+    # 16 bits), c, the prediction output, the partial sums, the LSTM's partial gates and the joint's partial logits
+    # (float32; zero: the zero state), the packed keys (int64; zero: empty), each program's row values and the
+    # barrier (int32)
+    lpart_size = LS * N * 4 * H if LS > 1 else 1
+    plog_size = JS * N * (V + D) if JS > 1 else 1
+    i32, i64 = torch.int32, torch.int64
+    pieces = [(2 * L * N * H, wd), (L * N * H, f32), (N * J, wd), (N * P, f32), (4 * N * NCB, f32), (lpart_size, f32)]
+    pieces += [(plog_size, f32), (3 * 2 * N, i64), (nprog * (4 + K) * N, i32), (1, i32)]
+    sizes, dtypes = zip(*pieces, strict=True)
+    h, c, g, pout, part, lpart, plog, keys, priv, bar = _carve(torch.zeros, i32, dev, sizes, dtypes)
     if not start:
         if not w.stateless:
             h[: L * N * H].view(L, N, H).copy_(state.predictor[0])
@@ -722,6 +857,8 @@ def transducer_greedy(
         g,
         pout,
         part,
+        lpart,
+        plog,
         ctx0,
         w.pred_w,
         w.pred_w if w.pred_b is None else w.pred_b,
