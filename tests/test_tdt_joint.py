@@ -125,17 +125,22 @@ def test_tdt_joint_loss_impossible_sample_and_nan_confinement(path):
     assert torch.isfinite(xs[1].grad[[0, 1]]).all()
 
 
-def test_tdt_joint_omega_is_the_rnnt_joint_loss_of_the_token_rows():
+@pytest.mark.parametrize("kw", [{}, dict(reduction="none", fastemit_lambda=0.1, blank=0, activation="tanh")], ids=str)
+def test_tdt_joint_omega_is_the_rnnt_joint_loss_of_the_token_rows(kw):
+    """omega's draw picks the RNN-T joint loss of the token rows, with the same options."""
     xs, tg, il, tl = make_case(2, 6, 3, 16, 9, 4)
+    if kw:
+        tg = tg + 1  # labels clear of blank 0
     picks = []
     for seed in range(6):
         g = torch.Generator().manual_seed(seed)
         draw = torch.rand((), generator=torch.Generator().manual_seed(seed)).item()
-        loss = sk.tdt_joint_loss(*xs, tg, il, tl, DURATIONS, omega=0.5, generator=g)
+        loss = sk.tdt_joint_loss(*xs, tg, il, tl, DURATIONS, omega=0.5, generator=g, **kw)
         if draw < 0.5:
-            expected = sk.rnnt_joint_loss(xs[0], xs[1], xs[2][:9], xs[3][:9], tg, il, tl)
+            expected = sk.rnnt_joint_loss(xs[0], xs[1], xs[2][:9], xs[3][:9], tg, il, tl, **kw)
         else:
-            expected = sk.tdt_joint_loss(*xs, tg, il, tl, DURATIONS)
+            expected = sk.tdt_joint_loss(*xs, tg, il, tl, DURATIONS, **kw)
+        assert loss.shape == ((2,) if kw else ())
         torch.testing.assert_close(loss, expected, rtol=0, atol=0)
         picks.append(draw < 0.5)
     assert any(picks) and not all(picks)

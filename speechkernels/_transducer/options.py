@@ -3,6 +3,7 @@ which the losses' ops, their kernels' launchers and their PyTorch paths take who
 
 from __future__ import annotations
 
+import inspect
 from typing import NamedTuple
 
 from .._args import as_bool, as_choice, as_float, as_int
@@ -65,6 +66,19 @@ def transducer_options(
         as_bool(validate, "validate"),
         as_choice(rnnt_type, "rnnt_type", RNNT_TYPES),
     )
+
+
+def keywords_of(fn) -> tuple[str, ...]:
+    """The options a loss function takes as keyword arguments: its parameters with defaults that are fields of
+    ``TransducerOptions`` (read once, at import)."""
+    params = inspect.signature(fn).parameters.values()
+    return tuple(p.name for p in params if p.default is not p.empty and p.name in TransducerOptions._fields)
+
+
+def as_keywords(opts: TransducerOptions, names: tuple[str, ...]) -> dict:
+    """The options value as keyword arguments of the function whose ``keywords_of`` are ``names``: a loss that
+    hands its work to another passes its options on without naming each."""
+    return {name: getattr(opts, name) for name in names}
 
 
 class JointNetworkOptions(NamedTuple):

@@ -17,7 +17,7 @@ from .._backend import kernel_layout, triton_missing, use_triton
 from .._loss_inputs import Lengths, first_index
 from .._op import LossModule, LossOp, autograd_inside_op, pytorch_path_op
 from .._transducer.checks import check_contents, check_loss_arguments, state_fake, validate_on_device
-from .._transducer.options import TransducerOptions, transducer_options
+from .._transducer.options import TransducerOptions, as_keywords, keywords_of, transducer_options
 from .._transducer.reference import reduce_loss
 from ..rnnt import rnnt_loss
 from .reference import multiblank_losses_reference, tdt_losses_reference
@@ -27,6 +27,7 @@ try:  # the Triton kernels; without Triton (error names it) the PyTorch path ser
 except ImportError as error:
     kernels = triton_missing(error)
 
+_RNNT_LOSS_OPTIONS = keywords_of(rnnt_loss)  # omega's fallback: the RNN-T loss with the same options
 _INPUTS = "Tensor x, Tensor targets, Tensor il, Tensor tl, str kind, int[] durations, bool need_grad"
 
 
@@ -245,17 +246,7 @@ def tdt_loss(
         dev = generator.device if generator is not None else "cpu"
         if torch.rand((), generator=generator, device=dev).item() < omega:
             return rnnt_loss(
-                logits[..., :V],
-                targets,
-                logit_lengths,
-                target_lengths,
-                opts.blank,
-                opts.clamp,
-                opts.reduction,
-                opts.fused_log_softmax,
-                fastemit_lambda=opts.fastemit_lambda,
-                fastemit_loss_scale=opts.fastemit_loss_scale,
-                validate=opts.validate,
+                logits[..., :V], targets, logit_lengths, target_lengths, **as_keywords(opts, _RNNT_LOSS_OPTIONS)
             )
     targets, il, tl, blank = _inputs(logits, targets, logit_lengths, target_lengths, opts, V, " token classes")
     return _loss("tdt", logits, targets, il, tl, durations, blank, opts)

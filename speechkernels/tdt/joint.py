@@ -18,7 +18,13 @@ from .._transducer.activations import ACTIVATIONS
 from .._transducer.checks import state_fake, validate_on_device
 from .._transducer.joint import JointLossModule, as_dropout, draw_seed, joint_inputs
 from .._transducer.joint_reference import joint_hidden
-from .._transducer.options import JointNetworkOptions, TransducerOptions, transducer_options
+from .._transducer.options import (
+    JointNetworkOptions,
+    TransducerOptions,
+    as_keywords,
+    keywords_of,
+    transducer_options,
+)
 from .._transducer.reference import reduce_loss
 from ..rnnt import rnnt_joint_loss
 from .api import (
@@ -36,6 +42,12 @@ try:  # the Triton kernels; without Triton (error names it) the PyTorch path ser
 except ImportError as error:
     joint_kernels = triton_missing(error)
     tdt_kernels = None
+
+# the losses a joint loss hands its work to (omega's RNN-T fallback; the PyTorch path's materialised logits), and
+# the options each takes
+_RNNT_JOINT_LOSS_OPTIONS = keywords_of(rnnt_joint_loss)
+_TDT_LOSS_OPTIONS = keywords_of(tdt_loss)
+_MULTIBLANK_LOSS_OPTIONS = keywords_of(multiblank_rnnt_loss)
 
 _INPUTS = (
     "Tensor enc, Tensor pred, Tensor weight, Tensor? bias, Tensor targets, Tensor il, Tensor tl, str kind, "
@@ -198,13 +210,8 @@ def tdt_joint_loss(
                 tl,
                 activation=opts.activation,
                 dropout=opts.dropout,
-                blank=lo.blank,
-                reduction=lo.reduction,
-                clamp=lo.clamp,
-                fastemit_lambda=lo.fastemit_lambda,
-                fastemit_loss_scale=lo.fastemit_loss_scale,
-                validate=lo.validate,
                 generator=opts.generator,
+                **as_keywords(lo, _RNNT_JOINT_LOSS_OPTIONS),
             )
     return _joint_loss("tdt", enc, pred, weight, bias, targets, il, tl, durations, blank_v, opts)
 
@@ -244,13 +251,7 @@ def _joint_loss(kind, enc, pred, weight, bias, targets, il, tl, durations, blank
             il,
             tl,
             durations,
-            blank=blank,
-            sigma=lo.sigma,
-            reduction=lo.reduction,
-            clamp=lo.clamp,
-            fastemit_lambda=lo.fastemit_lambda,
-            fastemit_loss_scale=lo.fastemit_loss_scale,
-            validate=lo.validate,
+            **as_keywords(lo._replace(blank=blank), _TDT_LOSS_OPTIONS if kind == "tdt" else _MULTIBLANK_LOSS_OPTIONS),
         )
 
 
