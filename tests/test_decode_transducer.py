@@ -447,6 +447,38 @@ def test_bfloat16_networks_decide_as_float64_but_near_ties(monkeypatch, device, 
     assert equal >= N - 1, equal
 
 
+def test_blank_duration_margins():
+    """The bench's replay where ours parts from float64 inside a run of TDT blanks (their durations are not in a
+    hypothesis): per float64 blank frame, its duration's margin over the best one landing elsewhere in the range."""
+    from speechkernels.bench.decode import skip_margins
+
+    D = torch.tensor([0.1, 0.5, 0.45, -1.0], dtype=torch.float64)  # durations 0..3; float64 takes 1 (lands on 3)
+    assert skip_margins([(2, D, 1.0)], [0, 1, 2, 3], 4, 6) == [pytest.approx(0.05)]  # 2 and 3 land on 4 and 5
+    assert skip_margins([(2, D, 2.0)], [0, 1, 2, 3], 5, 6) == [pytest.approx(0.75)]  # only 3 lands in [5, 6]
+    assert skip_margins([(2, D, 1.0)], [0, 1, 2, 3], 0, 3) == []  # 0 lands where 1 does: no other path
+    assert skip_margins([(2, D, 1.0), (3, D.flip(0), 1.0)], [0, 1, 2, 3], 4, 9) == [pytest.approx(0.05)] * 2
+
+
+def test_replay_of_a_hypothesis_that_parts_inside_blanks():
+    """The bench's float64 replay: float64's own hypothesis replays to None; one whose first label comes a frame
+    later than float64's parts at that label or at an earlier blank's duration, with a margin."""
+    from speechkernels.bench.decode import first_divergence
+
+    dec = make_decoder(5, dtype=torch.float64, durations=[0, 1, 2, 3])
+    g = torch.Generator().manual_seed(2)
+    T, seen = 12, 0
+    x = torch.randn(6, T, 6, generator=g, dtype=torch.float64)
+    for n, (tokens, frames, durations, _) in enumerate(oracle(dec, x, [T] * 6)):
+        assert first_divergence(dec, x[n], T, (tokens, frames, durations)) is None
+        if tokens and frames[0] + 1 < T and (len(frames) == 1 or frames[1] > frames[0] + 1):
+            later = [frames[0] + 1, *frames[1:]]
+            div = first_divergence(dec, x[n], T, (tokens, later, durations))
+            assert div["what"] in ("label", "label, or an earlier blank's duration", "blank duration"), div
+            assert div["margin"] is not None and div["margin"] >= 0, div
+            seen += 1
+    assert seen > 0
+
+
 @pytest.mark.kernels
 @pytest.mark.parametrize("kind", [{}, dict(durations=[0, 1, 2, 3], layers=3), dict(lstm_bias=False, layers=1)], ids=str)
 def test_lstm_split_over_k(path, monkeypatch, kind):

@@ -12,7 +12,9 @@ library's PyTorch path on the same device (a batched label-looping loop, a host 
 cannot be captured in a CUDA graph). Exactness: every utterance's tokens, frames and durations against the float64
 PyTorch path (weights in float64); where they differ, ours is replayed in float64 and the first decision that is
 not float64's argmax is reported with its margin (the float64 gap between the two choices, relative to the largest
-logit's magnitude): a near-tie when below 2^-7 (bfloat16) or 2^-18 (float32); and against the PyTorch path in the
+logit's magnitude; TDT blanks' durations are not in a hypothesis, so where ours parts from float64 inside a run of
+blanks, the least margin over the decisions where it may have parted): a near-tie when below 2^-7 (bfloat16) or
+2^-18 (float32); and against the PyTorch path in the
 networks' own dtype (in bfloat16 the rounding of the activations changes some decisions by more than a near-tie: the
 PyTorch path in bfloat16 makes the same ones).
 
@@ -210,6 +212,7 @@ def first_divergence(dec: sk.TransducerDecoder, x: torch.Tensor, length: int, ou
     pred_state, out = st.predictor, st.output
     enc = torch.nn.functional.linear(x.double(), w.enc_w, w.enc_b)
     t, j, at_frame = 0, 0, 0
+    run = []  # float64's blank decisions since the last label (frame, duration logits, scale): ours's unrecorded
     while t < length:
         logits = torch.nn.functional.linear(
             act(enc[t] + torch.nn.functional.linear(out[0], w.pred_w, w.pred_b)), w.out_w, w.out_b
@@ -218,8 +221,12 @@ def first_divergence(dec: sk.TransducerDecoder, x: torch.Tensor, length: int, ou
         choice = tokens[j] if ours_emits else blank
         scale = logits[:V].abs().max().item() or 1.0
         best = int(logits[:V].argmax())
+        limit = frames[j] if j < len(tokens) else length
         if best != choice:
-            return dict(token_index=j, frame=t, what="label", margin=(logits[best] - logits[choice]).item() / scale)
+            margin = (logits[best] - logits[choice]).item() / scale
+            skips = [] if ours_emits else skip_margins(run, dec.durations, t + 1, limit)
+            what = "label" if not skips else "label, or an earlier blank's duration"
+            return dict(token_index=j, frame=t, what=what, margin=min([margin, *skips]))
         if dec.durations:
             D = logits[V:]
             d_best = int(D.argmax())
@@ -230,10 +237,16 @@ def first_divergence(dec: sk.TransducerDecoder, x: torch.Tensor, length: int, ou
         else:
             step = 0 if ours_emits else 1
         if not ours_emits:
+            if dec.durations:
+                run.append((t, D, scale))
             t, at_frame = t + max(step, 1), 0
             if j < len(tokens) and frames[j] < t:
-                return dict(token_index=j, frame=t, what="blank duration", margin=None)
+                # float64's blank jumped past our label: ours took another duration here or at an earlier blank
+                alternatives = skip_margins(run, dec.durations, 0, frames[j])
+                margin = min(alternatives) if alternatives else None
+                return dict(token_index=j, frame=t, what="blank duration", margin=margin)
             continue
+        run = []
         out, pred_state = predict(w, torch.tensor([choice], device=x.device), pred_state)
         j += 1
         at_frame = at_frame + 1 if step == 0 else 0
@@ -241,6 +254,21 @@ def first_divergence(dec: sk.TransducerDecoder, x: torch.Tensor, length: int, ou
             step, at_frame = 1, 0
         t += step
     return None if j == len(tokens) else dict(token_index=j, frame=t, what="length", margin=None)
+
+
+def skip_margins(run: list, durations, lo: int, hi: int) -> list[float]:
+    """Blanks' durations are not in a hypothesis: where ours and float64 part within a run of blanks, ours took
+    another duration at one of float64's blank frames (ours visited them all up to the one where it parted). For
+    each frame of ``run`` ((frame, duration logits, scale) of float64's decisions), the relative margin of
+    float64's duration over the best one landing elsewhere in [lo, hi]; the least of them bounds the
+    margin of the decision where ours parted from below."""
+    out = []
+    for t, D, scale in run:
+        land = t + max(durations[int(D.argmax())], 1)
+        alt = [q for q, d in enumerate(durations) if t + max(d, 1) != land and lo <= t + max(d, 1) <= hi]
+        if alt:
+            out.append((D.max() - D[alt].max()).item() / scale)
+    return out
 
 
 def exactness(dec, x, lengths, hyp, dtype) -> dict:
