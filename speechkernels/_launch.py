@@ -1,5 +1,6 @@
 """Launching Triton kernels with less host time (``launch``): the compiled kernel of each specialisation kept and
-run directly; ``next_power_of_2`` for block sizes."""
+run directly; ``next_power_of_2`` and ``cdiv`` for block sizes and grids (plain Python: ``triton.cdiv`` is a
+constexpr function whose call from the host unwraps its arguments, a few microseconds a call)."""
 
 from __future__ import annotations
 
@@ -115,3 +116,8 @@ def _triton_runtime_knobs():
 
 def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def cdiv(n: int, d: int) -> int:
+    """ceil(n / d) of non-negative integers, as ``triton.cdiv`` on the host."""
+    return -(-n // d)

@@ -42,6 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._launch import cdiv, next_power_of_2
 from .._logspace import ln2, log2e, lse_step_rows, neg
 from .._outputs import kernel_output
 from .activations import ACTIVATIONS, DROP_BITS, drop_threshold
@@ -615,7 +616,7 @@ def _stage_hidden(enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, t
     """A chunk's hidden vectors into hbuf (``_joint_hidden_kernel``; s_h columns a segment)."""
     T, H = enc.shape[1], enc.shape[2]
     bh, BT = _blocks(enc, "hidden"), _blocks(enc, "tile")["BT"]
-    _joint_hidden_kernel[(triton.cdiv(tiles * BT, bh["BM"]), triton.cdiv(s_h, bh["BK"]))](
+    _joint_hidden_kernel[(cdiv(tiles * BT, bh["BM"]), cdiv(s_h, bh["BK"]))](
         enc,
         pred,
         logit_lengths,
@@ -707,8 +708,8 @@ def joint_lattice(
     bh, bf = _blocks(enc, "hidden"), _blocks(enc, "forward")
     BT = _blocks(enc, "tile")["BT"]
     reserved = 1 + bf["BM"] // BT + durations  # the narrow chunk's blank, labels and durations
-    bf = dict(bf, BVT=max(bf["BVT"], triton.next_power_of_2(reserved + 1)))
-    n_tb = triton.cdiv(T, BT)
+    bf = dict(bf, BVT=max(bf["BVT"], next_power_of_2(reserved + 1)))
+    n_tb = cdiv(T, BT)
     split = meta["SPLIT"]
     s_h, s_ds = _widths(H, V, split, enc)
     pdt = _products_dtype(weight)
@@ -723,7 +724,7 @@ def joint_lattice(
         _stage_hidden(
             enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, n_tb, s_h, strides, seeds, meta
         )
-        _joint_lattice_kernel[(triton.cdiv(tiles * BT, bf["BM"]),)](
+        _joint_lattice_kernel[(cdiv(tiles * BT, bf["BM"]),)](
             h_desc,
             w_desc,
             w_k,
@@ -801,7 +802,7 @@ def joint_backward(
     split = meta["SPLIT"]
     bh, b1, b2 = (_blocks(enc, k) for k in ("hidden", "dlogits", "rows"))
     BT = _blocks(enc, "tile")["BT"]
-    n_tb = triton.cdiv(T, BT)
+    n_tb = cdiv(T, BT)
     # float32: two bfloat16 segments of hidden vectors a row (hi, lo), three of the logits' gradient (hi, lo, hi)
     s_h, s_ds = _widths(H, V, split, enc)
     pdt = _products_dtype(weight)
@@ -810,7 +811,7 @@ def joint_backward(
     h_cols, d_cols = (2 * s_h, 3 * s_ds) if split else (s_h, s_ds)
     nc, uc = _chunks(N, U1, n_tb * BT, (h_cols + d_cols) * pdt.itemsize, dev, split)
     v_main = _main_classes(V, b1)
-    n_cg = triton.cdiv(v_main, b1["BV"]) + triton.cdiv(V - v_main, b1["BVT"])
+    n_cg = cdiv(v_main, b1["BV"]) + cdiv(V - v_main, b1["BVT"])
     rows_max = _rows(nc * n_tb * uc * BT, bh["BM"], b1["BM"])
     hbuf = kernel_output(rows_max, h_cols, dtype=pdt, device=dev)
     ds = kernel_output(rows_max, d_cols, dtype=pdt, device=dev)
@@ -818,7 +819,7 @@ def joint_backward(
     genc = torch.zeros(N, T, H, dtype=torch.float32, device=dev)
     gpred = torch.zeros(N, U1, H, dtype=torch.float32, device=dev)
     FB = max(b2["FB"], BT)  # the rows kernel's blocks of frames (a multiple of BT), n_fb a sample
-    n_fb = triton.cdiv(n_tb * BT, FB)
+    n_fb = cdiv(n_tb * BT, FB)
     gpred_part = kernel_output(nc * n_fb * uc * H, dtype=torch.float32, device=dev)
     # float32: hi^T @ [h_hi | h_lo] and lo^T @ h_hi of the logits' gradient's hi and lo
     gw = torch.zeros(s_ds, h_cols, dtype=torch.float32, device=dev)
@@ -832,7 +833,7 @@ def joint_backward(
         _stage_hidden(
             enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, n_tb, s_h, strides, seeds, meta
         )
-        _joint_dlogits_kernel[(triton.cdiv(tiles * BT, b1["BM"]) * n_cg,)](
+        _joint_dlogits_kernel[(cdiv(tiles * BT, b1["BM"]) * n_cg,)](
             h_desc,
             *w_descs,
             bias,
@@ -889,7 +890,7 @@ def joint_backward(
             _addmm_f32(gw, d.t(), h)  # the weight's gradient
             dh = _mm_into(d, w_d, h)  # the hidden vectors', in their place (DT)
         n_s = rows // n_tb  # the chunk's samples
-        _joint_grad_rows_kernel[(triton.cdiv(H, b2["BN"]), n_s * n_fb)](
+        _joint_grad_rows_kernel[(cdiv(H, b2["BN"]), n_s * n_fb)](
             enc,
             pred,
             dh,

@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launch import next_power_of_2
+from .._launch import cdiv, next_power_of_2
 from .._outputs import kernel_output
 from .._sync import frame, wait_counter
 
@@ -320,7 +320,7 @@ def segment_length(T: int, W: int) -> int:
     """K: the shortest segment (the fill's work and scratch) whose anchor rows fit in ANCHOR_BYTES."""
     for block in FILL_BLOCKS:
         K = block - CHUNK
-        if triton.cdiv(T, K) * 2 * W * 6 <= ANCHOR_BYTES:
+        if cdiv(T, K) * 2 * W * 6 <= ANCHOR_BYTES:
             return K
     return FILL_BLOCKS[-1] - CHUNK
 
@@ -357,15 +357,15 @@ def ctc_align(
             block, block_warps = max(32, next_power_of_2(lanes)), max(1, next_power_of_2(lanes) // 32)
         else:
             for block, block_warps in FORWARD_BLOCKS:  # noqa: B007 - the loop picks the pair
-                if N * triton.cdiv(lanes, block) * T * 8 <= BOUNDARY_BYTES:
+                if N * cdiv(lanes, block) * T * 8 <= BOUNDARY_BYTES:
                     break
         warps = warps or block_warps
-    P = triton.cdiv(lanes, block)
+    P = cdiv(lanes, block)
     K = segment or segment_length(T, W)
     if K % CHUNK != 0:
         raise ValueError(f"segment={K} is not a multiple of {CHUNK}")
     fill_block = next_power_of_2(K + CHUNK)
-    R = triton.cdiv(T, K)
+    R = cdiv(T, K)
     anc_a = torch.empty(R * 2 * W, dtype=torch.float32, device=dev)
     anc_o = torch.empty(R * 2 * W, dtype=torch.int16, device=dev)
     wide = P > 1

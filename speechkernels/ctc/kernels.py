@@ -53,7 +53,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launch import launch, next_power_of_2
+from .._launch import cdiv, launch, next_power_of_2
 from .._logspace import lae, ln2, log2e, lse_step, lse_total, neg
 from .._outputs import kernel_output, kernel_output_like
 from .._sync import frame, wait_counter
@@ -776,7 +776,7 @@ def wave_shape(N: int, lanes: int, sms: int) -> tuple[int, int] | None:
     about 300 lanes (L = 300, N = 1: 0.84 -> 0.74 ms of recursions; L up to 1500: 3.2 -> 1.0 ms at N = 1, 2.3 ms
     at N = 64) until the programs no longer run at once (N = 128, L up to 1500: 1536 programs, 3.2 -> 4.3 ms)."""
     block, warps = WAVE_BLOCK
-    if lanes <= 2 * block or N * triton.cdiv(lanes, block) > 6 * sms:
+    if lanes <= 2 * block or N * cdiv(lanes, block) > 6 * sms:
         return None
     return block, warps
 
@@ -934,7 +934,7 @@ def ctc_forward(
         wave = wave_shape(N, lanes, _multiprocessors(dev))
     if wave is not None:
         wave_block, wave_warps = wave
-        P = triton.cdiv(lanes, wave_block)
+        P = cdiv(lanes, wave_block)
         bnd = torch.empty(N * P * T, dtype=torch.float64, device=dev)
         prog = torch.zeros(2 * (N * P + 1), dtype=torch.int32, device=dev)  # alpha's counters, then beta's
         nan = torch.empty(N * P, dtype=torch.int32, device=dev)

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launch import launch, next_power_of_2
+from .._launch import cdiv, launch, next_power_of_2
 from .._outputs import kernel_output
 
 COMPACT_BLOCK_T = 1024  # frames per step of the compaction (a power of two; tests lower it to cross blocks)
@@ -130,7 +130,7 @@ def ctc_greedy(
     n_out = kernel_output(N, dtype=torch.int64, device=dev)
     BLOCK_C = min(next_power_of_2(C), CTC_TILES["block_c"])
     BLOCK_T = max(1, min(CTC_TILES["block_t"], CTC_TILES["elements"] // BLOCK_C))
-    n_t_blocks = triton.cdiv(T, BLOCK_T)
+    n_t_blocks = cdiv(T, BLOCK_T)
     launch(_ctc_best_kernel)[(N * n_t_blocks,)](
         x,
         lengths,

@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launch import launch, next_power_of_2
+from .._launch import cdiv, launch, next_power_of_2
 from .._outputs import kernel_output
 from .._sync import grid_sync
 
@@ -778,9 +778,7 @@ def transducer_greedy(
         BB = max(1, next_power_of_2(N))
         BK = min(next_power_of_2(max(J, H, P, PE)), TILES["fma_elements"] // (32 * BB))
         # K loops unrolled: every block's loads issued before the products need them
-        tiles = dict(
-            BB=BB, BV=8, BK=BK, BH=8, BJ=8, UNROLL=triton.cdiv(max(J, H, P, PE), BK), num_warps=TILES["fma_warps"]
-        )
+        tiles = dict(BB=BB, BV=8, BK=BK, BH=8, BJ=8, UNROLL=cdiv(max(J, H, P, PE), BK), num_warps=TILES["fma_warps"])
     else:
         tiles = dict(
             BB=min(max(16, next_power_of_2(N)), TILES["dot_bb"]),
@@ -793,7 +791,7 @@ def transducer_greedy(
             num_stages=TILES["dot_stages"],
         )
     tiles["SPREAD"] = fma or TILES["dot_spread"]
-    n_rb = triton.cdiv(N, tiles["BB"])
+    n_rb = cdiv(N, tiles["BB"])
     # the LSTM layers' tensor-core tiles: (row block, range of hidden units), and LS ranges of K (each of KB0 blocks
     # for layer 0, KB1 for the others) while the split tiles still fit one wave of programs; their partial gates are
     # summed after a barrier. At 128 rows (80 tiles on 132 programs) no split: splits of taller tiles lost there
@@ -801,19 +799,19 @@ def transducer_greedy(
     BK = tiles["BK"]
     LS = 1
     if not fma and not w.stateless:
-        n_ut = min(triton.cdiv(H, tiles["BH"]), H)
+        n_ut = min(cdiv(H, tiles["BH"]), H)
         LS = max(TILES["dot_lstm_splits_min"], min(TILES["dot_lstm_splits"], nprog // (n_rb * n_ut)))
-        LS = min(LS, triton.cdiv(PE, BK) + triton.cdiv(H, BK))
-    b_hh = triton.cdiv(H, BK)
-    tiles.update(LS=LS, KB0=triton.cdiv(triton.cdiv(PE, BK) + b_hh, LS), KB1=triton.cdiv(2 * b_hh, LS))
+        LS = min(LS, cdiv(PE, BK) + cdiv(H, BK))
+    b_hh = cdiv(H, BK)
+    tiles.update(LS=LS, KB0=cdiv(cdiv(PE, BK) + b_hh, LS), KB1=cdiv(2 * b_hh, LS))
     # the joint's column ranges, and with tensor-core tiles JS ranges of K too (KJ each): all dot_joint_splits of
     # them when the split tiles fit one wave of programs, else none (fewer ranges lost to the barrier and the sums
     # they add: benchmarks/notes/decode.md)
-    NCB = min(max(triton.cdiv(V + D, tiles["BV"]), nprog // n_rb if tiles["SPREAD"] else 0), V + D)
-    k_blocks = triton.cdiv(J, tiles["BK"])
+    NCB = min(max(cdiv(V + D, tiles["BV"]), nprog // n_rb if tiles["SPREAD"] else 0), V + D)
+    k_blocks = cdiv(J, tiles["BK"])
     JS = TILES["dot_joint_splits"] if n_rb * NCB * TILES["dot_joint_splits"] <= nprog else 1
     JS = 1 if fma else min(max(JS, TILES["dot_joint_splits_min"]), k_blocks)
-    tiles.update(JS=JS, KJ=triton.cdiv(k_blocks, JS) * tiles["BK"])
+    tiles.update(JS=JS, KJ=cdiv(k_blocks, JS) * tiles["BK"])
     # one allocation per kind, carved into 16-element-aligned pieces (aligned pointers for the kernel's loads).
     # The scratch, zeroed (32-bit words): h and g (the weights' dtype: the products read them so, half the bytes in
     # 16 bits), c, the prediction output, the partial sums, the LSTM's partial gates and the joint's partial logits

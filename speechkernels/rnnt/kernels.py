@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launch import launch, next_power_of_2
+from .._launch import cdiv, launch, next_power_of_2
 from .._logspace import lae, ln2, neg
 from .._outputs import kernel_output, kernel_output_like
 from .._transducer import joint_kernels
@@ -499,7 +499,7 @@ def rnnt_forward(
     fused = opts.fused_log_softmax
     lse, lat, aux = lattice_buffers(N, T, U1, dev, fused and store_lse)
     block_r, block_v, warps = _row_blocks(U1, V)
-    launch(_rnnt_lattice_kernel)[(N * T, triton.cdiv(U1, block_r))](
+    launch(_rnnt_lattice_kernel)[(N * T, cdiv(U1, block_r))](
         x,
         lse,
         lat,
@@ -595,7 +595,7 @@ def rnnt_backward(
     grad = out if out is not None else kernel_output_like(x)
     block_r, block_v, warps = _row_blocks(U1, V)
     reduction = opts.reduction
-    launch(_rnnt_grad_kernel)[(N * T, triton.cdiv(U1, block_r))](
+    launch(_rnnt_grad_kernel)[(N * T, cdiv(U1, block_r))](
         x,
         grad,
         lse,

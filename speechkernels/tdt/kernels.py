@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launch import next_power_of_2
+from .._launch import cdiv, next_power_of_2
 from .._logspace import lae, log2e, lse_total, neg
 from .._outputs import kernel_output, kernel_output_like
 from .._transducer.lattice import cell_scores, grad_cells, row_cells, sample_lengths, score_grad_chunks
@@ -331,7 +331,7 @@ def tdt_forward(
     lat = kernel_output(cells * K, dtype=torch.float32, device=dev)
     nan = torch.zeros(N, dtype=torch.int32, device=dev)
     block_r, block_v = _row_blocks(U1, V)
-    _tdt_lattice_kernel[(N * T, triton.cdiv(U1, block_r))](
+    _tdt_lattice_kernel[(N * T, cdiv(U1, block_r))](
         x,
         lse,
         lat,
@@ -449,7 +449,7 @@ def tdt_backward(
     V = C - X if kind == "tdt" else C
     grad = kernel_output_like(x)
     block_r, block_v = _row_blocks(U1, V)
-    _tdt_grad_kernel[(N * T, triton.cdiv(U1, block_r))](
+    _tdt_grad_kernel[(N * T, cdiv(U1, block_r))](
         x,
         grad,
         lse,

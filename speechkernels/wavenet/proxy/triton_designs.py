@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ..._backend import triton_interpreting
-from ..._launch import next_power_of_2
+from ..._launch import cdiv, next_power_of_2
 
 
 @triton.jit
@@ -135,7 +135,7 @@ def serial_chain_barrier(weights: torch.Tensor, x0: torch.Tensor, n_samples: int
     B = x0.shape[0]
     block_h = max(16, next_power_of_2(H))
     block_r = block_h if triton_interpreting() else 16
-    n_prog = triton.cdiv(H, block_r)
+    n_prog = cdiv(H, block_r)
     if x0.is_cuda and n_prog > torch.cuda.get_device_properties(x0.device).multi_processor_count:
         raise ValueError(f"design='barrier' needs H / 16 <= SMs programs resident at once, got H={H}")
     xbuf = torch.empty(2, B, H, dtype=torch.float32, device=x0.device)
