@@ -479,33 +479,25 @@ def test_replay_of_a_hypothesis_that_parts_inside_blanks():
     assert seen > 0
 
 
-@pytest.mark.kernels
-@pytest.mark.parametrize("kind", [{}, dict(durations=[0, 1, 2, 3], layers=3), dict(lstm_bias=False, layers=1)], ids=str)
-def test_lstm_split_over_k(path, monkeypatch, kind):
-    """The LSTM layers' tensor-core tiles split over ranges of K (the input's and the own output's columns
-    concatenated; partial gates summed in a fixed order after a barrier), forced on small models: K blocks of 16,
-    four ranges of 6 blocks (one range straddles the input and the output, one is empty)."""
-    monkeypatch.setitem(decode_api.transducer_kernels.TILES, "dot_bk", 16)
-    monkeypatch.setitem(decode_api.transducer_kernels.TILES, "dot_lstm_splits_min", 4)
-    dec = make_decoder(13, P=40, device=path.device, **kind)
-    g = torch.Generator().manual_seed(6)
-    N, T = 9, 8
-    x = torch.randn(N, T, 6, generator=g)
-    lengths = torch.randint(0, T + 1, (N,), generator=g)
-    hyp, _ = dec.greedy(x.to(path.device), lengths)
-    check(hyp, oracle(dec, x, lengths.tolist()), dec, T)
-    path.check_ran()
+SPLITS = [("lstm", {}), ("lstm", dict(durations=[0, 1, 2, 3], layers=3)), ("lstm", dict(lstm_bias=False, layers=1))]
+SPLITS += [("joint", {}), ("joint", dict(durations=[0, 1, 2, 3])), ("joint", dict(stateless=2, activation="tanh"))]
 
 
 @pytest.mark.kernels
-@pytest.mark.parametrize("kind", [{}, dict(durations=[0, 1, 2, 3]), dict(stateless=2, activation="tanh")], ids=str)
-def test_joint_split_over_k(path, monkeypatch, kind):
-    """The joint's tensor-core tiles split over ranges of K (partial logits summed in a fixed order after a
-    barrier), forced on small models: K blocks of 16, three ranges of a joint width of 40."""
+@pytest.mark.parametrize("split, kind", SPLITS, ids=str)
+def test_split_over_k(path, monkeypatch, split, kind):
+    """Tensor-core tiles split over ranges of K, forced on small models with K blocks of 16: the LSTM layers' (the
+    input's and the own output's columns concatenated; four ranges of 6 blocks, one straddling the input and the
+    output, one empty; partial gates summed in a fixed order after a barrier) and the joint's (three ranges of a
+    joint width of 40; partial logits summed likewise)."""
     monkeypatch.setitem(decode_api.transducer_kernels.TILES, "dot_bk", 16)
-    monkeypatch.setitem(decode_api.transducer_kernels.TILES, "dot_joint_splits_min", 3)
-    dec = make_decoder(12, J=40, device=path.device, **kind)
-    g = torch.Generator().manual_seed(5)
+    if split == "lstm":
+        monkeypatch.setitem(decode_api.transducer_kernels.TILES, "dot_lstm_splits_min", 4)
+        dec, seed = make_decoder(13, P=40, device=path.device, **kind), 6
+    else:
+        monkeypatch.setitem(decode_api.transducer_kernels.TILES, "dot_joint_splits_min", 3)
+        dec, seed = make_decoder(12, J=40, device=path.device, **kind), 5
+    g = torch.Generator().manual_seed(seed)
     N, T = 9, 8
     x = torch.randn(N, T, 6, generator=g)
     lengths = torch.randint(0, T + 1, (N,), generator=g)
