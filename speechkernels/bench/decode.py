@@ -14,9 +14,8 @@ PyTorch path (weights in float64); where they differ, ours is replayed in float6
 not float64's argmax is reported with its margin (the float64 gap between the two choices, relative to the largest
 logit's magnitude; TDT blanks' durations are not in a hypothesis, so where ours parts from float64 inside a run of
 blanks, the least margin over the decisions where it may have parted): a near-tie when below 2^-7 (bfloat16) or
-2^-18 (float32); and against the PyTorch path in the
-networks' own dtype (in bfloat16 the rounding of the activations changes some decisions by more than a near-tie: the
-PyTorch path in bfloat16 makes the same ones).
+2^-18 (float32); and against the PyTorch path in the networks' own dtype (in bfloat16 the rounding of the
+activations changes some decisions by more than a near-tie: the PyTorch path in bfloat16 makes the same ones).
 
 --peers FILE: a Python file defining ``transducer_peers(decoder, dtype) -> {name: (run, lists)}``: ``run(x,
 lengths)`` decodes (timed), ``lists(result)`` gives [(tokens, frames, durations or None)] per utterance (compared
@@ -221,9 +220,9 @@ def first_divergence(dec: sk.TransducerDecoder, x: torch.Tensor, length: int, ou
         choice = tokens[j] if ours_emits else blank
         scale = logits[:V].abs().max().item() or 1.0
         best = int(logits[:V].argmax())
-        limit = frames[j] if j < len(tokens) else length
         if best != choice:
             margin = (logits[best] - logits[choice]).item() / scale
+            limit = frames[j] if j < len(tokens) else length  # where ours's run of blanks ends
             skips = [] if ours_emits else skip_margins(run, dec.durations, t + 1, limit)
             what = "label" if not skips else "label, or an earlier blank's duration"
             return dict(token_index=j, frame=t, what=what, margin=min([margin, *skips]))
