@@ -31,16 +31,22 @@ class Launch:
     def __getitem__(self, grid: tuple):
         return lambda *args, **options: self.launch(grid, args, options)
 
-    def launch(self, grid: tuple, args: tuple, options: dict) -> None:
+    def launch(self, grid: tuple, args: tuple, options: dict, key: tuple | None = None) -> None:
+        """``key``: the caller's own specialisation key, in place of the one derived from the arguments (a caller
+        whose arguments but a few are fixed: a key naming the fixed ones once, e.g. by a serial number, plus the
+        alignment of the others; the caller answers for it)."""
         if not args[0].is_cuda:
             self.kernel[grid](*args, **options)
             return
         dev = torch._C._cuda_getDevice()
-        types = tuple(map(type, args))
-        key_of = self._keys.get(types)
-        if key_of is None:
-            key_of = self._keys[types] = _key_function(types)
-        key = key_of(dev, tuple(options.items()), *args)
+        if key is not None:
+            key = (dev, "caller", key)
+        else:
+            types = tuple(map(type, args))
+            key_of = self._keys.get(types)
+            if key_of is None:
+                key_of = self._keys[types] = _key_function(types)
+            key = key_of(dev, tuple(options.items()), *args)
         entry = self._compiled.get(key)
         if entry is None or _launch_hooks():
             compiled = self.kernel[grid](*args, **options)

@@ -232,6 +232,37 @@ def test_views_decode_as_copies(path):
         assert torch.equal(u, v)
 
 
+@pytest.mark.parametrize("kind", [dict(durations=[0, 1, 2]), dict(stateless=2)], ids=str)
+def test_weights_changed_between_calls(path, kind):
+    """The decoder keeps what a call derives from its networks (the kernel's launch plans) between calls: each
+    decode follows the networks as they are at the call, whether their values changed in place (through
+    ``.data`` too), a tensor or a layer was replaced, or the networks moved; two calls in a row agree."""
+    dec = make_decoder(21, device=path.device, **kind)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(3, 9, 6, generator=g)
+    lengths = [9, 4, 7]
+
+    def decode_and_check(x=x):
+        for _ in range(2):  # the second call reuses what the first kept
+            hyp, _ = dec.greedy(x.to(path.device, next(dec.parameters()).dtype), lengths)
+            check(hyp, oracle(dec, x, lengths), dec, 9)
+
+    decode_and_check()
+    with torch.no_grad():
+        dec.out.weight.data.mul_(-1.5)  # in place, no version counter bump
+        dec.embedding.weight.data[:, 0] += 2.0
+    decode_and_check()
+    dec.enc.weight.data = torch.randn_like(dec.enc.weight)  # a new tensor under the same parameter
+    decode_and_check()
+    dec.pred.weight.data = dec.pred.weight.data.t().contiguous().t()  # the same values, a transposed layout
+    decode_and_check()
+    dec.out = torch.nn.Linear(8, dec.out.out_features).to(path.device)  # a layer replaced
+    decode_and_check()
+    copy.deepcopy(dec).greedy(x.to(path.device), lengths)  # a copy decodes too (nothing kept is copied)
+    dec.double()
+    decode_and_check()
+
+
 def test_empty(path):
     dec = make_decoder(0, durations=[0, 1], device=path.device)
     hyp, state = dec.greedy(torch.zeros(0, 5, 6, device=path.device))

@@ -27,6 +27,28 @@ except ImportError as error:
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # measured on the GPU; float16 networks take the PyTorch path
 
 
+class _Plans(dict):
+    """A decoder's launch plans (``transducer_kernels.GreedyPlan`` by configuration) for its current weights
+    (``weights``, identified by ``fingerprint``); empty in a copy or a pickle of the decoder."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weights, self.fingerprint = None, None
+
+    def reset(self, weights: TransducerWeights | None = None, fingerprint: list | None = None) -> None:
+        self.clear()
+        self.weights, self.fingerprint = weights, fingerprint
+
+    def valid_for(self, weights: TransducerWeights) -> _Plans | None:
+        return self if weights is self.weights else None
+
+    def __deepcopy__(self, memo) -> _Plans:
+        return _Plans()
+
+    def __reduce__(self):
+        return (_Plans, ())
+
+
 def ctc_greedy_decode(
     log_probs: torch.Tensor,
     input_lengths: Lengths | None = None,
@@ -140,7 +162,7 @@ class TransducerDecoder(torch.nn.Module):
     ) -> None:
         super().__init__()
         self.embedding, self.lstm, self.conv, self.enc, self.pred, self.out = embedding, lstm, conv, enc, pred, out
-        self._durations_on = None  # the durations as a tensor on the networks' device
+        self._plans = _Plans()  # the kernel's launch plans for the current weights (greedy)
         self.activation = activation
         self.context_size = as_int(context_size, "context_size", minimum=1)
         self.durations = None if durations is None else durations_of(durations)
@@ -276,7 +298,7 @@ class TransducerDecoder(torch.nn.Module):
         """
         check_float_input(encoder_out, "encoder_out")
         validate = as_bool(validate, "validate")
-        w = self.weights()
+        w = self._current_weights()
         E = w.enc_w.shape[1]
         if encoder_out.dim() != 3 or encoder_out.shape[2] != E:
             raise ValueError(
@@ -286,11 +308,11 @@ class TransducerDecoder(torch.nn.Module):
         dev = w.enc_w.device
         if encoder_out.device != dev:
             raise ValueError(f"encoder_out is on {encoder_out.device} but the networks are on {dev}")
-        if encoder_lengths is None:
-            encoder_lengths = torch.full((N,), T, dtype=torch.int64, device=dev)
-        (lengths,) = batch_lengths(N, dev, "none", encoder_lengths=encoder_lengths)
-        if validate:
-            check_lengths(lengths, "encoder_lengths", T, f"T={T}")
+        lengths = None
+        if encoder_lengths is not None:
+            (lengths,) = batch_lengths(N, dev, "none", encoder_lengths=encoder_lengths)
+            if validate:
+                check_lengths(lengths, "encoder_lengths", T, f"T={T}")
         if state is not None:
             state = self._checked_state(state, N, w)
         wd = w.enc_w.dtype
@@ -303,17 +325,36 @@ class TransducerDecoder(torch.nn.Module):
             and len(w.lstm) <= transducer_kernels.MAX_LAYERS
         ):
             x = encoder_out.to(wd).contiguous()
-            if self._durations_on is None or self._durations_on.device != dev:  # no copy from the host per call
-                self._durations_on = torch.tensor(self.durations or (1,), dtype=torch.int64, device=dev)
             *hyp, predictor, out, jumps, done = transducer_kernels.transducer_greedy(
-                w, x, lengths, state, self.blank, self.durations, self.max_symbols_per_frame, self._durations_on
+                w, x, lengths, state, self.blank, self.durations, self.max_symbols_per_frame, self._plans.valid_for(w)
             )
             return Hypotheses(*hyp), TransducerState(predictor, out, jumps, done)
+        if lengths is None:
+            lengths = torch.full((N,), T, dtype=torch.int64, device=dev)
         if state is None:
             state = self.initial_state(N, dev)
         return transducer_greedy_reference(
             w, encoder_out, lengths, state, self.blank, self.durations, self.max_symbols_per_frame
         )
+
+    def _current_weights(self) -> TransducerWeights:
+        """``weights()``, kept while the layers, their tensors' places and layouts and the settings are unchanged
+        (a fingerprint of a few reads per tensor: a call's host time is the eager decode's)."""
+        fingerprint = [self.activation, self.context_size]
+        for module in self._modules.values():
+            fingerprint.append(id(module))
+            if module is not None:
+                for t in module._parameters.values():
+                    fingerprint.append(None if t is None else (t.data_ptr(), t.dtype, t.shape, t.stride()))
+        kept = self._plans.weights
+        if kept is None or self._plans.fingerprint != fingerprint:
+            kept = self.weights()
+            self._plans.reset(kept, fingerprint)
+        return kept
+
+    def _apply(self, fn, *args, **kwargs):
+        self._plans.reset()  # the networks move or change dtype: nothing kept refers to the old tensors
+        return super()._apply(fn, *args, **kwargs)
 
     def _checked_state(self, state, N: int, w: TransducerWeights) -> TransducerState:
         if not isinstance(state, TransducerState):

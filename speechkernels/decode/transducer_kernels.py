@@ -31,9 +31,12 @@ every program has read it) and the partial sums over two.
 
 from __future__ import annotations
 
+import itertools
+import math
 import os
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -701,232 +704,263 @@ _PHASES = (
 )
 
 
-def _carve(alloc, dtype: torch.dtype, device, sizes: tuple[int, ...], dtypes: tuple = ()) -> list[torch.Tensor]:
-    """Flat pieces of the given sizes from one ``alloc`` (torch.zeros, torch.empty, kernel_output) of ``dtype``,
-    each starting on a multiple of 16 elements of ``dtype``; piece i is viewed as ``dtypes[i]`` where given (its
-    size counts its own elements)."""
-    kinds = [dtypes[i] if i < len(dtypes) else dtype for i in range(len(sizes))]
-    starts, total = [], 0
-    for n, d in zip(sizes, kinds, strict=True):
-        starts.append(total)
-        words = -(-n * d.itemsize // dtype.itemsize)  # elements of dtype that hold the piece
-        total += -(-words // 16) * 16
-    buf = alloc(total, dtype=dtype, device=device)
-    views = {dtype: buf}
-    pieces = []
-    for s, n, d in zip(starts, sizes, kinds, strict=True):
-        if d not in views:
+class _Layout:
+    """Flat pieces of one allocation of ``dtype``: piece i has ``shapes[i]`` (contiguous) and ``dtypes[i]`` (default
+    ``dtype``; its size counts its own elements) and starts on a multiple of 16 elements of ``dtype`` (aligned
+    pointers for the kernel's loads). Computed once; ``carve`` allocates and views (one view per piece)."""
+
+    def __init__(self, dtype: torch.dtype, shapes: list[tuple[int, ...]], dtypes: tuple = ()) -> None:
+        self.dtype = dtype
+        self.pieces = []  # (dtype, shape, stride, offset in its dtype's elements)
+        total = 0
+        for i, shape in enumerate(shapes):
+            d = dtypes[i] if i < len(dtypes) else dtype
+            n = math.prod(shape)
+            self.pieces.append((d, shape, tuple(math.prod(shape[j + 1 :]) for j in range(len(shape))),
+                                total * dtype.itemsize // d.itemsize))  # fmt: skip
+            words = -(-n * d.itemsize // dtype.itemsize)  # elements of dtype that hold the piece
+            total += -(-words // 16) * 16
+        self.total = total
+        self.other = sorted({d for d, *_ in self.pieces if d != dtype}, key=str)
+
+    def carve(self, alloc, device) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """(the allocation, its pieces) from ``alloc`` (torch.zeros, torch.empty, kernel_output)."""
+        buf = alloc(self.total, dtype=self.dtype, device=device)
+        views = {self.dtype: buf}
+        for d in self.other:
             views[d] = buf.view(d)
-        at = s * dtype.itemsize // d.itemsize
-        pieces.append(views[d][at : at + n])
-    return pieces
+        return buf, [views[d].as_strided(shape, stride, at) for d, shape, stride, at in self.pieces]
+
+
+def _carve(alloc, dtype: torch.dtype, device, sizes: tuple[int, ...], dtypes: tuple = ()) -> list[torch.Tensor]:
+    """Flat pieces of the given sizes from one ``alloc`` of ``dtype`` (``_Layout`` of 1-D pieces)."""
+    return _Layout(dtype, [(n,) for n in sizes], dtypes).carve(alloc, device)[1]
 
 
 def transducer_greedy(
     w,
     x: torch.Tensor,
-    lengths: torch.Tensor,
+    lengths: torch.Tensor | None,
     state,
     blank: int,
     durations: tuple[int, ...] | None,
     max_symbols: int,
-    durations_tensor: torch.Tensor,
+    plans: dict | None = None,
     profile: torch.Tensor | None = None,
 ):
     """The kernel's launch: (Hypotheses' tensors: tokens, lengths, frames, scores, durations; then the state's:
     predictor, output, time jumps, frames decoded) as the PyTorch path's ``transducer_greedy_reference`` (w:
-    TransducerWeights of float32/bfloat16 tensors; x [N, T, E] contiguous in w's dtype; lengths (clamped to
-    [0, T] here), state (None: the start) on x's device; ``durations_tensor``: the durations (RNN-T: any int64
-    tensor of one element) on x's device). ``profile``: an int64 [E, 2] tensor that receives program 0's first E
-    events (_PHASES index, global timer ns) on a GPU."""
+    TransducerWeights of float32/bfloat16 tensors; x [N, T, E] contiguous in w's dtype; lengths (None: T each;
+    clamped to [0, T] here) and state (None: the start) on x's device). ``plans``: a cache of ``GreedyPlan`` for
+    calls with these weights (the caller empties it when the weights change), or None (a plan for this call).
+    ``profile``: an int64 [E, 2] tensor that receives program 0's first E events (_PHASES index, global timer ns)
+    on a GPU."""
     N, T, _ = x.shape
-    dev = x.device
-    wd = w.enc_w.dtype
-    f32 = torch.float32
-    D = len(durations) if durations else 0
-    V = w.out_w.shape[0] - D
-    J = w.enc_w.shape[0]
-    S = T * max_symbols
-    R, PE = w.embedding.shape
-    E = x.shape[2]
-    emb = w.embedding if w.embedding.is_contiguous() else w.embedding.contiguous()
-    start = state is None  # the kernel computes the start state itself
-    if w.stateless:
-        P, H, L, K = PE, 1, 1, w.context_size
-        table = conv_taps(w)
-        lstm, has_lbias = [emb] * 4 * MAX_LAYERS, False
-        ctx0 = durations_tensor if start else state.predictor[0].contiguous()
-    else:
-        L, H, K = len(w.lstm), w.lstm[0][1].shape[1], 1
-        P = H
-        table = ctx0 = durations_tensor
-        has_lbias = all(t is not None for layer in w.lstm for t in layer[2:])
-        # the layers' tensors where they are (no stacked copy per call): W_ih, W_hh, b_ih, b_hh of each layer
-        lstm = [
-            t if t.is_contiguous() else t.contiguous()
-            for q in range(4)
-            for t in [layer[q] if q < 2 or has_lbias else emb for layer in w.lstm] + [emb] * (MAX_LAYERS - L)
-        ]
-    # a few rows: FMA products over thin tiles, so that every program has a tile of each phase and loads it at once;
-    # more: tensor-core tiles
-    fma = N <= SMALL_BATCH
-    # the encoder projection: in the kernel for a few rows (one launch less: host time), else one matrix product
-    # before it (cuBLAS; float32 without TF32: the kernel's tiles took longer at 128 x 15 s)
-    encp = torch.empty(N * T * J, dtype=wd, device=dev) if fma else torch.nn.functional.linear(x, w.enc_w, w.enc_b)
-    nprog = _programs(dev)
-    if fma:
-        BB = max(1, next_power_of_2(N))
-        BK = min(next_power_of_2(max(J, H, P, PE)), TILES["fma_elements"] // (32 * BB))
-        # K loops unrolled: every block's loads issued before the products need them
-        tiles = dict(BB=BB, BV=8, BK=BK, BH=8, BJ=8, UNROLL=cdiv(max(J, H, P, PE), BK), num_warps=TILES["fma_warps"])
-    else:
-        tiles = dict(
-            BB=min(max(16, next_power_of_2(N)), TILES["dot_bb"]),
-            BV=TILES["dot_bv"],
-            BK=TILES["dot_bk"],
-            BH=TILES["dot_bh"],
-            BJ=TILES["dot_bj"],
-            UNROLL=1,
-            num_warps=TILES["dot_warps"],
-            num_stages=TILES["dot_stages"],
+    key = (N, T, state is None, blank, durations, max_symbols, x.device)
+    plan = None if plans is None else plans.get(key)
+    if plan is None:
+        plan = GreedyPlan(w, N, T, state is None, blank, durations, max_symbols, x.device)
+        if plans is not None and plan.reusable:
+            plans[key] = plan
+    return plan(x, lengths, state, profile)
+
+
+class GreedyPlan:
+    """One configuration's launch (weights, batch size N, frames T, start or continuation, blank, durations,
+    max_symbols), computed once and called per batch: the tiles, the launch's constant arguments, the layouts of
+    the scratch and the outputs, the default lengths. A call allocates the outputs, zeroes the scratch and launches:
+    a few host operations (the eager call's time is the host's time to the launch plus the kernel's).
+
+    The scratch is kept per CUDA stream (calls on one stream run in order, so one buffer serves them; zeroed by
+    each call) except while a CUDA graph is being captured (then a new one, the graph's own). The weights are held
+    as they are (a call reads their current values; a stateless network's tables are derived from them each call);
+    ``reusable`` is False when the plan holds a contiguous copy of one (derived from its values): such a plan serves
+    one call."""
+
+    _serials = itertools.count()
+
+    def __init__(
+        self,
+        w,
+        N: int,
+        T: int,
+        start: bool,
+        blank: int,
+        durations: tuple[int, ...] | None,
+        max_symbols: int,
+        dev: torch.device,
+    ) -> None:
+        self.serial = next(GreedyPlan._serials)  # the launch key's part for everything fixed here
+        self.w, self.N, self.T, self.start, self.device = w, N, T, start, dev
+        wd = w.enc_w.dtype
+        f32 = torch.float32
+        D = len(durations) if durations else 0
+        V = w.out_w.shape[0] - D
+        J = w.enc_w.shape[0]
+        S = T * max_symbols
+        R, PE = w.embedding.shape
+        E = w.enc_w.shape[1]
+        self.durations_tensor = torch.tensor(durations or (1,), dtype=torch.int64, device=dev)
+        self.lengths = torch.full((N,), T, dtype=torch.int64, device=dev)
+        weights = [w.embedding, *(t for layer in w.lstm for t in layer if t is not None)]
+        weights += [t for t in (w.enc_w, w.enc_b, w.pred_w, w.pred_b, w.out_w, w.out_b) if t is not None]
+        self.reusable = all(t.is_contiguous() for t in weights)
+        emb = w.embedding if w.embedding.is_contiguous() else w.embedding.contiguous()
+        if w.stateless:
+            P, H, L, K = PE, 1, 1, w.context_size
+            table = None  # derived from the weights' values each call
+            lstm, has_lbias = [emb] * 4 * MAX_LAYERS, False
+        else:
+            L, H, K = len(w.lstm), w.lstm[0][1].shape[1], 1
+            P = H
+            table = self.durations_tensor
+            has_lbias = all(t is not None for layer in w.lstm for t in layer[2:])
+            # the layers' tensors where they are (no stacked copy per call): W_ih, W_hh, b_ih, b_hh of each layer
+            lstm = [
+                t if t.is_contiguous() else t.contiguous()
+                for q in range(4)
+                for t in [layer[q] if q < 2 or has_lbias else emb for layer in w.lstm] + [emb] * (MAX_LAYERS - L)
+            ]
+        self.L, self.H = L, H
+        # a few rows: FMA products over thin tiles, so that every program has a tile of each phase and loads it at
+        # once; more: tensor-core tiles
+        fma = self.fma = N <= SMALL_BATCH
+        # the encoder projection: in the kernel for a few rows (one launch less: host time), else one matrix
+        # product before it (cuBLAS; float32 without TF32: the kernel's tiles took longer at 128 x 15 s)
+        self.encp_size = N * T * J
+        nprog = self.nprog = _programs(dev)
+        if fma:
+            BB = max(1, next_power_of_2(N))
+            BK = min(next_power_of_2(max(J, H, P, PE)), TILES["fma_elements"] // (32 * BB))
+            # K loops unrolled: every block's loads issued before the products need them
+            unroll = cdiv(max(J, H, P, PE), BK)
+            tiles = dict(BB=BB, BV=8, BK=BK, BH=8, BJ=8, UNROLL=unroll, num_warps=TILES["fma_warps"])
+        else:
+            tiles = dict(
+                BB=min(max(16, next_power_of_2(N)), TILES["dot_bb"]),
+                BV=TILES["dot_bv"],
+                BK=TILES["dot_bk"],
+                BH=TILES["dot_bh"],
+                BJ=TILES["dot_bj"],
+                UNROLL=1,
+                num_warps=TILES["dot_warps"],
+                num_stages=TILES["dot_stages"],
+            )
+        tiles["SPREAD"] = fma or TILES["dot_spread"]
+        n_rb = cdiv(N, tiles["BB"])
+        # the LSTM layers' tensor-core tiles: (row block, range of hidden units), and LS ranges of K (each of KB0
+        # blocks for layer 0, KB1 for the others) while the split tiles still fit one wave of programs; their
+        # partial gates are summed after a barrier. At 128 rows (80 tiles on 132 programs) no split: splits of
+        # taller tiles lost there (benchmarks/notes/decode.md)
+        BK = tiles["BK"]
+        LS = 1
+        if not fma and not w.stateless:
+            n_ut = min(cdiv(H, tiles["BH"]), H)
+            LS = max(TILES["dot_lstm_splits_min"], min(TILES["dot_lstm_splits"], nprog // (n_rb * n_ut)))
+            LS = min(LS, cdiv(PE, BK) + cdiv(H, BK))
+        b_hh = cdiv(H, BK)
+        tiles.update(LS=LS, KB0=cdiv(cdiv(PE, BK) + b_hh, LS), KB1=cdiv(2 * b_hh, LS))
+        # the joint's column ranges, and with tensor-core tiles JS ranges of K too (KJ each): all
+        # dot_joint_splits of them when the split tiles fit one wave of programs, else none (fewer ranges lost
+        # to the barrier and the sums they add: benchmarks/notes/decode.md)
+        NCB = min(max(cdiv(V + D, tiles["BV"]), nprog // n_rb if tiles["SPREAD"] else 0), V + D)
+        k_blocks = cdiv(J, tiles["BK"])
+        JS = TILES["dot_joint_splits"] if n_rb * NCB * TILES["dot_joint_splits"] <= nprog else 1
+        JS = 1 if fma else min(max(JS, TILES["dot_joint_splits_min"]), k_blocks)
+        tiles.update(JS=JS, KJ=cdiv(k_blocks, JS) * tiles["BK"])
+        # one allocation per kind, carved into 16-element-aligned pieces. The scratch, zeroed (32-bit words): h and
+        # g (the weights' dtype: the products read them so, half the bytes in 16 bits), c, the prediction output,
+        # the partial sums, the LSTM's partial gates and the joint's partial logits (float32; zero: the zero
+        # state), the packed keys (int64; zero: empty), each program's row values and the barrier (int32)
+        lpart_size = LS * N * 4 * H if LS > 1 else 1
+        plog_size = JS * N * (V + D) if JS > 1 else 1
+        i32, i64 = torch.int32, torch.int64
+        pieces = [((2 * L * N * H,), wd), ((L, N, H), f32), ((N, J), wd), ((N, P), f32), ((4 * N * NCB,), f32)]
+        pieces += [((lpart_size,), f32), ((plog_size,), f32), ((3 * 2 * N,), i64), ((nprog * (4 + K) * N,), i32)]
+        pieces += [((1,), i32)]
+        self.scratch_layout = _Layout(i32, *(list(v) for v in zip(*pieces, strict=True)))
+        self._scratch: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}
+        # the outputs: tokens, frames, durations [N, S], the rows' values [3, N], the context [N, K] (int64); the
+        # scores [N, S] (float32) and the state's h, c [L, N, H] and output [N, P] (the weights' dtype)
+        self.int_layout = _Layout(i64, [(N, S)] * 3 + [(3, N), (N, K)])
+        state_shapes = [(L, N, H), (L, N, H), (N, P)]
+        if wd == f32:
+            self.float_layouts = [_Layout(f32, [(N, S), *state_shapes])]
+        else:
+            self.float_layouts = [_Layout(f32, [(N, S)]), _Layout(wd, state_shapes)]
+        self.has_durations = D > 0
+        # the launch's arguments fixed here, around those of each call (the joint's tensors packed: the kernel
+        # reads them as such; absent biases replaced by their weights, unread)
+        enc_w, pred_w, out_w = (t if t.is_contiguous() else t.contiguous() for t in (w.enc_w, w.pred_w, w.out_w))
+        enc_b, pred_b, out_b = (
+            wt if b is None else b if b.is_contiguous() else b.contiguous()
+            for wt, b in ((enc_w, w.enc_b), (pred_w, w.pred_b), (out_w, w.out_b))
         )
-    tiles["SPREAD"] = fma or TILES["dot_spread"]
-    n_rb = cdiv(N, tiles["BB"])
-    # the LSTM layers' tensor-core tiles: (row block, range of hidden units), and LS ranges of K (each of KB0 blocks
-    # for layer 0, KB1 for the others) while the split tiles still fit one wave of programs; their partial gates are
-    # summed after a barrier. At 128 rows (80 tiles on 132 programs) no split: splits of taller tiles lost there
-    # (benchmarks/notes/decode.md)
-    BK = tiles["BK"]
-    LS = 1
-    if not fma and not w.stateless:
-        n_ut = min(cdiv(H, tiles["BH"]), H)
-        LS = max(TILES["dot_lstm_splits_min"], min(TILES["dot_lstm_splits"], nprog // (n_rb * n_ut)))
-        LS = min(LS, cdiv(PE, BK) + cdiv(H, BK))
-    b_hh = cdiv(H, BK)
-    tiles.update(LS=LS, KB0=cdiv(cdiv(PE, BK) + b_hh, LS), KB1=cdiv(2 * b_hh, LS))
-    # the joint's column ranges, and with tensor-core tiles JS ranges of K too (KJ each): all dot_joint_splits of
-    # them when the split tiles fit one wave of programs, else none (fewer ranges lost to the barrier and the sums
-    # they add: benchmarks/notes/decode.md)
-    NCB = min(max(cdiv(V + D, tiles["BV"]), nprog // n_rb if tiles["SPREAD"] else 0), V + D)
-    k_blocks = cdiv(J, tiles["BK"])
-    JS = TILES["dot_joint_splits"] if n_rb * NCB * TILES["dot_joint_splits"] <= nprog else 1
-    JS = 1 if fma else min(max(JS, TILES["dot_joint_splits_min"]), k_blocks)
-    tiles.update(JS=JS, KJ=cdiv(k_blocks, JS) * tiles["BK"])
-    # one allocation per kind, carved into 16-element-aligned pieces (aligned pointers for the kernel's loads).
-    # The scratch, zeroed (32-bit words): h and g (the weights' dtype: the products read them so, half the bytes in
-    # 16 bits), c, the prediction output, the partial sums, the LSTM's partial gates and the joint's partial logits
-    # (float32; zero: the zero state), the packed keys (int64; zero: empty), each program's row values and the
-    # barrier (int32)
-    lpart_size = LS * N * 4 * H if LS > 1 else 1
-    plog_size = JS * N * (V + D) if JS > 1 else 1
-    i32, i64 = torch.int32, torch.int64
-    pieces = [(2 * L * N * H, wd), (L * N * H, f32), (N * J, wd), (N * P, f32), (4 * N * NCB, f32), (lpart_size, f32)]
-    pieces += [(plog_size, f32), (3 * 2 * N, i64), (nprog * (4 + K) * N, i32), (1, i32)]
-    sizes, dtypes = zip(*pieces, strict=True)
-    h, c, g, pout, part, lpart, plog, keys, priv, bar = _carve(torch.zeros, i32, dev, sizes, dtypes)
-    if not start:
-        if not w.stateless:
-            h[: L * N * H].view(L, N, H).copy_(state.predictor[0])
-            c.view(L, N, H).copy_(state.predictor[1])
-        g.view(N, J).copy_(torch.nn.functional.linear(state.output.to(wd), w.pred_w, w.pred_b))
-        pout.view(N, P).copy_(state.output)
-    t0, fofs = (lengths, lengths) if start else (state.time_jumps.contiguous(), state.frames.contiguous())
-    tokens, frames, durs, per_row, ctx_out = _carve(kernel_output, torch.int64, dev, (N * S,) * 3 + (3 * N, N * K))
-    state_sizes = (L * N * H, L * N * H, N * P)
-    if wd == f32:
-        scores, h_out, c_out, out = _carve(kernel_output, f32, dev, (N * S, *state_sizes))
-    else:
-        (scores,) = _carve(kernel_output, f32, dev, (N * S,))
-        h_out, c_out, out = _carve(kernel_output, wd, dev, state_sizes)
-    BLOCK_N = max(16, next_power_of_2(N))
-    launch(_transducer_greedy_kernel)[(nprog,)](
-        x,
-        w.enc_w,
-        w.enc_w if w.enc_b is None else w.enc_b,
-        encp,
-        lengths,
-        t0,
-        fofs,
-        table,
-        emb,
-        *lstm,
-        h,
-        c,
-        g,
-        pout,
-        part,
-        lpart,
-        plog,
-        ctx0,
-        w.pred_w,
-        w.pred_w if w.pred_b is None else w.pred_b,
-        w.out_w,
-        w.out_w if w.out_b is None else w.out_b,
-        durations_tensor,
-        keys,
-        priv,
-        bar,
-        tokens,
-        frames,
-        durs,
-        scores,
-        per_row,
-        h_out,
-        c_out,
-        out,
-        ctx_out,
-        bar if profile is None else profile,
-        N,
-        T,
-        S,
-        R,
-        NCB,
-        blank,
-        max_symbols,
-        E=E,
-        ENC=fma,
-        HAS_EB=w.enc_b is not None,
-        EB=64,
-        EJ=64,
-        EK=32,
-        J=J,
-        H=H,
-        P=P,
-        PE=PE,
-        V=V,
-        D=D,
-        L=L,
-        K=K,
-        FMA=fma,
-        STATELESS=w.stateless,
-        HAS_CONV=w.conv is not None,
-        HAS_DUR=D > 0,
-        ACT=("relu", "tanh", "sigmoid").index(w.activation),
-        F32=wd == f32,
-        BLOCK_N=BLOCK_N,
-        NCB_P2=next_power_of_2(NCB),
-        BD=next_power_of_2(max(D, 1)),
-        HAS_LBIAS=has_lbias,
-        HAS_PB=w.pred_b is not None,
-        HAS_OB=w.out_b is not None,
-        BS=min(1024, next_power_of_2(S)),
-        START=start,
-        PROFILE=0 if profile is None else profile.shape[0],
-        **tiles,
-    )
-    n_out, jumps, done = per_row.view(3, N).unbind(0)
-    if w.stateless:
-        predictor = (ctx_out.view(N, K),)
-    else:
-        predictor = (h_out.view(L, N, H), c_out.view(L, N, H))
-    return (
-        tokens.view(N, S),
-        n_out,
-        frames.view(N, S),
-        scores.view(N, S),
-        durs.view(N, S) if D else None,
-        predictor,
-        out.view(N, P),
-        jumps,
-        done,
-    )
+        self.args_weights = (enc_w, enc_b)
+        self.args_tables = (emb, *lstm)
+        self.table = table
+        self.args_joint = (pred_w, pred_b, out_w, out_b, self.durations_tensor)
+        self.args_ints = (N, T, S, R, NCB, blank, max_symbols)
+        self.options = dict(
+            E=E, ENC=fma, HAS_EB=w.enc_b is not None, EB=64, EJ=64, EK=32, J=J, H=H, P=P, PE=PE, V=V, D=D, L=L, K=K,
+            FMA=fma, STATELESS=w.stateless, HAS_CONV=w.conv is not None, HAS_DUR=D > 0,
+            ACT=("relu", "tanh", "sigmoid").index(w.activation), F32=wd == f32, BLOCK_N=max(16, next_power_of_2(N)),
+            NCB_P2=next_power_of_2(NCB), BD=next_power_of_2(max(D, 1)), HAS_LBIAS=has_lbias,
+            HAS_PB=w.pred_b is not None, HAS_OB=w.out_b is not None, BS=min(1024, next_power_of_2(S)), START=start,
+            PROFILE=0, **tiles,
+        )  # fmt: skip
+        self.launcher = launch(_transducer_greedy_kernel)
+
+    def scratch(self) -> list[torch.Tensor]:
+        """The scratch's pieces, zeroed (in stream order)."""
+        dev = self.device
+        if dev.type != "cuda" or torch.cuda.is_current_stream_capturing():
+            return self.scratch_layout.carve(torch.zeros, dev)[1]
+        stream = torch._C._cuda_getCurrentRawStream(dev.index)
+        kept = self._scratch.get(stream)
+        if kept is None:
+            kept = self._scratch[stream] = self.scratch_layout.carve(torch.zeros, dev)
+        else:
+            kept[0].zero_()
+        return kept[1]
+
+    def __call__(self, x: torch.Tensor, lengths: torch.Tensor | None, state, profile: torch.Tensor | None = None):
+        w, N, L, H = self.w, self.N, self.L, self.H
+        dev = self.device
+        wd = w.enc_w.dtype
+        start = self.start
+        if lengths is None:
+            lengths = self.lengths
+        encp = torch.empty(self.encp_size, dtype=wd, device=dev) if self.fma else F.linear(x, w.enc_w, w.enc_b)
+        h, c, g, pout, part, lpart, plog, keys, priv, bar = self.scratch()
+        if start:
+            t0 = fofs = lengths
+            ctx0 = self.durations_tensor
+        else:
+            if not w.stateless:
+                h[: L * N * H].view(L, N, H).copy_(state.predictor[0])
+                c.copy_(state.predictor[1])
+            g.copy_(F.linear(state.output.to(wd), w.pred_w, w.pred_b))
+            pout.copy_(state.output)
+            t0, fofs = state.time_jumps.contiguous(), state.frames.contiguous()
+            ctx0 = state.predictor[0].contiguous() if w.stateless else self.durations_tensor
+        tokens, frames, durs, per_row, ctx_out = self.int_layout.carve(kernel_output, dev)[1]
+        floats = [t for layout in self.float_layouts for t in layout.carve(kernel_output, dev)[1]]
+        scores, h_out, c_out, out = floats
+        options = self.options
+        key = (self.serial, *(t.data_ptr() & 15 == 0 for t in (x, lengths, t0, fofs, ctx0)))
+        if profile is not None:
+            options = dict(options, PROFILE=profile.shape[0])
+            key += (profile.shape[0], profile.data_ptr() & 15 == 0)
+        table = conv_taps(w) if w.stateless else self.table
+        self.launcher.launch(
+            (self.nprog,),
+            (x, *self.args_weights, encp, lengths, t0, fofs, table, *self.args_tables, h, c, g, pout, part, lpart, plog,
+             ctx0, *self.args_joint, keys, priv, bar, tokens, frames, durs, scores, per_row, h_out, c_out, out,
+             ctx_out, bar if profile is None else profile, *self.args_ints),
+            options,
+            key,
+        )  # fmt: skip
+        n_out, jumps, done = per_row.unbind(0)
+        predictor = (ctx_out,) if w.stateless else (h_out, c_out)
+        return (tokens, n_out, frames, scores, durs if self.has_durations else None, predictor, out, jumps, done)
