@@ -324,7 +324,7 @@ class TransducerDecoder(torch.nn.Module):
             and T > 0
             and len(w.lstm) <= transducer_kernels.MAX_LAYERS
         ):
-            x = encoder_out.to(wd).contiguous()
+            x = kernel_layout(encoder_out.to(wd))  # packed and aligned: a view decodes as its copy
             *hyp, predictor, out, jumps, done = transducer_kernels.transducer_greedy(
                 w, x, lengths, state, self.blank, self.durations, self.max_symbols_per_frame, self._plans.valid_for(w)
             )

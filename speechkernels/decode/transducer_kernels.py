@@ -21,9 +21,9 @@ Steps: max over rows of (frames visited + labels); per step one barrier, plus L 
 row emitted. The weights (13-26 MB for a 0.6B TDT model) stay in L2 between steps.
 
 The weights are read where they are: each LSTM layer's tensors are arguments of their own (up to MAX_LAYERS), so
-a call copies nothing; the scratch and the outputs are one allocation per kind carved into 16-element-aligned
-pieces (aligned pointers keep the K loops' loads 16-byte asynchronous copies); the kernel writes every output
-element, the padding past each hypothesis included.
+a call copies nothing; the scratch is one allocation carved into 16-element-aligned pieces (aligned pointers keep
+the K loops' loads 16-byte asynchronous copies); the kernel writes every output element, the padding past each
+hypothesis included.
 
 Slots of the packed keys rotate over three buffers (a slot is reset by its owner two steps before its reuse, when
 every program has read it) and the partial sums over two.
@@ -821,7 +821,7 @@ class GreedyPlan:
                 for q in range(4)
                 for t in [layer[q] if q < 2 or has_lbias else emb for layer in w.lstm] + [emb] * (MAX_LAYERS - L)
             ]
-        self.L, self.H = L, H
+        self.L, self.H, self.P, self.K = L, H, P, K
         # a few rows: FMA products over thin tiles, so that every program has a tile of each phase and loads it at
         # once; more: tensor-core tiles
         fma = self.fma = N <= SMALL_BATCH
@@ -880,14 +880,11 @@ class GreedyPlan:
         pieces += [((1,), i32)]
         self.scratch_layout = _Layout(i32, *(list(v) for v in zip(*pieces, strict=True)))
         self._scratch: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}
-        # the outputs: tokens, frames, durations [N, S], the rows' values [3, N], the context [N, K] (int64); the
-        # scores [N, S] (float32) and the state's h, c [L, N, H] and output [N, P] (the weights' dtype)
-        self.int_layout = _Layout(i64, [(N, S)] * 3 + [(3, N), (N, K)])
-        state_shapes = [(L, N, H), (L, N, H), (N, P)]
-        if wd == f32:
-            self.float_layouts = [_Layout(f32, [(N, S), *state_shapes])]
-        else:
-            self.float_layouts = [_Layout(f32, [(N, S)]), _Layout(wd, state_shapes)]
+        # the outputs, one allocation per group (few host operations; the kernel only stores to them): tokens,
+        # frames, durations [3, N, S] and the rows' values [3, N] (int64), the scores [N, S] (float32), the final
+        # state in the weights' dtype: an LSTM's h and c [2, L, N, H] or a stateless network's context [N, K]
+        # (int64), and the prediction output [N, P]
+        self.S, self.wd = S, wd
         self.has_durations = D > 0
         # the launch's arguments fixed here, around those of each call (the joint's tensors packed: the kernel
         # reads them as such; absent biases replaced by their weights, unread)
@@ -944,9 +941,17 @@ class GreedyPlan:
             pout.copy_(state.output)
             t0, fofs = state.time_jumps.contiguous(), state.frames.contiguous()
             ctx0 = state.predictor[0].contiguous() if w.stateless else self.durations_tensor
-        tokens, frames, durs, per_row, ctx_out = self.int_layout.carve(kernel_output, dev)[1]
-        floats = [t for layout in self.float_layouts for t in layout.carve(kernel_output, dev)[1]]
-        scores, h_out, c_out, out = floats
+        i64, S = torch.int64, self.S
+        tokens, frames, durs = kernel_output(3, N, S, dtype=i64, device=dev).unbind(0)
+        per_row = kernel_output(3, N, dtype=i64, device=dev)
+        scores = kernel_output(N, S, dtype=torch.float32, device=dev)
+        out = kernel_output(N, self.P, dtype=wd, device=dev)
+        if w.stateless:
+            ctx_out = kernel_output(N, self.K, dtype=i64, device=dev)
+            h_out = c_out = out  # not written
+        else:
+            h_out, c_out = kernel_output(2, L, N, H, dtype=wd, device=dev).unbind(0)
+            ctx_out = per_row  # not written
         options = self.options
         key = (self.serial, *(t.data_ptr() & 15 == 0 for t in (x, lengths, t0, fofs, ctx0)))
         if profile is not None:
