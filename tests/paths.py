@@ -33,6 +33,15 @@ CAPABILITIES = {
         ("speechkernels.decode.api:kernels", "speechkernels.decode.api:transducer_kernels"),
         ("speechkernels.decode.kernels:ctc_greedy", "speechkernels.decode.transducer_kernels:transducer_greedy"),
     ),
+    "wavenet": Capability(
+        ("speechkernels.wavenet.generation:triton_vocoder",),
+        (
+            "speechkernels.wavenet.triton_vocoder:wavenet_generate",
+            "speechkernels.wavenet.generation:wavenet_generate_cluster",
+            "speechkernels.wavenet.generation:wavenet_generate_cluster_batch",
+            "speechkernels.wavenet.server:wavenet_generate_cluster_batch",
+        ),
+    ),
 }
 
 
@@ -54,6 +63,12 @@ class Path:
     @property
     def kernels(self) -> bool:
         return self.name != "torch"
+
+    @property
+    def wavenet_kernel(self) -> str:
+        """WaveNet's ``kernel`` argument on this path: "torch", "triton" (the interpreter) or "auto" (the GPU: the
+        cluster kernels where they run, else the Triton kernel)."""
+        return {"torch": "torch", "triton": "triton"}.get(self.name, "auto")
 
     def reset(self) -> None:
         """Forget earlier launches (the fixture lives across a hypothesis test's examples)."""

@@ -225,15 +225,6 @@ def test_gpu_generate_kernel_matches_incremental_path(gpu, temperature, kernel):
     assert (out == expected).float().mean() > 0.99
 
 
-@pytest.fixture(params=["interpreter", pytest.param("cuda", marks=pytest.mark.gpu)])
-def kernel_path(request) -> tuple[torch.device, str]:
-    """(device, generate()'s kernel) of the generation kernels: the Triton kernel on the CPU under
-    TRITON_INTERPRET=1 (skipped otherwise), and "auto" on the GPU (the cluster kernel where it runs)."""
-    if request.param == "interpreter":
-        return request.getfixturevalue("interpreter"), "triton"
-    return torch.device("cuda"), "auto"
-
-
 def test_vocoder_weights_packed_once_per_parameter_version():
     """The kernels' weights are packed once and reused while the parameters are unchanged; an in-place update
     (an optimizer step, load_state_dict, a copy under no_grad) or a new parameter packs them again."""
@@ -261,12 +252,13 @@ def test_vocoder_weights_packed_once_per_parameter_version():
     assert vocoder_weights(net) is not w3
 
 
-def test_generate_reuses_packed_weights(kernel_path, monkeypatch):
+@pytest.mark.kernels
+def test_generate_reuses_packed_weights(path, monkeypatch):
     """Repeated generate() calls pack the weights once; after an in-place update the kernel packs them again and
     draws what the PyTorch path draws from the updated model."""
     from speechkernels.wavenet import weights as weights_module
 
-    device, kernel = kernel_path
+    device, kernel = path.device, path.wavenet_kernel
     packs = []
     pack = weights_module.pack_vocoder_weights
     monkeypatch.setattr(weights_module, "pack_vocoder_weights", lambda model: packs.append(1) or pack(model))
@@ -278,6 +270,7 @@ def test_generate_reuses_packed_weights(kernel_path, monkeypatch):
         return net.generate(cond, 12, 0.9, torch.Generator(device).manual_seed(4), spk, kernel=k)
 
     a = run(kernel)
+    path.check_ran()
     w = vocoder_weights(net)
     assert torch.equal(run(kernel), a) and len(packs) == 1 and vocoder_weights(net) is w
     with torch.no_grad():  # favour the high classes

@@ -47,51 +47,65 @@ def chunked_uniforms(seed: int, n: int, chunk: int) -> torch.Tensor:
     return torch.cat([torch.rand(min(chunk, n - k), generator=g) for k in range(0, n, chunk)])
 
 
+# the serving loop's kernels on each path: the PyTorch path, the Triton kernel under the interpreter; on the GPU
+# "auto" (the batched cluster kernel where it runs) and the Triton kernel
+SERVER_KERNELS = {"torch": ("torch",), "triton": ("triton",), "cuda": ("auto", "triton")}
+
+
 @pytest.mark.parametrize("max_streams", [None, 2])
-@pytest.mark.parametrize("kernel", ["torch", "triton"])
-def test_server_matches_incremental_path(max_streams, kernel, request):
-    """Requests joining at different chunks, of different lengths, each with its own generator: each gets exactly
-    the samples of the PyTorch path run alone on its uniforms (the PyTorch path, and the Triton kernel under the
-    interpreter); with max_streams=2 the third request waits."""
-    if kernel == "triton":
-        request.getfixturevalue("interpreter")
-    net = small_model()
-    lens, spk, seeds, chunk = [37, 21, 45], [2, 0, 1], [10, 11, 12], 7
-    conds = [torch.randn(5, math.ceil(n / 4) + k) for k, n in enumerate(lens)]
-    server = WaveNetServer(net, chunk=chunk, max_streams=max_streams, kernel=kernel)
-    server.warmup()
-    reqs = [
-        (lens[k], conds[k], spk[k] if k != 2 else torch.tensor(spk[k]), torch.Generator().manual_seed(seeds[k]))
-        for k in range(3)
-    ]
-    joins = {0: [reqs[0]], 1: [reqs[1]], 2: [reqs[2]]}
-    if max_streams == 2:
-        joins = {0: reqs}
-    out = served(server, joins)
-    assert list(out) == [0, 1, 2]
-    for k, rid in enumerate(out):
-        u = chunked_uniforms(seeds[k], lens[k], chunk)
-        ref, _ = incremental_path(net, conds[k][None], lens[k], 1.0, None, torch.tensor([spk[k]]), uniforms=u[:, None])
-        assert torch.equal(out[rid], ref[0]), k
-    assert server.active == [] and server.pending == [] and server.step() == {}
+def test_server_matches_incremental_path(path, max_streams):
+    """Requests joining at different chunks, of different lengths, each with its own generator, served by each of
+    the path's kernels. On the CPU each gets exactly the samples of the PyTorch path run alone on its uniforms; on
+    the GPU each step of each request is checked against the PyTorch logits on its own samples and the same
+    uniform (a sum in another order moves a sample across a boundary of the CDF only when the uniform lies within
+    ~1e-6 of it). With max_streams=2 requests wait for room."""
+    cpu = path.device.type == "cpu"
+    dev = path.device
+    if cpu:
+        net, lens, chunk = small_model(), [37, 21, 45], 7
+    else:
+        net = small_model(residual_channels=64, gate_channels=128, skip_channels=256, classes=256).to(dev)
+        lens, chunk = [130, 64, 200, 97, 150, 33, 120, 80, 110, 60, 90, 70], 32
+    conds = [torch.randn(5, math.ceil(n / 4) + k, device=dev) for k, n in enumerate(lens)]
+    spk = [k % 3 for k in range(len(lens))]
+    third = len(lens) // 3
+    for kernel in SERVER_KERNELS[path.name]:
+        path.reset()
+        server = WaveNetServer(net, chunk=chunk, max_streams=max_streams, kernel=kernel)
+        server.warmup()
+        reqs = [
+            (n, conds[k], spk[k] if k != 2 else torch.tensor(spk[k]), torch.Generator().manual_seed(10 + k))
+            for k, n in enumerate(lens)
+        ]
+        out = served(server, {0: reqs[:third], 1: reqs[third : 2 * third], 3: reqs[2 * third :]})
+        assert list(out) == list(range(len(lens)))
+        path.check_ran(kernel != "torch")
+        for k, rid in enumerate(out):
+            u = chunked_uniforms(10 + k, lens[k], chunk)[:, None]
+            if cpu:  # the same sums in the same order
+                ref, _ = incremental_path(net, conds[k][None], lens[k], 1.0, None, torch.tensor([spk[k]]), uniforms=u)
+                assert torch.equal(out[rid], ref[0]), (kernel, k)
+            else:
+                assert out[rid].shape == (lens[k],)
+                with torch.no_grad():
+                    logits = net(out[rid][None], conds[k][None], torch.tensor([spk[k]], device=dev))
+                assert (out[rid][None] == expected_classes(logits, u, 1.0)).float().mean() > 0.99, (kernel, k)
+        assert server.active == [] and server.pending == [] and server.step() == {}
 
 
-@pytest.mark.parametrize("kernel", ["torch", "triton"])
-def test_server_warmup_leaves_the_server_as_it_was(kernel, request):
+def test_server_warmup_leaves_the_server_as_it_was(path):
     """warmup() runs a scratch chunk through a scratch server: the server's requests, ids, samples and the global
     generator's state are those of a server that was never warmed up."""
-    if kernel == "triton":
-        request.getfixturevalue("interpreter")
-    net = small_model()
+    net = small_model().to(path.device)
     outs = []
     for warm in (False, True):
         torch.manual_seed(5)
-        server = WaveNetServer(net, chunk=6, kernel=kernel)
+        server = WaveNetServer(net, chunk=6, kernel=path.wavenet_kernel)
         if warm:
             server.warmup(3)
             assert server.active == [] and server.pending == []
-        rid = server.submit(14, torch.randn(5, 4), 1)  # no generator of its own: the global one's numbers
-        outs.append((rid, torch.cat([chunks[rid] for chunks in server]), torch.rand(3)))
+        rid = server.submit(14, torch.randn(5, 4, device=path.device), 1)  # no generator: the global one's numbers
+        outs.append((rid, torch.cat([chunks[rid] for chunks in server]), torch.rand(3, device=path.device)))
     assert outs[1][0] == outs[0][0] == 0
     assert torch.equal(outs[1][1], outs[0][1]) and torch.equal(outs[1][2], outs[0][2])
 
@@ -225,30 +239,6 @@ def test_gpu_batched_cluster_kernel_in_chunks(gpu):
             cont=Continuation(a[:, -1].contiguous(), phase, q, rows, cut),
         )
     assert torch.equal(torch.cat([a, b], 1), whole)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["cluster", "triton"])
-def test_gpu_server_matches_incremental_path(gpu, kernel):
-    """The serving loop on the batched cluster kernel and on the Triton kernel: requests joining at different
-    chunks, each step of each request against the PyTorch logits on its own samples and its own uniforms."""
-    from speechkernels.wavenet.generation import cluster_kernel_available
-
-    net = small_model(residual_channels=64, gate_channels=128, skip_channels=256, classes=256).to(gpu)
-    if kernel == "cluster" and not cluster_kernel_available(net):
-        pytest.skip("cuda-core or a GPU of compute capability 9.0 missing")
-    lens, chunk = [130, 64, 200, 97, 150, 33, 120, 80, 110, 60, 90, 70], 32
-    conds = [torch.randn(5, 60, device=gpu) for _ in lens]
-    reqs = [(n, conds[k], k % 3, torch.Generator().manual_seed(k)) for k, n in enumerate(lens)]
-    server = WaveNetServer(net, chunk=chunk, kernel=kernel)
-    server.warmup(12)
-    out = served(server, {0: reqs[:5], 1: reqs[5:9], 3: reqs[9:]})
-    for k, rid in enumerate(out):
-        assert out[rid].shape == (lens[k],)
-        with torch.no_grad():
-            logits = net(out[rid][None], conds[k][None], torch.tensor([k % 3], device=gpu))
-        u = chunked_uniforms(k, lens[k], chunk)[:, None]
-        assert (out[rid][None] == expected_classes(logits, u, 1.0)).float().mean() > 0.99, k
 
 
 @pytest.mark.gpu
