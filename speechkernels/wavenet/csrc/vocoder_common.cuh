@@ -154,3 +154,28 @@ __device__ __forceinline__ void load_layer_weights(LWT& w, const wtype* wg, cons
 #pragma unroll
   for (int k = 0; k < RR; k++) w.br[k] = __ldg(br + (long long)i * R + gi * RR + k);
 }
+// the generation loop of either kernel: ``steps`` layer steps (samples x layers), each computing a layer with the
+// weights in its first argument while it loads the next layer's into its second, the two alternating (loaded
+// first: layer 0 of sample 0)
+template <class LWT, class Load, class Step>
+__device__ __forceinline__ void run_layer_steps(Load&& load_layer, Step&& step, long long steps) {
+  LWT wa, wb;
+  load_layer(wa, 0, 0);
+  for (long long k = 0; k < steps; k += 2) {
+    step(wa, wb);
+    if (k + 1 < steps) step(wb, wa);
+  }
+}
+// the parameters both vocoder kernels take first: the packed weights (``weights.vocoder_weights``' layout), the
+// embedding, the conditioning, the dilations, the queue and the uniforms
+#define VOCODER_KERNEL_INPUTS                                                                                     \
+  const wtype* __restrict__ wg,                               /* [L][C][NW][4][R]: rows cur_t, cur_s, past_t, past_s */ \
+      const wtype* __restrict__ wr, const float* __restrict__ br, /* [L][R][G2], [L][R] */                          \
+      const wtype* __restrict__ ws, const float* __restrict__ bs, /* [L][SK][G2], [SK] (summed) */                  \
+      const wtype* __restrict__ w1, const float* __restrict__ b1, /* [SK][SK], [SK] */                              \
+      const wtype* __restrict__ w2, const float* __restrict__ b2, /* [NC][SK], [NC] */                              \
+      const float* __restrict__ embed,                            /* [NC][R] */                                     \
+      const float* __restrict__ cb, /* [B][F][L][2 G2]: conditioning and current-input bias */                      \
+      const int* __restrict__ dil, const int* __restrict__ qoff,  /* [L] */                                         \
+      float* __restrict__ queue,                                  /* [B or rows][C][Q][NW][2], zeros at the start */ \
+      const float* __restrict__ uni                               /* [n][B] */

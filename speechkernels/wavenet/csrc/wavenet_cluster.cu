@@ -17,16 +17,7 @@ struct LW {
 };
 
 extern "C" __global__ void __launch_bounds__(NT, 1)
-wavenet_cluster(const wtype* __restrict__ wg,  // [L][C][NW][4][R]: rows cur_t, cur_s, past_t, past_s of unit j
-                const wtype* __restrict__ wr, const float* __restrict__ br,  // [L][R][G2], [L][R]
-                const wtype* __restrict__ ws, const float* __restrict__ bs,  // [L][SK][G2], [SK] (summed)
-                const wtype* __restrict__ w1, const float* __restrict__ b1,  // [SK][SK], [SK]
-                const wtype* __restrict__ w2, const float* __restrict__ b2,  // [NC][SK], [NC]
-                const float* __restrict__ embed,  // [NC][R]
-                const float* __restrict__ cb,  // [B][F][L][2 G2]: conditioning and current-input bias
-                const int* __restrict__ dil, const int* __restrict__ qoff,  // [L]
-                float* __restrict__ queue,  // [B][C][Q][NW][2] zeros
-                const float* __restrict__ uni,  // [n][B]
+wavenet_cluster(VOCODER_KERNEL_INPUTS,
                 long long* __restrict__ out,  // [B][n]
                 int B, int L, int F, int Q, int hop, int n, int start, float inv_temp) {
   __shared__ __align__(16) float xs[2][R];
@@ -169,12 +160,6 @@ wavenet_cluster(const wtype* __restrict__ wg,  // [L][C][NW][4][R]: rows cur_t, 
     if (!GREEDY && t < n) u = __ldg(uni + (long long)t * B + b);
   };
 
-  LW wa, wb;
-  load_layer(wa, 0, 0);
-  const long long steps = (long long)n * L;
-  for (long long k = 0; k < steps; k += 2) {
-    step(wa, wb);
-    if (k + 1 < steps) step(wb, wa);
-  }
+  run_layer_steps<LW>(load_layer, step, (long long)n * L);
   cluster_sync();
 }

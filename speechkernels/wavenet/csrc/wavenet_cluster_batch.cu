@@ -98,16 +98,7 @@ struct LW {
 };
 
 extern "C" __global__ void __launch_bounds__(NT, 1)
-wavenet_cluster_batch(const wtype* __restrict__ wg,  // [L][C][NW][4][R]
-                      const wtype* __restrict__ wr, const float* __restrict__ br,  // [L][R][G2], [L][R]
-                      const wtype* __restrict__ ws, const float* __restrict__ bs,  // [L][SK][G2], [SK] (summed)
-                      const wtype* __restrict__ w1, const float* __restrict__ b1,  // [SK][SK], [SK]
-                      const wtype* __restrict__ w2, const float* __restrict__ b2,  // [NC][SK], [NC]
-                      const float* __restrict__ embed,  // [NC][R]
-                      const float* __restrict__ cb,  // [B][F][L][2 G2]: conditioning and current-input bias
-                      const int* __restrict__ dil, const int* __restrict__ qoff,  // [L]
-                      float* __restrict__ queue,  // [rows][C][Q][NW][2]
-                      const float* __restrict__ uni,  // [n][B]
+wavenet_cluster_batch(VOCODER_KERNEL_INPUTS,
                       const long long* __restrict__ prev,  // [B]: the input class before the first sample
                       const int* __restrict__ phase,  // [B]: a stream's sample index at t = 0 (its frame's clock)
                       const int* __restrict__ qslot,  // [B]: a stream's row of the queue
@@ -303,12 +294,6 @@ wavenet_cluster_batch(const wtype* __restrict__ wg,  // [L][C][NW][4][R]
     load_uniforms(t);
   };
 
-  LW wa, wb;
-  load_layer(wa, 0, 0);
-  const long long steps = (long long)n * L;
-  for (long long k = 0; k < steps; k += 2) {
-    step(wa, wb);
-    if (k + 1 < steps) step(wb, wa);
-  }
+  run_layer_steps<LW>(load_layer, step, (long long)n * L);
   cluster_sync();
 }
