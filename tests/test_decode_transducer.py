@@ -233,7 +233,7 @@ def test_views_decode_as_copies(path):
 
 
 @pytest.mark.parametrize("kind", [dict(durations=[0, 1, 2]), dict(stateless=2)], ids=str)
-def test_weights_changed_between_calls(path, kind):
+def test_weights_changed_between_calls(path, kind, monkeypatch):
     """The decoder keeps what a call derives from its networks (the kernel's launch plans) between calls: each
     decode follows the networks as they are at the call, whether their values changed in place (through
     ``.data`` too), a tensor or a layer was replaced, or the networks moved; two calls in a row agree."""
@@ -248,6 +248,11 @@ def test_weights_changed_between_calls(path, kind):
             check(hyp, oracle(dec, x, lengths), dec, 9)
 
     decode_and_check()
+    if path.kernels:  # batches of ever new shapes: the decoder keeps at most MAX_PLANS plans, the latest
+        monkeypatch.setattr(decode_api.transducer_kernels, "MAX_PLANS", 2)
+        for T in (9, 3, 4, 5):
+            dec.greedy(torch.randn(1, T, 6, device=path.device), validate=False)
+        assert [key[:2] for key in dec._plans] == [(1, 4), (1, 5)]
     with torch.no_grad():
         dec.out.weight.data.mul_(-1.5)  # in place, no version counter bump
         dec.embedding.weight.data[:, 0] += 2.0

@@ -48,6 +48,7 @@ _INTERPRETER = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 _NO_KEY = tl.constexpr(0)  # below every packed key (each is positive: a zeroed slot is empty)
 SMALL_BATCH = 4  # up to this many rows: FMA tiles
 MAX_LAYERS = 4  # LSTM layers the kernel takes (more: the PyTorch path)
+MAX_PLANS = 32  # launch plans a decoder keeps (one per batch shape and start/continuation; the oldest go first)
 # FMA tiles: elements of a phase's product block per program, warps; tensor-core tiles: the most rows, the K block,
 # the output columns (joint), hidden units (LSTM) and projection columns of a tile, warps, pipeline stages of the K
 # loops, whether a phase's columns are split into one range per program (spread) or into full blocks; for the
@@ -761,15 +762,18 @@ def transducer_greedy(
     if plan is None:
         plan = GreedyPlan(w, N, T, state is None, blank, durations, max_symbols, x.device)
         if plans is not None and plan.reusable:
+            while len(plans) >= MAX_PLANS:  # batches of ever new shapes: the oldest plans go
+                plans.pop(next(iter(plans)))
             plans[key] = plan
     return plan(x, lengths, state, profile)
 
 
 class GreedyPlan:
     """One configuration's launch (weights, batch size N, frames T, start or continuation, blank, durations,
-    max_symbols), computed once and called per batch: the tiles, the launch's constant arguments, the layouts of
-    the scratch and the outputs, the default lengths. A call allocates the outputs, zeroes the scratch and launches:
-    a few host operations (the eager call's time is the host's time to the launch plus the kernel's).
+    max_symbols), computed once and called per batch: the tiles, the launch's constant arguments, the scratch's
+    layout, the default lengths. A call allocates the outputs, zeroes the scratch and launches: a few host
+    operations (the eager call's time is the host's time to the launch plus the kernel's). A decoder keeps up to
+    MAX_PLANS of them.
 
     The scratch is kept per CUDA stream (calls on one stream run in order, so one buffer serves them; zeroed by
     each call) except while a CUDA graph is being captured (then a new one, the graph's own). The weights are held
