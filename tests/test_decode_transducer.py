@@ -542,6 +542,40 @@ def test_split_over_k(path, monkeypatch, split, kind):
     path.check_ran()
 
 
+COMPACT_KINDS = [{}, dict(durations=[0, 1, 2, 3], layers=3), dict(stateless=2, activation="tanh"), "lstm splits"]
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("kind", COMPACT_KINDS, ids=str)
+@pytest.mark.parametrize("N", [3, 18])  # FMA tiles; tensor-core tiles of 16 rows (two row blocks)
+def test_prediction_network_over_the_emitting_rows(path, monkeypatch, kind, N):
+    """TILES["compact"]: the prediction network's tiles cover only the rows that emitted (listed by the decision),
+    the others' hidden states carried apart: the oracle's hypotheses, and the hypotheses and final state of the
+    tiles over every row."""
+    tk = decode_api.transducer_kernels
+    P = 5
+    if kind == "lstm splits":  # with the LSTM's K split (partial gates summed over the listed rows)
+        monkeypatch.setitem(tk.TILES, "dot_bk", 16)
+        monkeypatch.setitem(tk.TILES, "dot_lstm_splits_min", 4)
+        kind, P = {}, 40
+    dec = make_decoder(17, P=P, device=path.device, **kind)
+    g = torch.Generator().manual_seed(N)
+    T = 10
+    x = torch.randn(N, T, 6, generator=g)
+    lengths = torch.randint(0, T + 1, (N,), generator=g)
+    every, every_state = dec.greedy(x.to(path.device), lengths)
+    monkeypatch.setitem(tk.TILES, "compact", True)
+    dec._plans.reset()  # the plans read TILES when made
+    hyp, state = dec.greedy(x.to(path.device), lengths)
+    check(hyp, oracle(dec, x, lengths.tolist()), dec, T)
+    for name in ("tokens", "lengths", "frames", "durations"):
+        a, b = getattr(hyp, name), getattr(every, name)
+        assert (a is None and b is None) or torch.equal(a, b), name
+    torch.testing.assert_close(hyp.scores, every.scores)
+    for a, b in zip((*state.predictor, state.output), (*every_state.predictor, every_state.output), strict=True):
+        torch.testing.assert_close(a, b)
+
+
 @pytest.mark.parametrize("kind", [dict(layers=3, lstm_bias=False), dict(layers=4, durations=[0, 1, 2])], ids=str)
 @pytest.mark.parametrize("N", [3, 18])
 def test_lstm_layouts(path, kind, N):

@@ -288,20 +288,15 @@ def test_proxy_and_reference_take_integer_like_scalars(tmp_path):
         assert f.getframerate() == 8000
 
 
-@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def device(request) -> torch.device:
-    """Each test once on the CPU and once on the GPU (tests marked gpu)."""
-    return torch.device(request.param)
-
-
 @pytest.mark.parametrize("design", ["auto", "torch"])
-def test_serial_chain_auto_design(device, design):
+def test_serial_chain_auto_design(path, design):
     """design="auto" (the default) runs the fastest design here: the PyTorch loop on the CPU (also under the
     interpreter), on a GPU the cluster design up to 16 streams where cuda-core and the GPU allow it, else the
     stream design; the same bits as that design named."""
     from speechkernels.wavenet.cuda_runtime import clusters_available
     from speechkernels.wavenet.proxy import auto_design
 
+    device = path.device
     w, x0 = chain_case(6, 32, 3, "tanh", seed=12)
     w, x0 = w.to(device), x0.to(device)
     if device.type == "cpu":

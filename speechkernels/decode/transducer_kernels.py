@@ -53,7 +53,8 @@ MAX_PLANS = 32  # launch plans a decoder keeps (one per batch shape and start/co
 # the output columns (joint), hidden units (LSTM) and projection columns of a tile, warps, pipeline stages of the K
 # loops, whether a phase's columns are split into one range per program (spread) or into full blocks; for the
 # LSTM and the joint the most ranges of K their tiles are split into while they fit the programs, and the fewest
-# (tests)
+# (tests); whether the prediction network's tiles cover only the rows that emitted, listed by the decision
+# (compact; not yet measured on a GPU)
 TILES = dict(
     fma_elements=8192,
     fma_warps=8,
@@ -69,6 +70,7 @@ TILES = dict(
     dot_lstm_splits_min=1,
     dot_joint_splits=4,
     dot_joint_splits_min=1,
+    compact=False,
 )
 
 
@@ -131,6 +133,50 @@ def _ranges(n, block: tl.constexpr, want):
     """How many ranges split n items: ``want`` (one per program) where each then holds at most ``block`` items,
     else as few as hold ``block`` each; range r is [r * n // count, (r + 1) * n // count)."""
     return tl.minimum(tl.maximum(tl.cdiv(n, block), want), n)
+
+
+@triton.jit
+def _emitting_rows(p_priv, block, o_b, n_emit, N, K: tl.constexpr, COMPACT: tl.constexpr):
+    """Row block ``block`` of the prediction network's tiles: (rows, rows in range, rows that emitted). COMPACT:
+    the emitting rows in the order the decision listed them (each program's own list, n_emit long), so that the
+    tiles cover only them; else rows block * BB + o_b, masked by their emit flags."""
+    if COMPACT:
+        idx = block * o_b.shape[0] + o_b
+        m_r = idx < n_emit
+        rows = tl.load(p_priv + (4 + K) * N + idx, mask=m_r, other=0)
+        return rows, m_r, m_r
+    else:
+        rows = block * o_b.shape[0] + o_b
+        m_r = rows < N
+        return rows, m_r, (tl.load(p_priv + 3 * N + rows, mask=m_r, other=0) != 0) & m_r
+
+
+@triton.jit
+def _carry_idle_rows(h_ptr, p_priv, hp, pid, nprog, N, H: tl.constexpr, L: tl.constexpr, BB: tl.constexpr,
+                     BK: tl.constexpr):  # fmt: skip
+    """COMPACT: every layer's hidden state of the rows that did not emit carried to the other buffer (the tiles
+    cover the emitting rows only; ``_lstm_cell`` carries the others' where they do)."""
+    o_b = tl.arange(0, BB)
+    o_k = tl.arange(0, BK)
+    n_r = tl.cdiv(N, BB)
+    n_c = tl.cdiv(H, BK)
+    for blk in range(pid, L * n_r * n_c, nprog):
+        layer = blk // (n_r * n_c)
+        rows = (blk % n_r) * BB + o_b
+        cols = (blk // n_r) % n_c * BK + o_k
+        m_r = rows < N
+        idle = m_r & (tl.load(p_priv + 3 * N + rows, mask=m_r, other=1) == 0)
+        m = idle[:, None] & (cols < H)[None, :]
+        src = h_ptr + ((hp * L + layer) * N + rows[:, None]) * H + cols[None, :]
+        tl.store(src + (1 - 2 * hp) * L * N * H, tl.load(src, mask=m, other=0.0, cache_modifier=".cg"), mask=m)
+
+
+@triton.jit
+def _list_emitting(p_priv, o_n, emit, N, K: tl.constexpr, COMPACT: tl.constexpr):
+    """With COMPACT, the emitting rows (in row order) into this program's list (``_emitting_rows``)."""
+    if COMPACT:
+        pos = tl.cumsum(emit.to(tl.int32), 0) - 1
+        tl.store(p_priv + (4 + K) * N + pos, o_n, mask=emit)
 
 
 @triton.jit
@@ -293,7 +339,8 @@ def _transducer_greedy_kernel(
     ob_ptr,  # [V + D] out_b (with HAS_OB)
     dur_ptr,  # [D] int64 durations
     key_ptr,  # [3, 2, N] int64 packed keys (token, duration), _NO_KEY (zero)
-    priv_ptr,  # [nprog, 4 + K, N] int32 each program's row values (t, active, label, emit, context)
+    priv_ptr,  # [nprog, 5 + K, N] int32 each program's row values (t, active, label, emit, context), and the
+    # emitting rows' list (COMPACT)
     bar_ptr,  # [1] int32 barrier counter, 0
     tok_ptr, frm_ptr, dout_ptr, sc_ptr,  # [N, S] out: tokens, frames, durations (-1 past), scores (0 past)
     nout_ptr,  # [3, N] int64 out: hypothesis lengths, frames jumped past the end, frames decoded in all
@@ -310,6 +357,7 @@ def _transducer_greedy_kernel(
     BS: tl.constexpr, UNROLL: tl.constexpr, SPREAD: tl.constexpr, LS: tl.constexpr,
     KB0: tl.constexpr, KB1: tl.constexpr, JS: tl.constexpr, KJ: tl.constexpr, HAS_LBIAS: tl.constexpr,
     HAS_PB: tl.constexpr, HAS_OB: tl.constexpr, START: tl.constexpr, PROFILE: tl.constexpr,
+    COMPACT: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -317,7 +365,7 @@ def _transducer_greedy_kernel(
     o_n = tl.arange(0, BLOCK_N)
     m_n = o_n < N
     own = m_n & (o_n % nprog == pid)
-    p_priv = priv_ptr + pid * (4 + K) * N
+    p_priv = priv_ptr + pid * (5 + K) * N
     L_n = tl.minimum(tl.maximum(tl.load(len_ptr + o_n, mask=m_n, other=0), 0), T).to(tl.int32)
     t_n = tl.load(t0_ptr + o_n, mask=m_n & (not START), other=0).to(tl.int32)
     fofs = tl.load(fofs_ptr + o_n, mask=m_n & (not START), other=0)
@@ -331,6 +379,7 @@ def _transducer_greedy_kernel(
     tl.store(p_priv + 2 * N + o_n, tl.zeros([BLOCK_N], tl.int32) + blank, mask=m_n)
     tl.store(p_priv + 3 * N + o_n, emit0.to(tl.int32), mask=m_n)
     n_emit = tl.sum(emit0.to(tl.int32), 0)
+    _list_emitting(p_priv, o_n, emit0, N, K, COMPACT)
     if STATELESS:
         for j in tl.static_range(K):
             if START:
@@ -377,23 +426,24 @@ def _transducer_greedy_kernel(
     while (n_act > 0) | (n_emit > 0):
         # the prediction network of the rows that emitted at the last step (at the start: every row, the blank)
         if n_emit > 0:
+            n_rbe = n_rb  # the row blocks of the prediction network's tiles
+            if COMPACT:
+                n_rbe = tl.cdiv(n_emit, BB)
             if not STATELESS:
                 # tiles (row block, range of hidden units): the four gates of the units in one product, columns
                 # q * BH + u for gate q (i, f, g, o) of unit u_lo + u
-                n_ut = _ranges(H, BH, nprog // n_rb if SPREAD else 0)
+                n_ut = _ranges(H, BH, nprog // n_rbe if SPREAD else 0)
                 o_g = tl.arange(0, 4 * BH)
                 for layer in tl.static_range(L):
-                    for tile in range(pid, n_rb * n_ut * LS, nprog):
-                        rows = (tile % n_rb) * BB + o_b
-                        ut = (tile // n_rb) % n_ut
+                    for tile in range(pid, n_rbe * n_ut * LS, nprog):
+                        rows, m_r, e_r = _emitting_rows(p_priv, tile % n_rbe, o_b, n_emit, N, K, COMPACT)
+                        ut = (tile // n_rbe) % n_ut
                         u_lo = ut * H // n_ut
                         u_hi = (ut + 1) * H // n_ut
                         units = u_lo + tl.arange(0, BH)
                         m_u = units < u_hi
                         grow = (o_g // BH) * H + u_lo + o_g % BH  # each column's row of W and of the table
                         m_g = (u_lo + o_g % BH) < u_hi
-                        m_r = rows < N
-                        e_r = (tl.load(p_priv + 3 * N + rows, mask=m_r, other=0) != 0) & m_r
                         acc = _zeros(BB, BK, 4 * BH, FMA)
                         p_ih = _layer(layer, wih0_ptr, wih1_ptr, wih2_ptr, wih3_ptr)
                         p_hx = h_ptr + ((hp * L + layer) * N + rows[:, None]) * H  # the layer's own previous output
@@ -416,7 +466,7 @@ def _transducer_greedy_kernel(
                                        BH, HAS_LBIAS)  # fmt: skip
                         else:
                             # K range ks of [input, own output] concatenated: blocks [ks KB, (ks + 1) KB) of BK each
-                            ks = tile // (n_rb * n_ut)
+                            ks = tile // (n_rbe * n_ut)
                             if layer == 0:
                                 lab = tl.load(p_priv + 2 * N + rows, mask=m_r, other=0)
                                 b_in = (PE + BK - 1) // BK
@@ -436,19 +486,20 @@ def _transducer_greedy_kernel(
                                               tl.maximum(b_hi - b_in, 0) * BK, BK, WD, F32)  # fmt: skip
                             p_l = lpart_ptr + (ks * N + rows[:, None]) * (4 * H) + grow[None, :]
                             tl.store(p_l, acc, mask=e_r[:, None] & m_g[None, :])
+                    if COMPACT:
+                        if layer == 0:
+                            _carry_idle_rows(h_ptr, p_priv, hp, pid, nprog, N, H, L, BB, BK)
                     if LS > 1:  # the partial gates summed in the order of K, the cells updated
                         n_sync += 1
                         grid_sync(bar_ptr, n_sync * nprog)
                         n_uc = tl.cdiv(H, BH)
-                        for tile in range(pid, n_rb * n_uc, nprog):
-                            rows = (tile % n_rb) * BB + o_b
-                            units = (tile // n_rb) * BH + tl.arange(0, BH)
+                        for tile in range(pid, n_rbe * n_uc, nprog):
+                            rows, m_r, e_r = _emitting_rows(p_priv, tile % n_rbe, o_b, n_emit, N, K, COMPACT)
+                            units = (tile // n_rbe) * BH + tl.arange(0, BH)
                             m_u = units < H
-                            m_r = rows < N
-                            e_r = (tl.load(p_priv + 3 * N + rows, mask=m_r, other=0) != 0) & m_r
                             o_g4 = tl.arange(0, 4 * BH)
-                            grow = (o_g4 // BH) * H + (tile // n_rb) * BH + o_g4 % BH
-                            m_g = ((tile // n_rb) * BH + o_g4 % BH) < H
+                            grow = (o_g4 // BH) * H + (tile // n_rbe) * BH + o_g4 % BH
+                            m_g = ((tile // n_rbe) * BH + o_g4 % BH) < H
                             m_rg = e_r[:, None] & m_g[None, :]
                             p_l = lpart_ptr + rows[:, None] * (4 * H) + grow[None, :]
                             gates = tl.load(p_l, mask=m_rg, other=0.0, cache_modifier=".cg")
@@ -464,15 +515,13 @@ def _transducer_greedy_kernel(
                     ev = _stamp(prof_ptr, ev, 5, PROFILE)
                 hp = 1 - hp
             # the projection g = pred_w @ out + pred_b of the emitting rows: tiles (row block, range of J)
-            n_jt = _ranges(J, BJ, nprog // n_rb if SPREAD else 0)
-            for tile in range(pid, n_rb * n_jt, nprog):
-                rows = (tile % n_rb) * BB + o_b
-                jt = tile // n_rb
+            n_jt = _ranges(J, BJ, nprog // n_rbe if SPREAD else 0)
+            for tile in range(pid, n_rbe * n_jt, nprog):
+                rows, m_r, e_r = _emitting_rows(p_priv, tile % n_rbe, o_b, n_emit, N, K, COMPACT)
+                jt = tile // n_rbe
                 j_lo = jt * J // n_jt
                 jj = j_lo + tl.arange(0, BJ)
                 m_j = jj < (jt + 1) * J // n_jt
-                m_r = rows < N
-                e_r = (tl.load(p_priv + 3 * N + rows, mask=m_r, other=0) != 0) & m_r
                 acc = _zeros(BB, BK, BJ, FMA)
                 for k0 in tl.range(0, P, BK, loop_unroll_factor=UNROLL):
                     kk = k0 + o_k
@@ -609,6 +658,7 @@ def _transducer_greedy_kernel(
             tl.store(p_priv + N + o_n, active.to(tl.int32), mask=m_n)
             tl.store(p_priv + 2 * N + o_n, label, mask=m_n)
             tl.store(p_priv + 3 * N + o_n, emit.to(tl.int32), mask=m_n)
+            _list_emitting(p_priv, o_n, emit, N, K, COMPACT)
             if STATELESS:
                 for j in tl.static_range(K - 1):
                     prev = tl.load(p_priv + (5 + j) * N + o_n, mask=m_n, other=-1)
@@ -880,7 +930,7 @@ class GreedyPlan:
         plog_size = JS * N * (V + D) if JS > 1 else 1
         i32, i64 = torch.int32, torch.int64
         pieces = [((2 * L * N * H,), wd), ((L, N, H), f32), ((N, J), wd), ((N, P), f32), ((4 * N * NCB,), f32)]
-        pieces += [((lpart_size,), f32), ((plog_size,), f32), ((3 * 2 * N,), i64), ((nprog * (4 + K) * N,), i32)]
+        pieces += [((lpart_size,), f32), ((plog_size,), f32), ((3 * 2 * N,), i64), ((nprog * (5 + K) * N,), i32)]
         pieces += [((1,), i32)]
         self.scratch_layout = _Layout(i32, *(list(v) for v in zip(*pieces, strict=True)))
         self._scratch: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}
@@ -908,7 +958,7 @@ class GreedyPlan:
             ACT=("relu", "tanh", "sigmoid").index(w.activation), F32=wd == f32, BLOCK_N=max(16, next_power_of_2(N)),
             NCB_P2=next_power_of_2(NCB), BD=next_power_of_2(max(D, 1)), HAS_LBIAS=has_lbias,
             HAS_PB=w.pred_b is not None, HAS_OB=w.out_b is not None, BS=min(1024, next_power_of_2(S)), START=start,
-            PROFILE=0, **tiles,
+            PROFILE=0, COMPACT=TILES["compact"], **tiles,
         )  # fmt: skip
         self.launcher = launch(_transducer_greedy_kernel)
 
