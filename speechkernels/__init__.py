@@ -3,7 +3,15 @@
 from . import wavenet
 from .align import TokenSpans, ctc_forced_align, ctc_token_spans
 from .ctc import CTCLoss, ctc_loss
-from .decode import Hypotheses, LSTMPredictor, StatelessPredictor, TransducerDecoder, TransducerState, ctc_greedy_decode
+from .decode import (
+    Hypotheses,
+    LSTMPredictor,
+    NGramLM,
+    StatelessPredictor,
+    TransducerDecoder,
+    TransducerState,
+    ctc_greedy_decode,
+)
 from .rnnt import RNNTJointLoss, RNNTLoss, rnnt_joint_loss, rnnt_loss
 from .tdt import (
     MultiblankJointLoss,
@@ -29,6 +37,7 @@ __all__ = [
     "TransducerState",
     "LSTMPredictor",
     "StatelessPredictor",
+    "NGramLM",
     "RNNTLoss",
     "rnnt_loss",
     "RNNTJointLoss",

@@ -21,6 +21,7 @@ PUBLIC = {
     "TransducerState",
     "LSTMPredictor",
     "StatelessPredictor",
+    "NGramLM",
     "RNNTLoss",
     "rnnt_loss",
     "RNNTJointLoss",

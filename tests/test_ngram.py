@@ -1,0 +1,155 @@
+"""The token n-gram LM (speechkernels.decode.ngram): ARPA files of random models against a plain Python scorer of
+the ARPA backoff rules, the vocabulary's mappings, refusals."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from speechkernels.decode.ngram import NGramLM, parse_arpa
+
+
+def random_arpa(path, V: int, order: int, seed: int, *, unk: bool = True, drop: int = 0, words=str) -> None:
+    """An ARPA file of a random prefix-closed model over tokens 0..V-1 (``drop`` of them without a unigram),
+    <s>, </s> and optionally <unk>; random log10 probabilities and backoffs (not normalised: the rules are what
+    is tested). ``words``: each token's word."""
+    rng = random.Random(seed)
+    tokens = list(range(V))
+    rng.shuffle(tokens)
+    known = [words(t) for t in sorted(tokens[drop:])]
+    grams = [{}]
+    for w in known + ["<s>", "</s>"] + (["<unk>"] if unk else []):
+        grams[0][(w,)] = (-99.0 if w == "<s>" else -rng.uniform(0.1, 3.0), rng.uniform(-1.0, 0.3))
+    for _ in range(2, order + 1):
+        level = {}
+        histories = [g for g in grams[-1] if g[-1] != "</s>"]
+        for _ in range(6 * V):
+            h = rng.choice(histories)
+            w = rng.choice(known + ["</s>"] + (["<unk>"] if unk else []))
+            level[(*h, w)] = (-rng.uniform(0.05, 2.0), rng.uniform(-1.0, 0.3))
+        grams.append(level)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("a comment before the data\n\n\\data\\\n")
+        for k, level in enumerate(grams, 1):
+            f.write(f"ngram {k}={len(level)}\n")
+        for k, level in enumerate(grams, 1):
+            f.write(f"\n\\{k}-grams:\n")
+            for g, (p, bo) in level.items():
+                top = k == order or g[-1] == "</s>"
+                f.write(f"{p:.6f}\t{' '.join(g)}" + ("" if top else f"\t{bo:.6f}") + "\n")
+        f.write("\n\\end\\\n")
+
+
+def python_scorer(path):
+    """log p(word | history) and log p(</s> | history) by the ARPA rules, from the parsed file (natural log)."""
+    order, grams = parse_arpa(path)
+    model = {g: v for level in grams for g, v in level.items()}
+
+    def cond(history: tuple[str, ...], w: str) -> float:
+        if (w,) not in model:
+            w = "<unk>"
+        h = tuple(x if (x,) in model else "<unk>" for x in history)[-(order - 1) :] if order > 1 else ()
+        total = 0.0
+        while True:
+            if (*h, w) in model:
+                return (total + model[(*h, w)][0]) * math.log(10)
+            if not h:
+                return -math.inf
+            total += model[h][1] if h in model else 0.0
+            h = h[1:]
+
+    return cond
+
+
+@pytest.mark.parametrize("order", [1, 2, 3, 4])
+@pytest.mark.parametrize("drop", [0, 2])
+def test_scores_follow_the_arpa_rules(tmp_path, order, drop):
+    """Random walks from <s>: every next token's score and the end's, state by state, equal the Python scorer's
+    on the whole history; tokens without a unigram read as <unk>."""
+    V = 9
+    path = tmp_path / "lm.arpa"
+    random_arpa(path, V, order, seed=order * 10 + drop, drop=drop)
+    lm = NGramLM.from_arpa(path, V)
+    cond = python_scorer(path)
+    rng = random.Random(order)
+    for _walk in range(4):
+        states = torch.tensor([lm.start])
+        history = ("<s>",)
+        for _ in range(7):
+            logp, nxt = lm.score(states)
+            assert logp.shape == nxt.shape == (1, V) and logp.dtype == torch.float32
+            want = torch.tensor([cond(history, str(t)) for t in range(V)], dtype=torch.float64)
+            torch.testing.assert_close(logp[0].double(), want, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(
+                lm.end_scores(states).double(),
+                torch.tensor([cond(history, "</s>")], dtype=torch.float64),
+                rtol=1e-5,
+                atol=1e-5,
+            )
+            t = rng.randrange(V)
+            states, history = nxt[:, t], (*history, str(t))
+    assert lm.order == order
+
+
+def test_a_batch_scores_as_each_state_alone(tmp_path):
+    """A batch of states (repeated, the root, the start) scores as each one alone; the tables move devices."""
+    path = tmp_path / "lm.arpa"
+    random_arpa(path, 11, 3, seed=5)
+    lm = NGramLM.from_arpa(path, 11)
+    states = torch.tensor([0, lm.start, 3, lm.num_states - 1, 3])
+    logp, nxt = lm.score(states)
+    for b, s in enumerate(states.tolist()):
+        one, one_next = lm.score(torch.tensor([s]))
+        assert torch.equal(logp[b], one[0]) and torch.equal(nxt[b], one_next[0])
+    moved = lm.to("cpu")
+    assert torch.equal(moved.score(states)[0], logp)
+
+
+def test_token_strings(tmp_path):
+    """Words mapped through a list of token strings score as the same model written with token ids."""
+    V = 7
+    names = [f"tok{t}" for t in range(V)]
+    a, b = tmp_path / "ids.arpa", tmp_path / "names.arpa"
+    random_arpa(a, V, 3, seed=2)
+    random_arpa(b, V, 3, seed=2, words=lambda t: names[t])
+    by_id, by_name = NGramLM.from_arpa(a, V), NGramLM.from_arpa(b, V, tokens=names)
+    states = torch.arange(min(by_id.num_states, by_name.num_states))
+    assert by_id.num_states == by_name.num_states
+    walk_a, walk_b = torch.tensor([by_id.start]), torch.tensor([by_name.start])
+    for t in (3, 1, 4, 1, 5):
+        (pa, na), (pb, nb) = by_id.score(walk_a), by_name.score(walk_b)
+        torch.testing.assert_close(pa, pb)
+        walk_a, walk_b = na[:, t], nb[:, t]
+    assert states.numel() > 0
+
+
+def test_refusals(tmp_path):
+    path = tmp_path / "lm.arpa"
+    random_arpa(path, 5, 2, seed=1)
+    text = path.read_text()
+    with pytest.raises(ValueError, match=r"not a token id in \[0, vocab_size=4\)"):
+        NGramLM.from_arpa(path, 4)
+    with pytest.raises(ValueError, match="tokens has 2 strings but vocab_size=5"):
+        NGramLM.from_arpa(path, 5, tokens=["a", "b"])
+    with pytest.raises(ValueError, match="word '0' is not among the tokens"):
+        NGramLM.from_arpa(path, 5, tokens=list("abcde"))
+    with pytest.raises(ValueError, match="vocab_size must be"):
+        NGramLM.from_arpa(path, 0)
+    cases = [
+        (text.replace("\\end\\", ""), r"no \\end\\"),
+        (text.replace("ngram 2=", "ngram 2=1"), r"announces 1\d+ 2-grams"),
+        (text.replace("\\2-grams:", "\\3-grams:"), "out of order"),
+        (text.replace("\t<s>\t", "\tx\t<s>\t", 1), "a 1-gram line holds"),
+        (text.replace("-99.000000", "nan"), "log10 p must be <= 0"),
+        (text.replace("-99.000000", "oops"), "not a number"),
+    ]
+    for bad, match in cases:
+        path.write_text(bad)
+        with pytest.raises(ValueError, match=match):
+            NGramLM.from_arpa(path, 5)
+    random_arpa(path, 5, 2, seed=1, unk=False, drop=1)
+    with pytest.raises(ValueError, match="has no unigram and the file no <unk>"):
+        NGramLM.from_arpa(path, 5)
