@@ -636,6 +636,32 @@ def test_captured_in_a_cuda_graph(kind, N):
         torch.testing.assert_close(captured.scores, want.scores)
 
 
+@pytest.mark.gpu
+def test_threads_decoding_on_one_stream():
+    """Threads decoding with one decoder on one stream (each call zeroes its scratch, then launches; two threads'
+    calls interleave): every call gets the hypotheses it gets alone."""
+    import threading
+
+    dec = make_decoder(31, device="cuda", durations=[0, 1, 2])
+    g = torch.Generator().manual_seed(7)
+    xs = [torch.randn(3, 12, 6, generator=g).cuda() for _ in range(16)]
+    want = [dec.greedy(x)[0] for x in xs]
+    got = [None] * len(xs)
+
+    def work(k: int) -> None:
+        for _ in range(5):
+            got[k] = dec.greedy(xs[k], validate=False)[0]
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k, (a, b) in enumerate(zip(got, want, strict=True)):
+        for name in ("tokens", "lengths", "frames", "durations"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), (k, name)
+
+
 def test_scratch_pieces_of_mixed_dtypes():
     """The kernel's scratch: pieces of 16-, 32- and 64-bit dtypes carved from one 32-bit allocation, each the size
     asked in its own elements, starting 64-byte aligned, none overlapping another."""

@@ -34,6 +34,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -825,11 +826,11 @@ class GreedyPlan:
     operations (the eager call's time is the host's time to the launch plus the kernel's). A decoder keeps up to
     MAX_PLANS of them.
 
-    The scratch is kept per CUDA stream (calls on one stream run in order, so one buffer serves them; zeroed by
-    each call) except while a CUDA graph is being captured (then a new one, the graph's own). The weights are held
-    as they are (a call reads their current values; a stateless network's tables are derived from them each call);
-    ``reusable`` is False when the plan holds a contiguous copy of one (derived from its values): such a plan serves
-    one call."""
+    The scratch is kept per CUDA stream and thread (one thread's calls on one stream run in order, so one buffer
+    serves them; zeroed by each call) except while a CUDA graph is being captured (then a new one, the graph's
+    own). The weights are held as they are (a call reads their current values; a stateless network's tables are
+    derived from them each call); ``reusable`` is False when the plan holds a contiguous copy of one (derived from
+    its values): such a plan serves one call."""
 
     _serials = itertools.count()
 
@@ -933,7 +934,7 @@ class GreedyPlan:
         pieces += [((lpart_size,), f32), ((plog_size,), f32), ((3 * 2 * N,), i64), ((nprog * (5 + K) * N,), i32)]
         pieces += [((1,), i32)]
         self.scratch_layout = _Layout(i32, *(list(v) for v in zip(*pieces, strict=True)))
-        self._scratch: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}
+        self._scratch: dict[tuple[int, int], tuple[torch.Tensor, list[torch.Tensor]]] = {}
         # the outputs, one allocation per group (few host operations; the kernel only stores to them): tokens,
         # frames, durations [3, N, S] and the rows' values [3, N] (int64), the scores [N, S] (float32), the final
         # state in the weights' dtype: an LSTM's h and c [2, L, N, H] or a stateless network's context [N, K]
@@ -967,10 +968,11 @@ class GreedyPlan:
         dev = self.device
         if dev.type != "cuda" or torch.cuda.is_current_stream_capturing():
             return self.scratch_layout.carve(torch.zeros, dev)[1]
-        stream = torch._C._cuda_getCurrentRawStream(dev.index)
-        kept = self._scratch.get(stream)
+        # per stream and thread: calls on one stream run in order, but two threads' zeroing and launches interleave
+        where = (torch._C._cuda_getCurrentRawStream(dev.index), threading.get_ident())
+        kept = self._scratch.get(where)
         if kept is None:
-            kept = self._scratch[stream] = self.scratch_layout.carve(torch.zeros, dev)
+            kept = self._scratch[where] = self.scratch_layout.carve(torch.zeros, dev)
         else:
             kept[0].zero_()
         return kept[1]
