@@ -37,6 +37,8 @@ CAPABILITIES = {
         ("speechkernels.wavenet.generation:triton_vocoder",),
         (
             "speechkernels.wavenet.triton_vocoder:wavenet_generate",
+            "speechkernels.wavenet.cluster_vocoder:wavenet_generate_cluster",
+            "speechkernels.wavenet.cluster_vocoder:wavenet_generate_cluster_batch",
             "speechkernels.wavenet.generation:wavenet_generate_cluster",
             "speechkernels.wavenet.generation:wavenet_generate_cluster_batch",
             "speechkernels.wavenet.server:wavenet_generate_cluster_batch",

@@ -165,57 +165,55 @@ def test_gpu_generate_auto_kernel_matches_explicit(gpu):
         assert (runs[k] == runs["cluster"]).float().mean() > 0.95
 
 
-@pytest.mark.parametrize(
-    "kw, temperature", [({}, 0.9), (dict(speakers=0), 0.0), (dict(cond_channels=0, speakers=0), 0.9)]
-)
-def test_generate_kernel_matches_incremental_path(interpreter, kw, temperature):
-    """The one-program-per-stream Triton kernel (interpreter) draws the PyTorch path's samples from the same
-    uniforms."""
-    from speechkernels.wavenet.triton_vocoder import wavenet_generate
-
-    net = small_model(**kw)
-    B, n = 3, 21
-    g = torch.Generator().manual_seed(9)
-    cond = torch.randn(B, 5, 8, generator=g) if net.cond_channels else None
-    speaker = torch.tensor([1, 0, 2]) if net.speakers else None
-    u = torch.rand(n, B, generator=g, dtype=torch.float64).float()
-    ref, _ = incremental_path(net, cond, n, temperature, None, speaker, batch=B, uniforms=u)
-    with torch.no_grad():
-        spk = net.speaker_embed(speaker) if net.speakers else None
-        out = wavenet_generate(vocoder_weights(net), VocoderInputs(cond, spk, u, temperature))
-    assert torch.equal(out, ref)
+GENERATION_KERNELS = ["triton", "cluster", "cluster bf16", "cluster C=4"]
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("temperature", [0.0, 1.0, 1e-40])  # 1e-40: 1 / temperature is no float32
-@pytest.mark.parametrize("kernel", ["triton", "cluster", "cluster bf16", "cluster C=4"])
-def test_gpu_generate_kernel_matches_incremental_path(gpu, temperature, kernel):
+@pytest.mark.kernels
+@pytest.mark.parametrize("temperature", [0.0, 0.9, 1e-40])  # 1e-40: 1 / temperature is no float32
+@pytest.mark.parametrize("kernel", GENERATION_KERNELS)
+@pytest.mark.parametrize("kw", [{}, dict(speakers=0), dict(cond_channels=0, speakers=0)], ids=str)
+def test_generation_kernels_match_incremental_path(path, kernel, kw, temperature):
+    """Each generation kernel on the same uniforms as the PyTorch path. Under the interpreter the
+    one-program-per-stream Triton kernel draws exactly its samples (the same sums in the same order); on the GPU
+    the Triton kernel and the cluster kernel (float32 and bfloat16 weights, clusters of 8 and 4 CTAs), each step
+    against the PyTorch logits on the kernel's own samples and the same uniform (a sum in another order moves a
+    sample across a boundary of the CDF only when the uniform lies within ~1e-6 of it; a wrong step would not
+    feed back here); bfloat16 against the model with its matrices rounded as the kernel reads them."""
     from speechkernels.wavenet.cluster_vocoder import wavenet_generate_cluster
     from speechkernels.wavenet.generation import cluster_kernel_available
     from speechkernels.wavenet.triton_vocoder import wavenet_generate
 
-    net = small_model(residual_channels=64, gate_channels=128, skip_channels=256, classes=256).to(gpu)
-    B, n = 4, 200
-    cond = torch.randn(B, 5, 50, device=gpu)
-    speaker = torch.tensor([0, 1, 2, 1], device=gpu)
-    u = torch.rand(n, B, device=gpu)
+    gpu = path.device.type == "cuda"
+    if kernel != "triton" and not gpu:
+        pytest.skip("the cluster kernels run on a GPU")
+    wide = dict(residual_channels=64, gate_channels=128, skip_channels=256, classes=256) if gpu else {}
+    net = small_model(**wide, **kw).to(path.device)
     if kernel.startswith("cluster") and not cluster_kernel_available(net):
         pytest.skip("cuda-core or a GPU of compute capability 9.0 missing")
+    B, n = (4, 200) if gpu else (3, 21)
+    g = torch.Generator().manual_seed(9)
+    cond = torch.randn(B, 5, n // 4 + 2, generator=g).to(path.device) if net.cond_channels else None
+    speaker = torch.tensor([1, 0, 2, 1][:B], device=path.device) if net.speakers else None
+    u = torch.rand(n, B, generator=g, dtype=torch.float64).float().to(path.device)
     with torch.no_grad():
-        g = net.speaker_embed(speaker)
+        spk = net.speaker_embed(speaker) if net.speakers else None
+        inputs = VocoderInputs(cond, spk, u, temperature)
         if kernel == "triton":
-            out = wavenet_generate(vocoder_weights(net), VocoderInputs(cond, g, u, temperature))
+            out = wavenet_generate(vocoder_weights(net), inputs)
         else:
             wd = torch.bfloat16 if "bf16" in kernel else torch.float32
-            C = 4 if "C=4" in kernel else 8
-            out = wavenet_generate_cluster(vocoder_weights(net), VocoderInputs(cond, g, u, temperature), wd, C)
+            out = wavenet_generate_cluster(vocoder_weights(net), inputs, wd, 4 if "C=4" in kernel else 8)
             if wd == torch.bfloat16:  # the same model with its matrices rounded as the kernel reads them
                 for name, prm in net.named_parameters():
                     if prm.dim() == 2 and not name.startswith(("embed", "speaker", "w_cond", "w_speaker")):
                         prm.copy_(prm.to(torch.bfloat16).float())
+    path.check_ran()
+    if not gpu:
+        ref, _ = incremental_path(net, cond, n, temperature, None, speaker, batch=B, uniforms=u)
+        assert torch.equal(out, ref)
+        return
+    with torch.no_grad():
         logits = net(out, cond, speaker)  # teacher-forced on the kernel's own samples
-    # each step against the PyTorch logits and the same uniform (a different sum order may move a sample across
-    # a CDF boundary only when u lies within ~1e-6 of it; a wrong step would not feed back here)
     if temperature == 0:
         expected = logits.argmax(dim=1)
     else:
