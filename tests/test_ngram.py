@@ -106,6 +106,16 @@ def test_a_batch_scores_as_each_state_alone(tmp_path):
         assert torch.equal(logp[b], one[0]) and torch.equal(nxt[b], one_next[0])
     moved = lm.to("cpu")
     assert torch.equal(moved.score(states)[0], logp)
+    # a view of the states (strided, int32) scores as its contiguous values
+    wide = torch.stack([states, states.flip(0)], 1).to(torch.int32)
+    assert torch.equal(lm.score(wide[:, 0])[0], logp) and torch.equal(lm.end_scores(wide[:, 0]), lm.end_scores(states))
+    for bad, match in (
+        (torch.tensor([0, lm.num_states]), rf"states\[1\]={lm.num_states} is outside"),
+        (torch.tensor([-1]), r"states\[0\]=-1 is outside"),
+        (torch.tensor([0.0]), "states must be an integer tensor"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            lm.score(bad)
 
 
 def test_token_strings(tmp_path):

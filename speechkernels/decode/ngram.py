@@ -242,8 +242,8 @@ class NGramLM:
 
     def score(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(log p [B, V] float32 of every next token, the states they lead to [B, V] int64) from ``states`` [B]
-        (int64 on the tables' device)."""
-        states = states.reshape(-1).to(self.device, torch.int64)
+        (any integer dtype and layout, on any device). Raises ValueError naming a state outside [0, num_states)."""
+        states = self._checked(states)
         B = states.shape[0]
         # the backoff chain: level 0 the state itself, then its backoff states down to the root
         chain = [states]
@@ -276,7 +276,17 @@ class NGramLM:
 
     def end_scores(self, states: torch.Tensor) -> torch.Tensor:
         """log p(</s> | state) [B] float32 (-inf where the file gives </s> no probability)."""
-        return self.end[states.reshape(-1).to(self.device, torch.int64)]
+        return self.end[self._checked(states)]
+
+    def _checked(self, states: torch.Tensor) -> torch.Tensor:
+        if not isinstance(states, torch.Tensor) or states.dtype.is_floating_point or states.dtype == torch.bool:
+            raise ValueError(f"states must be an integer tensor, got {getattr(states, 'dtype', type(states).__name__)}")
+        states = states.reshape(-1).to(self.device, torch.int64)
+        bad = (states < 0) | (states >= self.num_states)
+        if bad.any():
+            i = int(bad.nonzero()[0, 0])
+            raise ValueError(f"states[{i}]={int(states[i])} is outside [0, num_states={self.num_states})")
+        return states
 
 
 _TABLES = (
