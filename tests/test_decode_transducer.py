@@ -669,7 +669,7 @@ def test_scratch_pieces_of_mixed_dtypes():
     if tk is None:
         pytest.skip("Triton missing")
     sizes, dtypes = (7, 5, 3, 33, 1), (torch.bfloat16, torch.float32, torch.int64, torch.bfloat16)
-    pieces = tk._carve(torch.zeros, torch.int32, "cpu", sizes, dtypes)
+    pieces = tk._Layout(torch.int32, [(n,) for n in sizes], dtypes).carve(torch.zeros, "cpu")[1]
     base = pieces[-1].untyped_storage().data_ptr()
     spans = []
     for p, n, d in zip(pieces, sizes, (*dtypes, torch.int32), strict=True):

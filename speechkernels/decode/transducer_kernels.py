@@ -784,11 +784,6 @@ class _Layout:
         return buf, [views[d].as_strided(shape, stride, at) for d, shape, stride, at in self.pieces]
 
 
-def _carve(alloc, dtype: torch.dtype, device, sizes: tuple[int, ...], dtypes: tuple = ()) -> list[torch.Tensor]:
-    """Flat pieces of the given sizes from one ``alloc`` of ``dtype`` (``_Layout`` of 1-D pieces)."""
-    return _Layout(dtype, [(n,) for n in sizes], dtypes).carve(alloc, device)[1]
-
-
 def transducer_greedy(
     w,
     x: torch.Tensor,
