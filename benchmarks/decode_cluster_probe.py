@@ -23,13 +23,17 @@ from speechkernels.wavenet import cuda_runtime as cr
 N, H, L, P, V, D, T = 128, 640, 2, 640, 1025, 5, 188
 CS, NCL, UPC, PPC, JPC = 4, 27, 24, 24, 40
 VJ = V + D
-HALF, AST = 80, 88
+
+
+def padded(k: int) -> int:
+    """The weights' row stride (bfloat16) for a K range of k: 32 mod 64 (16 mod 32 words)."""
+    return k + (32 - k % 64) % 64
 
 
 def shared_bytes() -> int:
     ks_l, ks_p, ks_j = 2 * H // CS, H // CS, P // CS
-    w = L * 4 * UPC * (ks_l + 8) + PPC * (ks_p + 8) + JPC * (ks_j + 8)
-    return 2 * (w + N * AST) + (CS - 1) * (8 // CS) * (4 * UPC // 8) * 32 * 16 + 4 * N
+    w = L * 4 * UPC * padded(ks_l) + PPC * padded(ks_p) + JPC * padded(ks_j)
+    return 2 * w + CS * (8 // CS) * (4 * UPC // 8) * 32 * 16 + 4 * N
 
 
 def networks(device):
