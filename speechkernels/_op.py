@@ -311,12 +311,7 @@ class LossModule(torch.nn.Module):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__()
-        try:
-            bound = self._constructor.bind(*args, **kwargs)
-        except TypeError as e:
-            raise TypeError(f"{type(self).__name__}: {e}") from None
-        bound.apply_defaults()
-        for name, value in bound.arguments.items():
+        for name, value in bound_arguments(self, self._constructor, args, kwargs).items():
             setattr(self, name, value)
 
     def forward(self, *inputs) -> torch.Tensor:
@@ -324,6 +319,17 @@ class LossModule(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return ", ".join(f"{name}={getattr(self, name)!r}" for name in self._option_names)
+
+
+def bound_arguments(module: torch.nn.Module, signature: inspect.Signature, args, kwargs, hint: str = "") -> dict:
+    """A module constructor's arguments bound to ``signature``, defaults applied, by name; a TypeError names the
+    module's class (then ``hint``)."""
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as e:
+        raise TypeError(f"{type(module).__name__}: {e}{hint}") from None
+    bound.apply_defaults()
+    return bound.arguments
 
 
 def _camel(name: str) -> str:

@@ -1,5 +1,5 @@
-"""What the fused joint losses (RNN-T's, TDT's, multi-blank's) share above their kernels: dropout's seed and
-probability, the checked inputs of a joint loss, and ``JointLossModule`` (the joint network's layers and a loss,
+"""What the fused joint losses (RNN-T's, TDT's, multi-blank's) share above their kernels: their op, dropout's seed
+and probability, the checked inputs of a joint loss, and ``JointLossModule`` (the joint network's layers and a loss,
 one module)."""
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ import torch
 
 from .._args import as_choice, as_float, as_int, check_float_input
 from .._loss_inputs import Lengths
+from .._op import LossOp, bound_arguments
 from .activations import ACTIVATIONS, activation_fn
 from .checks import check_loss_arguments
+from .options import JointNetworkOptions, transducer_loss_op
 
 
 def draw_seed(generator: torch.Generator | None) -> tuple[int, int]:
@@ -27,6 +29,14 @@ def as_dropout(value) -> float:
     if not dropout < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {dropout}")
     return dropout
+
+
+def joint_loss_op(name: str, inputs: str, forward, forward_fake, backward) -> LossOp:
+    """A fused joint loss's op: ``transducer_loss_op``'s, with gradients for enc, pred, weight and bias, and the
+    joint network's options (``JointNetworkOptions``, named ``net``) after the loss's."""
+    return transducer_loss_op(
+        name, inputs, forward, forward_fake, backward, "enc pred weight bias", net=JointNetworkOptions
+    )
 
 
 def _check_tensors(enc, pred, weight, bias) -> None:
@@ -144,12 +154,9 @@ class JointLossModule(torch.nn.Module):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__()
-        try:
-            bound = self.__signature__.bind(*args, **kwargs)
-        except TypeError as e:
-            raise TypeError(f"{type(self).__name__}: {e} (the loss's options: {', '.join(self._options)})") from None
-        bound.apply_defaults()
-        a = bound.arguments
+        a = bound_arguments(
+            self, self.__signature__, args, kwargs, f" (the loss's options: {', '.join(self._options)})"
+        )
         names = ("enc_dim", "pred_dim", "joint_dim", "vocab_size")
         enc_dim, pred_dim, joint_dim, vocab_size = (as_int(a[k], k, minimum=1) for k in names)
         rows = 0

@@ -612,6 +612,11 @@ def _launch(blk: dict) -> dict:
     return {k: blk[k] for k in ("num_warps", "num_stages", "maxnreg") if k in blk}
 
 
+def _class_tiles(blk: dict) -> dict:
+    """The tile sizes of a kernel over (rows, classes) tiles ("forward", "dlogits"), as its constexprs."""
+    return {k: blk[k] for k in ("BM", "BV", "BVT", "BK")}
+
+
 def _stage_hidden(enc, pred, logit_lengths, target_lengths, hbuf, n0, u0, ucc, tiles, n_tb, s_h, strides, seeds, meta):
     """A chunk's hidden vectors into hbuf (``_joint_hidden_kernel``; s_h columns a segment)."""
     T, H = enc.shape[1], enc.shape[2]
@@ -757,10 +762,7 @@ def joint_lattice(
             X=durations,
             MULTI=multiblank,
             BT=BT,
-            BM=bf["BM"],
-            BV=bf["BV"],
-            BVT=bf["BVT"],
-            BK=bf["BK"],
+            **_class_tiles(bf),
             **_launch(bf),
         )
     return lse, lat, aux
@@ -873,10 +875,7 @@ def joint_backward(
             X=durations,
             MULTI=multiblank,
             BT=BT,
-            BM=b1["BM"],
-            BV=b1["BV"],
-            BVT=b1["BVT"],
-            BK=b1["BK"],
+            **_class_tiles(b1),
             **prec,
             **_launch(b1),
         )

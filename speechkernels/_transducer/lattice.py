@@ -201,6 +201,26 @@ def _validate_blocks(N: int, U: int) -> tuple[int, int]:
     return max(1, min(next_power_of_2(N), 1024 // block_j)), block_j
 
 
+def grad_kernel_args(
+    x: torch.Tensor,
+    grad: torch.Tensor,
+    state: tuple[torch.Tensor, ...],
+    grad_out: torch.Tensor,
+    targets: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    reduction: str,
+) -> tuple:
+    """The leading arguments of a gradient kernel over ``grad_cells``: the scores x ([N, T, U+1, ...]) and their
+    gradient, the forward's state (log-sum-exps, occupancies, log2 p), the upstream gradient with its stride (0:
+    one value for the batch) and scale (1 / N for a batch mean), the targets and lengths, then T and U + 1."""
+    N, T, U1 = x.shape[:3]
+    lse, occ, logp = state
+    gstride = grad_out.stride(0) if reduction == "none" else 0
+    gscale = 1.0 / N if reduction == "mean" else 1.0
+    return x, grad, lse, occ, logp, grad_out, gstride, gscale, targets, logit_lengths, target_lengths, T, U1
+
+
 def lattice_buffers(N: int, T: int, U1: int, device, with_lse: bool) -> tuple[torch.Tensor, ...]:
     """The lattice kernels' outputs: per-cell natural-log log-sum-exps ([N * T * (U+1)] float32, empty without
     ``with_lse``), the log2 lattice ([N * T * (U+1), 2] float32) and ``aux`` ([1 + 2N] int32: the reduction's

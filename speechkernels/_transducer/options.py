@@ -1,5 +1,5 @@
 """The transducer family's loss options as one value: ``TransducerOptions`` (checked by ``transducer_options``),
-which the losses' ops, their kernels' launchers and their PyTorch paths take whole."""
+which the losses' ops (``transducer_loss_op``), their kernels' launchers and their PyTorch paths take whole."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 from .._args import as_bool, as_choice, as_float, as_int
 from .._loss_inputs import REDUCTIONS
+from .._op import LossOp
 
 RNNT_TYPES = ("rnnt", "rna")
 
@@ -79,6 +80,14 @@ def as_keywords(opts: TransducerOptions, names: tuple[str, ...]) -> dict:
     """The options value as keyword arguments of the function whose ``keywords_of`` are ``names``: a loss that
     hands its work to another passes its options on without naming each."""
     return {name: getattr(opts, name) for name in names}
+
+
+def transducer_loss_op(name: str, inputs: str, forward, forward_fake, backward, grads: str = "x", **options) -> LossOp:
+    """A transducer loss's op (``LossOp``): three state tensors for its backward (log-sum-exps, the edges'
+    occupancies or coefficients, log p), gradients for ``grads``, and as its last inputs the loss's options
+    (``TransducerOptions``, named ``opts``), then a value of each of ``options``' types."""
+    options = {"opts": TransducerOptions, **options}
+    return LossOp(name, inputs, forward, forward_fake, backward, n_state=3, grads=grads, options=options)
 
 
 class JointNetworkOptions(NamedTuple):

@@ -882,26 +882,16 @@ def ctc_forward(
     if fuse_emission is None:
         fuse_emission = use_small_forward(T, C, block)
     common = dict(ZERO_INFINITY=zero_infinity, REDUCE=reduce != 0, BLOCK=block, BLOCK_N=min(block_n, 1024))
+    emission_args = (targets, meta, N, T, C, *x.stride(), blank)  # the emission pass's, after x and its outputs
+    recursion_args = (alpha, loss, logp, out, weights)  # the recursions', after the emission table
     if fuse_emission:
         block_c = max(2, next_power_of_2(C))
         launch(_ctc_small_forward_kernel)[(N,)](
             x,
             lse,
             table,
-            alpha,
-            loss,
-            logp,
-            out,
-            weights,
-            targets,
-            meta,
-            N,
-            T,
-            C,
-            x.stride(0),
-            x.stride(1),
-            x.stride(2),
-            blank,
+            *recursion_args,
+            *emission_args,
             IS_LOGITS=logits,
             NEED_GRAD=need_grad,
             **common,
@@ -916,15 +906,7 @@ def ctc_forward(
         x,
         lse,
         table,
-        targets,
-        meta,
-        N,
-        T,
-        C,
-        x.stride(0),
-        x.stride(1),
-        x.stride(2),
-        blank,
+        *emission_args,
         IS_LOGITS=logits,
         BLOCK_C=block_c,
         BLOCK_L=min(block, 256),
@@ -938,13 +920,13 @@ def ctc_forward(
         bnd = torch.empty(N * P * T, dtype=torch.float64, device=dev)
         prog = torch.zeros(2 * (N * P + 1), dtype=torch.int32, device=dev)  # alpha's counters, then beta's
         nan = torch.empty(N * P, dtype=torch.int32, device=dev)
-        args = (table, alpha, loss, logp, out, weights, targets, meta, bnd)
+        args = (table, *recursion_args, targets, meta, bnd)
         common.update(BLOCK=wave_block, F=WAVE_F, STORE_ALPHA=need_grad, num_warps=wave_warps)
         launch(_ctc_wave_kernel)[(N * P,)](*args, prog, nan, N, T, P, 1, BETA=False, **common)
         if need_grad:
             launch(_ctc_wave_kernel)[(N * P,)](*args, prog[N * P + 1 :], nan, N, T, P, 1, BETA=True, **common)
         return out, (weights, logp, lse, table, meta, srt), None
-    args = (table, alpha, loss, logp, out, weights, targets, meta, N, T)
+    args = (table, *recursion_args, targets, meta, N, T)
     parts = 3 if need_grad and not split_recursion else 1
     launch(_ctc_recursion_kernel)[(N,)](*args, NEED_GRAD=need_grad, PARTS=parts, **common, num_warps=warps)
     if need_grad and parts == 1:
@@ -997,12 +979,8 @@ def ctc_backward(
         N,
         T,
         C,
-        x.stride(0),
-        x.stride(1),
-        x.stride(2),
-        grad.stride(0),
-        grad.stride(1),
-        grad.stride(2),
+        *x.stride(),
+        *grad.stride(),
         blank,
         IS_LOGITS=logits,
         REDUCED=reduced,

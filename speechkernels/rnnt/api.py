@@ -7,12 +7,10 @@ import torch
 
 from .._args import as_bool, check_float_input
 from .._backend import kernel_layout, triton_missing, use_triton
-from .._loss_inputs import (
-    Lengths,
-)
-from .._op import LossModule, LossOp, pytorch_path_op
+from .._loss_inputs import Lengths
+from .._op import LossModule, pytorch_path_op
 from .._transducer.checks import check_contents, check_loss_arguments, state_fake, validate_on_device
-from .._transducer.options import TransducerOptions, transducer_options
+from .._transducer.options import TransducerOptions, transducer_loss_op, transducer_options
 from .._transducer.reference import reduce_loss
 from .reference import rnnt_forward_backward_scaled
 
@@ -20,19 +18,6 @@ try:  # the Triton kernels; without Triton (error names it) the PyTorch path ser
     from . import kernels
 except ImportError as error:
     kernels = triton_missing(error)
-
-
-def _overlaps_itself(x: torch.Tensor) -> bool:
-    """Whether two elements of ``x`` share memory (an expanded tensor, or strides that interleave). Dimensions
-    sorted by stride: no overlap if each stride passes the extent of the smaller ones (a sufficient condition,
-    exact for the layouts views produce)."""
-    dims = sorted((st, sz) for st, sz in zip(x.stride(), x.shape, strict=True) if sz > 1)
-    extent = 0
-    for st, sz in dims:
-        if st <= extent:
-            return True
-        extent += st * (sz - 1)
-    return False
 
 
 _INPUTS = "Tensor x, Tensor targets, Tensor il, Tensor tl, bool need_grad, bool reuse_logits"
@@ -71,16 +56,20 @@ def _backward(grad_loss, x, targets, il, tl, lse, occ, logp, reuse_logits, opts:
 # state: log-sum-exps, edge occupancies, log p per sample
 RNNT_LOSS_OP = None
 if kernels is not None:
-    RNNT_LOSS_OP = LossOp(
-        "speechkernels::rnnt_loss",
-        _INPUTS,
-        _forward,
-        _forward_fake,
-        _backward,
-        n_state=3,
-        grads="x",
-        options={"opts": TransducerOptions},
-    )
+    RNNT_LOSS_OP = transducer_loss_op("speechkernels::rnnt_loss", _INPUTS, _forward, _forward_fake, _backward)
+
+
+def _overlaps_itself(x: torch.Tensor) -> bool:
+    """Whether two elements of ``x`` share memory (an expanded tensor, or strides that interleave). Dimensions
+    sorted by stride: no overlap if each stride passes the extent of the smaller ones (a sufficient condition,
+    exact for the layouts views produce)."""
+    dims = sorted((st, sz) for st, sz in zip(x.stride(), x.shape, strict=True) if sz > 1)
+    extent = 0
+    for st, sz in dims:
+        if st <= extent:
+            return True
+        extent += st * (sz - 1)
+    return False
 
 
 def rnnt_loss(

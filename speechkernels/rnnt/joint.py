@@ -8,11 +8,10 @@ import torch
 from .._args import as_choice, as_generator
 from .._backend import triton_missing, use_triton
 from .._loss_inputs import Lengths
-from .._op import LossOp
 from .._transducer.activations import ACTIVATIONS
 from .._transducer.checks import check_contents, state_fake, validate_on_device
-from .._transducer.joint import JointLossModule, as_dropout, draw_seed, joint_inputs
-from .._transducer.options import JointNetworkOptions, TransducerOptions, transducer_options
+from .._transducer.joint import JointLossModule, as_dropout, draw_seed, joint_inputs, joint_loss_op
+from .._transducer.options import JointNetworkOptions, transducer_options
 from .._transducer.reference import reduce_loss
 from .joint_reference import RNNTJointLossReferenceFunction
 
@@ -49,16 +48,7 @@ def _backward(grad_loss, enc, pred, weight, bias, targets, il, tl, lse, occ, log
 
 JOINT_LOSS_OP = None
 if joint_kernels is not None:
-    JOINT_LOSS_OP = LossOp(
-        "speechkernels::rnnt_joint_loss",
-        _INPUTS,
-        _forward,
-        _forward_fake,
-        _backward,
-        n_state=3,
-        grads="enc pred weight bias",
-        options={"opts": TransducerOptions, "net": JointNetworkOptions},
-    )
+    JOINT_LOSS_OP = joint_loss_op("speechkernels::rnnt_joint_loss", _INPUTS, _forward, _forward_fake, _backward)
 
 
 def rnnt_joint_loss(

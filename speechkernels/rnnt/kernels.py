@@ -42,6 +42,7 @@ from .._transducer.lattice import (
     cell_offsets,
     cell_scores,
     grad_cells,
+    grad_kernel_args,
     lattice_buffers,
     row_cells,
     row_lse,
@@ -591,33 +592,13 @@ def rnnt_backward(
     may be x's own storage (each cell's logits are read before its gradient is written). ``state``: the
     forward's (log-sum-exps, edge occupancies, log2 p)."""
     N, T, U1, V = x.shape
-    lse, occ, logp = state
     grad = out if out is not None else kernel_output_like(x)
     block_r, block_v, warps = _row_blocks(U1, V)
-    reduction = opts.reduction
     launch(_rnnt_grad_kernel)[(N * T, cdiv(U1, block_r))](
-        x,
-        grad,
-        lse,
-        occ,
-        logp,
-        grad_out,
-        grad_out.stride(0) if reduction == "none" else 0,
-        1.0 / N if reduction == "mean" else 1.0,
-        targets,
-        logit_lengths,
-        target_lengths,
-        T,
-        U1,
+        *grad_kernel_args(x, grad, state, grad_out, targets, logit_lengths, target_lengths, opts.reduction),
         V,
-        x.stride(0),
-        x.stride(1),
-        x.stride(2),
-        x.stride(3),
-        grad.stride(0),
-        grad.stride(1),
-        grad.stride(2),
-        grad.stride(3),
+        *x.stride(),
+        *grad.stride(),
         targets.stride(0),
         opts.blank,
         opts.label_scale,

@@ -15,9 +15,9 @@ import torch
 from .._args import as_float, as_generator, as_int, check_float_input
 from .._backend import kernel_layout, triton_missing, use_triton
 from .._loss_inputs import Lengths, first_index
-from .._op import LossModule, LossOp, autograd_inside_op, pytorch_path_op
+from .._op import LossModule, autograd_inside_op, pytorch_path_op
 from .._transducer.checks import check_contents, check_loss_arguments, state_fake, validate_on_device
-from .._transducer.options import TransducerOptions, as_keywords, keywords_of, transducer_options
+from .._transducer.options import TransducerOptions, as_keywords, keywords_of, transducer_loss_op, transducer_options
 from .._transducer.reference import reduce_loss
 from ..rnnt import rnnt_loss
 from .reference import multiblank_losses_reference, tdt_losses_reference
@@ -61,16 +61,7 @@ def _backward(grad_loss, x, targets, il, tl, lse, occ, logp, kind, durations, op
 
 TDT_LOSS_OP = None
 if kernels is not None:
-    TDT_LOSS_OP = LossOp(
-        "speechkernels::tdt_loss",
-        _INPUTS,
-        _forward,
-        _forward_fake,
-        _backward,
-        n_state=3,
-        grads="x",
-        options={"opts": TransducerOptions},
-    )
+    TDT_LOSS_OP = transducer_loss_op("speechkernels::tdt_loss", _INPUTS, _forward, _forward_fake, _backward)
 
 
 def _pytorch_losses(x, targets, il, tl, kind, durations, need_grad, opts: TransducerOptions):
@@ -88,7 +79,7 @@ def _pytorch_losses(x, targets, il, tl, kind, durations, need_grad, opts: Transd
 
 TDT_PYTORCH_OP = pytorch_path_op(
     "speechkernels::tdt_loss_pytorch",
-    "Tensor x, Tensor targets, Tensor il, Tensor tl, str kind, int[] durations, bool need_grad",
+    _INPUTS,
     _pytorch_losses,
     batch_dim=0,
     grad_dtype=lambda dtype: torch.float64,

@@ -13,18 +13,11 @@ import torch
 from .._args import as_choice, as_float, as_generator
 from .._backend import triton_missing, use_triton
 from .._loss_inputs import Lengths
-from .._op import LossOp
 from .._transducer.activations import ACTIVATIONS
 from .._transducer.checks import state_fake, validate_on_device
-from .._transducer.joint import JointLossModule, as_dropout, draw_seed, joint_inputs
+from .._transducer.joint import JointLossModule, as_dropout, draw_seed, joint_inputs, joint_loss_op
 from .._transducer.joint_reference import joint_hidden
-from .._transducer.options import (
-    JointNetworkOptions,
-    TransducerOptions,
-    as_keywords,
-    keywords_of,
-    transducer_options,
-)
+from .._transducer.options import JointNetworkOptions, TransducerOptions, as_keywords, keywords_of, transducer_options
 from .._transducer.reference import reduce_loss
 from ..rnnt import rnnt_joint_loss
 from .api import (
@@ -83,16 +76,7 @@ def _backward(grad_loss, enc, pred, weight, bias, targets, il, tl, lse, occ, log
 
 TDT_JOINT_LOSS_OP = None
 if joint_kernels is not None and tdt_kernels is not None:
-    TDT_JOINT_LOSS_OP = LossOp(
-        "speechkernels::tdt_joint_loss",
-        _INPUTS,
-        _forward,
-        _forward_fake,
-        _backward,
-        n_state=3,
-        grads="enc pred weight bias",
-        options={"opts": TransducerOptions, "net": JointNetworkOptions},
-    )
+    TDT_JOINT_LOSS_OP = joint_loss_op("speechkernels::tdt_joint_loss", _INPUTS, _forward, _forward_fake, _backward)
 
 
 class JointOptions(NamedTuple):
@@ -181,25 +165,14 @@ def tdt_joint_loss(
     omega = as_float(omega, "omega", minimum=0.0)
     if omega > 1.0:
         raise ValueError(f"omega must be a probability in [0, 1], got {omega}")
-    X = len(durations)
+    X, lo = len(durations), opts.loss
     enc, pred, weight, bias, targets, il, tl, blank_v = joint_inputs(
-        enc,
-        pred,
-        weight,
-        bias,
-        targets,
-        logit_lengths,
-        target_lengths,
-        opts.loss.blank,
-        opts.loss.reduction,
-        X,
-        "durations",
+        enc, pred, weight, bias, targets, logit_lengths, target_lengths, lo.blank, lo.reduction, X, "durations"
     )
     V = weight.shape[0] - X
     if omega > 0.0:
         dev = opts.generator.device if opts.generator is not None else "cpu"
         if torch.rand((), generator=opts.generator, device=dev).item() < omega:
-            lo = opts.loss
             return rnnt_joint_loss(
                 enc,
                 pred,

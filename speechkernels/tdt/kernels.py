@@ -30,7 +30,14 @@ import triton.language as tl
 from .._launch import cdiv, next_power_of_2
 from .._logspace import lae, log2e, lse_total, neg
 from .._outputs import kernel_output, kernel_output_like
-from .._transducer.lattice import cell_scores, grad_cells, row_cells, sample_lengths, score_grad_chunks
+from .._transducer.lattice import (
+    cell_scores,
+    grad_cells,
+    grad_kernel_args,
+    row_cells,
+    sample_lengths,
+    score_grad_chunks,
+)
 from .._transducer.options import TransducerOptions
 
 
@@ -383,20 +390,15 @@ def tdt_recursions(
     beta = kernel_output(N * (T + 1) * U1 if need_grad else 0, dtype=torch.float64, device=dev)
     logp = kernel_output(N, dtype=torch.float64, device=dev)
     block_u = next_power_of_2(U1)
+    # what both kernels take after their tables: the edges, the lengths and the sizes
+    edge_args = (edges, logit_lengths, target_lengths, T, U1, K, zero_a, zero_b)
     _tdt_recursion_kernel[(N,)](
         lat,
         alpha,
         beta,
         logp,
         nan,
-        edges,
-        logit_lengths,
-        target_lengths,
-        T,
-        U1,
-        K,
-        zero_a,
-        zero_b,
+        *edge_args,
         NB=nb,
         NE=ne,
         BETA=need_grad,
@@ -409,14 +411,7 @@ def tdt_recursions(
             alpha,
             beta,
             logp,
-            edges,
-            logit_lengths,
-            target_lengths,
-            T,
-            U1,
-            K,
-            zero_a,
-            zero_b,
+            *edge_args,
             opts.label_scale,
             NB=nb,
             NE=ne,
@@ -442,27 +437,14 @@ def tdt_backward(
 ) -> torch.Tensor:
     """Gradient with respect to x, in x's dtype, of sum(grad_out * loss) (``opts.reduction`` "none": grad_out [N])
     or of grad_out * the batch sum or mean (grad_out 0-dim); ``state``: ``tdt_forward``'s."""
-    lse, occ, logp = state
-    clamp, reduction = opts.clamp, opts.reduction
+    clamp = opts.clamp
     N, T, U1, C = x.shape
     X = len(durations)
     V = C - X if kind == "tdt" else C
     grad = kernel_output_like(x)
     block_r, block_v = _row_blocks(U1, V)
     _tdt_grad_kernel[(N * T, cdiv(U1, block_r))](
-        x,
-        grad,
-        lse,
-        occ,
-        logp,
-        grad_out,
-        grad_out.stride(0) if reduction == "none" else 0,
-        1.0 / N if reduction == "mean" else 1.0,
-        targets,
-        logit_lengths,
-        target_lengths,
-        T,
-        U1,
+        *grad_kernel_args(x, grad, state, grad_out, targets, logit_lengths, target_lengths, opts.reduction),
         V,
         X,
         2 + X,

@@ -61,6 +61,36 @@ __device__ __forceinline__ float red_scatter(const float* v, int n, int l) {
   return a[0];
 }
 
+// NR rows of this lane's group (row gi NR + r) from the lanes' partial sums acc[r][m] of every stream m: reduced
+// over the group, plus bias (relu with RELU), staged in loc for the exchange
+template <int NR, bool RELU>
+__device__ __forceinline__ void stage_rows(const float (&acc)[NR][MS], const float* bias, float* loc, int gi, int l) {
+#pragma unroll
+  for (int k = 0; k < NBLK; k++)
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+      const float y = red_scatter(acc[r] + 8 * k, bsz(k), l) + bias[r];
+      if (l < bsz(k)) loc[(8 * k + l) * LOCW + gi * NR + r] = RELU ? fmaxf(y, 0.0f) : y;
+    }
+}
+
+// this lane's partial sums of NR rows (w: its N columns of each) times every stream's vector in v: acc[r][m], or
+// added to it with ADD
+template <int N, int NR, bool ADD>
+__device__ __forceinline__ void rows_times_streams(float (&acc)[NR][MS], const wv (&w)[NR][N / WPV], const float* v,
+                                                   int l) {
+#pragma unroll
+  for (int m = 0; m < MS; m++) {
+    float c[N];
+    ldx<N>(c, v + m * EXS, l);
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+      const float d = dotv<WPV>(w[r], c, N / WPV);
+      acc[r][m] = ADD ? acc[r][m] + d : d;
+    }
+  }
+}
+
 // NR head rows of this lane's group (w: the CTA's rows, row gi NR + r) applied to every stream's vector in hv, plus
 // bias (relu with RELU), staged in loc for the exchange
 template <int NR, bool RELU>
@@ -70,20 +100,8 @@ __device__ __forceinline__ void head_rows(const wtype* w, const float* bias, con
 #pragma unroll
   for (int r = 0; r < NR; r++) ldws(hw[r], w + (gi * NR + r) * SK + LOFF(HCL), HCL / WPV);
   float acc[NR][MS];
-#pragma unroll
-  for (int m = 0; m < MS; m++) {
-    float hc[HCL];
-    ldx<HCL>(hc, hv + m * EXS, l);
-#pragma unroll
-    for (int r = 0; r < NR; r++) acc[r][m] = dotv<WPV>(hw[r], hc, HCL / WPV);
-  }
-#pragma unroll
-  for (int k = 0; k < NBLK; k++)
-#pragma unroll
-    for (int r = 0; r < NR; r++) {
-      const float y = red_scatter(acc[r] + 8 * k, bsz(k), l) + bias[r];
-      if (l < bsz(k)) loc[(8 * k + l) * LOCW + gi * NR + r] = RELU ? fmaxf(y, 0.0f) : y;
-    }
+  rows_times_streams<HCL, NR, false>(acc, hw, hv, l);
+  stage_rows<NR, RELU>(acc, bias, loc, gi, l);
 }
 
 // one layer's weights of this lane: its gate row, residual rows and skip rows, and its streams' step terms
@@ -227,15 +245,8 @@ wavenet_cluster_batch(VOCODER_KERNEL_INPUTS,
     const float* zv = ex + eb * MS * EXS;
     float* xn = xs + (xb ^ 1) * MS * XST;
     float acc[RR][MS];
-#pragma unroll
-    for (int m = 0; m < MS; m++) {
-      float zc[ZCL];
-      ldx<ZCL>(zc, zv + m * EXS, l);
-#pragma unroll
-      for (int r = 0; r < SR; r++) sk[r][m] += dotv<WPV>(cur.s[r], zc, ZCL / WPV);
-#pragma unroll
-      for (int r = 0; r < RR; r++) acc[r][m] = dotv<WPV>(cur.r[r], zc, ZCL / WPV);
-    }
+    rows_times_streams<ZCL, SR, true>(sk, cur.s, zv, l);
+    rows_times_streams<ZCL, RR, false>(acc, cur.r, zv, l);
     if (i + 1 < L) {
 #pragma unroll
       for (int k = 0; k < NBLK; k++)
@@ -251,13 +262,7 @@ wavenet_cluster_batch(VOCODER_KERNEL_INPUTS,
     if (++i < L) return;
     // ---- head: relu(skip) rows -> all, head1 rows -> all, logit rows -> all, then sampling
     u32 hb = (u32)(e & 1);
-#pragma unroll
-    for (int k = 0; k < NBLK; k++)
-#pragma unroll
-      for (int r = 0; r < SR; r++) {
-        const float h = fmaxf(red_scatter(&sk[r][8 * k], bsz(k), l) + bsk[r], 0.0f);
-        if (l < bsz(k)) loc[(8 * k + l) * LOCW + gi * SR + r] = h;
-      }
+    stage_rows<SR, true>(sk, bsk, loc, gi, l);
 #pragma unroll
     for (int r = 0; r < SR; r++)
 #pragma unroll

@@ -86,24 +86,36 @@ def serial_chain_cluster(
             C = 8
     import numpy as np
 
-    L, H, _ = weights.shape
+    H = weights.shape[1]
     B = x0.shape[0]
     cfg = {**row_split_config(H, C, S, weights.dtype == torch.bfloat16), **over}
     check_row_split_config(cfg)
-    w = weights.contiguous()
-    x = x0.float().contiguous()
-    out = torch.empty(B, H, dtype=torch.float32, device=x0.device)
     kernel = row_split_kernel(**cfg, RELU=int(relu), arch=device_arch(x0.device))
     nw = (H // C) // (32 // cfg["LPR"])
+    return launch_chain(kernel, weights, x0, n_samples, (B + S - 1) // S, 32 * nw, C, np.int32(B))
+
+
+def launch_chain(
+    kernel, weights: torch.Tensor, x0: torch.Tensor, n_samples: int, grid: int, block: int, C: int, *extra
+) -> torch.Tensor:
+    """Launches a serial-chain cluster kernel (``grid`` clusters of C CTAs of ``block`` threads) on the weights
+    (contiguous), the input (as float32) and a [B, H] float32 output, L and the layer steps n_samples * L, then
+    ``extra``; returns the output."""
+    import numpy as np
+
+    L, H, _ = weights.shape
+    w = weights.contiguous()
+    x = x0.float().contiguous()
+    out = torch.empty(x0.shape[0], H, dtype=torch.float32, device=x0.device)
     args = (
         np.uint64(w.data_ptr()),
         np.uint64(x.data_ptr()),
         np.uint64(out.data_ptr()),
         np.int32(L),
         np.int64(n_samples * L),
-        np.int32(B),
+        *extra,
     )
-    launch(kernel, x0.device, (B + S - 1) // S, 32 * nw, args, cluster=C)
+    launch(kernel, x0.device, grid, block, args, cluster=C)
     return out
 
 

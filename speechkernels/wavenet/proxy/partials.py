@@ -24,7 +24,8 @@ import functools
 
 import torch
 
-from ..cuda_runtime import compile_cluster_kernel, device_arch, launch
+from ..cuda_runtime import compile_cluster_kernel, device_arch
+from .cluster import launch_chain
 
 
 def partials_config(H: int, C: int, bf16: bool) -> dict | None:
@@ -55,9 +56,7 @@ def serial_chain_partials(
 ) -> torch.Tensor:
     """Launcher: one cluster of C CTAs per stream ([B, H] float32 out); C defaults to 16 where H allows it and
     clusters of 16 are available, else 8; ``over`` overrides D."""
-    import numpy as np
-
-    L, H, _ = weights.shape
+    H = weights.shape[1]
     bf16 = weights.dtype == torch.bfloat16
     if C is None:
         for c in (16, 8):
@@ -71,17 +70,5 @@ def serial_chain_partials(
     if cfg is None:
         raise ValueError(f"the partials design cannot split H={H} over C={C} CTAs")
     cfg.update(over)
-    B = x0.shape[0]
-    w = weights.contiguous()
-    x = x0.float().contiguous()
-    out = torch.empty(B, H, dtype=torch.float32, device=x0.device)
     kernel = partials_kernel(**cfg, RELU=int(relu), arch=device_arch(x0.device))
-    args = (
-        np.uint64(w.data_ptr()),
-        np.uint64(x.data_ptr()),
-        np.uint64(out.data_ptr()),
-        np.int32(L),
-        np.int64(n_samples * L),
-    )
-    launch(kernel, x0.device, B, H, args, cluster=C)
-    return out
+    return launch_chain(kernel, weights, x0, n_samples, x0.shape[0], H, C)
