@@ -4,12 +4,14 @@ from . import wavenet
 from .align import TokenSpans, ctc_forced_align, ctc_token_spans
 from .ctc import CTCLoss, ctc_loss
 from .decode import (
+    BeamHypotheses,
     Hypotheses,
     LSTMPredictor,
     NGramLM,
     StatelessPredictor,
     TransducerDecoder,
     TransducerState,
+    ctc_beam_search,
     ctc_greedy_decode,
 )
 from .rnnt import RNNTJointLoss, RNNTLoss, rnnt_joint_loss, rnnt_loss
@@ -33,6 +35,8 @@ __all__ = [
     "TokenSpans",
     "ctc_greedy_decode",
     "Hypotheses",
+    "ctc_beam_search",
+    "BeamHypotheses",
     "TransducerDecoder",
     "TransducerState",
     "LSTMPredictor",

@@ -17,6 +17,8 @@ PUBLIC = {
     "TokenSpans",
     "ctc_greedy_decode",
     "Hypotheses",
+    "ctc_beam_search",
+    "BeamHypotheses",
     "TransducerDecoder",
     "TransducerState",
     "LSTMPredictor",

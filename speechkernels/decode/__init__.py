@@ -1,12 +1,15 @@
 """Decoding: greedy CTC decoding (ctc_greedy_decode) and greedy transducer decoding (TransducerDecoder) into
-Hypotheses; a token n-gram LM from an ARPA file (NGramLM) for shallow fusion."""
+Hypotheses; CTC prefix beam search (ctc_beam_search) into BeamHypotheses; a token n-gram LM from an ARPA file
+(NGramLM) for shallow fusion."""
 
-from .api import TransducerDecoder, ctc_greedy_decode
+from .api import TransducerDecoder, ctc_beam_search, ctc_greedy_decode
+from .beam_reference import BeamHypotheses, ctc_beam_search_reference
 from .networks import LSTMPredictor, StatelessPredictor, TransducerWeights
 from .ngram import NGramLM
 from .reference import Hypotheses, TransducerState, ctc_greedy_decode_reference, transducer_greedy_reference
 
 __all__ = [
+    "BeamHypotheses",
     "Hypotheses",
     "LSTMPredictor",
     "NGramLM",
@@ -14,6 +17,8 @@ __all__ = [
     "TransducerDecoder",
     "TransducerState",
     "TransducerWeights",
+    "ctc_beam_search",
+    "ctc_beam_search_reference",
     "ctc_greedy_decode",
     "ctc_greedy_decode_reference",
     "transducer_greedy_reference",

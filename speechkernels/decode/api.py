@@ -1,4 +1,5 @@
-"""Public greedy decoding: argument checks and dispatch for ``ctc_greedy_decode`` and ``TransducerDecoder``."""
+"""Public decoding: argument checks and dispatch for ``ctc_greedy_decode``, ``ctc_beam_search`` and
+``TransducerDecoder``."""
 
 from __future__ import annotations
 
@@ -6,11 +7,13 @@ from collections.abc import Sequence
 
 import torch
 
-from .._args import as_bool, as_int, check_float_input
+from .._args import as_bool, as_float, as_int, check_float_input
 from .._backend import kernel_layout, triton_missing, use_triton
 from .._loss_inputs import Lengths, batch_first_scores, batch_lengths, check_lengths
 from ..tdt.api import durations_of
+from .beam_reference import BeamHypotheses, ctc_beam_search_reference
 from .networks import TransducerWeights, icefall_layers, nemo_layers, transducer_weights
+from .ngram import NGramLM
 from .reference import (
     Hypotheses,
     TransducerState,
@@ -108,6 +111,92 @@ def ctc_greedy_decode(
         hyp = ctc_greedy_decode_reference(x, il, blank, logits)
     if unbatched:
         return Hypotheses(*(None if v is None else v[0] for v in hyp))
+    return hyp
+
+
+def ctc_beam_search(
+    log_probs: torch.Tensor,
+    input_lengths: Lengths | None,
+    beam_size: int,
+    *,
+    blank: int = 0,
+    lm: NGramLM | None = None,
+    lm_weight: float = 0.0,
+    token_insertion_bonus: float = 0.0,
+    nbest: int = 1,
+    prune_threshold: float | None = None,
+    batch_first: bool = True,
+    validate: bool = True,
+) -> BeamHypotheses:
+    """CTC prefix beam search of a batch, with shallow fusion of a token n-gram LM.
+
+    Each frame extends every prefix in the beam by the blank, by a repeat of its last token (both keep the prefix)
+    and by every other class (a new token; its last token again only after a blank); the alignments that reach one
+    prefix add up. A new token adds ``lm_weight`` times its LM log-probability and ``token_insertion_bonus``. The
+    ``beam_size`` best prefixes survive each frame, ranked by acoustic log-probability plus those terms, ties to
+    the prefix reached first (its parent's rank, then the blank before the classes in order); at the end the
+    LM's ``</s>`` term is added.
+
+    Args:
+        log_probs: [N, T, C] (or [T, N, C] with ``batch_first=False``, or [T, C] unbatched) log-probabilities,
+            any float dtype (searched in float64 for float64 input, else float32).
+        input_lengths: [N] frames per sample, each in [0, T] (a tensor, numpy array or sequence of integers), or
+            None: T each.
+        beam_size: prefixes kept per frame (>= 1).
+        blank: index of the blank class, in [0, C).
+        lm: an ``NGramLM`` over the C classes (token c is class c; the blank's column unused), on the scores'
+            device, or None.
+        lm_weight, token_insertion_bonus: the LM's weight and the bonus per token (finite).
+        nbest: hypotheses returned per sample, in [1, beam_size].
+        prune_threshold: only the classes within this of the frame's best log-probability extend or repeat (None:
+            all classes).
+        batch_first: ``log_probs`` is [N, T, C] (the default); False for [T, N, C].
+        validate: check the lengths' values (on the GPU a read of device memory); unchecked, they are clamped.
+
+    Returns:
+        ``BeamHypotheses`` (tokens [N, nbest, T], lengths, frames, scores, acoustic and LM scores [N, nbest]), best
+        first; unbatched input drops the N dimension.
+
+    Raises:
+        ValueError: an argument of the wrong type, shape or value, naming it (and the offending element).
+
+    Example:
+        >>> hyp = ctc_beam_search(torch.randn(2, 50, 20).log_softmax(-1), [50, 42], beam_size=8, nbest=2)
+        >>> best = [hyp.tokens[n, 0, : hyp.lengths[n, 0]].tolist() for n in range(2)]
+    """
+    check_float_input(log_probs, "log_probs")
+    beam_size = as_int(beam_size, "beam_size", minimum=1)
+    blank = as_int(blank, "blank")
+    nbest = as_int(nbest, "nbest", minimum=1)
+    if nbest > beam_size:
+        raise ValueError(f"nbest={nbest} is larger than beam_size={beam_size}")
+    lm_weight = as_float(lm_weight, "lm_weight", finite=True)
+    token_insertion_bonus = as_float(token_insertion_bonus, "token_insertion_bonus", finite=True)
+    if prune_threshold is not None:
+        prune_threshold = as_float(prune_threshold, "prune_threshold", minimum=0.0)
+    batch_first, validate = as_bool(batch_first, "batch_first"), as_bool(validate, "validate")
+    x, unbatched = batch_first_scores(log_probs, batch_first)
+    N, T, C = x.shape
+    if not 0 <= blank < C:
+        raise ValueError(f"blank={blank} is outside [0, C={C})")
+    dev = x.device
+    if lm is not None:
+        if not isinstance(lm, NGramLM):
+            raise ValueError(f"lm must be an NGramLM or None, got {type(lm).__name__}")
+        if lm.vocab_size != C:
+            raise ValueError(f"lm has vocab_size={lm.vocab_size} but log_probs has C={C} classes")
+        if lm.device != dev:
+            raise ValueError(f"lm is on {lm.device} but log_probs on {dev} (move it with lm.to(device))")
+    if input_lengths is None:
+        input_lengths = torch.full((N,), T, dtype=torch.int64, device=dev)
+    (il,) = batch_lengths(N, dev, "none", input_lengths=input_lengths)
+    if validate:
+        check_lengths(il, "input_lengths", T, f"T={T}")
+    hyp = ctc_beam_search_reference(
+        x, il, beam_size, blank, lm, lm_weight, token_insertion_bonus, nbest, prune_threshold
+    )
+    if unbatched:
+        return BeamHypotheses(*(v[0] for v in hyp))
     return hyp
 
 
