@@ -11,10 +11,11 @@ import torch
 from test_ngram import random_arpa
 
 from speechkernels.decode.beam_reference import ctc_prefix_beam_search_reference
+from speechkernels.decode.boosting import PhraseBooster
 from speechkernels.decode.ngram import NGramLM
 
 
-def brute_force(lp: torch.Tensor, blank: int, lm=None, lm_weight=0.0, bonus=0.0) -> dict:
+def brute_force(lp: torch.Tensor, blank: int, lm=None, lm_weight=0.0, bonus=0.0, booster=None) -> dict:
     """Every label sequence of the alignments of lp [T, C]: (score, acoustic log-sum, frames of its most likely
     alignment), the score adding the LM's weighted log-probability (</s> included) and the bonus per token."""
     T, C = lp.shape
@@ -42,6 +43,13 @@ def brute_force(lp: torch.Tensor, blank: int, lm=None, lm_weight=0.0, bonus=0.0)
                 extra += lm_weight * float(scores[0, c])
                 state = nxt[:, c]
             extra += lm_weight * float(lm.end_scores(state)[0])
+        if booster is not None:
+            state = torch.tensor([booster.start])
+            for c in key:
+                gain, nxt = booster.step(state)
+                extra += float(gain[0, c])
+                state = nxt[:, c]
+            extra += float(booster.end_scores(state)[0])
         out[key] = (acoustic + extra, acoustic, best[key][1])
     return out
 
@@ -54,13 +62,22 @@ def test_an_unpruned_beam_is_the_brute_force(tmp_path, T, C, blank, with_lm):
     alignment, as the brute force over all C^T alignments gives them."""
     g = torch.Generator().manual_seed(T * 10 + C + blank)
     lp = torch.randn(T, C, generator=g, dtype=torch.float64).mul(2).log_softmax(-1)
-    lm, weight, bonus = None, 0.0, 0.0
+    lm, weight, bonus, booster = None, 0.0, 0.0, None
     if with_lm:
         random_arpa(tmp_path / "lm.arpa", C, 3, seed=T)
         lm, weight, bonus = NGramLM.from_arpa(tmp_path / "lm.arpa", C), 0.7, 0.3
-    want = brute_force(lp, blank, lm, weight, bonus)
+        labels = [c for c in range(C) if c != blank]
+        booster = PhraseBooster([labels[:2], labels[-1:], labels[:1] * 2], C, [0.8, 0.5, 1.1])
+    want = brute_force(lp, blank, lm, weight, bonus, booster)
     got = ctc_prefix_beam_search_reference(
-        lp, beam_size=10**6, blank=blank, lm=lm, lm_weight=weight, token_insertion_bonus=bonus, nbest=10**6
+        lp,
+        beam_size=10**6,
+        blank=blank,
+        lm=lm,
+        lm_weight=weight,
+        token_insertion_bonus=bonus,
+        nbest=10**6,
+        boosting=booster,
     )
     assert sorted(h.tokens for h in got) == sorted(want)
     for h in got:

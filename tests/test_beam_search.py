@@ -11,6 +11,7 @@ from test_ngram import random_arpa
 
 import speechkernels as sk
 from speechkernels.decode.beam_reference import ctc_prefix_beam_search_reference
+from speechkernels.decode.boosting import PhraseBooster
 from speechkernels.decode.ngram import NGramLM
 
 
@@ -31,6 +32,9 @@ def case(seed: int, tmp_path, with_lm: bool):
     if with_lm:
         random_arpa(tmp_path / "lm.arpa", C, 3, seed=seed)
         kw.update(lm=NGramLM.from_arpa(tmp_path / "lm.arpa", C), lm_weight=0.6, token_insertion_bonus=0.2)
+        phrases = [torch.randint(0, C, (int(torch.randint(1, 4, (1,), generator=g)),), generator=g).tolist()
+                   for _ in range(3)]  # fmt: skip
+        kw.update(boosting=PhraseBooster(phrases, C, 1.5))
     return lp, lengths, kw
 
 
@@ -49,6 +53,7 @@ def check_against_oracle(hyp, lp, lengths, kw, tol: float) -> None:
             settings.get("token_insertion_bonus", 0.0),
             settings.get("nbest", 1),
             settings.get("prune_threshold"),
+            settings.get("boosting"),
         )
         for b in range(settings.get("nbest", 1)):
             L = int(hyp.lengths[n, b])
@@ -87,10 +92,10 @@ def test_float32_search_matches_float64(tmp_path, seed):
 @pytest.mark.parametrize("seed", [0, 5])
 def test_gpu_search_is_the_python_oracle(gpu, tmp_path, seed):
     lp, lengths, kw = case(seed, tmp_path, True)
-    kw["lm"] = kw["lm"].to(gpu)
+    kw["lm"], kw["boosting"] = kw["lm"].to(gpu), kw["boosting"].to(gpu)
     hyp = sk.ctc_beam_search(lp.float().to(gpu), lengths.to(gpu), **kw)
     assert hyp.tokens.device.type == "cuda"
-    kw["lm"] = kw["lm"].to("cpu")
+    kw["lm"], kw["boosting"] = kw["lm"].to("cpu"), kw["boosting"].to("cpu")
     check_against_oracle(type(hyp)(*(v.cpu() for v in hyp)), lp.float().double(), lengths, kw, 1e-4)
 
 
@@ -123,7 +128,9 @@ def test_an_empty_utterance_is_the_empty_hypothesis():
         (dict(beam_size=2, lm_weight=math.inf), "lm_weight"),
         (dict(beam_size=2, token_insertion_bonus=math.nan), "token_insertion_bonus"),
         (dict(beam_size=2, prune_threshold=-1.0), "prune_threshold"),
-        (dict(beam_size=2, lm="lm.arpa"), "lm must be an NGramLM"),
+        (dict(beam_size=2, lm="lm.arpa"), "lm must be an instance of NGramLM"),
+        (dict(beam_size=2, boosting=[[1, 2]]), "boosting must be an instance of PhraseBooster"),
+        (dict(beam_size=2, boosting=PhraseBooster([[1, 2]], 4)), "boosting has vocab_size=4 but log_probs has C=5"),
         (dict(beam_size=2, input_lengths=[4, 7]), "input_lengths"),
     ],
 )

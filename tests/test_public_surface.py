@@ -24,6 +24,7 @@ PUBLIC = {
     "LSTMPredictor",
     "StatelessPredictor",
     "NGramLM",
+    "PhraseBooster",
     "RNNTLoss",
     "rnnt_loss",
     "RNNTJointLoss",

@@ -1,9 +1,10 @@
 """Decoding: greedy CTC decoding (ctc_greedy_decode) and greedy transducer decoding (TransducerDecoder) into
 Hypotheses; CTC prefix beam search (ctc_beam_search) into BeamHypotheses; a token n-gram LM from an ARPA file
-(NGramLM) for shallow fusion."""
+(NGramLM) for shallow fusion and phrase boosting (PhraseBooster)."""
 
 from .api import TransducerDecoder, ctc_beam_search, ctc_greedy_decode
 from .beam_reference import BeamHypotheses, ctc_beam_search_reference
+from .boosting import PhraseBooster
 from .networks import LSTMPredictor, StatelessPredictor, TransducerWeights
 from .ngram import NGramLM
 from .reference import Hypotheses, TransducerState, ctc_greedy_decode_reference, transducer_greedy_reference
@@ -13,6 +14,7 @@ __all__ = [
     "Hypotheses",
     "LSTMPredictor",
     "NGramLM",
+    "PhraseBooster",
     "StatelessPredictor",
     "TransducerDecoder",
     "TransducerState",

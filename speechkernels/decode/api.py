@@ -12,6 +12,7 @@ from .._backend import kernel_layout, triton_missing, use_triton
 from .._loss_inputs import Lengths, batch_first_scores, batch_lengths, check_lengths
 from ..tdt.api import durations_of
 from .beam_reference import BeamHypotheses, ctc_beam_search_reference
+from .boosting import PhraseBooster
 from .networks import TransducerWeights, icefall_layers, nemo_layers, transducer_weights
 from .ngram import NGramLM
 from .reference import (
@@ -125,6 +126,7 @@ def ctc_beam_search(
     token_insertion_bonus: float = 0.0,
     nbest: int = 1,
     prune_threshold: float | None = None,
+    boosting: PhraseBooster | None = None,
     batch_first: bool = True,
     validate: bool = True,
 ) -> BeamHypotheses:
@@ -132,7 +134,8 @@ def ctc_beam_search(
 
     Each frame extends every prefix in the beam by the blank, by a repeat of its last token (both keep the prefix)
     and by every other class (a new token; its last token again only after a blank); the alignments that reach one
-    prefix add up. A new token adds ``lm_weight`` times its LM log-probability and ``token_insertion_bonus``. The
+    prefix add up. A new token adds ``lm_weight`` times its LM log-probability, ``token_insertion_bonus`` and its
+    phrase boosting bonus. The
     ``beam_size`` best prefixes survive each frame, ranked by acoustic log-probability plus those terms, ties to
     the prefix reached first (its parent's rank, then the blank before the classes in order); at the end the
     LM's ``</s>`` term is added.
@@ -150,6 +153,7 @@ def ctc_beam_search(
         nbest: hypotheses returned per sample, in [1, beam_size].
         prune_threshold: only the classes within this of the frame's best log-probability extend or repeat (None:
             all classes).
+        boosting: a ``PhraseBooster`` over the C classes, on the scores' device, or None.
         batch_first: ``log_probs`` is [N, T, C] (the default); False for [T, N, C].
         validate: check the lengths' values (on the GPU a read of device memory); unchecked, they are clamped.
 
@@ -180,20 +184,22 @@ def ctc_beam_search(
     if not 0 <= blank < C:
         raise ValueError(f"blank={blank} is outside [0, C={C})")
     dev = x.device
-    if lm is not None:
-        if not isinstance(lm, NGramLM):
-            raise ValueError(f"lm must be an NGramLM or None, got {type(lm).__name__}")
-        if lm.vocab_size != C:
-            raise ValueError(f"lm has vocab_size={lm.vocab_size} but log_probs has C={C} classes")
-        if lm.device != dev:
-            raise ValueError(f"lm is on {lm.device} but log_probs on {dev} (move it with lm.to(device))")
+    for name, table, kind in (("lm", lm, NGramLM), ("boosting", boosting, PhraseBooster)):
+        if table is None:
+            continue
+        if not isinstance(table, kind):
+            raise ValueError(f"{name} must be an instance of {kind.__name__} or None, got {type(table).__name__}")
+        if table.vocab_size != C:
+            raise ValueError(f"{name} has vocab_size={table.vocab_size} but log_probs has C={C} classes")
+        if table.device != dev:
+            raise ValueError(f"{name} is on {table.device} but log_probs on {dev} (move it with {name}.to(device))")
     if input_lengths is None:
         input_lengths = torch.full((N,), T, dtype=torch.int64, device=dev)
     (il,) = batch_lengths(N, dev, "none", input_lengths=input_lengths)
     if validate:
         check_lengths(il, "input_lengths", T, f"T={T}")
     hyp = ctc_beam_search_reference(
-        x, il, beam_size, blank, lm, lm_weight, token_insertion_bonus, nbest, prune_threshold
+        x, il, beam_size, blank, lm, lm_weight, token_insertion_bonus, nbest, prune_threshold, boosting
     )
     if unbatched:
         return BeamHypotheses(*(v[0] for v in hyp))

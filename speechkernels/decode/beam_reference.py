@@ -46,14 +46,16 @@ class BeamHypothesis(NamedTuple):
 
 
 class _Prefix:
-    __slots__ = ("p_blank", "p_token", "best_blank", "best_token", "frames_blank", "frames_token", "lm", "state")
+    __slots__ = (
+        "p_blank", "p_token", "best_blank", "best_token", "frames_blank", "frames_token", "lm", "state", "boost"
+    )  # fmt: skip
 
-    def __init__(self, lm: float, state: int | None) -> None:
+    def __init__(self, lm: float, state: int | None, boost: int | None = None) -> None:
         self.p_blank = self.p_token = NEG  # log-sums of the alignments ending in a blank / in the last token
         self.best_blank = self.best_token = NEG  # the most likely alignment of each kind
         self.frames_blank: tuple[int, ...] = ()
         self.frames_token: tuple[int, ...] = ()
-        self.lm, self.state = lm, state
+        self.lm, self.state, self.boost = lm, state, boost
 
     def add_blank(self, logp: float, best: float, frames: tuple[int, ...]) -> None:
         self.p_blank = _logaddexp(self.p_blank, logp)
@@ -75,12 +77,12 @@ class _Prefix:
 
 
 def _entries(beam: dict):
-    """entry(prefix, lm, state): the prefix's hypothesis in ``beam``, made (with that LM total and state) by its
-    first reach."""
+    """entry(prefix, lm, state, boost): the prefix's hypothesis in ``beam``, made (with that LM total, LM state
+    and boosting state) by its first reach."""
 
-    def entry(prefix: tuple[int, ...], lm_total: float, state: int | None) -> _Prefix:
+    def entry(prefix: tuple[int, ...], lm_total: float, state: int | None, boost: int | None) -> _Prefix:
         if prefix not in beam:
-            beam[prefix] = _Prefix(lm_total, state)
+            beam[prefix] = _Prefix(lm_total, state, boost)
         return beam[prefix]
 
     return entry
@@ -95,11 +97,13 @@ def ctc_prefix_beam_search_reference(
     token_insertion_bonus: float = 0.0,
     nbest: int = 1,
     prune_threshold: float | None = None,
+    boosting=None,
 ) -> list[BeamHypothesis]:
     """The ``nbest`` best hypotheses of one utterance's log-probabilities [T, C] (any float dtype; computed in
     float64), best first. ``lm``: an ``NGramLM`` over the C classes but the blank's index (token c of the LM is
     class c, the blank's column unused) or None. ``prune_threshold``: at each frame only the classes within it of
-    the frame's best log-probability extend a prefix or repeat its last token (None: all)."""
+    the frame's best log-probability extend a prefix or repeat its last token (None: all). ``boosting``: a
+    ``PhraseBooster`` over the C classes or None; its bonuses count with the LM's terms."""
     lp = log_probs.detach().double().cpu()
     T, C = lp.shape
     lm_cache: dict[int, tuple[list[float], list[int]]] = {}
@@ -110,7 +114,15 @@ def ctc_prefix_beam_search_reference(
             lm_cache[state] = (scores[0].double().tolist(), nxt[0].tolist())
         return lm_cache[state]
 
-    start = _Prefix(0.0, lm.start if lm is not None else None)
+    boost_cache: dict[int, tuple[list[float], list[int]]] = {}
+
+    def boost_step(state: int) -> tuple[list[float], list[int]]:
+        if state not in boost_cache:
+            scores, nxt = boosting.step(torch.tensor([state]))
+            boost_cache[state] = (scores[0].double().tolist(), nxt[0].tolist())
+        return boost_cache[state]
+
+    start = _Prefix(0.0, lm.start if lm is not None else None, boosting.start if boosting is not None else None)
     start.p_blank, start.best_blank = 0.0, 0.0
     beam: dict[tuple[int, ...], _Prefix] = {(): start}
     for t in range(T):
@@ -122,11 +134,12 @@ def ctc_prefix_beam_search_reference(
         for prefix, h in beam.items():
             total, best = h.acoustic, max(h.best_blank, h.best_token)
             # the blank: the prefix stays
-            entry(prefix, h.lm, h.state).add_blank(total + row[blank], best + row[blank], h.frames)
+            entry(prefix, h.lm, h.state, h.boost).add_blank(total + row[blank], best + row[blank], h.frames)
             last = prefix[-1] if prefix else None
             for c in classes:
                 if c == last:  # a repeat of the last token merges into it; after a blank it is a new token
-                    entry(prefix, h.lm, h.state).add_token(h.p_token + row[c], h.best_token + row[c], h.frames_token)
+                    stay = entry(prefix, h.lm, h.state, h.boost)
+                    stay.add_token(h.p_token + row[c], h.best_token + row[c], h.frames_token)
                     p_new, b_new = h.p_blank + row[c], h.best_blank + row[c]
                     frames = h.frames_blank + (t,)
                 else:
@@ -134,16 +147,21 @@ def ctc_prefix_beam_search_reference(
                     frames = h.frames + (t,)
                 if p_new == NEG:
                     continue
-                lm_total, state = h.lm + token_insertion_bonus, h.state
+                lm_total, state, boost = h.lm + token_insertion_bonus, h.state, h.boost
                 if lm is not None:
                     scores, states = lm_step(h.state)
                     lm_total, state = lm_total + lm_weight * scores[c], states[c]
-                entry(prefix + (c,), lm_total, state).add_token(p_new, b_new, frames)
+                if boosting is not None:
+                    bonus, states = boost_step(h.boost)
+                    lm_total, boost = lm_total + bonus[c], states[c]
+                entry(prefix + (c,), lm_total, state, boost).add_token(p_new, b_new, frames)
         ranked = sorted(nxt.items(), key=lambda kv: -(kv[1].acoustic + kv[1].lm))  # stable: first reached first
         beam = dict(ranked[:beam_size])
     out = []
     for prefix, h in beam.items():
         lm_total = h.lm + (lm_weight * float(lm.end_scores(torch.tensor([h.state]))[0]) if lm is not None else 0.0)
+        if boosting is not None:
+            lm_total += float(boosting.end_scores(torch.tensor([h.boost]))[0])
         out.append(BeamHypothesis(prefix, h.frames, h.acoustic + lm_total, h.acoustic, lm_total))
     out.sort(key=lambda hyp: -hyp.score)  # stable: the beam's order
     return out[:nbest]
@@ -153,7 +171,8 @@ class BeamHypotheses(NamedTuple):
     """A batch's N-best lists, best first: ``tokens`` [N, B, S] int64 (-1 past each hypothesis), ``lengths`` [N,
     B], ``frames`` [N, B, S] (each token's frame on the hypothesis's most likely alignment, -1 past), ``scores`` [N,
     B] (the ranking: acoustic plus LM terms), ``acoustic`` [N, B] (the log-sum over the hypothesis's alignments),
-    ``lm_scores`` [N, B] (the weighted LM log-probabilities, ``</s>`` included, and the insertion bonuses). Where
+    ``lm_scores`` [N, B] (the weighted LM log-probabilities, ``</s>`` included, the insertion bonuses and the
+    phrase boosting's bonuses). Where
     an utterance has fewer than B hypotheses, the rest have length 0 and score -inf."""
 
     tokens: torch.Tensor
@@ -183,6 +202,7 @@ def ctc_beam_search_reference(
     token_insertion_bonus: float = 0.0,
     nbest: int = 1,
     prune_threshold: float | None = None,
+    boosting=None,
 ) -> BeamHypotheses:
     """CTC prefix beam search of a batch in PyTorch operations (the CPU path, and in float64 the batched searches'
     oracle): ``ctc_prefix_beam_search_reference``'s hypotheses, scores, frames and order of ties for every
@@ -206,6 +226,7 @@ def ctc_beam_search_reference(
     b_blank, p_token, b_token = p_blank.clone(), p_blank.clone().fill_(NEG), p_blank.clone().fill_(NEG)
     lm_total = torch.zeros(N, K, dtype=dt, device=dev)
     state = torch.full((N, K), lm.start if lm is not None else 0, dtype=i64, device=dev)
+    boost = torch.full((N, K), boosting.start if boosting is not None else 0, dtype=i64, device=dev)
     alive = torch.zeros(N, K, dtype=torch.bool, device=dev)
     alive[:, 0] = True
     o_k, o_c = torch.arange(K, device=dev), torch.arange(C, device=dev)
@@ -237,6 +258,12 @@ def ctc_beam_search_reference(
         else:
             e_lm = (lm_total + token_insertion_bonus)[..., None].expand(N, K, C)
             e_state = state[..., None].expand(N, K, C)
+        if boosting is not None:
+            bonus, b_nxt = boosting.step(boost.reshape(-1))
+            e_lm = e_lm + bonus.to(dt).view(N, K, C)
+            e_boost = b_nxt.view(N, K, C)
+        else:
+            e_boost = boost[..., None].expand(N, K, C)
         # prefix k2 is prefix k1's child by its last token: merge that extension into k2's stay
         S = int(ln.max()) + 1
         pos = torch.arange(S, device=dev)
@@ -297,6 +324,7 @@ def ctc_beam_search_reference(
             f_token=torch.where(ext[..., None], e_f, s_ft.gather(1, gather3)),
             lm_total=torch.where(ext, e_lm.reshape(N, -1).gather(1, src * C + cls), lm_total.gather(1, src)),
             state=torch.where(ext, e_state.reshape(N, -1).gather(1, src * C + cls), state.gather(1, src)),
+            boost=torch.where(ext, e_boost.reshape(N, -1).gather(1, src * C + cls), boost.gather(1, src)),
             alive=o_k[None, :] < n_valid,
         )
         keep = live[:, None]
@@ -310,10 +338,13 @@ def ctc_beam_search_reference(
         f_token = torch.where(keep[..., None], new["f_token"], f_token)
         lm_total = torch.where(keep, new["lm_total"], lm_total)
         state = torch.where(keep, new["state"], state)
+        boost = torch.where(keep, new["boost"], boost)
         alive = torch.where(keep, new["alive"], alive)
     # the end: the LM's </s>, the N-best in the beam's order of ties
     acoustic = torch.logaddexp(p_blank, p_token)
     lm_final = lm_total + (lm_weight * lm.end_scores(state.reshape(-1)).to(dt).view(N, K) if lm is not None else 0.0)
+    if boosting is not None:
+        lm_final = lm_final + boosting.end_scores(boost.reshape(-1)).to(dt).view(N, K)
     score = torch.where(alive, acoustic + lm_final, neg)
     B = nbest  # at most K
     pick = _first_max(score, alive, o_k.expand(N, K), B)
