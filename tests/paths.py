@@ -30,8 +30,16 @@ CAPABILITIES = {
     "tdt joint": Capability(("speechkernels.tdt.joint:joint_kernels",), ()),  # launches: joint_lattice above
     "align": Capability(("speechkernels.align.api:kernels",), ("speechkernels.align.kernels:ctc_align",)),
     "decode": Capability(
-        ("speechkernels.decode.api:kernels", "speechkernels.decode.api:transducer_kernels"),
-        ("speechkernels.decode.kernels:ctc_greedy", "speechkernels.decode.transducer_kernels:transducer_greedy"),
+        (
+            "speechkernels.decode.api:kernels",
+            "speechkernels.decode.api:transducer_kernels",
+            "speechkernels.decode.api:beam_kernels",
+        ),
+        (
+            "speechkernels.decode.kernels:ctc_greedy",
+            "speechkernels.decode.transducer_kernels:transducer_greedy",
+            "speechkernels.decode.beam_kernels:ctc_beam",
+        ),
     ),
     "wavenet": Capability(
         ("speechkernels.wavenet.generation:triton_vocoder",),

@@ -88,6 +88,33 @@ def test_float32_search_matches_float64(tmp_path, seed):
     check_against_oracle(hyp, lp.float().double(), lengths, kw, 1e-4)
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_search_without_lm_on_every_path(path, tmp_path, seed):
+    """float32 scores without an LM (the kernel's case on the interpreter and the GPU): the float64 oracle's
+    hypotheses, frames and order, scores to 1e-4 (beam 1 to 5, pruning, bonuses, ragged batches)."""
+    lp, lengths, kw = case(seed, tmp_path, False)
+    kw["token_insertion_bonus"] = 0.25 * (seed % 3)
+    hyp = sk.ctc_beam_search(lp.float().to(path.device), lengths, **kw)
+    path.check_ran()
+    assert hyp.tokens.device.type == path.device.type and hyp.scores.dtype == torch.float32
+    check_against_oracle(type(hyp)(*(v.cpu() for v in hyp)), lp.float().double(), lengths, kw, 1e-4)
+
+
+@pytest.mark.parametrize("block", [16, 256])
+def test_search_across_class_blocks(path, monkeypatch, block):
+    """More classes than a block (the kernel's running list of the best across blocks) and wider beams."""
+    from speechkernels.decode import beam_kernels
+
+    monkeypatch.setitem(beam_kernels.BEAM_TILES, "block_c", block)
+    g = torch.Generator().manual_seed(block)
+    lp = (torch.randn(3, 12, 40, generator=g, dtype=torch.float64) * 3).log_softmax(-1)
+    lengths = torch.tensor([12, 7, 10])
+    kw = dict(beam_size=7, blank=3, nbest=4)
+    hyp = sk.ctc_beam_search(lp.float().to(path.device), lengths, **kw)
+    path.check_ran()
+    check_against_oracle(type(hyp)(*(v.cpu() for v in hyp)), lp.float().double(), lengths, kw, 1e-4)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("seed", [0, 5])
 def test_gpu_search_is_the_python_oracle(gpu, tmp_path, seed):

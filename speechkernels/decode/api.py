@@ -24,10 +24,10 @@ from .reference import (
 )
 
 try:  # the Triton kernels; without Triton (error names it) the PyTorch path serves every call
-    from . import kernels, transducer_kernels
+    from . import beam_kernels, kernels, transducer_kernels
 except ImportError as error:
     kernels = triton_missing(error)
-    transducer_kernels = None
+    transducer_kernels = beam_kernels = None
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # measured on the GPU; float16 networks take the PyTorch path
 
 
@@ -142,7 +142,8 @@ def ctc_beam_search(
 
     Args:
         log_probs: [N, T, C] (or [T, N, C] with ``batch_first=False``, or [T, C] unbatched) log-probabilities,
-            any float dtype (searched in float64 for float64 input, else float32).
+            any float dtype (searched in float64 for float64 input, else float32; on the GPU without an LM or
+            boosting by one kernel, else by PyTorch operations).
         input_lengths: [N] frames per sample, each in [0, T] (a tensor, numpy array or sequence of integers), or
             None: T each.
         beam_size: prefixes kept per frame (>= 1).
@@ -198,9 +199,16 @@ def ctc_beam_search(
     (il,) = batch_lengths(N, dev, "none", input_lengths=input_lengths)
     if validate:
         check_lengths(il, "input_lengths", T, f"T={T}")
-    hyp = ctc_beam_search_reference(
-        x, il, beam_size, blank, lm, lm_weight, token_insertion_bonus, nbest, prune_threshold, boosting
-    )
+    if beam_kernels is not None and use_triton(x) and lm is None and boosting is None and N > 0 and T > 0:
+        hyp = BeamHypotheses(
+            *beam_kernels.ctc_beam(
+                kernel_layout(x), il, beam_size, blank, token_insertion_bonus, nbest, prune_threshold
+            )
+        )
+    else:
+        hyp = ctc_beam_search_reference(
+            x, il, beam_size, blank, lm, lm_weight, token_insertion_bonus, nbest, prune_threshold, boosting
+        )
     if unbatched:
         return BeamHypotheses(*(v[0] for v in hyp))
     return hyp
