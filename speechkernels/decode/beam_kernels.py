@@ -6,16 +6,18 @@ token-ending log-sums and best alignments, its insertion bonuses, length, last t
 tokens (merges are found by hash: prefix k2 is prefix k1's child by its last token where k2's hash is k1's mixed
 with that token and k2 is one token longer; distinct prefixes collide with probability about 2^-64). Each frame:
 the stays (blank, repeat) and the merges of extensions into them, then the extensions in blocks of BC classes,
-each block's best candidates merged into a running list of the K best packed keys (an order-preserving image of
+each block's best candidates moved into a running list of the K best packed keys (an order-preserving image of
 the float32 score above the complement of the order of reach, so that the largest key is the best score, ties
-to the candidate reached first, as the oracle ranks them), then the survivors' state gathered from the old slots.
+to the candidate reached first, as the oracle ranks them) for as long as the block's best beats the list's worst
+(an extension merged into a stay is dropped there: a merged stay ranks with its parent's extension's order),
+then the survivors' state gathered from the old slots.
 Tokens and frames are not copied per frame: a survivor that adds a token or a frame writes one node (previous
 token node, token, previous frame node, frame) of an arena [N, T, KP, 4] int32; the N-best are read back along
 the nodes at the end.
 
 Memory traffic: the scores read once per frame (C values; twice with pruning: the frame's maximum first); the
-arena written at most once per slot and frame. The work per frame is K x C candidate scores and K rounds of a
-maximum over each block.
+arena written at most once per slot and frame. The work per frame is K x C candidate scores, a maximum per block
+and one more per candidate that enters the list.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import triton.language as tl
 from .._launch import launch, next_power_of_2
 from .._outputs import kernel_output
 
-BEAM_TILES = {"block_c": 256, "warps": 4}  # classes per block (a power of two; tests lower it), warps
+BEAM_TILES = {"block_c": 512, "warps": 4}  # classes per block (a power of two; tests lower it), warps
 _MIN_KEY = tl.constexpr(-9223372036854775807 - 1)  # below every candidate's key: an empty place
 _MAX_KEY = tl.constexpr(9223372036854775807)  # above every key: the places past K, never replaced
 
@@ -136,23 +138,22 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
             rep = cls[None, :] == last[:, None]
             e_p = tl.where(rep, p_b[:, None], total[:, None]) + lp[None, :]
             valid = alive[:, None] & ok_c[None, :] & (e_p > float("-inf"))
-            for j in tl.static_range(KP):  # the extensions merged into a stay above are not candidates
-                mj = tl.sum(tl.where(o_k == j, merged.to(tl.int32), 0), 0) > 0
-                pj = tl.sum(tl.where(o_k == j, parent, 0), 0)
-                lj = tl.sum(tl.where(o_k == j, last, 0), 0)
-                valid = valid & ~(mj & (o_k[:, None] == pj) & (cls[None, :] == lj))
             keys = tl.where(valid, _key(e_p + lmt[:, None] + bonus, o_k[:, None] * (C + 1) + 1 + cls[None, :]),
                             _MIN_KEY)  # fmt: skip
-            for _ in tl.static_range(K):
+            # the block's best while it beats the list's worst; an extension merged into a stay above is dropped
+            m = tl.max(tl.max(keys, 1), 0)
+            low = tl.min(run, 0)
+            while m > low:
+                order = 4294967295 - (m & 4294967295)
+                gone = tl.max((merged & (parent == order // (C + 1)) & (last == order % (C + 1) - 1)).to(tl.int32), 0)
+                run = tl.where((o_k == tl.argmin(run, 0)) & (gone == 0), m, run)
+                keys = tl.where(keys == m, _MIN_KEY, keys)
                 m = tl.max(tl.max(keys, 1), 0)
                 low = tl.min(run, 0)
-                at = tl.argmin(run, 0)
-                run = tl.where((o_k == at) & (m > low), m, run)
-                keys = tl.where(keys == m, _MIN_KEY, keys)
         # the K best in order of rank
         win = tl.full((KP,), _MIN_KEY, tl.int64)
         run = tl.where(in_k, run, _MIN_KEY)
-        for r in tl.static_range(K):
+        for r in range(K):
             m = tl.max(run, 0)
             win = tl.where(o_k == r, m, win)
             run = tl.where(run == m, _MIN_KEY, run)
@@ -204,7 +205,7 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
     run = tl.where(alive, _key(score, o_k), _MIN_KEY)
     o_b = tl.arange(0, BP)
     pick = tl.full((BP,), -1, tl.int32)
-    for r in tl.static_range(B):
+    for r in range(B):
         m = tl.max(run, 0)
         pick = tl.where((o_b == r) & (m != _MIN_KEY), (4294967295 - (m & 4294967295)).to(tl.int32), pick)
         run = tl.where(run == m, _MIN_KEY, run)
