@@ -100,12 +100,15 @@ def test_search_without_lm_on_every_path(path, tmp_path, seed):
     check_against_oracle(type(hyp)(*(v.cpu() for v in hyp)), lp.float().double(), lengths, kw, 1e-4)
 
 
-@pytest.mark.parametrize("block", [16, 256])
-def test_search_across_class_blocks(path, monkeypatch, block):
-    """More classes than a block (the kernel's running list of the best across blocks) and wider beams."""
-    from speechkernels.decode import beam_kernels
+@pytest.mark.parametrize("block, top", [(16, True), (16, False), (256, False)])
+def test_search_across_class_blocks(path, monkeypatch, block, top):
+    """More classes than a block (the kernel's running lists of the best across blocks), with the extensions
+    taken from the frame's best classes or from every class, and wider beams."""
+    if path.kernels:
+        from speechkernels.decode import beam_kernels
 
-    monkeypatch.setitem(beam_kernels.BEAM_TILES, "block_c", block)
+        monkeypatch.setitem(beam_kernels.BEAM_TILES, "block_c", block)
+        monkeypatch.setitem(beam_kernels.BEAM_TILES, "top", top)
     g = torch.Generator().manual_seed(block)
     lp = (torch.randn(3, 12, 40, generator=g, dtype=torch.float64) * 3).log_softmax(-1)
     lengths = torch.tensor([12, 7, 10])

@@ -29,7 +29,8 @@ import triton.language as tl
 from .._launch import launch, next_power_of_2
 from .._outputs import kernel_output
 
-BEAM_TILES = {"block_c": 512, "warps": 4}  # classes per block (a power of two; tests lower it), warps
+BEAM_TILES = {"block_c": 512, "warps": 4, "top": False}  # classes per block (a power of two; tests lower it), warps,
+# whether the extensions are taken from the frame's best 2K + 2 classes (else from every class; off until measured)
 _MIN_KEY = tl.constexpr(-9223372036854775807 - 1)  # below every candidate's key: an empty place
 _MAX_KEY = tl.constexpr(9223372036854775807)  # above every key: the places past K, never replaced
 
@@ -66,10 +67,30 @@ def _pick(sel, values):
 
 
 @triton.jit
+def _take(run, keys, merged, parent, last, C, DROP: tl.constexpr):
+    """The list ``run`` after the candidates ``keys`` (any shape) that beat its worst, best first: each replaces the
+    worst; with DROP an extension merged into a stay (a (parent, class) of ``merged`` slots) is dropped instead."""
+    o_r = tl.arange(0, run.shape[0])
+    m = tl.max(keys)
+    low = tl.min(run, 0)
+    while m > low:
+        keep = 1
+        if DROP:
+            order = 4294967295 - (m & 4294967295)
+            hit = merged & (parent == order // (C + 1)) & (last == order % (C + 1) - 1)
+            keep = 1 - tl.max(hit.to(tl.int32), 0)
+        run = tl.where((o_r == tl.argmin(run, 0)) & (keep == 1), m, run)
+        keys = tl.where(keys == m, _MIN_KEY, keys)
+        m = tl.max(keys)
+        low = tl.min(run, 0)
+    return run
+
+
+@triton.jit
 def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score_ptr, ac_ptr, lm_ptr,
                      T, C, blank, bonus, prune,
                      K: tl.constexpr, KP: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, BC: tl.constexpr,
-                     PRUNE: tl.constexpr, BT: tl.constexpr):  # fmt: skip
+                     PRUNE: tl.constexpr, BT: tl.constexpr, TOP: tl.constexpr):  # fmt: skip
     n = tl.program_id(0)
     L = tl.minimum(tl.maximum(tl.load(len_ptr + n).to(tl.int32), 0), T)
     o_k = tl.arange(0, KP)
@@ -130,26 +151,36 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
         order_stay = tl.where(merged, tl.minimum(order_stay, parent * (C + 1) + 1 + last), order_stay)
         run = tl.where(alive, _key(_lae(s_pb, s_pt) + lmt, order_stay), _MIN_KEY)
         run = tl.where(in_k, run, _MAX_KEY)
-        # the extensions, a block of classes at a time, into the running list of the K best keys
-        for c0 in range(0, C, BC):
-            cls = c0 + o_c
-            lp = tl.load(p_x + cls, mask=cls < C, other=float("-inf")).to(tl.float32)
-            ok_c = (cls < C) & (cls != blank) & (lp >= limit)
+        if TOP > 0:
+            # the frame's TOP best classes (no blank, none pruned): every row's K best extensions are among them
+            # (TOP >= 2K: a row loses at most its last token and its children in the beam from the list)
+            top_c = tl.full((TOP,), _MIN_KEY, tl.int64)
+            for c0 in range(0, C, BC):
+                cls = c0 + o_c
+                lp = tl.load(p_x + cls, mask=cls < C, other=float("-inf")).to(tl.float32)
+                kc = tl.where((cls < C) & (cls != blank) & (lp >= limit), _key(lp, cls), _MIN_KEY)
+                top_c = _take(top_c, kc, merged, parent, last, C, False)
+            ok_j = top_c != _MIN_KEY
+            cls = tl.where(ok_j, 4294967295 - (top_c & 4294967295), 0).to(tl.int32)
+            lp = tl.load(p_x + cls, mask=ok_j, other=float("-inf")).to(tl.float32)
             rep = cls[None, :] == last[:, None]
             e_p = tl.where(rep, p_b[:, None], total[:, None]) + lp[None, :]
-            valid = alive[:, None] & ok_c[None, :] & (e_p > float("-inf"))
+            valid = alive[:, None] & ok_j[None, :] & (e_p > float("-inf"))
             keys = tl.where(valid, _key(e_p + lmt[:, None] + bonus, o_k[:, None] * (C + 1) + 1 + cls[None, :]),
                             _MIN_KEY)  # fmt: skip
-            # the block's best while it beats the list's worst; an extension merged into a stay above is dropped
-            m = tl.max(tl.max(keys, 1), 0)
-            low = tl.min(run, 0)
-            while m > low:
-                order = 4294967295 - (m & 4294967295)
-                gone = tl.max((merged & (parent == order // (C + 1)) & (last == order % (C + 1) - 1)).to(tl.int32), 0)
-                run = tl.where((o_k == tl.argmin(run, 0)) & (gone == 0), m, run)
-                keys = tl.where(keys == m, _MIN_KEY, keys)
-                m = tl.max(tl.max(keys, 1), 0)
-                low = tl.min(run, 0)
+            run = _take(run, keys, merged, parent, last, C, True)
+        else:
+            # the extensions, a block of classes at a time, into the running list of the K best keys
+            for c0 in range(0, C, BC):
+                cls = c0 + o_c
+                lp = tl.load(p_x + cls, mask=cls < C, other=float("-inf")).to(tl.float32)
+                ok_c = (cls < C) & (cls != blank) & (lp >= limit)
+                rep = cls[None, :] == last[:, None]
+                e_p = tl.where(rep, p_b[:, None], total[:, None]) + lp[None, :]
+                valid = alive[:, None] & ok_c[None, :] & (e_p > float("-inf"))
+                keys = tl.where(valid, _key(e_p + lmt[:, None] + bonus, o_k[:, None] * (C + 1) + 1 + cls[None, :]),
+                                _MIN_KEY)  # fmt: skip
+                run = _take(run, keys, merged, parent, last, C, True)
         # the K best in order of rank
         win = tl.full((KP,), _MIN_KEY, tl.int64)
         run = tl.where(in_k, run, _MIN_KEY)
@@ -283,6 +314,7 @@ def ctc_beam(
         BC=min(BEAM_TILES["block_c"], max(16, next_power_of_2(C))),
         PRUNE=prune_threshold is not None,
         BT=min(1024, max(16, next_power_of_2(T))),
+        TOP=next_power_of_2(2 * K + 2) if BEAM_TILES["top"] else 0,
         num_warps=BEAM_TILES["warps"],
     )
     return tokens, lens, frames, scores, acoustic, lm
