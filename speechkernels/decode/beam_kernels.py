@@ -67,6 +67,16 @@ def _pick(sel, values):
 
 
 @triton.jit
+def _extension_keys(cls, lp, ok, last, p_b, total, alive, lmt, bonus, o_k, C):
+    """The keys [KP, len(cls)] of every slot's extension by the classes ``cls`` (log-probabilities ``lp``, usable
+    where ``ok``): after a blank only where the class is the slot's last token; _MIN_KEY where impossible."""
+    rep = cls[None, :] == last[:, None]
+    e_p = tl.where(rep, p_b[:, None], total[:, None]) + lp[None, :]
+    valid = alive[:, None] & ok[None, :] & (e_p > float("-inf"))
+    return tl.where(valid, _key(e_p + lmt[:, None] + bonus, o_k[:, None] * (C + 1) + 1 + cls[None, :]), _MIN_KEY)
+
+
+@triton.jit
 def _take(run, keys, merged, parent, last, C, DROP: tl.constexpr):
     """The list ``run`` after the candidates ``keys`` (any shape) that beat its worst, best first: each replaces the
     worst; with DROP an extension merged into a stay (a (parent, class) of ``merged`` slots) is dropped instead."""
@@ -163,11 +173,7 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
             ok_j = top_c != _MIN_KEY
             cls = tl.where(ok_j, 4294967295 - (top_c & 4294967295), 0).to(tl.int32)
             lp = tl.load(p_x + cls, mask=ok_j, other=float("-inf")).to(tl.float32)
-            rep = cls[None, :] == last[:, None]
-            e_p = tl.where(rep, p_b[:, None], total[:, None]) + lp[None, :]
-            valid = alive[:, None] & ok_j[None, :] & (e_p > float("-inf"))
-            keys = tl.where(valid, _key(e_p + lmt[:, None] + bonus, o_k[:, None] * (C + 1) + 1 + cls[None, :]),
-                            _MIN_KEY)  # fmt: skip
+            keys = _extension_keys(cls, lp, ok_j, last, p_b, total, alive, lmt, bonus, o_k, C)
             run = _take(run, keys, merged, parent, last, C, True)
         else:
             # the extensions, a block of classes at a time, into the running list of the K best keys
@@ -175,11 +181,7 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
                 cls = c0 + o_c
                 lp = tl.load(p_x + cls, mask=cls < C, other=float("-inf")).to(tl.float32)
                 ok_c = (cls < C) & (cls != blank) & (lp >= limit)
-                rep = cls[None, :] == last[:, None]
-                e_p = tl.where(rep, p_b[:, None], total[:, None]) + lp[None, :]
-                valid = alive[:, None] & ok_c[None, :] & (e_p > float("-inf"))
-                keys = tl.where(valid, _key(e_p + lmt[:, None] + bonus, o_k[:, None] * (C + 1) + 1 + cls[None, :]),
-                                _MIN_KEY)  # fmt: skip
+                keys = _extension_keys(cls, lp, ok_c, last, p_b, total, alive, lmt, bonus, o_k, C)
                 run = _take(run, keys, merged, parent, last, C, True)
         # the K best in order of rank
         win = tl.full((KP,), _MIN_KEY, tl.int64)

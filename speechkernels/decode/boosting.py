@@ -23,10 +23,10 @@ from collections.abc import Sequence
 
 import torch
 
-_TABLES = ("next", "node_score", "output_score")
+from .state_tables import StateTables
 
 
-class PhraseBooster:
+class PhraseBooster(StateTables):
     """Boosting of token phrases (see the module's description).
 
     Args:
@@ -42,6 +42,8 @@ class PhraseBooster:
         >>> booster = PhraseBooster([[5, 9, 2], [5, 7]], vocab_size=32, weights=2.0)
         >>> bonus, states = booster.step(torch.tensor([booster.start]))  # [1, 32] each
     """
+
+    TABLES = ("node_score", "next", "output_score")
 
     def __init__(self, phrases: Sequence[Sequence[int]], vocab_size: int, weights: float | Sequence[float] = 1.0):
         V = int(vocab_size)
@@ -94,21 +96,6 @@ class PhraseBooster:
         self.node_score = torch.tensor(node_score, dtype=torch.float32)
         self.output_score = torch.tensor(output_score, dtype=torch.float32)
 
-    @property
-    def num_states(self) -> int:
-        return self.node_score.shape[0]
-
-    @property
-    def device(self) -> torch.device:
-        return self.node_score.device
-
-    def to(self, device: torch.device | str) -> PhraseBooster:
-        out = object.__new__(PhraseBooster)
-        out.vocab_size, out.start = self.vocab_size, self.start
-        for name in _TABLES:
-            setattr(out, name, getattr(self, name).to(device))
-        return out
-
     def step(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(the bonus [B, V] float32 of every next token, the states they lead to [B, V] int64) from ``states``
         [B] (any integer dtype and layout, on any device). Raises ValueError naming a state outside [0,
@@ -121,13 +108,3 @@ class PhraseBooster:
     def end_scores(self, states: torch.Tensor) -> torch.Tensor:
         """The pending partial match taken back at the end of an utterance: -node_score [B] float32."""
         return -self.node_score[self._checked(states)]
-
-    def _checked(self, states: torch.Tensor) -> torch.Tensor:
-        if not isinstance(states, torch.Tensor) or states.dtype.is_floating_point or states.dtype == torch.bool:
-            raise ValueError(f"states must be an integer tensor, got {getattr(states, 'dtype', type(states).__name__)}")
-        states = states.reshape(-1).to(self.device, torch.int64)
-        bad = (states < 0) | (states >= self.num_states)
-        if bad.any():
-            i = int(bad.nonzero()[0, 0])
-            raise ValueError(f"states[{i}]={int(states[i])} is outside [0, num_states={self.num_states})")
-        return states

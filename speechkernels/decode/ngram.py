@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import torch
 
 from .._args import as_int
+from .state_tables import StateTables
 
 LN10 = math.log(10.0)
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
@@ -95,7 +96,7 @@ def parse_arpa(path: str | os.PathLike) -> tuple[int, list[dict[tuple[str, ...],
     return len(grams), grams
 
 
-class NGramLM:
+class NGramLM(StateTables):
     """A token n-gram LM (see the module's description): ``score(states)`` -> log p of every next token [B, V] and
     the states they lead to [B, V]; ``end_scores(states)`` -> log p(</s>) [B]; ``start`` is the state after
     ``<s>`` (the root where the file has no ``<s>``).
@@ -105,6 +106,19 @@ class NGramLM:
     state's n-grams, sorted by token), ``unigram`` [V + 1] and ``unigram_next`` [V + 1] (the root's), ``end`` [S]
     (log p of ``</s>`` from each state), ``unknown`` (the tokens without a unigram, read as <unk>: arcs and
     unigrams take <unk> as token V) and ``depth`` (the most backoff levels below a state, N - 1)."""
+
+    TABLES = (
+        "backoff",
+        "parent",
+        "arc_start",
+        "arc_token",
+        "arc_logp",
+        "arc_next",
+        "unigram",
+        "unigram_next",
+        "end",
+        "unknown",
+    )
 
     def __init__(self, order: int, vocab_size: int, tables: dict[str, torch.Tensor], start: int) -> None:
         self.order, self.vocab_size, self.start = order, vocab_size, start
@@ -119,18 +133,6 @@ class NGramLM:
         self.end = tables["end"]
         self.unknown = tables["unknown"]
         self.depth = max(order - 1, 0)
-
-    @property
-    def num_states(self) -> int:
-        return self.backoff.shape[0]
-
-    @property
-    def device(self) -> torch.device:
-        return self.backoff.device
-
-    def to(self, device: torch.device | str) -> NGramLM:
-        tables = {name: getattr(self, name).to(device) for name in _TABLES}
-        return NGramLM(self.order, self.vocab_size, tables, self.start)
 
     @classmethod
     def from_arpa(cls, path: str | os.PathLike, vocab_size: int, tokens: Sequence[str] | None = None) -> NGramLM:
@@ -277,27 +279,3 @@ class NGramLM:
     def end_scores(self, states: torch.Tensor) -> torch.Tensor:
         """log p(</s> | state) [B] float32 (-inf where the file gives </s> no probability)."""
         return self.end[self._checked(states)]
-
-    def _checked(self, states: torch.Tensor) -> torch.Tensor:
-        if not isinstance(states, torch.Tensor) or states.dtype.is_floating_point or states.dtype == torch.bool:
-            raise ValueError(f"states must be an integer tensor, got {getattr(states, 'dtype', type(states).__name__)}")
-        states = states.reshape(-1).to(self.device, torch.int64)
-        bad = (states < 0) | (states >= self.num_states)
-        if bad.any():
-            i = int(bad.nonzero()[0, 0])
-            raise ValueError(f"states[{i}]={int(states[i])} is outside [0, num_states={self.num_states})")
-        return states
-
-
-_TABLES = (
-    "backoff",
-    "parent",
-    "arc_start",
-    "arc_token",
-    "arc_logp",
-    "arc_next",
-    "unigram",
-    "unigram_next",
-    "end",
-    "unknown",
-)
