@@ -22,6 +22,7 @@ from .reference import (
     start_state,
     transducer_greedy_reference,
 )
+from .transducer_beam import transducer_beam_search_reference
 
 try:  # the Triton kernels; without Triton (error names it) the PyTorch path serves every call
     from . import beam_kernels, kernels, transducer_kernels
@@ -210,7 +211,7 @@ def ctc_beam_search(
             x, il, beam_size, blank, lm, lm_weight, token_insertion_bonus, nbest, prune_threshold, boosting
         )
     if unbatched:
-        return BeamHypotheses(*(v[0] for v in hyp))
+        return BeamHypotheses(*(None if v is None else v[0] for v in hyp))
     return hyp
 
 
@@ -438,6 +439,85 @@ class TransducerDecoder(torch.nn.Module):
             state = self.initial_state(N, dev)
         return transducer_greedy_reference(
             w, encoder_out, lengths, state, self.blank, self.durations, self.max_symbols_per_frame
+        )
+
+    @torch.no_grad()
+    def beam_search(
+        self,
+        encoder_out: torch.Tensor,
+        encoder_lengths: Lengths | None = None,
+        beam_size: int = 4,
+        *,
+        nbest: int = 1,
+        lm: NGramLM | None = None,
+        lm_weight: float = 0.0,
+        score_norm: bool = True,
+        validate: bool = True,
+    ) -> BeamHypotheses:
+        """Beam search of a batch of encoder outputs, with the semantics of NeMo's ``malsd_batch`` (modified
+        alignment-length synchronous decoding: the beam's hypotheses advance one symbol a step together; those
+        that reach the same tokens, for TDT at the same frame, merge with the log-sum of their scores; details in
+        ``speechkernels.decode.transducer_beam``). PyTorch operations for now, on the CPU or the GPU.
+
+        Args:
+            encoder_out: [N, T, E], any float dtype: cast to the networks' dtype.
+            encoder_lengths: [N] frames per utterance, each in [0, T]; default T each.
+            beam_size: hypotheses kept per utterance (>= 1); beam 1 gives ``greedy``'s tokens, frames and
+                durations.
+            nbest: hypotheses returned per utterance, in [1, beam_size].
+            lm: an ``NGramLM`` over the V token classes (the blank's column unused), on the networks' device, or
+                None; fused as NeMo's default (``lm_weighted_full``): a label scores log p + a log(1 - p(blank)) +
+                a log p_LM, the blank (1 + a) log p(blank).
+            lm_weight: a (finite).
+            score_norm: rank by score / (tokens + 1) (NeMo's default), else by score.
+            validate: check the lengths' values.
+
+        Returns:
+            ``BeamHypotheses`` (tokens, frames [N, nbest, T * max_symbols_per_frame], lengths, scores and their
+            acoustic and LM parts [N, nbest], ``durations`` for TDT), best first.
+        """
+        check_float_input(encoder_out, "encoder_out")
+        beam_size = as_int(beam_size, "beam_size", minimum=1)
+        nbest = as_int(nbest, "nbest", minimum=1)
+        if nbest > beam_size:
+            raise ValueError(f"nbest={nbest} is larger than beam_size={beam_size}")
+        lm_weight = as_float(lm_weight, "lm_weight", finite=True)
+        score_norm, validate = as_bool(score_norm, "score_norm"), as_bool(validate, "validate")
+        w = self._current_weights()
+        E = w.enc_w.shape[1]
+        if encoder_out.dim() != 3 or encoder_out.shape[2] != E:
+            raise ValueError(
+                f"encoder_out must be [N, T, E={E}] (E: enc.in_features), got shape {tuple(encoder_out.shape)}"
+            )
+        N, T, _ = encoder_out.shape
+        dev = w.enc_w.device
+        if encoder_out.device != dev:
+            raise ValueError(f"encoder_out is on {encoder_out.device} but the networks are on {dev}")
+        if lm is not None:
+            if not isinstance(lm, NGramLM):
+                raise ValueError(f"lm must be an instance of NGramLM or None, got {type(lm).__name__}")
+            if lm.vocab_size != self.vocab_size:
+                raise ValueError(f"lm has vocab_size={lm.vocab_size} but the decoder has {self.vocab_size} classes")
+            if lm.device != dev:
+                raise ValueError(f"lm is on {lm.device} but the networks on {dev} (move it with lm.to(device))")
+        if encoder_lengths is None:
+            lengths = torch.full((N,), T, dtype=torch.int64, device=dev)
+        else:
+            (lengths,) = batch_lengths(N, dev, "none", encoder_lengths=encoder_lengths)
+            if validate:
+                check_lengths(lengths, "encoder_lengths", T, f"T={T}")
+        return transducer_beam_search_reference(
+            w,
+            encoder_out,
+            lengths,
+            beam_size,
+            self.blank,
+            self.durations,
+            self.max_symbols_per_frame,
+            nbest,
+            lm,
+            lm_weight,
+            score_norm,
         )
 
     def _current_weights(self) -> TransducerWeights:

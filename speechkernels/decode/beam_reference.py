@@ -172,7 +172,7 @@ class BeamHypotheses(NamedTuple):
     B], ``frames`` [N, B, S] (each token's frame on the hypothesis's most likely alignment, -1 past), ``scores`` [N,
     B] (the ranking: acoustic plus LM terms), ``acoustic`` [N, B] (the log-sum over the hypothesis's alignments),
     ``lm_scores`` [N, B] (the weighted LM log-probabilities, ``</s>`` included, the insertion bonuses and the
-    phrase boosting's bonuses). Where
+    phrase boosting's bonuses); ``durations`` [N, B, S] (a TDT search: each token's duration) or None. Where
     an utterance has fewer than B hypotheses, the rest have length 0 and score -inf."""
 
     tokens: torch.Tensor
@@ -181,6 +181,7 @@ class BeamHypotheses(NamedTuple):
     scores: torch.Tensor
     acoustic: torch.Tensor
     lm_scores: torch.Tensor
+    durations: torch.Tensor | None = None
 
 
 def _first_max(values: torch.Tensor, valid: torch.Tensor, order: torch.Tensor, k: int) -> torch.Tensor:

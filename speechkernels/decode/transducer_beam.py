@@ -1,0 +1,203 @@
+"""Transducer beam search in PyTorch (RNN-T and TDT): modified alignment-length synchronous decoding, batched, with
+the semantics of NeMo's ``malsd_batch`` (the CPU path, and in float64 the oracle of a kernel to come).
+
+K slots per utterance advance together, one symbol per step (a label, a blank, or nothing once finished). A step
+evaluates the joint of every slot at its own frame; each live slot proposes its K best outputs (TDT: its K best
+(output, duration) pairs, the two log-softmaxes added), scored by the slot's score plus the log-probabilities; a
+finished slot (its frame past the utterance's end) proposes itself unchanged; a slot that has emitted
+``max_symbols`` labels at its frame proposes only the blank (TDT: with its best duration's log-probability, moving
+by its best candidate's duration, at least 1). The K best of the K x K proposals survive (ties: the earlier slot,
+then the earlier proposal). Then slots that hold the same token sequence (TDT: at the same frame) are merged into
+the most likely one (the first of equal scores) with the log-sum of their scores. A blank moves its slot to the
+next frame (TDT: by its duration; a blank of duration 0 by 1); a label keeps the frame (TDT: moves by its duration)
+and advances the slot's prediction network. The search ends when every slot is past its utterance's end; the
+hypotheses are ranked by score / (tokens + 1) (``score_norm``, NeMo's default) or by score.
+
+An n-gram LM fuses as NeMo's default (``lm_weighted_full``, late pruning): with weight a, a label v scores
+log p(v) + a log(1 - p(blank)) + a log p_LM(v), the blank (1 + a) log p(blank) (p(blank) clamped to 0.99 in the
+label's term); the LM's state follows the labels; no end-of-sentence term.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._transducer.activations import activation_fn
+from .beam_reference import BeamHypotheses
+from .networks import TransducerWeights
+from .reference import predict, start_state
+
+
+def _mix(h: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """The hash of a token sequence extended by token c (int64, wrapping)."""
+    return h * 6364136223846793005 + 1 + c
+
+
+def transducer_beam_search_reference(
+    w: TransducerWeights,
+    x: torch.Tensor,
+    lengths: torch.Tensor,
+    beam_size: int,
+    blank: int,
+    durations: tuple[int, ...] | None,
+    max_symbols: int,
+    nbest: int = 1,
+    lm=None,
+    lm_weight: float = 0.0,
+    score_norm: bool = True,
+) -> BeamHypotheses:
+    """The beam search of encoder outputs x [N, T, E] (frames past ``lengths`` [N], clamped to [0, T], unread)
+    with the networks ``w`` (computed in their dtype; scores in float32, float64 for float64 networks): the
+    ``nbest`` best of the K = ``beam_size`` slots, best first. ``frames``: each label's frame (where it was found);
+    ``scores``: the searched score; ``acoustic``: the same without the LM's terms; ``lm_scores``: the difference.
+    ``lm``: an ``NGramLM`` over the V token classes (the blank's column unused) or None."""
+    N, T, _ = x.shape
+    dev = x.device
+    K, i64 = beam_size, torch.int64
+    D = len(durations) if durations else 0
+    V = w.out_w.shape[0] - D
+    S = T * max_symbols  # labels at most
+    wd = torch.float64 if w.enc_w.dtype == torch.float64 else torch.float32
+    NK = N * K
+    enc = torch.nn.functional.linear(x.to(w.enc_w.dtype), w.enc_w, w.enc_b)  # [N, T, J]
+    act = activation_fn(w.activation)
+    dur = None if durations is None else torch.tensor(durations, dtype=i64, device=dev)
+    lengths = lengths.to(dev, i64).clamp(0, T)
+    ninf = torch.tensor(float("-inf"), dtype=wd, device=dev)
+    st = start_state(w, NK, blank, dev)
+    pred_state, out = st.predictor, st.output
+    g = torch.nn.functional.linear(out, w.pred_w, w.pred_b)  # [NK, J]
+    score = torch.full((N, K), float("-inf"), dtype=wd, device=dev)
+    score[:, 0] = 0.0
+    acoustic = score.clone()
+    t = torch.zeros(N, K, dtype=i64, device=dev)
+    at_frame = torch.zeros(N, K, dtype=i64, device=dev)  # labels found at the slot's frame (TDT: of duration 0)
+    n_lab = torch.zeros(N, K, dtype=i64, device=dev)
+    last = torch.full((N, K), -1, dtype=i64, device=dev)
+    hsh = torch.zeros(N, K, dtype=i64, device=dev)
+    tokens = torch.full((N, K, S + 1), -1, dtype=i64, device=dev)  # column S: a sink
+    frames, durs = tokens.clone(), tokens.clone()
+    lm_state = torch.full((N, K), lm.start if lm is not None else 0, dtype=i64, device=dev)
+    rows = torch.arange(N, device=dev)[:, None]
+    o_k = torch.arange(K, device=dev)
+    while True:
+        active = t < lengths[:, None]
+        if not bool(active.any()):
+            break
+        frame = torch.minimum(t, (lengths[:, None] - 1).clamp(min=0))
+        joint = act(enc[rows, frame] + g.view(N, K, -1))
+        logits = torch.nn.functional.linear(joint, w.out_w, w.out_b).to(wd)
+        lp = logits[..., :V].log_softmax(-1)  # [N, K, V]
+        fused = lp
+        if lm is not None:
+            lm_lp, lm_next = lm.score(lm_state.reshape(-1))
+            lm_lp, lm_next = lm_lp.to(wd).view(N, K, V), lm_next.view(N, K, V)
+            p_blank = lp[..., blank].exp().clamp(max=1 - 1e-2)
+            fused = lp + lm_weight * torch.log1p(-p_blank)[..., None] + lm_weight * lm_lp
+            fused[..., blank] = (1 + lm_weight) * lp[..., blank]
+        if dur is None:
+            top, lab = fused.topk(min(K, V), dim=-1)  # [N, K, K] (fewer outputs than K: padded below)
+            top_ac = lp.gather(-1, lab)
+            d_idx = torch.zeros_like(lab)
+            forced = score + fused[..., blank]
+            forced_ac = acoustic + lp[..., blank]
+        else:
+            dlp = logits[..., V:].log_softmax(-1)  # [N, K, D]
+            pair = (fused[..., :, None] + dlp[..., None, :]).reshape(N, K, V * D)
+            top, idx = pair.topk(min(K, V * D), dim=-1)
+            lab, d_idx = idx // D, idx % D
+            top_ac = lp.gather(-1, lab) + dlp.gather(-1, d_idx)
+            forced = score + fused[..., blank] + dlp.max(-1).values
+            forced_ac = acoustic + lp[..., blank] + dlp.max(-1).values
+        if top.shape[-1] < K:  # impossible proposals
+            pad = K - top.shape[-1]
+            top, top_ac = (torch.nn.functional.pad(v, (0, pad), value=float("-inf")) for v in (top, top_ac))
+            lab, d_idx = (torch.nn.functional.pad(v, (0, pad), value=-1 if v is lab else 0) for v in (lab, d_idx))
+        cand = score[..., None] + top
+        cand_ac = acoustic[..., None] + top_ac
+        # finished slots propose themselves (label -1); slots at max_symbols only the blank
+        first = o_k == 0
+        done = ~active
+        cand = torch.where(done[..., None], torch.where(first, score[..., None], ninf), cand)
+        cand_ac = torch.where(done[..., None], torch.where(first, acoustic[..., None], ninf), cand_ac)
+        lab = torch.where(done[..., None], -1, lab)
+        full = active & (at_frame >= max_symbols)
+        cand = torch.where(full[..., None], torch.where(first, forced[..., None], ninf), cand)
+        cand_ac = torch.where(full[..., None], torch.where(first, forced_ac[..., None], ninf), cand_ac)
+        lab = torch.where(full[..., None], blank, lab)
+        d_idx = torch.where(full[..., None], d_idx[..., :1], d_idx)  # the best candidate's duration
+        # the K best of the K x K (ties: the earlier slot, then the earlier proposal)
+        flat = cand.reshape(N, K * K)
+        pick = torch.sort(flat, dim=1, descending=True, stable=True).indices[:, :K]
+        parent = pick // K
+        label = lab.reshape(N, K * K).gather(1, pick)
+        new_score = flat.gather(1, pick)
+        new_ac = cand_ac.reshape(N, K * K).gather(1, pick)
+        step = torch.zeros_like(label) if dur is None else dur[d_idx.reshape(N, K * K).gather(1, pick)]
+        is_ext = label >= 0
+        is_blank = label == blank
+        is_lab = is_ext & ~is_blank
+        t_par = t.gather(1, parent)
+        if dur is None:
+            step = is_blank.to(i64)
+        else:
+            step = torch.where(is_blank, step.clamp(min=1), step)
+        step = torch.where(is_ext, step, 0)
+        k_par = n_lab.gather(1, parent)
+        slot = torch.where(is_lab, k_par, S)
+        g3 = parent[..., None].expand(N, K, S + 1)
+        tokens, frames, durs = tokens.gather(1, g3), frames.gather(1, g3), durs.gather(1, g3)
+        tokens.scatter_(2, slot[..., None], label[..., None])
+        frames.scatter_(2, slot[..., None], t_par[..., None])
+        durs.scatter_(2, slot[..., None], step[..., None])
+        tokens[..., S], frames[..., S], durs[..., S] = -1, -1, -1
+        if dur is None:
+            at_frame = torch.where(is_blank, 0, at_frame.gather(1, parent) + is_lab.to(i64))
+        else:
+            at_frame = torch.where(is_ext & (step > 0), 0, at_frame.gather(1, parent) + is_lab.to(i64))
+        t = t_par + step
+        n_lab = k_par + is_lab.to(i64)
+        hsh = torch.where(is_lab, _mix(hsh.gather(1, parent), label), hsh.gather(1, parent))
+        last = torch.where(is_lab, label, last.gather(1, parent))
+        score, acoustic = new_score, new_ac
+        if lm is not None:
+            lm_par = lm_state.gather(1, parent)
+            lm_to = lm_next.reshape(N, K * V).gather(1, parent * V + label.clamp(min=0))
+            lm_state = torch.where(is_lab, lm_to, lm_par)
+        # the prediction network: the parent's, advanced by a label
+        flat_parent = (rows * K + parent).reshape(-1)
+        pred_par = tuple(s[:, flat_parent] if s.dim() == 3 else s[flat_parent] for s in pred_state)
+        out_par = out[flat_parent]
+        new_out, new_state = predict(w, label.clamp(min=0).reshape(-1), pred_par)
+        m = is_lab.reshape(-1, 1)
+        out = torch.where(m, new_out, out_par)
+        pairs = zip(new_state, pred_par, strict=True)
+        pred_state = tuple(torch.where(m if n.dim() == 2 else m[None], n, p) for n, p in pairs)
+        g = torch.nn.functional.linear(out, w.pred_w, w.pred_b)
+        # merges: the same tokens (TDT: at the same frame) -> the first most likely slot, the log-sum of scores
+        same = (hsh[:, :, None] == hsh[:, None, :]) & (last[:, :, None] == last[:, None, :])
+        same = same & (n_lab[:, :, None] == n_lab[:, None, :])
+        if dur is not None:
+            same = same & (t[:, :, None] == t[:, None, :])
+        group = torch.where(same, score[:, None, :], ninf)  # [N, i, j]: the scores of slot i's group
+        survivor = group.argmax(2)  # the first of the largest
+        keep = survivor == o_k
+        total = torch.logsumexp(group, 2)
+        total_ac = torch.logsumexp(torch.where(same, acoustic[:, None, :], ninf), 2)
+        merged = same.sum(2) > 1
+        score = torch.where(keep, torch.where(merged, total, score), ninf)
+        acoustic = torch.where(keep, torch.where(merged, total_ac, acoustic), ninf)
+    key = score / (n_lab + 1).to(wd) if score_norm else score
+    order = torch.sort(key, dim=1, descending=True, stable=True).indices[:, :nbest]
+    ok = score.gather(1, order) > float("-inf")
+    g3 = order[..., None].expand(N, nbest, S + 1)
+    durs = torch.where(ok[..., None], durs.gather(1, g3)[..., :S], -1) if dur is not None else None
+    return BeamHypotheses(
+        tokens=torch.where(ok[..., None], tokens.gather(1, g3)[..., :S], -1),
+        lengths=torch.where(ok, n_lab.gather(1, order), 0),
+        frames=torch.where(ok[..., None], frames.gather(1, g3)[..., :S], -1),
+        scores=torch.where(ok, score.gather(1, order), ninf),
+        acoustic=torch.where(ok, acoustic.gather(1, order), ninf),
+        lm_scores=torch.where(ok, (score - acoustic).gather(1, order), ninf),
+        durations=durs,
+    )

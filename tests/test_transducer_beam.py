@@ -1,0 +1,173 @@
+"""The transducer beam search's PyTorch path (speechkernels.decode.transducer_beam, NeMo's malsd_batch semantics):
+beam 1 is greedy decoding; a beam wide enough to keep every hypothesis sums every alignment of each label sequence
+(a brute force over the alignments of tiny models); the LM's fusion as written."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from test_decode_transducer import make_decoder
+from test_ngram import random_arpa
+
+from speechkernels.decode.ngram import NGramLM
+from speechkernels.decode.reference import predict, start_state
+from speechkernels.decode.transducer_beam import transducer_beam_search_reference
+
+
+@torch.no_grad()
+def search(dec, x, lengths, K, **kw):
+    w = dec.weights()
+    return transducer_beam_search_reference(
+        w, x, torch.tensor(lengths), K, dec.blank, dec.durations, dec.max_symbols_per_frame, **kw
+    )
+
+
+@pytest.mark.parametrize("durations", [None, (0, 1, 2, 3)])
+@pytest.mark.parametrize("seed", range(4))
+def test_beam_one_is_greedy(durations, seed):
+    """Beam 1: greedy decoding's tokens, frames and durations (max_symbols included)."""
+    dec = make_decoder(seed, durations=durations, max_symbols=2, blank_bias=0.5 * seed).double()
+    x = torch.randn(3, 9, 6, dtype=torch.float64)
+    lengths = [9, 4, 0]
+    want, _ = dec.greedy(x, lengths)
+    got = search(dec, x, lengths, 1)
+    for n in range(3):
+        L = int(want.lengths[n])
+        assert int(got.lengths[n, 0]) == L
+        assert got.tokens[n, 0, :L].tolist() == want.tokens[n, :L].tolist()
+        assert got.frames[n, 0, :L].tolist() == want.frames[n, :L].tolist()
+        if durations:
+            assert got.durations[n, 0, :L].tolist() == want.durations[n, :L].tolist()
+        # the score: the sum of the path's log-probabilities (labels and blanks), here all labels' at least
+        assert float(got.scores[n, 0]) <= float(want.scores[n, :L].sum()) + 1e-9
+
+
+@torch.no_grad()
+def exhaustive(dec, x, L: int) -> dict:
+    """The search without a beam, step by step in plain Python: every hypothesis advances by one symbol (a label
+    stays at its frame or moves by its duration; a blank moves by one or its duration, at least 1; after
+    max_symbols labels at a frame only the blank, TDT with the best duration's log-probability, moving by the best
+    (output, duration) pair's duration, at least 1; a finished one stays), then hypotheses with the same tokens
+    (TDT: at the same frame) merge into the most likely, which keeps its frame and count, with the log-sum of
+    their scores. Returns {(tokens, frame): score} at the end."""
+    w = dec.weights()
+    blank, durs, ms = dec.blank, dec.durations, dec.max_symbols_per_frame
+    D = len(durs) if durs else 0
+    V = w.out_w.shape[0] - D
+    enc = torch.nn.functional.linear(x, w.enc_w, w.enc_b)
+    act = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}[w.activation]
+    st = start_state(w, 1, blank, x.device)
+    cache = {(): (st.output, st.predictor)}
+
+    def pred(prefix):
+        if prefix not in cache:
+            cache[prefix] = predict(w, torch.tensor([prefix[-1]]), pred(prefix[:-1])[1])
+        return cache[prefix]
+
+    hyps = [((), 0, 0, 0.0)]  # tokens, frame, labels at the frame, score
+    while any(t < L for _, t, _, _ in hyps):
+        nxt = []
+        for tokens, t, at, score in hyps:
+            if t >= L:
+                nxt.append((tokens, t, at, score))
+                continue
+            g = torch.nn.functional.linear(pred(tokens)[0], w.pred_w, w.pred_b)[0]
+            logits = torch.nn.functional.linear(act(enc[t] + g), w.out_w, w.out_b)
+            lp = logits[:V].log_softmax(0).tolist()
+            dlp = logits[V:].log_softmax(0).tolist() if D else [0.0]
+            step = [max(d, 1) for d in durs] if D else [1]
+            if at >= ms:
+                pairs = [lp[v] + dlp[d] for v in range(V) for d in range(len(dlp))]
+                d_best = max(range(len(pairs)), key=lambda i: (pairs[i], -i)) % len(dlp)
+                nxt.append((tokens, t + step[d_best], 0, score + lp[blank] + max(dlp)))
+                continue
+            for v in range(V):
+                for d in range(len(dlp)):
+                    if v == blank:
+                        nxt.append((tokens, t + step[d], 0, score + lp[v] + dlp[d]))
+                    else:
+                        move = durs[d] if D else 0
+                        nxt.append((tokens + (v,), t + move, 0 if move else at + 1, score + lp[v] + dlp[d]))
+        groups: dict = {}
+        for h in nxt:
+            groups.setdefault((h[0], h[1]) if D else h[0], []).append(h)
+        hyps = []
+        for group in groups.values():
+            best = max(group, key=lambda h: h[3])
+            total = max(h[3] for h in group)
+            total += math.log(sum(math.exp(h[3] - total) for h in group))
+            hyps.append((best[0], best[1], best[2], total))
+    return {(tokens, t): score for tokens, t, _, score in hyps}
+
+
+@pytest.mark.parametrize("durations", [None, (0, 1, 2)])
+@pytest.mark.parametrize("seed", range(3))
+def test_a_wide_beam_is_the_search_without_a_beam(durations, seed):
+    """Beam 256 on tiny models (3 outputs, 2 frames, 2 labels per frame at most) keeps every hypothesis (at most
+    81 proposals a step): the same hypotheses and scores as the step-by-step search without a beam, ranked."""
+    dec = make_decoder(seed, V=3, durations=durations, max_symbols=2, blank_bias=0.0).double()
+    x = torch.randn(1, 2, 6, dtype=torch.float64)
+    want = exhaustive(dec, x[0], 2)
+    got = search(dec, x, [2], 256, nbest=256, score_norm=False)
+    live = int((got.scores[0] > -math.inf).sum())
+    assert live == len(want)
+    found = sorted(
+        (tuple(got.tokens[0, b, : got.lengths[0, b]].tolist()), float(got.scores[0, b])) for b in range(live)
+    )
+    expected = sorted((tokens, score) for (tokens, _), score in want.items())  # TDT: a sequence at each end frame
+    assert [k for k, _ in found] == [k for k, _ in expected]
+    assert [v for _, v in found] == pytest.approx([v for _, v in expected], abs=1e-9)
+    assert got.scores[0, :live].tolist() == sorted(got.scores[0, :live].tolist(), reverse=True)
+
+
+def test_lm_fusion_changes_the_ranking_as_written(tmp_path):
+    """With an LM of weight a: beam 1's first step picks argmax of the fused scores (labels: log p + a log(1 -
+    p(blank)) + a log p_LM; blank: (1 + a) log p(blank))."""
+    dec = make_decoder(0, V=5, max_symbols=1, blank_bias=0.0).double()
+    random_arpa(tmp_path / "lm.arpa", 5, 2, seed=1)
+    lm = NGramLM.from_arpa(tmp_path / "lm.arpa", 5)
+    x = torch.randn(1, 1, 6, dtype=torch.float64)
+    w = dec.weights()
+    st = start_state(w, 1, dec.blank, x.device)
+    g = torch.nn.functional.linear(st.output, w.pred_w, w.pred_b)
+    enc = torch.nn.functional.linear(x[0, 0], w.enc_w, w.enc_b)
+    lp = torch.nn.functional.linear(torch.relu(enc + g[0]), w.out_w, w.out_b).log_softmax(0)
+    a = 2.0
+    lm_lp, _ = lm.score(torch.tensor([lm.start]))
+    fused = lp + a * torch.log1p(-lp[dec.blank].exp().clamp(max=0.99)) + a * lm_lp[0].double()
+    fused[dec.blank] = (1 + a) * lp[dec.blank]
+    got = search(dec, x, [1], 1, lm=lm, lm_weight=a)
+    first = int(got.tokens[0, 0, 0]) if int(got.lengths[0, 0]) else dec.blank
+    assert first == int(fused.argmax())
+
+
+def test_the_public_method(tmp_path):
+    """TransducerDecoder.beam_search: the reference's hypotheses; beam 1 is greedy; refusals name the argument."""
+    dec = make_decoder(3, durations=(0, 1, 2, 3), max_symbols=2)
+    x = torch.randn(2, 7, 6)
+    got = dec.beam_search(x, [7, 5], 3, nbest=2)
+    with torch.no_grad():
+        want = search(dec, x, [7, 5], 3, nbest=2)
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+    one = dec.beam_search(x, [7, 5], 1)
+    greedy, _ = dec.greedy(x, [7, 5])
+    for n in range(2):
+        L = int(greedy.lengths[n])
+        assert one.tokens[n, 0, :L].tolist() == greedy.tokens[n, :L].tolist()
+    random_arpa(tmp_path / "lm.arpa", 6, 2, seed=0)
+    bad_lm = NGramLM.from_arpa(tmp_path / "lm.arpa", 6)
+    for kw, match in [
+        (dict(beam_size=0), "beam_size"),
+        (dict(beam_size=2, nbest=3), "nbest=3 is larger than beam_size=2"),
+        (dict(lm_weight=float("nan")), "lm_weight"),
+        (dict(lm=bad_lm), "lm has vocab_size=6 but the decoder has 7 classes"),
+        (dict(lm="x"), "lm must be an instance of NGramLM"),
+        (dict(encoder_lengths=[8, 1]), "encoder_lengths"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            dec.beam_search(x, **kw)
+    with pytest.raises(ValueError, match=r"encoder_out must be \[N, T, E=6\]"):
+        dec.beam_search(torch.randn(2, 7, 5))
