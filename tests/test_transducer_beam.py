@@ -171,3 +171,17 @@ def test_the_public_method(tmp_path):
             dec.beam_search(x, **kw)
     with pytest.raises(ValueError, match=r"encoder_out must be \[N, T, E=6\]"):
         dec.beam_search(torch.randn(2, 7, 5))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("durations", [None, (0, 1, 2, 3)])
+def test_gpu_search_is_the_cpu_search(gpu, durations):
+    """The same search with the networks on the GPU (float64): the CPU's hypotheses and scores."""
+    dec = make_decoder(5, durations=durations, max_symbols=2).double()
+    x = torch.randn(3, 8, 6, dtype=torch.float64)
+    want = dec.beam_search(x, [8, 6, 3], 4, nbest=3)
+    got = dec.to(gpu).beam_search(x.to(gpu), [8, 6, 3], 4, nbest=3)
+    for a, b in zip(got, want, strict=True):
+        if b is not None:
+            assert a.device.type == "cuda"
+            assert torch.allclose(a.cpu(), b, atol=1e-9) if b.dtype.is_floating_point else torch.equal(a.cpu(), b)
