@@ -11,6 +11,7 @@ import torch
 from test_decode_transducer import make_decoder
 from test_ngram import random_arpa
 
+from speechkernels.decode.boosting import PhraseBooster
 from speechkernels.decode.ngram import NGramLM
 from speechkernels.decode.reference import predict, start_state
 from speechkernels.decode.transducer_beam import transducer_beam_search_reference
@@ -45,13 +46,13 @@ def test_beam_one_is_greedy(durations, seed):
 
 
 @torch.no_grad()
-def exhaustive(dec, x, L: int) -> dict:
+def exhaustive(dec, x, L: int, lm=None, a=0.0, booster=None, b=0.0) -> dict:
     """The search without a beam, step by step in plain Python: every hypothesis advances by one symbol (a label
     stays at its frame or moves by its duration; a blank moves by one or its duration, at least 1; after
     max_symbols labels at a frame only the blank, TDT with the best duration's log-probability, moving by the best
     (output, duration) pair's duration, at least 1; a finished one stays), then hypotheses with the same tokens
     (TDT: at the same frame) merge into the most likely, which keeps its frame and count, with the log-sum of
-    their scores. Returns {(tokens, frame): score} at the end."""
+    their scores; an LM and a booster fused as the module describes. Returns {(tokens, frame): score} at the end."""
     w = dec.weights()
     blank, durs, ms = dec.blank, dec.durations, dec.max_symbols_per_frame
     D = len(durs) if durs else 0
@@ -75,7 +76,18 @@ def exhaustive(dec, x, L: int) -> dict:
                 continue
             g = torch.nn.functional.linear(pred(tokens)[0], w.pred_w, w.pred_b)[0]
             logits = torch.nn.functional.linear(act(enc[t] + g), w.out_w, w.out_b)
-            lp = logits[:V].log_softmax(0).tolist()
+            lp = logits[:V].log_softmax(0)
+            if lm is not None or booster is not None:
+                fused = lp + (a + b) * torch.log1p(-lp[blank].exp().clamp(max=0.99))
+                for table, weight in ((lm, a), (booster, b)):
+                    if table is not None:
+                        state = torch.tensor([table.start])
+                        for c in tokens:
+                            state = (table.score if table is lm else table.step)(state)[1][:, c]
+                        fused = fused + weight * (table.score if table is lm else table.step)(state)[0][0].double()
+                fused[blank] = (1 + a + b) * lp[blank]
+                lp = fused
+            lp = lp.tolist()
             dlp = logits[V:].log_softmax(0).tolist() if D else [0.0]
             step = [max(d, 1) for d in durs] if D else [1]
             if at >= ms:
@@ -104,13 +116,20 @@ def exhaustive(dec, x, L: int) -> dict:
 
 @pytest.mark.parametrize("durations", [None, (0, 1, 2)])
 @pytest.mark.parametrize("seed", range(3))
-def test_a_wide_beam_is_the_search_without_a_beam(durations, seed):
+@pytest.mark.parametrize("fusion", [False, True])
+def test_a_wide_beam_is_the_search_without_a_beam(tmp_path, durations, seed, fusion):
     """Beam 256 on tiny models (3 outputs, 2 frames, 2 labels per frame at most) keeps every hypothesis (at most
     81 proposals a step): the same hypotheses and scores as the step-by-step search without a beam, ranked."""
     dec = make_decoder(seed, V=3, durations=durations, max_symbols=2, blank_bias=0.0).double()
     x = torch.randn(1, 2, 6, dtype=torch.float64)
-    want = exhaustive(dec, x[0], 2)
-    got = search(dec, x, [2], 256, nbest=256, score_norm=False)
+    kw, fused = {}, {}
+    if fusion:  # a bigram LM and a booster over the 3 classes (the blank, 2, unused by both)
+        random_arpa(tmp_path / "lm.arpa", 3, 2, seed=seed)
+        lm, booster = NGramLM.from_arpa(tmp_path / "lm.arpa", 3), PhraseBooster([[0, 1], [1, 1]], 3, [0.7, 1.3])
+        kw = dict(lm=lm, lm_weight=0.4, boosting=booster, boosting_weight=0.8)
+        fused = dict(lm=lm, a=0.4, booster=booster, b=0.8)
+    want = exhaustive(dec, x[0], 2, **fused)
+    got = search(dec, x, [2], 256, nbest=256, score_norm=False, **kw)
     live = int((got.scores[0] > -math.inf).sum())
     assert live == len(want)
     found = sorted(

@@ -116,6 +116,20 @@ def ctc_greedy_decode(
     return hyp
 
 
+def check_fusion(lm, boosting, C: int, classes: str, dev: torch.device, owner: str) -> None:
+    """``lm`` and ``boosting``: None, or an ``NGramLM`` / ``PhraseBooster`` over C classes on ``dev`` (``classes``
+    and ``owner`` name the other side in the errors)."""
+    for name, table, kind in (("lm", lm, NGramLM), ("boosting", boosting, PhraseBooster)):
+        if table is None:
+            continue
+        if not isinstance(table, kind):
+            raise ValueError(f"{name} must be an instance of {kind.__name__} or None, got {type(table).__name__}")
+        if table.vocab_size != C:
+            raise ValueError(f"{name} has vocab_size={table.vocab_size} but {classes}")
+        if table.device != dev:
+            raise ValueError(f"{name} is on {table.device} but {owner} on {dev} (move it with {name}.to(device))")
+
+
 def ctc_beam_search(
     log_probs: torch.Tensor,
     input_lengths: Lengths | None,
@@ -186,15 +200,7 @@ def ctc_beam_search(
     if not 0 <= blank < C:
         raise ValueError(f"blank={blank} is outside [0, C={C})")
     dev = x.device
-    for name, table, kind in (("lm", lm, NGramLM), ("boosting", boosting, PhraseBooster)):
-        if table is None:
-            continue
-        if not isinstance(table, kind):
-            raise ValueError(f"{name} must be an instance of {kind.__name__} or None, got {type(table).__name__}")
-        if table.vocab_size != C:
-            raise ValueError(f"{name} has vocab_size={table.vocab_size} but log_probs has C={C} classes")
-        if table.device != dev:
-            raise ValueError(f"{name} is on {table.device} but log_probs on {dev} (move it with {name}.to(device))")
+    check_fusion(lm, boosting, C, f"log_probs has C={C} classes", dev, "log_probs")
     if input_lengths is None:
         input_lengths = torch.full((N,), T, dtype=torch.int64, device=dev)
     (il,) = batch_lengths(N, dev, "none", input_lengths=input_lengths)
@@ -451,6 +457,8 @@ class TransducerDecoder(torch.nn.Module):
         nbest: int = 1,
         lm: NGramLM | None = None,
         lm_weight: float = 0.0,
+        boosting: PhraseBooster | None = None,
+        boosting_weight: float = 1.0,
         score_norm: bool = True,
         validate: bool = True,
     ) -> BeamHypotheses:
@@ -466,9 +474,12 @@ class TransducerDecoder(torch.nn.Module):
                 durations.
             nbest: hypotheses returned per utterance, in [1, beam_size].
             lm: an ``NGramLM`` over the V token classes (the blank's column unused), on the networks' device, or
-                None; fused as NeMo's default (``lm_weighted_full``): a label scores log p + a log(1 - p(blank)) +
-                a log p_LM, the blank (1 + a) log p(blank).
+                None; fused as NeMo's fusion models are by default (``lm_weighted_full``): with A the sum of the
+                weights, a label scores log p + A log(1 - p(blank)) + a log p_LM + b bonus, the blank (1 + A) log
+                p(blank).
             lm_weight: a (finite).
+            boosting: a ``PhraseBooster`` over the V token classes, on the networks' device, or None.
+            boosting_weight: b (finite).
             score_norm: rank by score / (tokens + 1) (NeMo's default), else by score.
             validate: check the lengths' values.
 
@@ -482,6 +493,7 @@ class TransducerDecoder(torch.nn.Module):
         if nbest > beam_size:
             raise ValueError(f"nbest={nbest} is larger than beam_size={beam_size}")
         lm_weight = as_float(lm_weight, "lm_weight", finite=True)
+        boosting_weight = as_float(boosting_weight, "boosting_weight", finite=True)
         score_norm, validate = as_bool(score_norm, "score_norm"), as_bool(validate, "validate")
         w = self._current_weights()
         E = w.enc_w.shape[1]
@@ -493,13 +505,7 @@ class TransducerDecoder(torch.nn.Module):
         dev = w.enc_w.device
         if encoder_out.device != dev:
             raise ValueError(f"encoder_out is on {encoder_out.device} but the networks are on {dev}")
-        if lm is not None:
-            if not isinstance(lm, NGramLM):
-                raise ValueError(f"lm must be an instance of NGramLM or None, got {type(lm).__name__}")
-            if lm.vocab_size != self.vocab_size:
-                raise ValueError(f"lm has vocab_size={lm.vocab_size} but the decoder has {self.vocab_size} classes")
-            if lm.device != dev:
-                raise ValueError(f"lm is on {lm.device} but the networks on {dev} (move it with lm.to(device))")
+        check_fusion(lm, boosting, self.vocab_size, f"the decoder has {self.vocab_size} classes", dev, "the networks")
         if encoder_lengths is None:
             lengths = torch.full((N,), T, dtype=torch.int64, device=dev)
         else:
@@ -518,6 +524,8 @@ class TransducerDecoder(torch.nn.Module):
             lm,
             lm_weight,
             score_norm,
+            boosting,
+            boosting_weight,
         )
 
     def _current_weights(self) -> TransducerWeights:

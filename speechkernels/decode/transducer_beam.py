@@ -13,9 +13,10 @@ next frame (TDT: by its duration; a blank of duration 0 by 1); a label keeps the
 and advances the slot's prediction network. The search ends when every slot is past its utterance's end; the
 hypotheses are ranked by score / (tokens + 1) (``score_norm``, NeMo's default) or by score.
 
-An n-gram LM fuses as NeMo's default (``lm_weighted_full``, late pruning): with weight a, a label v scores
-log p(v) + a log(1 - p(blank)) + a log p_LM(v), the blank (1 + a) log p(blank) (p(blank) clamped to 0.99 in the
-label's term); the LM's state follows the labels; no end-of-sentence term.
+An n-gram LM and phrase boosting fuse as NeMo's fusion models do by default (``lm_weighted_full``, late pruning):
+with weights a (the LM) and b (the booster), A = a + b, a label v scores log p(v) + A log(1 - p(blank)) +
+a log p_LM(v) + b bonus(v), the blank (1 + A) log p(blank) (p(blank) clamped to 0.99 in the label's term); the
+LM's and the booster's states follow the labels; no end-of-sentence term.
 """
 
 from __future__ import annotations
@@ -45,12 +46,15 @@ def transducer_beam_search_reference(
     lm=None,
     lm_weight: float = 0.0,
     score_norm: bool = True,
+    boosting=None,
+    boosting_weight: float = 1.0,
 ) -> BeamHypotheses:
     """The beam search of encoder outputs x [N, T, E] (frames past ``lengths`` [N], clamped to [0, T], unread)
     with the networks ``w`` (computed in their dtype; scores in float32, float64 for float64 networks): the
     ``nbest`` best of the K = ``beam_size`` slots, best first. ``frames``: each label's frame (where it was found);
     ``scores``: the searched score; ``acoustic``: the same without the LM's terms; ``lm_scores``: the difference.
-    ``lm``: an ``NGramLM`` over the V token classes (the blank's column unused) or None."""
+    ``lm``: an ``NGramLM`` over the V token classes (the blank's column unused) or None; ``boosting``: a
+    ``PhraseBooster`` over them or None."""
     N, T, _ = x.shape
     dev = x.device
     K, i64 = beam_size, torch.int64
@@ -78,6 +82,8 @@ def transducer_beam_search_reference(
     tokens = torch.full((N, K, S + 1), -1, dtype=i64, device=dev)  # column S: a sink
     frames, durs = tokens.clone(), tokens.clone()
     lm_state = torch.full((N, K), lm.start if lm is not None else 0, dtype=i64, device=dev)
+    b_state = torch.full((N, K), boosting.start if boosting is not None else 0, dtype=i64, device=dev)
+    fusion = (lm_weight if lm is not None else 0.0) + (boosting_weight if boosting is not None else 0.0)
     rows = torch.arange(N, device=dev)[:, None]
     o_k = torch.arange(K, device=dev)
     while True:
@@ -89,12 +95,18 @@ def transducer_beam_search_reference(
         logits = torch.nn.functional.linear(joint, w.out_w, w.out_b).to(wd)
         lp = logits[..., :V].log_softmax(-1)  # [N, K, V]
         fused = lp
-        if lm is not None:
-            lm_lp, lm_next = lm.score(lm_state.reshape(-1))
-            lm_lp, lm_next = lm_lp.to(wd).view(N, K, V), lm_next.view(N, K, V)
+        if lm is not None or boosting is not None:
             p_blank = lp[..., blank].exp().clamp(max=1 - 1e-2)
-            fused = lp + lm_weight * torch.log1p(-p_blank)[..., None] + lm_weight * lm_lp
-            fused[..., blank] = (1 + lm_weight) * lp[..., blank]
+            fused = lp + fusion * torch.log1p(-p_blank)[..., None]
+            if lm is not None:
+                lm_lp, lm_next = lm.score(lm_state.reshape(-1))
+                lm_lp, lm_next = lm_lp.to(wd).view(N, K, V), lm_next.view(N, K, V)
+                fused = fused + lm_weight * lm_lp
+            if boosting is not None:
+                bonus, b_next = boosting.step(b_state.reshape(-1))
+                bonus, b_next = bonus.to(wd).view(N, K, V), b_next.view(N, K, V)
+                fused = fused + boosting_weight * bonus
+            fused[..., blank] = (1 + fusion) * lp[..., blank]
         if dur is None:
             top, lab = fused.topk(min(K, V), dim=-1)  # [N, K, K] (fewer outputs than K: padded below)
             top_ac = lp.gather(-1, lab)
@@ -164,6 +176,9 @@ def transducer_beam_search_reference(
             lm_par = lm_state.gather(1, parent)
             lm_to = lm_next.reshape(N, K * V).gather(1, parent * V + label.clamp(min=0))
             lm_state = torch.where(is_lab, lm_to, lm_par)
+        if boosting is not None:
+            b_to = b_next.reshape(N, K * V).gather(1, parent * V + label.clamp(min=0))
+            b_state = torch.where(is_lab, b_to, b_state.gather(1, parent))
         # the prediction network: the parent's, advanced by a label
         flat_parent = (rows * K + parent).reshape(-1)
         pred_par = tuple(s[:, flat_parent] if s.dim() == 3 else s[flat_parent] for s in pred_state)
