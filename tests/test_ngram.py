@@ -163,3 +163,34 @@ def test_refusals(tmp_path):
     random_arpa(path, 5, 2, seed=1, unk=False, drop=1)
     with pytest.raises(ValueError, match="has no unigram and the file no <unk>"):
         NGramLM.from_arpa(path, 5)
+
+
+@pytest.mark.parametrize("order", [1, 2, 3, 4])
+def test_an_estimated_lm_is_normalised(tmp_path, order):
+    """write_arpa's model from token sequences: from every state the next tokens and </s> sum to 1, and a
+    continuation seen in the data is more likely than the same token after an unseen history's backoff."""
+    from speechkernels.decode.ngram import write_arpa
+
+    rng = random.Random(order)
+    seqs = [[rng.randrange(6) for _ in range(rng.randrange(0, 9))] for _ in range(40)] + [[1, 2, 3]] * 5
+    write_arpa(seqs, 7, tmp_path / "lm.arpa", order=order, discount=0.4)
+    lm = NGramLM.from_arpa(tmp_path / "lm.arpa", 7)
+    states = torch.arange(lm.num_states)
+    scores, _ = lm.score(states)
+    total = torch.logsumexp(torch.cat([scores, lm.end_scores(states)[:, None]], 1), 1)
+    assert total.abs().max() < 1e-5
+    assert bool((scores[:, 6] > -math.inf).all())  # a token the data never has keeps a unigram
+    if order >= 2:
+        state = torch.tensor([lm.start])
+        for t in (1, 2):
+            state = lm.score(state)[1][:, t]
+        assert lm.score(state)[0][0, 3] > lm.score(torch.tensor([0]))[0][0, 3]
+
+
+def test_write_arpa_refusals(tmp_path):
+    from speechkernels.decode.ngram import write_arpa
+
+    with pytest.raises(ValueError, match=r"sequences\[1\]\[0\]=9 is outside \[0, vocab_size=5\)"):
+        write_arpa([[1], [9]], 5, tmp_path / "x.arpa")
+    with pytest.raises(ValueError, match="discount"):
+        write_arpa([[1]], 5, tmp_path / "x.arpa", discount=1.0)

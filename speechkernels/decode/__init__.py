@@ -6,7 +6,7 @@ from .api import TransducerDecoder, ctc_beam_search, ctc_greedy_decode
 from .beam_reference import BeamHypotheses, ctc_beam_search_reference
 from .boosting import PhraseBooster
 from .networks import LSTMPredictor, StatelessPredictor, TransducerWeights
-from .ngram import NGramLM
+from .ngram import NGramLM, write_arpa
 from .reference import Hypotheses, TransducerState, ctc_greedy_decode_reference, transducer_greedy_reference
 
 __all__ = [
@@ -24,4 +24,5 @@ __all__ = [
     "ctc_greedy_decode",
     "ctc_greedy_decode_reference",
     "transducer_greedy_reference",
+    "write_arpa",
 ]

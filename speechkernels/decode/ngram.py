@@ -96,6 +96,75 @@ def parse_arpa(path: str | os.PathLike) -> tuple[int, list[dict[tuple[str, ...],
     return len(grams), grams
 
 
+def write_arpa(
+    sequences: Sequence[Sequence[int]], vocab_size: int, path: str | os.PathLike, order: int = 3, discount: float = 0.5
+) -> None:
+    """Estimate a token n-gram LM from token sequences (transcripts) and write it as an ARPA file (tokens as
+    decimal ids, ``<s>`` and ``</s>`` around each sequence): add-one unigrams over the V tokens and ``</s>``, then
+    each order's n-grams with their counts less ``discount``, the mass taken off a history given to the lower
+    orders through its backoff weight (Katz's backoff with absolute discounting: every history's distribution
+    sums to 1). Raises ValueError naming a token outside [0, V)."""
+    V = as_int(vocab_size, "vocab_size", minimum=1)
+    N = as_int(order, "order", minimum=1)
+    if not 0.0 < discount < 1.0:
+        raise ValueError(f"discount={discount} must be in (0, 1)")
+    counts: list[dict[tuple[str, ...], int]] = [{} for _ in range(N)]
+    for i, seq in enumerate(sequences):
+        words = [BOS]
+        for j, t in enumerate(seq):
+            if not 0 <= int(t) < V:
+                raise ValueError(f"sequences[{i}][{j}]={int(t)} is outside [0, vocab_size={V})")
+            words.append(str(int(t)))
+        words.append(EOS)
+        for k in range(1, N + 1):
+            for a in range(len(words) - k + 1):
+                g = tuple(words[a : a + k])
+                if g != (BOS,):
+                    counts[k - 1][g] = counts[k - 1].get(g, 0) + 1
+    vocab = [str(t) for t in range(V)] + [EOS]
+    total = sum(counts[0].get((w,), 0) for w in vocab)
+    probs: list[dict[tuple[str, ...], float]] = [{(w,): (counts[0].get((w,), 0) + 1) / (total + V + 1) for w in vocab}]
+    for k in range(2, N + 1):  # the discounted n-grams of each history
+        seen = {}
+        for g, c in counts[k - 1].items():
+            h = g[:-1]
+            seen.setdefault(h, []).append((g, c))
+        level = {}
+        for grams in seen.values():
+            n_h = sum(c for _, c in grams)
+            for g, c in grams:
+                level[g] = (c - discount) / n_h
+        probs.append(level)
+    backoff: dict[tuple[str, ...], float] = {}
+
+    def prob(g: tuple[str, ...]) -> float:
+        """p(g[-1] | g[:-1]) of the backoff model."""
+        if len(g) == 1:
+            return probs[0][g]
+        if g in probs[len(g) - 1]:
+            return probs[len(g) - 1][g]
+        return backoff.get(g[:-1], 1.0) * prob(g[1:])
+
+    for k in range(2, N + 1):  # each history's backoff weight: the left-over mass over the lower order's
+        for h in {g[:-1] for g in probs[k - 1]}:
+            kept = [g for g in probs[k - 1] if g[:-1] == h]
+            left = 1.0 - sum(probs[k - 1][g] for g in kept)
+            lower = 1.0 - sum(prob(g[1:]) for g in kept)
+            backoff[h] = left / lower if lower > 0 else 1.0
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\\data\\\n")
+        levels = [{**probs[0], (BOS,): 0.0}] + probs[1:]
+        for k, level in enumerate(levels, 1):
+            f.write(f"ngram {k}={len(level)}\n")
+        for k, level in enumerate(levels, 1):
+            f.write(f"\n\\{k}-grams:\n")
+            for g, p in sorted(level.items()):
+                logp = -99.0 if g == (BOS,) else math.log10(p)
+                bo = f"\t{math.log10(backoff[g]):.7f}" if g in backoff and k < N else ""
+                f.write(f"{logp:.7f}\t{' '.join(g)}{bo}\n")
+        f.write("\n\\end\\\n")
+
+
 class NGramLM(StateTables):
     """A token n-gram LM (see the module's description): ``score(states)`` -> log p of every next token [B, V] and
     the states they lead to [B, V]; ``end_scores(states)`` -> log p(</s>) [B]; ``start`` is the state after
