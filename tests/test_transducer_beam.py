@@ -185,6 +185,9 @@ def test_the_public_method(tmp_path):
         (dict(lm=bad_lm), "lm has vocab_size=6 but the decoder has 7 classes"),
         (dict(lm="x"), "lm must be an instance of NGramLM"),
         (dict(encoder_lengths=[8, 1]), "encoder_lengths"),
+        (dict(boosting_weight=float("inf")), "boosting_weight"),
+        (dict(boosting=[[1, 2]]), "boosting must be an instance of PhraseBooster"),
+        (dict(boosting=PhraseBooster([[1]], 5)), "boosting has vocab_size=5 but the decoder has 7 classes"),
     ]:
         with pytest.raises(ValueError, match=match):
             dec.beam_search(x, **kw)
@@ -204,3 +207,16 @@ def test_gpu_search_is_the_cpu_search(gpu, durations):
         if b is not None:
             assert a.device.type == "cuda"
             assert torch.allclose(a.cpu(), b, atol=1e-9) if b.dtype.is_floating_point else torch.equal(a.cpu(), b)
+
+
+def test_views_search_as_copies():
+    """Strided, transposed and offset encoder outputs and lengths as a list: the contiguous copy's hypotheses."""
+    dec = make_decoder(4, max_symbols=2)
+    x = torch.randn(2, 7, 6)
+    want = dec.beam_search(x, torch.tensor([7, 4]), 3, nbest=2)
+    big = torch.zeros(7, 3, 12)
+    view = big[:, 1:, ::2].transpose(0, 1)  # [2, 7, 6], offset, strided, transposed
+    view.copy_(x)
+    got = dec.beam_search(view, [7, 4], 3, nbest=2)
+    for a, b in zip(got, want, strict=True):
+        assert (a is None and b is None) or torch.equal(a, b)
