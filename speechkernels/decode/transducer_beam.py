@@ -145,14 +145,14 @@ def transducer_beam_search_reference(
         label = lab.reshape(N, K * K).gather(1, pick)
         new_score = flat.gather(1, pick)
         new_ac = cand_ac.reshape(N, K * K).gather(1, pick)
-        step = torch.zeros_like(label) if dur is None else dur[d_idx.reshape(N, K * K).gather(1, pick)]
         is_ext = label >= 0
         is_blank = label == blank
         is_lab = is_ext & ~is_blank
         t_par = t.gather(1, parent)
-        if dur is None:
+        if dur is None:  # a blank moves one frame, a label none
             step = is_blank.to(i64)
-        else:
+        else:  # by the duration; a blank by at least 1
+            step = dur[d_idx.reshape(N, K * K).gather(1, pick)]
             step = torch.where(is_blank, step.clamp(min=1), step)
         step = torch.where(is_ext, step, 0)
         k_par = n_lab.gather(1, parent)
