@@ -408,16 +408,7 @@ class TransducerDecoder(torch.nn.Module):
         """
         check_float_input(encoder_out, "encoder_out")
         validate = as_bool(validate, "validate")
-        w = self._current_weights()
-        E = w.enc_w.shape[1]
-        if encoder_out.dim() != 3 or encoder_out.shape[2] != E:
-            raise ValueError(
-                f"encoder_out must be [N, T, E={E}] (E: enc.in_features), got shape {tuple(encoder_out.shape)}"
-            )
-        N, T, _ = encoder_out.shape
-        dev = w.enc_w.device
-        if encoder_out.device != dev:
-            raise ValueError(f"encoder_out is on {encoder_out.device} but the networks are on {dev}")
+        w, N, T, dev = self._weights_for(encoder_out)
         lengths = None
         if encoder_lengths is not None:
             (lengths,) = batch_lengths(N, dev, "none", encoder_lengths=encoder_lengths)
@@ -495,16 +486,7 @@ class TransducerDecoder(torch.nn.Module):
         lm_weight = as_float(lm_weight, "lm_weight", finite=True)
         boosting_weight = as_float(boosting_weight, "boosting_weight", finite=True)
         score_norm, validate = as_bool(score_norm, "score_norm"), as_bool(validate, "validate")
-        w = self._current_weights()
-        E = w.enc_w.shape[1]
-        if encoder_out.dim() != 3 or encoder_out.shape[2] != E:
-            raise ValueError(
-                f"encoder_out must be [N, T, E={E}] (E: enc.in_features), got shape {tuple(encoder_out.shape)}"
-            )
-        N, T, _ = encoder_out.shape
-        dev = w.enc_w.device
-        if encoder_out.device != dev:
-            raise ValueError(f"encoder_out is on {encoder_out.device} but the networks are on {dev}")
+        w, N, T, dev = self._weights_for(encoder_out)
         check_fusion(lm, boosting, self.vocab_size, f"the decoder has {self.vocab_size} classes", dev, "the networks")
         if encoder_lengths is None:
             lengths = torch.full((N,), T, dtype=torch.int64, device=dev)
@@ -527,6 +509,19 @@ class TransducerDecoder(torch.nn.Module):
             boosting,
             boosting_weight,
         )
+
+    def _weights_for(self, encoder_out: torch.Tensor) -> tuple[TransducerWeights, int, int, torch.device]:
+        """The current weights and encoder_out's N and T, checked against them (width E, device)."""
+        w = self._current_weights()
+        E = w.enc_w.shape[1]
+        if encoder_out.dim() != 3 or encoder_out.shape[2] != E:
+            raise ValueError(
+                f"encoder_out must be [N, T, E={E}] (E: enc.in_features), got shape {tuple(encoder_out.shape)}"
+            )
+        dev = w.enc_w.device
+        if encoder_out.device != dev:
+            raise ValueError(f"encoder_out is on {encoder_out.device} but the networks are on {dev}")
+        return w, encoder_out.shape[0], encoder_out.shape[1], dev
 
     def _current_weights(self) -> TransducerWeights:
         """``weights()``, kept while the layers, their tensors' places and layouts and the settings are unchanged
