@@ -83,6 +83,11 @@ def test_bad_phrases(phrases, weights, match):
         PhraseBooster(phrases, 5, weights)
 
 
+def test_bad_vocabulary():
+    with pytest.raises(ValueError, match="vocab_size must be at least 1, got 0"):
+        PhraseBooster([[0]], 0)
+
+
 def test_bad_states():
     booster = PhraseBooster([[1, 2]], 4)
     with pytest.raises(ValueError, match=r"states\[1\]=3 is outside \[0, num_states=3\)"):

@@ -194,3 +194,7 @@ def test_write_arpa_refusals(tmp_path):
         write_arpa([[1], [9]], 5, tmp_path / "x.arpa")
     with pytest.raises(ValueError, match="discount"):
         write_arpa([[1]], 5, tmp_path / "x.arpa", discount=1.0)
+    with pytest.raises(ValueError, match="order"):
+        write_arpa([[1]], 5, tmp_path / "x.arpa", order=0)
+    with pytest.raises(ValueError, match="vocab_size"):
+        write_arpa([[1]], 0, tmp_path / "x.arpa")
