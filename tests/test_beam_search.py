@@ -104,20 +104,50 @@ def test_search_without_lm_on_every_path(path, tmp_path, seed):
     check_against_oracle(on_cpu(hyp), lp.float().double(), lengths, kw, 1e-4)
 
 
-@pytest.mark.parametrize("block, top", [(16, True), (16, False), (256, False)])
-def test_search_across_class_blocks(path, monkeypatch, block, top):
-    """More classes than a block (the kernel's running lists of the best across blocks), with the extensions
-    taken from the frame's best classes or from every class, and wider beams."""
+@pytest.mark.parametrize("seed", range(8))
+def test_search_with_lm_and_boosting_on_every_path(path, tmp_path, monkeypatch, seed):
+    """float32 scores with a 3-gram LM (some tokens without a unigram, read as <unk>), an insertion bonus and
+    boosted phrases (the kernel's overrides written a few arcs at a time): the float64 oracle's hypotheses,
+    frames and order, scores to 1e-4."""
+    if path.kernels:
+        from speechkernels.decode import beam_kernels
+
+        monkeypatch.setitem(beam_kernels.BEAM_TILES, "block_arcs", 2 if seed % 2 else 16)
+    lp, lengths, kw = case(seed, tmp_path, True)
+    C = lp.shape[2]
+    random_arpa(tmp_path / "unk.arpa", C, 3, seed=seed, drop=seed % 2)
+    kw["lm"] = NGramLM.from_arpa(tmp_path / "unk.arpa", C)
+    g = torch.Generator().manual_seed(seed)
+    phrases = [torch.randint(0, C, (int(torch.randint(1, 5, (1,), generator=g)),), generator=g).tolist()
+               for _ in range(4)]  # fmt: skip
+    kw["boosting"] = PhraseBooster(phrases, C, [0.5, 1.0, 1.5, 2.0])
+    dev_kw = dict(kw, lm=kw["lm"].to(path.device), boosting=kw["boosting"].to(path.device))
+    hyp = sk.ctc_beam_search(lp.float().to(path.device), lengths, **dev_kw)
+    path.check_ran()
+    assert hyp.tokens.device.type == path.device.type and hyp.scores.dtype == torch.float32
+    check_against_oracle(on_cpu(hyp), lp.float().double(), lengths, kw, 1e-4)
+
+
+@pytest.mark.parametrize("block", [16, 256])
+@pytest.mark.parametrize("with_lm", [False, True])
+def test_search_across_class_blocks(path, tmp_path, monkeypatch, block, with_lm):
+    """More classes than a block (the kernel's running lists of the best across blocks) and wider beams, with
+    and without an LM and boosting."""
     if path.kernels:
         from speechkernels.decode import beam_kernels
 
         monkeypatch.setitem(beam_kernels.BEAM_TILES, "block_c", block)
-        monkeypatch.setitem(beam_kernels.BEAM_TILES, "top", top)
     g = torch.Generator().manual_seed(block)
     lp = (torch.randn(3, 12, 40, generator=g, dtype=torch.float64) * 3).log_softmax(-1)
     lengths = torch.tensor([12, 7, 10])
     kw = dict(beam_size=7, blank=3, nbest=4)
-    hyp = sk.ctc_beam_search(lp.float().to(path.device), lengths, **kw)
+    dev_kw = dict(kw)
+    if with_lm:
+        random_arpa(tmp_path / "lm.arpa", 40, 4, seed=block)
+        kw.update(lm=NGramLM.from_arpa(tmp_path / "lm.arpa", 40), lm_weight=0.5)
+        kw["boosting"] = PhraseBooster([[5, 9, 5, 9], [9, 5], [30, 31, 32]], 40, 1.0)
+        dev_kw = dict(kw, lm=kw["lm"].to(path.device), boosting=kw["boosting"].to(path.device))
+    hyp = sk.ctc_beam_search(lp.float().to(path.device), lengths, **dev_kw)
     path.check_ran()
     check_against_oracle(on_cpu(hyp), lp.float().double(), lengths, kw, 1e-4)
 

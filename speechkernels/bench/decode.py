@@ -106,6 +106,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--reps", type=positive_int, default=20, help="timed calls of each decoder (default 20)")
     p.add_argument(
+        "--beam",
+        action="store_true",
+        help="beam search instead of greedy decoding (rows of the same forms; see speechkernels.bench.decode_beam)",
+    )
+    p.add_argument(
         "--peers",
         metavar="FILE",
         type=peers_file,
@@ -306,13 +311,14 @@ def _double(dec: sk.TransducerDecoder) -> sk.TransducerDecoder:
     return copy.deepcopy(dec).double()
 
 
-def load_peers(path: str | None):
+def load_peers(path: str | None, module: bool = False):
+    """The --peers file's transducer_peers (or, with ``module``, the file's module), or None without one."""
     if path is None:
         return None
     spec = importlib.util.spec_from_file_location("decode_peers", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.transducer_peers
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod if module else mod.transducer_peers
 
 
 def measure_transducer(row: str, dtype, device, args, peers_fn) -> dict:
@@ -394,6 +400,10 @@ def measure_ctc(row: str, device, args) -> dict:
 
 
 def run(args) -> int:
+    if args.beam:
+        from . import decode_beam
+
+        return decode_beam.run(args)
     device = resolve_device(args)
     env = environment(device)
     gpu = device.type == "cuda"

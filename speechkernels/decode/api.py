@@ -206,10 +206,19 @@ def ctc_beam_search(
     (il,) = batch_lengths(N, dev, "none", input_lengths=input_lengths)
     if validate:
         check_lengths(il, "input_lengths", T, f"T={T}")
-    if beam_kernels is not None and use_triton(x) and lm is None and boosting is None and N > 0 and T > 0:
+    if beam_kernels is not None and use_triton(x) and N > 0 and T > 0:
         hyp = BeamHypotheses(
             *beam_kernels.ctc_beam(
-                kernel_layout(x), il, beam_size, blank, token_insertion_bonus, nbest, prune_threshold
+                kernel_layout(x),
+                il,
+                beam_size,
+                blank,
+                token_insertion_bonus,
+                nbest,
+                prune_threshold,
+                lm,
+                lm_weight,
+                boosting,
             )
         )
     else:

@@ -29,8 +29,9 @@ import triton.language as tl
 from .._launch import launch, next_power_of_2
 from .._outputs import kernel_output
 
-BEAM_TILES = {"block_c": 512, "warps": 4, "top": False}  # classes per block (a power of two; tests lower it), warps,
-# whether the extensions are taken from the frame's best 2K + 2 classes (else from every class; off until measured)
+BEAM_TILES = {"block_c": 512, "warps": 4, "block_arcs": 32, "fused": (256, 8, 128)}  # classes per block (a power
+# of two; tests lower it), warps, the LM's and the trie's arcs written per slot at once; with an LM or boosting:
+# classes per block and warps, and the classes per block from 32 slots up
 _MIN_KEY = tl.constexpr(-9223372036854775807 - 1)  # below every candidate's key: an empty place
 _MAX_KEY = tl.constexpr(9223372036854775807)  # above every key: the places past K, never replaced
 
@@ -67,13 +68,70 @@ def _pick(sel, values):
 
 
 @triton.jit
-def _extension_keys(cls, lp, ok, last, p_b, total, alive, lmt, bonus, o_k, C):
+def _extension_keys(cls, lp, ok, last, p_b, total, alive, fuse, o_k, C):
     """The keys [KP, len(cls)] of every slot's extension by the classes ``cls`` (log-probabilities ``lp``, usable
-    where ``ok``): after a blank only where the class is the slot's last token; _MIN_KEY where impossible."""
+    where ``ok``; ``fuse`` the slots' LM and bonus terms with them): after a blank only where the class is the
+    slot's last token; _MIN_KEY where impossible."""
     rep = cls[None, :] == last[:, None]
     e_p = tl.where(rep, p_b[:, None], total[:, None]) + lp[None, :]
     valid = alive[:, None] & ok[None, :] & (e_p > float("-inf"))
-    return tl.where(valid, _key(e_p + lmt[:, None] + bonus, o_k[:, None] * (C + 1) + 1 + cls[None, :]), _MIN_KEY)
+    return tl.where(valid, _key(e_p + fuse, o_k[:, None] * (C + 1) + 1 + cls[None, :]), _MIN_KEY)
+
+
+@triton.jit
+def _pack(stamp, value):
+    """An override: the frame's stamp above a 32-bit value (a float32's bits or an int32)."""
+    if value.dtype == tl.float32:
+        value = value.to(tl.int32, bitcast=True)
+    return (stamp.to(tl.int64) << 32) | (value.to(tl.int64) & 4294967295)
+
+
+@triton.jit
+def _lm_at(slot, cls, ok, base, p_ovl, C, uni_ptr, col_ptr, stamp):
+    """log p_LM of class ``cls`` from slot ``slot``'s state (broadcastable; read where ``ok``): the frame's
+    override where its arcs give one, else the root's unigram below the state's summed backoffs ``base``; and
+    whether an arc gave it, and where."""
+    col = tl.load(col_ptr + cls, mask=ok, other=0)
+    at = slot * (C + 1) + col
+    v = tl.load(p_ovl + at, mask=ok, other=0)
+    hit = (v >> 32) == stamp
+    uni = tl.load(uni_ptr + cls, mask=ok, other=0.0)
+    return tl.where(hit, (v & 4294967295).to(tl.int32).to(tl.float32, bitcast=True), uni + base), hit, at
+
+
+@triton.jit
+def _boost_at(slot, cls, ok, ns_s, has, p_ovb, C, bnext_ptr, rns_ptr, ros_ptr, ns_ptr, os_ptr, stamp):
+    """The boosting bonus of class ``cls`` from slot ``slot``'s state (node score ``ns_s``; ``has``: the slot has
+    overrides this frame) and the state it leads to: a child along the state's failure chain (the frame's
+    override) or the root's transition (whose node and output scores are the vectors ``rns``, ``ros``)."""
+    v = tl.load(p_ovb + slot * C + cls, mask=ok & has, other=0)
+    hit = (v >> 32) == stamp
+    child = (v & 4294967295).to(tl.int32)
+    nsn = tl.where(hit, tl.load(ns_ptr + child, mask=hit, other=0.0), tl.load(rns_ptr + cls, mask=ok, other=0.0))
+    osn = tl.where(hit, tl.load(os_ptr + child, mask=hit, other=0.0), tl.load(ros_ptr + cls, mask=ok, other=0.0))
+    nxt = tl.where(hit, child, tl.load(bnext_ptr + cls, mask=ok, other=0).to(tl.int32))
+    return (nsn - ns_s) + osn, nxt
+
+
+@triton.jit
+def _scatter(p_ov, stride, st, alive, start_ptr, token_ptr, value_ptr, add, stamp, o_k,
+             BA: tl.constexpr, INT: tl.constexpr):  # fmt: skip
+    """Each live slot's arcs from its state ``st`` (not the root) written into its override row: value + ``add``
+    (or the int32 value with INT), stamped; the count per slot."""
+    o_a = tl.arange(0, BA)
+    lo = tl.load(start_ptr + st).to(tl.int32)
+    cnt = tl.where((st > 0) & alive, tl.load(start_ptr + st + 1).to(tl.int32) - lo, 0)
+    for a0 in range(0, tl.max(cnt, 0), BA):
+        ia = a0 + o_a
+        m = ia[None, :] < cnt[:, None]
+        arc = lo[:, None] + ia[None, :]
+        tok = tl.load(token_ptr + arc, mask=m, other=0).to(tl.int32)
+        if INT:
+            val = tl.load(value_ptr + arc, mask=m, other=0).to(tl.int32)
+        else:
+            val = tl.load(value_ptr + arc, mask=m, other=0.0) + add[:, None]
+        tl.store(p_ov + o_k[:, None] * stride + tok, _pack(stamp, val), mask=m)
+    return cnt
 
 
 @triton.jit
@@ -99,8 +157,12 @@ def _take(run, keys, merged, parent, last, C, DROP: tl.constexpr):
 @triton.jit
 def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score_ptr, ac_ptr, lm_ptr,
                      T, C, blank, bonus, prune,
+                     ovl_ptr, nxl_ptr, lm_w, lm_start, bo_ptr, par_ptr, as_ptr, at_ptr, al_ptr, an_ptr, uni_ptr,
+                     unext_ptr, col_ptr, end_ptr,
+                     ovb_ptr, max_depth, fail_ptr, cs_ptr, ct_ptr, cn_ptr, bnext_ptr, rns_ptr, ros_ptr, ns_ptr, os_ptr,
                      K: tl.constexpr, KP: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, BC: tl.constexpr,
-                     PRUNE: tl.constexpr, BT: tl.constexpr, TOP: tl.constexpr):  # fmt: skip
+                     PRUNE: tl.constexpr, BT: tl.constexpr, LM: tl.constexpr, DEPTH: tl.constexpr,
+                     BOOST: tl.constexpr, BA: tl.constexpr):  # fmt: skip
     n = tl.program_id(0)
     L = tl.minimum(tl.maximum(tl.load(len_ptr + n).to(tl.int32), 0), T)
     o_k = tl.arange(0, KP)
@@ -111,7 +173,12 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
     p_t = ninf
     b_b = p_b  # their most likely alignments
     b_t = ninf
-    lmt = tl.zeros((KP,), tl.float32)  # insertion bonuses
+    lmt = tl.zeros((KP,), tl.float32)  # the LM terms, insertion and boosting bonuses
+    lm_st = tl.zeros((KP,), tl.int32) + lm_start  # LM and boosting states
+    bs = tl.zeros((KP,), tl.int32)
+    p_ovl = ovl_ptr + n.to(tl.int64) * KP * (C + 1)  # the frame's overrides: LM arcs [KP, C + 1], trie [KP, C]
+    p_nxl = nxl_ptr + n.to(tl.int64) * KP * (C + 1)
+    p_ovb = ovb_ptr + n.to(tl.int64) * KP * C
     ln = tl.zeros((KP,), tl.int32)
     last = tl.full((KP,), -1, tl.int32)
     hsh = tl.zeros((KP,), tl.int64)
@@ -161,28 +228,49 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
         order_stay = tl.where(merged, tl.minimum(order_stay, parent * (C + 1) + 1 + last), order_stay)
         run = tl.where(alive, _key(_lae(s_pb, s_pt) + lmt, order_stay), _MIN_KEY)
         run = tl.where(in_k, run, _MAX_KEY)
-        if TOP > 0:
-            # the frame's TOP best classes (no blank, none pruned): every row's K best extensions are among them
-            # (TOP >= 2K: a row loses at most its last token and its children in the beam from the list)
-            top_c = tl.full((TOP,), _MIN_KEY, tl.int64)
-            for c0 in range(0, C, BC):
-                cls = c0 + o_c
-                lp = tl.load(p_x + cls, mask=cls < C, other=float("-inf")).to(tl.float32)
-                kc = tl.where((cls < C) & (cls != blank) & (lp >= limit), _key(lp, cls), _MIN_KEY)
-                top_c = _take(top_c, kc, merged, parent, last, C, False)
-            ok_j = top_c != _MIN_KEY
-            cls = tl.where(ok_j, 4294967295 - (top_c & 4294967295), 0).to(tl.int32)
-            lp = tl.load(p_x + cls, mask=ok_j, other=float("-inf")).to(tl.float32)
-            keys = _extension_keys(cls, lp, ok_j, last, p_b, total, alive, lmt, bonus, o_k, C)
+        # the fusion's terms: every slot's arcs along its backoff chain (LM) and failure chain (boosting) written
+        # as the frame's overrides, the least specific first
+        stamp = t + 1
+        e_lm0 = lmt + bonus
+        base = tl.zeros((KP,), tl.float32)
+        ns_s = tl.zeros((KP,), tl.float32)
+        has_b = tl.zeros((KP,), tl.int32)
+        if LM:
+            for il in tl.static_range(DEPTH + 1):
+                st = lm_st
+                above = tl.zeros((KP,), tl.float32)
+                for _jl in tl.static_range(DEPTH - il):
+                    above = above + tl.where(st > 0, tl.load(bo_ptr + st), 0.0)
+                    st = tl.load(par_ptr + st).to(tl.int32)
+                if il == 0:
+                    base = above + tl.where(st > 0, tl.load(bo_ptr + st), 0.0)
+                _scatter(p_ovl, C + 1, st, alive, as_ptr, at_ptr, al_ptr, above, stamp, o_k, BA, False)
+                _scatter(p_nxl, C + 1, st, alive, as_ptr, at_ptr, an_ptr, above, stamp, o_k, BA, True)
+                tl.debug_barrier()
+        if BOOST:
+            ns_s = tl.load(ns_ptr + bs)
+            for ib in range(0, max_depth):
+                st = bs
+                for _jb in range(0, max_depth - 1 - ib):
+                    st = tl.load(fail_ptr + st).to(tl.int32)
+                has_b += _scatter(p_ovb, C, st, alive, cs_ptr, ct_ptr, cn_ptr, ns_s, stamp, o_k, BA, True)
+                tl.debug_barrier()
+        # the extensions, a block of classes at a time, into the running list of the K best keys
+        for c0 in range(0, C, BC):
+            cls = c0 + o_c
+            lp = tl.load(p_x + cls, mask=cls < C, other=float("-inf")).to(tl.float32)
+            ok_c = (cls < C) & (cls != blank) & (lp >= limit)
+            fuse = e_lm0[:, None]
+            use = alive[:, None] & ok_c[None, :]
+            if LM:
+                v, _, _ = _lm_at(o_k[:, None], cls[None, :], use, base[:, None], p_ovl, C, uni_ptr, col_ptr, stamp)
+                fuse = fuse + lm_w * v
+            if BOOST:
+                g, _ = _boost_at(o_k[:, None], cls[None, :], use, ns_s[:, None], (has_b > 0)[:, None], p_ovb, C,
+                                 bnext_ptr, rns_ptr, ros_ptr, ns_ptr, os_ptr, stamp)  # fmt: skip
+                fuse = fuse + g
+            keys = _extension_keys(cls, lp, ok_c, last, p_b, total, alive, fuse, o_k, C)
             run = _take(run, keys, merged, parent, last, C, True)
-        else:
-            # the extensions, a block of classes at a time, into the running list of the K best keys
-            for c0 in range(0, C, BC):
-                cls = c0 + o_c
-                lp = tl.load(p_x + cls, mask=cls < C, other=float("-inf")).to(tl.float32)
-                ok_c = (cls < C) & (cls != blank) & (lp >= limit)
-                keys = _extension_keys(cls, lp, ok_c, last, p_b, total, alive, lmt, bonus, o_k, C)
-                run = _take(run, keys, merged, parent, last, C, True)
         # the K best in order of rank
         win = tl.full((KP,), _MIN_KEY, tl.int64)
         run = tl.where(in_k, run, _MIN_KEY)
@@ -222,7 +310,22 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
         b_b = tl.where(ext, float("-inf"), _pick(sel, s_bb))
         p_t = tl.where(ext, e_p, _pick(sel, s_pt))
         b_t = tl.where(ext, e_b, _pick(sel, s_bt))
-        lmt = _pick(sel, lmt) + tl.where(ext, bonus, 0.0)
+        lm_src = _pick(sel, lmt)
+        e_lm = lm_src + bonus
+        if LM:
+            st_src = _pick(sel, lm_st)
+            v, hit, at = _lm_at(src, c_new, ext, _pick(sel, base), p_ovl, C, uni_ptr, col_ptr, stamp)
+            e_lm = e_lm + lm_w * v
+            nx = tl.where(hit, tl.load(p_nxl + at, mask=ext & hit, other=0) & 4294967295,
+                          tl.load(unext_ptr + c_new, mask=ext, other=0)).to(tl.int32)  # fmt: skip
+            lm_st = tl.where(ext, nx, st_src)
+        if BOOST:
+            bs_src = _pick(sel, bs)
+            g, nx = _boost_at(src, c_new, ext, _pick(sel, ns_s), _pick(sel, has_b) > 0, p_ovb, C, bnext_ptr,
+                              rns_ptr, ros_ptr, ns_ptr, os_ptr, stamp)  # fmt: skip
+            e_lm = e_lm + g
+            bs = tl.where(ext, nx, bs_src)
+        lmt = tl.where(ext, e_lm, lm_src)
         hsh = tl.where(ext, _mix(_pick(sel, hsh), c_new), _pick(sel, hsh))
         ln = _pick(sel, ln) + ext.to(tl.int32)
         last = tl.where(ext, c_new, _pick(sel, last))
@@ -234,7 +337,12 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
         tl.debug_barrier()  # the arena's nodes written before a later frame's reads
     # the N-best: by score, ties to the slot's rank
     acoustic = _lae(p_b, p_t)
-    score = acoustic + lmt
+    lm_fin = lmt
+    if LM:
+        lm_fin = lm_fin + lm_w * tl.load(end_ptr + lm_st)
+    if BOOST:
+        lm_fin = lm_fin + (-tl.load(ns_ptr + bs))
+    score = acoustic + lm_fin
     run = tl.where(alive, _key(score, o_k), _MIN_KEY)
     o_b = tl.arange(0, BP)
     pick = tl.full((BP,), -1, tl.int32)
@@ -250,7 +358,7 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
     tl.store(olen_ptr + out, length.to(tl.int64), mask=m_b)
     tl.store(score_ptr + out, tl.where(ok, _pick(sel, score), float("-inf")), mask=m_b)
     tl.store(ac_ptr + out, tl.where(ok, _pick(sel, acoustic), float("-inf")), mask=m_b)
-    tl.store(lm_ptr + out, tl.where(ok, _pick(sel, lmt), float("-inf")), mask=m_b)
+    tl.store(lm_ptr + out, tl.where(ok, _pick(sel, lm_fin), float("-inf")), mask=m_b)
     # tokens and frames: -1 everywhere, then along the nodes from the last token back
     o_t = tl.arange(0, BT)
     for t0 in range(0, T, BT):
@@ -280,11 +388,15 @@ def ctc_beam(
     token_insertion_bonus: float,
     nbest: int,
     prune_threshold: float | None,
+    lm=None,
+    lm_weight: float = 0.0,
+    boosting=None,
 ):
     """The CTC prefix beam search of x [N, T, C] (contiguous, float32/16-bit; searched in float32) with
-    ``lengths`` [N] (clamped to [0, T] here): (tokens [N, B, T], lengths [N, B], frames [N, B, T] int64; scores,
-    acoustic, LM parts [N, B] float32) as ``beam_reference.ctc_beam_search_reference`` gives them. One launch, no
-    host synchronisation."""
+    ``lengths`` [N] (clamped to [0, T] here), fused with an ``NGramLM`` and a ``PhraseBooster`` over the C classes
+    (on x's device) where given: (tokens [N, B, T], lengths [N, B], frames [N, B, T] int64; scores, acoustic, LM
+    parts [N, B] float32) as ``beam_reference.ctc_beam_search_reference`` gives them. One launch, no host
+    synchronisation."""
     N, T, C = x.shape
     dev = x.device
     K, B = beam_size, nbest
@@ -293,7 +405,30 @@ def ctc_beam(
     tokens = kernel_output(N, B, T, dtype=torch.int64, device=dev)
     frames = kernel_output(N, B, T, dtype=torch.int64, device=dev)
     lens = kernel_output(N, B, dtype=torch.int64, device=dev)
-    scores, acoustic, lm = kernel_output(3, N, B, dtype=torch.float32, device=dev).unbind(0)
+    scores, acoustic, lm_out = kernel_output(3, N, B, dtype=torch.float32, device=dev).unbind(0)
+    if lm is not None:
+        # the frame's overrides (zero: no frame's stamp) and the root's values per class (<unk>'s where the class
+        # has no unigram)
+        ovl = torch.zeros(2, N, KP, C + 1, dtype=torch.int64, device=dev)
+        col = torch.arange(C, device=dev)
+        col[lm.unknown] = C
+        lm_args = (ovl[0], ovl[1], float(lm_weight), int(lm.start), lm.backoff, lm.parent, lm.arc_start,
+                   lm.arc_token, lm.arc_logp, lm.arc_next, lm.unigram[col], lm.unigram_next[col], col,
+                   lm.end)  # fmt: skip
+    else:
+        lm_args = (x, x, 0.0, 0) + (x,) * 10
+    if boosting is not None:
+        ovb = torch.zeros(N, KP, C, dtype=torch.int64, device=dev)
+        root = boosting.next[0]
+        boost_args = (ovb, int(boosting.max_depth), boosting.fail, boosting.child_start, boosting.child_token,
+                      boosting.child_next, root, boosting.node_score[root], boosting.output_score[root],
+                      boosting.node_score, boosting.output_score)  # fmt: skip
+    else:
+        boost_args = (x, 0) + (x,) * 9
+    bc, warps = BEAM_TILES["block_c"], BEAM_TILES["warps"]
+    if lm is not None or boosting is not None:
+        bc_fused, warps, bc_wide = BEAM_TILES["fused"]
+        bc = min(bc, bc_fused if KP < 32 else bc_wide)
     launch(_ctc_beam_kernel)[(N,)](
         x,
         lengths,
@@ -303,20 +438,25 @@ def ctc_beam(
         lens,
         scores,
         acoustic,
-        lm,
+        lm_out,
         T,
         C,
         blank,
         float(token_insertion_bonus),
         float(prune_threshold if prune_threshold is not None else 0.0),
+        *lm_args,
+        *boost_args,
         K=K,
         KP=KP,
         B=B,
         BP=BP,
-        BC=min(BEAM_TILES["block_c"], max(16, next_power_of_2(C))),
+        BC=min(bc, max(16, next_power_of_2(C))),
         PRUNE=prune_threshold is not None,
         BT=min(1024, max(16, next_power_of_2(T))),
-        TOP=next_power_of_2(2 * K + 2) if BEAM_TILES["top"] else 0,
-        num_warps=BEAM_TILES["warps"],
+        LM=lm is not None,
+        DEPTH=lm.depth if lm is not None else 0,
+        BOOST=boosting is not None,
+        BA=BEAM_TILES["block_arcs"],
+        num_warps=warps,
     )
-    return tokens, lens, frames, scores, acoustic, lm
+    return tokens, lens, frames, scores, acoustic, lm_out

@@ -13,8 +13,10 @@ occurrences it contains, and a boosted phrase is paid for one token at a time: n
 bonus until the phrase completes.
 
 Tables (``to(device)`` moves them): ``next`` [S, V] int64 (the transition of every state by every token, failure
-links resolved), ``node_score`` [S] and ``output_score`` [S] float32; state 0 is the root. ``step(states)`` gives
-the bonus of every next token [B, V] and the states they lead to, as ``NGramLM.score``.
+links resolved), ``node_score`` [S] and ``output_score`` [S] float32; state 0 is the root; the trie itself for
+kernels that walk it: ``fail`` [S] (each state's failure state), ``child_start`` [S + 1], ``child_token`` and
+``child_next`` (each state's children, sorted by token); ``max_depth`` is the longest phrase's length.
+``step(states)`` gives the bonus of every next token [B, V] and the states they lead to, as ``NGramLM.score``.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ class PhraseBooster(StateTables):
         >>> bonus, states = booster.step(torch.tensor([booster.start]))  # [1, 32] each
     """
 
-    TABLES = ("node_score", "next", "output_score")
+    TABLES = ("node_score", "next", "output_score", "fail", "child_start", "child_token", "child_next")
 
     def __init__(self, phrases: Sequence[Sequence[int]], vocab_size: int, weights: float | Sequence[float] = 1.0):
         V = int(vocab_size)
@@ -92,6 +94,12 @@ class PhraseBooster(StateTables):
                 order.append(child)
             nxt[s] = row
         self.vocab_size, self.start = V, 0
+        self.max_depth = max((len(p) for p in phrases), default=0)
+        self.fail = torch.tensor(fail, dtype=torch.int64)
+        arcs = [sorted(children[s].items()) for s in range(S)]
+        self.child_start = torch.tensor([0] + [len(a) for a in arcs], dtype=torch.int64).cumsum(0)
+        self.child_token = torch.tensor([t for a in arcs for t, _ in a], dtype=torch.int64)
+        self.child_next = torch.tensor([c for a in arcs for _, c in a], dtype=torch.int64)
         self.next = torch.tensor(nxt, dtype=torch.int64)
         self.node_score = torch.tensor(node_score, dtype=torch.float32)
         self.output_score = torch.tensor(output_score, dtype=torch.float32)

@@ -146,8 +146,10 @@ def write_arpa(
         return backoff.get(g[:-1], 1.0) * prob(g[1:])
 
     for k in range(2, N + 1):  # each history's backoff weight: the left-over mass over the lower order's
-        for h in {g[:-1] for g in probs[k - 1]}:
-            kept = [g for g in probs[k - 1] if g[:-1] == h]
+        by_history: dict[tuple[str, ...], list[tuple[str, ...]]] = {}
+        for g in probs[k - 1]:
+            by_history.setdefault(g[:-1], []).append(g)
+        for h, kept in by_history.items():
             left = 1.0 - sum(probs[k - 1][g] for g in kept)
             lower = 1.0 - sum(prob(g[1:]) for g in kept)
             backoff[h] = left / lower if lower > 0 else 1.0

@@ -1,0 +1,268 @@
+"""Beam search (``python -m speechkernels.bench decode --beam``): ``ctc_beam_search`` and
+``TransducerDecoder.beam_search`` on the greedy benchmark's rows, without fusion, with a 4-gram token LM and with
+the LM and 1,000 boosted phrases, against greedy decoding, the PyTorch path and, given --peers, other decoders.
+
+The LM: ``write_arpa`` (order 4, discount 0.5) of 3,000 random sentences of 30 tokens drawn from a Zipf
+distribution over the row's tokens (the blank left out), weight 0.5. The phrases: 1,000 of 2 to 5 tokens drawn
+from the same distribution, a bonus of 1.0 per token. Beams: 1, 4 and 8 for transducers, 10 and 32 for CTC (the
+CPU demo: 4 and 4). Times: the median of CUDA-event-timed calls after warm-up, taking turns between the decoders
+(fewer calls for decoders slower than 0.1 s).
+
+--peers FILE may define ``ctc_beam_peers(beam_size) -> {name: (run, lists)}`` (CTC without fusion: ``run(x,
+lengths)`` decodes [N, T, C] log-probabilities, ``lists(result)`` gives each utterance's best tokens) and
+``transducer_beam_peers(decoder, dtype, beam_size, lm_path, lm_weight, phrases, boosting_weight) -> {name: (run,
+lists)}`` (``lm_path`` and ``phrases`` None without fusion; ``lists`` gives (tokens, frames) per utterance).
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import traceback
+
+import torch
+
+import speechkernels as sk
+from speechkernels.decode import api as decode_api
+from speechkernels.decode.ngram import write_arpa
+
+from .common import (
+    emit,
+    environment,
+    interleaved_times_ms,
+    print_legend,
+    print_title,
+    progress,
+    resolve_device,
+    times_ms,
+    write_json,
+)
+from .decode import DTYPES, FRAME_MS, build_model, calibrate, load_peers
+
+ROWS = ["tdt-128x15", "rnnt-128x15", "zipformer-128x15", "tdt-8x8", "ctc-128x188x1025"]
+CPU_DEMO = ["tdt-2x2", "ctc-2x50x65"]
+BEAMS = {"transducer": (1, 4, 8), "ctc": (10, 32)}
+CPU_BEAMS = {"transducer": (4,), "ctc": (4,)}
+FUSIONS = ("none", "lm", "lm+boost")
+LM_WEIGHT, BOOST_WEIGHT, PHRASES = 0.5, 1.0, 1000
+LEGEND = [
+    ("row", "model-NxSECONDS (transducers) or ctc-NxTxC, as the greedy benchmark's"),
+    ("beam, fusion", "beam size; none, a 4-gram LM (lm) or the LM and 1,000 boosted phrases (lm+boost)"),
+    ("ours ms", "median ms of one beam search of the batch (validate=False)"),
+    ("x greedy", "ours / greedy decoding of the same batch"),
+    ("torch ms", "CTC: the PyTorch path of ctc_beam_search on the same device"),
+    ("peers", "the fastest --peers decoder's ms and name, and its ms / ours"),
+    (
+        "same",
+        "CTC: utterances whose N-best (tokens, frames, order) equal the PyTorch path's; transducers at beam 1: "
+        "utterances equal to greedy decoding (tokens, frames, durations); and per peer, best hypotheses equal",
+    ),  # fmt: skip
+]
+CELLS = "-: not run (no peer given, not defined for the row, or the row's path is the PyTorch path itself)"
+
+
+def zipf_tokens(classes: list[int], count: int, generator: torch.Generator) -> list[int]:
+    """``count`` tokens of ``classes`` drawn with probability proportional to 1 / rank."""
+    w = 1.0 / torch.arange(1, len(classes) + 1, dtype=torch.float64)
+    idx = torch.multinomial(w, count, replacement=True, generator=generator)
+    return [classes[i] for i in idx.tolist()]
+
+
+def fusion_models(V: int, blank: int, device, workdir: str) -> dict:
+    """The benchmark's LM (its ARPA path and the NGramLM on ``device``) and phrases (and the PhraseBooster) over V
+    classes, the blank left out."""
+    g = torch.Generator().manual_seed(3)
+    classes = [c for c in range(V) if c != blank]
+    text = zipf_tokens(classes, 3000 * 30, g)
+    path = f"{workdir}/lm4_{V}_{blank}.arpa"
+    write_arpa([text[i : i + 30] for i in range(0, len(text), 30)], V, path, order=4)
+    lengths = torch.randint(2, 6, (PHRASES,), generator=g).tolist()
+    flat = zipf_tokens(classes, sum(lengths), g)
+    phrases, at = [], 0
+    for k in lengths:
+        phrases.append(flat[at : at + k])
+        at += k
+    return dict(
+        lm_path=path,
+        lm=sk.NGramLM.from_arpa(path, V).to(device),
+        phrases=phrases,
+        boosting=sk.PhraseBooster(phrases, V, BOOST_WEIGHT).to(device),
+    )
+
+
+def _times(fns: dict, device, reps: int) -> dict[str, float]:
+    """Median ms per decoder, fewer calls for the slow ones (one untimed call first estimates each)."""
+    out = {}
+    for name, fn in fns.items():
+        est = times_ms(fn, device, warmup=0, reps=1)[0]
+        n = max(2, min(reps, int(2000 / max(est, 1e-3)))) if device.type == "cuda" else 1
+        out[name] = statistics.median(interleaved_times_ms({name: fn}, device, warmup=1, reps=n)[name])
+    return out
+
+
+def _without_kernels(module: str, fn):
+    """fn's result with one kernel module of the decode API switched off (the PyTorch path)."""
+    saved = getattr(decode_api, module)
+    setattr(decode_api, module, None)
+    try:
+        return fn()
+    finally:
+        setattr(decode_api, module, saved)
+
+
+def _nbest_lists(hyp) -> list[list[tuple]]:
+    N, B = hyp.lengths.shape
+    return [
+        [(hyp.tokens[n, b, : hyp.lengths[n, b]].tolist(), hyp.frames[n, b, : hyp.lengths[n, b]].tolist())
+         for b in range(B)]
+        for n in range(N)
+    ]  # fmt: skip
+
+
+def measure_ctc(row: str, device, args, peers_mod, workdir: str) -> list[dict]:
+    N, T, C = (int(v) for v in row.partition("-")[2].split("x"))
+    g = torch.Generator(device=device).manual_seed(2)
+    x = (3 * torch.randn(N, T, C, generator=g, device=device)).log_softmax(-1)
+    lengths = torch.full((N,), T, device=device)
+    fusion = fusion_models(C, 0, device, workdir)
+    greedy_ms = _times({"greedy": lambda: sk.ctc_greedy_decode(x, lengths, validate=False)}, device, args.reps)
+    out = []
+    for K in (BEAMS if device.type == "cuda" else CPU_BEAMS)["ctc"]:
+        for fu in FUSIONS:
+            kw = dict(beam_size=K, nbest=min(K, 10), validate=False)
+            if fu != "none":
+                kw.update(lm=fusion["lm"], lm_weight=LM_WEIGHT)
+            if fu == "lm+boost":
+                kw["boosting"] = fusion["boosting"]
+            fns = {"ours": lambda kw=kw: sk.ctc_beam_search(x, lengths, **kw)}
+            r = dict(row=row, model="ctc", N=N, T=T, C=C, beam=K, fusion=fu, dtype="float32")
+            ours = _nbest_lists(fns["ours"]())
+            if device.type == "cuda" and decode_api.beam_kernels is not None:
+                fns["torch path"] = lambda kw=kw: _without_kernels(
+                    "beam_kernels", lambda: sk.ctc_beam_search(x, lengths, **kw)
+                )
+                ref = _nbest_lists(fns["torch path"]())
+                r["same_as_torch_path"] = sum(a == b for a, b in zip(ours, ref, strict=True))
+            peer_best = {}
+            if fu == "none" and peers_mod is not None and hasattr(peers_mod, "ctc_beam_peers"):
+                try:
+                    for name, (run, lists) in peers_mod.ctc_beam_peers(K).items():
+                        peer_best[name] = lists(run(x, lengths))
+                        fns[name] = lambda run=run: run(x, lengths)
+                except Exception:  # noqa: BLE001 - a failing peer is reported, not fatal
+                    r["peer_errors"] = traceback.format_exc(limit=3)
+            r["ms"] = {**_times(fns, device, args.reps), **greedy_ms}
+            r["peers_same_best"] = {
+                n: sum(a[0][0] == b for a, b in zip(ours, v, strict=True)) for n, v in peer_best.items()
+            }
+            out.append(r)
+            _print(r)
+    return out
+
+
+def measure_transducer(row: str, dtype, device, args, peers_mod, workdir: str) -> list[dict]:
+    model, _, shape = row.partition("-")
+    N, seconds = (int(v) for v in shape.split("x"))
+    T = round(seconds * 1000 / FRAME_MS[model])
+    dec, E = build_model(model, device, dtype)
+    g = torch.Generator(device=device).manual_seed(1)
+    x = torch.randn(N, T, E, generator=g, device=device).to(dtype)
+    cal = torch.randn(max(N, 8), T, E, generator=g, device=device).to(dtype)
+    calibrate(dec, cal)
+    lengths = torch.full((N,), T, device=device)
+    V = dec.out.out_features - (len(dec.durations) if dec.durations is not None else 0)
+    fusion = fusion_models(V, dec.blank, device, workdir)
+    greedy, _ = dec.greedy(x, lengths, validate=False)
+    greedy_ms = _times({"greedy": lambda: dec.greedy(x, lengths, validate=False)}, device, args.reps)
+    out = []
+    for K in (BEAMS if device.type == "cuda" else CPU_BEAMS)["transducer"]:
+        for fu in FUSIONS:
+            kw = dict(beam_size=K, validate=False)
+            if fu != "none":
+                kw.update(lm=fusion["lm"], lm_weight=LM_WEIGHT)
+            if fu == "lm+boost":
+                kw.update(boosting=fusion["boosting"], boosting_weight=BOOST_WEIGHT)
+            fns = {"ours": lambda kw=kw: dec.beam_search(x, lengths, **kw)}
+            r = dict(row=row, model=model, N=N, T=T, seconds=seconds, beam=K, fusion=fu, dtype=str(dtype)[6:])
+            hyp = fns["ours"]()
+            ours = [(hyp.tokens[n, 0, : hyp.lengths[n, 0]].tolist(), hyp.frames[n, 0, : hyp.lengths[n, 0]].tolist())
+                    for n in range(N)]  # fmt: skip
+            if K == 1 and fu == "none":
+                r["same_as_greedy"] = sum(
+                    hyp.tokens[n, 0, : hyp.lengths[n, 0]].tolist() == greedy.tokens[n, : greedy.lengths[n]].tolist()
+                    and hyp.frames[n, 0, : hyp.lengths[n, 0]].tolist() == greedy.frames[n, : greedy.lengths[n]].tolist()
+                    and (
+                        hyp.durations is None
+                        or hyp.durations[n, 0, : hyp.lengths[n, 0]].tolist()
+                        == greedy.durations[n, : greedy.lengths[n]].tolist()
+                    )  # fmt: skip
+                    for n in range(N)
+                )
+            peer_best = {}
+            if peers_mod is not None and hasattr(peers_mod, "transducer_beam_peers"):
+                try:
+                    lm_path = fusion["lm_path"] if fu != "none" else None
+                    phrases = fusion["phrases"] if fu == "lm+boost" else None
+                    peers = peers_mod.transducer_beam_peers(dec, dtype, K, lm_path, LM_WEIGHT, phrases, BOOST_WEIGHT)
+                    for name, (run, lists) in peers.items():
+                        peer_best[name] = lists(run(x, lengths))
+                        fns[name] = lambda run=run: run(x, lengths)
+                except Exception:  # noqa: BLE001 - a failing peer is reported, not fatal
+                    r["peer_errors"] = traceback.format_exc(limit=3)
+            r["ms"] = {**_times(fns, device, args.reps), **greedy_ms}
+            r["peers_same_best"] = {
+                n: {"tokens": sum(a[0] == b[0] for a, b in zip(ours, v, strict=True)),
+                    "tokens_frames": sum(a == tuple(b) for a, b in zip(ours, v, strict=True))}
+                for n, v in peer_best.items()
+            }  # fmt: skip
+            out.append(r)
+            _print(r)
+    return out
+
+
+def run(args) -> int:
+    device = resolve_device(args)
+    env = environment(device)
+    gpu = device.type == "cuda"
+    rows = args.rows or (ROWS if gpu else CPU_DEMO)
+    dtypes = [DTYPES[d] for d in (args.dtypes or ["float32"])]
+    peers_mod = load_peers(args.peers, module=True)
+    print_title("Beam search (ctc_beam_search, TransducerDecoder.beam_search)", env, args.reps)
+    print_legend(LEGEND, CELLS)
+    print(
+        f"{'row':>18} {'beam':>4} {'fusion':>8} | {'ours ms':>8} {'x greedy':>8} {'torch ms':>8} {'peers':>18} "
+        f"{'x':>6} | same",
+        flush=True,
+    )
+    work = [(r, d) for r in rows for d in (dtypes if not r.startswith("ctc") else [None])]
+    out = []
+    with tempfile.TemporaryDirectory() as workdir:
+        for r, d in progress(work, "decode --beam", lambda w: f"{w[0]} {w[1] or ''}"):
+            if d is None:
+                out += measure_ctc(r, device, args, peers_mod, workdir)
+            else:
+                out += measure_transducer(r, d, device, args, peers_mod, workdir)
+    if args.json:
+        write_json(args.json, {"benchmark": "decode --beam", "environment": env, "rows": out})
+    return 0
+
+
+def _print(r: dict) -> None:
+    ms = r["ms"]
+    peers = {k: v for k, v in ms.items() if k not in ("ours", "torch path", "greedy")}
+    best = min(peers, key=peers.get) if peers else None
+    peer = f"{peers[best]:7.2f} {best[:10]:>10} {peers[best] / ms['ours']:6.1f}" if best else f"{'-':>18} {'-':>6}"
+    torch_ms = f"{ms['torch path']:8.1f}" if "torch path" in ms else f"{'-':>8}"
+    same = []
+    if "same_as_torch_path" in r:
+        same.append(f"torch path {r['same_as_torch_path']}/{r['N']}")
+    if "same_as_greedy" in r:
+        same.append(f"greedy {r['same_as_greedy']}/{r['N']}")
+    for name, v in r.get("peers_same_best", {}).items():
+        same.append(f"{name} {v if isinstance(v, int) else v['tokens']}/{r['N']}")
+    if "peer_errors" in r:
+        same.append("peer failed")
+    emit(
+        f"{r['row']:>18} {r['beam']:>4} {r['fusion']:>8} | {ms['ours']:8.2f} {ms['ours'] / ms['greedy']:8.2f} "
+        f"{torch_ms} {peer} | {'; '.join(same) or '-'}"
+    )
