@@ -114,13 +114,16 @@ def _boost_at(slot, cls, ok, ns_s, has, p_ovb, C, bnext_ptr, rns_ptr, ros_ptr, n
 
 
 @triton.jit
-def _scatter(p_ov, stride, st, alive, start_ptr, token_ptr, value_ptr, add, stamp, o_k,
-             BA: tl.constexpr, INT: tl.constexpr):  # fmt: skip
-    """Each live slot's arcs from its state ``st`` (not the root) written into its override row: value + ``add``
-    (or the int32 value with INT), stamped; the count per slot."""
+def _column(tile, o_d, j):
+    """tile[:, j] of a [KP, D] tile (o_d: arange(D))."""
+    return tl.sum(tl.where(o_d[None, :] == j, tile, 0), axis=1)
+
+
+@triton.jit
+def _scatter(p_ov, stride, lo, cnt, token_ptr, value_ptr, add, stamp, o_k, BA: tl.constexpr, INT: tl.constexpr):
+    """Each slot's ``cnt`` arcs from ``lo`` written into its override row: value + ``add`` (or the int32 value with
+    INT), stamped."""
     o_a = tl.arange(0, BA)
-    lo = tl.load(start_ptr + st).to(tl.int32)
-    cnt = tl.where((st > 0) & alive, tl.load(start_ptr + st + 1).to(tl.int32) - lo, 0)
     for a0 in range(0, tl.max(cnt, 0), BA):
         ia = a0 + o_a
         m = ia[None, :] < cnt[:, None]
@@ -131,7 +134,14 @@ def _scatter(p_ov, stride, st, alive, start_ptr, token_ptr, value_ptr, add, stam
         else:
             val = tl.load(value_ptr + arc, mask=m, other=0.0) + add[:, None]
         tl.store(p_ov + o_k[:, None] * stride + tok, _pack(stamp, val), mask=m)
-    return cnt
+
+
+@triton.jit
+def _arc_ranges(chain, live, start_ptr):
+    """(first arc, count) of every state of a [KP, D] tile of states (none for the root or a dead slot)."""
+    lo = tl.load(start_ptr + chain).to(tl.int32)
+    cnt = tl.load(start_ptr + chain + 1).to(tl.int32) - lo
+    return lo, tl.where((chain > 0) & live, cnt, 0)
 
 
 @triton.jit
@@ -157,12 +167,12 @@ def _take(run, keys, merged, parent, last, C, DROP: tl.constexpr):
 @triton.jit
 def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score_ptr, ac_ptr, lm_ptr,
                      T, C, blank, bonus, prune,
-                     ovl_ptr, nxl_ptr, lm_w, lm_start, bo_ptr, par_ptr, as_ptr, at_ptr, al_ptr, an_ptr, uni_ptr,
-                     unext_ptr, col_ptr, end_ptr,
-                     ovb_ptr, max_depth, fail_ptr, cs_ptr, ct_ptr, cn_ptr, bnext_ptr, rns_ptr, ros_ptr, ns_ptr, os_ptr,
+                     ovl_ptr, nxl_ptr, lm_w, lm_start, chain_ptr, above_ptr, base_ptr, as_ptr, at_ptr, al_ptr, an_ptr,
+                     uni_ptr, unext_ptr, col_ptr, end_ptr,
+                     ovb_ptr, max_depth, fch_ptr, cs_ptr, ct_ptr, cn_ptr, bnext_ptr, rns_ptr, ros_ptr, ns_ptr, os_ptr,
                      K: tl.constexpr, KP: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, BC: tl.constexpr,
                      PRUNE: tl.constexpr, BT: tl.constexpr, LM: tl.constexpr, DEPTH: tl.constexpr,
-                     BOOST: tl.constexpr, BA: tl.constexpr):  # fmt: skip
+                     DP: tl.constexpr, BOOST: tl.constexpr, MD: tl.constexpr, BA: tl.constexpr):  # fmt: skip
     n = tl.program_id(0)
     L = tl.minimum(tl.maximum(tl.load(len_ptr + n).to(tl.int32), 0), T)
     o_k = tl.arange(0, KP)
@@ -236,24 +246,30 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
         ns_s = tl.zeros((KP,), tl.float32)
         has_b = tl.zeros((KP,), tl.int32)
         if LM:
+            o_d = tl.arange(0, DP)
+            at = lm_st[:, None] * (DEPTH + 1) + o_d[None, :]
+            in_d = alive[:, None] & (o_d[None, :] <= DEPTH)
+            chain = tl.load(chain_ptr + at, mask=in_d, other=0).to(tl.int32)
+            above = tl.load(above_ptr + at, mask=in_d, other=0.0)
+            base = tl.load(base_ptr + lm_st)
+            lo, cnt = _arc_ranges(chain, in_d, as_ptr)
             for il in tl.static_range(DEPTH + 1):
-                st = lm_st
-                above = tl.zeros((KP,), tl.float32)
-                for _jl in tl.static_range(DEPTH - il):
-                    above = above + tl.where(st > 0, tl.load(bo_ptr + st), 0.0)
-                    st = tl.load(par_ptr + st).to(tl.int32)
-                if il == 0:
-                    base = above + tl.where(st > 0, tl.load(bo_ptr + st), 0.0)
-                _scatter(p_ovl, C + 1, st, alive, as_ptr, at_ptr, al_ptr, above, stamp, o_k, BA, False)
-                _scatter(p_nxl, C + 1, st, alive, as_ptr, at_ptr, an_ptr, above, stamp, o_k, BA, True)
+                lvl = DEPTH - il
+                lo_l, cnt_l, above_l = _column(lo, o_d, lvl), _column(cnt, o_d, lvl), _column(above, o_d, lvl)
+                _scatter(p_ovl, C + 1, lo_l, cnt_l, at_ptr, al_ptr, above_l, stamp, o_k, BA, False)
+                _scatter(p_nxl, C + 1, lo_l, cnt_l, at_ptr, an_ptr, above_l, stamp, o_k, BA, True)
                 tl.debug_barrier()
         if BOOST:
             ns_s = tl.load(ns_ptr + bs)
+            o_m = tl.arange(0, MD)
+            in_m = alive[:, None] & (o_m[None, :] < max_depth)
+            chain = tl.load(fch_ptr + bs[:, None] * max_depth + o_m[None, :], mask=in_m, other=0).to(tl.int32)
+            lo, cnt = _arc_ranges(chain, in_m, cs_ptr)
+            has_b = tl.sum(cnt, axis=1)
             for ib in range(0, max_depth):
-                st = bs
-                for _jb in range(0, max_depth - 1 - ib):
-                    st = tl.load(fail_ptr + st).to(tl.int32)
-                has_b += _scatter(p_ovb, C, st, alive, cs_ptr, ct_ptr, cn_ptr, ns_s, stamp, o_k, BA, True)
+                j = max_depth - 1 - ib
+                _scatter(p_ovb, C, _column(lo, o_m, j), _column(cnt, o_m, j), ct_ptr, cn_ptr, ns_s, stamp, o_k, BA,
+                         True)  # fmt: skip
                 tl.debug_barrier()
         # the extensions, a block of classes at a time, into the running list of the K best keys
         for c0 in range(0, C, BC):
@@ -412,15 +428,15 @@ def ctc_beam(
         ovl = torch.zeros(2, N, KP, C + 1, dtype=torch.int64, device=dev)
         col = torch.arange(C, device=dev)
         col[lm.unknown] = C
-        lm_args = (ovl[0], ovl[1], float(lm_weight), int(lm.start), lm.backoff, lm.parent, lm.arc_start,
+        lm_args = (ovl[0], ovl[1], float(lm_weight), int(lm.start), lm.chain, lm.above, lm.base, lm.arc_start,
                    lm.arc_token, lm.arc_logp, lm.arc_next, lm.unigram[col], lm.unigram_next[col], col,
                    lm.end)  # fmt: skip
     else:
-        lm_args = (x, x, 0.0, 0) + (x,) * 10
+        lm_args = (x, x, 0.0, 0) + (x,) * 11
     if boosting is not None:
         ovb = torch.zeros(N, KP, C, dtype=torch.int64, device=dev)
         root = boosting.next[0]
-        boost_args = (ovb, int(boosting.max_depth), boosting.fail, boosting.child_start, boosting.child_token,
+        boost_args = (ovb, int(boosting.max_depth), boosting.fail_chain, boosting.child_start, boosting.child_token,
                       boosting.child_next, root, boosting.node_score[root], boosting.output_score[root],
                       boosting.node_score, boosting.output_score)  # fmt: skip
     else:
@@ -455,7 +471,9 @@ def ctc_beam(
         BT=min(1024, max(16, next_power_of_2(T))),
         LM=lm is not None,
         DEPTH=lm.depth if lm is not None else 0,
+        DP=next_power_of_2(lm.depth + 1) if lm is not None else 1,
         BOOST=boosting is not None,
+        MD=next_power_of_2(max(boosting.max_depth, 1)) if boosting is not None else 1,
         BA=BEAM_TILES["block_arcs"],
         num_warps=warps,
     )

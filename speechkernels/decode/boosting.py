@@ -14,7 +14,8 @@ bonus until the phrase completes.
 
 Tables (``to(device)`` moves them): ``next`` [S, V] int64 (the transition of every state by every token, failure
 links resolved), ``node_score`` [S] and ``output_score`` [S] float32; state 0 is the root; the trie itself for
-kernels that walk it: ``fail`` [S] (each state's failure state), ``child_start`` [S + 1], ``child_token`` and
+kernels that walk it: ``fail`` [S] (each state's failure state), ``fail_chain`` [S, max_depth] (a state, its
+failure state, and so on: the root from where the chain ends), ``child_start`` [S + 1], ``child_token`` and
 ``child_next`` (each state's children, sorted by token); ``max_depth`` is the longest phrase's length.
 ``step(states)`` gives the bonus of every next token [B, V] and the states they lead to, as ``NGramLM.score``.
 """
@@ -45,7 +46,7 @@ class PhraseBooster(StateTables):
         >>> bonus, states = booster.step(torch.tensor([booster.start]))  # [1, 32] each
     """
 
-    TABLES = ("node_score", "next", "output_score", "fail", "child_start", "child_token", "child_next")
+    TABLES = ("node_score", "next", "output_score", "fail", "fail_chain", "child_start", "child_token", "child_next")
 
     def __init__(self, phrases: Sequence[Sequence[int]], vocab_size: int, weights: float | Sequence[float] = 1.0):
         V = int(vocab_size)
@@ -96,6 +97,10 @@ class PhraseBooster(StateTables):
         self.vocab_size, self.start = V, 0
         self.max_depth = max((len(p) for p in phrases), default=0)
         self.fail = torch.tensor(fail, dtype=torch.int64)
+        chain = [torch.arange(S)]
+        for _ in range(self.max_depth - 1):
+            chain.append(self.fail[chain[-1]])
+        self.fail_chain = torch.stack(chain, 1)
         arcs = [sorted(children[s].items()) for s in range(S)]
         self.child_start = torch.tensor([0] + [len(a) for a in arcs], dtype=torch.int64).cumsum(0)
         self.child_token = torch.tensor([t for a in arcs for t, _ in a], dtype=torch.int64)

@@ -176,7 +176,9 @@ class NGramLM(StateTables):
     backoff state; state 0 is the root), ``arc_start`` [S + 1], ``arc_token``, ``arc_logp``, ``arc_next`` (each
     state's n-grams, sorted by token), ``unigram`` [V + 1] and ``unigram_next`` [V + 1] (the root's), ``end`` [S]
     (log p of ``</s>`` from each state), ``unknown`` (the tokens without a unigram, read as <unk>: arcs and
-    unigrams take <unk> as token V) and ``depth`` (the most backoff levels below a state, N - 1)."""
+    unigrams take <unk> as token V) and ``depth`` (the most backoff levels below a state, N - 1); for kernels,
+    ``chain`` [S, depth + 1] (each state's backoff chain, the state first), ``above`` [S, depth + 1] (the backoff
+    weights summed above each level of it) and ``base`` [S] (summed over the whole chain)."""
 
     TABLES = (
         "backoff",
@@ -189,6 +191,9 @@ class NGramLM(StateTables):
         "unigram_next",
         "end",
         "unknown",
+        "chain",
+        "above",
+        "base",
     )
 
     def __init__(self, order: int, vocab_size: int, tables: dict[str, torch.Tensor], start: int) -> None:
@@ -204,6 +209,17 @@ class NGramLM(StateTables):
         self.end = tables["end"]
         self.unknown = tables["unknown"]
         self.depth = max(order - 1, 0)
+        # every state's backoff chain (level 0 the state, then its backoff states down to the root), the backoff
+        # weights above each level and their sum over the whole chain, as ``score`` adds them
+        chain = [torch.arange(self.num_states, device=self.device)]
+        for _ in range(self.depth):
+            chain.append(self.parent[chain[-1]])
+        bo = [torch.where(c > 0, self.backoff[c], 0.0) for c in chain]
+        above = [torch.zeros(self.num_states, device=self.device)]
+        for lvl in range(1, len(chain)):
+            above.append(above[-1] + bo[lvl - 1])
+        self.chain, self.above = torch.stack(chain, 1), torch.stack(above, 1)
+        self.base = above[-1] + bo[-1]
 
     @classmethod
     def from_arpa(cls, path: str | os.PathLike, vocab_size: int, tokens: Sequence[str] | None = None) -> NGramLM:
