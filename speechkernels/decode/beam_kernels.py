@@ -123,17 +123,19 @@ def _column(tile, o_d, j):
 def _scatter(p_ov, stride, lo, cnt, token_ptr, value_ptr, add, stamp, o_k, BA: tl.constexpr, INT: tl.constexpr):
     """Each slot's ``cnt`` arcs from ``lo`` written into its override row: value + ``add`` (or the int32 value with
     INT), stamped."""
-    o_a = tl.arange(0, BA)
+    o_a = tl.arange(0, BA)[None, :]
+    lo2, cnt2, add2 = lo[:, None], cnt[:, None], add[:, None]
+    row = p_ov + o_k[:, None] * stride
     for a0 in range(0, tl.max(cnt, 0), BA):
         ia = a0 + o_a
-        m = ia[None, :] < cnt[:, None]
-        arc = lo[:, None] + ia[None, :]
+        m = ia < cnt2
+        arc = lo2 + ia
         tok = tl.load(token_ptr + arc, mask=m, other=0).to(tl.int32)
         if INT:
             val = tl.load(value_ptr + arc, mask=m, other=0).to(tl.int32)
         else:
-            val = tl.load(value_ptr + arc, mask=m, other=0.0) + add[:, None]
-        tl.store(p_ov + o_k[:, None] * stride + tok, _pack(stamp, val), mask=m)
+            val = tl.load(value_ptr + arc, mask=m, other=0.0) + add2
+        tl.store(row + tok, _pack(stamp, val), mask=m)
 
 
 @triton.jit
@@ -253,12 +255,13 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
             above = tl.load(above_ptr + at, mask=in_d, other=0.0)
             base = tl.load(base_ptr + lm_st)
             lo, cnt = _arc_ranges(chain, in_d, as_ptr)
-            for il in tl.static_range(DEPTH + 1):
+            for il in tl.static_range(1, DEPTH + 1):  # (the last level is the root's: no arcs)
                 lvl = DEPTH - il
                 lo_l, cnt_l, above_l = _column(lo, o_d, lvl), _column(cnt, o_d, lvl), _column(above, o_d, lvl)
-                _scatter(p_ovl, C + 1, lo_l, cnt_l, at_ptr, al_ptr, above_l, stamp, o_k, BA, False)
-                _scatter(p_nxl, C + 1, lo_l, cnt_l, at_ptr, an_ptr, above_l, stamp, o_k, BA, True)
-                tl.debug_barrier()
+                if tl.max(cnt_l, 0) > 0:
+                    _scatter(p_ovl, C + 1, lo_l, cnt_l, at_ptr, al_ptr, above_l, stamp, o_k, BA, False)
+                    _scatter(p_nxl, C + 1, lo_l, cnt_l, at_ptr, an_ptr, above_l, stamp, o_k, BA, True)
+                    tl.debug_barrier()
         if BOOST:
             ns_s = tl.load(ns_ptr + bs)
             o_m = tl.arange(0, MD)
@@ -268,9 +271,10 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
             has_b = tl.sum(cnt, axis=1)
             for ib in range(0, max_depth):
                 j = max_depth - 1 - ib
-                _scatter(p_ovb, C, _column(lo, o_m, j), _column(cnt, o_m, j), ct_ptr, cn_ptr, ns_s, stamp, o_k, BA,
-                         True)  # fmt: skip
-                tl.debug_barrier()
+                cnt_j = _column(cnt, o_m, j)
+                if tl.max(cnt_j, 0) > 0:
+                    _scatter(p_ovb, C, _column(lo, o_m, j), cnt_j, ct_ptr, cn_ptr, ns_s, stamp, o_k, BA, True)
+                    tl.debug_barrier()
         # the extensions, a block of classes at a time, into the running list of the K best keys
         for c0 in range(0, C, BC):
             cls = c0 + o_c
