@@ -29,9 +29,9 @@ import triton.language as tl
 from .._launch import launch, next_power_of_2
 from .._outputs import kernel_output
 
-BEAM_TILES = {"block_c": 512, "warps": 4, "block_arcs": 32, "fused": (256, 8, 128)}  # classes per block (a power
-# of two; tests lower it), warps, the LM's and the trie's arcs written per slot at once; with an LM or boosting:
-# classes per block and warps, and the classes per block from 32 slots up
+BEAM_TILES = {"block_c": 256, "warps": 8, "block_c_wide": 128, "block_arcs": 32}  # classes per block (a power of
+# two; tests lower it) and warps, the classes per block from 32 slots up, the LM's and the trie's arcs written per
+# slot at once
 _MIN_KEY = tl.constexpr(-9223372036854775807 - 1)  # below every candidate's key: an empty place
 _MAX_KEY = tl.constexpr(9223372036854775807)  # above every key: the places past K, never replaced
 
@@ -247,6 +247,13 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
         base = tl.zeros((KP,), tl.float32)
         ns_s = tl.zeros((KP,), tl.float32)
         has_b = tl.zeros((KP,), tl.int32)
+        if BOOST:  # (the trie's loads first: they overlap the LM's)
+            ns_s = tl.load(ns_ptr + bs)
+            o_m = tl.arange(0, MD)
+            in_m = alive[:, None] & (o_m[None, :] < max_depth)
+            chain_b = tl.load(fch_ptr + bs[:, None] * max_depth + o_m[None, :], mask=in_m, other=0).to(tl.int32)
+            lo_b, cnt_b = _arc_ranges(chain_b, in_m, cs_ptr)
+            has_b = tl.sum(cnt_b, axis=1)
         if LM:
             o_d = tl.arange(0, DP)
             at = lm_st[:, None] * (DEPTH + 1) + o_d[None, :]
@@ -263,17 +270,11 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
                     _scatter(p_nxl, C + 1, lo_l, cnt_l, at_ptr, an_ptr, above_l, stamp, o_k, BA, True)
                     tl.debug_barrier()
         if BOOST:
-            ns_s = tl.load(ns_ptr + bs)
-            o_m = tl.arange(0, MD)
-            in_m = alive[:, None] & (o_m[None, :] < max_depth)
-            chain = tl.load(fch_ptr + bs[:, None] * max_depth + o_m[None, :], mask=in_m, other=0).to(tl.int32)
-            lo, cnt = _arc_ranges(chain, in_m, cs_ptr)
-            has_b = tl.sum(cnt, axis=1)
             for ib in range(0, max_depth):
                 j = max_depth - 1 - ib
-                cnt_j = _column(cnt, o_m, j)
+                cnt_j = _column(cnt_b, o_m, j)
                 if tl.max(cnt_j, 0) > 0:
-                    _scatter(p_ovb, C, _column(lo, o_m, j), cnt_j, ct_ptr, cn_ptr, ns_s, stamp, o_k, BA, True)
+                    _scatter(p_ovb, C, _column(lo_b, o_m, j), cnt_j, ct_ptr, cn_ptr, ns_s, stamp, o_k, BA, True)
                     tl.debug_barrier()
         # the extensions, a block of classes at a time, into the running list of the K best keys
         for c0 in range(0, C, BC):
@@ -445,10 +446,7 @@ def ctc_beam(
                       boosting.node_score, boosting.output_score)  # fmt: skip
     else:
         boost_args = (x, 0) + (x,) * 9
-    bc, warps = BEAM_TILES["block_c"], BEAM_TILES["warps"]
-    if lm is not None or boosting is not None:
-        bc_fused, warps, bc_wide = BEAM_TILES["fused"]
-        bc = min(bc, bc_fused if KP < 32 else bc_wide)
+    bc = min(BEAM_TILES["block_c"], BEAM_TILES["block_c_wide"] if KP >= 32 else BEAM_TILES["block_c"])
     launch(_ctc_beam_kernel)[(N,)](
         x,
         lengths,
@@ -479,6 +477,6 @@ def ctc_beam(
         BOOST=boosting is not None,
         MD=next_power_of_2(max(boosting.max_depth, 1)) if boosting is not None else 1,
         BA=BEAM_TILES["block_arcs"],
-        num_warps=warps,
+        num_warps=BEAM_TILES["warps"],
     )
     return tokens, lens, frames, scores, acoustic, lm_out
