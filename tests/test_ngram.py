@@ -161,8 +161,11 @@ def test_refusals(tmp_path):
         with pytest.raises(ValueError, match=match):
             NGramLM.from_arpa(path, 5)
     random_arpa(path, 5, 2, seed=1, unk=False, drop=1)
-    with pytest.raises(ValueError, match="has no unigram and the file no <unk>"):
-        NGramLM.from_arpa(path, 5)
+    lm = NGramLM.from_arpa(path, 5)  # a token without a unigram and no <unk>: KenLM's <unk> of log10 p = -100
+    (missing,) = lm.unknown.tolist()
+    scores, _ = lm.score(torch.tensor([0]))
+    assert scores[0, missing].item() == pytest.approx(-100 * math.log(10), rel=1e-6)
+    assert torch.isfinite(scores).all()
 
 
 @pytest.mark.parametrize("order", [1, 2, 3, 4])
@@ -198,3 +201,16 @@ def test_write_arpa_refusals(tmp_path):
         write_arpa([[1]], 5, tmp_path / "x.arpa", order=0)
     with pytest.raises(ValueError, match="vocab_size"):
         write_arpa([[1]], 0, tmp_path / "x.arpa")
+
+
+def test_words_of_any_character_but_ascii_whitespace(tmp_path):
+    """Token strings such as NeMo's chr(id + 100) (U+0085 and U+00A0 among them, which str.split takes for
+    whitespace): the same model as the file with decimal ids."""
+    V = 70
+    random_arpa(tmp_path / "ids.arpa", V, 3, seed=4)
+    random_arpa(tmp_path / "chars.arpa", V, 3, seed=4, words=lambda t: chr(t + 100))
+    ids = NGramLM.from_arpa(tmp_path / "ids.arpa", V)
+    chars = NGramLM.from_arpa(tmp_path / "chars.arpa", V, tokens=[chr(t + 100) for t in range(V)])
+    states = torch.arange(ids.num_states)
+    for a, b in zip(ids.score(states), chars.score(states), strict=True):
+        assert torch.equal(a, b)

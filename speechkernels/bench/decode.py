@@ -111,12 +111,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="beam search instead of greedy decoding (rows of the same forms; see speechkernels.bench.decode_beam)",
     )
     p.add_argument(
+        "--beams",
+        type=positive_int_list,
+        default=None,
+        help="with --beam: the beam sizes of every row (default: 1,4,8 for transducers and 10,32 for CTC on the GPU)",
+    )
+    p.add_argument(
         "--peers",
         metavar="FILE",
         type=peers_file,
         default=None,
         help="a Python file defining transducer_peers(decoder, dtype) (see above)",
     )
+
+
+def positive_int_list(text: str) -> list[int]:
+    """--beams: comma-separated positive integers."""
+    return [positive_int(v) for v in split_rows(text)]
 
 
 def peers_file(text: str) -> str:

@@ -75,7 +75,8 @@ def fusion_models(V: int, blank: int, device, workdir: str) -> dict:
     classes = [c for c in range(V) if c != blank]
     text = zipf_tokens(classes, 3000 * 30, g)
     path = f"{workdir}/lm4_{V}_{blank}.arpa"
-    write_arpa([text[i : i + 30] for i in range(0, len(text), 30)], V, path, order=4)
+    # over the tokens only where the blank is the last class (as NeMo's LMs are: the blank reads as <unk>)
+    write_arpa([text[i : i + 30] for i in range(0, len(text), 30)], V - (blank == V - 1), path, order=4)
     lengths = torch.randint(2, 6, (PHRASES,), generator=g).tolist()
     flat = zipf_tokens(classes, sum(lengths), g)
     phrases, at = [], 0
@@ -119,6 +120,25 @@ def _nbest_lists(hyp) -> list[list[tuple]]:
     ]  # fmt: skip
 
 
+def _peers(r: dict, make, *args) -> dict:
+    """The --peers file's decoders for a row (``make(*args)``), or none (the error recorded in the row)."""
+    try:
+        return make(*args)
+    except Exception:  # noqa: BLE001 - a failing peer is reported, not fatal
+        r.setdefault("peer_errors", {})["peers"] = traceback.format_exc(limit=3)
+        return {}
+
+
+def _run_peers(r: dict, peers: dict, x, lengths, fns: dict, best: dict) -> None:
+    """Each peer's first result (its lists) into ``best`` and its call into ``fns``; a failing one recorded."""
+    for name, (run, lists) in peers.items():
+        try:
+            best[name] = lists(run(x, lengths))
+            fns[name] = lambda run=run: run(x, lengths)
+        except Exception:  # noqa: BLE001
+            r.setdefault("peer_errors", {})[name] = traceback.format_exc(limit=3)
+
+
 def measure_ctc(row: str, device, args, peers_mod, workdir: str) -> list[dict]:
     N, T, C = (int(v) for v in row.partition("-")[2].split("x"))
     g = torch.Generator(device=device).manual_seed(2)
@@ -127,7 +147,7 @@ def measure_ctc(row: str, device, args, peers_mod, workdir: str) -> list[dict]:
     fusion = fusion_models(C, 0, device, workdir)
     greedy_ms = _times({"greedy": lambda: sk.ctc_greedy_decode(x, lengths, validate=False)}, device, args.reps)
     out = []
-    for K in (BEAMS if device.type == "cuda" else CPU_BEAMS)["ctc"]:
+    for K in args.beams or (BEAMS if device.type == "cuda" else CPU_BEAMS)["ctc"]:
         for fu in FUSIONS:
             kw = dict(beam_size=K, nbest=min(K, 10), validate=False)
             if fu != "none":
@@ -145,12 +165,7 @@ def measure_ctc(row: str, device, args, peers_mod, workdir: str) -> list[dict]:
                 r["same_as_torch_path"] = sum(a == b for a, b in zip(ours, ref, strict=True))
             peer_best = {}
             if fu == "none" and peers_mod is not None and hasattr(peers_mod, "ctc_beam_peers"):
-                try:
-                    for name, (run, lists) in peers_mod.ctc_beam_peers(K).items():
-                        peer_best[name] = lists(run(x, lengths))
-                        fns[name] = lambda run=run: run(x, lengths)
-                except Exception:  # noqa: BLE001 - a failing peer is reported, not fatal
-                    r["peer_errors"] = traceback.format_exc(limit=3)
+                _run_peers(r, _peers(r, peers_mod.ctc_beam_peers, K), x, lengths, fns, peer_best)
             r["ms"] = {**_times(fns, device, args.reps), **greedy_ms}
             r["peers_same_best"] = {
                 n: sum(a[0][0] == b for a, b in zip(ours, v, strict=True)) for n, v in peer_best.items()
@@ -175,7 +190,7 @@ def measure_transducer(row: str, dtype, device, args, peers_mod, workdir: str) -
     greedy, _ = dec.greedy(x, lengths, validate=False)
     greedy_ms = _times({"greedy": lambda: dec.greedy(x, lengths, validate=False)}, device, args.reps)
     out = []
-    for K in (BEAMS if device.type == "cuda" else CPU_BEAMS)["transducer"]:
+    for K in args.beams or (BEAMS if device.type == "cuda" else CPU_BEAMS)["transducer"]:
         for fu in FUSIONS:
             kw = dict(beam_size=K, validate=False)
             if fu != "none":
@@ -200,15 +215,11 @@ def measure_transducer(row: str, dtype, device, args, peers_mod, workdir: str) -
                 )
             peer_best = {}
             if peers_mod is not None and hasattr(peers_mod, "transducer_beam_peers"):
-                try:
-                    lm_path = fusion["lm_path"] if fu != "none" else None
-                    phrases = fusion["phrases"] if fu == "lm+boost" else None
-                    peers = peers_mod.transducer_beam_peers(dec, dtype, K, lm_path, LM_WEIGHT, phrases, BOOST_WEIGHT)
-                    for name, (run, lists) in peers.items():
-                        peer_best[name] = lists(run(x, lengths))
-                        fns[name] = lambda run=run: run(x, lengths)
-                except Exception:  # noqa: BLE001 - a failing peer is reported, not fatal
-                    r["peer_errors"] = traceback.format_exc(limit=3)
+                lm_path = fusion["lm_path"] if fu != "none" else None
+                phrases = fusion["phrases"] if fu == "lm+boost" else None
+                args_ = (dec, dtype, K, lm_path, LM_WEIGHT, phrases, BOOST_WEIGHT)
+                peers = _peers(r, peers_mod.transducer_beam_peers, *args_)
+                _run_peers(r, peers, x, lengths, fns, peer_best)
             r["ms"] = {**_times(fns, device, args.reps), **greedy_ms}
             r["peers_same_best"] = {
                 n: {"tokens": sum(a[0] == b[0] for a, b in zip(ours, v, strict=True)),

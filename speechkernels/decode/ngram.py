@@ -32,6 +32,7 @@ from .state_tables import StateTables
 
 LN10 = math.log(10.0)
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
+UNK_MISSING_LOG10 = -100.0  # log10 p of <unk> where a file without it leaves tokens without a unigram (KenLM's)
 
 
 def parse_arpa(path: str | os.PathLike) -> tuple[int, list[dict[tuple[str, ...], tuple[float, float]]]]:
@@ -42,7 +43,7 @@ def parse_arpa(path: str | os.PathLike) -> tuple[int, list[dict[tuple[str, ...],
     section = None  # "data", an order k, or "end"
     with open(path, encoding="utf-8") as f:
         for number, raw in enumerate(f, 1):
-            line = raw.strip()
+            line = raw.strip(" \t\r\n")  # ASCII whitespace only: a word may be any other character
             if not line:
                 continue
             where = f"{os.fspath(path)}:{number}"
@@ -71,7 +72,7 @@ def parse_arpa(path: str | os.PathLike) -> tuple[int, list[dict[tuple[str, ...],
                     continue  # text before \data\ (comments)
                 raise ValueError(f"{where}: unexpected line {line!r}")
             k = section
-            fields = line.split()
+            fields = re.split(r"[ \t]+", line)
             if len(fields) not in (k + 1, k + 2):
                 raise ValueError(
                     f"{where}: a {k}-gram line holds log10 p, {k} words and an optional backoff, got {line!r}"
@@ -225,7 +226,9 @@ class NGramLM(StateTables):
     def from_arpa(cls, path: str | os.PathLike, vocab_size: int, tokens: Sequence[str] | None = None) -> NGramLM:
         """The LM of an ARPA file whose words are token ids in decimal (``tokens`` None) or the strings of
         ``tokens`` (token i is ``tokens[i]``); ``<s>``, ``</s>`` and ``<unk>`` as usual. A token without a unigram
-        reads as ``<unk>``. Raises ValueError naming the word or line the vocabulary or the format refuses."""
+        reads as ``<unk>`` (a file without ``<unk>`` gets one of log10 p = -100, as KenLM reads it: an LM over the
+        tokens but the blank loads for a decoder whose classes include it). Raises ValueError naming the word or
+        line the vocabulary or the format refuses."""
         V = as_int(vocab_size, "vocab_size", minimum=1)
         if tokens is not None:
             tokens = list(tokens)
@@ -255,6 +258,8 @@ class NGramLM(StateTables):
                 if key in model:
                     raise ValueError(f"{os.fspath(path)}: n-gram {' '.join(words)!r} listed twice")
                 model[key] = (logp * LN10, bo * LN10)
+        if (UNK,) not in model and any((t,) not in model for t in range(V)):
+            model[(UNK,)] = (UNK_MISSING_LOG10 * LN10, 0.0)  # as KenLM adds it to a file without one
         return cls._from_model(order, V, model, path)
 
     @classmethod
@@ -288,8 +293,6 @@ class NGramLM(StateTables):
                 continue
             arcs[h].append((t, logp, longest_state(g[-(order - 1) :])))
         unknown = [t for t in range(V) if (t,) not in model]
-        if unknown and (UNK,) not in model:
-            raise ValueError(f"{os.fspath(path)}: token {unknown[0]} has no unigram and the file no {UNK}")
         unigram = torch.full((V + 1,), -math.inf, dtype=torch.float64)
         unigram_next = torch.zeros(V + 1, dtype=torch.int64)
         for t, word in [(t, t) for t in range(V) if t not in unknown] + [(V, UNK)] * ((UNK,) in model):
