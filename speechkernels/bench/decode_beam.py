@@ -1,6 +1,8 @@
 """Beam search (``python -m speechkernels.bench decode --beam``): ``ctc_beam_search`` and
 ``TransducerDecoder.beam_search`` on the greedy benchmark's rows, without fusion, with a 4-gram token LM and with
 the LM and 1,000 boosted phrases, against greedy decoding, the PyTorch path and, given --peers, other decoders.
+The zipformer row (icefall's model) searches with icefall's algorithm (``algorithm="modified"``), the others with
+NeMo's ``malsd_batch`` semantics.
 
 The LM: ``write_arpa`` (order 4, discount 0.5) of 3,000 random sentences of 30 tokens drawn from a Zipf
 distribution over the row's tokens (the blank left out), weight 0.5. The phrases: 1,000 of 2 to 5 tokens drawn
@@ -192,7 +194,7 @@ def measure_transducer(row: str, dtype, device, args, peers_mod, workdir: str) -
     out = []
     for K in args.beams or (BEAMS if device.type == "cuda" else CPU_BEAMS)["transducer"]:
         for fu in FUSIONS:
-            kw = dict(beam_size=K, validate=False)
+            kw = dict(beam_size=K, validate=False, algorithm="modified" if model == "zipformer" else "malsd")
             if fu != "none":
                 kw.update(lm=fusion["lm"], lm_weight=LM_WEIGHT)
             if fu == "lm+boost":

@@ -22,7 +22,7 @@ from .reference import (
     start_state,
     transducer_greedy_reference,
 )
-from .transducer_beam import transducer_beam_search_reference
+from .transducer_beam import modified_beam_search_reference, transducer_beam_search_reference
 
 try:  # the Triton kernels; without Triton (error names it) the PyTorch path serves every call
     from . import beam_kernels, kernels, transducer_kernels
@@ -460,12 +460,16 @@ class TransducerDecoder(torch.nn.Module):
         boosting: PhraseBooster | None = None,
         boosting_weight: float = 1.0,
         score_norm: bool = True,
+        algorithm: str = "malsd",
         validate: bool = True,
     ) -> BeamHypotheses:
         """Beam search of a batch of encoder outputs, with the semantics of NeMo's ``malsd_batch`` (modified
         alignment-length synchronous decoding: the beam's hypotheses advance one symbol a step together; those
         that reach the same tokens, for TDT at the same frame, merge with the log-sum of their scores; details in
-        ``speechkernels.decode.transducer_beam``). PyTorch operations for now, on the CPU or the GPU.
+        ``speechkernels.decode.transducer_beam``) or, with ``algorithm="modified"``, of icefall's
+        ``modified_beam_search`` (RNN-T, one symbol per frame: every hypothesis takes the blank or one label at
+        each frame; the K best of all of them survive, those with the same tokens merged). PyTorch operations for
+        now, on the CPU or the GPU.
 
         Args:
             encoder_out: [N, T, E], any float dtype: cast to the networks' dtype.
@@ -480,7 +484,12 @@ class TransducerDecoder(torch.nn.Module):
             lm_weight: a (finite).
             boosting: a ``PhraseBooster`` over the V token classes, on the networks' device, or None.
             boosting_weight: b (finite).
-            score_norm: rank by score / (tokens + 1) (NeMo's default), else by score.
+            score_norm: rank by score / (tokens + 1) (NeMo's default; "modified": score / (tokens +
+                context_size), icefall's length norm), else by score.
+            algorithm: "malsd" (NeMo's ``malsd_batch``) or "modified" (icefall's ``modified_beam_search``; RNN-T
+                only; ``max_symbols_per_frame`` does not apply; the LM fuses as plain shallow fusion, a label
+                scoring log p + a log p_LM, the blank log p; boosting's bonus b bonus(v) is added after each
+                frame's selection, as icefall adds its context graph's score).
             validate: check the lengths' values.
 
         Returns:
@@ -495,6 +504,12 @@ class TransducerDecoder(torch.nn.Module):
         lm_weight = as_float(lm_weight, "lm_weight", finite=True)
         boosting_weight = as_float(boosting_weight, "boosting_weight", finite=True)
         score_norm, validate = as_bool(score_norm, "score_norm"), as_bool(validate, "validate")
+        if algorithm not in ("malsd", "modified"):
+            raise ValueError(f"algorithm={algorithm!r} must be 'malsd' or 'modified'")
+        if algorithm == "modified" and self.durations is not None:
+            raise ValueError(
+                "algorithm='modified' (icefall's modified_beam_search) is for RNN-T: the decoder has durations"
+            )
         w, N, T, dev = self._weights_for(encoder_out)
         check_fusion(lm, boosting, self.vocab_size, f"the decoder has {self.vocab_size} classes", dev, "the networks")
         if encoder_lengths is None:
@@ -503,6 +518,11 @@ class TransducerDecoder(torch.nn.Module):
             (lengths,) = batch_lengths(N, dev, "none", encoder_lengths=encoder_lengths)
             if validate:
                 check_lengths(lengths, "encoder_lengths", T, f"T={T}")
+        if algorithm == "modified":
+            return modified_beam_search_reference(
+                w, encoder_out, lengths, beam_size, self.blank, nbest, lm, lm_weight, score_norm, boosting,
+                boosting_weight,
+            )  # fmt: skip
         return transducer_beam_search_reference(
             w,
             encoder_out,

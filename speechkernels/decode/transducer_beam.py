@@ -216,3 +216,140 @@ def transducer_beam_search_reference(
         lm_scores=torch.where(ok, (score - acoustic).gather(1, order), ninf),
         durations=durs,
     )
+
+
+def modified_beam_search_reference(
+    w: TransducerWeights,
+    x: torch.Tensor,
+    lengths: torch.Tensor,
+    beam_size: int,
+    blank: int,
+    nbest: int = 1,
+    lm=None,
+    lm_weight: float = 0.0,
+    score_norm: bool = True,
+    boosting=None,
+    boosting_weight: float = 1.0,
+) -> BeamHypotheses:
+    """icefall's ``modified_beam_search`` (RNN-T, one symbol per frame) of encoder outputs x [N, T, E] with the
+    networks ``w`` (frames past ``lengths`` [N], clamped to [0, T], unread), batched: the ``nbest`` best of the K
+    = ``beam_size`` hypotheses, best first.
+
+    Each frame every hypothesis proposes the blank (it stays) and every label (appended at this frame: a label
+    uses the frame up); each proposal scores the hypothesis's score plus the output's log-probability (a label
+    plus ``lm_weight`` times its LM log-probability); the K best of all proposals are taken (ties: the earlier
+    hypothesis, then the lower class), and those with the same tokens merge, in that order, into the first with
+    the log-sum of their scores (the merged one keeps its frames and states). A label's phrase boosting bonus
+    (``boosting_weight`` times ``PhraseBooster``'s) is added after the selection, as icefall adds its context
+    graph's score, and a pending partial match is taken back at the end. Ranking: score / (context_size +
+    tokens) (``score_norm``: icefall's length norm over its hypotheses' ys, which start with context_size
+    symbols), else score. ``acoustic``: the log-probabilities alone."""
+    N, T, _ = x.shape
+    dev = x.device
+    K, i64 = beam_size, torch.int64
+    V = w.out_w.shape[0]
+    wd = torch.float64 if w.enc_w.dtype == torch.float64 else torch.float32
+    NK = N * K
+    enc = torch.nn.functional.linear(x.to(w.enc_w.dtype), w.enc_w, w.enc_b)  # [N, T, J]
+    act = activation_fn(w.activation)
+    lengths = lengths.to(dev, i64).clamp(0, T)
+    ninf = torch.tensor(float("-inf"), dtype=wd, device=dev)
+    st = start_state(w, NK, blank, dev)
+    pred_state, out = st.predictor, st.output
+    g = torch.nn.functional.linear(out, w.pred_w, w.pred_b)  # [NK, J]
+    score = torch.full((N, K), float("-inf"), dtype=wd, device=dev)
+    score[:, 0] = 0.0
+    acoustic = score.clone()
+    n_lab = torch.zeros(N, K, dtype=i64, device=dev)
+    last = torch.full((N, K), -1, dtype=i64, device=dev)
+    hsh = torch.zeros(N, K, dtype=i64, device=dev)
+    tokens = torch.full((N, K, T + 1), -1, dtype=i64, device=dev)  # column T: a sink
+    frames = tokens.clone()
+    lm_state = torch.full((N, K), lm.start if lm is not None else 0, dtype=i64, device=dev)
+    b_state = torch.full((N, K), boosting.start if boosting is not None else 0, dtype=i64, device=dev)
+    rows = torch.arange(N, device=dev)[:, None]
+    o_k = torch.arange(K, device=dev)
+    for t in range(T):
+        active = t < lengths  # [N]
+        if not bool(active.any()):
+            break
+        joint = act(enc[:, t, None] + g.view(N, K, -1))
+        lp = torch.nn.functional.linear(joint, w.out_w, w.out_b).to(wd).log_softmax(-1)  # [N, K, V]
+        fused = lp
+        if lm is not None:
+            lm_lp, lm_next = lm.score(lm_state.reshape(-1))
+            lm_lp, lm_next = lm_lp.to(wd).view(N, K, V), lm_next.view(N, K, V)
+            fused = lp + lm_weight * lm_lp
+            fused[..., blank] = lp[..., blank]
+        cand = (score[..., None] + fused).reshape(N, K * V)
+        cand_ac = (acoustic[..., None] + lp).reshape(N, K * V)
+        pick = torch.sort(cand, dim=1, descending=True, stable=True).indices[:, :K]  # ties: the earlier index
+        parent, label = pick // V, pick % V
+        new_score, new_ac = cand.gather(1, pick), cand_ac.gather(1, pick)
+        is_lab = (label != blank) & (new_score > float("-inf"))
+        if boosting is not None:
+            bonus, b_next = boosting.step(b_state.reshape(-1))
+            bonus, b_next = bonus.to(wd).view(N, K * V), b_next.view(N, K * V)
+            new_score = torch.where(is_lab, new_score + boosting_weight * bonus.gather(1, pick), new_score)
+            b_new = torch.where(is_lab, b_next.gather(1, pick), b_state.gather(1, parent))
+        k_par = n_lab.gather(1, parent)
+        slot = torch.where(is_lab, k_par, T)
+        g3 = parent[..., None].expand(N, K, T + 1)
+        new_tokens, new_frames = tokens.gather(1, g3), frames.gather(1, g3)
+        new_tokens.scatter_(2, slot[..., None], label[..., None])
+        new_frames.scatter_(2, slot[..., None], torch.full_like(slot, t)[..., None])
+        new_tokens[..., T], new_frames[..., T] = -1, -1
+        new_n = k_par + is_lab.to(i64)
+        new_hsh = torch.where(is_lab, _mix(hsh.gather(1, parent), label), hsh.gather(1, parent))
+        new_last = torch.where(is_lab, label, last.gather(1, parent))
+        # merges: the same tokens -> the first of them in the order of the selection, the log-sum of the scores
+        same = (new_hsh[:, :, None] == new_hsh[:, None, :]) & (new_last[:, :, None] == new_last[:, None, :])
+        same = same & (new_n[:, :, None] == new_n[:, None, :]) & (new_score > float("-inf"))[:, None, :]
+        first = (same & (o_k[None, None, :] <= o_k[None, :, None])).to(torch.int8).argmax(2)  # the first of i's group
+        keep = (first == o_k) & (new_score > float("-inf"))
+        total = torch.logsumexp(torch.where(same, new_score[:, None, :], ninf), 2)
+        total_ac = torch.logsumexp(torch.where(same, new_ac[:, None, :], ninf), 2)
+        new_score = torch.where(keep, total, ninf)
+        new_ac = torch.where(keep, total_ac, ninf)
+        # the prediction network: the parent's, advanced by a label
+        flat_parent = (rows * K + parent).reshape(-1)
+        pred_par = tuple(s[:, flat_parent] if s.dim() == 3 else s[flat_parent] for s in pred_state)
+        new_out, new_state = predict(w, label.reshape(-1), pred_par)
+        m = is_lab.reshape(-1, 1)
+        new_out = torch.where(m, new_out, out[flat_parent])
+        new_pred = tuple(
+            torch.where(m if n.dim() == 2 else m[None], n, p) for n, p in zip(new_state, pred_par, strict=True)
+        )
+        # utterances past their end keep their hypotheses
+        a2, a3 = active[:, None], active[:, None, None]
+        score, acoustic = torch.where(a2, new_score, score), torch.where(a2, new_ac, acoustic)
+        tokens, frames = torch.where(a3, new_tokens, tokens), torch.where(a3, new_frames, frames)
+        n_lab, hsh, last = (torch.where(a2, a, b) for a, b in ((new_n, n_lab), (new_hsh, hsh), (new_last, last)))
+        if lm is not None:
+            lm_to = lm_next.reshape(N, K * V).gather(1, pick)
+            lm_new = torch.where(is_lab, lm_to, lm_state.gather(1, parent))
+            lm_state = torch.where(a2, lm_new, lm_state)
+        if boosting is not None:
+            b_state = torch.where(a2, b_new, b_state)
+        a_flat = active.repeat_interleave(K)[:, None]
+        out = torch.where(a_flat, new_out, out)
+        pred_state = tuple(
+            torch.where(a_flat if n.dim() == 2 else a_flat[None], n, p)
+            for n, p in zip(new_pred, pred_state, strict=True)
+        )
+        g = torch.nn.functional.linear(out, w.pred_w, w.pred_b)
+    if boosting is not None:  # a pending partial match taken back
+        score = score + boosting_weight * boosting.end_scores(b_state.reshape(-1)).to(wd).view(N, K)
+    key = score / (n_lab + w.context_size).to(wd) if score_norm else score
+    order = torch.sort(key, dim=1, descending=True, stable=True).indices[:, :nbest]
+    ok = score.gather(1, order) > float("-inf")
+    g3 = order[..., None].expand(N, nbest, T + 1)
+    return BeamHypotheses(
+        tokens=torch.where(ok[..., None], tokens.gather(1, g3)[..., :T], -1),
+        lengths=torch.where(ok, n_lab.gather(1, order), 0),
+        frames=torch.where(ok[..., None], frames.gather(1, g3)[..., :T], -1),
+        scores=torch.where(ok, score.gather(1, order), ninf),
+        acoustic=torch.where(ok, acoustic.gather(1, order), ninf),
+        lm_scores=torch.where(ok, (score - acoustic).gather(1, order), ninf),
+        durations=None,
+    )
