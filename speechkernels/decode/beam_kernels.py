@@ -87,30 +87,33 @@ def _pack(stamp, value):
 
 
 @triton.jit
-def _lm_at(slot, cls, ok, base, p_ovl, C, uni_ptr, col_ptr, stamp):
-    """log p_LM of class ``cls`` from slot ``slot``'s state (broadcastable; read where ``ok``): the frame's
-    override where its arcs give one, else the root's unigram below the state's summed backoffs ``base``; and
-    whether an arc gave it, and where."""
-    col = tl.load(col_ptr + cls, mask=ok, other=0)
+def _lm_at(slot, cls, ok_cls, ok, base, p_ovl, C, uni_ptr, col_ptr, stamp):
+    """log p_LM of class ``cls`` from slot ``slot``'s state (broadcastable; the classes' vectors read where
+    ``ok_cls``, of cls's shape, the overrides where ``ok``): the frame's override where its arcs give one, else the
+    root's unigram below the state's summed backoffs ``base``; and whether an arc gave it, and where."""
+    col = tl.load(col_ptr + cls, mask=ok_cls, other=0)
+    uni = tl.load(uni_ptr + cls, mask=ok_cls, other=0.0)
     at = slot * (C + 1) + col
     v = tl.load(p_ovl + at, mask=ok, other=0)
     hit = (v >> 32) == stamp
-    uni = tl.load(uni_ptr + cls, mask=ok, other=0.0)
     return tl.where(hit, (v & 4294967295).to(tl.int32).to(tl.float32, bitcast=True), uni + base), hit, at
 
 
 @triton.jit
-def _boost_at(slot, cls, ok, ns_s, has, p_ovb, C, bnext_ptr, rns_ptr, ros_ptr, ns_ptr, os_ptr, stamp):
-    """The boosting bonus of class ``cls`` from slot ``slot``'s state (node score ``ns_s``; ``has``: the slot has
-    overrides this frame) and the state it leads to: a child along the state's failure chain (the frame's
-    override) or the root's transition (whose node and output scores are the vectors ``rns``, ``ros``)."""
-    v = tl.load(p_ovb + slot * C + cls, mask=ok & has, other=0)
+def _boost_at(slot, cls, ok_cls, ok, ns_s, p_ovb, C, bnext_ptr, rns_ptr, ros_ptr, ns_ptr, os_ptr, stamp):
+    """The boosting bonus of class ``cls`` from slot ``slot``'s state (node score ``ns_s``; the classes' vectors
+    read where ``ok_cls``, the overrides where ``ok``: none for a slot without overrides this frame) and the state
+    it leads to: a child along the state's failure chain (the frame's override) or the root's transition (whose
+    node and output scores are the vectors ``rns``, ``ros``)."""
+    rns = tl.load(rns_ptr + cls, mask=ok_cls, other=0.0)
+    ros = tl.load(ros_ptr + cls, mask=ok_cls, other=0.0)
+    root = tl.load(bnext_ptr + cls, mask=ok_cls, other=0).to(tl.int32)
+    v = tl.load(p_ovb + slot * C + cls, mask=ok, other=0)
     hit = (v >> 32) == stamp
     child = (v & 4294967295).to(tl.int32)
-    nsn = tl.where(hit, tl.load(ns_ptr + child, mask=hit, other=0.0), tl.load(rns_ptr + cls, mask=ok, other=0.0))
-    osn = tl.where(hit, tl.load(os_ptr + child, mask=hit, other=0.0), tl.load(ros_ptr + cls, mask=ok, other=0.0))
-    nxt = tl.where(hit, child, tl.load(bnext_ptr + cls, mask=ok, other=0).to(tl.int32))
-    return (nsn - ns_s) + osn, nxt
+    nsn = tl.where(hit, tl.load(ns_ptr + child, mask=hit, other=0.0), rns)
+    osn = tl.where(hit, tl.load(os_ptr + child, mask=hit, other=0.0), ros)
+    return (nsn - ns_s) + osn, tl.where(hit, child, root)
 
 
 @triton.jit
@@ -284,11 +287,12 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
             fuse = e_lm0[:, None]
             use = alive[:, None] & ok_c[None, :]
             if LM:
-                v, _, _ = _lm_at(o_k[:, None], cls[None, :], use, base[:, None], p_ovl, C, uni_ptr, col_ptr, stamp)
+                v, _, _ = _lm_at(o_k[:, None], cls[None, :], ok_c[None, :], use, base[:, None], p_ovl, C, uni_ptr,
+                                 col_ptr, stamp)  # fmt: skip
                 fuse = fuse + lm_w * v
             if BOOST:
-                g, _ = _boost_at(o_k[:, None], cls[None, :], use, ns_s[:, None], (has_b > 0)[:, None], p_ovb, C,
-                                 bnext_ptr, rns_ptr, ros_ptr, ns_ptr, os_ptr, stamp)  # fmt: skip
+                g, _ = _boost_at(o_k[:, None], cls[None, :], ok_c[None, :], use & (has_b > 0)[:, None], ns_s[:, None],
+                                 p_ovb, C, bnext_ptr, rns_ptr, ros_ptr, ns_ptr, os_ptr, stamp)  # fmt: skip
                 fuse = fuse + g
             keys = _extension_keys(cls, lp, ok_c, last, p_b, total, alive, fuse, o_k, C)
             run = _take(run, keys, merged, parent, last, C, True)
@@ -335,14 +339,14 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
         e_lm = lm_src + bonus
         if LM:
             st_src = _pick(sel, lm_st)
-            v, hit, at = _lm_at(src, c_new, ext, _pick(sel, base), p_ovl, C, uni_ptr, col_ptr, stamp)
+            v, hit, at = _lm_at(src, c_new, ext, ext, _pick(sel, base), p_ovl, C, uni_ptr, col_ptr, stamp)
             e_lm = e_lm + lm_w * v
             nx = tl.where(hit, tl.load(p_nxl + at, mask=ext & hit, other=0) & 4294967295,
                           tl.load(unext_ptr + c_new, mask=ext, other=0)).to(tl.int32)  # fmt: skip
             lm_st = tl.where(ext, nx, st_src)
         if BOOST:
             bs_src = _pick(sel, bs)
-            g, nx = _boost_at(src, c_new, ext, _pick(sel, ns_s), _pick(sel, has_b) > 0, p_ovb, C, bnext_ptr,
+            g, nx = _boost_at(src, c_new, ext, ext & (_pick(sel, has_b) > 0), _pick(sel, ns_s), p_ovb, C, bnext_ptr,
                               rns_ptr, ros_ptr, ns_ptr, os_ptr, stamp)  # fmt: skip
             e_lm = e_lm + g
             bs = tl.where(ext, nx, bs_src)

@@ -1,0 +1,70 @@
+"""The CTC beam kernel's registers and spills per variant, without a GPU: each variant (beam, fusion) compiled
+for sm_90 by the installed Triton, its PTX assembled by Triton's own ptxas with -v. A spill (local memory traffic
+in the search's inner loop) shows here before any timing does.
+
+    PYTHONPATH=$PWD python benchmarks/beam_kernel_registers.py [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import get_ptxas
+from triton.compiler import ASTSource
+
+from speechkernels._launch import next_power_of_2
+from speechkernels.decode.beam_kernels import BEAM_TILES, _ctc_beam_kernel
+
+SIGNATURE = dict(
+    x_ptr="*fp32", len_ptr="*i64", node_ptr="*i32", tok_ptr="*i64", frm_ptr="*i64", olen_ptr="*i64",
+    score_ptr="*fp32", ac_ptr="*fp32", lm_ptr="*fp32", T="i32", C="i32", blank="i32", bonus="fp32", prune="fp32",
+    ovl_ptr="*i64", nxl_ptr="*i64", lm_w="fp32", lm_start="i32", chain_ptr="*i64", above_ptr="*fp32",
+    base_ptr="*fp32", as_ptr="*i64", at_ptr="*i64", al_ptr="*fp32", an_ptr="*i64", uni_ptr="*fp32",
+    unext_ptr="*i64", col_ptr="*i64", end_ptr="*fp32", ovb_ptr="*i64", max_depth="i32", fch_ptr="*i64",
+    cs_ptr="*i64", ct_ptr="*i64", cn_ptr="*i64", bnext_ptr="*i64", rns_ptr="*fp32", ros_ptr="*fp32",
+    ns_ptr="*fp32", os_ptr="*fp32",
+)  # fmt: skip
+
+
+def variant(beam: int, lm: bool, boost: bool) -> dict:
+    """Registers, spill stores and loads (bytes) of one variant at the launcher's tiles (4-gram LM, depth 8 trie)."""
+    KP = max(2, next_power_of_2(beam))
+    bc = BEAM_TILES["block_c_wide"] if KP >= 32 else BEAM_TILES["block_c"]
+    consts = dict(K=beam, KP=KP, B=1, BP=2, BC=bc, PRUNE=False, BT=256, LM=lm, DEPTH=3 if lm else 0,
+                  DP=4 if lm else 1, BOOST=boost, MD=8 if boost else 1, BA=BEAM_TILES["block_arcs"])  # fmt: skip
+    src = ASTSource(fn=_ctc_beam_kernel, signature={**SIGNATURE, **dict.fromkeys(consts, "constexpr")},
+                    constexprs=consts)  # fmt: skip
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=BEAM_TILES["warps"]))
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(kernel.asm["ptx"])
+        f.flush()
+        info = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", f.name, "-o", "/dev/null"],
+                              capture_output=True, text=True, check=True).stderr  # fmt: skip
+    number = lambda pattern: int(re.search(pattern, info).group(1))  # noqa: E731
+    return dict(beam=beam, lm=lm, boost=boost, block_c=bc, warps=BEAM_TILES["warps"],
+                registers=number(r"Used (\d+) registers"), spill_stores=number(r"(\d+) bytes spill stores"),
+                spill_loads=number(r"(\d+) bytes spill loads"))  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", help="write the rows here")
+    args = p.parse_args()
+    rows = []
+    for beam in (4, 10, 32):
+        for lm, boost in ((False, False), (True, False), (True, True)):
+            rows.append(variant(beam, lm, boost))
+            print(rows[-1], flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"triton": triton.__version__, "ptxas": get_ptxas(90).version, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
