@@ -263,3 +263,40 @@ def test_decode_peers_file(tmp_path, capsys):
     assert set(row["ms"]) == {"ours", "torch loop", "same"}
     assert "no such decoder" in row["peer_errors"]["broken"]
     assert row["exact"]["equal"] == 2 and row["emit_rate"] > 0
+
+
+def test_decode_beam_with_peers(tmp_path):
+    """decode --beam: every row at each beam without fusion, with the LM and with the LM and phrases; the peers of
+    a --peers file timed and compared (here our own searches, which must agree on every utterance); a failing
+    peer reported, not fatal."""
+    peers = tmp_path / "peers.py"
+    peers.write_text(
+        "import speechkernels as sk\n"
+        "def ctc_beam_peers(beam_size):\n"
+        "    def best(hyp):\n"
+        "        return [hyp.tokens[n, 0, : hyp.lengths[n, 0]].tolist() for n in range(hyp.tokens.shape[0])]\n"
+        "    return {'same': (lambda x, lengths: sk.ctc_beam_search(x, lengths, beam_size), best)}\n"
+        "def transducer_beam_peers(decoder, dtype, beam_size, lm_path, lm_weight, phrases, boosting_weight):\n"
+        "    def broken(x, lengths):\n"
+        "        raise RuntimeError('no such decoder')\n"
+        "    def lists(hyp):\n"
+        "        L = hyp.lengths[:, 0].tolist()\n"
+        "        t, f = hyp.tokens[:, 0].tolist(), hyp.frames[:, 0].tolist()\n"
+        "        return [(t[n][: L[n]], f[n][: L[n]]) for n in range(len(L))]\n"
+        "    if lm_path is not None:\n"
+        "        return {}\n"
+        "    return {'same': (lambda x, lengths: decoder.beam_search(x, lengths, beam_size), lists),\n"
+        "            'broken': (broken, lists)}\n"
+    )
+    out_json = tmp_path / "b.json"
+    argv = ["decode", "--beam", "--device", "cpu", "--rows", "rnnt-2x1,ctc-2x12x9", "--beams", "2", "--reps", "1"]
+    assert main([*argv, "--peers", str(peers), "--json", str(out_json)]) == 0
+    rows = json.loads(out_json.read_text())["rows"]
+    assert [(r["row"], r["beam"], r["fusion"]) for r in rows] == [
+        (row, 2, fusion) for row in ("rnnt-2x1", "ctc-2x12x9") for fusion in ("none", "lm", "lm+boost")
+    ]
+    rnnt, ctc = rows[0], rows[3]
+    assert rnnt["peers_same_best"]["same"] == {"tokens": 2, "tokens_frames": 2}
+    assert "no such decoder" in rnnt["peer_errors"]["broken"]
+    assert ctc["peers_same_best"] == {"same": 2} and set(ctc["ms"]) == {"ours", "same", "greedy"}
+    assert all(r["ms"]["ours"] > 0 for r in rows)

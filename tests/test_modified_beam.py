@@ -11,10 +11,10 @@ import pytest
 import torch
 from test_decode_transducer import make_decoder
 from test_ngram import random_arpa
+from test_transducer_beam import prefix_logits
 
 from speechkernels.decode.boosting import PhraseBooster
 from speechkernels.decode.ngram import NGramLM
-from speechkernels.decode.reference import predict, start_state
 
 
 @torch.no_grad()
@@ -22,17 +22,8 @@ def icefall_modified(dec, x, L: int, K: int, lm=None, a=0.0, booster=None, b=0.0
     """[(tokens, frames, score)] of one utterance's hypotheses, best first (icefall's get_most_probable with its
     length norm: score / (context_size + tokens)); ties between equal proposals go to the earlier hypothesis,
     then the lower class."""
-    w = dec.weights()
     blank = dec.blank
-    enc = torch.nn.functional.linear(x, w.enc_w, w.enc_b)
-    act = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}[w.activation]
-    st = start_state(w, 1, blank, x.device)
-    cache = {(): (st.output, st.predictor)}
-
-    def pred(prefix):
-        if prefix not in cache:
-            cache[prefix] = predict(w, torch.tensor([prefix[-1]]), pred(prefix[:-1])[1])
-        return cache[prefix]
+    joint_logits = prefix_logits(dec, x)
 
     # tokens -> [score, frames, lm state, boosting state] (insertion order: icefall's HypothesisList)
     hyps = {(): [0.0, (), lm.start if lm is not None else 0, 0]}
@@ -40,8 +31,7 @@ def icefall_modified(dec, x, L: int, K: int, lm=None, a=0.0, booster=None, b=0.0
         A = list(hyps.items())
         cands = []
         for i, (tokens, (score, _frames, ls, _bs)) in enumerate(A):
-            g = torch.nn.functional.linear(pred(tokens)[0], w.pred_w, w.pred_b)[0]
-            lp = torch.nn.functional.linear(act(enc[t] + g), w.out_w, w.out_b).log_softmax(0).tolist()
+            lp = joint_logits(tokens, t).log_softmax(0).tolist()
             lm_row = lm.score(torch.tensor([ls]))[0][0].double().tolist() if lm is not None else None
             for v in range(len(lp)):
                 s = score + lp[v] + (a * lm_row[v] if lm is not None and v != blank else 0.0)
@@ -69,7 +59,7 @@ def icefall_modified(dec, x, L: int, K: int, lm=None, a=0.0, booster=None, b=0.0
         if booster is not None:
             score += b * float(booster.end_scores(torch.tensor([bs]))[0])
         out.append((tokens, frames, score))
-    cs = w.context_size
+    cs = dec.context_size
     out.sort(key=lambda h: -(h[2] / (cs + len(h[0])) if norm else h[2]))  # stable: insertion order
     return out
 

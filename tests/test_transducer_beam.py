@@ -45,6 +45,27 @@ def test_beam_one_is_greedy(durations, seed):
         assert float(got.scores[n, 0]) <= float(want.scores[n, :L].sum()) + 1e-9
 
 
+def prefix_logits(dec, x):
+    """logits(tokens, t): the joint's outputs [V (+ D)] for the prediction network after ``tokens`` (a tuple) at
+    frame t of one utterance's encoder outputs x [T, E], the prediction network's steps cached per prefix."""
+    w = dec.weights()
+    enc = torch.nn.functional.linear(x, w.enc_w, w.enc_b)
+    act = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}[w.activation]
+    st = start_state(w, 1, dec.blank, x.device)
+    cache = {(): (st.output, st.predictor)}
+
+    def pred(prefix):
+        if prefix not in cache:
+            cache[prefix] = predict(w, torch.tensor([prefix[-1]]), pred(prefix[:-1])[1])
+        return cache[prefix]
+
+    def logits(tokens: tuple, t: int) -> torch.Tensor:
+        g = torch.nn.functional.linear(pred(tokens)[0], w.pred_w, w.pred_b)[0]
+        return torch.nn.functional.linear(act(enc[t] + g), w.out_w, w.out_b)
+
+    return logits
+
+
 @torch.no_grad()
 def exhaustive(dec, x, L: int, lm=None, a=0.0, booster=None, b=0.0) -> dict:
     """The search without a beam, step by step in plain Python: every hypothesis advances by one symbol (a label
@@ -53,19 +74,10 @@ def exhaustive(dec, x, L: int, lm=None, a=0.0, booster=None, b=0.0) -> dict:
     (output, duration) pair's duration, at least 1; a finished one stays), then hypotheses with the same tokens
     (TDT: at the same frame) merge into the most likely, which keeps its frame and count, with the log-sum of
     their scores; an LM and a booster fused as the module describes. Returns {(tokens, frame): score} at the end."""
-    w = dec.weights()
     blank, durs, ms = dec.blank, dec.durations, dec.max_symbols_per_frame
     D = len(durs) if durs else 0
-    V = w.out_w.shape[0] - D
-    enc = torch.nn.functional.linear(x, w.enc_w, w.enc_b)
-    act = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}[w.activation]
-    st = start_state(w, 1, blank, x.device)
-    cache = {(): (st.output, st.predictor)}
-
-    def pred(prefix):
-        if prefix not in cache:
-            cache[prefix] = predict(w, torch.tensor([prefix[-1]]), pred(prefix[:-1])[1])
-        return cache[prefix]
+    V = dec.out.out_features - D
+    joint_logits = prefix_logits(dec, x)
 
     hyps = [((), 0, 0, 0.0)]  # tokens, frame, labels at the frame, score
     while any(t < L for _, t, _, _ in hyps):
@@ -74,8 +86,7 @@ def exhaustive(dec, x, L: int, lm=None, a=0.0, booster=None, b=0.0) -> dict:
             if t >= L:
                 nxt.append((tokens, t, at, score))
                 continue
-            g = torch.nn.functional.linear(pred(tokens)[0], w.pred_w, w.pred_b)[0]
-            logits = torch.nn.functional.linear(act(enc[t] + g), w.out_w, w.out_b)
+            logits = joint_logits(tokens, t)
             lp = logits[:V].log_softmax(0)
             if lm is not None or booster is not None:
                 fused = lp + (a + b) * torch.log1p(-lp[blank].exp().clamp(max=0.99))

@@ -332,7 +332,8 @@ def load_peers(path: str | None, module: bool = False):
     return mod if module else mod.transducer_peers
 
 
-def measure_transducer(row: str, dtype, device, args, peers_fn) -> dict:
+def transducer_row(row: str, device, dtype):
+    """(model, N, T, seconds, decoder, encoder outputs [N, T, E], a calibration batch) of a transducer row."""
     model, _, shape = row.partition("-")
     N, seconds = (int(v) for v in shape.split("x"))
     T = round(seconds * 1000 / FRAME_MS[model])
@@ -340,6 +341,11 @@ def measure_transducer(row: str, dtype, device, args, peers_fn) -> dict:
     g = torch.Generator(device=device).manual_seed(1)
     x = torch.randn(N, T, E, generator=g, device=device).to(dtype)
     cal = torch.randn(max(N, 8), T, E, generator=g, device=device).to(dtype)
+    return model, N, T, seconds, dec, x, cal
+
+
+def measure_transducer(row: str, dtype, device, args, peers_fn) -> dict:
+    model, N, T, seconds, dec, x, cal = transducer_row(row, device, dtype)
     out = dict(row=row, model=model, N=N, T=T, seconds=seconds, dtype=str(dtype).removeprefix("torch."))
     out["emit_rate"] = calibrate(dec, cal)
     lengths = torch.full((N,), T, device=device)
@@ -410,25 +416,32 @@ def measure_ctc(row: str, device, args) -> dict:
     return out
 
 
+def plan(args, title: str, rows: list[str], cpu_rows: list[str], gpu_dtypes: list[str]):
+    """(device, environment, [(row, dtype or None for CTC)]) of a run, its title printed."""
+    device = resolve_device(args)
+    env = environment(device)
+    gpu = device.type == "cuda"
+    dtypes = [DTYPES[d] for d in (args.dtypes or (gpu_dtypes if gpu else ["float32"]))]
+    print_title(title, env, args.reps)
+    rows = args.rows or (rows if gpu else cpu_rows)
+    return device, env, [(r, d) for r in rows for d in (dtypes if not r.startswith("ctc") else [None])]
+
+
 def run(args) -> int:
     if args.beam:
         from . import decode_beam
 
         return decode_beam.run(args)
-    device = resolve_device(args)
-    env = environment(device)
-    gpu = device.type == "cuda"
-    rows = args.rows or (ROWS if gpu else CPU_DEMO)
-    dtypes = [DTYPES[d] for d in (args.dtypes or (["float32", "bfloat16"] if gpu else ["float32"]))]
-    peers_fn = load_peers(args.peers)
-    print_title("Greedy decoding (TransducerDecoder.greedy, ctc_greedy_decode)", env, args.reps)
+    device, env, work = plan(
+        args, "Greedy decoding (TransducerDecoder.greedy, ctc_greedy_decode)", ROWS, CPU_DEMO, ["float32", "bfloat16"]
+    )
     print_legend(LEGEND, CELLS)
+    peers_fn = load_peers(args.peers)
     print(
         f"{'row':>18} {'dtype':>8} | {'ours ms':>8} {'graph ms':>8} {'loop ms':>8} {'peers':>18} {'x':>6} | "
         f"{'RTFx':>8} {'TB/s':>11} | exact (ties); same dtype",
         flush=True,
     )
-    work = [(r, d) for r in rows for d in (dtypes if not r.startswith("ctc") else [None])]
     out = []
     for r, d in progress(work, "decode", lambda w: f"{w[0]} {w[1] or ''}"):
         out.append(measure_ctc(r, device, args) if d is None else measure_transducer(r, d, device, args, peers_fn))

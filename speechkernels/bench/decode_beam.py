@@ -5,10 +5,10 @@ The zipformer row (icefall's model) searches with icefall's algorithm (``algorit
 NeMo's ``malsd_batch`` semantics.
 
 The LM: ``write_arpa`` (order 4, discount 0.5) of 3,000 random sentences of 30 tokens drawn from a Zipf
-distribution over the row's tokens (the blank left out), weight 0.5. The phrases: 1,000 of 2 to 5 tokens drawn
-from the same distribution, a bonus of 1.0 per token. Beams: 1, 4 and 8 for transducers, 10 and 32 for CTC (the
-CPU demo: 4 and 4). Times: the median of CUDA-event-timed calls after warm-up, taking turns between the decoders
-(fewer calls for decoders slower than 0.1 s).
+distribution over the row's tokens (the blank left out; 300 sentences in the CPU demo), weight 0.5. The phrases:
+1,000 of 2 to 5 tokens drawn from the same distribution, a bonus of 1.0 per token. Beams: 1, 4 and 8 for
+transducers, 10 and 32 for CTC (the CPU demo: 4 and 4). Times: the median of CUDA-event-timed calls after warm-up,
+taking turns between the decoders (fewer calls for decoders slower than 0.1 s).
 
 --peers FILE may define ``ctc_beam_peers(beam_size) -> {name: (run, lists)}`` (CTC without fusion: ``run(x,
 lengths)`` decodes [N, T, C] log-probabilities, ``lists(result)`` gives each utterance's best tokens) and
@@ -30,16 +30,13 @@ from speechkernels.decode.ngram import write_arpa
 
 from .common import (
     emit,
-    environment,
     interleaved_times_ms,
     print_legend,
-    print_title,
     progress,
-    resolve_device,
     times_ms,
     write_json,
 )
-from .decode import DTYPES, FRAME_MS, build_model, calibrate, load_peers
+from .decode import calibrate, load_peers, plan, transducer_row
 
 ROWS = ["tdt-128x15", "rnnt-128x15", "zipformer-128x15", "tdt-8x8", "ctc-128x188x1025"]
 CPU_DEMO = ["tdt-2x2", "ctc-2x50x65"]
@@ -75,7 +72,7 @@ def fusion_models(V: int, blank: int, device, workdir: str) -> dict:
     classes, the blank left out."""
     g = torch.Generator().manual_seed(3)
     classes = [c for c in range(V) if c != blank]
-    text = zipf_tokens(classes, 3000 * 30, g)
+    text = zipf_tokens(classes, (3000 if device.type == "cuda" else 300) * 30, g)
     path = f"{workdir}/lm4_{V}_{blank}.arpa"
     # over the tokens only where the blank is the last class (as NeMo's LMs are: the blank reads as <unk>)
     write_arpa([text[i : i + 30] for i in range(0, len(text), 30)], V - (blank == V - 1), path, order=4)
@@ -178,13 +175,7 @@ def measure_ctc(row: str, device, args, peers_mod, workdir: str) -> list[dict]:
 
 
 def measure_transducer(row: str, dtype, device, args, peers_mod, workdir: str) -> list[dict]:
-    model, _, shape = row.partition("-")
-    N, seconds = (int(v) for v in shape.split("x"))
-    T = round(seconds * 1000 / FRAME_MS[model])
-    dec, E = build_model(model, device, dtype)
-    g = torch.Generator(device=device).manual_seed(1)
-    x = torch.randn(N, T, E, generator=g, device=device).to(dtype)
-    cal = torch.randn(max(N, 8), T, E, generator=g, device=device).to(dtype)
+    model, N, T, seconds, dec, x, cal = transducer_row(row, device, dtype)
     calibrate(dec, cal)
     lengths = torch.full((N,), T, device=device)
     V = dec.out.out_features - (len(dec.durations) if dec.durations is not None else 0)
@@ -234,20 +225,15 @@ def measure_transducer(row: str, dtype, device, args, peers_mod, workdir: str) -
 
 
 def run(args) -> int:
-    device = resolve_device(args)
-    env = environment(device)
-    gpu = device.type == "cuda"
-    rows = args.rows or (ROWS if gpu else CPU_DEMO)
-    dtypes = [DTYPES[d] for d in (args.dtypes or ["float32"])]
-    peers_mod = load_peers(args.peers, module=True)
-    print_title("Beam search (ctc_beam_search, TransducerDecoder.beam_search)", env, args.reps)
+    title = "Beam search (ctc_beam_search, TransducerDecoder.beam_search)"
+    device, env, work = plan(args, title, ROWS, CPU_DEMO, ["float32"])
     print_legend(LEGEND, CELLS)
+    peers_mod = load_peers(args.peers, module=True)
     print(
         f"{'row':>18} {'beam':>4} {'fusion':>8} | {'ours ms':>8} {'x greedy':>8} {'torch ms':>8} {'peers':>18} "
         f"{'x':>6} | same",
         flush=True,
     )
-    work = [(r, d) for r in rows for d in (dtypes if not r.startswith("ctc") else [None])]
     out = []
     with tempfile.TemporaryDirectory() as workdir:
         for r, d in progress(work, "decode --beam", lambda w: f"{w[0]} {w[1] or ''}"):
