@@ -272,7 +272,9 @@ def test_decode_beam_with_peers(tmp_path):
     peers = tmp_path / "peers.py"
     peers.write_text(
         "import speechkernels as sk\n"
-        "def ctc_beam_peers(beam_size):\n"
+        "def ctc_beam_peers(beam_size, lm_path, lm_weight):\n"
+        "    if lm_path is not None:\n"
+        "        return {}\n"
         "    def best(hyp):\n"
         "        return [hyp.tokens[n, 0, : hyp.lengths[n, 0]].tolist() for n in range(hyp.tokens.shape[0])]\n"
         "    return {'same': (lambda x, lengths: sk.ctc_beam_search(x, lengths, beam_size), best)}\n"

@@ -10,8 +10,9 @@ distribution over the row's tokens (the blank left out; 300 sentences in the CPU
 transducers, 10 and 32 for CTC (the CPU demo: 4 and 4). Times: the median of CUDA-event-timed calls after warm-up,
 taking turns between the decoders (fewer calls for decoders slower than 0.1 s).
 
---peers FILE may define ``ctc_beam_peers(beam_size) -> {name: (run, lists)}`` (CTC without fusion: ``run(x,
-lengths)`` decodes [N, T, C] log-probabilities, ``lists(result)`` gives each utterance's best tokens) and
+--peers FILE may define ``ctc_beam_peers(beam_size, lm_path, lm_weight) -> {name: (run, lists)}`` (CTC without
+fusion, ``lm_path`` None, and with the LM: ``run(x, lengths)`` decodes [N, T, C] log-probabilities,
+``lists(result)`` gives each utterance's best tokens) and
 ``transducer_beam_peers(decoder, dtype, beam_size, lm_path, lm_weight, phrases, boosting_weight) -> {name: (run,
 lists)}`` (``lm_path`` and ``phrases`` None without fusion; ``lists`` gives (tokens, frames) per utterance).
 """
@@ -163,8 +164,10 @@ def measure_ctc(row: str, device, args, peers_mod, workdir: str) -> list[dict]:
                 ref = _nbest_lists(fns["torch path"]())
                 r["same_as_torch_path"] = sum(a == b for a, b in zip(ours, ref, strict=True))
             peer_best = {}
-            if fu == "none" and peers_mod is not None and hasattr(peers_mod, "ctc_beam_peers"):
-                _run_peers(r, _peers(r, peers_mod.ctc_beam_peers, K), x, lengths, fns, peer_best)
+            if fu != "lm+boost" and peers_mod is not None and hasattr(peers_mod, "ctc_beam_peers"):
+                lm_path = fusion["lm_path"] if fu == "lm" else None
+                peers = _peers(r, peers_mod.ctc_beam_peers, K, lm_path, LM_WEIGHT)
+                _run_peers(r, peers, x, lengths, fns, peer_best)
             r["ms"] = {**_times(fns, device, args.reps), **greedy_ms}
             r["peers_same_best"] = {
                 n: sum(a[0][0] == b for a, b in zip(ours, v, strict=True)) for n, v in peer_best.items()
