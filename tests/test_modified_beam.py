@@ -139,3 +139,16 @@ def test_gpu_search_is_the_cpu_search(gpu, tmp_path):
         if b is not None:
             assert a.device.type == "cuda"
             assert torch.allclose(a.cpu(), b, atol=1e-9) if b.dtype.is_floating_point else torch.equal(a.cpu(), b)
+
+
+def test_views_search_as_copies():
+    """Strided, transposed and offset encoder outputs and lengths as a list: the contiguous copy's hypotheses."""
+    dec = make_decoder(4, stateless=2, blank=0)
+    x = torch.randn(2, 7, 6)
+    want = dec.beam_search(x, torch.tensor([7, 4]), 3, nbest=2, algorithm="modified")
+    big = torch.zeros(7, 3, 12)
+    view = big[:, 1:, ::2].transpose(0, 1)  # [2, 7, 6], offset, strided, transposed
+    view.copy_(x)
+    got = dec.beam_search(view, [7, 4], 3, nbest=2, algorithm="modified")
+    for a, b in zip(got, want, strict=True):
+        assert (a is None and b is None) or torch.equal(a, b)
