@@ -75,6 +75,7 @@ def exits_with_usage(argv: list[str], capsys) -> str:
         (["decode", "--rows", "ctc-1x8"], "ctc-NxTxC"),
         (["decode", "--dtypes", "float64"], "float32, bfloat16, float16"),
         (["decode", "--peers", "/nonexistent/peers.py"], "is not a file"),
+        (["decode", "--beam", "--beams", "4,0"], "--beams"),
         (["wavenet", "--only", "foo"], "proxy, vocoder"),
         (["wavenet", "--designs", "stream,foo"], "stream, barrier, cluster, partials, pipeline"),
         (["wavenet", "--rows", "proxy:float64:1"], "proxy:WEIGHTS:B"),
