@@ -35,9 +35,11 @@ SIGNATURE = dict(
 def variant(beam: int, lm: bool, boost: bool) -> dict:
     """Registers, spill stores and loads (bytes) of one variant at the launcher's tiles (4-gram LM, depth 8 trie)."""
     KP = max(2, next_power_of_2(beam))
-    bc = BEAM_TILES["block_c_wide"] if KP >= 32 else BEAM_TILES["block_c"]
+    wide = KP >= BEAM_TILES["wide"]
+    bc = BEAM_TILES["block_c_wide"] if wide else BEAM_TILES["block_c"]
     consts = dict(K=beam, KP=KP, B=1, BP=2, BC=bc, PRUNE=False, BT=256, LM=lm, DEPTH=3 if lm else 0,
-                  DP=4 if lm else 1, BOOST=boost, MD=8 if boost else 1, BA=BEAM_TILES["block_arcs"])  # fmt: skip
+                  DP=4 if lm else 1, BOOST=boost, MD=8 if boost else 1, BA=BEAM_TILES["block_arcs"],
+                  WIDE=wide)  # fmt: skip
     src = ASTSource(fn=_ctc_beam_kernel, signature={**SIGNATURE, **dict.fromkeys(consts, "constexpr")},
                     constexprs=consts)  # fmt: skip
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=BEAM_TILES["warps"]))

@@ -29,9 +29,10 @@ import triton.language as tl
 from .._launch import launch, next_power_of_2
 from .._outputs import kernel_output
 
-BEAM_TILES = {"block_c": 256, "warps": 8, "block_c_wide": 128, "block_arcs": 32}  # classes per block (a power of
-# two; tests lower it) and warps, the classes per block from 32 slots up, the LM's and the trie's arcs written per
-# slot at once
+BEAM_TILES = {"block_c": 256, "warps": 8, "wide": 32, "block_c_wide": 128, "block_arcs": 32}  # classes per block
+# (a power of two; tests lower it) and warps; from "wide" slots up, "block_c_wide" classes per block and the fused
+# terms' per-class vectors read per slot (loaded once per block below it: faster at beam 10, slower at beam 32 on
+# the H100); the LM's and the trie's arcs written per slot at once
 _MIN_KEY = tl.constexpr(-9223372036854775807 - 1)  # below every candidate's key: an empty place
 _MAX_KEY = tl.constexpr(9223372036854775807)  # above every key: the places past K, never replaced
 
@@ -177,7 +178,8 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
                      ovb_ptr, max_depth, fch_ptr, cs_ptr, ct_ptr, cn_ptr, bnext_ptr, rns_ptr, ros_ptr, ns_ptr, os_ptr,
                      K: tl.constexpr, KP: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, BC: tl.constexpr,
                      PRUNE: tl.constexpr, BT: tl.constexpr, LM: tl.constexpr, DEPTH: tl.constexpr,
-                     DP: tl.constexpr, BOOST: tl.constexpr, MD: tl.constexpr, BA: tl.constexpr):  # fmt: skip
+                     DP: tl.constexpr, BOOST: tl.constexpr, MD: tl.constexpr, BA: tl.constexpr,
+                     WIDE: tl.constexpr):  # fmt: skip
     n = tl.program_id(0)
     L = tl.minimum(tl.maximum(tl.load(len_ptr + n).to(tl.int32), 0), T)
     o_k = tl.arange(0, KP)
@@ -286,12 +288,16 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
             ok_c = (cls < C) & (cls != blank) & (lp >= limit)
             fuse = e_lm0[:, None]
             use = alive[:, None] & ok_c[None, :]
+            if WIDE:
+                ok_v = use  # the per-class vectors read per slot
+            else:
+                ok_v = ok_c[None, :]  # once per block
             if LM:
-                v, _, _ = _lm_at(o_k[:, None], cls[None, :], ok_c[None, :], use, base[:, None], p_ovl, C, uni_ptr,
+                v, _, _ = _lm_at(o_k[:, None], cls[None, :], ok_v, use, base[:, None], p_ovl, C, uni_ptr,
                                  col_ptr, stamp)  # fmt: skip
                 fuse = fuse + lm_w * v
             if BOOST:
-                g, _ = _boost_at(o_k[:, None], cls[None, :], ok_c[None, :], use & (has_b > 0)[:, None], ns_s[:, None],
+                g, _ = _boost_at(o_k[:, None], cls[None, :], ok_v, use & (has_b > 0)[:, None], ns_s[:, None],
                                  p_ovb, C, bnext_ptr, rns_ptr, ros_ptr, ns_ptr, os_ptr, stamp)  # fmt: skip
                 fuse = fuse + g
             keys = _extension_keys(cls, lp, ok_c, last, p_b, total, alive, fuse, o_k, C)
@@ -450,7 +456,8 @@ def ctc_beam(
                       boosting.node_score, boosting.output_score)  # fmt: skip
     else:
         boost_args = (x, 0) + (x,) * 9
-    bc = min(BEAM_TILES["block_c"], BEAM_TILES["block_c_wide"] if KP >= 32 else BEAM_TILES["block_c"])
+    wide = KP >= BEAM_TILES["wide"]
+    bc = min(BEAM_TILES["block_c"], BEAM_TILES["block_c_wide"] if wide else BEAM_TILES["block_c"])
     launch(_ctc_beam_kernel)[(N,)](
         x,
         lengths,
@@ -481,6 +488,7 @@ def ctc_beam(
         BOOST=boosting is not None,
         MD=next_power_of_2(max(boosting.max_depth, 1)) if boosting is not None else 1,
         BA=BEAM_TILES["block_arcs"],
+        WIDE=wide,
         num_warps=BEAM_TILES["warps"],
     )
     return tokens, lens, frames, scores, acoustic, lm_out
