@@ -34,11 +34,13 @@ CAPABILITIES = {
             "speechkernels.decode.api:kernels",
             "speechkernels.decode.api:transducer_kernels",
             "speechkernels.decode.api:beam_kernels",
+            "speechkernels.decode.api:transducer_beam_kernels",
         ),
         (
             "speechkernels.decode.kernels:ctc_greedy",
             "speechkernels.decode.transducer_kernels:transducer_greedy",
             "speechkernels.decode.beam_kernels:ctc_beam",
+            "speechkernels.decode.transducer_beam_kernels:malsd_search",
         ),
     ),
     "wavenet": Capability(

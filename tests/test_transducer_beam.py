@@ -180,8 +180,8 @@ def test_the_public_method(tmp_path):
     got = dec.beam_search(x, [7, 5], 3, nbest=2)
     with torch.no_grad():
         want = search(dec, x, [7, 5], 3, nbest=2)
-    for a, b in zip(got, want, strict=True):
-        assert torch.equal(a, b)
+    for a, b in zip(got, want, strict=True):  # (the kernel's log-softmaxes round as they do)
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-5) if a.dtype.is_floating_point else torch.equal(a, b)
     one = dec.beam_search(x, [7, 5], 1)
     greedy, _ = dec.greedy(x, [7, 5])
     for n in range(2):
@@ -231,3 +231,69 @@ def test_views_search_as_copies():
     got = dec.beam_search(view, [7, 4], 3, nbest=2)
     for a, b in zip(got, want, strict=True):
         assert (a is None and b is None) or torch.equal(a, b)
+
+
+def check_against_oracle(hyp, want, tol: float) -> None:
+    """The same N-best as the float64 reference ``want``: tokens, frames, durations, lengths exactly (-1 past the
+    lengths), scores and their parts to ``tol``."""
+    for f in ("tokens", "lengths", "frames", "durations"):
+        a, b = getattr(hyp, f), getattr(want, f)
+        assert (a is None) == (b is None), f
+        if a is not None:
+            assert a.dtype == torch.int64 and torch.equal(a.cpu(), b), f
+    for f in ("scores", "acoustic", "lm_scores"):
+        a, b = getattr(hyp, f).cpu(), getattr(want, f)
+        assert a.dtype == torch.float32 and torch.equal(a.isinf(), b.isinf()), f
+        assert torch.allclose(a, b.float(), rtol=tol, atol=tol), (f, a, b)
+
+
+@pytest.mark.parametrize("durations", [None, (0, 1, 2, 3)])
+@pytest.mark.parametrize("seed", range(6))
+def test_search_on_every_path(path, tmp_path, monkeypatch, durations, seed):
+    """TransducerDecoder.beam_search in float32 on every path (the step kernel on the interpreter and the GPU):
+    the float64 reference's N-best; beams 1-4 (max_symbols reached, an empty utterance), an LM (some tokens
+    without a unigram: <unk>) from seed 2, boosting from seed 4, its arcs written a few at a time."""
+    if path.kernels:
+        from speechkernels.decode import transducer_beam_kernels
+
+        monkeypatch.setitem(transducer_beam_kernels.STEP_TILES, "block_arcs", 2 if seed % 2 else 16)
+    dec = make_decoder(seed, durations=durations, max_symbols=2, blank_bias=0.5 * (seed % 3))
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(3, 9, 6, generator=g)
+    lengths = [9, 4, 0]
+    K = 1 + seed % 4
+    kw = dict(nbest=K)
+    if seed >= 2:
+        random_arpa(tmp_path / "lm.arpa", 7, 3, seed=seed, drop=seed % 2)
+        kw.update(lm=NGramLM.from_arpa(tmp_path / "lm.arpa", 7), lm_weight=0.4)
+    if seed >= 4:
+        booster = PhraseBooster([[1, 2], [3, 1, 2], [0], [4, 4]], 7, [1.0, 0.5, 2.0, 1.5])
+        kw.update(boosting=booster, boosting_weight=0.7)
+    with torch.no_grad():
+        want = search(dec.double(), x.double(), lengths, K, **kw)
+    dev_kw = {k: v.to(path.device) if hasattr(v, "to") else v for k, v in kw.items()}
+    hyp = dec.float().to(path.device).beam_search(x.to(path.device), lengths, K, **dev_kw)
+    path.check_ran()
+    check_against_oracle(hyp, want, 1e-4)
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("durations", [None, (0, 2, 1)])
+def test_search_across_class_blocks(path, tmp_path, monkeypatch, durations):
+    """More classes than a block (each slot's running list of its best labels across blocks), beams wider than
+    the classes' proposals need, the blank first, an LM and boosting."""
+    from speechkernels.decode import transducer_beam_kernels
+
+    monkeypatch.setitem(transducer_beam_kernels.STEP_TILES, "block_c", 16)
+    dec = make_decoder(7, V=40, durations=durations, max_symbols=3, blank=0, blank_bias=2.0)
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 8, 6, generator=g)
+    random_arpa(tmp_path / "lm.arpa", 40, 4, seed=7)
+    kw = dict(nbest=3, lm=NGramLM.from_arpa(tmp_path / "lm.arpa", 40), lm_weight=0.3)
+    kw["boosting"] = PhraseBooster([[5, 9, 5, 9], [9, 5], [30, 31, 32]], 40, 1.0)
+    with torch.no_grad():
+        want = search(dec.double(), x.double(), [8, 6], 5, **kw)
+    dev_kw = {k: v.to(path.device) if hasattr(v, "to") else v for k, v in kw.items()}
+    hyp = dec.float().to(path.device).beam_search(x.to(path.device), [8, 6], 5, **dev_kw)
+    path.check_ran()
+    check_against_oracle(hyp, want, 1e-4)

@@ -50,11 +50,11 @@ LEGEND = [
     ("beam, fusion", "beam size; none, a 4-gram LM (lm) or the LM and 1,000 boosted phrases (lm+boost)"),
     ("ours ms", "median ms of one beam search of the batch (validate=False)"),
     ("x greedy", "ours / greedy decoding of the same batch"),
-    ("torch ms", "CTC: the PyTorch path of ctc_beam_search on the same device"),
+    ("torch ms", "the PyTorch path of the same search on the same device (CTC, malsd: its decisions' kernel off)"),
     ("peers", "the fastest --peers decoder's ms and name, and its ms / ours"),
     (
         "same",
-        "CTC: utterances whose N-best (tokens, frames, order) equal the PyTorch path's; transducers at beam 1: "
+        "utterances whose N-best (tokens, frames, order) equal the PyTorch path's; transducers at beam 1: "
         "utterances equal to greedy decoding (tokens, frames, durations); and per peer, best hypotheses equal",
     ),  # fmt: skip
 ]
@@ -209,6 +209,12 @@ def measure_transducer(row: str, dtype, device, args, peers_mod, workdir: str) -
                     )  # fmt: skip
                     for n in range(N)
                 )
+            if device.type == "cuda" and kw["algorithm"] == "malsd" and decode_api.transducer_beam_kernels is not None:
+                fns["torch path"] = lambda kw=kw: _without_kernels(
+                    "transducer_beam_kernels", lambda: dec.beam_search(x, lengths, **kw)
+                )
+                ref = _nbest_lists(fns["torch path"]())
+                r["same_as_torch_path"] = sum(a == b for a, b in zip(_nbest_lists(hyp), ref, strict=True))
             peer_best = {}
             if peers_mod is not None and hasattr(peers_mod, "transducer_beam_peers"):
                 lm_path = fusion["lm_path"] if fu != "none" else None

@@ -25,10 +25,10 @@ from .reference import (
 from .transducer_beam import modified_beam_search_reference, transducer_beam_search_reference
 
 try:  # the Triton kernels; without Triton (error names it) the PyTorch path serves every call
-    from . import beam_kernels, kernels, transducer_kernels
+    from . import beam_kernels, kernels, transducer_beam_kernels, transducer_kernels
 except ImportError as error:
     kernels = triton_missing(error)
-    transducer_kernels = beam_kernels = None
+    transducer_kernels = beam_kernels = transducer_beam_kernels = None
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # measured on the GPU; float16 networks take the PyTorch path
 
 
@@ -523,7 +523,17 @@ class TransducerDecoder(torch.nn.Module):
                 w, encoder_out, lengths, beam_size, self.blank, nbest, lm, lm_weight, score_norm, boosting,
                 boosting_weight,
             )  # fmt: skip
-        return transducer_beam_search_reference(
+        search = transducer_beam_search_reference
+        if (
+            transducer_beam_kernels is not None
+            and use_triton(encoder_out)
+            and w.enc_w.dtype in KERNEL_DTYPES
+            and use_triton(w.enc_w)
+            and N > 0
+            and T > 0
+        ):
+            search = transducer_beam_kernels.malsd_search
+        return search(
             w,
             encoder_out,
             lengths,

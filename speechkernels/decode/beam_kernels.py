@@ -151,6 +151,55 @@ def _arc_ranges(chain, live, start_ptr):
 
 
 @triton.jit
+def _boost_chains(bs, alive, max_depth, ns_ptr, fch_ptr, cs_ptr, MD: tl.constexpr):
+    """The trie states ``bs``' node scores and the arcs of their failure chains: (node score, first arcs and counts
+    [KP, MD] by depth, arcs in all) (none where not ``alive``)."""
+    ns_s = tl.load(ns_ptr + bs)
+    o_m = tl.arange(0, MD)
+    in_m = alive[:, None] & (o_m[None, :] < max_depth)
+    chain_b = tl.load(fch_ptr + bs[:, None] * max_depth + o_m[None, :], mask=in_m, other=0).to(tl.int32)
+    lo_b, cnt_b = _arc_ranges(chain_b, in_m, cs_ptr)
+    return ns_s, lo_b, cnt_b, tl.sum(cnt_b, axis=1)
+
+
+@triton.jit
+def _boost_overrides(lo_b, cnt_b, ns_s, p_ovb, C, stamp, max_depth, ct_ptr, cn_ptr, o_k, MD: tl.constexpr,
+                     BA: tl.constexpr):  # fmt: skip
+    """Each slot's trie children along its failure chain written as the step's overrides [KP, C] (the deepest
+    last: it wins)."""
+    o_m = tl.arange(0, MD)
+    for ib in range(0, max_depth):
+        j = max_depth - 1 - ib
+        cnt_j = _column(cnt_b, o_m, j)
+        if tl.max(cnt_j, 0) > 0:
+            _scatter(p_ovb, C, _column(lo_b, o_m, j), cnt_j, ct_ptr, cn_ptr, ns_s, stamp, o_k, BA, True)
+            tl.debug_barrier()
+
+
+@triton.jit
+def _lm_overrides(lm_st, alive, p_ovl, p_nxl, C, stamp, chain_ptr, above_ptr, base_ptr, as_ptr, at_ptr, al_ptr, an_ptr,
+                  o_k, DEPTH: tl.constexpr, DP: tl.constexpr, BA: tl.constexpr):  # fmt: skip
+    """Each live slot's LM arcs along the backoff chain of its state ``lm_st`` written as the step's overrides
+    (values [KP, C + 1] with the backoffs above them, next states), the least specific first; returns the states'
+    summed backoffs to the root."""
+    o_d = tl.arange(0, DP)
+    at = lm_st[:, None] * (DEPTH + 1) + o_d[None, :]
+    in_d = alive[:, None] & (o_d[None, :] <= DEPTH)
+    chain = tl.load(chain_ptr + at, mask=in_d, other=0).to(tl.int32)
+    above = tl.load(above_ptr + at, mask=in_d, other=0.0)
+    base = tl.load(base_ptr + lm_st)
+    lo, cnt = _arc_ranges(chain, in_d, as_ptr)
+    for il in tl.static_range(1, DEPTH + 1):  # (the last level is the root's: no arcs)
+        lvl = DEPTH - il
+        lo_l, cnt_l, above_l = _column(lo, o_d, lvl), _column(cnt, o_d, lvl), _column(above, o_d, lvl)
+        if tl.max(cnt_l, 0) > 0:
+            _scatter(p_ovl, C + 1, lo_l, cnt_l, at_ptr, al_ptr, above_l, stamp, o_k, BA, False)
+            _scatter(p_nxl, C + 1, lo_l, cnt_l, at_ptr, an_ptr, above_l, stamp, o_k, BA, True)
+            tl.debug_barrier()
+    return base
+
+
+@triton.jit
 def _take(run, keys, merged, parent, last, C, DROP: tl.constexpr):
     """The list ``run`` after the candidates ``keys`` (any shape) that beat its worst, best first: each replaces the
     worst; with DROP an extension merged into a stay (a (parent, class) of ``merged`` slots) is dropped instead."""
@@ -253,34 +302,12 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
         ns_s = tl.zeros((KP,), tl.float32)
         has_b = tl.zeros((KP,), tl.int32)
         if BOOST:  # (the trie's loads first: they overlap the LM's)
-            ns_s = tl.load(ns_ptr + bs)
-            o_m = tl.arange(0, MD)
-            in_m = alive[:, None] & (o_m[None, :] < max_depth)
-            chain_b = tl.load(fch_ptr + bs[:, None] * max_depth + o_m[None, :], mask=in_m, other=0).to(tl.int32)
-            lo_b, cnt_b = _arc_ranges(chain_b, in_m, cs_ptr)
-            has_b = tl.sum(cnt_b, axis=1)
+            ns_s, lo_b, cnt_b, has_b = _boost_chains(bs, alive, max_depth, ns_ptr, fch_ptr, cs_ptr, MD)
         if LM:
-            o_d = tl.arange(0, DP)
-            at = lm_st[:, None] * (DEPTH + 1) + o_d[None, :]
-            in_d = alive[:, None] & (o_d[None, :] <= DEPTH)
-            chain = tl.load(chain_ptr + at, mask=in_d, other=0).to(tl.int32)
-            above = tl.load(above_ptr + at, mask=in_d, other=0.0)
-            base = tl.load(base_ptr + lm_st)
-            lo, cnt = _arc_ranges(chain, in_d, as_ptr)
-            for il in tl.static_range(1, DEPTH + 1):  # (the last level is the root's: no arcs)
-                lvl = DEPTH - il
-                lo_l, cnt_l, above_l = _column(lo, o_d, lvl), _column(cnt, o_d, lvl), _column(above, o_d, lvl)
-                if tl.max(cnt_l, 0) > 0:
-                    _scatter(p_ovl, C + 1, lo_l, cnt_l, at_ptr, al_ptr, above_l, stamp, o_k, BA, False)
-                    _scatter(p_nxl, C + 1, lo_l, cnt_l, at_ptr, an_ptr, above_l, stamp, o_k, BA, True)
-                    tl.debug_barrier()
+            base = _lm_overrides(lm_st, alive, p_ovl, p_nxl, C, stamp, chain_ptr, above_ptr, base_ptr, as_ptr, at_ptr,
+                                 al_ptr, an_ptr, o_k, DEPTH, DP, BA)  # fmt: skip
         if BOOST:
-            for ib in range(0, max_depth):
-                j = max_depth - 1 - ib
-                cnt_j = _column(cnt_b, o_m, j)
-                if tl.max(cnt_j, 0) > 0:
-                    _scatter(p_ovb, C, _column(lo_b, o_m, j), cnt_j, ct_ptr, cn_ptr, ns_s, stamp, o_k, BA, True)
-                    tl.debug_barrier()
+            _boost_overrides(lo_b, cnt_b, ns_s, p_ovb, C, stamp, max_depth, ct_ptr, cn_ptr, o_k, MD, BA)
         # the extensions, a block of classes at a time, into the running list of the K best keys
         for c0 in range(0, C, BC):
             cls = c0 + o_c
@@ -411,6 +438,32 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
         cur_f = tl.load(p_node + cur_f * 4 + 2, mask=live & (cur_f >= 0), other=-1)
 
 
+def lm_arguments(lm, lm_weight: float, N: int, KP: int, C: int, x: torch.Tensor) -> tuple:
+    """The kernels' LM arguments (``x``, on the device, fills the unused pointers): the step's override buffers
+    (zero: no step's stamp) of N x KP slots over C classes, and the root's values per class (<unk>'s where the
+    class has no unigram)."""
+    if lm is None:
+        return (x, x, 0.0, 0) + (x,) * 11
+    dev = x.device
+    ovl = torch.zeros(2, N, KP, C + 1, dtype=torch.int64, device=dev)
+    col = torch.arange(C, device=dev)
+    col[lm.unknown] = C
+    return (ovl[0], ovl[1], float(lm_weight), int(lm.start), lm.chain, lm.above, lm.base, lm.arc_start,
+            lm.arc_token, lm.arc_logp, lm.arc_next, lm.unigram[col], lm.unigram_next[col], col, lm.end)  # fmt: skip
+
+
+def boost_arguments(boosting, N: int, KP: int, C: int, x: torch.Tensor) -> tuple:
+    """The kernels' boosting arguments: the step's override buffer of N x KP slots over C classes and the trie's
+    tables (``x`` fills the unused pointers)."""
+    if boosting is None:
+        return (x, 0) + (x,) * 9
+    ovb = torch.zeros(N, KP, C, dtype=torch.int64, device=x.device)
+    root = boosting.next[0]
+    return (ovb, int(boosting.max_depth), boosting.fail_chain, boosting.child_start, boosting.child_token,
+            boosting.child_next, root, boosting.node_score[root], boosting.output_score[root], boosting.node_score,
+            boosting.output_score)  # fmt: skip
+
+
 def ctc_beam(
     x: torch.Tensor,
     lengths: torch.Tensor,
@@ -437,25 +490,8 @@ def ctc_beam(
     frames = kernel_output(N, B, T, dtype=torch.int64, device=dev)
     lens = kernel_output(N, B, dtype=torch.int64, device=dev)
     scores, acoustic, lm_out = kernel_output(3, N, B, dtype=torch.float32, device=dev).unbind(0)
-    if lm is not None:
-        # the frame's overrides (zero: no frame's stamp) and the root's values per class (<unk>'s where the class
-        # has no unigram)
-        ovl = torch.zeros(2, N, KP, C + 1, dtype=torch.int64, device=dev)
-        col = torch.arange(C, device=dev)
-        col[lm.unknown] = C
-        lm_args = (ovl[0], ovl[1], float(lm_weight), int(lm.start), lm.chain, lm.above, lm.base, lm.arc_start,
-                   lm.arc_token, lm.arc_logp, lm.arc_next, lm.unigram[col], lm.unigram_next[col], col,
-                   lm.end)  # fmt: skip
-    else:
-        lm_args = (x, x, 0.0, 0) + (x,) * 11
-    if boosting is not None:
-        ovb = torch.zeros(N, KP, C, dtype=torch.int64, device=dev)
-        root = boosting.next[0]
-        boost_args = (ovb, int(boosting.max_depth), boosting.fail_chain, boosting.child_start, boosting.child_token,
-                      boosting.child_next, root, boosting.node_score[root], boosting.output_score[root],
-                      boosting.node_score, boosting.output_score)  # fmt: skip
-    else:
-        boost_args = (x, 0) + (x,) * 9
+    lm_args = lm_arguments(lm, lm_weight, N, KP, C, x)
+    boost_args = boost_arguments(boosting, N, KP, C, x)
     wide = KP >= BEAM_TILES["wide"]
     bc = min(BEAM_TILES["block_c"], BEAM_TILES["block_c_wide"] if wide else BEAM_TILES["block_c"])
     launch(_ctc_beam_kernel)[(N,)](

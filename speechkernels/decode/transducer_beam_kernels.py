@@ -1,0 +1,468 @@
+"""Triton kernels of the transducer beam search (``TransducerDecoder.beam_search``, NeMo's ``malsd_batch`` rules as
+``transducer_beam.transducer_beam_search_reference`` writes them): the search's decisions on the GPU, the networks
+in PyTorch.
+
+A step is the reference's: the joint of every slot at its frame (PyTorch: the same operations), then one launch of
+``_malsd_step_kernel``, one program per utterance, that takes the K x (V + D) joint outputs and the beam's state
+and does everything else of the step in registers: each slot's log-softmaxes, the fused LM and boosting terms (the
+slot's LM arcs along its backoff chain and trie children along its failure chain written as the step's stamped
+overrides of the automata's root values, as the CTC beam kernel does), each slot's K best labels (packed keys, a
+running list per slot over blocks of classes), for TDT their K best (label, duration) pairs, the K x K proposals
+with the finished and max_symbols rules, the K best of them, the survivors' state, and the merges (the same
+token hash, last token, length, TDT frame). It writes the slots' parents and labels, from which PyTorch advances
+the prediction network (the same operations as the reference), and one history entry per slot (parent, label or
+-1, frame, duration): the tokens are read back along the parents at the end (``_malsd_backtrack``), not copied per
+step. No host synchronisation but a check every ``CHECK_EVERY`` steps of whether a slot is still active (a step
+after the last does nothing: its entries keep every slot).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._launch import launch, next_power_of_2
+from .._outputs import kernel_output
+from .beam_kernels import (
+    _MAX_KEY,
+    _MIN_KEY,
+    _boost_at,
+    _boost_chains,
+    _boost_overrides,
+    _key,
+    _lm_at,
+    _lm_overrides,
+    _pick,
+    boost_arguments,
+    lm_arguments,
+)
+
+STEP_TILES = {"block_c": 256, "warps": 4, "block_arcs": 32}  # classes per block (a power of two; tests lower it),
+# warps, the LM's and the trie's arcs written per slot at once
+CHECK_EVERY = 8  # steps between the host's checks for an active slot
+
+
+@triton.jit
+def _score_of(key):
+    """The float32 score of a packed key (``beam_kernels._key``'s map is its own inverse on the high word)."""
+    k32 = (key >> 32).to(tl.int32)
+    return (k32 ^ ((k32 >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _order_of(key):
+    return (4294967295 - (key & 4294967295)).to(tl.int32)
+
+
+@triton.jit
+def _take_per_row(run, keys):
+    """Each row's list ``run`` [R, J] after the row's candidates ``keys`` [R, BC] that beat its worst (distinct
+    keys per row)."""
+    o_j = tl.arange(0, run.shape[1])
+    m = tl.max(keys, 1)
+    low = tl.min(run, 1)
+    while tl.max((m > low).to(tl.int32), 0) > 0:
+        upd = m > low
+        pos = tl.argmin(run, 1)
+        run = tl.where(upd[:, None] & (o_j[None, :] == pos[:, None]), m[:, None], run)
+        keys = tl.where(upd[:, None] & (keys == m[:, None]), _MIN_KEY, keys)
+        m = tl.max(keys, 1)
+        low = tl.min(run, 1)
+    return run
+
+
+@triton.jit
+def _sorted_per_row(run, K: tl.constexpr, KP: tl.constexpr):
+    """Each row's K largest keys of ``run`` [R, J] (distinct but for _MIN_KEY), largest first: [R, KP], _MIN_KEY
+    past them."""
+    o_r = tl.arange(0, KP)
+    out = tl.full((run.shape[0], KP), _MIN_KEY, tl.int64)
+    for r in range(K):
+        m = tl.max(run, 1)
+        out = tl.where(o_r[None, :] == r, m[:, None], out)
+        run = tl.where(run == m[:, None], _MIN_KEY, run)
+    return out
+
+
+@triton.jit
+def _lse(x, axis: tl.constexpr):
+    """torch.logsumexp's: log(sum(exp(x - m))) + m, m the maximum (0 where infinite)."""
+    m = tl.max(x, axis)
+    m = tl.where((m == float("inf")) | (m == float("-inf")), 0.0, m)
+    return tl.log(tl.sum(tl.exp(x - tl.expand_dims(m, axis)), axis)) + m
+
+
+@triton.jit
+def _malsd_step_kernel(x_ptr, len_ptr, go_ptr, step_ptr, dur_ptr, sf_ptr, si_ptr, hsh_ptr, hist_ptr,
+                       row_ptr, lab_ptr, islab_ptr, frm_ptr,
+                       NK, T, V, W, blank, max_symbols, fusion, one_fusion, b_w,
+                       ovl_ptr, nxl_ptr, lm_w, lm_start, chain_ptr, above_ptr, base_ptr, as_ptr, at_ptr, al_ptr, an_ptr,
+                       uni_ptr, unext_ptr, col_ptr, end_ptr,
+                       ovb_ptr, max_depth, fch_ptr, cs_ptr, ct_ptr, cn_ptr, bnext_ptr, rns_ptr, ros_ptr, ns_ptr, os_ptr,
+                       K: tl.constexpr, KP: tl.constexpr, BC: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
+                       LM: tl.constexpr, DEPTH: tl.constexpr, DPL: tl.constexpr, BOOST: tl.constexpr,
+                       MD: tl.constexpr, BA: tl.constexpr):  # fmt: skip
+    n = tl.program_id(0)
+    o_k = tl.arange(0, KP)
+    o_c = tl.arange(0, BC)
+    in_k = o_k < K
+    ninf = float("-inf")
+    L = tl.load(len_ptr + n).to(tl.int32)
+    go = (tl.zeros((KP,), tl.int32) + tl.load(go_ptr).to(tl.int32)) != 0  # a slot of the batch is active: the
+    # step is one of the search's (a vector: the interpreter masks with vectors only)
+    step = tl.load(step_ptr)
+    stamp = step + 1
+    at_s = n * K + o_k  # the slots' state: [2, N, K] float32 (score, acoustic), [6, N, K] int32
+    score = tl.load(sf_ptr + at_s, mask=in_k, other=ninf)
+    acoustic = tl.load(sf_ptr + NK + at_s, mask=in_k, other=ninf)
+    t = tl.load(si_ptr + at_s, mask=in_k, other=0)
+    at_frame = tl.load(si_ptr + NK + at_s, mask=in_k, other=0)
+    n_lab = tl.load(si_ptr + 2 * NK + at_s, mask=in_k, other=0)
+    last = tl.load(si_ptr + 3 * NK + at_s, mask=in_k, other=-1)
+    lm_st = tl.load(si_ptr + 4 * NK + at_s, mask=in_k, other=0)
+    bs = tl.load(si_ptr + 5 * NK + at_s, mask=in_k, other=0)
+    hsh = tl.load(hsh_ptr + at_s, mask=in_k, other=0)
+    active = in_k & (t < L)
+    rows = x_ptr + at_s.to(tl.int64) * W  # the slots' joint outputs
+    # the log-softmax over the V token classes (the maximum, then the sum), and over the D durations
+    mx = tl.full((KP,), ninf, tl.float32)
+    for c0 in range(0, V, BC):
+        m = active[:, None] & (c0 + o_c < V)[None, :]
+        xv = tl.load(rows[:, None] + c0 + o_c[None, :], mask=m, other=ninf).to(tl.float32)
+        mx = tl.maximum(mx, tl.max(xv, 1))
+    mx = tl.where(active, mx, 0.0)
+    se = tl.zeros((KP,), tl.float32)
+    for c0 in range(0, V, BC):
+        m = active[:, None] & (c0 + o_c < V)[None, :]
+        xv = tl.load(rows[:, None] + c0 + o_c[None, :], mask=m, other=ninf).to(tl.float32)
+        se += tl.sum(tl.exp(xv - mx[:, None]), 1)
+    ls = tl.log(tl.where(active, se, 1.0))
+    lp_blank = (tl.load(rows + blank, mask=active, other=0.0).to(tl.float32) - mx) - ls
+    o_d = tl.arange(0, DP)
+    d_max = tl.zeros((KP,), tl.float32)
+    dlp = tl.zeros((KP, DP), tl.float32)
+    if D > 0:
+        m_d = active[:, None] & (o_d < D)[None, :]
+        xd = tl.load(rows[:, None] + V + o_d[None, :], mask=m_d, other=ninf).to(tl.float32)
+        dmx = tl.where(active, tl.max(xd, 1), 0.0)
+        dls = tl.log(tl.where(active, tl.sum(tl.exp(xd - dmx[:, None]), 1), 1.0))
+        dlp = tl.where(m_d, (xd - dmx[:, None]) - dls[:, None], ninf)
+        d_max = tl.max(dlp, 1)
+    # the fusion's terms: the blank's, each label's log(1 - p(blank)), the step's overrides
+    f_blank = lp_blank
+    l1p = tl.zeros((KP,), tl.float32)
+    if LM or BOOST:
+        p_b = tl.minimum(tl.exp(lp_blank), 0.99)
+        l1p = fusion * tl.log(1.0 - p_b)
+        f_blank = one_fusion * lp_blank
+    p_ovl = ovl_ptr + n.to(tl.int64) * KP * (V + 1)
+    p_nxl = nxl_ptr + n.to(tl.int64) * KP * (V + 1)
+    p_ovb = ovb_ptr + n.to(tl.int64) * KP * V
+    base = tl.zeros((KP,), tl.float32)
+    ns_s = tl.zeros((KP,), tl.float32)
+    has_b = tl.zeros((KP,), tl.int32)
+    if BOOST:
+        ns_s, lo_b, cnt_b, has_b = _boost_chains(bs, active, max_depth, ns_ptr, fch_ptr, cs_ptr, MD)
+    if LM:
+        base = _lm_overrides(lm_st, active, p_ovl, p_nxl, V, stamp, chain_ptr, above_ptr, base_ptr, as_ptr, at_ptr,
+                             al_ptr, an_ptr, o_k, DEPTH, DPL, BA)  # fmt: skip
+    if BOOST:
+        _boost_overrides(lo_b, cnt_b, ns_s, p_ovb, V, stamp, max_depth, ct_ptr, cn_ptr, o_k, MD, BA)
+    # each slot's K best labels (fused scores; ties: the lower class), a block of classes at a time
+    o_r = tl.arange(0, KP)
+    run = tl.where(o_r[None, :] < K, tl.full((KP, KP), _MIN_KEY, tl.int64), _MAX_KEY)  # past K: never replaced
+    for c0 in range(0, V, BC):
+        cls = c0 + o_c
+        ok_c = cls < V
+        use = active[:, None] & ok_c[None, :]
+        xv = tl.load(rows[:, None] + cls[None, :], mask=use, other=0.0).to(tl.float32)
+        f = (xv - mx[:, None]) - ls[:, None]
+        if LM or BOOST:
+            f = f + l1p[:, None]
+            if LM:
+                v, _, _ = _lm_at(o_k[:, None], cls[None, :], ok_c[None, :], use, base[:, None], p_ovl, V, uni_ptr,
+                                 col_ptr, stamp)  # fmt: skip
+                f = f + lm_w * v
+            if BOOST:
+                g, _ = _boost_at(o_k[:, None], cls[None, :], ok_c[None, :], use & (has_b > 0)[:, None], ns_s[:, None],
+                                 p_ovb, V, bnext_ptr, rns_ptr, ros_ptr, ns_ptr, os_ptr, stamp)  # fmt: skip
+                f = f + b_w * g
+            f = tl.where(cls[None, :] == blank, f_blank[:, None], f)
+        run = _take_per_row(run, tl.where(use, _key(f, cls[None, :]), _MIN_KEY))
+    top = _sorted_per_row(tl.where(o_r[None, :] < K, run, _MIN_KEY), K, KP)  # [slot, rank]
+    ok_t = top != _MIN_KEY
+    lab = tl.where(ok_t, _order_of(top), -1)
+    val = tl.where(ok_t, _score_of(top), ninf)
+    d_i = tl.zeros((KP, KP), tl.int32)
+    if D > 0:  # the K best (label, duration) pairs: among the K best labels' (ties: the lower label, duration)
+        pv = val[:, :, None] + dlp[:, None, :]
+        po = lab[:, :, None] * D + o_d[None, None, :]
+        ok_p = ok_t[:, :, None] & (o_d < D)[None, None, :]
+        pk = tl.reshape(tl.where(ok_p, _key(pv, po), _MIN_KEY), (KP, KP * DP))
+        top = _sorted_per_row(pk, K, KP)
+        ok_t = top != _MIN_KEY
+        po = _order_of(top)
+        lab = tl.where(ok_t, po // D, -1)
+        d_i = tl.where(ok_t, po % D, 0)
+        val = tl.where(ok_t, _score_of(top), ninf)
+    lp_lab = tl.load(rows[:, None] + lab, mask=active[:, None] & ok_t, other=0.0).to(tl.float32) - mx[:, None]
+    top_ac = tl.where(ok_t, lp_lab - ls[:, None], ninf)
+    if D > 0:
+        top_ac = top_ac + tl.sum(tl.where(o_d[None, None, :] == d_i[:, :, None], dlp[:, None, :], 0.0), 2)
+    # the K x K proposals: finished slots propose themselves, slots at max_symbols the blank only
+    first = o_r[None, :] == 0
+    cand = score[:, None] + val
+    cand_ac = acoustic[:, None] + top_ac
+    done = (~active)[:, None]
+    cand = tl.where(done, tl.where(first, score[:, None], ninf), cand)
+    cand_ac = tl.where(done, tl.where(first, acoustic[:, None], ninf), cand_ac)
+    lab = tl.where(done, -1, lab)
+    full = (active & (at_frame >= max_symbols))[:, None]
+    forced = score + f_blank
+    forced_ac = acoustic + lp_blank
+    if D > 0:
+        forced = forced + d_max
+        forced_ac = forced_ac + d_max
+    cand = tl.where(full, tl.where(first, forced[:, None], ninf), cand)
+    cand_ac = tl.where(full, tl.where(first, forced_ac[:, None], ninf), cand_ac)
+    lab = tl.where(full, blank, lab)
+    d_first = tl.sum(tl.where(first, d_i, 0), 1)
+    d_i = tl.where(full, d_first[:, None], d_i)
+    # the K best of them (ties: the earlier slot, then the earlier proposal)
+    present = in_k[:, None] & (o_r < K)[None, :]
+    keys = tl.where(present, _key(cand, o_k[:, None] * K + o_r[None, :]), _MIN_KEY)
+    par = o_k
+    label = tl.full((KP,), -1, tl.int32)
+    dur_i = tl.zeros((KP,), tl.int32)
+    new_score = tl.full((KP,), ninf, tl.float32)
+    new_ac = tl.full((KP,), ninf, tl.float32)
+    for i in range(K):
+        m = tl.max(tl.max(keys, 1), 0)
+        o = _order_of(m)
+        hit = (o_k[:, None] == o // K) & (o_r[None, :] == o % K)
+        now = o_k == i
+        par = tl.where(now, o // K, par)
+        label = tl.where(now, tl.max(tl.max(tl.where(hit, lab, -2), 1), 0), label)
+        dur_i = tl.where(now, tl.max(tl.max(tl.where(hit, d_i, -1), 1), 0), dur_i)
+        new_score = tl.where(now, tl.max(tl.max(tl.where(hit, cand, ninf), 1), 0), new_score)
+        new_ac = tl.where(now, tl.max(tl.max(tl.where(hit, cand_ac, ninf), 1), 0), new_ac)
+        keys = tl.where(hit, _MIN_KEY, keys)
+    # the survivors' state, from their parents'
+    sel = o_k[None, :] == par[:, None]
+    is_ext = label >= 0
+    is_blank = label == blank
+    is_lab = is_ext & ~is_blank
+    t_par = _pick(sel, t)
+    if D > 0:
+        stp = tl.load(dur_ptr + dur_i, mask=in_k, other=0)
+        stp = tl.where(is_blank, tl.maximum(stp, 1), stp)
+    else:
+        stp = is_blank.to(tl.int32)
+    stp = tl.where(is_ext, stp, 0)
+    k_par = _pick(sel, n_lab)
+    if D > 0:
+        n_at = tl.where(is_ext & (stp > 0), 0, _pick(sel, at_frame) + is_lab.to(tl.int32))
+    else:
+        n_at = tl.where(is_blank, 0, _pick(sel, at_frame) + is_lab.to(tl.int32))
+    n_t = t_par + stp
+    n_n = k_par + is_lab.to(tl.int32)
+    h_par = _pick(sel, hsh)
+    n_h = tl.where(is_lab, h_par * 6364136223846793005 + 1 + label.to(tl.int64), h_par)
+    n_last = tl.where(is_lab, label, _pick(sel, last))
+    n_lm = _pick(sel, lm_st)
+    if LM:
+        _, hit_l, at_l = _lm_at(par, label, is_lab, is_lab, 0.0, p_ovl, V, uni_ptr, col_ptr, stamp)
+        nx = tl.where(hit_l, tl.load(p_nxl + at_l, mask=is_lab & hit_l, other=0) & 4294967295,
+                      tl.load(unext_ptr + label, mask=is_lab, other=0)).to(tl.int32)  # fmt: skip
+        n_lm = tl.where(is_lab, nx, n_lm)
+    n_bs = _pick(sel, bs)
+    if BOOST:
+        _, nxb = _boost_at(par, label, is_lab, is_lab & (_pick(sel, has_b) > 0), 0.0, p_ovb, V, bnext_ptr, rns_ptr,
+                           ros_ptr, ns_ptr, os_ptr, stamp)  # fmt: skip
+        n_bs = tl.where(is_lab, nxb, n_bs)
+    # the merges: the same tokens (TDT: at the same frame) -> the first most likely slot, the log-sum of scores
+    same = (n_h[:, None] == n_h[None, :]) & (n_last[:, None] == n_last[None, :]) & (n_n[:, None] == n_n[None, :])
+    if D > 0:
+        same = same & (n_t[:, None] == n_t[None, :])
+    same = same & in_k[None, :]
+    group = tl.where(same, new_score[None, :], ninf)
+    g_max = tl.max(group, 1)
+    surv = tl.min(tl.where(group == g_max[:, None], o_r[None, :], KP), 1)
+    surv = tl.where(g_max == ninf, 0, surv)  # (a group of empty slots: the first slot, as an argmax of -inf)
+    keep = surv == o_k
+    merged = tl.sum(same.to(tl.int32), 1) > 1
+    total = _lse(group, 1)
+    total_ac = _lse(tl.where(same, new_ac[None, :], ninf), 1)
+    new_score = tl.where(keep, tl.where(merged, total, new_score), ninf)
+    new_ac = tl.where(keep, tl.where(merged, total_ac, new_ac), ninf)
+    # a step past the search's end keeps every slot
+    sv = in_k & go
+    tl.store(sf_ptr + at_s, new_score, mask=sv)
+    tl.store(sf_ptr + NK + at_s, new_ac, mask=sv)
+    tl.store(si_ptr + at_s, n_t, mask=sv)
+    tl.store(si_ptr + NK + at_s, n_at, mask=sv)
+    tl.store(si_ptr + 2 * NK + at_s, n_n, mask=sv)
+    tl.store(si_ptr + 3 * NK + at_s, n_last, mask=sv)
+    tl.store(si_ptr + 4 * NK + at_s, n_lm, mask=sv)
+    tl.store(si_ptr + 5 * NK + at_s, n_bs, mask=sv)
+    tl.store(hsh_ptr + at_s, n_h, mask=sv)
+    par = tl.where(go, par, o_k)
+    is_lab = is_lab & go
+    p_h = hist_ptr + step.to(tl.int64) * 4 * NK + at_s
+    tl.store(p_h, par, mask=in_k)
+    tl.store(p_h + NK, tl.where(is_lab, label, -1), mask=in_k)
+    tl.store(p_h + 2 * NK, t_par, mask=in_k)
+    tl.store(p_h + 3 * NK, stp, mask=in_k)
+    # for the prediction network and the next step's joint: the parents' rows, the labels, the frames
+    tl.store(row_ptr + at_s, (n * K + par).to(tl.int64), mask=in_k)
+    tl.store(lab_ptr + at_s, tl.maximum(label, 0).to(tl.int64), mask=in_k)
+    tl.store(islab_ptr + at_s, is_lab, mask=in_k)
+    t_next = tl.where(go, n_t, t)
+    tl.store(frm_ptr + at_s, (n * T + tl.minimum(t_next, tl.maximum(L - 1, 0))).to(tl.int64), mask=in_k)
+
+
+@triton.jit
+def _malsd_backtrack(hist_ptr, order_ptr, ok_ptr, nlab_ptr, steps_ptr, tok_ptr, frm_ptr, dur_ptr, NK, S, K,
+                     B: tl.constexpr, BP: tl.constexpr, BS: tl.constexpr, TDT: tl.constexpr):  # fmt: skip
+    """Each of utterance n's B hypotheses' tokens, frames and durations [S] (-1 past its length) along the
+    history's parents from the last step back."""
+    n = tl.program_id(0)
+    o_b = tl.arange(0, BP)
+    m_b = o_b < B
+    out = (n * B + o_b).to(tl.int64)
+    ok = tl.load(ok_ptr + out, mask=m_b, other=0) != 0
+    cur = tl.load(order_ptr + out, mask=m_b, other=0).to(tl.int32)
+    pos = tl.where(ok & m_b, tl.load(nlab_ptr + n * K + cur, mask=m_b, other=0), 0)
+    o_s = tl.arange(0, BS)
+    for s0 in range(0, S, BS):
+        m = m_b[:, None] & (s0 + o_s < S)[None, :]
+        p_o = out[:, None] * S + s0 + o_s[None, :]
+        tl.store(tok_ptr + p_o, tl.full((BP, BS), -1, tl.int64), mask=m)
+        tl.store(frm_ptr + p_o, tl.full((BP, BS), -1, tl.int64), mask=m)
+        if TDT:
+            tl.store(dur_ptr + p_o, tl.full((BP, BS), -1, tl.int64), mask=m)
+    tl.debug_barrier()
+    steps = tl.load(steps_ptr)
+    for i in range(0, steps):
+        if tl.max(pos, 0) > 0:
+            p_h = hist_ptr + (steps - 1 - i).to(tl.int64) * 4 * NK + n * K + cur
+            lab = tl.load(p_h + NK, mask=m_b, other=-1)
+            put = m_b & (lab >= 0) & (pos > 0)
+            pos = pos - put.to(tl.int32)
+            at = out * S + pos
+            tl.store(tok_ptr + at, lab.to(tl.int64), mask=put)
+            tl.store(frm_ptr + at, tl.load(p_h + 2 * NK, mask=put, other=0).to(tl.int64), mask=put)
+            if TDT:
+                tl.store(dur_ptr + at, tl.load(p_h + 3 * NK, mask=put, other=0).to(tl.int64), mask=put)
+            cur = tl.load(p_h, mask=m_b, other=0)
+
+
+def malsd_search(
+    w,
+    x: torch.Tensor,
+    lengths: torch.Tensor,
+    beam_size: int,
+    blank: int,
+    durations: tuple[int, ...] | None,
+    max_symbols: int,
+    nbest: int = 1,
+    lm=None,
+    lm_weight: float = 0.0,
+    score_norm: bool = True,
+    boosting=None,
+    boosting_weight: float = 1.0,
+):
+    """``transducer_beam_search_reference``'s search (same arguments and results: a ``BeamHypotheses``) with its
+    decisions in ``_malsd_step_kernel``: networks of a kernel dtype, x on the GPU or under the interpreter."""
+    from .beam_reference import BeamHypotheses
+    from .reference import predict
+    from .transducer_beam import _start
+
+    N, T, _ = x.shape
+    dev = x.device
+    K, B = beam_size, nbest
+    KP, BP = max(2, next_power_of_2(K)), max(2, next_power_of_2(B))
+    D = len(durations) if durations else 0
+    V = w.out_w.shape[0] - D
+    S = T * max_symbols
+    enc, act, lengths, wd, ninf, pred_state, out, g, score = _start(w, x, lengths, K, blank)
+    NK = N * K
+    steps_max = T * (max_symbols + 1) + CHECK_EVERY + 1  # an active slot has one symbol a step: at most
+    # max_symbols labels and a blank per frame
+    sf = torch.stack((score, score)).reshape(2, NK).contiguous()
+    si = torch.zeros(6, NK, dtype=torch.int32, device=dev)
+    si[3] = -1
+    si[4] = lm.start if lm is not None else 0
+    si[5] = boosting.start if boosting is not None else 0
+    hsh = torch.zeros(NK, dtype=torch.int64, device=dev)
+    hist = torch.empty(steps_max, 4, NK, dtype=torch.int32, device=dev)
+    row = torch.arange(NK, device=dev)
+    lab = torch.zeros(NK, dtype=torch.int64, device=dev)
+    islab = torch.zeros(NK, dtype=torch.bool, device=dev)
+    frm = torch.arange(N, device=dev).repeat_interleave(K) * T
+    step = torch.zeros(1, dtype=torch.int32, device=dev)
+    dur = torch.tensor(durations if durations else [0], dtype=torch.int32, device=dev)
+    lens = lengths.to(torch.int32)
+    fusion = (lm_weight if lm is not None else 0.0) + (boosting_weight if boosting is not None else 0.0)
+    lm_args = lm_arguments(lm, lm_weight, N, KP, V, sf)
+    boost_args = boost_arguments(boosting, N, KP, V, sf)
+    enc_rows = enc.reshape(N * T, -1)
+    consts = dict(
+        K=K,
+        KP=KP,
+        BC=min(STEP_TILES["block_c"], max(16, next_power_of_2(V))),
+        D=D,
+        DP=max(2, next_power_of_2(max(D, 1))),
+        LM=lm is not None,
+        DEPTH=lm.depth if lm is not None else 0,
+        DPL=next_power_of_2(lm.depth + 1) if lm is not None else 1,
+        BOOST=boosting is not None,
+        MD=next_power_of_2(max(boosting.max_depth, 1)) if boosting is not None else 1,
+        BA=STEP_TILES["block_arcs"],
+        num_warps=STEP_TILES["warps"],
+    )
+    done = 0
+    while True:
+        for _ in range(CHECK_EVERY):
+            go = (si[0].view(N, K) < lens[:, None]).any().view(torch.uint8)
+            joint = act(enc_rows[frm] + g)
+            logits = torch.nn.functional.linear(joint, w.out_w, w.out_b)
+            launch(_malsd_step_kernel)[(N,)](
+                logits, lens, go, step, dur, sf, si, hsh, hist, row, lab, islab, frm,
+                NK, T, V, V + D, blank, max_symbols, float(fusion), float(1 + fusion), float(boosting_weight),
+                *lm_args, *boost_args, **consts,
+            )  # fmt: skip
+            step += 1
+            pred_par = tuple(s[:, row] if s.dim() == 3 else s[row] for s in pred_state)
+            new_out, new_state = predict(w, lab, pred_par)
+            m = islab[:, None]
+            out = torch.where(m, new_out, out[row])
+            pred_state = tuple(
+                torch.where(m if n_.dim() == 2 else m[None], n_, p) for n_, p in zip(new_state, pred_par, strict=True)
+            )
+            g = torch.nn.functional.linear(out, w.pred_w, w.pred_b)
+        done += CHECK_EVERY
+        if done + CHECK_EVERY > steps_max or not bool((si[0].view(N, K) < lens[:, None]).any()):
+            break
+    score, acoustic = sf[0].view(N, K), sf[1].view(N, K)
+    n_lab = si[2].view(N, K).to(torch.int64)
+    key = score / (n_lab + 1).to(wd) if score_norm else score
+    order = torch.sort(key, dim=1, descending=True, stable=True).indices[:, :B]
+    ok = score.gather(1, order) > float("-inf")
+    tokens = kernel_output(N, B, S, dtype=torch.int64, device=dev)
+    frames = kernel_output(N, B, S, dtype=torch.int64, device=dev)
+    durs = kernel_output(N, B, S, dtype=torch.int64, device=dev) if D else tokens
+    launch(_malsd_backtrack)[(N,)](
+        hist, order.contiguous(), ok.contiguous(), si[2], step, tokens, frames, durs, NK, S, K,
+        B=B, BP=BP, BS=min(1024, max(16, next_power_of_2(S))), TDT=D > 0,
+    )  # fmt: skip
+    return BeamHypotheses(
+        tokens=tokens,
+        lengths=torch.where(ok, n_lab.gather(1, order), 0),
+        frames=frames,
+        scores=torch.where(ok, score.gather(1, order), ninf),
+        acoustic=torch.where(ok, acoustic.gather(1, order), ninf),
+        lm_scores=torch.where(ok, (score - acoustic).gather(1, order), ninf),
+        durations=durs if D else None,
+    )
