@@ -297,3 +297,25 @@ def test_search_across_class_blocks(path, tmp_path, monkeypatch, durations):
     hyp = dec.float().to(path.device).beam_search(x.to(path.device), [8, 6], 5, **dev_kw)
     path.check_ran()
     check_against_oracle(hyp, want, 1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("durations", [None, (0, 1, 2, 3)])
+def test_gpu_graph_replay_is_the_eager_search(gpu, tmp_path, monkeypatch, durations):
+    """On the GPU the steps after the first few replay as a CUDA graph: the eager steps' results, bit for bit (long
+    utterances of different lengths, an LM and boosting)."""
+    from speechkernels.decode import transducer_beam_kernels
+
+    dec = make_decoder(11, V=30, durations=durations, max_symbols=3, blank=0, blank_bias=1.0).to(gpu)
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(5, 60, 6, generator=g).to(gpu)
+    random_arpa(tmp_path / "lm.arpa", 30, 3, seed=11)
+    kw = dict(nbest=2, lm=NGramLM.from_arpa(tmp_path / "lm.arpa", 30).to(gpu), lm_weight=0.3)
+    kw["boosting"] = PhraseBooster([[5, 9], [9, 5, 7], [20]], 30, 1.0).to(gpu)
+    lengths = [60, 41, 7, 0, 59]
+    replayed = dec.beam_search(x, lengths, 4, **kw)
+    monkeypatch.setattr(transducer_beam_kernels, "GRAPHS", False)
+    eager = dec.beam_search(x, lengths, 4, **kw)
+    assert int(eager.lengths.max()) > 30
+    for a, b in zip(replayed, eager, strict=True):
+        assert (a is None and b is None) or torch.equal(a, b)

@@ -76,14 +76,19 @@ class TransducerState(NamedTuple):
     frames: torch.Tensor
 
 
-def predict(w: TransducerWeights, tokens: torch.Tensor, state: tuple[torch.Tensor, ...]):
-    """One step of the prediction network for tokens [N]: (output [N, P], state)."""
+def predict(w: TransducerWeights, tokens: torch.Tensor, state: tuple[torch.Tensor, ...], input_gates=None):
+    """One step of the prediction network for tokens [N]: (output [N, P], state). ``input_gates``: the first LSTM
+    layer's input term of every token, ``input_gates_table(w)``, or None (computed per step)."""
     if not w.stateless:
         h, c = state
         x = w.embedding[tokens]
         hs, cs = [], []
         for layer, (w_ih, w_hh, b_ih, b_hh) in enumerate(w.lstm):
-            gates = torch.nn.functional.linear(x, w_ih, b_ih) + torch.nn.functional.linear(h[layer], w_hh, b_hh)
+            if layer == 0 and input_gates is not None:
+                x_term = input_gates[tokens]
+            else:
+                x_term = torch.nn.functional.linear(x, w_ih, b_ih)
+            gates = x_term + torch.nn.functional.linear(h[layer], w_hh, b_hh)
             i, f, g, o = gates.chunk(4, 1)
             c_new = torch.sigmoid(f) * c[layer] + torch.sigmoid(i) * torch.tanh(g)
             x = torch.sigmoid(o) * torch.tanh(c_new)
@@ -93,6 +98,15 @@ def predict(w: TransducerWeights, tokens: torch.Tensor, state: tuple[torch.Tenso
     (context,) = state
     context = torch.cat((context[:, 1:], tokens[:, None]), 1)
     return stateless_output(w, context), (context,)
+
+
+def input_gates_table(w: TransducerWeights) -> torch.Tensor | None:
+    """The first LSTM layer's input term (W_ih e + b_ih) of every token's embedding e: [V, 4H] (None for a
+    stateless prediction network)."""
+    if w.stateless:
+        return None
+    w_ih, _, b_ih, _ = w.lstm[0]
+    return torch.nn.functional.linear(w.embedding, w_ih, b_ih)
 
 
 def stateless_output(w: TransducerWeights, context: torch.Tensor) -> torch.Tensor:

@@ -40,7 +40,9 @@ from .beam_kernels import (
 
 STEP_TILES = {"block_c": 256, "warps": 4, "block_arcs": 32}  # classes per block (a power of two; tests lower it),
 # warps, the LM's and the trie's arcs written per slot at once
-CHECK_EVERY = 8  # steps between the host's checks for an active slot
+CHECK_EVERY = 4  # steps between the host's checks for an active slot
+GRAPHS = True  # on the GPU, chunks of CHECK_EVERY steps replayed as one CUDA graph (captured once per call)
+_WARM: set = set()  # the configurations whose kernel has run (compiled): their first chunk is captured at once
 
 
 @triton.jit
@@ -376,7 +378,7 @@ def malsd_search(
     """``transducer_beam_search_reference``'s search (same arguments and results: a ``BeamHypotheses``) with its
     decisions in ``_malsd_step_kernel``: networks of a kernel dtype, x on the GPU or under the interpreter."""
     from .beam_reference import BeamHypotheses
-    from .reference import predict
+    from .reference import input_gates_table, predict
     from .transducer_beam import _start
 
     N, T, _ = x.shape
@@ -422,29 +424,52 @@ def malsd_search(
         BA=STEP_TILES["block_arcs"],
         num_warps=STEP_TILES["warps"],
     )
-    done = 0
-    while True:
+    go = torch.zeros((), dtype=torch.bool, device=dev)
+    table = input_gates_table(w)
+    pred_state = tuple(s.clone() for s in pred_state)  # the steps' state, updated in place
+    out, g = out.clone(), g.clone()
+
+    def chunk() -> None:
+        """CHECK_EVERY steps: the reference's operations on the networks, the kernel for the rest."""
         for _ in range(CHECK_EVERY):
-            go = (si[0].view(N, K) < lens[:, None]).any().view(torch.uint8)
+            torch.any(si[0].view(N, K) < lens[:, None], out=go)
             joint = act(enc_rows[frm] + g)
             logits = torch.nn.functional.linear(joint, w.out_w, w.out_b)
             launch(_malsd_step_kernel)[(N,)](
-                logits, lens, go, step, dur, sf, si, hsh, hist, row, lab, islab, frm,
+                logits, lens, go.view(torch.uint8), step, dur, sf, si, hsh, hist, row, lab, islab, frm,
                 NK, T, V, V + D, blank, max_symbols, float(fusion), float(1 + fusion), float(boosting_weight),
                 *lm_args, *boost_args, **consts,
             )  # fmt: skip
-            step += 1
+            step.add_(1)
             pred_par = tuple(s[:, row] if s.dim() == 3 else s[row] for s in pred_state)
-            new_out, new_state = predict(w, lab, pred_par)
+            new_out, new_state = predict(w, lab, pred_par, table)
             m = islab[:, None]
-            out = torch.where(m, new_out, out[row])
-            pred_state = tuple(
-                torch.where(m if n_.dim() == 2 else m[None], n_, p) for n_, p in zip(new_state, pred_par, strict=True)
-            )
-            g = torch.nn.functional.linear(out, w.pred_w, w.pred_b)
-        done += CHECK_EVERY
-        if done + CHECK_EVERY > steps_max or not bool((si[0].view(N, K) < lens[:, None]).any()):
-            break
+            out.copy_(torch.where(m, new_out, out[row]))
+            for s_, n_, p in zip(pred_state, new_state, pred_par, strict=True):
+                s_.copy_(torch.where(m if n_.dim() == 2 else m[None], n_, p))
+            g.copy_(torch.nn.functional.linear(out, w.pred_w, w.pred_b))
+
+    def active() -> bool:
+        return bool((si[0].view(N, K) < lens[:, None]).any())
+
+    graphs = GRAPHS and dev.type == "cuda" and not torch.cuda.is_current_stream_capturing()
+    config = (dev, enc.dtype, tuple(sorted(consts.items())))
+    with torch.no_grad():
+        done, graph = 0, None
+        if not (graphs and config in _WARM):
+            chunk()  # (eager: compiles the kernel, which a capture cannot)
+            _WARM.add(config)
+            done = CHECK_EVERY
+        while done + CHECK_EVERY <= steps_max and active():
+            if graph is None and graphs:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    chunk()
+            if graph is not None:
+                graph.replay()
+            else:
+                chunk()
+            done += CHECK_EVERY
     score, acoustic = sf[0].view(N, K), sf[1].view(N, K)
     n_lab = si[2].view(N, K).to(torch.int64)
     key = score / (n_lab + 1).to(wd) if score_norm else score
