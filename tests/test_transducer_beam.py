@@ -319,3 +319,21 @@ def test_gpu_graph_replay_is_the_eager_search(gpu, tmp_path, monkeypatch, durati
     assert int(eager.lengths.max()) > 30
     for a, b in zip(replayed, eager, strict=True):
         assert (a is None and b is None) or torch.equal(a, b)
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_products_kernel(path, bias):
+    """linear_tf32x3 (the float32 networks' products of the GPU search): torch.nn.functional.linear's values in
+    float64 to float32's precision, for shapes that are no multiple of its tiles and a batch of rows."""
+    from speechkernels.decode.transducer_beam_kernels import linear_tf32x3
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 67, 45, generator=g)
+    w = torch.randn(70, 45, generator=g)
+    b = torch.randn(70, generator=g) if bias else None
+    got = linear_tf32x3(x.to(path.device), w.to(path.device), None if b is None else b.to(path.device))
+    path.check_ran(False)  # (not a registered launcher: the search's products)
+    want = torch.nn.functional.linear(x.double(), w.double(), None if b is None else b.double())
+    assert got.shape == (2, 67, 70) and got.dtype == torch.float32
+    assert torch.allclose(got.cpu().double(), want, rtol=1e-5, atol=1e-4)

@@ -76,19 +76,23 @@ class TransducerState(NamedTuple):
     frames: torch.Tensor
 
 
-def predict(w: TransducerWeights, tokens: torch.Tensor, state: tuple[torch.Tensor, ...], input_gates=None):
+def predict(
+    w: TransducerWeights,
+    tokens: torch.Tensor,
+    state: tuple[torch.Tensor, ...],
+    input_gates=None,
+    linear=torch.nn.functional.linear,
+):
     """One step of the prediction network for tokens [N]: (output [N, P], state). ``input_gates``: the first LSTM
-    layer's input term of every token, ``input_gates_table(w)``, or None (computed per step)."""
+    layer's input term of every token, ``input_gates_table(w)``, or None (computed per step); ``linear``: the
+    LSTM's products (x, weight, bias)."""
     if not w.stateless:
         h, c = state
         x = w.embedding[tokens]
         hs, cs = [], []
         for layer, (w_ih, w_hh, b_ih, b_hh) in enumerate(w.lstm):
-            if layer == 0 and input_gates is not None:
-                x_term = input_gates[tokens]
-            else:
-                x_term = torch.nn.functional.linear(x, w_ih, b_ih)
-            gates = x_term + torch.nn.functional.linear(h[layer], w_hh, b_hh)
+            x_term = input_gates[tokens] if layer == 0 and input_gates is not None else linear(x, w_ih, b_ih)
+            gates = x_term + linear(h[layer], w_hh, b_hh)
             i, f, g, o = gates.chunk(4, 1)
             c_new = torch.sigmoid(f) * c[layer] + torch.sigmoid(i) * torch.tanh(g)
             x = torch.sigmoid(o) * torch.tanh(c_new)

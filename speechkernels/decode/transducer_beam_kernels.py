@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launch import launch, next_power_of_2
+from .._launch import cdiv, launch, next_power_of_2
 from .._outputs import kernel_output
 from .beam_kernels import (
     _MAX_KEY,
@@ -37,10 +37,12 @@ from .beam_kernels import (
     boost_arguments,
     lm_arguments,
 )
+from .transducer_kernels import _dot
 
 STEP_TILES = {"block_c": 256, "warps": 4, "block_arcs": 32}  # classes per block (a power of two; tests lower it),
 # warps, the LM's and the trie's arcs written per slot at once
 CHECK_EVERY = 4  # steps between the host's checks for an active slot
+TF32X3 = True  # float32 networks' products in _linear_kernel (three TF32 products each) rather than torch's
 GRAPHS = True  # on the GPU, chunks of CHECK_EVERY steps replayed as one CUDA graph (captured once per call)
 _WARM: set = set()  # the configurations whose kernel has run (compiled): their first chunk is captured at once
 
@@ -93,6 +95,53 @@ def _lse(x, axis: tl.constexpr):
     m = tl.max(x, axis)
     m = tl.where((m == float("inf")) | (m == float("-inf")), 0.0, m)
     return tl.log(tl.sum(tl.exp(x - tl.expand_dims(m, axis)), axis)) + m
+
+
+@triton.jit
+def _linear_kernel(a_ptr, w_ptr, b_ptr, out_ptr, M, N, K, BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                   BK: tl.constexpr):  # fmt: skip
+    """out [M, N] = a [M, K] @ w [N, K]^T + b [N] (float32, contiguous): the products as three TF32 products on
+    the tensor cores (about float32's precision), the bias added after the sum as torch's addmm does."""
+    o_m = tl.program_id(0) * BM + tl.arange(0, BM)
+    o_n = tl.program_id(1) * BN + tl.arange(0, BN)
+    o_k = tl.arange(0, BK)
+    acc = tl.zeros((BM, BN), tl.float32)
+    for k0 in range(0, K, BK):
+        kk = k0 + o_k
+        a = tl.load(a_ptr + o_m[:, None].to(tl.int64) * K + kk[None, :], mask=(o_m < M)[:, None] & (kk < K)[None, :],
+                    other=0.0)  # fmt: skip
+        b = tl.load(w_ptr + o_n[None, :].to(tl.int64) * K + kk[:, None], mask=(o_n < N)[None, :] & (kk < K)[:, None],
+                    other=0.0)  # fmt: skip
+        acc = _dot(a, b, acc, True)
+    if BIAS:
+        acc = acc + tl.load(b_ptr + o_n, mask=o_n < N, other=0.0)[None, :]
+    m = (o_m < M)[:, None] & (o_n < N)[None, :]
+    tl.store(out_ptr + o_m[:, None].to(tl.int64) * N + o_n[None, :], acc, mask=m)
+
+
+def linear_tf32x3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """torch.nn.functional.linear of float32 operands through ``_linear_kernel`` (x [..., K])."""
+    a = x.reshape(-1, x.shape[-1]).contiguous()
+    weight = weight.contiguous()
+    M, K = a.shape
+    N = weight.shape[0]
+    out = torch.empty(M, N, dtype=torch.float32, device=x.device)
+    launch(_linear_kernel)[(cdiv(M, 64), cdiv(N, 64))](
+        a,
+        weight,
+        bias if bias is not None else weight,
+        out,
+        M,
+        N,
+        K,
+        BIAS=bias is not None,
+        BM=64,
+        BN=64,
+        BK=32,
+        num_warps=4,
+        num_stages=3,
+    )  # fmt: skip (64 x 64 tiles: 236 registers with Triton 3.6 for sm_90, no spills; 64 x 128 spill)
+    return out.view(*x.shape[:-1], N)
 
 
 @triton.jit
@@ -426,6 +475,7 @@ def malsd_search(
     )
     go = torch.zeros((), dtype=torch.bool, device=dev)
     table = input_gates_table(w)
+    linear = linear_tf32x3 if TF32X3 and w.out_w.dtype == torch.float32 else torch.nn.functional.linear
     pred_state = tuple(s.clone() for s in pred_state)  # the steps' state, updated in place
     out, g = out.clone(), g.clone()
 
@@ -434,7 +484,7 @@ def malsd_search(
         for _ in range(CHECK_EVERY):
             torch.any(si[0].view(N, K) < lens[:, None], out=go)
             joint = act(enc_rows[frm] + g)
-            logits = torch.nn.functional.linear(joint, w.out_w, w.out_b)
+            logits = linear(joint, w.out_w, w.out_b)
             launch(_malsd_step_kernel)[(N,)](
                 logits, lens, go.view(torch.uint8), step, dur, sf, si, hsh, hist, row, lab, islab, frm,
                 NK, T, V, V + D, blank, max_symbols, float(fusion), float(1 + fusion), float(boosting_weight),
@@ -442,12 +492,12 @@ def malsd_search(
             )  # fmt: skip
             step.add_(1)
             pred_par = tuple(s[:, row] if s.dim() == 3 else s[row] for s in pred_state)
-            new_out, new_state = predict(w, lab, pred_par, table)
+            new_out, new_state = predict(w, lab, pred_par, table, linear)
             m = islab[:, None]
             out.copy_(torch.where(m, new_out, out[row]))
             for s_, n_, p in zip(pred_state, new_state, pred_par, strict=True):
                 s_.copy_(torch.where(m if n_.dim() == 2 else m[None], n_, p))
-            g.copy_(torch.nn.functional.linear(out, w.pred_w, w.pred_b))
+            g.copy_(linear(out, w.pred_w, w.pred_b))
 
     def active() -> bool:
         return bool((si[0].view(N, K) < lens[:, None]).any())
