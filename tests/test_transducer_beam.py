@@ -281,10 +281,11 @@ def test_search_on_every_path(path, tmp_path, monkeypatch, durations, seed):
 @pytest.mark.parametrize("durations", [None, (0, 2, 1)])
 def test_search_across_class_blocks(path, tmp_path, monkeypatch, durations):
     """More classes than a block (each slot's running list of its best labels across blocks), beams wider than
-    the classes' proposals need, the blank first, an LM and boosting."""
+    the classes' proposals need, the blank first, an LM and boosting; the products in linear_tf32x3."""
     from speechkernels.decode import transducer_beam_kernels
 
     monkeypatch.setitem(transducer_beam_kernels.STEP_TILES, "block_c", 16)
+    monkeypatch.setattr(transducer_beam_kernels, "TF32X3", True)  # the products in the search's own kernel
     dec = make_decoder(7, V=40, durations=durations, max_symbols=3, blank=0, blank_bias=2.0)
     g = torch.Generator().manual_seed(7)
     x = torch.randn(2, 8, 6, generator=g)
