@@ -39,8 +39,10 @@ from .beam_kernels import (
 )
 from .transducer_kernels import _dot
 
-STEP_TILES = {"block_c": 256, "warps": 4, "block_arcs": 32}  # classes per block (a power of two; tests lower it),
-# warps, the LM's and the trie's arcs written per slot at once
+STEP_TILES = {"block_c": 256, "warps": 4, "wide": 8, "block_c_wide": 64, "warps_wide": 8, "block_arcs": 32}
+# classes per block (a power of two; tests lower it) and warps; from "wide" slots up (padded), fewer classes per
+# block and more warps (Triton 3.6's ptxas for sm_90: at beam 8 with 256 classes and 4 warps the TDT variants spill
+# 636-768 bytes, with 64 and 8 none, nor at beam 16); the LM's and the trie's arcs written per slot at once
 CHECK_EVERY = 4  # steps between the host's checks for an active slot
 TF32X3 = False  # float32 networks' products in _linear_kernel (three TF32 products each) rather than torch's:
 # off until timed on the GPU against torch's (it compiles for sm_90 without spills; the tests run both)
@@ -435,6 +437,7 @@ def malsd_search(
     dev = x.device
     K, B = beam_size, nbest
     KP, BP = max(2, next_power_of_2(K)), max(2, next_power_of_2(B))
+    wide = KP >= STEP_TILES["wide"]
     D = len(durations) if durations else 0
     V = w.out_w.shape[0] - D
     S = T * max_symbols
@@ -463,7 +466,7 @@ def malsd_search(
     consts = dict(
         K=K,
         KP=KP,
-        BC=min(STEP_TILES["block_c"], max(16, next_power_of_2(V))),
+        BC=min(STEP_TILES["block_c_wide" if wide else "block_c"], STEP_TILES["block_c"], max(16, next_power_of_2(V))),
         D=D,
         DP=max(2, next_power_of_2(max(D, 1))),
         LM=lm is not None,
@@ -472,7 +475,7 @@ def malsd_search(
         BOOST=boosting is not None,
         MD=next_power_of_2(max(boosting.max_depth, 1)) if boosting is not None else 1,
         BA=STEP_TILES["block_arcs"],
-        num_warps=STEP_TILES["warps"],
+        num_warps=STEP_TILES["warps_wide" if wide else "warps"],
     )
     go = torch.zeros((), dtype=torch.bool, device=dev)
     table = input_gates_table(w)
