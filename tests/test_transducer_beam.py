@@ -338,3 +338,22 @@ def test_the_products_kernel(path, bias):
     want = torch.nn.functional.linear(x.double(), w.double(), None if b is None else b.double())
     assert got.shape == (2, 67, 70) and got.dtype == torch.float32
     assert torch.allclose(got.cpu().double(), want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("durations", [None, (0, 1, 2, 3)])
+def test_gpu_bfloat16_networks_search_as_the_pytorch_path(gpu, tmp_path, monkeypatch, durations):
+    """bfloat16 networks on the GPU (the step kernel reads their joint's outputs as they are): the PyTorch path's
+    hypotheses on the same device, scores to float32 rounding."""
+    from speechkernels.decode import api
+
+    dec = make_decoder(13, V=20, durations=durations, max_symbols=2).to(gpu, torch.bfloat16)
+    x = torch.randn(4, 30, 6, generator=torch.Generator().manual_seed(13)).to(gpu)
+    random_arpa(tmp_path / "lm.arpa", 20, 3, seed=13)
+    kw = dict(nbest=2, lm=NGramLM.from_arpa(tmp_path / "lm.arpa", 20).to(gpu), lm_weight=0.3)
+    got = dec.beam_search(x, [30, 22, 9, 1], 3, **kw)
+    monkeypatch.setattr(api, "transducer_beam_kernels", None)
+    want = dec.beam_search(x, [30, 22, 9, 1], 3, **kw)
+    for a, b in zip(got, want, strict=True):
+        if b is not None:
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-5) if b.dtype.is_floating_point else torch.equal(a, b)
