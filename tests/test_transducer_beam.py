@@ -252,11 +252,13 @@ def check_against_oracle(hyp, want, tol: float) -> None:
 def test_search_on_every_path(path, tmp_path, monkeypatch, durations, seed):
     """TransducerDecoder.beam_search in float32 on every path (the step kernel on the interpreter and the GPU):
     the float64 reference's N-best; beams 1-4 (max_symbols reached, an empty utterance), an LM (some tokens
-    without a unigram: <unk>) from seed 2, boosting from seed 4, its arcs written a few at a time."""
+    without a unigram: <unk>) from seed 2, boosting from seed 4, its arcs written a few at a time; the LSTM's fused
+    cells on odd seeds."""
     if path.kernels:
         from speechkernels.decode import transducer_beam_kernels
 
         monkeypatch.setitem(transducer_beam_kernels.STEP_TILES, "block_arcs", 2 if seed % 2 else 16)
+        monkeypatch.setattr(transducer_beam_kernels, "FUSED_CELL", seed % 2 == 1)  # both prediction steps
     dec = make_decoder(seed, durations=durations, max_symbols=2, blank_bias=0.5 * (seed % 3))
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(3, 9, 6, generator=g)
@@ -281,12 +283,14 @@ def test_search_on_every_path(path, tmp_path, monkeypatch, durations, seed):
 @pytest.mark.parametrize("durations", [None, (0, 2, 1)])
 def test_search_across_class_blocks(path, tmp_path, monkeypatch, durations):
     """More classes than a block (each slot's running list of its best labels across blocks), beams wider than
-    the classes' proposals need, the blank first, an LM and boosting; the products in linear_tf32x3."""
+    the classes' proposals need, the blank first, an LM and boosting; the products in linear_tf32x3, the LSTM
+    (without biases) in its fused cells."""
     from speechkernels.decode import transducer_beam_kernels
 
     monkeypatch.setitem(transducer_beam_kernels.STEP_TILES, "block_c", 16)
     monkeypatch.setattr(transducer_beam_kernels, "TF32X3", True)  # the products in the search's own kernel
-    dec = make_decoder(7, V=40, durations=durations, max_symbols=3, blank=0, blank_bias=2.0)
+    monkeypatch.setattr(transducer_beam_kernels, "FUSED_CELL", True)
+    dec = make_decoder(7, V=40, durations=durations, max_symbols=3, blank=0, blank_bias=2.0, lstm_bias=False)
     g = torch.Generator().manual_seed(7)
     x = torch.randn(2, 8, 6, generator=g)
     random_arpa(tmp_path / "lm.arpa", 40, 4, seed=7)

@@ -37,7 +37,7 @@ from .beam_kernels import (
     boost_arguments,
     lm_arguments,
 )
-from .transducer_kernels import _dot
+from .transducer_kernels import _dot, _sigmoid, _tanh
 
 STEP_TILES = {"block_c": 256, "warps": 4, "wide": 8, "block_c_wide": 64, "warps_wide": 8, "block_arcs": 32}
 # classes per block (a power of two; tests lower it) and warps; from "wide" slots up (padded), fewer classes per
@@ -46,6 +46,8 @@ STEP_TILES = {"block_c": 256, "warps": 4, "wide": 8, "block_c_wide": 64, "warps_
 CHECK_EVERY = 4  # steps between the host's checks for an active slot
 TF32X3 = False  # float32 networks' products in _linear_kernel (three TF32 products each) rather than torch's:
 # off until timed on the GPU against torch's (it compiles for sm_90 without spills; the tests run both)
+FUSED_CELL = False  # float32 LSTM networks: each layer's cell, the parents' gathers and the selection by label in
+# _lstm_cell_kernel (one launch a layer) rather than torch's ~12 operations: off until timed on the GPU
 GRAPHS = True  # on the GPU, chunks of CHECK_EVERY steps replayed as one CUDA graph (captured once per call)
 _WARM: set = set()  # the configurations whose kernel has run (compiled): their first chunk is captured at once
 
@@ -145,6 +147,52 @@ def linear_tf32x3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         num_stages=3,
     )  # fmt: skip (64 x 64 tiles: 236 registers with Triton 3.6 for sm_90, no spills; 64 x 128 spill)
     return out.view(*x.shape[:-1], N)
+
+
+@triton.jit
+def _lstm_cell_kernel(x_ptr, hh_ptr, lab_ptr, row_ptr, islab_ptr, h_ptr, c_ptr, h_out_ptr, c_out_ptr, new_ptr, H,
+                      TABLE: tl.constexpr, BH: tl.constexpr):  # fmt: skip
+    """One LSTM layer of the search's step for slot i (program 0) and units of block program 1: gates = the input
+    term (TABLE: row lab[i] of the per-token table, else row i) + the recurrent term of the parent's row row[i]
+    (hh: h @ W_hh^T + b_hh of every slot, before the step: the parent's row of it is the product of the parent's h);
+    the new (h, c) from the parent's; h_out, c_out [i]: the new state where islab[i], else the parent's; new [i]: the
+    new h (the next layer's input)."""
+    i = tl.program_id(0)
+    o_h = tl.program_id(1) * BH + tl.arange(0, BH)
+    m = o_h < H
+    r = tl.load(row_ptr + i)
+    x_row = tl.load(lab_ptr + i) if TABLE else i
+    p_x = x_ptr + x_row * 4 * H + o_h
+    p_g = hh_ptr + r * 4 * H + o_h
+    g_i = tl.load(p_x, mask=m, other=0.0) + tl.load(p_g, mask=m, other=0.0)
+    g_f = tl.load(p_x + H, mask=m, other=0.0) + tl.load(p_g + H, mask=m, other=0.0)
+    g_g = tl.load(p_x + 2 * H, mask=m, other=0.0) + tl.load(p_g + 2 * H, mask=m, other=0.0)
+    g_o = tl.load(p_x + 3 * H, mask=m, other=0.0) + tl.load(p_g + 3 * H, mask=m, other=0.0)
+    c_par = tl.load(c_ptr + r * H + o_h, mask=m, other=0.0)
+    h_par = tl.load(h_ptr + r * H + o_h, mask=m, other=0.0)
+    c_new = _sigmoid(g_f) * c_par + _sigmoid(g_i) * _tanh(g_g)
+    h_new = _sigmoid(g_o) * _tanh(c_new)
+    lab = (tl.zeros((BH,), tl.int32) + tl.load(islab_ptr + i).to(tl.int32)) != 0
+    tl.store(new_ptr + i * H + o_h, h_new, mask=m)
+    tl.store(h_out_ptr + i * H + o_h, tl.where(lab, h_new, h_par), mask=m)
+    tl.store(c_out_ptr + i * H + o_h, tl.where(lab, c_new, c_par), mask=m)
+
+
+def lstm_step(w, table, lab, row, islab, state_in, state_out, linear) -> None:
+    """The prediction network's step of the search for float32 LSTM networks: ``state_out`` (h, c [L, NK, H]) from
+    ``state_in`` through ``_lstm_cell_kernel`` per layer (``table``: the first layer's input term per token)."""
+    h, c = state_in
+    h_out, c_out = state_out
+    NK, H = h.shape[1], h.shape[2]
+    x = None
+    for layer, (w_ih, w_hh, b_ih, b_hh) in enumerate(w.lstm):
+        hh = linear(h[layer], w_hh, b_hh)
+        xt = table if layer == 0 else linear(x, w_ih, b_ih)
+        x = torch.empty(NK, H, dtype=torch.float32, device=h.device)
+        launch(_lstm_cell_kernel)[(NK, cdiv(H, 128))](
+            xt, hh, lab, row, islab.view(torch.uint8), h[layer], c[layer], h_out[layer], c_out[layer], x, H,
+            TABLE=layer == 0, BH=128, num_warps=4,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -483,8 +531,14 @@ def malsd_search(
     pred_state = tuple(s.clone() for s in pred_state)  # the steps' state, updated in place
     out, g = out.clone(), g.clone()
 
+    fused = FUSED_CELL and not w.stateless and w.embedding.dtype == torch.float32 and CHECK_EVERY % 2 == 0
+    if fused:  # the state's two halves (the out of the reference is the last layer's h)
+        halves = (pred_state, tuple(torch.empty_like(s) for s in pred_state))
+
     def chunk() -> None:
-        """CHECK_EVERY steps: the reference's operations on the networks, the kernel for the rest."""
+        """CHECK_EVERY steps: the reference's operations on the networks (or the fused cells), the kernel for the
+        rest."""
+        parity = 0
         for _ in range(CHECK_EVERY):
             torch.any(si[0].view(N, K) < lens[:, None], out=go)
             joint = act(enc_rows[frm] + g)
@@ -495,6 +549,11 @@ def malsd_search(
                 *lm_args, *boost_args, **consts,
             )  # fmt: skip
             step.add_(1)
+            if fused:  # (from one half of the state's buffers to the other: CHECK_EVERY is even)
+                lstm_step(w, table, lab, row, islab, halves[parity], halves[1 - parity], linear)
+                parity = 1 - parity
+                g.copy_(linear(halves[parity][0][-1], w.pred_w, w.pred_b))
+                continue
             pred_par = tuple(s[:, row] if s.dim() == 3 else s[row] for s in pred_state)
             new_out, new_state = predict(w, lab, pred_par, table, linear)
             m = islab[:, None]
