@@ -361,3 +361,29 @@ def test_gpu_bfloat16_networks_search_as_the_pytorch_path(gpu, tmp_path, monkeyp
     for a, b in zip(got, want, strict=True):
         if b is not None:
             assert torch.allclose(a, b, rtol=1e-5, atol=1e-5) if b.dtype.is_floating_point else torch.equal(a, b)
+
+
+@pytest.mark.kernels
+def test_a_kept_search_serves_the_next_calls(path, tmp_path, monkeypatch):
+    """KEEP_SEARCH: the last configuration's buffers (and, on the GPU, its graph) serve the next call of the same
+    configuration with other encoder outputs and lengths, each call giving a fresh search's hypotheses; another
+    configuration in between replaces it."""
+    from speechkernels.decode import transducer_beam_kernels as tbk
+
+    dec = make_decoder(5, V=8, durations=(0, 1, 2), max_symbols=2, blank_bias=1.0).to(path.device)
+    random_arpa(tmp_path / "lm.arpa", 8, 3, seed=5)
+    lm = NGramLM.from_arpa(tmp_path / "lm.arpa", 8).to(path.device)
+    g = torch.Generator().manual_seed(5)
+    calls = [(torch.randn(3, 10, 6, generator=g).to(path.device), [10, 7, 2], dict(lm=lm, lm_weight=0.4))
+             for _ in range(2)]  # fmt: skip
+    calls.insert(1, (calls[0][0], [10, 10, 10], {}))  # another configuration (no LM)
+    calls.append(calls[1])
+    fresh = [dec.beam_search(x, lengths, 3, nbest=2, **kw) for x, lengths, kw in calls]
+    monkeypatch.setattr(tbk, "KEEP_SEARCH", True)
+    monkeypatch.setattr(tbk, "_KEPT", {})
+    kept = [dec.beam_search(x, lengths, 3, nbest=2, **kw) for x, lengths, kw in calls]
+    path.check_ran()
+    assert len(tbk._KEPT) == 1
+    for a, b in zip(kept, fresh, strict=True):
+        for u, v in zip(a, b, strict=True):
+            assert torch.equal(u, v)

@@ -50,6 +50,9 @@ FUSED_CELL = False  # float32 LSTM networks: each layer's cell, the parents' gat
 # _lstm_cell_kernel (one launch a layer) rather than torch's ~12 operations: off until timed on the GPU
 GRAPHS = True  # on the GPU, chunks of CHECK_EVERY steps replayed as one CUDA graph (captured once per call)
 _WARM: set = set()  # the configurations whose kernel has run (compiled): their first chunk is captured at once
+KEEP_SEARCH = False  # keep the last configuration's buffers and CUDA graph for its next call (the capture paid
+# once): off until timed on the GPU
+_KEPT: dict = {}
 
 
 @triton.jit
@@ -460,6 +463,154 @@ def _malsd_backtrack(hist_ptr, order_ptr, ok_ptr, nlab_ptr, steps_ptr, tok_ptr, 
             cur = tl.load(p_h, mask=m_b, other=0)
 
 
+class _Search:
+    """The search's device buffers for one configuration (networks, shapes, fusion), its step chunk and, on the
+    GPU, the chunk's CUDA graph; ``start`` fills the buffers for a call, ``run`` searches."""
+
+    def __init__(self, w, N, T, K, blank, durations, max_symbols, lm, lm_weight, boosting, boosting_weight, enc):
+        from .reference import input_gates_table
+
+        dev = enc.device
+        KP = max(2, next_power_of_2(K))
+        wide = KP >= STEP_TILES["wide"]
+        D = len(durations) if durations else 0
+        V = w.out_w.shape[0] - D
+        NK = N * K
+        self.refs = (w, lm, boosting)  # (kept alive: the graph holds their addresses)
+        self.N, self.T, self.K, self.D, self.NK, self.dev = N, T, K, D, NK, dev
+        self.steps_max = T * (max_symbols + 1) + CHECK_EVERY + 1  # an active slot has one symbol a step: at
+        # most max_symbols labels and a blank per frame
+        self.sf = torch.empty(2, NK, dtype=torch.float32, device=dev)
+        self.si = torch.empty(6, NK, dtype=torch.int32, device=dev)
+        self.starts = (lm.start if lm is not None else 0, boosting.start if boosting is not None else 0)
+        self.hsh = torch.empty(NK, dtype=torch.int64, device=dev)
+        self.hist = torch.empty(self.steps_max, 4, NK, dtype=torch.int32, device=dev)
+        self.row = torch.empty(NK, dtype=torch.int64, device=dev)
+        self.lab = torch.empty(NK, dtype=torch.int64, device=dev)
+        self.islab = torch.empty(NK, dtype=torch.bool, device=dev)
+        self.frm = torch.empty(NK, dtype=torch.int64, device=dev)
+        self.step = torch.empty(1, dtype=torch.int32, device=dev)
+        self.go = torch.empty((), dtype=torch.bool, device=dev)
+        self.lens = torch.empty(N, dtype=torch.int32, device=dev)
+        self.enc_rows = torch.empty(N * T, w.enc_w.shape[0], dtype=enc.dtype, device=dev)
+        dur = torch.tensor(durations if durations else [0], dtype=torch.int32, device=dev)
+        fusion = (lm_weight if lm is not None else 0.0) + (boosting_weight if boosting is not None else 0.0)
+        self.lm_args = lm_arguments(lm, lm_weight, N, KP, V, self.sf)
+        self.boost_args = boost_arguments(boosting, N, KP, V, self.sf)
+        consts = dict(
+            K=K,
+            KP=KP,
+            BC=min(
+                STEP_TILES["block_c_wide" if wide else "block_c"], STEP_TILES["block_c"], max(16, next_power_of_2(V))
+            ),
+            D=D,
+            DP=max(2, next_power_of_2(max(D, 1))),
+            LM=lm is not None,
+            DEPTH=lm.depth if lm is not None else 0,
+            DPL=next_power_of_2(lm.depth + 1) if lm is not None else 1,
+            BOOST=boosting is not None,
+            MD=next_power_of_2(max(boosting.max_depth, 1)) if boosting is not None else 1,
+            BA=STEP_TILES["block_arcs"],
+            num_warps=STEP_TILES["warps_wide" if wide else "warps"],
+        )
+        self.step_args = (
+            dur, self.sf, self.si, self.hsh, self.hist, self.row, self.lab, self.islab, self.frm, NK, T, V, V + D,
+            blank, max_symbols, float(fusion), float(1 + fusion), float(boosting_weight),
+            *self.lm_args, *self.boost_args,
+        )  # fmt: skip
+        self.consts = consts
+        self.config = (dev, enc.dtype, tuple(sorted(consts.items())))
+        self.w = w
+        self.table = input_gates_table(w)
+        self.linear = linear_tf32x3 if TF32X3 and w.out_w.dtype == torch.float32 else torch.nn.functional.linear
+        self.fused = FUSED_CELL and not w.stateless and w.embedding.dtype == torch.float32 and CHECK_EVERY % 2 == 0
+        self.pred_state = self.out = self.g = None
+        self.halves = None
+        self.graph = None
+
+    def start(self, enc, lengths, pred_state, out, g, score) -> None:
+        """The buffers at the search's start for these encoder outputs [N, T, J] and lengths (clamped)."""
+        N, K, NK, dev = self.N, self.K, self.NK, self.dev
+        self.enc_rows.copy_(enc.reshape(N * self.T, -1))
+        self.lens.copy_(lengths)
+        self.sf.copy_(torch.stack((score, score)).reshape(2, NK))
+        self.si.zero_()
+        self.si[3] = -1
+        self.si[4], self.si[5] = self.starts
+        self.hsh.zero_()
+        self.row.copy_(torch.arange(NK, device=dev))
+        self.lab.zero_()
+        self.islab.zero_()
+        self.frm.copy_(torch.arange(N, device=dev).repeat_interleave(K) * self.T)
+        self.step.zero_()
+        for a in (*self.lm_args[:2], self.boost_args[0]):  # the overrides: no step's stamp
+            if a is not self.sf:
+                a.zero_()
+        if self.pred_state is None:  # the steps' state, updated in place
+            self.pred_state = tuple(s.clone() for s in pred_state)
+            self.out, self.g = out.clone(), g.clone()
+            if self.fused:  # the state's two halves (the reference's out is the last layer's h)
+                self.halves = (self.pred_state, tuple(torch.empty_like(s) for s in self.pred_state))
+        else:
+            for a, b in zip((*self.pred_state, self.out, self.g), (*pred_state, out, g), strict=True):
+                a.copy_(b)
+
+    def chunk(self, act) -> None:
+        """CHECK_EVERY steps: the reference's operations on the networks (or the fused cells), the kernel for the
+        rest."""
+        from .reference import predict
+
+        w, linear, N, K = self.w, self.linear, self.N, self.K
+        g, out, pred_state, row, lab, islab = self.g, self.out, self.pred_state, self.row, self.lab, self.islab
+        parity = 0
+        for _ in range(CHECK_EVERY):
+            torch.any(self.si[0].view(N, K) < self.lens[:, None], out=self.go)
+            joint = act(self.enc_rows[self.frm] + g)
+            logits = linear(joint, w.out_w, w.out_b)
+            launch(_malsd_step_kernel)[(N,)](
+                logits, self.lens, self.go.view(torch.uint8), self.step, *self.step_args, **self.consts
+            )
+            self.step.add_(1)
+            if self.fused:  # (from one half of the state's buffers to the other: CHECK_EVERY is even)
+                lstm_step(w, self.table, lab, row, islab, self.halves[parity], self.halves[1 - parity], linear)
+                parity = 1 - parity
+                g.copy_(linear(self.halves[parity][0][-1], w.pred_w, w.pred_b))
+                continue
+            pred_par = tuple(s[:, row] if s.dim() == 3 else s[row] for s in pred_state)
+            new_out, new_state = predict(w, lab, pred_par, self.table, linear)
+            m = islab[:, None]
+            out.copy_(torch.where(m, new_out, out[row]))
+            for s_, n_, p in zip(pred_state, new_state, pred_par, strict=True):
+                s_.copy_(torch.where(m if n_.dim() == 2 else m[None], n_, p))
+            g.copy_(linear(out, w.pred_w, w.pred_b))
+
+    def active(self) -> bool:
+        """Whether a slot is still inside its utterance (a host synchronisation)."""
+        return bool((self.si[0].view(self.N, self.K) < self.lens[:, None]).any())
+
+    def run(self, act) -> None:
+        """The steps until no slot is active: a first chunk eager where the kernels have not run (compiles them,
+        which a capture cannot), then chunks replayed from one CUDA graph on the GPU (captured once per search)."""
+        graphs = GRAPHS and self.dev.type == "cuda" and not torch.cuda.is_current_stream_capturing()
+        done = 0
+        if not (graphs and self.config in _WARM):
+            self.chunk(act)
+            _WARM.add(self.config)
+            done = CHECK_EVERY
+        while done + CHECK_EVERY <= self.steps_max and bool(
+            (self.si[0].view(self.N, self.K) < self.lens[:, None]).any()
+        ):
+            if self.graph is None and graphs:
+                self.graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(self.graph):
+                    self.chunk(act)
+            if self.graph is not None:
+                self.graph.replay()
+            else:
+                self.chunk(act)
+            done += CHECK_EVERY
+
+
 def malsd_search(
     w,
     x: torch.Tensor,
@@ -476,117 +627,35 @@ def malsd_search(
     boosting_weight: float = 1.0,
 ):
     """``transducer_beam_search_reference``'s search (same arguments and results: a ``BeamHypotheses``) with its
-    decisions in ``_malsd_step_kernel``: networks of a kernel dtype, x on the GPU or under the interpreter."""
+    decisions in ``_malsd_step_kernel``: networks of a kernel dtype, x on the GPU or under the interpreter. With
+    KEEP_SEARCH the last configuration's buffers and graph serve the next call of the same configuration."""
     from .beam_reference import BeamHypotheses
-    from .reference import input_gates_table, predict
     from .transducer_beam import _start
 
     N, T, _ = x.shape
     dev = x.device
     K, B = beam_size, nbest
-    KP, BP = max(2, next_power_of_2(K)), max(2, next_power_of_2(B))
-    wide = KP >= STEP_TILES["wide"]
+    BP = max(2, next_power_of_2(B))
     D = len(durations) if durations else 0
-    V = w.out_w.shape[0] - D
     S = T * max_symbols
     enc, act, lengths, wd, ninf, pred_state, out, g, score = _start(w, x, lengths, K, blank)
-    NK = N * K
-    steps_max = T * (max_symbols + 1) + CHECK_EVERY + 1  # an active slot has one symbol a step: at most
-    # max_symbols labels and a blank per frame
-    sf = torch.stack((score, score)).reshape(2, NK).contiguous()
-    si = torch.zeros(6, NK, dtype=torch.int32, device=dev)
-    si[3] = -1
-    si[4] = lm.start if lm is not None else 0
-    si[5] = boosting.start if boosting is not None else 0
-    hsh = torch.zeros(NK, dtype=torch.int64, device=dev)
-    hist = torch.empty(steps_max, 4, NK, dtype=torch.int32, device=dev)
-    row = torch.arange(NK, device=dev)
-    lab = torch.zeros(NK, dtype=torch.int64, device=dev)
-    islab = torch.zeros(NK, dtype=torch.bool, device=dev)
-    frm = torch.arange(N, device=dev).repeat_interleave(K) * T
-    step = torch.zeros(1, dtype=torch.int32, device=dev)
-    dur = torch.tensor(durations if durations else [0], dtype=torch.int32, device=dev)
-    lens = lengths.to(torch.int32)
-    fusion = (lm_weight if lm is not None else 0.0) + (boosting_weight if boosting is not None else 0.0)
-    lm_args = lm_arguments(lm, lm_weight, N, KP, V, sf)
-    boost_args = boost_arguments(boosting, N, KP, V, sf)
-    enc_rows = enc.reshape(N * T, -1)
-    consts = dict(
-        K=K,
-        KP=KP,
-        BC=min(STEP_TILES["block_c_wide" if wide else "block_c"], STEP_TILES["block_c"], max(16, next_power_of_2(V))),
-        D=D,
-        DP=max(2, next_power_of_2(max(D, 1))),
-        LM=lm is not None,
-        DEPTH=lm.depth if lm is not None else 0,
-        DPL=next_power_of_2(lm.depth + 1) if lm is not None else 1,
-        BOOST=boosting is not None,
-        MD=next_power_of_2(max(boosting.max_depth, 1)) if boosting is not None else 1,
-        BA=STEP_TILES["block_arcs"],
-        num_warps=STEP_TILES["warps_wide" if wide else "warps"],
-    )
-    go = torch.zeros((), dtype=torch.bool, device=dev)
-    table = input_gates_table(w)
-    linear = linear_tf32x3 if TF32X3 and w.out_w.dtype == torch.float32 else torch.nn.functional.linear
-    pred_state = tuple(s.clone() for s in pred_state)  # the steps' state, updated in place
-    out, g = out.clone(), g.clone()
-
-    fused = FUSED_CELL and not w.stateless and w.embedding.dtype == torch.float32 and CHECK_EVERY % 2 == 0
-    if fused:  # the state's two halves (the out of the reference is the last layer's h)
-        halves = (pred_state, tuple(torch.empty_like(s) for s in pred_state))
-
-    def chunk() -> None:
-        """CHECK_EVERY steps: the reference's operations on the networks (or the fused cells), the kernel for the
-        rest."""
-        parity = 0
-        for _ in range(CHECK_EVERY):
-            torch.any(si[0].view(N, K) < lens[:, None], out=go)
-            joint = act(enc_rows[frm] + g)
-            logits = linear(joint, w.out_w, w.out_b)
-            launch(_malsd_step_kernel)[(N,)](
-                logits, lens, go.view(torch.uint8), step, dur, sf, si, hsh, hist, row, lab, islab, frm,
-                NK, T, V, V + D, blank, max_symbols, float(fusion), float(1 + fusion), float(boosting_weight),
-                *lm_args, *boost_args, **consts,
-            )  # fmt: skip
-            step.add_(1)
-            if fused:  # (from one half of the state's buffers to the other: CHECK_EVERY is even)
-                lstm_step(w, table, lab, row, islab, halves[parity], halves[1 - parity], linear)
-                parity = 1 - parity
-                g.copy_(linear(halves[parity][0][-1], w.pred_w, w.pred_b))
-                continue
-            pred_par = tuple(s[:, row] if s.dim() == 3 else s[row] for s in pred_state)
-            new_out, new_state = predict(w, lab, pred_par, table, linear)
-            m = islab[:, None]
-            out.copy_(torch.where(m, new_out, out[row]))
-            for s_, n_, p in zip(pred_state, new_state, pred_par, strict=True):
-                s_.copy_(torch.where(m if n_.dim() == 2 else m[None], n_, p))
-            g.copy_(linear(out, w.pred_w, w.pred_b))
-
-    def active() -> bool:
-        return bool((si[0].view(N, K) < lens[:, None]).any())
-
-    graphs = GRAPHS and dev.type == "cuda" and not torch.cuda.is_current_stream_capturing()
-    config = (dev, enc.dtype, tuple(sorted(consts.items())))
+    key = (id(w), id(lm), id(boosting), N, T, K, blank, durations, max_symbols, float(lm_weight),
+           float(boosting_weight), dev, enc.dtype, w.activation, TF32X3, FUSED_CELL, CHECK_EVERY, GRAPHS,
+           tuple(STEP_TILES.items()))  # fmt: skip
+    search = _KEPT.get(key) if KEEP_SEARCH else None
+    if search is None:
+        search = _Search(w, N, T, K, blank, durations, max_symbols, lm, lm_weight, boosting, boosting_weight, enc)
+        _KEPT.clear()
+        if KEEP_SEARCH:
+            _KEPT[key] = search
     with torch.no_grad():
-        done, graph = 0, None
-        if not (graphs and config in _WARM):
-            chunk()  # (eager: compiles the kernel, which a capture cannot)
-            _WARM.add(config)
-            done = CHECK_EVERY
-        while done + CHECK_EVERY <= steps_max and active():
-            if graph is None and graphs:
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    chunk()
-            if graph is not None:
-                graph.replay()
-            else:
-                chunk()
-            done += CHECK_EVERY
+        search.start(enc, lengths, pred_state, out, g, score)
+        search.run(act)
+    sf, si, hist, step, NK = search.sf, search.si, search.hist, search.step, search.NK
     score, acoustic = sf[0].view(N, K), sf[1].view(N, K)
     n_lab = si[2].view(N, K).to(torch.int64)
-    key = score / (n_lab + 1).to(wd) if score_norm else score
-    order = torch.sort(key, dim=1, descending=True, stable=True).indices[:, :B]
+    rank = score / (n_lab + 1).to(wd) if score_norm else score
+    order = torch.sort(rank, dim=1, descending=True, stable=True).indices[:, :B]
     ok = score.gather(1, order) > float("-inf")
     tokens = kernel_output(N, B, S, dtype=torch.int64, device=dev)
     frames = kernel_output(N, B, S, dtype=torch.int64, device=dev)
