@@ -53,8 +53,9 @@ STEP_POINTERS = dict(
 )  # fmt: skip
 
 
-def step_variant(beam: int, durations: int, lm: bool, boost: bool) -> dict:
-    """The same for the transducer search's step kernel (1,025 classes; ``durations`` 0: RNN-T)."""
+def step_variant(beam: int, durations: int, lm: bool, boost: bool, modified: bool = False) -> dict:
+    """The same for the transducer search's step kernel (1,025 classes; ``durations`` 0: RNN-T; ``modified``:
+    icefall's search)."""
     names = list(_malsd_step_kernel.arg_names)
     fusion = {k: v for k, v in SIGNATURE.items() if k in names}
     scalars = dict.fromkeys(("NK", "T", "V", "W", "blank", "max_symbols"), "i32")
@@ -65,11 +66,11 @@ def step_variant(beam: int, durations: int, lm: bool, boost: bool) -> dict:
     warps = STEP_TILES["warps_wide" if wide else "warps"]
     consts = dict(K=beam, KP=KP, BC=bc, D=durations, DP=max(2, next_power_of_2(max(durations, 1))), LM=lm,
                   DEPTH=3 if lm else 0, DPL=4 if lm else 1, BOOST=boost, MD=8 if boost else 1,
-                  BA=STEP_TILES["block_arcs"])  # fmt: skip
+                  BA=STEP_TILES["block_arcs"], MODIFIED=modified)  # fmt: skip
     signature = {n: {**STEP_POINTERS, **scalars, **fusion}[n] for n in names if n not in consts}
     found = assemble(_malsd_step_kernel, signature, consts, warps)
-    return dict(kernel="malsd step", beam=beam, durations=durations, lm=lm, boost=boost, block_c=bc, warps=warps,
-                **found)  # fmt: skip
+    return dict(kernel="modified step" if modified else "malsd step", beam=beam, durations=durations, lm=lm,
+                boost=boost, block_c=bc, warps=warps, **found)  # fmt: skip
 
 
 def assemble(fn, signature: dict, consts: dict, warps: int) -> dict:
@@ -101,6 +102,9 @@ def main() -> None:
             for lm, boost in fusions:
                 rows.append(step_variant(beam, durations, lm, boost))
                 print(rows[-1], flush=True)
+        for lm, boost in fusions:
+            rows.append(step_variant(beam, 0, lm, boost, True))
+            print(rows[-1], flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"triton": triton.__version__, "ptxas": get_ptxas(90).version, "rows": rows}, f, indent=1)

@@ -41,6 +41,7 @@ CAPABILITIES = {
             "speechkernels.decode.transducer_kernels:transducer_greedy",
             "speechkernels.decode.beam_kernels:ctc_beam",
             "speechkernels.decode.transducer_beam_kernels:malsd_search",
+            "speechkernels.decode.transducer_beam_kernels:modified_search",
         ),
     ),
     "wavenet": Capability(

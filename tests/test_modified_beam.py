@@ -152,3 +152,38 @@ def test_views_search_as_copies():
     got = dec.beam_search(view, [7, 4], 3, nbest=2, algorithm="modified")
     for a, b in zip(got, want, strict=True):
         assert (a is None and b is None) or torch.equal(a, b)
+
+
+@pytest.mark.parametrize("fusion", ["none", "lm", "boost", "both"])
+@pytest.mark.parametrize("stateless", [0, 2])
+def test_search_on_every_path(path, tmp_path, monkeypatch, fusion, stateless):
+    """float32 networks on every path (the step kernel on the interpreter and the GPU): the float64 search's
+    N-best tokens and frames, scores to 1e-4; ragged lengths, beams 3 and 4, the LSTM's fused cells on."""
+    if path.kernels:
+        from speechkernels.decode import transducer_beam_kernels
+
+        monkeypatch.setattr(transducer_beam_kernels, "FUSED_CELL", True)
+    V = 7
+    seed = 3 + stateless
+    dec = make_decoder(seed, stateless=stateless, blank=0 if stateless else None, blank_bias=0.5)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(3, 8, 6, generator=g)
+    lengths = [8, 5, 0]
+    K = 3 + stateless % 2
+    kw = dict(nbest=K, algorithm="modified")
+    if fusion in ("lm", "both"):
+        random_arpa(tmp_path / "lm.arpa", V, 3, seed=seed, drop=1)
+        kw.update(lm=NGramLM.from_arpa(tmp_path / "lm.arpa", V), lm_weight=0.4)
+    if fusion in ("boost", "both"):
+        kw.update(boosting=PhraseBooster([[1, 2], [2, 3, 1], [4]], V, [1.0, 2.0, 0.5]), boosting_weight=0.7)
+    want = dec.double().beam_search(x.double(), lengths, K, **kw)
+    dev_kw = {k: v.to(path.device) if hasattr(v, "to") else v for k, v in kw.items()}
+    got = dec.float().to(path.device).beam_search(x.to(path.device), lengths, K, **dev_kw)
+    path.check_ran()
+    for f in ("tokens", "lengths", "frames"):
+        assert torch.equal(getattr(got, f).cpu(), getattr(want, f)), f
+    assert got.durations is None
+    for f in ("scores", "acoustic", "lm_scores"):
+        a, b = getattr(got, f).cpu(), getattr(want, f)
+        assert a.dtype == torch.float32 and torch.equal(a.isinf(), b.isinf()), f
+        assert torch.allclose(a, b.float(), rtol=1e-4, atol=1e-4), (f, a, b)

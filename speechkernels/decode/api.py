@@ -468,8 +468,9 @@ class TransducerDecoder(torch.nn.Module):
         that reach the same tokens, for TDT at the same frame, merge with the log-sum of their scores; details in
         ``speechkernels.decode.transducer_beam``) or, with ``algorithm="modified"``, of icefall's
         ``modified_beam_search`` (RNN-T, one symbol per frame: every hypothesis takes the blank or one label at
-        each frame; the K best of all of them survive, those with the same tokens merged). PyTorch operations for
-        now, on the CPU or the GPU.
+        each frame; the K best of all of them survive, those with the same tokens merged). On the GPU (float32 and
+        bfloat16 networks) each step's decisions run in one Triton kernel, the networks in PyTorch, the steps
+        replayed as CUDA graphs; elsewhere PyTorch operations.
 
         Args:
             encoder_out: [N, T, E], any float dtype: cast to the networks' dtype.
@@ -518,21 +519,21 @@ class TransducerDecoder(torch.nn.Module):
             (lengths,) = batch_lengths(N, dev, "none", encoder_lengths=encoder_lengths)
             if validate:
                 check_lengths(lengths, "encoder_lengths", T, f"T={T}")
-        if algorithm == "modified":
-            return modified_beam_search_reference(
-                w, encoder_out, lengths, beam_size, self.blank, nbest, lm, lm_weight, score_norm, boosting,
-                boosting_weight,
-            )  # fmt: skip
-        search = transducer_beam_search_reference
-        if (
+        kernel = (
             transducer_beam_kernels is not None
             and use_triton(encoder_out)
             and w.enc_w.dtype in KERNEL_DTYPES
             and use_triton(w.enc_w)
             and N > 0
             and T > 0
-        ):
-            search = transducer_beam_kernels.malsd_search
+        )
+        if algorithm == "modified":
+            search = transducer_beam_kernels.modified_search if kernel else modified_beam_search_reference
+            return search(
+                w, encoder_out, lengths, beam_size, self.blank, nbest, lm, lm_weight, score_norm, boosting,
+                boosting_weight,
+            )  # fmt: skip
+        search = transducer_beam_kernels.malsd_search if kernel else transducer_beam_search_reference
         return search(
             w,
             encoder_out,

@@ -207,16 +207,19 @@ def _malsd_step_kernel(x_ptr, len_ptr, go_ptr, step_ptr, dur_ptr, sf_ptr, si_ptr
                        ovb_ptr, max_depth, fch_ptr, cs_ptr, ct_ptr, cn_ptr, bnext_ptr, rns_ptr, ros_ptr, ns_ptr, os_ptr,
                        K: tl.constexpr, KP: tl.constexpr, BC: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
                        LM: tl.constexpr, DEPTH: tl.constexpr, DPL: tl.constexpr, BOOST: tl.constexpr,
-                       MD: tl.constexpr, BA: tl.constexpr):  # fmt: skip
+                       MD: tl.constexpr, BA: tl.constexpr, MODIFIED: tl.constexpr):  # fmt: skip
     n = tl.program_id(0)
     o_k = tl.arange(0, KP)
     o_c = tl.arange(0, BC)
     in_k = o_k < K
     ninf = float("-inf")
     L = tl.load(len_ptr + n).to(tl.int32)
-    go = (tl.zeros((KP,), tl.int32) + tl.load(go_ptr).to(tl.int32)) != 0  # a slot of the batch is active: the
-    # step is one of the search's (a vector: the interpreter masks with vectors only)
     step = tl.load(step_ptr)
+    if MODIFIED:  # the utterance is at frame `step`: it changes while inside
+        go = (tl.zeros((KP,), tl.int32) + step) < L
+    else:  # a slot of the batch is active: the step is one of the search's (a vector: the interpreter masks
+        # with vectors only)
+        go = (tl.zeros((KP,), tl.int32) + tl.load(go_ptr).to(tl.int32)) != 0
     stamp = step + 1
     at_s = n * K + o_k  # the slots' state: [2, N, K] float32 (score, acoustic), [6, N, K] int32
     score = tl.load(sf_ptr + at_s, mask=in_k, other=ninf)
@@ -257,7 +260,7 @@ def _malsd_step_kernel(x_ptr, len_ptr, go_ptr, step_ptr, dur_ptr, sf_ptr, si_ptr
     # the fusion's terms: the blank's, each label's log(1 - p(blank)), the step's overrides
     f_blank = lp_blank
     l1p = tl.zeros((KP,), tl.float32)
-    if LM or BOOST:
+    if (LM or BOOST) and not MODIFIED:  # (icefall's: the labels' LM term only; boosting after the selection)
         p_b = tl.minimum(tl.exp(lp_blank), 0.99)
         l1p = fusion * tl.log(1.0 - p_b)
         f_blank = one_fusion * lp_blank
@@ -289,7 +292,7 @@ def _malsd_step_kernel(x_ptr, len_ptr, go_ptr, step_ptr, dur_ptr, sf_ptr, si_ptr
                 v, _, _ = _lm_at(o_k[:, None], cls[None, :], ok_c[None, :], use, base[:, None], p_ovl, V, uni_ptr,
                                  col_ptr, stamp)  # fmt: skip
                 f = f + lm_w * v
-            if BOOST:
+            if BOOST and not MODIFIED:
                 g, _ = _boost_at(o_k[:, None], cls[None, :], ok_c[None, :], use & (has_b > 0)[:, None], ns_s[:, None],
                                  p_ovb, V, bnext_ptr, rns_ptr, ros_ptr, ns_ptr, os_ptr, stamp)  # fmt: skip
                 f = f + b_w * g
@@ -315,28 +318,32 @@ def _malsd_step_kernel(x_ptr, len_ptr, go_ptr, step_ptr, dur_ptr, sf_ptr, si_ptr
     top_ac = tl.where(ok_t, lp_lab - ls[:, None], ninf)
     if D > 0:
         top_ac = top_ac + tl.sum(tl.where(o_d[None, None, :] == d_i[:, :, None], dlp[:, None, :], 0.0), 2)
-    # the K x K proposals: finished slots propose themselves, slots at max_symbols the blank only
+    # the K x K proposals: finished slots propose themselves, slots at max_symbols the blank only (malsd)
     first = o_r[None, :] == 0
     cand = score[:, None] + val
     cand_ac = acoustic[:, None] + top_ac
-    done = (~active)[:, None]
-    cand = tl.where(done, tl.where(first, score[:, None], ninf), cand)
-    cand_ac = tl.where(done, tl.where(first, acoustic[:, None], ninf), cand_ac)
-    lab = tl.where(done, -1, lab)
-    full = (active & (at_frame >= max_symbols))[:, None]
-    forced = score + f_blank
-    forced_ac = acoustic + lp_blank
-    if D > 0:
-        forced = forced + d_max
-        forced_ac = forced_ac + d_max
-    cand = tl.where(full, tl.where(first, forced[:, None], ninf), cand)
-    cand_ac = tl.where(full, tl.where(first, forced_ac[:, None], ninf), cand_ac)
-    lab = tl.where(full, blank, lab)
-    d_first = tl.sum(tl.where(first, d_i, 0), 1)
-    d_i = tl.where(full, d_first[:, None], d_i)
-    # the K best of them (ties: the earlier slot, then the earlier proposal)
+    if not MODIFIED:
+        done = (~active)[:, None]
+        cand = tl.where(done, tl.where(first, score[:, None], ninf), cand)
+        cand_ac = tl.where(done, tl.where(first, acoustic[:, None], ninf), cand_ac)
+        lab = tl.where(done, -1, lab)
+        full = (active & (at_frame >= max_symbols))[:, None]
+        forced = score + f_blank
+        forced_ac = acoustic + lp_blank
+        if D > 0:
+            forced = forced + d_max
+            forced_ac = forced_ac + d_max
+        cand = tl.where(full, tl.where(first, forced[:, None], ninf), cand)
+        cand_ac = tl.where(full, tl.where(first, forced_ac[:, None], ninf), cand_ac)
+        lab = tl.where(full, blank, lab)
+        d_first = tl.sum(tl.where(first, d_i, 0), 1)
+        d_i = tl.where(full, d_first[:, None], d_i)
+    # the K best of them (ties: the earlier slot, then the earlier proposal; icefall's: the lower class)
     present = in_k[:, None] & (o_r < K)[None, :]
-    keys = tl.where(present, _key(cand, o_k[:, None] * K + o_r[None, :]), _MIN_KEY)
+    if MODIFIED:
+        keys = tl.where(present, _key(cand, o_k[:, None] * V + lab), _MIN_KEY)
+    else:
+        keys = tl.where(present, _key(cand, o_k[:, None] * K + o_r[None, :]), _MIN_KEY)
     par = o_k
     label = tl.full((KP,), -1, tl.int32)
     dur_i = tl.zeros((KP,), tl.int32)
@@ -344,10 +351,9 @@ def _malsd_step_kernel(x_ptr, len_ptr, go_ptr, step_ptr, dur_ptr, sf_ptr, si_ptr
     new_ac = tl.full((KP,), ninf, tl.float32)
     for i in range(K):
         m = tl.max(tl.max(keys, 1), 0)
-        o = _order_of(m)
-        hit = (o_k[:, None] == o // K) & (o_r[None, :] == o % K)
+        hit = keys == m  # (distinct orders)
         now = o_k == i
-        par = tl.where(now, o // K, par)
+        par = tl.where(now, _order_of(m) // (V if MODIFIED else K), par)
         label = tl.where(now, tl.max(tl.max(tl.where(hit, lab, -2), 1), 0), label)
         dur_i = tl.where(now, tl.max(tl.max(tl.where(hit, d_i, -1), 1), 0), dur_i)
         new_score = tl.where(now, tl.max(tl.max(tl.where(hit, cand, ninf), 1), 0), new_score)
@@ -358,6 +364,8 @@ def _malsd_step_kernel(x_ptr, len_ptr, go_ptr, step_ptr, dur_ptr, sf_ptr, si_ptr
     is_ext = label >= 0
     is_blank = label == blank
     is_lab = is_ext & ~is_blank
+    if MODIFIED:
+        is_lab = is_lab & (new_score > ninf)
     t_par = _pick(sel, t)
     if D > 0:
         stp = tl.load(dur_ptr + dur_i, mask=in_k, other=0)
@@ -371,6 +379,8 @@ def _malsd_step_kernel(x_ptr, len_ptr, go_ptr, step_ptr, dur_ptr, sf_ptr, si_ptr
     else:
         n_at = tl.where(is_blank, 0, _pick(sel, at_frame) + is_lab.to(tl.int32))
     n_t = t_par + stp
+    if MODIFIED:  # every hypothesis leaves the frame
+        n_t = t_par + 1
     n_n = k_par + is_lab.to(tl.int32)
     h_par = _pick(sel, hsh)
     n_h = tl.where(is_lab, h_par * 6364136223846793005 + 1 + label.to(tl.int64), h_par)
@@ -383,24 +393,36 @@ def _malsd_step_kernel(x_ptr, len_ptr, go_ptr, step_ptr, dur_ptr, sf_ptr, si_ptr
         n_lm = tl.where(is_lab, nx, n_lm)
     n_bs = _pick(sel, bs)
     if BOOST:
-        _, nxb = _boost_at(par, label, is_lab, is_lab & (_pick(sel, has_b) > 0), 0.0, p_ovb, V, bnext_ptr, rns_ptr,
-                           ros_ptr, ns_ptr, os_ptr, stamp)  # fmt: skip
+        bonus, nxb = _boost_at(par, label, is_lab, is_lab & (_pick(sel, has_b) > 0), _pick(sel, ns_s), p_ovb, V,
+                               bnext_ptr, rns_ptr, ros_ptr, ns_ptr, os_ptr, stamp)  # fmt: skip
         n_bs = tl.where(is_lab, nxb, n_bs)
+        if MODIFIED:  # icefall adds its context graph's score after the selection
+            new_score = tl.where(is_lab, new_score + b_w * bonus, new_score)
     # the merges: the same tokens (TDT: at the same frame) -> the first most likely slot, the log-sum of scores
     same = (n_h[:, None] == n_h[None, :]) & (n_last[:, None] == n_last[None, :]) & (n_n[:, None] == n_n[None, :])
     if D > 0:
         same = same & (n_t[:, None] == n_t[None, :])
     same = same & in_k[None, :]
-    group = tl.where(same, new_score[None, :], ninf)
-    g_max = tl.max(group, 1)
-    surv = tl.min(tl.where(group == g_max[:, None], o_r[None, :], KP), 1)
-    surv = tl.where(g_max == ninf, 0, surv)  # (a group of empty slots: the first slot, as an argmax of -inf)
-    keep = surv == o_k
+    if MODIFIED:  # icefall's: into the first of the group in the selection's order
+        same = same & (new_score > ninf)[None, :]
+        surv = tl.min(tl.where(same & (o_r[None, :] <= o_k[:, None]), o_r[None, :], KP), 1)
+        keep = (surv == o_k) & (new_score > ninf)
+        group = tl.where(same, new_score[None, :], ninf)
+    else:  # NeMo's: into the first most likely
+        group = tl.where(same, new_score[None, :], ninf)
+        g_max = tl.max(group, 1)
+        surv = tl.min(tl.where(group == g_max[:, None], o_r[None, :], KP), 1)
+        surv = tl.where(g_max == ninf, 0, surv)  # (a group of empty slots: the first slot, as an argmax of -inf)
+        keep = surv == o_k
     merged = tl.sum(same.to(tl.int32), 1) > 1
     total = _lse(group, 1)
     total_ac = _lse(tl.where(same, new_ac[None, :], ninf), 1)
-    new_score = tl.where(keep, tl.where(merged, total, new_score), ninf)
-    new_ac = tl.where(keep, tl.where(merged, total_ac, new_ac), ninf)
+    if MODIFIED:  # (icefall's: the log-sum of every group, one alone too)
+        new_score = tl.where(keep, total, ninf)
+        new_ac = tl.where(keep, total_ac, ninf)
+    else:
+        new_score = tl.where(keep, tl.where(merged, total, new_score), ninf)
+        new_ac = tl.where(keep, tl.where(merged, total_ac, new_ac), ninf)
     # a step past the search's end keeps every slot
     sv = in_k & go
     tl.store(sf_ptr + at_s, new_score, mask=sv)
@@ -424,6 +446,9 @@ def _malsd_step_kernel(x_ptr, len_ptr, go_ptr, step_ptr, dur_ptr, sf_ptr, si_ptr
     tl.store(lab_ptr + at_s, tl.maximum(label, 0).to(tl.int64), mask=in_k)
     tl.store(islab_ptr + at_s, is_lab, mask=in_k)
     t_next = tl.where(go, n_t, t)
+    if MODIFIED:  # the next frame, every utterance's
+        t_next = tl.zeros((KP,), tl.int32) + step + 1
+        L = T
     tl.store(frm_ptr + at_s, (n * T + tl.minimum(t_next, tl.maximum(L - 1, 0))).to(tl.int64), mask=in_k)
 
 
@@ -467,7 +492,8 @@ class _Search:
     """The search's device buffers for one configuration (networks, shapes, fusion), its step chunk and, on the
     GPU, the chunk's CUDA graph; ``start`` fills the buffers for a call, ``run`` searches."""
 
-    def __init__(self, w, N, T, K, blank, durations, max_symbols, lm, lm_weight, boosting, boosting_weight, enc):
+    def __init__(self, w, N, T, K, blank, durations, max_symbols, lm, lm_weight, boosting, boosting_weight, enc,
+                 modified):  # fmt: skip
         from .reference import input_gates_table
 
         dev = enc.device
@@ -478,8 +504,8 @@ class _Search:
         NK = N * K
         self.refs = (w, lm, boosting)  # (kept alive: the graph holds their addresses)
         self.N, self.T, self.K, self.D, self.NK, self.dev = N, T, K, D, NK, dev
-        self.steps_max = T * (max_symbols + 1) + CHECK_EVERY + 1  # an active slot has one symbol a step: at
-        # most max_symbols labels and a blank per frame
+        self.steps_max = T * (1 if modified else max_symbols + 1) + CHECK_EVERY + 1  # an active slot has one
+        # symbol a step: at most max_symbols labels and a blank per frame (icefall's: one a frame)
         self.sf = torch.empty(2, NK, dtype=torch.float32, device=dev)
         self.si = torch.empty(6, NK, dtype=torch.int32, device=dev)
         self.starts = (lm.start if lm is not None else 0, boosting.start if boosting is not None else 0)
@@ -511,6 +537,7 @@ class _Search:
             BOOST=boosting is not None,
             MD=next_power_of_2(max(boosting.max_depth, 1)) if boosting is not None else 1,
             BA=STEP_TILES["block_arcs"],
+            MODIFIED=modified,
             num_warps=STEP_TILES["warps_wide" if wide else "warps"],
         )
         self.step_args = (
@@ -629,22 +656,47 @@ def malsd_search(
     """``transducer_beam_search_reference``'s search (same arguments and results: a ``BeamHypotheses``) with its
     decisions in ``_malsd_step_kernel``: networks of a kernel dtype, x on the GPU or under the interpreter. With
     KEEP_SEARCH the last configuration's buffers and graph serve the next call of the same configuration."""
+    return _search(w, x, lengths, beam_size, blank, durations, max_symbols, nbest, lm, lm_weight, score_norm,
+                   boosting, boosting_weight, False)  # fmt: skip
+
+
+def modified_search(
+    w,
+    x: torch.Tensor,
+    lengths: torch.Tensor,
+    beam_size: int,
+    blank: int,
+    nbest: int = 1,
+    lm=None,
+    lm_weight: float = 0.0,
+    score_norm: bool = True,
+    boosting=None,
+    boosting_weight: float = 1.0,
+):
+    """``modified_beam_search_reference``'s search (icefall's ``modified_beam_search``; same arguments and
+    results) with its decisions in ``_malsd_step_kernel`` (MODIFIED)."""
+    return _search(w, x, lengths, beam_size, blank, None, 1, nbest, lm, lm_weight, score_norm, boosting,
+                   boosting_weight, True)  # fmt: skip
+
+
+def _search(w, x, lengths, K, blank, durations, max_symbols, B, lm, lm_weight, score_norm, boosting, boosting_weight,
+            modified):  # fmt: skip
     from .beam_reference import BeamHypotheses
     from .transducer_beam import _start
 
     N, T, _ = x.shape
     dev = x.device
-    K, B = beam_size, nbest
     BP = max(2, next_power_of_2(B))
     D = len(durations) if durations else 0
-    S = T * max_symbols
+    S = T if modified else T * max_symbols
     enc, act, lengths, wd, ninf, pred_state, out, g, score = _start(w, x, lengths, K, blank)
     key = (id(w), id(lm), id(boosting), N, T, K, blank, durations, max_symbols, float(lm_weight),
-           float(boosting_weight), dev, enc.dtype, w.activation, TF32X3, FUSED_CELL, CHECK_EVERY, GRAPHS,
+           float(boosting_weight), dev, enc.dtype, w.activation, modified, TF32X3, FUSED_CELL, CHECK_EVERY, GRAPHS,
            tuple(STEP_TILES.items()))  # fmt: skip
     search = _KEPT.get(key) if KEEP_SEARCH else None
     if search is None:
-        search = _Search(w, N, T, K, blank, durations, max_symbols, lm, lm_weight, boosting, boosting_weight, enc)
+        search = _Search(w, N, T, K, blank, durations, max_symbols, lm, lm_weight, boosting, boosting_weight, enc,
+                         modified)  # fmt: skip
         _KEPT.clear()
         if KEEP_SEARCH:
             _KEPT[key] = search
@@ -654,7 +706,10 @@ def malsd_search(
     sf, si, hist, step, NK = search.sf, search.si, search.hist, search.step, search.NK
     score, acoustic = sf[0].view(N, K), sf[1].view(N, K)
     n_lab = si[2].view(N, K).to(torch.int64)
-    rank = score / (n_lab + 1).to(wd) if score_norm else score
+    if modified and boosting is not None:  # a pending partial match taken back
+        score = score + boosting_weight * boosting.end_scores(si[5].to(torch.int64)).to(wd).view(N, K)
+    norm = (n_lab + (w.context_size if modified else 1)).to(wd)
+    rank = score / norm if score_norm else score
     order = torch.sort(rank, dim=1, descending=True, stable=True).indices[:, :B]
     ok = score.gather(1, order) > float("-inf")
     tokens = kernel_output(N, B, S, dtype=torch.int64, device=dev)
