@@ -64,8 +64,8 @@ def step_variant(beam: int, durations: int, lm: bool, boost: bool, modified: boo
     wide = KP >= STEP_TILES["wide"]
     bc = STEP_TILES["block_c_wide" if wide else "block_c"]
     warps = STEP_TILES["warps_wide" if wide else "warps"]
-    consts = dict(K=beam, KP=KP, BC=bc, D=durations, DP=max(2, next_power_of_2(max(durations, 1))), LM=lm,
-                  DEPTH=3 if lm else 0, DPL=4 if lm else 1, BOOST=boost, MD=8 if boost else 1,
+    consts = dict(K=beam, KP=KP, BC=bc, D=durations, DD=max(2, next_power_of_2(max(durations, 1))), LM=lm,
+                  DEPTH=3 if lm else 0, DP=4 if lm else 1, BOOST=boost, MD=8 if boost else 1,
                   BA=STEP_TILES["block_arcs"], MODIFIED=modified)  # fmt: skip
     signature = {n: {**STEP_POINTERS, **scalars, **fusion}[n] for n in names if n not in consts}
     found = assemble(_malsd_step_kernel, signature, consts, warps)

@@ -200,6 +200,27 @@ def _lm_overrides(lm_st, alive, p_ovl, p_nxl, C, stamp, chain_ptr, above_ptr, ba
 
 
 @triton.jit
+def _overrides(lm_st, bs, alive, p_ovl, p_nxl, p_ovb, C, stamp, chain_ptr, above_ptr, base_ptr, as_ptr, at_ptr, al_ptr,
+               an_ptr, max_depth, ns_ptr, fch_ptr, cs_ptr, ct_ptr, cn_ptr, o_k, KP: tl.constexpr, LM: tl.constexpr,
+               DEPTH: tl.constexpr, DP: tl.constexpr, BOOST: tl.constexpr, MD: tl.constexpr,
+               BA: tl.constexpr):  # fmt: skip
+    """The step's overrides of every live slot (LM: its arcs along the backoff chain of its state ``lm_st``;
+    BOOST: its trie children along the failure chain of its state ``bs``): (the LM states' summed backoffs, the
+    trie states' node scores, the slots' override counts)."""
+    base = tl.zeros((KP,), tl.float32)
+    ns_s = tl.zeros((KP,), tl.float32)
+    has_b = tl.zeros((KP,), tl.int32)
+    if BOOST:  # (the trie's loads first: they overlap the LM's)
+        ns_s, lo_b, cnt_b, has_b = _boost_chains(bs, alive, max_depth, ns_ptr, fch_ptr, cs_ptr, MD)
+    if LM:
+        base = _lm_overrides(lm_st, alive, p_ovl, p_nxl, C, stamp, chain_ptr, above_ptr, base_ptr, as_ptr, at_ptr,
+                             al_ptr, an_ptr, o_k, DEPTH, DP, BA)  # fmt: skip
+    if BOOST:
+        _boost_overrides(lo_b, cnt_b, ns_s, p_ovb, C, stamp, max_depth, ct_ptr, cn_ptr, o_k, MD, BA)
+    return base, ns_s, has_b
+
+
+@triton.jit
 def _take(run, keys, merged, parent, last, C, DROP: tl.constexpr):
     """The list ``run`` after the candidates ``keys`` (any shape) that beat its worst, best first: each replaces the
     worst; with DROP an extension merged into a stay (a (parent, class) of ``merged`` slots) is dropped instead."""
@@ -298,16 +319,9 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
         # as the frame's overrides, the least specific first
         stamp = t + 1
         e_lm0 = lmt + bonus
-        base = tl.zeros((KP,), tl.float32)
-        ns_s = tl.zeros((KP,), tl.float32)
-        has_b = tl.zeros((KP,), tl.int32)
-        if BOOST:  # (the trie's loads first: they overlap the LM's)
-            ns_s, lo_b, cnt_b, has_b = _boost_chains(bs, alive, max_depth, ns_ptr, fch_ptr, cs_ptr, MD)
-        if LM:
-            base = _lm_overrides(lm_st, alive, p_ovl, p_nxl, C, stamp, chain_ptr, above_ptr, base_ptr, as_ptr, at_ptr,
-                                 al_ptr, an_ptr, o_k, DEPTH, DP, BA)  # fmt: skip
-        if BOOST:
-            _boost_overrides(lo_b, cnt_b, ns_s, p_ovb, C, stamp, max_depth, ct_ptr, cn_ptr, o_k, MD, BA)
+        base, ns_s, has_b = _overrides(lm_st, bs, alive, p_ovl, p_nxl, p_ovb, C, stamp, chain_ptr, above_ptr, base_ptr,
+                                       as_ptr, at_ptr, al_ptr, an_ptr, max_depth, ns_ptr, fch_ptr, cs_ptr, ct_ptr,
+                                       cn_ptr, o_k, KP, LM, DEPTH, DP, BOOST, MD, BA)  # fmt: skip
         # the extensions, a block of classes at a time, into the running list of the K best keys
         for c0 in range(0, C, BC):
             cls = c0 + o_c
@@ -438,6 +452,18 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
         cur_f = tl.load(p_node + cur_f * 4 + 2, mask=live & (cur_f >= 0), other=-1)
 
 
+def fusion_constants(lm, boosting) -> dict:
+    """The kernels' fusion constexprs: LM (and its backoff chains' depth DEPTH, padded DP), BOOST (and the trie's
+    depth, padded MD)."""
+    return dict(
+        LM=lm is not None,
+        DEPTH=lm.depth if lm is not None else 0,
+        DP=next_power_of_2(lm.depth + 1) if lm is not None else 1,
+        BOOST=boosting is not None,
+        MD=next_power_of_2(max(boosting.max_depth, 1)) if boosting is not None else 1,
+    )
+
+
 def lm_arguments(lm, lm_weight: float, N: int, KP: int, C: int, x: torch.Tensor) -> tuple:
     """The kernels' LM arguments (``x``, on the device, fills the unused pointers): the step's override buffers
     (zero: no step's stamp) of N x KP slots over C classes, and the root's values per class (<unk>'s where the
@@ -518,11 +544,7 @@ def ctc_beam(
         BC=min(bc, max(16, next_power_of_2(C))),
         PRUNE=prune_threshold is not None,
         BT=min(1024, max(16, next_power_of_2(T))),
-        LM=lm is not None,
-        DEPTH=lm.depth if lm is not None else 0,
-        DP=next_power_of_2(lm.depth + 1) if lm is not None else 1,
-        BOOST=boosting is not None,
-        MD=next_power_of_2(max(boosting.max_depth, 1)) if boosting is not None else 1,
+        **fusion_constants(lm, boosting),
         BA=BEAM_TILES["block_arcs"],
         WIDE=wide,
         num_warps=BEAM_TILES["warps"],

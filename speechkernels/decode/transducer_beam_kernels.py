@@ -28,13 +28,12 @@ from .beam_kernels import (
     _MAX_KEY,
     _MIN_KEY,
     _boost_at,
-    _boost_chains,
-    _boost_overrides,
     _key,
     _lm_at,
-    _lm_overrides,
+    _overrides,
     _pick,
     boost_arguments,
+    fusion_constants,
     lm_arguments,
 )
 from .transducer_kernels import _dot, _sigmoid, _tanh
@@ -205,8 +204,8 @@ def _malsd_step_kernel(x_ptr, len_ptr, go_ptr, step_ptr, dur_ptr, sf_ptr, si_ptr
                        ovl_ptr, nxl_ptr, lm_w, lm_start, chain_ptr, above_ptr, base_ptr, as_ptr, at_ptr, al_ptr, an_ptr,
                        uni_ptr, unext_ptr, col_ptr, end_ptr,
                        ovb_ptr, max_depth, fch_ptr, cs_ptr, ct_ptr, cn_ptr, bnext_ptr, rns_ptr, ros_ptr, ns_ptr, os_ptr,
-                       K: tl.constexpr, KP: tl.constexpr, BC: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
-                       LM: tl.constexpr, DEPTH: tl.constexpr, DPL: tl.constexpr, BOOST: tl.constexpr,
+                       K: tl.constexpr, KP: tl.constexpr, BC: tl.constexpr, D: tl.constexpr, DD: tl.constexpr,
+                       LM: tl.constexpr, DEPTH: tl.constexpr, DP: tl.constexpr, BOOST: tl.constexpr,
                        MD: tl.constexpr, BA: tl.constexpr, MODIFIED: tl.constexpr):  # fmt: skip
     n = tl.program_id(0)
     o_k = tl.arange(0, KP)
@@ -247,9 +246,9 @@ def _malsd_step_kernel(x_ptr, len_ptr, go_ptr, step_ptr, dur_ptr, sf_ptr, si_ptr
         se += tl.sum(tl.exp(xv - mx[:, None]), 1)
     ls = tl.log(tl.where(active, se, 1.0))
     lp_blank = (tl.load(rows + blank, mask=active, other=0.0).to(tl.float32) - mx) - ls
-    o_d = tl.arange(0, DP)
+    o_d = tl.arange(0, DD)
     d_max = tl.zeros((KP,), tl.float32)
-    dlp = tl.zeros((KP, DP), tl.float32)
+    dlp = tl.zeros((KP, DD), tl.float32)
     if D > 0:
         m_d = active[:, None] & (o_d < D)[None, :]
         xd = tl.load(rows[:, None] + V + o_d[None, :], mask=m_d, other=ninf).to(tl.float32)
@@ -267,16 +266,9 @@ def _malsd_step_kernel(x_ptr, len_ptr, go_ptr, step_ptr, dur_ptr, sf_ptr, si_ptr
     p_ovl = ovl_ptr + n.to(tl.int64) * KP * (V + 1)
     p_nxl = nxl_ptr + n.to(tl.int64) * KP * (V + 1)
     p_ovb = ovb_ptr + n.to(tl.int64) * KP * V
-    base = tl.zeros((KP,), tl.float32)
-    ns_s = tl.zeros((KP,), tl.float32)
-    has_b = tl.zeros((KP,), tl.int32)
-    if BOOST:
-        ns_s, lo_b, cnt_b, has_b = _boost_chains(bs, active, max_depth, ns_ptr, fch_ptr, cs_ptr, MD)
-    if LM:
-        base = _lm_overrides(lm_st, active, p_ovl, p_nxl, V, stamp, chain_ptr, above_ptr, base_ptr, as_ptr, at_ptr,
-                             al_ptr, an_ptr, o_k, DEPTH, DPL, BA)  # fmt: skip
-    if BOOST:
-        _boost_overrides(lo_b, cnt_b, ns_s, p_ovb, V, stamp, max_depth, ct_ptr, cn_ptr, o_k, MD, BA)
+    base, ns_s, has_b = _overrides(lm_st, bs, active, p_ovl, p_nxl, p_ovb, V, stamp, chain_ptr, above_ptr, base_ptr,
+                                   as_ptr, at_ptr, al_ptr, an_ptr, max_depth, ns_ptr, fch_ptr, cs_ptr, ct_ptr, cn_ptr,
+                                   o_k, KP, LM, DEPTH, DP, BOOST, MD, BA)  # fmt: skip
     # each slot's K best labels (fused scores; ties: the lower class), a block of classes at a time
     o_r = tl.arange(0, KP)
     run = tl.where(o_r[None, :] < K, tl.full((KP, KP), _MIN_KEY, tl.int64), _MAX_KEY)  # past K: never replaced
@@ -307,7 +299,7 @@ def _malsd_step_kernel(x_ptr, len_ptr, go_ptr, step_ptr, dur_ptr, sf_ptr, si_ptr
         pv = val[:, :, None] + dlp[:, None, :]
         po = lab[:, :, None] * D + o_d[None, None, :]
         ok_p = ok_t[:, :, None] & (o_d < D)[None, None, :]
-        pk = tl.reshape(tl.where(ok_p, _key(pv, po), _MIN_KEY), (KP, KP * DP))
+        pk = tl.reshape(tl.where(ok_p, _key(pv, po), _MIN_KEY), (KP, KP * DD))
         top = _sorted_per_row(pk, K, KP)
         ok_t = top != _MIN_KEY
         po = _order_of(top)
@@ -530,12 +522,8 @@ class _Search:
                 STEP_TILES["block_c_wide" if wide else "block_c"], STEP_TILES["block_c"], max(16, next_power_of_2(V))
             ),
             D=D,
-            DP=max(2, next_power_of_2(max(D, 1))),
-            LM=lm is not None,
-            DEPTH=lm.depth if lm is not None else 0,
-            DPL=next_power_of_2(lm.depth + 1) if lm is not None else 1,
-            BOOST=boosting is not None,
-            MD=next_power_of_2(max(boosting.max_depth, 1)) if boosting is not None else 1,
+            DD=max(2, next_power_of_2(max(D, 1))),
+            **fusion_constants(lm, boosting),
             BA=STEP_TILES["block_arcs"],
             MODIFIED=modified,
             num_warps=STEP_TILES["warps_wide" if wide else "warps"],
@@ -638,49 +626,23 @@ class _Search:
             done += CHECK_EVERY
 
 
-def malsd_search(
-    w,
-    x: torch.Tensor,
-    lengths: torch.Tensor,
-    beam_size: int,
-    blank: int,
-    durations: tuple[int, ...] | None,
-    max_symbols: int,
-    nbest: int = 1,
-    lm=None,
-    lm_weight: float = 0.0,
-    score_norm: bool = True,
-    boosting=None,
-    boosting_weight: float = 1.0,
-):
-    """``transducer_beam_search_reference``'s search (same arguments and results: a ``BeamHypotheses``) with its
-    decisions in ``_malsd_step_kernel``: networks of a kernel dtype, x on the GPU or under the interpreter. With
-    KEEP_SEARCH the last configuration's buffers and graph serve the next call of the same configuration."""
-    return _search(w, x, lengths, beam_size, blank, durations, max_symbols, nbest, lm, lm_weight, score_norm,
-                   boosting, boosting_weight, False)  # fmt: skip
+def malsd_search(w, x: torch.Tensor, lengths: torch.Tensor, beam_size: int, blank: int, durations, max_symbols: int,
+                 *options):  # fmt: skip
+    """``transducer_beam_search_reference``'s search (the same arguments, ``options`` its nbest, lm, lm_weight,
+    score_norm, boosting, boosting_weight in order; the same results) with its decisions in
+    ``_malsd_step_kernel``: networks of a kernel dtype, x on the GPU or under the interpreter. With KEEP_SEARCH
+    the last configuration's buffers and graph serve the next call of the same configuration."""
+    return _search(False, w, x, lengths, beam_size, blank, durations, max_symbols, *options)
 
 
-def modified_search(
-    w,
-    x: torch.Tensor,
-    lengths: torch.Tensor,
-    beam_size: int,
-    blank: int,
-    nbest: int = 1,
-    lm=None,
-    lm_weight: float = 0.0,
-    score_norm: bool = True,
-    boosting=None,
-    boosting_weight: float = 1.0,
-):
-    """``modified_beam_search_reference``'s search (icefall's ``modified_beam_search``; same arguments and
+def modified_search(w, x: torch.Tensor, lengths: torch.Tensor, beam_size: int, blank: int, *options):
+    """``modified_beam_search_reference``'s search (icefall's ``modified_beam_search``; the same arguments and
     results) with its decisions in ``_malsd_step_kernel`` (MODIFIED)."""
-    return _search(w, x, lengths, beam_size, blank, None, 1, nbest, lm, lm_weight, score_norm, boosting,
-                   boosting_weight, True)  # fmt: skip
+    return _search(True, w, x, lengths, beam_size, blank, None, 1, *options)
 
 
-def _search(w, x, lengths, K, blank, durations, max_symbols, B, lm, lm_weight, score_norm, boosting, boosting_weight,
-            modified):  # fmt: skip
+def _search(modified, w, x, lengths, K, blank, durations, max_symbols, B=1, lm=None, lm_weight=0.0, score_norm=True,
+            boosting=None, boosting_weight=1.0):  # fmt: skip
     from .beam_reference import BeamHypotheses
     from .transducer_beam import _start
 
