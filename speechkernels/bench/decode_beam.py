@@ -50,7 +50,7 @@ LEGEND = [
     ("beam, fusion", "beam size; none, a 4-gram LM (lm) or the LM and 1,000 boosted phrases (lm+boost)"),
     ("ours ms", "median ms of one beam search of the batch (validate=False)"),
     ("x greedy", "ours / greedy decoding of the same batch"),
-    ("torch ms", "the PyTorch path of the same search on the same device (CTC, malsd: its decisions' kernel off)"),
+    ("torch ms", "the PyTorch path of the same search on the same device (its kernels off)"),
     ("peers", "the fastest --peers decoder's ms and name, and its ms / ours"),
     (
         "same",
@@ -209,7 +209,7 @@ def measure_transducer(row: str, dtype, device, args, peers_mod, workdir: str) -
                     )  # fmt: skip
                     for n in range(N)
                 )
-            if device.type == "cuda" and kw["algorithm"] == "malsd" and decode_api.transducer_beam_kernels is not None:
+            if device.type == "cuda" and decode_api.transducer_beam_kernels is not None:
                 fns["torch path"] = lambda kw=kw: _without_kernels(
                     "transducer_beam_kernels", lambda: dec.beam_search(x, lengths, **kw)
                 )
