@@ -387,3 +387,24 @@ def test_a_kept_search_serves_the_next_calls(path, tmp_path, monkeypatch):
     for a, b in zip(kept, fresh, strict=True):
         for u, v in zip(a, b, strict=True):
             assert torch.equal(u, v)
+
+
+@pytest.mark.parametrize("durations", [None, (0, 1)])
+def test_beams_wider_than_the_proposals(path, durations):
+    """Fewer (label, duration) proposals per slot than the beam (padded with impossible ones) and batches whose
+    utterances are all empty, on every path: the float64 search's N-best; icefall's search likewise."""
+    x = torch.randn(2, 6, 6, generator=torch.Generator().manual_seed(3))
+    for lengths in ([6, 3], [0, 0]):
+        dec = make_decoder(3, V=3, durations=durations, max_symbols=2, blank_bias=0.3)
+        with torch.no_grad():
+            want = search(dec.double(), x.double(), lengths, 8, nbest=8)
+        got = dec.float().to(path.device).beam_search(x.to(path.device), lengths, 8, nbest=8)
+        path.check_ran()
+        path.reset()
+        check_against_oracle(got, want, 1e-4)
+        icefall = make_decoder(3, V=3, stateless=2, blank=0)
+        want = icefall.double().beam_search(x.double(), lengths, 5, nbest=5, algorithm="modified")
+        got = icefall.float().to(path.device).beam_search(x.to(path.device), lengths, 5, nbest=5, algorithm="modified")
+        path.check_ran()
+        path.reset()
+        check_against_oracle(got, want, 1e-4)
