@@ -408,3 +408,21 @@ def test_beams_wider_than_the_proposals(path, durations):
         path.check_ran()
         path.reset()
         check_against_oracle(got, want, 1e-4)
+
+
+@pytest.mark.parametrize("algorithm", ["malsd", "modified"])
+def test_nan_stays_in_its_utterance(path, algorithm):
+    """NaN encoder outputs in one utterance: it has no hypotheses (lengths 0, scores -inf, tokens -1), the others
+    are those of the batch without it, on every path."""
+    dec = make_decoder(3, durations=None if algorithm == "modified" else (0, 1, 2), max_symbols=2,
+                       stateless=2 if algorithm == "modified" else 0, blank=0)  # fmt: skip
+    x = torch.randn(3, 6, 6, generator=torch.Generator().manual_seed(3))
+    clean = dec.to(path.device).beam_search(x[[0, 2]].to(path.device), [6, 4], 3, nbest=2, algorithm=algorithm)
+    x[1, 2] = float("nan")
+    got = dec.beam_search(x.to(path.device), [6, 6, 4], 3, nbest=2, algorithm=algorithm)
+    path.check_ran()
+    assert (got.lengths[1] == 0).all() and (got.scores[1] == -math.inf).all() and (got.tokens[1] == -1).all()
+    for a, b in zip(got, clean, strict=True):  # (the products of a batch of another size round as they do)
+        if b is not None:
+            a = a[[0, 2]]
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-5) if b.is_floating_point() else torch.equal(a, b)

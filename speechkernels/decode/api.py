@@ -495,7 +495,9 @@ class TransducerDecoder(torch.nn.Module):
 
         Returns:
             ``BeamHypotheses`` (tokens, frames [N, nbest, T * max_symbols_per_frame], lengths, scores and their
-            acoustic and LM parts [N, nbest], ``durations`` for TDT), best first.
+            acoustic and LM parts [N, nbest], ``durations`` for TDT), best first. An utterance whose scores turn
+            NaN (NaN encoder outputs within its length) has no hypotheses (lengths 0, scores -inf); the others'
+            are unaffected.
         """
         check_float_input(encoder_out, "encoder_out")
         beam_size = as_int(beam_size, "beam_size", minimum=1)
