@@ -345,16 +345,19 @@ def test_the_products_kernel(path, bias):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("durations", [None, (0, 1, 2, 3)])
+@pytest.mark.parametrize("durations", [None, (0, 1, 2, 3), "modified"])
 def test_gpu_bfloat16_networks_search_as_the_pytorch_path(gpu, tmp_path, monkeypatch, durations):
     """bfloat16 networks on the GPU (the step kernel reads their joint's outputs as they are): the PyTorch path's
-    hypotheses on the same device, scores to float32 rounding."""
+    hypotheses on the same device, scores to float32 rounding; malsd (RNN-T, TDT) and icefall's search."""
     from speechkernels.decode import api
 
-    dec = make_decoder(13, V=20, durations=durations, max_symbols=2).to(gpu, torch.bfloat16)
+    modified = durations == "modified"
+    dec = make_decoder(13, V=20, durations=None if modified else durations, max_symbols=2, stateless=2 * modified,
+                       blank=0).to(gpu, torch.bfloat16)  # fmt: skip
     x = torch.randn(4, 30, 6, generator=torch.Generator().manual_seed(13)).to(gpu)
     random_arpa(tmp_path / "lm.arpa", 20, 3, seed=13)
     kw = dict(nbest=2, lm=NGramLM.from_arpa(tmp_path / "lm.arpa", 20).to(gpu), lm_weight=0.3)
+    kw["algorithm"] = "modified" if modified else "malsd"
     got = dec.beam_search(x, [30, 22, 9, 1], 3, **kw)
     monkeypatch.setattr(api, "transducer_beam_kernels", None)
     want = dec.beam_search(x, [30, 22, 9, 1], 3, **kw)
