@@ -1,5 +1,6 @@
-"""Decoding: greedy CTC decoding (ctc_greedy_decode) and greedy transducer decoding (TransducerDecoder) into
-Hypotheses; CTC prefix beam search (ctc_beam_search) into BeamHypotheses; a token n-gram LM from an ARPA file
+"""Decoding: greedy CTC decoding (ctc_greedy_decode) and greedy transducer decoding (TransducerDecoder.greedy) into
+Hypotheses; CTC prefix beam search (ctc_beam_search) and transducer beam search (TransducerDecoder.beam_search:
+NeMo's malsd_batch, icefall's modified_beam_search) into BeamHypotheses; a token n-gram LM from an ARPA file
 (NGramLM) for shallow fusion and phrase boosting (PhraseBooster)."""
 
 from .api import TransducerDecoder, ctc_beam_search, ctc_greedy_decode
