@@ -534,7 +534,10 @@ class _Search:
             *self.lm_args, *self.boost_args,
         )  # fmt: skip
         self.consts = consts
-        self.config = (dev, enc.dtype, tuple(sorted(consts.items())))
+        # what the kernels' specialisations depend on (a capture must not be the first launch of one)
+        shapes = tuple(tuple(t.shape) for t in (w.enc_w, w.pred_w, w.out_w, w.embedding))
+        self.config = (dev, enc.dtype, N, T, K, max_symbols, shapes, len(w.lstm or ()), TF32X3, FUSED_CELL,
+                       tuple(sorted(consts.items())))  # fmt: skip
         self.w = w
         self.table = input_gates_table(w)
         self.linear = linear_tf32x3 if TF32X3 and w.out_w.dtype == torch.float32 else torch.nn.functional.linear
