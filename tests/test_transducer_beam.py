@@ -5,6 +5,7 @@ beam 1 is greedy decoding; a beam wide enough to keep every hypothesis sums ever
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 import torch
@@ -429,3 +430,43 @@ def test_nan_stays_in_its_utterance(path, algorithm):
         if b is not None:
             a = a[[0, 2]]
             assert torch.allclose(a, b, rtol=1e-5, atol=1e-5) if b.is_floating_point() else torch.equal(a, b)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_configurations_on_every_path(path, tmp_path, monkeypatch, seed):
+    """Random searches in float32 on every path: malsd (RNN-T, TDT) or icefall's, LSTM or stateless networks, the
+    blank first or last, ragged lengths (0 included), beams 1-6, nbest, either ranking, an LM and a booster or not,
+    and on the kernel paths the switches and tiles drawn too: the float64 search's N-best."""
+    rng = random.Random(seed)
+    if path.kernels:
+        from speechkernels.decode import transducer_beam_kernels as tbk
+
+        monkeypatch.setattr(tbk, "TF32X3", rng.random() < 0.5)
+        monkeypatch.setattr(tbk, "FUSED_CELL", rng.random() < 0.5)
+        monkeypatch.setitem(tbk.STEP_TILES, "block_c", rng.choice([16, 256]))
+        monkeypatch.setitem(tbk.STEP_TILES, "block_arcs", rng.choice([2, 32]))
+    algorithm = rng.choice(["malsd", "modified"])
+    V = rng.choice([5, 9, 17, 33])
+    durations = None
+    if algorithm == "malsd" and rng.random() < 0.5:
+        durations = tuple(rng.sample(range(5), rng.randint(2, 4)))
+    dec = make_decoder(seed, V=V, durations=durations, stateless=rng.choice([0, 2]), blank=rng.choice([0, V - 1]),
+                       max_symbols=rng.randint(1, 3), blank_bias=rng.uniform(0, 2),
+                       activation=rng.choice(["relu", "tanh"]))  # fmt: skip
+    N, T = rng.randint(1, 4), rng.randint(1, 12)
+    x = torch.randn(N, T, 6, generator=torch.Generator().manual_seed(seed))
+    lengths = [rng.randint(0, T) for _ in range(N)]
+    K = rng.randint(1, 6)
+    kw = dict(nbest=rng.randint(1, K), algorithm=algorithm, score_norm=rng.random() < 0.7)
+    if rng.random() < 0.6:
+        random_arpa(tmp_path / "lm.arpa", V, rng.randint(2, 4), seed=seed, drop=rng.randint(0, 2))
+        kw.update(lm=NGramLM.from_arpa(tmp_path / "lm.arpa", V), lm_weight=rng.uniform(0, 0.8))
+    if rng.random() < 0.5:
+        phrases = [[rng.randrange(V) for _ in range(rng.randint(1, 4))] for _ in range(rng.randint(1, 5))]
+        kw.update(boosting=PhraseBooster(phrases, V, rng.uniform(0.2, 2)), boosting_weight=rng.uniform(0.2, 1.5))
+    with torch.no_grad():
+        want = dec.double().beam_search(x.double(), lengths, K, **kw)
+    dev_kw = {k: v.to(path.device) if hasattr(v, "to") else v for k, v in kw.items()}
+    hyp = dec.float().to(path.device).beam_search(x.to(path.device), lengths, K, **dev_kw)
+    path.check_ran()
+    check_against_oracle(hyp, want, 1e-4)
