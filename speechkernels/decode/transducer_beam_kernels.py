@@ -495,7 +495,7 @@ class _Search:
         V = w.out_w.shape[0] - D
         NK = N * K
         self.refs = (w, lm, boosting)  # (kept alive: the graph holds their addresses)
-        self.N, self.T, self.K, self.D, self.NK, self.dev = N, T, K, D, NK, dev
+        self.N, self.T, self.K, self.NK, self.dev = N, T, K, NK, dev
         self.steps_max = T * (1 if modified else max_symbols + 1) + CHECK_EVERY + 1  # an active slot has one
         # symbol a step: at most max_symbols labels and a blank per frame (icefall's: one a frame)
         self.sf = torch.empty(2, NK, dtype=torch.float32, device=dev)
