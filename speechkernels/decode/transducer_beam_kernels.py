@@ -13,7 +13,16 @@ token hash, last token, length, TDT frame). It writes the slots' parents and lab
 the prediction network (the same operations as the reference), and one history entry per slot (parent, label or
 -1, frame, duration): the tokens are read back along the parents at the end (``_malsd_backtrack``), not copied per
 step. No host synchronisation but a check every ``CHECK_EVERY`` steps of whether a slot is still active (a step
-after the last does nothing: its entries keep every slot).
+after the last does nothing: its entries keep every slot); on the GPU the chunks of steps replay one CUDA graph.
+
+icefall's ``modified_beam_search`` (``transducer_beam.modified_beam_search_reference``) is the same kernel with
+MODIFIED: every utterance at the step's frame, every hypothesis leaving it; the K best of all (hypothesis, class)
+pairs in flat order; the LM's term on labels only and boosting's after the selection; merges into the first of
+each group in the selection's order.
+
+Switches (module constants, off until timed on the GPU): ``TF32X3`` (float32 networks' products in
+``_linear_kernel``), ``FUSED_CELL`` (each LSTM layer's step in ``_lstm_cell_kernel``), ``KEEP_SEARCH`` (the last
+configuration's buffers and graph kept for its next call).
 """
 
 from __future__ import annotations
