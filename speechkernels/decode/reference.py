@@ -88,7 +88,7 @@ def predict(
     LSTM's products (x, weight, bias)."""
     if not w.stateless:
         h, c = state
-        x = w.embedding[tokens]
+        x = w.embedding[tokens] if input_gates is None else None  # (the table holds layer 0's term)
         hs, cs = [], []
         for layer, (w_ih, w_hh, b_ih, b_hh) in enumerate(w.lstm):
             x_term = input_gates[tokens] if layer == 0 and input_gates is not None else linear(x, w_ih, b_ih)
