@@ -382,15 +382,26 @@ def test_a_kept_search_serves_the_next_calls(path, tmp_path, monkeypatch):
              for _ in range(2)]  # fmt: skip
     calls.insert(1, (calls[0][0], [10, 10, 10], {}))  # another configuration (no LM)
     calls.append(calls[1])
+    monkeypatch.setattr(tbk, "KEEP_SEARCH", False)
     fresh = [dec.beam_search(x, lengths, 3, nbest=2, **kw) for x, lengths, kw in calls]
     monkeypatch.setattr(tbk, "KEEP_SEARCH", True)
     monkeypatch.setattr(tbk, "_KEPT", {})
     kept = [dec.beam_search(x, lengths, 3, nbest=2, **kw) for x, lengths, kw in calls]
     path.check_ran()
-    assert len(tbk._KEPT) == 1
+    assert dec._plans.beam is not None and not tbk._KEPT  # the decoder's own
     for a, b in zip(kept, fresh, strict=True):
         for u, v in zip(a, b, strict=True):
             assert torch.equal(u, v)
+    # weights changed in place (an optimiser's step) keep their places: the kept search reads their new values
+    with torch.no_grad():
+        for p in dec.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=g).to(p.device))
+    x, lengths, kw = calls[-1]
+    got = dec.beam_search(x, lengths, 3, nbest=2, **kw)
+    assert dec._plans.beam is not None
+    with torch.no_grad():
+        want = search(dec.double(), x.double(), lengths, 3, nbest=2, **kw)
+    check_against_oracle(got, want, 1e-4)
 
 
 @pytest.mark.parametrize("durations", [None, (0, 1)])

@@ -39,10 +39,11 @@ class _Plans(dict):
     def __init__(self) -> None:
         super().__init__()
         self.weights, self.fingerprint = None, None
+        self.beam = None  # the last beam search's buffers and CUDA graph (transducer_beam_kernels._Search)
 
     def reset(self, weights: TransducerWeights | None = None, fingerprint: list | None = None) -> None:
         self.clear()
-        self.weights, self.fingerprint = weights, fingerprint
+        self.weights, self.fingerprint, self.beam = weights, fingerprint, None
 
     def valid_for(self, weights: TransducerWeights) -> _Plans | None:
         return self if weights is self.weights else None
@@ -533,7 +534,7 @@ class TransducerDecoder(torch.nn.Module):
             search = transducer_beam_kernels.modified_search if kernel else modified_beam_search_reference
             return search(
                 w, encoder_out, lengths, beam_size, self.blank, nbest, lm, lm_weight, score_norm, boosting,
-                boosting_weight,
+                boosting_weight, **({"plans": self._plans.valid_for(w)} if kernel else {}),
             )  # fmt: skip
         search = transducer_beam_kernels.malsd_search if kernel else transducer_beam_search_reference
         return search(
@@ -550,6 +551,7 @@ class TransducerDecoder(torch.nn.Module):
             score_norm,
             boosting,
             boosting_weight,
+            **({"plans": self._plans.valid_for(w)} if kernel else {}),
         )
 
     def _weights_for(self, encoder_out: torch.Tensor) -> tuple[TransducerWeights, int, int, torch.device]:

@@ -101,20 +101,24 @@ def _lm_at(slot, cls, ok_cls, ok, base, p_ovl, C, uni_ptr, col_ptr, stamp):
 
 
 @triton.jit
-def _boost_at(slot, cls, ok_cls, ok, ns_s, p_ovb, C, bnext_ptr, rns_ptr, ros_ptr, ns_ptr, os_ptr, stamp):
-    """The boosting bonus of class ``cls`` from slot ``slot``'s state (node score ``ns_s``; the classes' vectors
-    read where ``ok_cls``, the overrides where ``ok``: none for a slot without overrides this frame) and the state
-    it leads to: a child along the state's failure chain (the frame's override) or the root's transition (whose
-    node and output scores are the vectors ``rns``, ``ros``)."""
-    rns = tl.load(rns_ptr + cls, mask=ok_cls, other=0.0)
-    ros = tl.load(ros_ptr + cls, mask=ok_cls, other=0.0)
-    root = tl.load(bnext_ptr + cls, mask=ok_cls, other=0).to(tl.int32)
-    v = tl.load(p_ovb + slot * C + cls, mask=ok, other=0)
+def _boost_at(slot, cls, ok_cls, ok, ns_s, p_ovb, C, rg_ptr, stamp):
+    """The boosting bonus of class ``cls`` from slot ``slot``'s state (node score ``ns_s``; the classes' vector
+    read where ``ok_cls``, the overrides where ``ok``: none for a slot without overrides this frame): the gain of
+    the state it leads to, a child along the state's failure chain (the frame's override) or the root's transition
+    (the vector ``rg``), less ``ns_s``; and whether an override gave it, and where."""
+    rg = tl.load(rg_ptr + cls, mask=ok_cls, other=0.0)
+    at = slot * C + cls
+    v = tl.load(p_ovb + at, mask=ok, other=0)
     hit = (v >> 32) == stamp
-    child = (v & 4294967295).to(tl.int32)
-    nsn = tl.where(hit, tl.load(ns_ptr + child, mask=hit, other=0.0), rns)
-    osn = tl.where(hit, tl.load(os_ptr + child, mask=hit, other=0.0), ros)
-    return (nsn - ns_s) + osn, tl.where(hit, child, root)
+    return tl.where(hit, (v & 4294967295).to(tl.int32).to(tl.float32, bitcast=True), rg) - ns_s, hit, at
+
+
+@triton.jit
+def _boost_next(cls, ok, hit, at, p_nxb, bnext_ptr):
+    """The trie state that class ``cls`` leads to (``_boost_at``'s hit and place): the frame's override where it
+    gave the bonus, else the root's transition."""
+    child = tl.load(p_nxb + at, mask=ok & hit, other=0) & 4294967295
+    return tl.where(hit, child, tl.load(bnext_ptr + cls, mask=ok, other=0)).to(tl.int32)
 
 
 @triton.jit
@@ -163,16 +167,19 @@ def _boost_chains(bs, alive, max_depth, ns_ptr, fch_ptr, cs_ptr, MD: tl.constexp
 
 
 @triton.jit
-def _boost_overrides(lo_b, cnt_b, ns_s, p_ovb, C, stamp, max_depth, ct_ptr, cn_ptr, o_k, MD: tl.constexpr,
+def _boost_overrides(lo_b, cnt_b, p_ovb, p_nxb, C, stamp, max_depth, ct_ptr, cg_ptr, cn_ptr, o_k, MD: tl.constexpr,
                      BA: tl.constexpr):  # fmt: skip
-    """Each slot's trie children along its failure chain written as the step's overrides [KP, C] (the deepest
-    last: it wins)."""
+    """Each slot's trie children along its failure chain written as the step's overrides [KP, C]: their gains and
+    states (the deepest last: it wins)."""
     o_m = tl.arange(0, MD)
+    zero = tl.zeros(o_k.shape, tl.float32)
     for ib in range(0, max_depth):
         j = max_depth - 1 - ib
         cnt_j = _column(cnt_b, o_m, j)
         if tl.max(cnt_j, 0) > 0:
-            _scatter(p_ovb, C, _column(lo_b, o_m, j), cnt_j, ct_ptr, cn_ptr, ns_s, stamp, o_k, BA, True)
+            lo_j = _column(lo_b, o_m, j)
+            _scatter(p_ovb, C, lo_j, cnt_j, ct_ptr, cg_ptr, zero, stamp, o_k, BA, False)
+            _scatter(p_nxb, C, lo_j, cnt_j, ct_ptr, cn_ptr, zero, stamp, o_k, BA, True)
             tl.debug_barrier()
 
 
@@ -200,8 +207,9 @@ def _lm_overrides(lm_st, alive, p_ovl, p_nxl, C, stamp, chain_ptr, above_ptr, ba
 
 
 @triton.jit
-def _overrides(lm_st, bs, alive, p_ovl, p_nxl, p_ovb, C, stamp, chain_ptr, above_ptr, base_ptr, as_ptr, at_ptr, al_ptr,
-               an_ptr, max_depth, ns_ptr, fch_ptr, cs_ptr, ct_ptr, cn_ptr, o_k, KP: tl.constexpr, LM: tl.constexpr,
+def _overrides(lm_st, bs, alive, p_ovl, p_nxl, p_ovb, p_nxb, C, stamp, chain_ptr, above_ptr, base_ptr, as_ptr, at_ptr,
+               al_ptr, an_ptr, max_depth, ns_ptr, fch_ptr, cs_ptr, ct_ptr, cg_ptr, cn_ptr, o_k, KP: tl.constexpr,
+               LM: tl.constexpr,
                DEPTH: tl.constexpr, DP: tl.constexpr, BOOST: tl.constexpr, MD: tl.constexpr,
                BA: tl.constexpr):  # fmt: skip
     """The step's overrides of every live slot (LM: its arcs along the backoff chain of its state ``lm_st``;
@@ -216,7 +224,7 @@ def _overrides(lm_st, bs, alive, p_ovl, p_nxl, p_ovb, C, stamp, chain_ptr, above
         base = _lm_overrides(lm_st, alive, p_ovl, p_nxl, C, stamp, chain_ptr, above_ptr, base_ptr, as_ptr, at_ptr,
                              al_ptr, an_ptr, o_k, DEPTH, DP, BA)  # fmt: skip
     if BOOST:
-        _boost_overrides(lo_b, cnt_b, ns_s, p_ovb, C, stamp, max_depth, ct_ptr, cn_ptr, o_k, MD, BA)
+        _boost_overrides(lo_b, cnt_b, p_ovb, p_nxb, C, stamp, max_depth, ct_ptr, cg_ptr, cn_ptr, o_k, MD, BA)
     return base, ns_s, has_b
 
 
@@ -245,7 +253,7 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
                      T, C, blank, bonus, prune,
                      ovl_ptr, nxl_ptr, lm_w, lm_start, chain_ptr, above_ptr, base_ptr, as_ptr, at_ptr, al_ptr, an_ptr,
                      uni_ptr, unext_ptr, col_ptr, end_ptr,
-                     ovb_ptr, max_depth, fch_ptr, cs_ptr, ct_ptr, cn_ptr, bnext_ptr, rns_ptr, ros_ptr, ns_ptr, os_ptr,
+                     ovb_ptr, nxb_ptr, max_depth, fch_ptr, cs_ptr, ct_ptr, cg_ptr, cn_ptr, bnext_ptr, rg_ptr, ns_ptr,
                      K: tl.constexpr, KP: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, BC: tl.constexpr,
                      PRUNE: tl.constexpr, BT: tl.constexpr, LM: tl.constexpr, DEPTH: tl.constexpr,
                      DP: tl.constexpr, BOOST: tl.constexpr, MD: tl.constexpr, BA: tl.constexpr,
@@ -266,6 +274,7 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
     p_ovl = ovl_ptr + n.to(tl.int64) * KP * (C + 1)  # the frame's overrides: LM arcs [KP, C + 1], trie [KP, C]
     p_nxl = nxl_ptr + n.to(tl.int64) * KP * (C + 1)
     p_ovb = ovb_ptr + n.to(tl.int64) * KP * C
+    p_nxb = nxb_ptr + n.to(tl.int64) * KP * C
     ln = tl.zeros((KP,), tl.int32)
     last = tl.full((KP,), -1, tl.int32)
     hsh = tl.zeros((KP,), tl.int64)
@@ -319,9 +328,9 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
         # as the frame's overrides, the least specific first
         stamp = t + 1
         e_lm0 = lmt + bonus
-        base, ns_s, has_b = _overrides(lm_st, bs, alive, p_ovl, p_nxl, p_ovb, C, stamp, chain_ptr, above_ptr, base_ptr,
-                                       as_ptr, at_ptr, al_ptr, an_ptr, max_depth, ns_ptr, fch_ptr, cs_ptr, ct_ptr,
-                                       cn_ptr, o_k, KP, LM, DEPTH, DP, BOOST, MD, BA)  # fmt: skip
+        base, ns_s, has_b = _overrides(lm_st, bs, alive, p_ovl, p_nxl, p_ovb, p_nxb, C, stamp, chain_ptr, above_ptr,
+                                       base_ptr, as_ptr, at_ptr, al_ptr, an_ptr, max_depth, ns_ptr, fch_ptr, cs_ptr,
+                                       ct_ptr, cg_ptr, cn_ptr, o_k, KP, LM, DEPTH, DP, BOOST, MD, BA)  # fmt: skip
         # the extensions, a block of classes at a time, into the running list of the K best keys
         for c0 in range(0, C, BC):
             cls = c0 + o_c
@@ -338,8 +347,8 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
                                  col_ptr, stamp)  # fmt: skip
                 fuse = fuse + lm_w * v
             if BOOST:
-                g, _ = _boost_at(o_k[:, None], cls[None, :], ok_v, use & (has_b > 0)[:, None], ns_s[:, None],
-                                 p_ovb, C, bnext_ptr, rns_ptr, ros_ptr, ns_ptr, os_ptr, stamp)  # fmt: skip
+                g, _, _ = _boost_at(o_k[:, None], cls[None, :], ok_v, use & (has_b > 0)[:, None], ns_s[:, None],
+                                    p_ovb, C, rg_ptr, stamp)  # fmt: skip
                 fuse = fuse + g
             keys = _extension_keys(cls, lp, ok_c, last, p_b, total, alive, fuse, o_k, C)
             run = _take(run, keys, merged, parent, last, C, True)
@@ -393,10 +402,10 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
             lm_st = tl.where(ext, nx, st_src)
         if BOOST:
             bs_src = _pick(sel, bs)
-            g, nx = _boost_at(src, c_new, ext, ext & (_pick(sel, has_b) > 0), _pick(sel, ns_s), p_ovb, C, bnext_ptr,
-                              rns_ptr, ros_ptr, ns_ptr, os_ptr, stamp)  # fmt: skip
+            g, hit_b, at_b = _boost_at(src, c_new, ext, ext & (_pick(sel, has_b) > 0), _pick(sel, ns_s), p_ovb, C,
+                                       rg_ptr, stamp)  # fmt: skip
             e_lm = e_lm + g
-            bs = tl.where(ext, nx, bs_src)
+            bs = tl.where(ext, _boost_next(c_new, ext, hit_b, at_b, p_nxb, bnext_ptr), bs_src)
         lmt = tl.where(ext, e_lm, lm_src)
         hsh = tl.where(ext, _mix(_pick(sel, hsh), c_new), _pick(sel, hsh))
         ln = _pick(sel, ln) + ext.to(tl.int32)
@@ -479,15 +488,15 @@ def lm_arguments(lm, lm_weight: float, N: int, KP: int, C: int, x: torch.Tensor)
 
 
 def boost_arguments(boosting, N: int, KP: int, C: int, x: torch.Tensor) -> tuple:
-    """The kernels' boosting arguments: the step's override buffer of N x KP slots over C classes and the trie's
-    tables (``x`` fills the unused pointers)."""
+    """The kernels' boosting arguments: the step's override buffers (gains, states) of N x KP slots over C classes
+    and the trie's tables (``x`` fills the unused pointers)."""
     if boosting is None:
-        return (x, 0) + (x,) * 9
-    ovb = torch.zeros(N, KP, C, dtype=torch.int64, device=x.device)
+        return (x, x, 0) + (x,) * 8
+    ov = torch.zeros(2, N, KP, C, dtype=torch.int64, device=x.device)
     root = boosting.next[0]
-    return (ovb, int(boosting.max_depth), boosting.fail_chain, boosting.child_start, boosting.child_token,
-            boosting.child_next, root, boosting.node_score[root], boosting.output_score[root], boosting.node_score,
-            boosting.output_score)  # fmt: skip
+    return (ov[0], ov[1], int(boosting.max_depth), boosting.fail_chain, boosting.child_start, boosting.child_token,
+            boosting.gain[boosting.child_next], boosting.child_next, root, boosting.gain[root],
+            boosting.node_score)  # fmt: skip
 
 
 def ctc_beam(

@@ -7,14 +7,15 @@ largest of their weights). Failure links make it an automaton over every token s
 leads to the longest suffix of (node's tokens + token) that is a trie node (the root when none is). A step from
 state s to s' by a token adds ``node_score[s'] - node_score[s]`` (a partial match grows: its token's bonus; it
 breaks: the bonus of what is abandoned is taken back) plus ``output_score[s']``: the full bonus of every phrase
-that ends there (the node's own and those that are its suffixes), kept for good. At the end of an utterance
+that ends there (the node's own and those that are its suffixes), kept for good; in float32 as
+``gain[s'] - node_score[s]``, ``gain = node_score + output_score``. At the end of an utterance
 ``end_scores`` takes back the pending partial match. So a hypothesis ends with exactly the bonuses of the phrase
 occurrences it contains, and a boosted phrase is paid for one token at a time: no token earns more than its own
 bonus until the phrase completes.
 
 Tables (``to(device)`` moves them): ``next`` [S, V] int64 (the transition of every state by every token, failure
-links resolved), ``node_score`` [S] and ``output_score`` [S] float32; state 0 is the root; the trie itself for
-kernels that walk it: ``fail`` [S] (each state's failure state), ``fail_chain`` [S, max_depth] (a state, its
+links resolved), ``node_score`` [S], ``output_score`` [S] and ``gain`` [S] float32; state 0 is the root; the trie
+itself for kernels that walk it: ``fail`` [S] (each state's failure state), ``fail_chain`` [S, max_depth] (a state, its
 failure state, and so on: the root from where the chain ends), ``child_start`` [S + 1], ``child_token`` and
 ``child_next`` (each state's children, sorted by token); ``max_depth`` is the longest phrase's length.
 ``step(states)`` gives the bonus of every next token [B, V] and the states they lead to, as ``NGramLM.score``.
@@ -46,7 +47,9 @@ class PhraseBooster(StateTables):
         >>> bonus, states = booster.step(torch.tensor([booster.start]))  # [1, 32] each
     """
 
-    TABLES = ("node_score", "next", "output_score", "fail", "fail_chain", "child_start", "child_token", "child_next")
+    TABLES = (
+        "node_score", "next", "output_score", "gain", "fail", "fail_chain", "child_start", "child_token", "child_next"
+    )  # fmt: skip
 
     def __init__(self, phrases: Sequence[Sequence[int]], vocab_size: int, weights: float | Sequence[float] = 1.0):
         V = int(vocab_size)
@@ -108,6 +111,7 @@ class PhraseBooster(StateTables):
         self.next = torch.tensor(nxt, dtype=torch.int64)
         self.node_score = torch.tensor(node_score, dtype=torch.float32)
         self.output_score = torch.tensor(output_score, dtype=torch.float32)
+        self.gain = self.node_score + self.output_score  # what entering a state earns (before leaving the last)
 
     def step(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(the bonus [B, V] float32 of every next token, the states they lead to [B, V] int64) from ``states``
@@ -115,7 +119,7 @@ class PhraseBooster(StateTables):
         num_states)."""
         states = self._checked(states)
         nxt = self.next[states]
-        bonus = self.node_score[nxt] - self.node_score[states][:, None] + self.output_score[nxt]
+        bonus = self.gain[nxt] - self.node_score[states][:, None]
         return bonus, nxt
 
     def end_scores(self, states: torch.Tensor) -> torch.Tensor:

@@ -20,9 +20,9 @@ MODIFIED: every utterance at the step's frame, every hypothesis leaving it; the 
 pairs in flat order; the LM's term on labels only and boosting's after the selection; merges into the first of
 each group in the selection's order.
 
-Switches (module constants, off until timed on the GPU): ``TF32X3`` (float32 networks' products in
-``_linear_kernel``), ``FUSED_CELL`` (each LSTM layer's step in ``_lstm_cell_kernel``), ``KEEP_SEARCH`` (the last
-configuration's buffers and graph kept for its next call).
+Switches (module constants, each on since its A/B on the H100, benchmarks/notes/decode.md): ``TF32X3`` (float32
+networks' products in ``_linear_kernel``), ``FUSED_CELL`` (each LSTM layer's step in ``_lstm_cell_kernel``),
+``KEEP_SEARCH`` (a decoder keeps its last configuration's buffers and graph for the next call).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from .beam_kernels import (
     _MAX_KEY,
     _MIN_KEY,
     _boost_at,
+    _boost_next,
     _key,
     _lm_at,
     _overrides,
@@ -45,21 +46,23 @@ from .beam_kernels import (
     fusion_constants,
     lm_arguments,
 )
+from .reference import input_gates_table, predict
 from .transducer_kernels import _dot, _sigmoid, _tanh
 
-STEP_TILES = {"block_c": 256, "warps": 4, "wide": 8, "block_c_wide": 64, "warps_wide": 8, "block_arcs": 32}
+STEP_TILES = {"block_c": 256, "warps": 4, "wide": 8, "block_c_wide": 64, "warps_wide": 8, "block_arcs": 64}
 # classes per block (a power of two; tests lower it) and warps; from "wide" slots up (padded), fewer classes per
 # block and more warps (Triton 3.6's ptxas for sm_90: at beam 8 with 256 classes and 4 warps the TDT variants spill
 # 636-768 bytes, with 64 and 8 none, nor at beam 16); the LM's and the trie's arcs written per slot at once
 CHECK_EVERY = 4  # steps between the host's checks for an active slot
-TF32X3 = False  # float32 networks' products in _linear_kernel (three TF32 products each) rather than torch's:
-# off until timed on the GPU against torch's (it compiles for sm_90 without spills; the tests run both)
-FUSED_CELL = False  # float32 LSTM networks: each layer's cell, the parents' gathers and the selection by label in
-# _lstm_cell_kernel (one launch a layer) rather than torch's ~12 operations: off until timed on the GPU
+TF32X3 = True  # float32 networks' products in _linear_kernel (three TF32 products each) rather than torch's
+# (cuBLAS's float32 SIMT kernels); the tests run both
+FUSED_CELL = True  # float32 LSTM networks: each layer's cell, the parents' gathers and the selection by label in
+# _lstm_cell_kernel (one launch a layer) rather than torch's ~12 operations
 GRAPHS = True  # on the GPU, chunks of CHECK_EVERY steps replayed as one CUDA graph (captured once per call)
 _WARM: set = set()  # the configurations whose kernel has run (compiled): their first chunk is captured at once
-KEEP_SEARCH = False  # keep the last configuration's buffers and CUDA graph for its next call (the capture paid
-# once): off until timed on the GPU
+KEEP_SEARCH = True  # a decoder keeps its last configuration's buffers and CUDA graph for the next call (the
+# capture paid once), until its weights change place or layout (``api._Plans``); without a decoder's plans, in
+# _KEPT (the last one)
 _KEPT: dict = {}
 
 
@@ -212,7 +215,7 @@ def _malsd_step_kernel(x_ptr, len_ptr, go_ptr, step_ptr, dur_ptr, sf_ptr, si_ptr
                        NK, T, V, W, blank, max_symbols, fusion, one_fusion, b_w,
                        ovl_ptr, nxl_ptr, lm_w, lm_start, chain_ptr, above_ptr, base_ptr, as_ptr, at_ptr, al_ptr, an_ptr,
                        uni_ptr, unext_ptr, col_ptr, end_ptr,
-                       ovb_ptr, max_depth, fch_ptr, cs_ptr, ct_ptr, cn_ptr, bnext_ptr, rns_ptr, ros_ptr, ns_ptr, os_ptr,
+                       ovb_ptr, nxb_ptr, max_depth, fch_ptr, cs_ptr, ct_ptr, cg_ptr, cn_ptr, bnext_ptr, rg_ptr, ns_ptr,
                        K: tl.constexpr, KP: tl.constexpr, BC: tl.constexpr, D: tl.constexpr, DD: tl.constexpr,
                        LM: tl.constexpr, DEPTH: tl.constexpr, DP: tl.constexpr, BOOST: tl.constexpr,
                        MD: tl.constexpr, BA: tl.constexpr, MODIFIED: tl.constexpr):  # fmt: skip
@@ -275,9 +278,10 @@ def _malsd_step_kernel(x_ptr, len_ptr, go_ptr, step_ptr, dur_ptr, sf_ptr, si_ptr
     p_ovl = ovl_ptr + n.to(tl.int64) * KP * (V + 1)
     p_nxl = nxl_ptr + n.to(tl.int64) * KP * (V + 1)
     p_ovb = ovb_ptr + n.to(tl.int64) * KP * V
-    base, ns_s, has_b = _overrides(lm_st, bs, active, p_ovl, p_nxl, p_ovb, V, stamp, chain_ptr, above_ptr, base_ptr,
-                                   as_ptr, at_ptr, al_ptr, an_ptr, max_depth, ns_ptr, fch_ptr, cs_ptr, ct_ptr, cn_ptr,
-                                   o_k, KP, LM, DEPTH, DP, BOOST, MD, BA)  # fmt: skip
+    p_nxb = nxb_ptr + n.to(tl.int64) * KP * V
+    base, ns_s, has_b = _overrides(lm_st, bs, active, p_ovl, p_nxl, p_ovb, p_nxb, V, stamp, chain_ptr, above_ptr,
+                                   base_ptr, as_ptr, at_ptr, al_ptr, an_ptr, max_depth, ns_ptr, fch_ptr, cs_ptr, ct_ptr,
+                                   cg_ptr, cn_ptr, o_k, KP, LM, DEPTH, DP, BOOST, MD, BA)  # fmt: skip
     # each slot's K best labels (fused scores; ties: the lower class), a block of classes at a time
     o_r = tl.arange(0, KP)
     run = tl.where(o_r[None, :] < K, tl.full((KP, KP), _MIN_KEY, tl.int64), _MAX_KEY)  # past K: never replaced
@@ -294,8 +298,8 @@ def _malsd_step_kernel(x_ptr, len_ptr, go_ptr, step_ptr, dur_ptr, sf_ptr, si_ptr
                                  col_ptr, stamp)  # fmt: skip
                 f = f + lm_w * v
             if BOOST and not MODIFIED:
-                g, _ = _boost_at(o_k[:, None], cls[None, :], ok_c[None, :], use & (has_b > 0)[:, None], ns_s[:, None],
-                                 p_ovb, V, bnext_ptr, rns_ptr, ros_ptr, ns_ptr, os_ptr, stamp)  # fmt: skip
+                g, _, _ = _boost_at(o_k[:, None], cls[None, :], ok_c[None, :], use & (has_b > 0)[:, None],
+                                    ns_s[:, None], p_ovb, V, rg_ptr, stamp)  # fmt: skip
                 f = f + b_w * g
             f = tl.where(cls[None, :] == blank, f_blank[:, None], f)
         run = _take_per_row(run, tl.where(use, _key(f, cls[None, :]), _MIN_KEY))
@@ -394,9 +398,9 @@ def _malsd_step_kernel(x_ptr, len_ptr, go_ptr, step_ptr, dur_ptr, sf_ptr, si_ptr
         n_lm = tl.where(is_lab, nx, n_lm)
     n_bs = _pick(sel, bs)
     if BOOST:
-        bonus, nxb = _boost_at(par, label, is_lab, is_lab & (_pick(sel, has_b) > 0), _pick(sel, ns_s), p_ovb, V,
-                               bnext_ptr, rns_ptr, ros_ptr, ns_ptr, os_ptr, stamp)  # fmt: skip
-        n_bs = tl.where(is_lab, nxb, n_bs)
+        bonus, hit_b, at_b = _boost_at(par, label, is_lab, is_lab & (_pick(sel, has_b) > 0), _pick(sel, ns_s), p_ovb,
+                                       V, rg_ptr, stamp)  # fmt: skip
+        n_bs = tl.where(is_lab, _boost_next(label, is_lab, hit_b, at_b, p_nxb, bnext_ptr), n_bs)
         if MODIFIED:  # icefall adds its context graph's score after the selection
             new_score = tl.where(is_lab, new_score + b_w * bonus, new_score)
     # the merges: the same tokens (TDT: at the same frame) -> the first most likely slot, the log-sum of scores
@@ -495,7 +499,6 @@ class _Search:
 
     def __init__(self, w, N, T, K, blank, durations, max_symbols, lm, lm_weight, boosting, boosting_weight, enc,
                  modified):  # fmt: skip
-        from .reference import input_gates_table
 
         dev = enc.device
         KP = max(2, next_power_of_2(K))
@@ -547,7 +550,7 @@ class _Search:
         shapes = tuple(tuple(t.shape) for t in (w.enc_w, w.pred_w, w.out_w, w.embedding))
         self.config = (dev, enc.dtype, N, T, K, max_symbols, shapes, len(w.lstm or ()), TF32X3, FUSED_CELL,
                        tuple(sorted(consts.items())))  # fmt: skip
-        self.w = w
+        self.w, self.lm, self.boosting = w, lm, boosting  # (held: the key's ids stay theirs)
         self.table = input_gates_table(w)
         self.linear = linear_tf32x3 if TF32X3 and w.out_w.dtype == torch.float32 else torch.nn.functional.linear
         self.fused = FUSED_CELL and not w.stateless and w.embedding.dtype == torch.float32 and CHECK_EVERY % 2 == 0
@@ -570,8 +573,10 @@ class _Search:
         self.islab.zero_()
         self.frm.copy_(torch.arange(N, device=dev).repeat_interleave(K) * self.T)
         self.step.zero_()
-        for a in (*self.lm_args[:2], self.boost_args[0]):  # the overrides: no step's stamp
-            if a is not self.sf:
+        if self.table is not None:  # the weights' current values (changed in place since the last call?)
+            self.table.copy_(input_gates_table(self.w))
+        for a in (self.lm_args[0], self.boost_args[0]):  # the overrides: no step's stamp (the next states' rows
+            if a is not self.sf:  # are read only where these hit)
                 a.zero_()
         if self.pred_state is None:  # the steps' state, updated in place
             self.pred_state = tuple(s.clone() for s in pred_state)
@@ -585,8 +590,6 @@ class _Search:
     def chunk(self, act) -> None:
         """CHECK_EVERY steps: the reference's operations on the networks (or the fused cells), the kernel for the
         rest."""
-        from .reference import predict
-
         w, linear, N, K = self.w, self.linear, self.N, self.K
         g, out, pred_state, row, lab, islab = self.g, self.out, self.pred_state, self.row, self.lab, self.islab
         parity = 0
@@ -639,22 +642,23 @@ class _Search:
 
 
 def malsd_search(w, x: torch.Tensor, lengths: torch.Tensor, beam_size: int, blank: int, durations, max_symbols: int,
-                 *options):  # fmt: skip
+                 *options, plans=None):  # fmt: skip
     """``transducer_beam_search_reference``'s search (the same arguments, ``options`` its nbest, lm, lm_weight,
     score_norm, boosting, boosting_weight in order; the same results) with its decisions in
     ``_malsd_step_kernel``: networks of a kernel dtype, x on the GPU or under the interpreter. With KEEP_SEARCH
-    the last configuration's buffers and graph serve the next call of the same configuration."""
-    return _search(False, w, x, lengths, beam_size, blank, durations, max_symbols, *options)
+    the last configuration's buffers and graph serve the next call of the same configuration: kept in ``plans``
+    (an object with a ``beam`` attribute: the decoder's, dropped with its weights) or else in _KEPT."""
+    return _search(False, w, x, lengths, beam_size, blank, durations, max_symbols, *options, plans=plans)
 
 
-def modified_search(w, x: torch.Tensor, lengths: torch.Tensor, beam_size: int, blank: int, *options):
+def modified_search(w, x: torch.Tensor, lengths: torch.Tensor, beam_size: int, blank: int, *options, plans=None):
     """``modified_beam_search_reference``'s search (icefall's ``modified_beam_search``; the same arguments and
     results) with its decisions in ``_malsd_step_kernel`` (MODIFIED)."""
-    return _search(True, w, x, lengths, beam_size, blank, None, 1, *options)
+    return _search(True, w, x, lengths, beam_size, blank, None, 1, *options, plans=plans)
 
 
 def _search(modified, w, x, lengths, K, blank, durations, max_symbols, B=1, lm=None, lm_weight=0.0, score_norm=True,
-            boosting=None, boosting_weight=1.0):  # fmt: skip
+            boosting=None, boosting_weight=1.0, plans=None):  # fmt: skip
     from .beam_reference import BeamHypotheses
     from .transducer_beam import _start
 
@@ -667,13 +671,18 @@ def _search(modified, w, x, lengths, K, blank, durations, max_symbols, B=1, lm=N
     key = (id(w), id(lm), id(boosting), N, T, K, blank, durations, max_symbols, float(lm_weight),
            float(boosting_weight), dev, enc.dtype, w.activation, modified, TF32X3, FUSED_CELL, CHECK_EVERY, GRAPHS,
            tuple(STEP_TILES.items()))  # fmt: skip
-    search = _KEPT.get(key) if KEEP_SEARCH else None
+    kept = (plans.beam if plans is not None else _KEPT.get("beam")) if KEEP_SEARCH else None
+    search = kept[1] if kept is not None and kept[0] == key else None
     if search is None:
+        if plans is not None:  # the old buffers go before the new ones come
+            plans.beam = None
+        _KEPT.clear()
         search = _Search(w, N, T, K, blank, durations, max_symbols, lm, lm_weight, boosting, boosting_weight, enc,
                          modified)  # fmt: skip
-        _KEPT.clear()
-        if KEEP_SEARCH:
-            _KEPT[key] = search
+        if KEEP_SEARCH and plans is not None:
+            plans.beam = (key, search)
+        elif KEEP_SEARCH:
+            _KEPT["beam"] = (key, search)
     with torch.no_grad():
         search.start(enc, lengths, pred_state, out, g, score)
         search.run(act)
