@@ -22,6 +22,7 @@ from __future__ import annotations
 import statistics
 import tempfile
 import traceback
+from types import SimpleNamespace
 
 import torch
 
@@ -37,7 +38,7 @@ from .common import (
     times_ms,
     write_json,
 )
-from .decode import calibrate, load_peers, plan, transducer_row
+from .decode import _double, calibrate, first_divergence, load_peers, plan, transducer_row, utterances
 
 ROWS = ["tdt-128x15", "rnnt-128x15", "zipformer-128x15", "tdt-8x8", "ctc-128x188x1025"]
 CPU_DEMO = ["tdt-2x2", "ctc-2x50x65"]
@@ -199,22 +200,21 @@ def measure_transducer(row: str, dtype, device, args, peers_mod, workdir: str) -
             ours = [(hyp.tokens[n, 0, : hyp.lengths[n, 0]].tolist(), hyp.frames[n, 0, : hyp.lengths[n, 0]].tolist())
                     for n in range(N)]  # fmt: skip
             if K == 1 and fu == "none":
-                r["same_as_greedy"] = sum(
-                    hyp.tokens[n, 0, : hyp.lengths[n, 0]].tolist() == greedy.tokens[n, : greedy.lengths[n]].tolist()
-                    and hyp.frames[n, 0, : hyp.lengths[n, 0]].tolist() == greedy.frames[n, : greedy.lengths[n]].tolist()
-                    and (
-                        hyp.durations is None
-                        or hyp.durations[n, 0, : hyp.lengths[n, 0]].tolist()
-                        == greedy.durations[n, : greedy.lengths[n]].tolist()
-                    )  # fmt: skip
-                    for n in range(N)
-                )
+                r.update(_against_greedy(dec, x, lengths, hyp, greedy))
             if device.type == "cuda" and decode_api.transducer_beam_kernels is not None:
                 fns["torch path"] = lambda kw=kw: _without_kernels(
                     "transducer_beam_kernels", lambda: dec.beam_search(x, lengths, **kw)
                 )
                 ref = _nbest_lists(fns["torch path"]())
-                r["same_as_torch_path"] = sum(a == b for a, b in zip(_nbest_lists(hyp), ref, strict=True))
+                mine = _nbest_lists(hyp)
+                r["same_as_torch_path"] = sum(a == b for a, b in zip(mine, ref, strict=True))
+                differ = [n for n in range(N) if mine[n] != ref[n]]
+                if differ:  # which of the two is float64's search (the same weights in float64)?
+                    f64 = _float64_lists(dec, x[differ], lengths[differ], kw)
+                    r["differing_from_torch_path"] = [
+                        dict(utterance=n, ours_is_float64s=mine[n] == f64[i], torch_path_is_float64s=ref[n] == f64[i])
+                        for i, n in enumerate(differ)
+                    ]  # fmt: skip
             peer_best = {}
             if peers_mod is not None and hasattr(peers_mod, "transducer_beam_peers"):
                 lm_path = fusion["lm_path"] if fu != "none" else None
@@ -230,6 +230,30 @@ def measure_transducer(row: str, dtype, device, args, peers_mod, workdir: str) -
             }  # fmt: skip
             out.append(r)
             _print(r)
+    return out
+
+
+def _float64_lists(dec, x, lengths, kw: dict) -> list[list[tuple]]:
+    """The PyTorch path's N-best with the decoder's weights and x in float64."""
+    d64 = _double(dec)
+    return _nbest_lists(_without_kernels("transducer_beam_kernels", lambda: d64.beam_search(x.double(), lengths, **kw)))
+
+
+def _against_greedy(dec, x, lengths, hyp, greedy) -> dict:
+    """Beam 1 against greedy decoding: utterances with the same tokens, frames and durations; each other one
+    replayed in float64 (``decode.first_divergence``: the first decision that is not float64's argmax and its
+    relative margin) for both."""
+    first = SimpleNamespace(tokens=hyp.tokens[:, 0], lengths=hyp.lengths[:, 0], frames=hyp.frames[:, 0],
+                            durations=None if hyp.durations is None else hyp.durations[:, 0])  # fmt: skip
+    beam, greedy_u = utterances(first), utterances(greedy)
+    out = {"same_as_greedy": sum(a == b for a, b in zip(beam, greedy_u, strict=True))}
+    differ = [n for n in range(len(beam)) if beam[n] != greedy_u[n]]
+    if differ:
+        out["differing_from_greedy"] = [
+            dict(utterance=n, beam=first_divergence(dec, x[n], int(lengths[n]), beam[n]),
+                 greedy=first_divergence(dec, x[n], int(lengths[n]), greedy_u[n]))
+            for n in differ
+        ]  # fmt: skip
     return out
 
 
