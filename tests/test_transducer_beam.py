@@ -29,7 +29,8 @@ def search(dec, x, lengths, K, **kw):
 @pytest.mark.parametrize("durations", [None, (0, 1, 2, 3)])
 @pytest.mark.parametrize("seed", range(4))
 def test_beam_one_is_greedy(durations, seed):
-    """Beam 1: greedy decoding's tokens, frames and durations (max_symbols included)."""
+    """Beam 1: greedy decoding's tokens, frames and durations (max_symbols included where no forced blank's best
+    duration is above 1: the next test)."""
     dec = make_decoder(seed, durations=durations, max_symbols=2, blank_bias=0.5 * seed).double()
     x = torch.randn(3, 9, 6, dtype=torch.float64)
     lengths = [9, 4, 0]
@@ -44,6 +45,25 @@ def test_beam_one_is_greedy(durations, seed):
             assert got.durations[n, 0, :L].tolist() == want.durations[n, :L].tolist()
         # the score: the sum of the path's log-probabilities (labels and blanks), here all labels' at least
         assert float(got.scores[n, 0]) <= float(want.scores[n, :L].sum()) + 1e-9
+
+
+def test_beam_one_at_max_symbols_moves_as_malsd():
+    """TDT beam 1 parts from greedy decoding at max_symbols alone: there greedy moves one frame, while malsd's slot
+    proposes the blank with its best pair's duration (at least 1) and moves by it, as NeMo's malsd_batch does."""
+    dec = make_decoder(10, V=6, durations=(0, 1, 2, 3), max_symbols=2, blank_bias=-1.0).double()
+    with torch.no_grad():  # labels of duration 0 first, duration 2 close
+        dec.out.bias[6] += 3.0
+        dec.out.bias[8] += 2.9
+    x = torch.randn(4, 12, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(10))
+    want, _ = dec.greedy(x, [12, 12, 9, 5])
+    got = search(dec, x, [12, 12, 9, 5], 1)
+    for n in range(3):  # the others: greedy's
+        L = int(want.lengths[n])
+        assert got.tokens[n, 0, :L].tolist() == want.tokens[n, :L].tolist()
+        assert got.frames[n, 0, :L].tolist() == want.frames[n, :L].tolist()
+    # utterance 3: two labels at frame 0, then greedy moves to frame 1, malsd's forced blank by 2 to frame 2
+    assert want.frames[3, :3].tolist() == [0, 0, 1]
+    assert got.frames[3, 0, :3].tolist() == [0, 0, 2]
 
 
 def prefix_logits(dec, x):
@@ -396,7 +416,7 @@ def test_a_kept_search_serves_the_next_calls(path, tmp_path, monkeypatch):
     with torch.no_grad():
         for p in dec.parameters():
             p.add_(0.3 * torch.randn(p.shape, generator=g).to(p.device))
-    x, lengths, kw = calls[-1]
+    x, lengths, kw = calls[0]  # (with the LM)
     got = dec.beam_search(x, lengths, 3, nbest=2, **kw)
     assert dec._plans.beam is not None
     cpu_lm = NGramLM.from_arpa(tmp_path / "lm.arpa", 8)

@@ -241,18 +241,21 @@ def _float64_lists(dec, x, lengths, kw: dict) -> list[list[tuple]]:
 
 def _against_greedy(dec, x, lengths, hyp, greedy) -> dict:
     """Beam 1 against greedy decoding: utterances with the same tokens, frames and durations; each other one
-    replayed in float64 (``decode.first_divergence``: the first decision that is not float64's argmax and its
-    relative margin) for both."""
+    replayed in float64 (``decode.first_divergence``: the first decision that is not float64's greedy argmax and
+    its relative margin) for both, and searched at beam 1 in float64 (TDT: a slot at max_symbols moves by its best
+    pair's duration, NeMo's malsd rule, where greedy moves by one frame)."""
     first = SimpleNamespace(tokens=hyp.tokens[:, 0], lengths=hyp.lengths[:, 0], frames=hyp.frames[:, 0],
                             durations=None if hyp.durations is None else hyp.durations[:, 0])  # fmt: skip
     beam, greedy_u = utterances(first), utterances(greedy)
     out = {"same_as_greedy": sum(a == b for a, b in zip(beam, greedy_u, strict=True))}
     differ = [n for n in range(len(beam)) if beam[n] != greedy_u[n]]
-    if differ:
+    if differ:  # (and whether float64's beam 1 is ours: then the search's rules part from greedy's, not rounding)
+        f64 = _float64_lists(dec, x[differ], lengths[differ], dict(beam_size=1, validate=False))
         out["differing_from_greedy"] = [
             dict(utterance=n, beam=first_divergence(dec, x[n], int(lengths[n]), beam[n]),
-                 greedy=first_divergence(dec, x[n], int(lengths[n]), greedy_u[n]))
-            for n in differ
+                 greedy=first_divergence(dec, x[n], int(lengths[n]), greedy_u[n]),
+                 float64_beam_is_ours=f64[i][0] == (beam[n][0], beam[n][1]))
+            for i, n in enumerate(differ)
         ]  # fmt: skip
     return out
 
