@@ -28,9 +28,8 @@ SIGNATURE = dict(  # (the CTC kernel's; the fusion's pointers shared with the st
     score_ptr="*fp32", ac_ptr="*fp32", lm_ptr="*fp32", T="i32", C="i32", blank="i32", bonus="fp32", prune="fp32",
     ovl_ptr="*i64", nxl_ptr="*i64", lm_w="fp32", lm_start="i32", chain_ptr="*i64", above_ptr="*fp32",
     base_ptr="*fp32", as_ptr="*i64", at_ptr="*i64", al_ptr="*fp32", an_ptr="*i64", uni_ptr="*fp32",
-    unext_ptr="*i64", col_ptr="*i64", end_ptr="*fp32", ovb_ptr="*i64", nxb_ptr="*i64", max_depth="i32",
-    fch_ptr="*i64", cs_ptr="*i64", ct_ptr="*i64", cg_ptr="*fp32", cn_ptr="*i64", bnext_ptr="*i64", rg_ptr="*fp32",
-    ns_ptr="*fp32",
+    unext_ptr="*i64", col_ptr="*i64", end_ptr="*fp32", ovb_ptr="*i64", nxb_ptr="*i64", ds_ptr="*i64",
+    dt_ptr="*i64", dg_ptr="*fp32", dn_ptr="*i64", bnext_ptr="*i64", rg_ptr="*fp32", ns_ptr="*fp32",
 )  # fmt: skip
 
 
@@ -41,7 +40,7 @@ def variant(beam: int, lm: bool, boost: bool) -> dict:
     wide = KP >= BEAM_TILES["wide"]
     bc = BEAM_TILES["block_c_wide"] if wide else BEAM_TILES["block_c"]
     consts = dict(K=beam, KP=KP, B=1, BP=2, BC=bc, PRUNE=False, BT=256, LM=lm, DEPTH=3 if lm else 0,
-                  DP=4 if lm else 1, BOOST=boost, MD=8 if boost else 1, BA=BEAM_TILES["block_arcs"],
+                  DP=4 if lm else 1, BOOST=boost, BA=BEAM_TILES["block_arcs"],
                   WIDE=wide)  # fmt: skip
     found = assemble(_ctc_beam_kernel, SIGNATURE, consts, BEAM_TILES["warps"])
     return dict(kernel="ctc", beam=beam, lm=lm, boost=boost, block_c=bc, warps=BEAM_TILES["warps"], **found)
@@ -65,7 +64,7 @@ def step_variant(beam: int, durations: int, lm: bool, boost: bool, modified: boo
     bc = STEP_TILES["block_c_wide" if wide else "block_c"]
     warps = STEP_TILES["warps_wide" if wide else "warps"]
     consts = dict(K=beam, KP=KP, BC=bc, D=durations, DD=max(2, next_power_of_2(max(durations, 1))), LM=lm,
-                  DEPTH=3 if lm else 0, DP=4 if lm else 1, BOOST=boost, MD=8 if boost else 1,
+                  DEPTH=3 if lm else 0, DP=4 if lm else 1, BOOST=boost,
                   BA=STEP_TILES["block_arcs"], MODIFIED=modified)  # fmt: skip
     signature = {n: {**STEP_POINTERS, **scalars, **fusion}[n] for n in names if n not in consts}
     found = assemble(_malsd_step_kernel, signature, consts, warps)

@@ -128,22 +128,21 @@ def _column(tile, o_d, j):
 
 
 @triton.jit
-def _scatter(p_ov, stride, lo, cnt, token_ptr, value_ptr, add, stamp, o_k, BA: tl.constexpr, INT: tl.constexpr):
-    """Each slot's ``cnt`` arcs from ``lo`` written into its override row: value + ``add`` (or the int32 value with
-    INT), stamped."""
+def _scatter(p_ov, p_nx, stride, lo, cnt, token_ptr, value_ptr, next_ptr, add, stamp, o_k, BA: tl.constexpr):
+    """Each slot's ``cnt`` arcs from ``lo`` written into its two override rows, stamped: value + ``add`` (float32)
+    and the next state (int32)."""
     o_a = tl.arange(0, BA)[None, :]
     lo2, cnt2, add2 = lo[:, None], cnt[:, None], add[:, None]
-    row = p_ov + o_k[:, None] * stride
+    row = o_k[:, None] * stride
     for a0 in range(0, tl.max(cnt, 0), BA):
         ia = a0 + o_a
         m = ia < cnt2
         arc = lo2 + ia
         tok = tl.load(token_ptr + arc, mask=m, other=0).to(tl.int32)
-        if INT:
-            val = tl.load(value_ptr + arc, mask=m, other=0).to(tl.int32)
-        else:
-            val = tl.load(value_ptr + arc, mask=m, other=0.0) + add2
-        tl.store(row + tok, _pack(stamp, val), mask=m)
+        val = tl.load(value_ptr + arc, mask=m, other=0.0) + add2
+        nxt = tl.load(next_ptr + arc, mask=m, other=0).to(tl.int32)
+        tl.store(p_ov + row + tok, _pack(stamp, val), mask=m)
+        tl.store(p_nx + row + tok, _pack(stamp, nxt), mask=m)
 
 
 @triton.jit
@@ -155,32 +154,13 @@ def _arc_ranges(chain, live, start_ptr):
 
 
 @triton.jit
-def _boost_chains(bs, alive, max_depth, ns_ptr, fch_ptr, cs_ptr, MD: tl.constexpr):
-    """The trie states ``bs``' node scores and the arcs of their failure chains: (node score, first arcs and counts
-    [KP, MD] by depth, arcs in all) (none where not ``alive``)."""
-    ns_s = tl.load(ns_ptr + bs)
-    o_m = tl.arange(0, MD)
-    in_m = alive[:, None] & (o_m[None, :] < max_depth)
-    chain_b = tl.load(fch_ptr + bs[:, None] * max_depth + o_m[None, :], mask=in_m, other=0).to(tl.int32)
-    lo_b, cnt_b = _arc_ranges(chain_b, in_m, cs_ptr)
-    return ns_s, lo_b, cnt_b, tl.sum(cnt_b, axis=1)
-
-
-@triton.jit
-def _boost_overrides(lo_b, cnt_b, p_ovb, p_nxb, C, stamp, max_depth, ct_ptr, cg_ptr, cn_ptr, o_k, MD: tl.constexpr,
-                     BA: tl.constexpr):  # fmt: skip
-    """Each slot's trie children along its failure chain written as the step's overrides [KP, C]: their gains and
-    states (the deepest last: it wins)."""
-    o_m = tl.arange(0, MD)
-    zero = tl.zeros(o_k.shape, tl.float32)
-    for ib in range(0, max_depth):
-        j = max_depth - 1 - ib
-        cnt_j = _column(cnt_b, o_m, j)
-        if tl.max(cnt_j, 0) > 0:
-            lo_j = _column(lo_b, o_m, j)
-            _scatter(p_ovb, C, lo_j, cnt_j, ct_ptr, cg_ptr, zero, stamp, o_k, BA, False)
-            _scatter(p_nxb, C, lo_j, cnt_j, ct_ptr, cn_ptr, zero, stamp, o_k, BA, True)
-            tl.debug_barrier()
+def _boost_overrides(bs, alive, p_ovb, p_nxb, C, stamp, ds_ptr, dt_ptr, dg_ptr, dn_ptr, o_k, BA: tl.constexpr):
+    """Each live slot's trie transitions that differ from the root's (``PhraseBooster.delta_*`` of its state
+    ``bs``) written as the step's overrides [KP, C]: their gains and states; returns their counts."""
+    lo = tl.load(ds_ptr + bs).to(tl.int32)
+    cnt = tl.where(alive, tl.load(ds_ptr + bs + 1).to(tl.int32) - lo, 0)
+    _scatter(p_ovb, p_nxb, C, lo, cnt, dt_ptr, dg_ptr, dn_ptr, tl.zeros(o_k.shape, tl.float32), stamp, o_k, BA)
+    return cnt
 
 
 @triton.jit
@@ -200,31 +180,29 @@ def _lm_overrides(lm_st, alive, p_ovl, p_nxl, C, stamp, chain_ptr, above_ptr, ba
         lvl = DEPTH - il
         lo_l, cnt_l, above_l = _column(lo, o_d, lvl), _column(cnt, o_d, lvl), _column(above, o_d, lvl)
         if tl.max(cnt_l, 0) > 0:
-            _scatter(p_ovl, C + 1, lo_l, cnt_l, at_ptr, al_ptr, above_l, stamp, o_k, BA, False)
-            _scatter(p_nxl, C + 1, lo_l, cnt_l, at_ptr, an_ptr, above_l, stamp, o_k, BA, True)
+            _scatter(p_ovl, p_nxl, C + 1, lo_l, cnt_l, at_ptr, al_ptr, an_ptr, above_l, stamp, o_k, BA)
             tl.debug_barrier()
     return base
 
 
 @triton.jit
 def _overrides(lm_st, bs, alive, p_ovl, p_nxl, p_ovb, p_nxb, C, stamp, chain_ptr, above_ptr, base_ptr, as_ptr, at_ptr,
-               al_ptr, an_ptr, max_depth, ns_ptr, fch_ptr, cs_ptr, ct_ptr, cg_ptr, cn_ptr, o_k, KP: tl.constexpr,
-               LM: tl.constexpr,
-               DEPTH: tl.constexpr, DP: tl.constexpr, BOOST: tl.constexpr, MD: tl.constexpr,
-               BA: tl.constexpr):  # fmt: skip
+               al_ptr, an_ptr, ns_ptr, ds_ptr, dt_ptr, dg_ptr, dn_ptr, o_k, KP: tl.constexpr, LM: tl.constexpr,
+               DEPTH: tl.constexpr, DP: tl.constexpr, BOOST: tl.constexpr, BA: tl.constexpr):  # fmt: skip
     """The step's overrides of every live slot (LM: its arcs along the backoff chain of its state ``lm_st``;
-    BOOST: its trie children along the failure chain of its state ``bs``): (the LM states' summed backoffs, the
-    trie states' node scores, the slots' override counts)."""
+    BOOST: the trie's transitions from its state ``bs`` that differ from the root's): (the LM states' summed
+    backoffs, the trie states' node scores, the slots' override counts)."""
     base = tl.zeros((KP,), tl.float32)
     ns_s = tl.zeros((KP,), tl.float32)
     has_b = tl.zeros((KP,), tl.int32)
-    if BOOST:  # (the trie's loads first: they overlap the LM's)
-        ns_s, lo_b, cnt_b, has_b = _boost_chains(bs, alive, max_depth, ns_ptr, fch_ptr, cs_ptr, MD)
+    if BOOST:
+        ns_s = tl.load(ns_ptr + bs)
+        has_b = _boost_overrides(bs, alive, p_ovb, p_nxb, C, stamp, ds_ptr, dt_ptr, dg_ptr, dn_ptr, o_k, BA)
     if LM:
         base = _lm_overrides(lm_st, alive, p_ovl, p_nxl, C, stamp, chain_ptr, above_ptr, base_ptr, as_ptr, at_ptr,
                              al_ptr, an_ptr, o_k, DEPTH, DP, BA)  # fmt: skip
-    if BOOST:
-        _boost_overrides(lo_b, cnt_b, p_ovb, p_nxb, C, stamp, max_depth, ct_ptr, cg_ptr, cn_ptr, o_k, MD, BA)
+    if LM or BOOST:
+        tl.debug_barrier()  # (the overrides written before the step's reads)
     return base, ns_s, has_b
 
 
@@ -253,10 +231,10 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
                      T, C, blank, bonus, prune,
                      ovl_ptr, nxl_ptr, lm_w, lm_start, chain_ptr, above_ptr, base_ptr, as_ptr, at_ptr, al_ptr, an_ptr,
                      uni_ptr, unext_ptr, col_ptr, end_ptr,
-                     ovb_ptr, nxb_ptr, max_depth, fch_ptr, cs_ptr, ct_ptr, cg_ptr, cn_ptr, bnext_ptr, rg_ptr, ns_ptr,
+                     ovb_ptr, nxb_ptr, ds_ptr, dt_ptr, dg_ptr, dn_ptr, bnext_ptr, rg_ptr, ns_ptr,
                      K: tl.constexpr, KP: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, BC: tl.constexpr,
                      PRUNE: tl.constexpr, BT: tl.constexpr, LM: tl.constexpr, DEPTH: tl.constexpr,
-                     DP: tl.constexpr, BOOST: tl.constexpr, MD: tl.constexpr, BA: tl.constexpr,
+                     DP: tl.constexpr, BOOST: tl.constexpr, BA: tl.constexpr,
                      WIDE: tl.constexpr):  # fmt: skip
     n = tl.program_id(0)
     L = tl.minimum(tl.maximum(tl.load(len_ptr + n).to(tl.int32), 0), T)
@@ -329,8 +307,8 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
         stamp = t + 1
         e_lm0 = lmt + bonus
         base, ns_s, has_b = _overrides(lm_st, bs, alive, p_ovl, p_nxl, p_ovb, p_nxb, C, stamp, chain_ptr, above_ptr,
-                                       base_ptr, as_ptr, at_ptr, al_ptr, an_ptr, max_depth, ns_ptr, fch_ptr, cs_ptr,
-                                       ct_ptr, cg_ptr, cn_ptr, o_k, KP, LM, DEPTH, DP, BOOST, MD, BA)  # fmt: skip
+                                       base_ptr, as_ptr, at_ptr, al_ptr, an_ptr, ns_ptr, ds_ptr, dt_ptr, dg_ptr, dn_ptr,
+                                       o_k, KP, LM, DEPTH, DP, BOOST, BA)  # fmt: skip
         # the extensions, a block of classes at a time, into the running list of the K best keys
         for c0 in range(0, C, BC):
             cls = c0 + o_c
@@ -462,14 +440,12 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
 
 
 def fusion_constants(lm, boosting) -> dict:
-    """The kernels' fusion constexprs: LM (and its backoff chains' depth DEPTH, padded DP), BOOST (and the trie's
-    depth, padded MD)."""
+    """The kernels' fusion constexprs: LM (and its backoff chains' depth DEPTH, padded DP), BOOST."""
     return dict(
         LM=lm is not None,
         DEPTH=lm.depth if lm is not None else 0,
         DP=next_power_of_2(lm.depth + 1) if lm is not None else 1,
         BOOST=boosting is not None,
-        MD=next_power_of_2(max(boosting.max_depth, 1)) if boosting is not None else 1,
     )
 
 
@@ -488,15 +464,15 @@ def lm_arguments(lm, lm_weight: float, N: int, KP: int, C: int, x: torch.Tensor)
 
 
 def boost_arguments(boosting, N: int, KP: int, C: int, x: torch.Tensor) -> tuple:
-    """The kernels' boosting arguments: the step's override buffers (gains, states) of N x KP slots over C classes
-    and the trie's tables (``x`` fills the unused pointers)."""
+    """The kernels' boosting arguments: the step's override buffers (gains, states) of N x KP slots over C classes,
+    each state's transitions that differ from the root's (their tokens, gains, states) and the root's (``x`` fills
+    the unused pointers)."""
     if boosting is None:
-        return (x, x, 0) + (x,) * 8
+        return (x,) * 9
     ov = torch.zeros(2, N, KP, C, dtype=torch.int64, device=x.device)
     root = boosting.next[0]
-    return (ov[0], ov[1], int(boosting.max_depth), boosting.fail_chain, boosting.child_start, boosting.child_token,
-            boosting.gain[boosting.child_next], boosting.child_next, root, boosting.gain[root],
-            boosting.node_score)  # fmt: skip
+    return (ov[0], ov[1], boosting.delta_start, boosting.delta_token, boosting.gain[boosting.delta_next],
+            boosting.delta_next, root, boosting.gain[root], boosting.node_score)  # fmt: skip
 
 
 def ctc_beam(

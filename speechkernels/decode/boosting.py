@@ -17,7 +17,9 @@ Tables (``to(device)`` moves them): ``next`` [S, V] int64 (the transition of eve
 links resolved), ``node_score`` [S], ``output_score`` [S] and ``gain`` [S] float32; state 0 is the root; the trie
 itself for kernels that walk it: ``fail`` [S] (each state's failure state), ``fail_chain`` [S, max_depth] (a state, its
 failure state, and so on: the root from where the chain ends), ``child_start`` [S + 1], ``child_token`` and
-``child_next`` (each state's children, sorted by token); ``max_depth`` is the longest phrase's length.
+``child_next`` (each state's children, sorted by token); ``max_depth`` is the longest phrase's length; for
+kernels that override the root's transitions: ``delta_start`` [S + 1], ``delta_token`` and ``delta_next`` (each
+state's transitions that differ from the root's, sorted by token: the root has none).
 ``step(states)`` gives the bonus of every next token [B, V] and the states they lead to, as ``NGramLM.score``.
 """
 
@@ -48,7 +50,8 @@ class PhraseBooster(StateTables):
     """
 
     TABLES = (
-        "node_score", "next", "output_score", "gain", "fail", "fail_chain", "child_start", "child_token", "child_next"
+        "node_score", "next", "output_score", "gain", "fail", "fail_chain", "child_start", "child_token", "child_next",
+        "delta_start", "delta_token", "delta_next",
     )  # fmt: skip
 
     def __init__(self, phrases: Sequence[Sequence[int]], vocab_size: int, weights: float | Sequence[float] = 1.0):
@@ -112,6 +115,11 @@ class PhraseBooster(StateTables):
         self.node_score = torch.tensor(node_score, dtype=torch.float32)
         self.output_score = torch.tensor(output_score, dtype=torch.float32)
         self.gain = self.node_score + self.output_score  # what entering a state earns (before leaving the last)
+        moved = (self.next != self.next[:1]).nonzero()  # (state, token) in order
+        self.delta_token = moved[:, 1].contiguous()
+        self.delta_next = self.next[moved[:, 0], moved[:, 1]]
+        self.delta_start = torch.zeros(S + 1, dtype=torch.int64)
+        self.delta_start[1:] = torch.bincount(moved[:, 0], minlength=S).cumsum(0)
 
     def step(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(the bonus [B, V] float32 of every next token, the states they lead to [B, V] int64) from ``states``

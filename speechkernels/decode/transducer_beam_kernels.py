@@ -215,10 +215,10 @@ def _malsd_step_kernel(x_ptr, len_ptr, go_ptr, step_ptr, dur_ptr, sf_ptr, si_ptr
                        NK, T, V, W, blank, max_symbols, fusion, one_fusion, b_w,
                        ovl_ptr, nxl_ptr, lm_w, lm_start, chain_ptr, above_ptr, base_ptr, as_ptr, at_ptr, al_ptr, an_ptr,
                        uni_ptr, unext_ptr, col_ptr, end_ptr,
-                       ovb_ptr, nxb_ptr, max_depth, fch_ptr, cs_ptr, ct_ptr, cg_ptr, cn_ptr, bnext_ptr, rg_ptr, ns_ptr,
+                       ovb_ptr, nxb_ptr, ds_ptr, dt_ptr, dg_ptr, dn_ptr, bnext_ptr, rg_ptr, ns_ptr,
                        K: tl.constexpr, KP: tl.constexpr, BC: tl.constexpr, D: tl.constexpr, DD: tl.constexpr,
                        LM: tl.constexpr, DEPTH: tl.constexpr, DP: tl.constexpr, BOOST: tl.constexpr,
-                       MD: tl.constexpr, BA: tl.constexpr, MODIFIED: tl.constexpr):  # fmt: skip
+                       BA: tl.constexpr, MODIFIED: tl.constexpr):  # fmt: skip
     n = tl.program_id(0)
     o_k = tl.arange(0, KP)
     o_c = tl.arange(0, BC)
@@ -280,8 +280,8 @@ def _malsd_step_kernel(x_ptr, len_ptr, go_ptr, step_ptr, dur_ptr, sf_ptr, si_ptr
     p_ovb = ovb_ptr + n.to(tl.int64) * KP * V
     p_nxb = nxb_ptr + n.to(tl.int64) * KP * V
     base, ns_s, has_b = _overrides(lm_st, bs, active, p_ovl, p_nxl, p_ovb, p_nxb, V, stamp, chain_ptr, above_ptr,
-                                   base_ptr, as_ptr, at_ptr, al_ptr, an_ptr, max_depth, ns_ptr, fch_ptr, cs_ptr, ct_ptr,
-                                   cg_ptr, cn_ptr, o_k, KP, LM, DEPTH, DP, BOOST, MD, BA)  # fmt: skip
+                                   base_ptr, as_ptr, at_ptr, al_ptr, an_ptr, ns_ptr, ds_ptr, dt_ptr, dg_ptr, dn_ptr,
+                                   o_k, KP, LM, DEPTH, DP, BOOST, BA)  # fmt: skip
     # each slot's K best labels (fused scores; ties: the lower class), a block of classes at a time
     o_r = tl.arange(0, KP)
     run = tl.where(o_r[None, :] < K, tl.full((KP, KP), _MIN_KEY, tl.int64), _MAX_KEY)  # past K: never replaced
