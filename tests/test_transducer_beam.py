@@ -398,9 +398,9 @@ def test_a_kept_search_serves_the_next_calls(path, tmp_path, monkeypatch):
     random_arpa(tmp_path / "lm.arpa", 8, 3, seed=5)
     lm = NGramLM.from_arpa(tmp_path / "lm.arpa", 8).to(path.device)
     g = torch.Generator().manual_seed(5)
-    calls = [(torch.randn(3, 10, 6, generator=g).to(path.device), [10, 7, 2], dict(lm=lm, lm_weight=0.4))
+    calls = [(torch.randn(3, 6, 6, generator=g).to(path.device), [6, 4, 2], dict(lm=lm, lm_weight=0.4))
              for _ in range(2)]  # fmt: skip
-    calls.insert(1, (calls[0][0], [10, 10, 10], {}))  # another configuration (no LM)
+    calls.insert(1, (calls[0][0], [6, 6, 6], {}))  # another configuration (no LM)
     calls.append(calls[1])
     monkeypatch.setattr(tbk, "KEEP_SEARCH", False)
     fresh = [dec.beam_search(x, lengths, 3, nbest=2, **kw) for x, lengths, kw in calls]
