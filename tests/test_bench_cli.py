@@ -268,8 +268,8 @@ def test_decode_peers_file(tmp_path, capsys):
 
 def test_decode_beam_with_peers(tmp_path):
     """decode --beam: every row at each beam without fusion, with the LM and with the LM and phrases; the peers of
-    a --peers file timed and compared (here our own searches, which must agree on every utterance); a failing
-    peer reported, not fatal."""
+    a --peers file timed and compared (here our own searches, which must agree on every utterance, and one with an
+    utterance changed: reported with float64's search on our side); a failing peer reported, not fatal."""
     peers = tmp_path / "peers.py"
     peers.write_text(
         "import speechkernels as sk\n"
@@ -286,10 +286,14 @@ def test_decode_beam_with_peers(tmp_path):
         "        L = hyp.lengths[:, 0].tolist()\n"
         "        t, f = hyp.tokens[:, 0].tolist(), hyp.frames[:, 0].tolist()\n"
         "        return [(t[n][: L[n]], f[n][: L[n]]) for n in range(len(L))]\n"
+        "    def off(hyp):\n"
+        "        got = lists(hyp)\n"
+        "        got[1] = (got[1][0] + [1], got[1][1] + [0])\n"
+        "        return got\n"
         "    if lm_path is not None:\n"
         "        return {}\n"
-        "    return {'same': (lambda x, lengths: decoder.beam_search(x, lengths, beam_size), lists),\n"
-        "            'broken': (broken, lists)}\n"
+        "    run = lambda x, lengths: decoder.beam_search(x, lengths, beam_size)\n"
+        "    return {'same': (run, lists), 'broken': (broken, lists), 'off': (run, off)}\n"
     )
     out_json = tmp_path / "b.json"
     argv = ["decode", "--beam", "--device", "cpu", "--rows", "rnnt-2x1,ctc-2x12x9", "--beams", "2", "--reps", "1"]
@@ -300,6 +304,8 @@ def test_decode_beam_with_peers(tmp_path):
     ]
     rnnt, ctc = rows[0], rows[3]
     assert rnnt["peers_same_best"]["same"] == {"tokens": 2, "tokens_frames": 2}
+    assert rnnt["peers_same_best"]["off"] == {"tokens": 1, "tokens_frames": 1}
+    assert rnnt["peers_differing"] == {"off": [{"utterance": 1, "ours_is_float64s": True, "peer_is_float64s": False}]}
     assert "no such decoder" in rnnt["peer_errors"]["broken"]
     assert ctc["peers_same_best"] == {"same": 2} and set(ctc["ms"]) == {"ours", "same", "greedy"}
     assert all(r["ms"]["ours"] > 0 for r in rows)

@@ -352,17 +352,61 @@ def test_gpu_graph_replay_is_the_eager_search(gpu, tmp_path, monkeypatch, durati
 def test_the_products_kernel(path, bias):
     """linear_tf32x3 (the float32 networks' products of the GPU search): torch.nn.functional.linear's values in
     float64 to float32's precision, for shapes that are no multiple of its tiles and a batch of rows."""
-    from speechkernels.decode.transducer_beam_kernels import linear_tf32x3
+    from speechkernels.decode.transducer_beam_kernels import linear_tf32x3, tf32_split
 
     g = torch.Generator().manual_seed(3)
     x = torch.randn(2, 67, 45, generator=g)
     w = torch.randn(70, 45, generator=g)
     b = torch.randn(70, generator=g) if bias else None
-    got = linear_tf32x3(x.to(path.device), w.to(path.device), None if b is None else b.to(path.device))
+    wt = w.t().contiguous().to(path.device).t()  # (a transposed view: read through a contiguous copy)
+    got = linear_tf32x3(x.to(path.device), wt, None if b is None else b.to(path.device))
+    presplit = linear_tf32x3(x.to(path.device), wt, None if b is None else b.to(path.device), tf32_split(wt))
     path.check_ran(False)  # (not a registered launcher: the search's products)
     want = torch.nn.functional.linear(x.double(), w.double(), None if b is None else b.double())
     assert got.shape == (2, 67, 70) and got.dtype == torch.float32
     assert torch.allclose(got.cpu().double(), want, rtol=1e-5, atol=1e-4)
+    assert torch.equal(presplit, got)
+
+
+@pytest.mark.kernels
+def test_the_products_kernel_grouped(path):
+    """linear_group: independent products of the same rows (other K and N, with and without a bias) three to a
+    launch, each the same values as alone; rows that differ in number refused."""
+    from speechkernels.decode.transducer_beam_kernels import linear_group, linear_tf32x3
+
+    g = torch.Generator().manual_seed(5)
+    shapes = [(45, 70, True), (33, 64, False), (45, 129, True), (20, 7, True)]
+    xs = [torch.randn(67, k, generator=g).to(path.device) for k, _, _ in shapes]
+    ws = [torch.randn(n, k, generator=g).to(path.device) for k, n, _ in shapes]
+    bs = [torch.randn(n, generator=g).to(path.device) if b else None for _, n, b in shapes]
+    got = linear_group([(x, w, b, None) for x, w, b in zip(xs, ws, bs, strict=True)])
+    path.check_ran(False)
+    for x, w, b, out in zip(xs, ws, bs, got, strict=True):
+        assert torch.equal(out, linear_tf32x3(x, w, b))
+        want = torch.nn.functional.linear(x.cpu().double(), w.cpu().double(), None if b is None else b.cpu().double())
+        assert torch.allclose(out.cpu().double(), want, rtol=1e-5, atol=1e-4)
+    with pytest.raises(ValueError, match="product 1 has x of shape"):
+        linear_group([(xs[0], ws[0], None, None), (xs[1][:5], ws[1], None, None)])
+
+
+def test_tf32_split():
+    """tf32_split: hi has TF32's 10 mantissa bits (rounded to nearest, ties away from zero), hi + lo is the weight
+    exactly; inf and NaN kept in hi, and the largest float32 (which would round to inf)."""
+    from speechkernels.decode.transducer_beam_kernels import tf32_split
+
+    w = torch.randn(50, 33, generator=torch.Generator().manual_seed(4)) * 1e3
+    w[0, :4] = torch.tensor([float("inf"), float("-inf"), float("nan"), torch.finfo(torch.float32).max])
+    w[1, :2] = torch.tensor([1 + 2**-11, -(1 + 3 * 2**-11)])  # (a tie: away from zero; above: up)
+    hi, lo = tf32_split(w.t())
+    assert hi.is_contiguous() and hi.shape == (33, 50)
+    hi, lo = hi.t(), lo.t()
+    finite = torch.isfinite(w)
+    rounded = finite & (w.abs() < 3e38)
+    assert not (hi.view(torch.int32) & 0x1FFF)[rounded].any()  # (the 13 bits TF32 drops)
+    assert torch.equal((hi + lo)[finite], w[finite])
+    assert ((w - hi).abs() <= w.abs() * 2**-11)[finite].all()
+    assert hi[1, 0] == 1 + 2**-10 and hi[1, 1] == -(1 + 2 * 2**-10)
+    assert torch.isinf(hi[0, 0]) and torch.isinf(hi[0, 1]) and torch.isnan(hi[0, 2]) and hi[0, 3] == w[0, 3]
 
 
 @pytest.mark.gpu

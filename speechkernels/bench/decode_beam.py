@@ -228,9 +228,32 @@ def measure_transducer(row: str, dtype, device, args, peers_mod, workdir: str) -
                     "tokens_frames": sum(a == tuple(b) for a, b in zip(ours, v, strict=True))}
                 for n, v in peer_best.items()
             }  # fmt: skip
+            r.update(_peer_differences(dec, x, lengths, kw, ours, peer_best))
             out.append(r)
             _print(r)
     return out
+
+
+def _peer_differences(dec, x, lengths, kw: dict, ours: list, peer_best: dict, most: int = 16) -> dict:
+    """Each peer's utterances whose best (tokens, frames) differ from ours and, where at most ``most`` differ in
+    all, whether float64's search (the PyTorch path, the same weights in float64) gives ours or the peer's."""
+    differ = {name: [n for n, (a, b) in enumerate(zip(ours, v, strict=True)) if a != tuple(b)] for name, v in
+              peer_best.items()}  # fmt: skip
+    union = sorted({n for d in differ.values() for n in d})
+    if not union:
+        return {}
+    f64 = {}
+    if len(union) <= most:
+        got = _float64_lists(dec, x[union], lengths[union], kw)
+        f64 = {n: got[i][0] for i, n in enumerate(union)}
+    return {
+        "peers_differing": {
+            name: [dict(utterance=n, **({"ours_is_float64s": ours[n] == f64[n],
+                                         "peer_is_float64s": tuple(peer_best[name][n]) == f64[n]} if f64 else {}))
+                   for n in d]
+            for name, d in differ.items() if d
+        }
+    }  # fmt: skip
 
 
 def _float64_lists(dec, x, lengths, kw: dict) -> list[list[tuple]]:

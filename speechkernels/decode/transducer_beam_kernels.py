@@ -47,7 +47,7 @@ from .beam_kernels import (
     lm_arguments,
 )
 from .reference import input_gates_table, predict
-from .transducer_kernels import _dot, _sigmoid, _tanh
+from .transducer_kernels import _INTERPRETER, _sigmoid, _tanh
 
 STEP_TILES = {"block_c": 256, "warps": 4, "wide": 8, "block_c_wide": 64, "warps_wide": 8, "block_arcs": 64}
 # classes per block (a power of two; tests lower it) and warps; from "wide" slots up (padded), fewer classes per
@@ -117,50 +117,125 @@ def _lse(x, axis: tl.constexpr):
 
 
 @triton.jit
-def _linear_kernel(a_ptr, w_ptr, b_ptr, out_ptr, M, N, K, BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                   BK: tl.constexpr):  # fmt: skip
-    """out [M, N] = a [M, K] @ w [N, K]^T + b [N] (float32, contiguous): the products as three TF32 products on
-    the tensor cores (about float32's precision), the bias added after the sum as torch's addmm does."""
-    o_m = tl.program_id(0) * BM + tl.arange(0, BM)
-    o_n = tl.program_id(1) * BN + tl.arange(0, BN)
+def _tf32_hi(x):
+    """x rounded to TF32 (to nearest, ties away from zero, as cvt.rna.tf32.f32) by its bits; x - this is exact."""
+    return ((x.to(tl.int32, bitcast=True) + 0x1000) & -8192).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _linear_tile(a_ptr, wh_ptr, wl_ptr, b_ptr, out_ptr, M, N, K, tile, BIAS: tl.constexpr, BM: tl.constexpr,
+                 BN: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+    """Tile ``tile`` (row blocks first) of out [M, N] = a [M, K] @ w [N, K]^T + b [N] (float32, contiguous) as
+    three TF32 products on the tensor cores (about float32's precision): w given split as w = wh + wl
+    (``tf32_split``), a split here; per block of K the products a_lo wh + a_hi wl + a_hi wh summed from zero, then
+    added to the float32 sum (Triton's tf32x3 rule). The bias is added after the sum as torch's addmm does."""
+    n_m = tl.cdiv(M, BM)
+    o_m = (tile % n_m) * BM + tl.arange(0, BM)
+    o_n = (tile // n_m) * BN + tl.arange(0, BN)
     o_k = tl.arange(0, BK)
     acc = tl.zeros((BM, BN), tl.float32)
     for k0 in range(0, K, BK):
         kk = k0 + o_k
         a = tl.load(a_ptr + o_m[:, None].to(tl.int64) * K + kk[None, :], mask=(o_m < M)[:, None] & (kk < K)[None, :],
                     other=0.0)  # fmt: skip
-        b = tl.load(w_ptr + o_n[None, :].to(tl.int64) * K + kk[:, None], mask=(o_n < N)[None, :] & (kk < K)[:, None],
-                    other=0.0)  # fmt: skip
-        acc = _dot(a, b, acc, True)
+        m_w = (o_n < N)[None, :] & (kk < K)[:, None]
+        p_w = o_n[None, :].to(tl.int64) * K + kk[:, None]
+        w_hi = tl.load(wh_ptr + p_w, mask=m_w, other=0.0)
+        w_lo = tl.load(wl_ptr + p_w, mask=m_w, other=0.0)
+        if _INTERPRETER:
+            acc = tl.dot(a, w_hi + w_lo, acc, input_precision="ieee")
+        else:
+            a_hi = _tf32_hi(a)
+            part = tl.dot(a - a_hi, w_hi, tl.zeros((BM, BN), tl.float32), input_precision="tf32")
+            part = tl.dot(a_hi, w_lo, part, input_precision="tf32")
+            acc += tl.dot(a_hi, w_hi, part, input_precision="tf32")
     if BIAS:
         acc = acc + tl.load(b_ptr + o_n, mask=o_n < N, other=0.0)[None, :]
     m = (o_m < M)[:, None] & (o_n < N)[None, :]
     tl.store(out_ptr + o_m[:, None].to(tl.int64) * N + o_n[None, :], acc, mask=m)
 
 
-def linear_tf32x3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """torch.nn.functional.linear of float32 operands through ``_linear_kernel`` (x [..., K])."""
-    a = x.reshape(-1, x.shape[-1]).contiguous()
-    weight = weight.contiguous()
-    M, K = a.shape
-    N = weight.shape[0]
-    out = torch.empty(M, N, dtype=torch.float32, device=x.device)
-    launch(_linear_kernel)[(cdiv(M, 64), cdiv(N, 64))](
-        a,
-        weight,
-        bias if bias is not None else weight,
-        out,
-        M,
-        N,
-        K,
-        BIAS=bias is not None,
-        BM=64,
-        BN=64,
-        BK=32,
-        num_warps=4,
-        num_stages=3,
-    )  # fmt: skip (64 x 64 tiles: 236 registers with Triton 3.6 for sm_90, no spills; 64 x 128 spill)
-    return out.view(*x.shape[:-1], N)
+@triton.jit
+def _linear_kernel(a0, wh0, wl0, b0, o0, N0, K0, a1, wh1, wl1, b1, o1, N1, K1, a2, wh2, wl2, b2, o2, N2, K2, M,
+                   G: tl.constexpr, BIAS0: tl.constexpr, BIAS1: tl.constexpr, BIAS2: tl.constexpr,
+                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+    """G (1-3) independent products of M rows in one launch (``_linear_tile``): the programs take the first's
+    tiles, then the second's, then the third's."""
+    tile = tl.program_id(0)
+    n_m = tl.cdiv(M, BM)
+    t0 = n_m * tl.cdiv(N0, BN)
+    t1 = n_m * tl.cdiv(N1, BN)
+    if tile < t0:
+        _linear_tile(a0, wh0, wl0, b0, o0, M, N0, K0, tile, BIAS0, BM, BN, BK)
+    elif G > 1:
+        if tile < t0 + t1:
+            _linear_tile(a1, wh1, wl1, b1, o1, M, N1, K1, tile - t0, BIAS1, BM, BN, BK)
+        elif G > 2:
+            _linear_tile(a2, wh2, wl2, b2, o2, M, N2, K2, tile - t0 - t1, BIAS2, BM, BN, BK)
+
+
+def tf32_split(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 ``weight`` as (hi, lo), contiguous: hi rounded to TF32 (``_tf32_hi``'s rule; kept as it is where
+    that is not finite), lo = weight - hi (exact)."""
+    w = weight.contiguous()
+    hi = ((w.view(torch.int32) + 0x1000) & -8192).view(torch.float32)
+    hi = torch.where(torch.isfinite(hi), hi, w)
+    return hi, w - hi
+
+
+def linear_tf32x3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  split: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:  # fmt: skip
+    """torch.nn.functional.linear of float32 operands through ``_linear_kernel`` (x [..., K]); ``split``:
+    ``tf32_split(weight)`` if already made (the search's weights, split once per call)."""
+    out = linear_group([(x.reshape(-1, x.shape[-1]), weight, bias, split)])[0]
+    return out.view(*x.shape[:-1], out.shape[1])
+
+
+def linear_group(products: list[tuple]) -> list[torch.Tensor]:
+    """``linear_tf32x3`` of each (x [M, K_i], weight, bias or None, split or None), all of M rows, three to a
+    launch: independent products share the machine's waves (64 x 64 tiles: 242 registers with Triton 3.6 for
+    sm_90, no spills; 64 x 128 spill)."""
+    outs = []
+    for at in range(0, len(products), 3):
+        args, flags = [], {}
+        M = products[at][0].shape[0]
+        tiles = 0
+        for g, (x, weight, bias, split) in enumerate(products[at : at + 3]):
+            if x.dim() != 2 or x.shape[0] != M:
+                raise ValueError(f"linear_group: product {at + g} has x of shape {tuple(x.shape)}, not [{M}, K]")
+            a = x.contiguous()
+            w_hi, w_lo = split if split is not None else tf32_split(weight)
+            out = torch.empty(M, w_hi.shape[0], dtype=torch.float32, device=x.device)
+            args += [a, w_hi, w_lo, bias if bias is not None else w_hi, out, w_hi.shape[0], a.shape[1]]
+            flags[f"BIAS{g}"] = bias is not None
+            tiles += cdiv(M, 64) * cdiv(w_hi.shape[0], 64)
+            outs.append(out)
+        G = len(flags)
+        args += args[:7] * (3 - G)
+        flags.update({f"BIAS{g}": False for g in range(G, 3)})
+        launch(_linear_kernel)[(tiles,)](*args, M, G=G, **flags, BM=64, BN=64, BK=32, num_warps=4, num_stages=3)
+    return outs
+
+
+class _SplitLinear:
+    """``linear_tf32x3`` over a search's float32 weights split once per call (``refresh``: their current values,
+    into the same buffers, which a captured graph reads)."""
+
+    def __init__(self, weights: list[torch.Tensor]):
+        self.weights = weights
+        self.splits = {w.data_ptr(): tf32_split(w) for w in weights}
+
+    def refresh(self) -> None:
+        for w in self.weights:
+            for buf, new in zip(self.splits[w.data_ptr()], tf32_split(w), strict=True):
+                buf.copy_(new)
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return linear_tf32x3(x, weight, bias, self.splits.get(weight.data_ptr()))
+
+    def group(self, products: list[tuple]) -> list[torch.Tensor]:
+        """``linear_group`` of (x, weight, bias) with the weights' splits."""
+        return linear_group([(x, w, b, self.splits.get(w.data_ptr())) for x, w, b in products])
 
 
 @triton.jit
@@ -192,15 +267,16 @@ def _lstm_cell_kernel(x_ptr, hh_ptr, lab_ptr, row_ptr, islab_ptr, h_ptr, c_ptr, 
     tl.store(c_out_ptr + i * H + o_h, tl.where(lab, c_new, c_par), mask=m)
 
 
-def lstm_step(w, table, lab, row, islab, state_in, state_out, linear) -> None:
+def lstm_step(w, table, lab, row, islab, state_in, state_out, linear, recurrent=None) -> None:
     """The prediction network's step of the search for float32 LSTM networks: ``state_out`` (h, c [L, NK, H]) from
-    ``state_in`` through ``_lstm_cell_kernel`` per layer (``table``: the first layer's input term per token)."""
+    ``state_in`` through ``_lstm_cell_kernel`` per layer (``table``: the first layer's input term per token;
+    ``recurrent``: each layer's h @ W_hh^T + b_hh of ``state_in`` if already computed)."""
     h, c = state_in
     h_out, c_out = state_out
     NK, H = h.shape[1], h.shape[2]
     x = None
     for layer, (w_ih, w_hh, b_ih, b_hh) in enumerate(w.lstm):
-        hh = linear(h[layer], w_hh, b_hh)
+        hh = recurrent[layer] if recurrent is not None else linear(h[layer], w_hh, b_hh)
         xt = table if layer == 0 else linear(x, w_ih, b_ih)
         x = torch.empty(NK, H, dtype=torch.float32, device=h.device)
         launch(_lstm_cell_kernel)[(NK, cdiv(H, 128))](
@@ -552,7 +628,9 @@ class _Search:
                        tuple(sorted(consts.items())))  # fmt: skip
         self.w, self.lm, self.boosting = w, lm, boosting  # (held: the key's ids stay theirs)
         self.table = input_gates_table(w)
-        self.linear = linear_tf32x3 if TF32X3 and w.out_w.dtype == torch.float32 else torch.nn.functional.linear
+        self.linear = torch.nn.functional.linear
+        if TF32X3 and w.out_w.dtype == torch.float32:  # (the weights the steps multiply by, split once per call)
+            self.linear = _SplitLinear([w.out_w, w.pred_w, *(t for layer in w.lstm or () for t in layer[:2])])
         self.fused = FUSED_CELL and not w.stateless and w.embedding.dtype == torch.float32 and CHECK_EVERY % 2 == 0
         self.pred_state = self.out = self.g = None
         self.halves = None
@@ -575,6 +653,8 @@ class _Search:
         self.step.zero_()
         if self.table is not None:  # the weights' current values (changed in place since the last call?)
             self.table.copy_(input_gates_table(self.w))
+        if isinstance(self.linear, _SplitLinear):
+            self.linear.refresh()
         for a in (self.lm_args[0], self.boost_args[0]):  # the overrides: no step's stamp (the next states' rows
             if a is not self.sf:  # are read only where these hit)
                 a.zero_()
@@ -596,13 +676,21 @@ class _Search:
         for _ in range(CHECK_EVERY):
             torch.any(self.si[0].view(N, K) < self.lens[:, None], out=self.go)
             joint = act(self.enc_rows[self.frm] + g)
-            logits = linear(joint, w.out_w, w.out_b)
+            recurrent = None
+            if self.fused and isinstance(linear, _SplitLinear):  # the joint's and the recurrent terms' products
+                h = self.halves[parity][0]  # (of the state before the step) in one launch
+                logits, *recurrent = linear.group(
+                    [(joint, w.out_w, w.out_b), *((h[i], w_hh, b_hh) for i, (_, w_hh, _, b_hh) in enumerate(w.lstm))]
+                )
+            else:
+                logits = linear(joint, w.out_w, w.out_b)
             launch(_malsd_step_kernel)[(N,)](
                 logits, self.lens, self.go.view(torch.uint8), self.step, *self.step_args, **self.consts
             )
             self.step.add_(1)
             if self.fused:  # (from one half of the state's buffers to the other: CHECK_EVERY is even)
-                lstm_step(w, self.table, lab, row, islab, self.halves[parity], self.halves[1 - parity], linear)
+                lstm_step(w, self.table, lab, row, islab, self.halves[parity], self.halves[1 - parity], linear,
+                          recurrent)  # fmt: skip
                 parity = 1 - parity
                 g.copy_(linear(self.halves[parity][0][-1], w.pred_w, w.pred_b))
                 continue
