@@ -305,7 +305,9 @@ def test_decode_beam_with_peers(tmp_path):
     rnnt, ctc = rows[0], rows[3]
     assert rnnt["peers_same_best"]["same"] == {"tokens": 2, "tokens_frames": 2}
     assert rnnt["peers_same_best"]["off"] == {"tokens": 1, "tokens_frames": 1}
-    assert rnnt["peers_differing"] == {"off": [{"utterance": 1, "ours_is_float64s": True, "peer_is_float64s": False}]}
+    (off,) = rnnt["peers_differing"]["off"]
+    assert (off["utterance"], off["ours_is_float64s"], off["peer_is_float64s"]) == (1, True, False)
+    assert off["float64_gap_ours"] == 0 and off["float64_gap_peer"] is None  # (a hypothesis the search never made)
     assert "no such decoder" in rnnt["peer_errors"]["broken"]
     assert ctc["peers_same_best"] == {"same": 2} and set(ctc["ms"]) == {"ours", "same", "greedy"}
     assert all(r["ms"]["ours"] > 0 for r in rows)

@@ -236,7 +236,9 @@ def measure_transducer(row: str, dtype, device, args, peers_mod, workdir: str) -
 
 def _peer_differences(dec, x, lengths, kw: dict, ours: list, peer_best: dict, most: int = 16) -> dict:
     """Each peer's utterances whose best (tokens, frames) differ from ours and, where at most ``most`` differ in
-    all, whether float64's search (the PyTorch path, the same weights in float64) gives ours or the peer's."""
+    all, float64's search (the PyTorch path, the same weights in float64, its K best): whether its best is ours or
+    the peer's, and how far below its best each of the two ranks there (its ranking score, per token where the
+    search normalises; None: not among its K best). A gap of about float32's rounding is a near-tie."""
     differ = {name: [n for n, (a, b) in enumerate(zip(ours, v, strict=True)) if a != tuple(b)] for name, v in
               peer_best.items()}  # fmt: skip
     union = sorted({n for d in differ.values() for n in d})
@@ -244,12 +246,25 @@ def _peer_differences(dec, x, lengths, kw: dict, ours: list, peer_best: dict, mo
         return {}
     f64 = {}
     if len(union) <= most:
-        got = _float64_lists(dec, x[union], lengths[union], kw)
-        f64 = {n: got[i][0] for i, n in enumerate(union)}
+        d64 = _double(dec)
+        k64 = {**kw, "nbest": kw["beam_size"]}
+        hyp = _without_kernels(
+            "transducer_beam_kernels", lambda: d64.beam_search(x[union].double(), lengths[union], **k64)
+        )
+        rank = hyp.scores / (hyp.lengths + 1) if kw.get("score_norm", True) else hyp.scores
+        lists = _nbest_lists(hyp)
+        f64 = {n: (lists[i], rank[i].tolist()) for i, n in enumerate(union)}
+
+    def gap(n: int, best: tuple):
+        found, ranks = f64[n]
+        return ranks[0] - ranks[found.index(best)] if best in found else None
+
     return {
         "peers_differing": {
-            name: [dict(utterance=n, **({"ours_is_float64s": ours[n] == f64[n],
-                                         "peer_is_float64s": tuple(peer_best[name][n]) == f64[n]} if f64 else {}))
+            name: [dict(utterance=n, **({"ours_is_float64s": ours[n] == f64[n][0][0],
+                                         "peer_is_float64s": tuple(peer_best[name][n]) == f64[n][0][0],
+                                         "float64_gap_ours": gap(n, ours[n]),
+                                         "float64_gap_peer": gap(n, tuple(peer_best[name][n]))} if f64 else {}))
                    for n in d]
             for name, d in differ.items() if d
         }
