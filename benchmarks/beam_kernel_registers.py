@@ -28,8 +28,8 @@ SIGNATURE = dict(  # (the CTC kernel's; the fusion's pointers shared with the st
     score_ptr="*fp32", ac_ptr="*fp32", lm_ptr="*fp32", T="i32", C="i32", blank="i32", bonus="fp32", prune="fp32",
     ovl_ptr="*i64", nxl_ptr="*i64", lm_w="fp32", lm_start="i32", chain_ptr="*i64", above_ptr="*fp32",
     base_ptr="*fp32", as_ptr="*i64", at_ptr="*i64", al_ptr="*fp32", an_ptr="*i64", uni_ptr="*fp32",
-    unext_ptr="*i64", col_ptr="*i64", end_ptr="*fp32", ovb_ptr="*i64", nxb_ptr="*i64", ds_ptr="*i64",
-    dt_ptr="*i64", dg_ptr="*fp32", dn_ptr="*i64", bnext_ptr="*i64", rg_ptr="*fp32", ns_ptr="*fp32",
+    unext_ptr="*i64", col_ptr="*i64", end_ptr="*fp32", gn_ptr="*fp32", bnx_ptr="*i64", rg_ptr="*fp32",
+    ns_ptr="*fp32",
 )  # fmt: skip
 
 

@@ -32,7 +32,7 @@ from .._outputs import kernel_output
 BEAM_TILES = {"block_c": 256, "warps": 8, "wide": 32, "block_c_wide": 128, "block_arcs": 32}  # classes per block
 # (a power of two; tests lower it) and warps; from "wide" slots up, "block_c_wide" classes per block and the fused
 # terms' per-class vectors read per slot (loaded once per block below it: faster at beam 10, slower at beam 32 on
-# the H100); the LM's and the trie's arcs written per slot at once
+# the H100); the LM's arcs written per slot at once
 _MIN_KEY = tl.constexpr(-9223372036854775807 - 1)  # below every candidate's key: an empty place
 _MAX_KEY = tl.constexpr(9223372036854775807)  # above every key: the places past K, never replaced
 
@@ -101,24 +101,21 @@ def _lm_at(slot, cls, ok_cls, ok, base, p_ovl, C, uni_ptr, col_ptr, stamp):
 
 
 @triton.jit
-def _boost_at(slot, cls, ok_cls, ok, ns_s, p_ovb, C, rg_ptr, stamp):
-    """The boosting bonus of class ``cls`` from slot ``slot``'s state (node score ``ns_s``; the classes' vector
-    read where ``ok_cls``, the overrides where ``ok``: none for a slot without overrides this frame): the gain of
-    the state it leads to, a child along the state's failure chain (the frame's override) or the root's transition
-    (the vector ``rg``), less ``ns_s``; and whether an override gave it, and where."""
+def _boost_at(state, cls, ok_cls, ok, ns_s, gn_ptr, C, rg_ptr):
+    """The boosting bonus of class ``cls`` from trie state ``state`` (node score ``ns_s``): the gain of the state it
+    leads to, from the state's row of ``PhraseBooster.gain_next`` where ``ok`` (a slot off the root), else from
+    the root's (the vector ``rg``, read where ``ok_cls``, of cls's shape), less ``ns_s``."""
     rg = tl.load(rg_ptr + cls, mask=ok_cls, other=0.0)
-    at = slot * C + cls
-    v = tl.load(p_ovb + at, mask=ok, other=0)
-    hit = (v >> 32) == stamp
-    return tl.where(hit, (v & 4294967295).to(tl.int32).to(tl.float32, bitcast=True), rg) - ns_s, hit, at
+    g = tl.load(gn_ptr + state.to(tl.int64) * C + cls, mask=ok, other=0.0)
+    return tl.where(ok, g, rg) - ns_s
 
 
 @triton.jit
-def _boost_next(cls, ok, hit, at, p_nxb, bnext_ptr):
-    """The trie state that class ``cls`` leads to (``_boost_at``'s hit and place): the frame's override where it
-    gave the bonus, else the root's transition."""
-    child = tl.load(p_nxb + at, mask=ok & hit, other=0) & 4294967295
-    return tl.where(hit, child, tl.load(bnext_ptr + cls, mask=ok, other=0)).to(tl.int32)
+def _boost_step(state, cls, ok, ns_s, gn_ptr, bnx_ptr, C):
+    """(the boosting bonus, the trie state it leads to) of class ``cls`` from trie state ``state`` (node score
+    ``ns_s``), read where ``ok``."""
+    at = state.to(tl.int64) * C + cls
+    return tl.load(gn_ptr + at, mask=ok, other=0.0) - ns_s, tl.load(bnx_ptr + at, mask=ok, other=0).to(tl.int32)
 
 
 @triton.jit
@@ -154,16 +151,6 @@ def _arc_ranges(chain, live, start_ptr):
 
 
 @triton.jit
-def _boost_overrides(bs, alive, p_ovb, p_nxb, C, stamp, ds_ptr, dt_ptr, dg_ptr, dn_ptr, o_k, BA: tl.constexpr):
-    """Each live slot's trie transitions that differ from the root's (``PhraseBooster.delta_*`` of its state
-    ``bs``) written as the step's overrides [KP, C]: their gains and states; returns their counts."""
-    lo = tl.load(ds_ptr + bs).to(tl.int32)
-    cnt = tl.where(alive, tl.load(ds_ptr + bs + 1).to(tl.int32) - lo, 0)
-    _scatter(p_ovb, p_nxb, C, lo, cnt, dt_ptr, dg_ptr, dn_ptr, tl.zeros(o_k.shape, tl.float32), stamp, o_k, BA)
-    return cnt
-
-
-@triton.jit
 def _lm_overrides(lm_st, alive, p_ovl, p_nxl, C, stamp, chain_ptr, above_ptr, base_ptr, as_ptr, at_ptr, al_ptr, an_ptr,
                   o_k, DEPTH: tl.constexpr, DP: tl.constexpr, BA: tl.constexpr):  # fmt: skip
     """Each live slot's LM arcs along the backoff chain of its state ``lm_st`` written as the step's overrides
@@ -186,22 +173,21 @@ def _lm_overrides(lm_st, alive, p_ovl, p_nxl, C, stamp, chain_ptr, above_ptr, ba
 
 
 @triton.jit
-def _overrides(lm_st, bs, alive, p_ovl, p_nxl, p_ovb, p_nxb, C, stamp, chain_ptr, above_ptr, base_ptr, as_ptr, at_ptr,
-               al_ptr, an_ptr, ns_ptr, ds_ptr, dt_ptr, dg_ptr, dn_ptr, o_k, KP: tl.constexpr, LM: tl.constexpr,
-               DEPTH: tl.constexpr, DP: tl.constexpr, BOOST: tl.constexpr, BA: tl.constexpr):  # fmt: skip
-    """The step's overrides of every live slot (LM: its arcs along the backoff chain of its state ``lm_st``;
-    BOOST: the trie's transitions from its state ``bs`` that differ from the root's): (the LM states' summed
-    backoffs, the trie states' node scores, the slots' override counts)."""
+def _overrides(lm_st, bs, alive, p_ovl, p_nxl, C, stamp, chain_ptr, above_ptr, base_ptr, as_ptr, at_ptr, al_ptr,
+               an_ptr, ns_ptr, o_k, KP: tl.constexpr, LM: tl.constexpr, DEPTH: tl.constexpr, DP: tl.constexpr,
+               BOOST: tl.constexpr, BA: tl.constexpr):  # fmt: skip
+    """The step's LM overrides of every live slot (its arcs along the backoff chain of its state ``lm_st``) and its
+    boosting terms (``bs``: its trie state; the bonuses come from the state's row of ``gain_next``): (the LM
+    states' summed backoffs, the trie states' node scores, whether each slot is off the trie's root)."""
     base = tl.zeros((KP,), tl.float32)
     ns_s = tl.zeros((KP,), tl.float32)
     has_b = tl.zeros((KP,), tl.int32)
     if BOOST:
         ns_s = tl.load(ns_ptr + bs)
-        has_b = _boost_overrides(bs, alive, p_ovb, p_nxb, C, stamp, ds_ptr, dt_ptr, dg_ptr, dn_ptr, o_k, BA)
+        has_b = ((bs > 0) & alive).to(tl.int32)
     if LM:
         base = _lm_overrides(lm_st, alive, p_ovl, p_nxl, C, stamp, chain_ptr, above_ptr, base_ptr, as_ptr, at_ptr,
                              al_ptr, an_ptr, o_k, DEPTH, DP, BA)  # fmt: skip
-    if LM or BOOST:
         tl.debug_barrier()  # (the overrides written before the step's reads)
     return base, ns_s, has_b
 
@@ -231,7 +217,7 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
                      T, C, blank, bonus, prune,
                      ovl_ptr, nxl_ptr, lm_w, lm_start, chain_ptr, above_ptr, base_ptr, as_ptr, at_ptr, al_ptr, an_ptr,
                      uni_ptr, unext_ptr, col_ptr, end_ptr,
-                     ovb_ptr, nxb_ptr, ds_ptr, dt_ptr, dg_ptr, dn_ptr, bnext_ptr, rg_ptr, ns_ptr,
+                     gn_ptr, bnx_ptr, rg_ptr, ns_ptr,
                      K: tl.constexpr, KP: tl.constexpr, B: tl.constexpr, BP: tl.constexpr, BC: tl.constexpr,
                      PRUNE: tl.constexpr, BT: tl.constexpr, LM: tl.constexpr, DEPTH: tl.constexpr,
                      DP: tl.constexpr, BOOST: tl.constexpr, BA: tl.constexpr,
@@ -249,10 +235,8 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
     lmt = tl.zeros((KP,), tl.float32)  # the LM terms, insertion and boosting bonuses
     lm_st = tl.zeros((KP,), tl.int32) + lm_start  # LM and boosting states
     bs = tl.zeros((KP,), tl.int32)
-    p_ovl = ovl_ptr + n.to(tl.int64) * KP * (C + 1)  # the frame's overrides: LM arcs [KP, C + 1], trie [KP, C]
+    p_ovl = ovl_ptr + n.to(tl.int64) * KP * (C + 1)  # the frame's overrides: LM arcs [KP, C + 1]
     p_nxl = nxl_ptr + n.to(tl.int64) * KP * (C + 1)
-    p_ovb = ovb_ptr + n.to(tl.int64) * KP * C
-    p_nxb = nxb_ptr + n.to(tl.int64) * KP * C
     ln = tl.zeros((KP,), tl.int32)
     last = tl.full((KP,), -1, tl.int32)
     hsh = tl.zeros((KP,), tl.int64)
@@ -306,9 +290,9 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
         # as the frame's overrides, the least specific first
         stamp = t + 1
         e_lm0 = lmt + bonus
-        base, ns_s, has_b = _overrides(lm_st, bs, alive, p_ovl, p_nxl, p_ovb, p_nxb, C, stamp, chain_ptr, above_ptr,
-                                       base_ptr, as_ptr, at_ptr, al_ptr, an_ptr, ns_ptr, ds_ptr, dt_ptr, dg_ptr, dn_ptr,
-                                       o_k, KP, LM, DEPTH, DP, BOOST, BA)  # fmt: skip
+        base, ns_s, has_b = _overrides(lm_st, bs, alive, p_ovl, p_nxl, C, stamp, chain_ptr, above_ptr, base_ptr,
+                                       as_ptr, at_ptr, al_ptr, an_ptr, ns_ptr, o_k, KP, LM, DEPTH, DP, BOOST,
+                                       BA)  # fmt: skip
         # the extensions, a block of classes at a time, into the running list of the K best keys
         for c0 in range(0, C, BC):
             cls = c0 + o_c
@@ -325,8 +309,8 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
                                  col_ptr, stamp)  # fmt: skip
                 fuse = fuse + lm_w * v
             if BOOST:
-                g, _, _ = _boost_at(o_k[:, None], cls[None, :], ok_v, use & (has_b > 0)[:, None], ns_s[:, None],
-                                    p_ovb, C, rg_ptr, stamp)  # fmt: skip
+                g = _boost_at(bs[:, None], cls[None, :], ok_v, use & (has_b > 0)[:, None], ns_s[:, None], gn_ptr, C,
+                              rg_ptr)  # fmt: skip
                 fuse = fuse + g
             keys = _extension_keys(cls, lp, ok_c, last, p_b, total, alive, fuse, o_k, C)
             run = _take(run, keys, merged, parent, last, C, True)
@@ -380,10 +364,9 @@ def _ctc_beam_kernel(x_ptr, len_ptr, node_ptr, tok_ptr, frm_ptr, olen_ptr, score
             lm_st = tl.where(ext, nx, st_src)
         if BOOST:
             bs_src = _pick(sel, bs)
-            g, hit_b, at_b = _boost_at(src, c_new, ext, ext & (_pick(sel, has_b) > 0), _pick(sel, ns_s), p_ovb, C,
-                                       rg_ptr, stamp)  # fmt: skip
+            g, b_next = _boost_step(bs_src, c_new, ext, _pick(sel, ns_s), gn_ptr, bnx_ptr, C)
             e_lm = e_lm + g
-            bs = tl.where(ext, _boost_next(c_new, ext, hit_b, at_b, p_nxb, bnext_ptr), bs_src)
+            bs = tl.where(ext, b_next, bs_src)
         lmt = tl.where(ext, e_lm, lm_src)
         hsh = tl.where(ext, _mix(_pick(sel, hsh), c_new), _pick(sel, hsh))
         ln = _pick(sel, ln) + ext.to(tl.int32)
@@ -464,15 +447,11 @@ def lm_arguments(lm, lm_weight: float, N: int, KP: int, C: int, x: torch.Tensor)
 
 
 def boost_arguments(boosting, N: int, KP: int, C: int, x: torch.Tensor) -> tuple:
-    """The kernels' boosting arguments: the step's override buffers (gains, states) of N x KP slots over C classes,
-    each state's transitions that differ from the root's (their tokens, gains, states) and the root's (``x`` fills
-    the unused pointers)."""
+    """The kernels' boosting arguments: the booster's ``gain_next`` and ``next`` [S, C], the root's row of
+    ``gain_next`` and ``node_score`` (``x`` fills the unused pointers)."""
     if boosting is None:
-        return (x,) * 9
-    ov = torch.zeros(2, N, KP, C, dtype=torch.int64, device=x.device)
-    root = boosting.next[0]
-    return (ov[0], ov[1], boosting.delta_start, boosting.delta_token, boosting.gain[boosting.delta_next],
-            boosting.delta_next, root, boosting.gain[root], boosting.node_score)  # fmt: skip
+        return (x,) * 4
+    return (boosting.gain_next, boosting.next, boosting.gain_next[0], boosting.node_score)
 
 
 def ctc_beam(

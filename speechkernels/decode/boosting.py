@@ -14,12 +14,9 @@ occurrences it contains, and a boosted phrase is paid for one token at a time: n
 bonus until the phrase completes.
 
 Tables (``to(device)`` moves them): ``next`` [S, V] int64 (the transition of every state by every token, failure
-links resolved), ``node_score`` [S], ``output_score`` [S] and ``gain`` [S] float32; state 0 is the root; the trie
-itself for kernels that walk it: ``fail`` [S] (each state's failure state), ``fail_chain`` [S, max_depth] (a state, its
-failure state, and so on: the root from where the chain ends), ``child_start`` [S + 1], ``child_token`` and
-``child_next`` (each state's children, sorted by token); ``max_depth`` is the longest phrase's length; for
-kernels that override the root's transitions: ``delta_start`` [S + 1], ``delta_token`` and ``delta_next`` (each
-state's transitions that differ from the root's, sorted by token: the root has none).
+links resolved), ``node_score`` [S], ``output_score`` [S] and ``gain`` [S] float32, and ``gain_next`` [S, V]
+float32 (``gain[next]``: what each token earns from each state before the state's ``node_score`` is taken back);
+state 0 is the root; ``fail`` [S] (each state's failure state); ``max_depth`` is the longest phrase's length.
 ``step(states)`` gives the bonus of every next token [B, V] and the states they lead to, as ``NGramLM.score``.
 """
 
@@ -49,10 +46,7 @@ class PhraseBooster(StateTables):
         >>> bonus, states = booster.step(torch.tensor([booster.start]))  # [1, 32] each
     """
 
-    TABLES = (
-        "node_score", "next", "output_score", "gain", "fail", "fail_chain", "child_start", "child_token", "child_next",
-        "delta_start", "delta_token", "delta_next",
-    )  # fmt: skip
+    TABLES = ("node_score", "next", "output_score", "gain", "gain_next", "fail")
 
     def __init__(self, phrases: Sequence[Sequence[int]], vocab_size: int, weights: float | Sequence[float] = 1.0):
         V = int(vocab_size)
@@ -103,32 +97,19 @@ class PhraseBooster(StateTables):
         self.vocab_size, self.start = V, 0
         self.max_depth = max((len(p) for p in phrases), default=0)
         self.fail = torch.tensor(fail, dtype=torch.int64)
-        chain = [torch.arange(S)]
-        for _ in range(self.max_depth - 1):
-            chain.append(self.fail[chain[-1]])
-        self.fail_chain = torch.stack(chain, 1)
-        arcs = [sorted(children[s].items()) for s in range(S)]
-        self.child_start = torch.tensor([0] + [len(a) for a in arcs], dtype=torch.int64).cumsum(0)
-        self.child_token = torch.tensor([t for a in arcs for t, _ in a], dtype=torch.int64)
-        self.child_next = torch.tensor([c for a in arcs for _, c in a], dtype=torch.int64)
         self.next = torch.tensor(nxt, dtype=torch.int64)
         self.node_score = torch.tensor(node_score, dtype=torch.float32)
         self.output_score = torch.tensor(output_score, dtype=torch.float32)
         self.gain = self.node_score + self.output_score  # what entering a state earns (before leaving the last)
-        moved = (self.next != self.next[:1]).nonzero()  # (state, token) in order
-        self.delta_token = moved[:, 1].contiguous()
-        self.delta_next = self.next[moved[:, 0], moved[:, 1]]
-        self.delta_start = torch.zeros(S + 1, dtype=torch.int64)
-        self.delta_start[1:] = torch.bincount(moved[:, 0], minlength=S).cumsum(0)
+        self.gain_next = self.gain[self.next]
 
     def step(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(the bonus [B, V] float32 of every next token, the states they lead to [B, V] int64) from ``states``
         [B] (any integer dtype and layout, on any device). Raises ValueError naming a state outside [0,
         num_states)."""
         states = self._checked(states)
-        nxt = self.next[states]
-        bonus = self.gain[nxt] - self.node_score[states][:, None]
-        return bonus, nxt
+        bonus = self.gain_next[states] - self.node_score[states][:, None]
+        return bonus, self.next[states]
 
     def end_scores(self, states: torch.Tensor) -> torch.Tensor:
         """The pending partial match taken back at the end of an utterance: -node_score [B] float32."""

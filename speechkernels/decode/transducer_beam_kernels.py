@@ -5,8 +5,9 @@ in PyTorch.
 A step is the reference's: the joint of every slot at its frame (PyTorch: the same operations), then one launch of
 ``_malsd_step_kernel``, one program per utterance, that takes the K x (V + D) joint outputs and the beam's state
 and does everything else of the step in registers: each slot's log-softmaxes, the fused LM and boosting terms (the
-slot's LM arcs along its backoff chain and trie children along its failure chain written as the step's stamped
-overrides of the automata's root values, as the CTC beam kernel does), each slot's K best labels (packed keys, a
+slot's LM arcs along its backoff chain written as the step's stamped overrides of the root's values, the
+boosting bonuses read from the slot's trie state's row of ``PhraseBooster.gain_next``, as the CTC beam kernel
+does), each slot's K best labels (packed keys, a
 running list per slot over blocks of classes), for TDT their K best (label, duration) pairs, the K x K proposals
 with the finished and max_symbols rules, the K best of them, the survivors' state, and the merges (the same
 token hash, last token, length, TDT frame). It writes the slots' parents and labels, from which PyTorch advances
@@ -37,7 +38,7 @@ from .beam_kernels import (
     _MAX_KEY,
     _MIN_KEY,
     _boost_at,
-    _boost_next,
+    _boost_step,
     _key,
     _lm_at,
     _overrides,
@@ -52,7 +53,7 @@ from .transducer_kernels import _INTERPRETER, _sigmoid, _tanh
 STEP_TILES = {"block_c": 256, "warps": 4, "wide": 8, "block_c_wide": 64, "warps_wide": 8, "block_arcs": 64}
 # classes per block (a power of two; tests lower it) and warps; from "wide" slots up (padded), fewer classes per
 # block and more warps (Triton 3.6's ptxas for sm_90: at beam 8 with 256 classes and 4 warps the TDT variants spill
-# 636-768 bytes, with 64 and 8 none, nor at beam 16); the LM's and the trie's arcs written per slot at once
+# 636-768 bytes, with 64 and 8 none, nor at beam 16); the LM's arcs written per slot at once
 CHECK_EVERY = 4  # steps between the host's checks for an active slot
 TF32X3 = True  # float32 networks' products in _linear_kernel (three TF32 products each) rather than torch's
 # (cuBLAS's float32 SIMT kernels); the tests run both
@@ -291,7 +292,7 @@ def _malsd_step_kernel(x_ptr, len_ptr, go_ptr, step_ptr, dur_ptr, sf_ptr, si_ptr
                        NK, T, V, W, blank, max_symbols, fusion, one_fusion, b_w,
                        ovl_ptr, nxl_ptr, lm_w, lm_start, chain_ptr, above_ptr, base_ptr, as_ptr, at_ptr, al_ptr, an_ptr,
                        uni_ptr, unext_ptr, col_ptr, end_ptr,
-                       ovb_ptr, nxb_ptr, ds_ptr, dt_ptr, dg_ptr, dn_ptr, bnext_ptr, rg_ptr, ns_ptr,
+                       gn_ptr, bnx_ptr, rg_ptr, ns_ptr,
                        K: tl.constexpr, KP: tl.constexpr, BC: tl.constexpr, D: tl.constexpr, DD: tl.constexpr,
                        LM: tl.constexpr, DEPTH: tl.constexpr, DP: tl.constexpr, BOOST: tl.constexpr,
                        BA: tl.constexpr, MODIFIED: tl.constexpr):  # fmt: skip
@@ -353,11 +354,8 @@ def _malsd_step_kernel(x_ptr, len_ptr, go_ptr, step_ptr, dur_ptr, sf_ptr, si_ptr
         f_blank = one_fusion * lp_blank
     p_ovl = ovl_ptr + n.to(tl.int64) * KP * (V + 1)
     p_nxl = nxl_ptr + n.to(tl.int64) * KP * (V + 1)
-    p_ovb = ovb_ptr + n.to(tl.int64) * KP * V
-    p_nxb = nxb_ptr + n.to(tl.int64) * KP * V
-    base, ns_s, has_b = _overrides(lm_st, bs, active, p_ovl, p_nxl, p_ovb, p_nxb, V, stamp, chain_ptr, above_ptr,
-                                   base_ptr, as_ptr, at_ptr, al_ptr, an_ptr, ns_ptr, ds_ptr, dt_ptr, dg_ptr, dn_ptr,
-                                   o_k, KP, LM, DEPTH, DP, BOOST, BA)  # fmt: skip
+    base, ns_s, has_b = _overrides(lm_st, bs, active, p_ovl, p_nxl, V, stamp, chain_ptr, above_ptr, base_ptr, as_ptr,
+                                   at_ptr, al_ptr, an_ptr, ns_ptr, o_k, KP, LM, DEPTH, DP, BOOST, BA)  # fmt: skip
     # each slot's K best labels (fused scores; ties: the lower class), a block of classes at a time
     o_r = tl.arange(0, KP)
     run = tl.where(o_r[None, :] < K, tl.full((KP, KP), _MIN_KEY, tl.int64), _MAX_KEY)  # past K: never replaced
@@ -374,8 +372,8 @@ def _malsd_step_kernel(x_ptr, len_ptr, go_ptr, step_ptr, dur_ptr, sf_ptr, si_ptr
                                  col_ptr, stamp)  # fmt: skip
                 f = f + lm_w * v
             if BOOST and not MODIFIED:
-                g, _, _ = _boost_at(o_k[:, None], cls[None, :], ok_c[None, :], use & (has_b > 0)[:, None],
-                                    ns_s[:, None], p_ovb, V, rg_ptr, stamp)  # fmt: skip
+                g = _boost_at(bs[:, None], cls[None, :], ok_c[None, :], use & (has_b > 0)[:, None], ns_s[:, None],
+                              gn_ptr, V, rg_ptr)  # fmt: skip
                 f = f + b_w * g
             f = tl.where(cls[None, :] == blank, f_blank[:, None], f)
         run = _take_per_row(run, tl.where(use, _key(f, cls[None, :]), _MIN_KEY))
@@ -474,9 +472,8 @@ def _malsd_step_kernel(x_ptr, len_ptr, go_ptr, step_ptr, dur_ptr, sf_ptr, si_ptr
         n_lm = tl.where(is_lab, nx, n_lm)
     n_bs = _pick(sel, bs)
     if BOOST:
-        bonus, hit_b, at_b = _boost_at(par, label, is_lab, is_lab & (_pick(sel, has_b) > 0), _pick(sel, ns_s), p_ovb,
-                                       V, rg_ptr, stamp)  # fmt: skip
-        n_bs = tl.where(is_lab, _boost_next(label, is_lab, hit_b, at_b, p_nxb, bnext_ptr), n_bs)
+        bonus, b_next = _boost_step(n_bs, label, is_lab, _pick(sel, ns_s), gn_ptr, bnx_ptr, V)
+        n_bs = tl.where(is_lab, b_next, n_bs)
         if MODIFIED:  # icefall adds its context graph's score after the selection
             new_score = tl.where(is_lab, new_score + b_w * bonus, new_score)
     # the merges: the same tokens (TDT: at the same frame) -> the first most likely slot, the log-sum of scores
@@ -655,9 +652,8 @@ class _Search:
             self.table.copy_(input_gates_table(self.w))
         if isinstance(self.linear, _SplitLinear):
             self.linear.refresh()
-        for a in (self.lm_args[0], self.boost_args[0]):  # the overrides: no step's stamp (the next states' rows
-            if a is not self.sf:  # are read only where these hit)
-                a.zero_()
+        if self.lm_args[0] is not self.sf:  # the LM's overrides: no step's stamp (the next states' rows are read
+            self.lm_args[0].zero_()  # only where these hit)
         if self.pred_state is None:  # the steps' state, updated in place
             self.pred_state = tuple(s.clone() for s in pred_state)
             self.out, self.g = out.clone(), g.clone()
