@@ -308,6 +308,7 @@ def test_decode_beam_with_peers(tmp_path):
     (off,) = rnnt["peers_differing"]["off"]
     assert (off["utterance"], off["ours_is_float64s"], off["peer_is_float64s"]) == (1, True, False)
     assert off["float64_gap_ours"] == 0 and off["float64_gap_peer"] is None  # (a hypothesis the search never made)
+    assert off["perturbed_best_ours"] == off["perturbed_searches"] == 8 and off["perturbed_best_peer"] == 0
     assert "no such decoder" in rnnt["peer_errors"]["broken"]
     assert ctc["peers_same_best"] == {"same": 2} and set(ctc["ms"]) == {"ours", "same", "greedy"}
     assert all(r["ms"]["ours"] > 0 for r in rows)

@@ -234,41 +234,53 @@ def measure_transducer(row: str, dtype, device, args, peers_mod, workdir: str) -
     return out
 
 
-def _peer_differences(dec, x, lengths, kw: dict, ours: list, peer_best: dict, most: int = 16) -> dict:
+def _peer_differences(dec, x, lengths, kw: dict, ours: list, peer_best: dict, most: int = 16, seeds: int = 8,
+                      eps: float = 1e-6) -> dict:  # fmt: skip
     """Each peer's utterances whose best (tokens, frames) differ from ours and, where at most ``most`` differ in
     all, float64's search (the PyTorch path, the same weights in float64, its K best): whether its best is ours or
-    the peer's, and how far below its best each of the two ranks there (its ranking score, per token where the
-    search normalises; None: not among its K best). A gap of about float32's rounding is a near-tie."""
+    the peer's, how far below its best each of the two ranks there (its ranking score, per token where the search
+    normalises; None: not among its K best), and in how many of ``seeds`` float64 searches of the encoder outputs
+    perturbed by a relative ``eps`` (about the products' float32 rounding) each of the two is the best: a
+    difference that such a perturbation flips is a near-tie, wherever in the search it arose."""
     differ = {name: [n for n, (a, b) in enumerate(zip(ours, v, strict=True)) if a != tuple(b)] for name, v in
               peer_best.items()}  # fmt: skip
     union = sorted({n for d in differ.values() for n in d})
     if not union:
         return {}
-    f64 = {}
+    f64, flips = {}, {n: [] for n in union}
     if len(union) <= most:
         d64 = _double(dec)
         k64 = {**kw, "nbest": kw["beam_size"]}
-        hyp = _without_kernels(
-            "transducer_beam_kernels", lambda: d64.beam_search(x[union].double(), lengths[union], **k64)
-        )
+        x64 = x[union].double()
+        hyp = _without_kernels("transducer_beam_kernels", lambda: d64.beam_search(x64, lengths[union], **k64))
         rank = hyp.scores / (hyp.lengths + 1) if kw.get("score_norm", True) else hyp.scores
         lists = _nbest_lists(hyp)
         f64 = {n: (lists[i], rank[i].tolist()) for i, n in enumerate(union)}
+        g = torch.Generator(device=x.device).manual_seed(11)
+        for _ in range(seeds):
+            xp = x64 * (1 + eps * torch.randn(x64.shape, generator=g, device=x.device, dtype=x64.dtype))
+            got = _nbest_lists(
+                _without_kernels("transducer_beam_kernels", lambda xp=xp: d64.beam_search(xp, lengths[union], **kw))
+            )
+            for i, n in enumerate(union):
+                flips[n].append(got[i][0])
 
     def gap(n: int, best: tuple):
         found, ranks = f64[n]
         return ranks[0] - ranks[found.index(best)] if best in found else None
 
+    def detail(name: str, n: int) -> dict:
+        peer = tuple(peer_best[name][n])
+        if not f64:
+            return {}
+        return {"ours_is_float64s": ours[n] == f64[n][0][0], "peer_is_float64s": peer == f64[n][0][0],
+                "float64_gap_ours": gap(n, ours[n]), "float64_gap_peer": gap(n, peer),
+                "perturbed_best_ours": sum(b == ours[n] for b in flips[n]),
+                "perturbed_best_peer": sum(b == peer for b in flips[n]), "perturbed_searches": seeds}  # fmt: skip
+
     return {
-        "peers_differing": {
-            name: [dict(utterance=n, **({"ours_is_float64s": ours[n] == f64[n][0][0],
-                                         "peer_is_float64s": tuple(peer_best[name][n]) == f64[n][0][0],
-                                         "float64_gap_ours": gap(n, ours[n]),
-                                         "float64_gap_peer": gap(n, tuple(peer_best[name][n]))} if f64 else {}))
-                   for n in d]
-            for name, d in differ.items() if d
-        }
-    }  # fmt: skip
+        "peers_differing": {name: [dict(utterance=n, **detail(name, n)) for n in d] for name, d in differ.items() if d}
+    }
 
 
 def _float64_lists(dec, x, lengths, kw: dict) -> list[list[tuple]]:
