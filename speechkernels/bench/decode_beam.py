@@ -15,6 +15,11 @@ fusion, ``lm_path`` None, and with the LM: ``run(x, lengths)`` decodes [N, T, C]
 ``lists(result)`` gives each utterance's best tokens) and
 ``transducer_beam_peers(decoder, dtype, beam_size, lm_path, lm_weight, phrases, boosting_weight) -> {name: (run,
 lists)}`` (``lm_path`` and ``phrases`` None without fusion; ``lists`` gives (tokens, frames) per utterance).
+
+The JSON rows also hold, for transducers, the utterances that differ from the PyTorch path (and whether float64's
+search is ours or that path's) and from each peer (``peers_differing``: float64's search of the same weights, its
+best and how far below it ours and the peer's rank, and how often each is the best of float64 searches of encoder
+outputs perturbed at float32's rounding: a near-tie flips).
 """
 
 from __future__ import annotations
