@@ -419,6 +419,7 @@ def test_the_products_kernel_forms_the_joint_input(path):
 def test_tf32_split():
     """tf32_split: hi has TF32's 10 mantissa bits (rounded to nearest, ties away from zero), hi + lo is the weight
     exactly; inf and NaN kept in hi, and the largest float32 (which would round to inf)."""
+    pytest.importorskip("triton")  # (the kernels' module)
     from speechkernels.decode.transducer_beam_kernels import tf32_split
 
     w = torch.randn(50, 33, generator=torch.Generator().manual_seed(4)) * 1e3
