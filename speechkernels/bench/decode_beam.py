@@ -255,18 +255,15 @@ def _peer_differences(dec, x, lengths, kw: dict, ours: list, peer_best: dict, mo
     f64, flips = {}, {n: [] for n in union}
     if len(union) <= most:
         d64 = _double(dec)
-        k64 = {**kw, "nbest": kw["beam_size"]}
         x64 = x[union].double()
-        hyp = _without_kernels("transducer_beam_kernels", lambda: d64.beam_search(x64, lengths[union], **k64))
+        hyp = _search64(d64, x64, lengths[union], {**kw, "nbest": kw["beam_size"]})
         rank = hyp.scores / (hyp.lengths + 1) if kw.get("score_norm", True) else hyp.scores
         lists = _nbest_lists(hyp)
         f64 = {n: (lists[i], rank[i].tolist()) for i, n in enumerate(union)}
         g = torch.Generator(device=x.device).manual_seed(11)
         for _ in range(seeds):
             xp = x64 * (1 + eps * torch.randn(x64.shape, generator=g, device=x.device, dtype=x64.dtype))
-            got = _nbest_lists(
-                _without_kernels("transducer_beam_kernels", lambda xp=xp: d64.beam_search(xp, lengths[union], **kw))
-            )
+            got = _nbest_lists(_search64(d64, xp, lengths[union], kw))
             for i, n in enumerate(union):
                 flips[n].append(got[i][0])
 
@@ -290,8 +287,12 @@ def _peer_differences(dec, x, lengths, kw: dict, ours: list, peer_best: dict, mo
 
 def _float64_lists(dec, x, lengths, kw: dict) -> list[list[tuple]]:
     """The PyTorch path's N-best with the decoder's weights and x in float64."""
-    d64 = _double(dec)
-    return _nbest_lists(_without_kernels("transducer_beam_kernels", lambda: d64.beam_search(x.double(), lengths, **kw)))
+    return _nbest_lists(_search64(_double(dec), x.double(), lengths, kw))
+
+
+def _search64(d64, x64, lengths, kw: dict):
+    """The PyTorch path's search of a float64 decoder (``_double``) over float64 x."""
+    return _without_kernels("transducer_beam_kernels", lambda: d64.beam_search(x64, lengths, **kw))
 
 
 def _against_greedy(dec, x, lengths, hyp, greedy) -> dict:

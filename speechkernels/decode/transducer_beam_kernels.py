@@ -219,12 +219,13 @@ def linear_group(products: list[tuple]) -> list[torch.Tensor]:
 
 
 class _SplitLinear:
-    """``linear_tf32x3`` over a search's float32 weights split once per call (``refresh``: their current values,
-    into the same buffers, which a captured graph reads)."""
+    """``linear_tf32x3`` over a search's float32 weights split once per call (``refresh``, before the call's first
+    product: their current values, into the same buffers, which a captured graph reads)."""
 
     def __init__(self, weights: list[torch.Tensor]):
         self.weights = weights
-        self.splits = {w.data_ptr(): tf32_split(w) for w in weights}
+        new = lambda w: torch.empty(w.shape, dtype=w.dtype, device=w.device)  # noqa: E731
+        self.splits = {w.data_ptr(): (new(w), new(w)) for w in weights}
 
     def refresh(self) -> None:
         for w in self.weights:
