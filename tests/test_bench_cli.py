@@ -308,7 +308,53 @@ def test_decode_beam_with_peers(tmp_path):
     (off,) = rnnt["peers_differing"]["off"]
     assert (off["utterance"], off["ours_is_float64s"], off["peer_is_float64s"]) == (1, True, False)
     assert off["float64_gap_ours"] == 0 and off["float64_gap_peer"] is None  # (a hypothesis the search never made)
-    assert off["perturbed_best_ours"] == off["perturbed_searches"] == 8 and off["perturbed_best_peer"] == 0
+    assert off["flip_to_ours"] is None and off["flip_to_peer"] is None  # (ours is float64's; the peer's never made)
     assert "no such decoder" in rnnt["peer_errors"]["broken"]
     assert ctc["peers_same_best"] == {"same": 2} and set(ctc["ms"]) == {"ours", "same", "greedy"}
     assert all(r["ms"]["ours"] > 0 for r in rows)
+
+
+def test_decode_beam_flips():
+    """decode --beam's _flips: float64's malsd search with single decisions taken the other way, the closest
+    first: the first reversal that changes the best hypothesis is reported for that hypothesis, with its margin;
+    a hypothesis no single reversal makes gets None; the search with every decision kept is the PyTorch path's."""
+    from speechkernels.bench import decode_beam
+    from speechkernels.decode.transducer_beam import transducer_beam_search_reference
+
+    _, N, T, _, dec, x, cal = decode.transducer_row("tdt-1x2", torch.device("cpu"), torch.float32)
+    decode.calibrate(dec, cal)
+    d64, x64, lengths = decode._double(dec), x.double(), torch.full((1,), T)
+    kw = dict(beam_size=3, validate=False)
+    w, K = d64._current_weights(), 3
+    margins = []
+
+    def search(decide):
+        hyp = transducer_beam_search_reference(
+            w, x64, lengths, K, d64.blank, d64.durations, d64.max_symbols_per_frame, decide=decide
+        )
+        return decode_beam._nbest_lists(hyp)[0][0]
+
+    def record(step, flat, pick):
+        v = flat[0].sort(descending=True).values
+        if v[K] > float("-inf"):
+            margins.append(((v[K - 1] - v[K]).item() / -v[K - 1].item(), step))
+        return pick
+
+    def flip_at(at):
+        def decide(step, flat, pick):
+            if step == at:
+                pick = pick.clone()
+                pick[0, K - 1] = flat[0].sort(descending=True, stable=True).indices[K]
+            return pick
+
+        return decide
+
+    best = search(record)
+    assert best == decode_beam._float64_lists(dec, x, lengths, kw)[0][0]
+    tried = [(m, s, search(flip_at(s))) for m, s in sorted(margins)]
+    changed = next(t for t in tried if t[2] != best)
+    assert changed is not tried[0]  # (here the closest call's reversal changes nothing: the search goes on)
+    never = ([1, 2, 3], [0, 0, 0])
+    got = decode_beam._flips(d64, x64, lengths, kw, {"flipped": changed[2], "never": never}, len(margins))
+    assert got["flipped"]["step"] == changed[1] and got["flipped"]["relative_margin"] == pytest.approx(changed[0])
+    assert got["never"] is None

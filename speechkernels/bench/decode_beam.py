@@ -18,8 +18,9 @@ lists)}`` (``lm_path`` and ``phrases`` None without fusion; ``lists`` gives (tok
 
 The JSON rows also hold, for transducers, the utterances that differ from the PyTorch path (and whether float64's
 search is ours or that path's) and from each peer (``peers_differing``: float64's search of the same weights, its
-best and how far below it ours and the peer's rank, and how often each is the best of float64 searches of encoder
-outputs perturbed at float32's rounding: a near-tie flips).
+best and how far below it ours and the peer's rank, and which single decision of float64's search, taken the other
+way, gives ours or the peer's: the decisions tried are the closest calls between the beam's last survivor and the
+best of the rest, and a difference whose decision's margin is at float32's rounding of the scores is a near-tie).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import torch
 import speechkernels as sk
 from speechkernels.decode import api as decode_api
 from speechkernels.decode.ngram import write_arpa
+from speechkernels.decode.transducer_beam import transducer_beam_search_reference
 
 from .common import (
     emit,
@@ -239,20 +241,19 @@ def measure_transducer(row: str, dtype, device, args, peers_mod, workdir: str) -
     return out
 
 
-def _peer_differences(dec, x, lengths, kw: dict, ours: list, peer_best: dict, most: int = 16, seeds: int = 8,
-                      eps: float = 1e-6) -> dict:  # fmt: skip
+def _peer_differences(dec, x, lengths, kw: dict, ours: list, peer_best: dict, most: int = 16,
+                      flips: int = 16) -> dict:  # fmt: skip
     """Each peer's utterances whose best (tokens, frames) differ from ours and, where at most ``most`` differ in
     all, float64's search (the PyTorch path, the same weights in float64, its K best): whether its best is ours or
     the peer's, how far below its best each of the two ranks there (its ranking score, per token where the search
-    normalises; None: not among its K best), and in how many of ``seeds`` float64 searches of the encoder outputs
-    perturbed by a relative ``eps`` (about the products' float32 rounding) each of the two is the best: a
-    difference that such a perturbation flips is a near-tie, wherever in the search it arose."""
+    normalises; None: not among its K best), and, for malsd, the decision of float64's search that taken the other
+    way gives ours or the peer's (``_flips``)."""
     differ = {name: [n for n, (a, b) in enumerate(zip(ours, v, strict=True)) if a != tuple(b)] for name, v in
               peer_best.items()}  # fmt: skip
     union = sorted({n for d in differ.values() for n in d})
     if not union:
         return {}
-    f64, flips = {}, {n: [] for n in union}
+    f64, flipped = {}, {}
     if len(union) <= most:
         d64 = _double(dec)
         x64 = x[union].double()
@@ -260,12 +261,11 @@ def _peer_differences(dec, x, lengths, kw: dict, ours: list, peer_best: dict, mo
         rank = hyp.scores / (hyp.lengths + 1) if kw.get("score_norm", True) else hyp.scores
         lists = _nbest_lists(hyp)
         f64 = {n: (lists[i], rank[i].tolist()) for i, n in enumerate(union)}
-        g = torch.Generator(device=x.device).manual_seed(11)
-        for _ in range(seeds):
-            xp = x64 * (1 + eps * torch.randn(x64.shape, generator=g, device=x.device, dtype=x64.dtype))
-            got = _nbest_lists(_search64(d64, xp, lengths[union], kw))
+        if kw.get("algorithm", "malsd") == "malsd":
             for i, n in enumerate(union):
-                flips[n].append(got[i][0])
+                targets = {"ours": ours[n], **{name: tuple(v[n]) for name, v in peer_best.items() if n in differ[name]}}
+                targets = {k: v for k, v in targets.items() if v != f64[n][0][0]}
+                flipped[n] = _flips(d64, x64[i : i + 1], lengths[union][i : i + 1], kw, targets, flips)
 
     def gap(n: int, best: tuple):
         found, ranks = f64[n]
@@ -275,14 +275,62 @@ def _peer_differences(dec, x, lengths, kw: dict, ours: list, peer_best: dict, mo
         peer = tuple(peer_best[name][n])
         if not f64:
             return {}
-        return {"ours_is_float64s": ours[n] == f64[n][0][0], "peer_is_float64s": peer == f64[n][0][0],
-                "float64_gap_ours": gap(n, ours[n]), "float64_gap_peer": gap(n, peer),
-                "perturbed_best_ours": sum(b == ours[n] for b in flips[n]),
-                "perturbed_best_peer": sum(b == peer for b in flips[n]), "perturbed_searches": seeds}  # fmt: skip
+        out = {"ours_is_float64s": ours[n] == f64[n][0][0], "peer_is_float64s": peer == f64[n][0][0],
+               "float64_gap_ours": gap(n, ours[n]), "float64_gap_peer": gap(n, peer)}  # fmt: skip
+        if n in flipped:
+            out["flip_to_ours"] = flipped[n].get("ours")
+            out["flip_to_peer"] = flipped[n].get(name)
+        return out
 
     return {
         "peers_differing": {name: [dict(utterance=n, **detail(name, n)) for n in d] for name, d in differ.items() if d}
     }
+
+
+def _flips(d64, x64, length, kw: dict, targets: dict, most: int) -> dict:
+    """float64's malsd search of one utterance (x64 [1, T, E]) with one decision taken the other way: at each of
+    the ``most`` steps whose margin between the K-th pick and the best candidate left out is smallest relative to
+    the K-th's score, that candidate picked instead. For each target (name -> best (tokens, frames)): the first
+    such reversal (smallest margin first) that gives it, {step, relative_margin, margin}, or None."""
+    w = d64._current_weights()
+    K = kw["beam_size"]
+    margins = []
+
+    @torch.no_grad()
+    def search(decide):
+        hyp = transducer_beam_search_reference(
+            w, x64, length.clamp(0, x64.shape[1]), K, d64.blank, d64.durations, d64.max_symbols_per_frame, 1,
+            kw.get("lm"), kw.get("lm_weight", 0.0), kw.get("score_norm", True), kw.get("boosting"),
+            kw.get("boosting_weight", 1.0), decide=decide,
+        )  # fmt: skip
+        return _nbest_lists(hyp)[0][0]
+
+    def record(step, flat, pick):
+        v = flat[0].sort(descending=True).values
+        if flat.shape[1] > K and v[K] > float("-inf"):
+            margins.append((float((v[K - 1] - v[K]) / v[K - 1].abs()), float(v[K - 1] - v[K]), step))
+        return pick
+
+    def flip_at(at):
+        def decide(step, flat, pick):
+            if step != at:
+                return pick
+            pick = pick.clone()
+            pick[0, K - 1] = flat[0].sort(descending=True, stable=True).indices[K]
+            return pick
+
+        return decide
+
+    search(record)
+    out = dict.fromkeys(targets)
+    for rel, margin, step in sorted(margins)[:most]:
+        if all(v is not None for v in out.values()):
+            break
+        got = search(flip_at(step))
+        for name, want in targets.items():
+            if out[name] is None and got == want:
+                out[name] = {"step": step, "relative_margin": rel, "margin": margin}
+    return out
 
 
 def _float64_lists(dec, x, lengths, kw: dict) -> list[list[tuple]]:

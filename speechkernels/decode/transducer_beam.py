@@ -86,13 +86,15 @@ def transducer_beam_search_reference(
     score_norm: bool = True,
     boosting=None,
     boosting_weight: float = 1.0,
+    decide=None,
 ) -> BeamHypotheses:
     """The beam search of encoder outputs x [N, T, E] (frames past ``lengths`` [N], clamped to [0, T], unread)
     with the networks ``w`` (computed in their dtype; scores in float32, float64 for float64 networks): the
     ``nbest`` best of the K = ``beam_size`` slots, best first. ``frames``: each label's frame (where it was found);
     ``scores``: the searched score; ``acoustic``: the same without the LM's terms; ``lm_scores``: the difference.
     ``lm``: an ``NGramLM`` over the V token classes (the blank's column unused) or None; ``boosting``: a
-    ``PhraseBooster`` over them or None."""
+    ``PhraseBooster`` over them or None. ``decide``: None, or a function (step, the candidates' scores [N, K * K],
+    the K picks [N, K]) -> the picks (the benchmark takes single decisions the other way)."""
     N, T, _ = x.shape
     dev = x.device
     K, i64 = beam_size, torch.int64
@@ -114,6 +116,7 @@ def transducer_beam_search_reference(
     fusion = (lm_weight if lm is not None else 0.0) + (boosting_weight if boosting is not None else 0.0)
     rows = torch.arange(N, device=dev)[:, None]
     o_k = torch.arange(K, device=dev)
+    steps = 0
     while True:
         active = t < lengths[:, None]
         if not bool(active.any()):
@@ -169,6 +172,9 @@ def transducer_beam_search_reference(
         # the K best of the K x K (ties: the earlier slot, then the earlier proposal)
         flat = cand.reshape(N, K * K)
         pick = torch.sort(flat, dim=1, descending=True, stable=True).indices[:, :K]
+        if decide is not None:
+            pick = decide(steps, flat, pick)
+        steps += 1
         parent = pick // K
         label = lab.reshape(N, K * K).gather(1, pick)
         new_score = flat.gather(1, pick)
