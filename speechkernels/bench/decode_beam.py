@@ -290,20 +290,21 @@ def _peer_differences(dec, x, lengths, kw: dict, ours: list, peer_best: dict, mo
 def _flips(d64, x64, length, kw: dict, targets: dict, most: int) -> dict:
     """float64's malsd search of one utterance (x64 [1, T, E]) with one decision taken the other way: at each of
     the ``most`` steps whose margin between the K-th pick and the best candidate left out is smallest relative to
-    the K-th's score, that candidate picked instead. For each target (name -> best (tokens, frames)): the first
-    such reversal (smallest margin first) that gives it, {step, relative_margin, margin}, or None."""
+    the K-th's score, that candidate picked instead (the reversals searched together, one a row). For each target
+    (name -> best (tokens, frames)): the first such reversal (smallest margin first) that gives it, {step,
+    relative_margin, margin}, or None."""
     w = d64._current_weights()
     K = kw["beam_size"]
-    margins = []
+    margins, rows_at = [], {}
 
     @torch.no_grad()
-    def search(decide):
+    def search(x, decide):
         hyp = transducer_beam_search_reference(
-            w, x64, length.clamp(0, x64.shape[1]), K, d64.blank, d64.durations, d64.max_symbols_per_frame, 1,
-            kw.get("lm"), kw.get("lm_weight", 0.0), kw.get("score_norm", True), kw.get("boosting"),
-            kw.get("boosting_weight", 1.0), decide=decide,
+            w, x, length.clamp(0, x.shape[1]).expand(x.shape[0]), K, d64.blank, d64.durations,
+            d64.max_symbols_per_frame, 1, kw.get("lm"), kw.get("lm_weight", 0.0), kw.get("score_norm", True),
+            kw.get("boosting"), kw.get("boosting_weight", 1.0), decide=decide,
         )  # fmt: skip
-        return _nbest_lists(hyp)[0][0]
+        return [b[0] for b in _nbest_lists(hyp)]
 
     def record(step, flat, pick):
         v = flat[0].sort(descending=True).values
@@ -311,24 +312,23 @@ def _flips(d64, x64, length, kw: dict, targets: dict, most: int) -> dict:
             margins.append((float((v[K - 1] - v[K]) / v[K - 1].abs()), float(v[K - 1] - v[K]), step))
         return pick
 
-    def flip_at(at):
-        def decide(step, flat, pick):
-            if step != at:
-                return pick
-            pick = pick.clone()
-            pick[0, K - 1] = flat[0].sort(descending=True, stable=True).indices[K]
+    def flip(step, flat, pick):
+        rows = rows_at.get(step)
+        if rows is None:
             return pick
+        pick = pick.clone()
+        pick[rows, K - 1] = flat[rows].sort(dim=1, descending=True, stable=True).indices[:, K]
+        return pick
 
-        return decide
-
-    search(record)
+    search(x64, record)
+    tries = sorted(margins)[:most]
+    for row, (_, _, step) in enumerate(tries):
+        rows_at.setdefault(step, []).append(row)
+    got = search(x64.expand(len(tries), -1, -1), flip) if tries else []
     out = dict.fromkeys(targets)
-    for rel, margin, step in sorted(margins)[:most]:
-        if all(v is not None for v in out.values()):
-            break
-        got = search(flip_at(step))
+    for (rel, margin, step), best in zip(tries, got, strict=True):
         for name, want in targets.items():
-            if out[name] is None and got == want:
+            if out[name] is None and best == want:
                 out[name] = {"step": step, "relative_margin": rel, "margin": margin}
     return out
 
