@@ -358,3 +358,21 @@ def test_decode_beam_flips():
     got = decode_beam._flips(d64, x64, lengths, kw, {"flipped": changed[2], "never": never}, len(margins))
     assert got["flipped"]["step"] == changed[1] and got["flipped"]["relative_margin"] == pytest.approx(changed[0])
     assert got["never"] is None
+
+
+def test_decode_beam_differences_of_another_algorithm():
+    """decode --beam's _peer_differences: a peer differing on more than ``most`` utterances (another algorithm) is
+    counted, not searched in float64, and keeps the others' analysis."""
+    from speechkernels.bench import decode_beam
+
+    _, N, T, _, dec, x, cal = decode.transducer_row("rnnt-2x1", torch.device("cpu"), torch.float32)
+    decode.calibrate(dec, cal)
+    lengths, kw = torch.full((N,), T), dict(beam_size=2, validate=False)
+    ours = [tuple(b[0]) for b in decode_beam._nbest_lists(dec.beam_search(x, lengths, **kw))]
+    other = [(t + [1], f + [0]) for t, f in ours]
+    got = decode_beam._peer_differences(dec, x, lengths, kw, ours, {"one": [ours[0], other[1]], "all": other}, 1)
+    (one,) = got["peers_differing"]["one"]
+    assert one["utterance"] == 1 and one["ours_is_float64s"] and not one["peer_is_float64s"]
+    assert one["flip_to_peer"] is None
+    assert got["peers_differing"]["all"] == [{"utterance": 0}, {"utterance": 1}]
+    assert decode_beam._peer_differences(dec, x, lengths, kw, ours, {"same": ours}) == {}

@@ -243,18 +243,20 @@ def measure_transducer(row: str, dtype, device, args, peers_mod, workdir: str) -
 
 def _peer_differences(dec, x, lengths, kw: dict, ours: list, peer_best: dict, most: int = 16,
                       flips: int = 16) -> dict:  # fmt: skip
-    """Each peer's utterances whose best (tokens, frames) differ from ours and, where at most ``most`` differ in
-    all, float64's search (the PyTorch path, the same weights in float64, its K best): whether its best is ours or
-    the peer's, how far below its best each of the two ranks there (its ranking score, per token where the search
+    """Each peer's utterances whose best (tokens, frames) differ from ours and, over the peers with at most
+    ``most`` differences (a peer of another algorithm differs on most) where at most ``most`` differ in all,
+    float64's search (the PyTorch path, the same weights in float64, its K best): whether its best is ours or the
+    peer's, how far below its best each of the two ranks there (its ranking score, per token where the search
     normalises; None: not among its K best), and, for malsd, the decision of float64's search that taken the other
     way gives ours or the peer's (``_flips``)."""
     differ = {name: [n for n, (a, b) in enumerate(zip(ours, v, strict=True)) if a != tuple(b)] for name, v in
               peer_best.items()}  # fmt: skip
-    union = sorted({n for d in differ.values() for n in d})
-    if not union:
+    if not any(differ.values()):
         return {}
+    analysed = {name for name, d in differ.items() if len(d) <= most}
+    union = sorted({n for name in analysed for n in differ[name]})
     f64, flipped = {}, {}
-    if len(union) <= most:
+    if union and len(union) <= most:
         d64 = _double(dec)
         x64 = x[union].double()
         hyp = _search64(d64, x64, lengths[union], {**kw, "nbest": kw["beam_size"]})
@@ -263,7 +265,7 @@ def _peer_differences(dec, x, lengths, kw: dict, ours: list, peer_best: dict, mo
         f64 = {n: (lists[i], rank[i].tolist()) for i, n in enumerate(union)}
         if kw.get("algorithm", "malsd") == "malsd":
             for i, n in enumerate(union):
-                targets = {"ours": ours[n], **{name: tuple(v[n]) for name, v in peer_best.items() if n in differ[name]}}
+                targets = {"ours": ours[n], **{m: tuple(peer_best[m][n]) for m in analysed if n in differ[m]}}
                 targets = {k: v for k, v in targets.items() if v != f64[n][0][0]}
                 flipped[n] = _flips(d64, x64[i : i + 1], lengths[union][i : i + 1], kw, targets, flips)
 
@@ -273,7 +275,7 @@ def _peer_differences(dec, x, lengths, kw: dict, ours: list, peer_best: dict, mo
 
     def detail(name: str, n: int) -> dict:
         peer = tuple(peer_best[name][n])
-        if not f64:
+        if not f64 or name not in analysed:
             return {}
         out = {"ours_is_float64s": ours[n] == f64[n][0][0], "peer_is_float64s": peer == f64[n][0][0],
                "float64_gap_ours": gap(n, ours[n]), "float64_gap_peer": gap(n, peer)}  # fmt: skip
