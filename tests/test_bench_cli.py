@@ -376,3 +376,17 @@ def test_decode_beam_differences_of_another_algorithm():
     assert one["flip_to_peer"] is None
     assert got["peers_differing"]["all"] == [{"utterance": 0}, {"utterance": 1}]
     assert decode_beam._peer_differences(dec, x, lengths, kw, ours, {"same": ours}) == {}
+
+
+def test_decode_beam_phrases():
+    """decode --beam's phrases: as many as asked, 2 to 5 tokens of the classes, distinct, none inside another but
+    as its prefix (a prefix may be a phrase); fewer where the classes cannot give so many."""
+    from speechkernels.bench.decode_beam import draw_phrases
+
+    got = draw_phrases(list(range(1, 30)), 300, torch.Generator().manual_seed(0))
+    assert len(got) == 300 and len({tuple(p) for p in got}) == 300
+    assert all(2 <= len(p) <= 5 and all(1 <= t < 30 for t in p) for p in got)
+    inner = {tuple(q[i:j]) for q in got for i in range(1, len(q)) for j in range(i + 1, len(q) + 1)}
+    assert not inner & {tuple(p) for p in got}
+    assert any(tuple(q[: len(p)]) == tuple(p) for p in got for q in got if len(q) > len(p))
+    assert len(draw_phrases([4], 10, torch.Generator().manual_seed(0))) == 1  # (one class: one inside the other)

@@ -6,7 +6,8 @@ NeMo's ``malsd_batch`` semantics.
 
 The LM: ``write_arpa`` (order 4, discount 0.5) of 3,000 random sentences of 30 tokens drawn from a Zipf
 distribution over the row's tokens (the blank left out; 300 sentences in the CPU demo), weight 0.5. The phrases:
-1,000 of 2 to 5 tokens drawn from the same distribution, a bonus of 1.0 per token. Beams: 1, 4 and 8 for
+1,000 of 2 to 5 tokens drawn from the same distribution, none inside another but as its prefix (``draw_phrases``),
+a bonus of 1.0 per token. Beams: 1, 4 and 8 for
 transducers, 10 and 32 for CTC (the CPU demo: 4 and 4). Times: the median of CUDA-event-timed calls after warm-up,
 taking turns between the decoders (fewer calls for decoders slower than 0.1 s).
 
@@ -76,6 +77,26 @@ def zipf_tokens(classes: list[int], count: int, generator: torch.Generator) -> l
     return [classes[i] for i in idx.tolist()]
 
 
+def draw_phrases(classes: list[int], count: int, generator: torch.Generator) -> list[list[int]]:
+    """``count`` phrases (fewer if so many cannot be drawn) of 2 to 5 tokens (``zipf_tokens``), none occurring
+    inside another but as its prefix: a token then completes at most the phrase whose prefix it extends, so NeMo's
+    boosting tree (which pays only that phrase) and ``PhraseBooster`` (every phrase ending there) give the same
+    bonuses."""
+    phrases, seen, inner = [], set(), set()  # inner: the phrases' substrings that start after their first token
+    for _ in range(100 * count):  # (fewer phrases where the classes run out)
+        if len(phrases) == count:
+            break
+        k = int(torch.randint(2, 6, (1,), generator=generator))
+        p = tuple(zipf_tokens(classes, k, generator))
+        subs = {p[i:j] for i in range(1, k) for j in range(i + 1, k + 1)}
+        if p in seen or p in inner or subs & seen:
+            continue
+        phrases.append(list(p))
+        seen.add(p)
+        inner |= subs
+    return phrases
+
+
 def fusion_models(V: int, blank: int, device, workdir: str) -> dict:
     """The benchmark's LM (its ARPA path and the NGramLM on ``device``) and phrases (and the PhraseBooster) over V
     classes, the blank left out."""
@@ -85,16 +106,10 @@ def fusion_models(V: int, blank: int, device, workdir: str) -> dict:
     path = f"{workdir}/lm4_{V}_{blank}.arpa"
     # over the tokens only where the blank is the last class (as NeMo's LMs are: the blank reads as <unk>)
     write_arpa([text[i : i + 30] for i in range(0, len(text), 30)], V - (blank == V - 1), path, order=4)
-    lengths = torch.randint(2, 6, (PHRASES,), generator=g).tolist()
-    flat = zipf_tokens(classes, sum(lengths), g)
-    phrases, at = [], 0
-    for k in lengths:
-        phrases.append(flat[at : at + k])
-        at += k
     return dict(
         lm_path=path,
         lm=sk.NGramLM.from_arpa(path, V).to(device),
-        phrases=phrases,
+        phrases=(phrases := draw_phrases(classes, PHRASES, g)),
         boosting=sk.PhraseBooster(phrases, V, BOOST_WEIGHT).to(device),
     )
 
