@@ -274,13 +274,12 @@ def test_search_on_every_path(path, tmp_path, monkeypatch, durations, seed):
     """TransducerDecoder.beam_search in float32 on every path (the step kernel on the interpreter and the GPU):
     the float64 reference's N-best; beams 1-4 (max_symbols reached, an empty utterance), an LM (some tokens
     without a unigram: <unk>) from seed 2, boosting from seed 4, its arcs written a few at a time; the LSTM's fused
-    cells and the joint's input formed in the products' kernel on odd seeds."""
+    cells on odd seeds."""
     if path.kernels:
         from speechkernels.decode import transducer_beam_kernels
 
         monkeypatch.setitem(transducer_beam_kernels.STEP_TILES, "block_arcs", 2 if seed % 2 else 16)
         monkeypatch.setattr(transducer_beam_kernels, "FUSED_CELL", seed % 2 == 1)  # both prediction steps
-        monkeypatch.setattr(transducer_beam_kernels, "FUSED_JOINT", seed % 2 == 1)
     dec = make_decoder(seed, durations=durations, max_symbols=2, blank_bias=0.5 * (seed % 3))
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(3, 9, 6, generator=g)
@@ -388,32 +387,6 @@ def test_the_products_kernel_grouped(path):
         assert torch.allclose(out.cpu().double(), want, rtol=1e-5, atol=1e-4)
     with pytest.raises(ValueError, match="product 1 has x of shape"):
         linear_group([(xs[0], ws[0], None, None), (xs[1][:5], ws[1], None, None)])
-
-
-@pytest.mark.kernels
-def test_the_products_kernel_forms_the_joint_input(path):
-    """linear_group's first product from a JointInput: relu(enc [frm] + g) @ w^T + b as torch's operations give
-    it (NaN kept), with the other products of the launch as alone; a JointInput elsewhere refused."""
-    from speechkernels.decode.transducer_beam_kernels import JointInput, linear_group, linear_tf32x3
-
-    g = torch.Generator().manual_seed(6)
-    dev = path.device
-    enc = torch.randn(11, 37, generator=g).to(dev)
-    frm = torch.tensor([3, 0, 10, 3, 7, 2, 2, 9, 5], device=dev)
-    pred = torch.randn(9, 37, generator=g).to(dev)
-    pred[4, 5] = float("nan")
-    w, b = torch.randn(70, 37, generator=g).to(dev), torch.randn(70, generator=g).to(dev)
-    w2 = torch.randn(20, 13, generator=g).to(dev)
-    x2 = torch.randn(9, 13, generator=g).to(dev)
-    got, other = linear_group([(JointInput(enc, frm, pred), w, b, None), (x2, w2, None, None)])
-    path.check_ran(False)
-    joint = torch.relu(enc[frm] + pred)
-    want = linear_tf32x3(joint, w, b)
-    assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0))
-    assert torch.isnan(got[4]).all() and not torch.isnan(got[[0, 1, 2, 3, 5, 6, 7, 8]]).any()
-    assert torch.equal(other, linear_tf32x3(x2, w2, None))
-    with pytest.raises(ValueError, match="only the first"):
-        linear_group([(x2, w2, None, None), (JointInput(enc, frm, pred), w, b, None)])
 
 
 def test_tf32_split():
@@ -546,7 +519,6 @@ def test_random_configurations_on_every_path(path, tmp_path, monkeypatch, seed):
 
         monkeypatch.setattr(tbk, "TF32X3", rng.random() < 0.5)
         monkeypatch.setattr(tbk, "FUSED_CELL", rng.random() < 0.5)
-        monkeypatch.setattr(tbk, "FUSED_JOINT", random.Random(-seed).random() < 0.5)  # (its own draw)
         monkeypatch.setitem(tbk.STEP_TILES, "block_c", rng.choice([16, 256]))
         monkeypatch.setitem(tbk.STEP_TILES, "block_arcs", rng.choice([2, 32]))
     algorithm = rng.choice(["malsd", "modified"])

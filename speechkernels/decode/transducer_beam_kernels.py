@@ -28,8 +28,6 @@ networks' products in ``_linear_kernel``), ``FUSED_CELL`` (each LSTM layer's ste
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
@@ -61,9 +59,6 @@ TF32X3 = True  # float32 networks' products in _linear_kernel (three TF32 produc
 # (cuBLAS's float32 SIMT kernels); the tests run both
 FUSED_CELL = True  # float32 LSTM networks: each layer's cell, the parents' gathers and the selection by label in
 # _lstm_cell_kernel (one launch a layer) rather than torch's ~12 operations
-FUSED_JOINT = False  # float32 relu joints with TF32X3 and FUSED_CELL: the joint's input (the frames' encoder rows
-# plus the prediction outputs, relu) formed in the product's kernel rather than by three torch operations (the same
-# values; on the H200 at tdt-128x15 beam 4: 26.7 -> 26.4 ms without fusion, 23.8 -> 24.4 with the LM: within noise, off)
 GRAPHS = True  # on the GPU, chunks of CHECK_EVERY steps replayed as one CUDA graph (captured once per call)
 _WARM: set = set()  # the configurations whose kernel has run (compiled): their first chunk is captured at once
 KEEP_SEARCH = True  # a decoder keeps its last configuration's buffers and CUDA graph for the next call (the
@@ -130,27 +125,20 @@ def _tf32_hi(x):
 
 @triton.jit
 def _linear_tile(a_ptr, wh_ptr, wl_ptr, b_ptr, out_ptr, M, N, K, tile, BIAS: tl.constexpr, BM: tl.constexpr,
-                 BN: tl.constexpr, BK: tl.constexpr, enc_ptr=None, frm_ptr=None,
-                 JOINT: tl.constexpr = False):  # fmt: skip
+                 BN: tl.constexpr, BK: tl.constexpr):  # fmt: skip
     """Tile ``tile`` (row blocks first) of out [M, N] = a [M, K] @ w [N, K]^T + b [N] (float32, contiguous) as
     three TF32 products on the tensor cores (about float32's precision): w given split as w = wh + wl
     (``tf32_split``), a split here; per block of K the products a_lo wh + a_hi wl + a_hi wh summed from zero, then
-    added to the float32 sum (Triton's tf32x3 rule). The bias is added after the sum as torch's addmm does.
-    JOINT: a is the joint's input relu(enc [frm[m]] + a [m]) (enc [rows, K], frm [M] int64), formed here."""
+    added to the float32 sum (Triton's tf32x3 rule). The bias is added after the sum as torch's addmm does."""
     n_m = tl.cdiv(M, BM)
     o_m = (tile % n_m) * BM + tl.arange(0, BM)
     o_n = (tile // n_m) * BN + tl.arange(0, BN)
     o_k = tl.arange(0, BK)
     acc = tl.zeros((BM, BN), tl.float32)
-    if JOINT:
-        p_e = enc_ptr + tl.load(frm_ptr + o_m, mask=o_m < M, other=0)[:, None] * K
     for k0 in range(0, K, BK):
         kk = k0 + o_k
-        m_a = (o_m < M)[:, None] & (kk < K)[None, :]
-        a = tl.load(a_ptr + o_m[:, None].to(tl.int64) * K + kk[None, :], mask=m_a, other=0.0)
-        if JOINT:  # (float32's sum, then relu: torch's operations; NaN stays NaN)
-            a = tl.load(p_e + kk[None, :], mask=m_a, other=0.0) + a
-            a = tl.where(a < 0.0, 0.0, a)
+        a = tl.load(a_ptr + o_m[:, None].to(tl.int64) * K + kk[None, :], mask=(o_m < M)[:, None] & (kk < K)[None, :],
+                    other=0.0)  # fmt: skip
         m_w = (o_n < N)[None, :] & (kk < K)[:, None]
         p_w = o_n[None, :].to(tl.int64) * K + kk[:, None]
         w_hi = tl.load(wh_ptr + p_w, mask=m_w, other=0.0)
@@ -170,16 +158,16 @@ def _linear_tile(a_ptr, wh_ptr, wl_ptr, b_ptr, out_ptr, M, N, K, tile, BIAS: tl.
 
 @triton.jit
 def _linear_kernel(a0, wh0, wl0, b0, o0, N0, K0, a1, wh1, wl1, b1, o1, N1, K1, a2, wh2, wl2, b2, o2, N2, K2, M,
-                   enc_ptr, frm_ptr, G: tl.constexpr, BIAS0: tl.constexpr, BIAS1: tl.constexpr, BIAS2: tl.constexpr,
-                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, JOINT: tl.constexpr):  # fmt: skip
+                   G: tl.constexpr, BIAS0: tl.constexpr, BIAS1: tl.constexpr, BIAS2: tl.constexpr,
+                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):  # fmt: skip
     """G (1-3) independent products of M rows in one launch (``_linear_tile``): the programs take the first's
-    tiles, then the second's, then the third's; JOINT: the first's input is the joint's (``JointInput``)."""
+    tiles, then the second's, then the third's."""
     tile = tl.program_id(0)
     n_m = tl.cdiv(M, BM)
     t0 = n_m * tl.cdiv(N0, BN)
     t1 = n_m * tl.cdiv(N1, BN)
     if tile < t0:
-        _linear_tile(a0, wh0, wl0, b0, o0, M, N0, K0, tile, BIAS0, BM, BN, BK, enc_ptr, frm_ptr, JOINT)
+        _linear_tile(a0, wh0, wl0, b0, o0, M, N0, K0, tile, BIAS0, BM, BN, BK)
     elif G > 1:
         if tile < t0 + t1:
             _linear_tile(a1, wh1, wl1, b1, o1, M, N1, K1, tile - t0, BIAS1, BM, BN, BK)
@@ -204,29 +192,16 @@ def linear_tf32x3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return out.view(*x.shape[:-1], out.shape[1])
 
 
-class JointInput(NamedTuple):
-    """The joint's input relu(enc [frm] + g) for ``linear_group``'s first product, formed in the kernel: enc
-    [rows, K], frm [M] int64 (rows of enc), g [M, K], float32."""
-
-    enc: torch.Tensor
-    frm: torch.Tensor
-    g: torch.Tensor
-
-
 def linear_group(products: list[tuple]) -> list[torch.Tensor]:
     """``linear_tf32x3`` of each (x [M, K_i], weight, bias or None, split or None), all of M rows, three to a
     launch: independent products share the machine's waves (64 x 64 tiles: 242 registers with Triton 3.6 for
-    sm_90, no spills; 64 x 128 spill). The first product's x may be a ``JointInput``."""
+    sm_90, no spills; 64 x 128 spill)."""
     outs = []
     for at in range(0, len(products), 3):
         args, flags = [], {}
-        joint = products[at][0] if isinstance(products[at][0], JointInput) else None
-        M = (joint.g if joint is not None else products[at][0]).shape[0]
+        M = products[at][0].shape[0]
         tiles = 0
         for g, (x, weight, bias, split) in enumerate(products[at : at + 3]):
-            if isinstance(x, JointInput) and x is not joint:
-                raise ValueError(f"linear_group: product {at + g}'s x is a JointInput (only the first's may be)")
-            x = x.g if isinstance(x, JointInput) else x
             if x.dim() != 2 or x.shape[0] != M:
                 raise ValueError(f"linear_group: product {at + g} has x of shape {tuple(x.shape)}, not [{M}, K]")
             a = x.contiguous()
@@ -239,9 +214,7 @@ def linear_group(products: list[tuple]) -> list[torch.Tensor]:
         G = len(flags)
         args += args[:7] * (3 - G)
         flags.update({f"BIAS{g}": False for g in range(G, 3)})
-        enc, frm = (joint.enc.contiguous(), joint.frm.contiguous()) if joint is not None else (args[0], args[0])
-        launch(_linear_kernel)[(tiles,)](*args, M, enc, frm, G=G, **flags, BM=64, BN=64, BK=32,
-                                         JOINT=joint is not None, num_warps=4, num_stages=3)  # fmt: skip
+        launch(_linear_kernel)[(tiles,)](*args, M, G=G, **flags, BM=64, BN=64, BK=32, num_warps=4, num_stages=3)
     return outs
 
 
@@ -650,14 +623,13 @@ class _Search:
         # what the kernels' specialisations depend on (a capture must not be the first launch of one)
         shapes = tuple(tuple(t.shape) for t in (w.enc_w, w.pred_w, w.out_w, w.embedding))
         self.config = (dev, enc.dtype, N, T, K, max_symbols, shapes, len(w.lstm or ()), TF32X3, FUSED_CELL,
-                       FUSED_JOINT, tuple(sorted(consts.items())))  # fmt: skip
+                       tuple(sorted(consts.items())))  # fmt: skip
         self.w, self.lm, self.boosting = w, lm, boosting  # (held: the key's ids stay theirs)
         self.table = input_gates_table(w)
         self.linear = torch.nn.functional.linear
         if TF32X3 and w.out_w.dtype == torch.float32:  # (the weights the steps multiply by, split once per call)
             self.linear = _SplitLinear([w.out_w, w.pred_w, *(t for layer in w.lstm or () for t in layer[:2])])
         self.fused = FUSED_CELL and not w.stateless and w.embedding.dtype == torch.float32 and CHECK_EVERY % 2 == 0
-        self.fused_joint = FUSED_JOINT and w.activation == "relu" and enc.dtype == torch.float32
         self.pred_state = self.out = self.g = None
         self.halves = None
         self.graph = None
@@ -700,14 +672,10 @@ class _Search:
         parity = 0
         for _ in range(CHECK_EVERY):
             torch.any(self.si[0].view(N, K) < self.lens[:, None], out=self.go)
-            grouped = self.fused and isinstance(linear, _SplitLinear)
-            if grouped and self.fused_joint:
-                joint = JointInput(self.enc_rows, self.frm, g)
-            else:
-                joint = act(self.enc_rows[self.frm] + g)
+            joint = act(self.enc_rows[self.frm] + g)
             recurrent = None
-            if grouped:  # the joint's and the recurrent terms' products (of the state before the step) in one launch
-                h = self.halves[parity][0]
+            if self.fused and isinstance(linear, _SplitLinear):  # the joint's and the recurrent terms' products
+                h = self.halves[parity][0]  # (of the state before the step) in one launch
                 logits, *recurrent = linear.group(
                     [(joint, w.out_w, w.out_b), *((h[i], w_hh, b_hh) for i, (_, w_hh, _, b_hh) in enumerate(w.lstm))]
                 )
@@ -787,7 +755,7 @@ def _search(modified, w, x, lengths, K, blank, durations, max_symbols, B=1, lm=N
     enc, act, lengths, wd, ninf, pred_state, out, g, score = _start(w, x, lengths, K, blank)
     key = (id(w), id(lm), id(boosting), N, T, K, blank, durations, max_symbols, float(lm_weight),
            float(boosting_weight), dev, enc.dtype, w.activation, modified, TF32X3, FUSED_CELL, CHECK_EVERY, GRAPHS,
-           FUSED_JOINT, tuple(STEP_TILES.items()))  # fmt: skip
+           tuple(STEP_TILES.items()))  # fmt: skip
     kept = (plans.beam if plans is not None else _KEPT.get("beam")) if KEEP_SEARCH else None
     search = kept[1] if kept is not None and kept[0] == key else None
     if search is None:
