@@ -1,7 +1,7 @@
 """Beam search with an n-gram LM and phrase boosting on a synthetic task: train a small TDT model with
 ``TDTJointLoss`` on noisy utterances whose labels follow a grammar, estimate a token 3-gram LM from the training
-transcripts with ``write_arpa``, then transcribe held-out utterances greedily and by beam search with the LM, and
-boost a rare phrase.
+transcripts with ``write_arpa``, then transcribe held-out utterances greedily (without and with the
+LM) and by beam search with the LM, and boost a rare phrase.
 
     python examples/beam_lm_transcribe.py [--steps 150] [--device cpu]
 
@@ -9,10 +9,10 @@ The task: each label is a fixed random feature pattern held for 2 to 4 frames, w
 is a fixed function of the two before it 85 times in 100 (the grammar), else random. The prediction network sees
 one token back (a ``StatelessPredictor`` of context 1), so what the grammar owes to the label two back is what
 the 3-gram LM adds.
-Reports, on held-out utterances of the training distribution, the token error rates of greedy decoding and of
-beam search with the LM; on utterances a third of which start with the rare phrase, the recall of the phrase (its
-occurrences in the references found in the hypotheses) and the error rate of the others, without and with
-boosting it.
+Reports, on held-out utterances of the training distribution, the token error rates of greedy decoding (without
+and with the LM) and of beam search with the LM; on utterances a third of which start with the rare phrase, the
+recall of the phrase (its occurrences in the references found in the hypotheses) and the error rate of the others,
+without and with boosting it.
 """
 
 from __future__ import annotations
@@ -120,8 +120,8 @@ def main(argv: list[str] | None = None) -> dict:
     def decode(x: torch.Tensor, frames: torch.Tensor, how: str, boost: float = 0.0) -> list[list[int]]:
         with torch.no_grad():
             enc = encoder(x.to(device))
-            if how == "greedy":
-                hyp, _ = decoder.greedy(enc, frames)
+            if how.startswith("greedy"):  # "greedy" or "greedy + LM"
+                hyp, _ = decoder.greedy(enc, frames, **(dict(lm=lm, lm_weight=0.6) if how.endswith("LM") else {}))
                 return [hyp.tokens[n, : hyp.lengths[n]].tolist() for n in range(x.shape[0])]
             fusion = dict(boosting=booster, boosting_weight=boost) if boost else {}
             hyp = decoder.beam_search(enc, frames, 4, lm=lm, lm_weight=0.6, **fusion)
@@ -148,13 +148,13 @@ def main(argv: list[str] | None = None) -> dict:
     # held-out utterances of the training distribution: greedy against beam search with the LM; then utterances
     # a third of which start with the rare phrase: beam search with the LM, without and with boosting it
     report = {}
-    sets = {0.0: (("greedy", 0.0), ("beam 4 + LM", 0.0))}
+    sets = {0.0: (("greedy", 0.0), ("greedy + LM", 0.0), ("beam 4 + LM", 0.0))}
     sets[0.3] = (("beam 4 + LM", 0.0), ("beam 4 + LM + boosting", weight))
     for share, runs in sets.items():
         x, frames, y, lengths = utterances(256, g, patterns, grammar, noise, rare=share)
         refs = [y[n, : lengths[n]].tolist() for n in range(256)]
         for name, boost in runs:
-            r = report[(share, name)] = scores(decode(x, frames, name.split()[0], boost), refs)
+            r = report[(share, name)] = scores(decode(x, frames, name, boost), refs)
             print(
                 f"{device.type}: {'rare phrase in 30%' if share else 'in distribution':18s} {name:24s} token "
                 f"error rate {100 * r['ter']:5.1f}% ({100 * r['ter_rest']:5.1f}% without the phrase), recall of "

@@ -42,6 +42,7 @@ CAPABILITIES = {
             "speechkernels.decode.beam_kernels:ctc_beam",
             "speechkernels.decode.transducer_beam_kernels:malsd_search",
             "speechkernels.decode.transducer_beam_kernels:modified_search",
+            "speechkernels.decode.transducer_beam_kernels:greedy_search",
         ),
     ),
     "wavenet": Capability(

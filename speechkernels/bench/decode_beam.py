@@ -15,7 +15,9 @@ taking turns between the decoders (fewer calls for decoders slower than 0.1 s).
 fusion, ``lm_path`` None, and with the LM: ``run(x, lengths)`` decodes [N, T, C] log-probabilities,
 ``lists(result)`` gives each utterance's best tokens) and
 ``transducer_beam_peers(decoder, dtype, beam_size, lm_path, lm_weight, phrases, boosting_weight) -> {name: (run,
-lists)}`` (``lm_path`` and ``phrases`` None without fusion; ``lists`` gives (tokens, frames) per utterance).
+lists)}`` (``lm_path`` and ``phrases`` None without fusion; ``lists`` gives (tokens, frames) per utterance), and
+``transducer_greedy_peers(decoder, dtype, lm_path, lm_weight, phrases, boosting_weight)`` likewise for greedy
+decoding with the same fusion, which the transducer rows with fusion also time (``greedy(lm=..., boosting=...)``).
 
 The JSON rows also hold, for transducers, the utterances that differ from the PyTorch path (and whether float64's
 search is ours or that path's) and from each peer (``peers_differing``: float64's search of the same weights, its
@@ -58,7 +60,7 @@ LEGEND = [
     ("row", "model-NxSECONDS (transducers) or ctc-NxTxC, as the greedy benchmark's"),
     ("beam, fusion", "beam size; none, a 4-gram LM (lm) or the LM and 1,000 boosted phrases (lm+boost)"),
     ("ours ms", "median ms of one beam search of the batch (validate=False)"),
-    ("x greedy", "ours / greedy decoding of the same batch"),
+    ("x greedy", "ours / greedy decoding of the same batch (with fusion, also / greedy decoding fused alike)"),
     ("torch ms", "the PyTorch path of the same search on the same device (its kernels off)"),
     ("peers", "the fastest --peers decoder's ms and name, and its ms / ours"),
     (
@@ -208,6 +210,7 @@ def measure_transducer(row: str, dtype, device, args, peers_mod, workdir: str) -
     fusion = fusion_models(V, dec.blank, device, workdir)
     greedy, _ = dec.greedy(x, lengths, validate=False)
     greedy_ms = _times({"greedy": lambda: dec.greedy(x, lengths, validate=False)}, device, args.reps)
+    fused_greedy: dict[str, dict] = {}  # fusion -> greedy decoding with it: its ms, its agreement
     out = []
     for K in args.beams or (BEAMS if device.type == "cuda" else CPU_BEAMS)["transducer"]:
         for fu in FUSIONS:
@@ -244,7 +247,15 @@ def measure_transducer(row: str, dtype, device, args, peers_mod, workdir: str) -
                 args_ = (dec, dtype, K, lm_path, LM_WEIGHT, phrases, BOOST_WEIGHT)
                 peers = _peers(r, peers_mod.transducer_beam_peers, *args_)
                 _run_peers(r, peers, x, lengths, fns, peer_best)
-            r["ms"] = {**_times(fns, device, args.reps), **greedy_ms}
+            if fu != "none" and fu not in fused_greedy:
+                greedy_peers = {}
+                if peers_mod is not None and hasattr(peers_mod, "transducer_greedy_peers"):
+                    phrases = fusion["phrases"] if fu == "lm+boost" else None
+                    args_ = (dec, dtype, fusion["lm_path"], LM_WEIGHT, phrases, BOOST_WEIGHT)
+                    greedy_peers = _peers(r, peers_mod.transducer_greedy_peers, *args_)
+                fused_greedy[fu] = _fused_greedy(dec, x, lengths, kw, device, args.reps, greedy_peers)
+            r.update(fused_greedy.get(fu, {}).get("same", {}))
+            r["ms"] = {**_times(fns, device, args.reps), **greedy_ms, **fused_greedy.get(fu, {}).get("ms", {})}
             r["peers_same_best"] = {
                 n: {"tokens": sum(a[0] == b[0] for a, b in zip(ours, v, strict=True)),
                     "tokens_frames": sum(a == tuple(b) for a, b in zip(ours, v, strict=True))}
@@ -254,6 +265,34 @@ def measure_transducer(row: str, dtype, device, args, peers_mod, workdir: str) -
             out.append(r)
             _print(r)
     return out
+
+
+def _fused_greedy(dec, x, lengths, kw: dict, device, reps: int, peers: dict) -> dict:
+    """Greedy decoding with the row's fusion (``greedy(lm=..., boosting=...)``): its ms ("greedy fused") and each
+    greedy peer's (``peers``: {name: (run, lists)}; "NAME (greedy)"), and the utterances whose tokens and frames
+    equal ours: on the GPU its PyTorch path's (``fused_greedy_same_as_torch_path``), each peer's
+    (``fused_greedy_peers_same``)."""
+    gkw = {k: v for k, v in kw.items() if k in ("lm", "lm_weight", "boosting", "boosting_weight")}
+
+    def run():
+        return dec.greedy(x, lengths, validate=False, **gkw)[0]
+
+    def lists(h):
+        return [(h.tokens[n, : h.lengths[n]].tolist(), h.frames[n, : h.lengths[n]].tolist()) for n in range(len(h[0]))]
+
+    ours = lists(run())
+    same, fns, best = {}, {"greedy fused": run}, {}
+    if device.type == "cuda" and decode_api.transducer_beam_kernels is not None:
+        ref = lists(_without_kernels("transducer_beam_kernels", run))
+        same["fused_greedy_same_as_torch_path"] = sum(a == b for a, b in zip(ours, ref, strict=True))
+    _run_peers(same, {f"{k} (greedy)": v for k, v in peers.items()}, x, lengths, fns, best)
+    if "peer_errors" in same:
+        same["greedy_peer_errors"] = same.pop("peer_errors")
+    if best:
+        same["fused_greedy_peers_same"] = {
+            k: sum(a == (list(b[0]), list(b[1])) for a, b in zip(ours, v, strict=True)) for k, v in best.items()
+        }
+    return {"ms": _times(fns, device, reps), "same": same}
 
 
 def _peer_differences(dec, x, lengths, kw: dict, ours: list, peer_best: dict, most: int = 16,
@@ -405,7 +444,7 @@ def run(args) -> int:
 
 def _print(r: dict) -> None:
     ms = r["ms"]
-    peers = {k: v for k, v in ms.items() if k not in ("ours", "torch path", "greedy")}
+    peers = {k: v for k, v in ms.items() if k not in ("ours", "torch path", "greedy") and "greedy" not in k}
     best = min(peers, key=peers.get) if peers else None
     peer = f"{peers[best]:7.2f} {best[:10]:>10} {peers[best] / ms['ours']:6.1f}" if best else f"{'-':>18} {'-':>6}"
     torch_ms = f"{ms['torch path']:8.1f}" if "torch path" in ms else f"{'-':>8}"
@@ -414,6 +453,12 @@ def _print(r: dict) -> None:
         same.append(f"torch path {r['same_as_torch_path']}/{r['N']}")
     if "same_as_greedy" in r:
         same.append(f"greedy {r['same_as_greedy']}/{r['N']}")
+    if "greedy fused" in ms:
+        same.append(f"fused greedy {ms['greedy fused']:.1f} ms: x {ms['ours'] / ms['greedy fused']:.2f}")
+    if "fused_greedy_same_as_torch_path" in r:
+        same.append(f"its torch path {r['fused_greedy_same_as_torch_path']}/{r['N']}")
+    for name, v in r.get("fused_greedy_peers_same", {}).items():
+        same.append(f"{name} {ms[name]:.1f} ms, {v}/{r['N']}")
     for name, v in r.get("peers_same_best", {}).items():
         same.append(f"{name} {v if isinstance(v, int) else v['tokens']}/{r['N']}")
     if "peer_errors" in r:

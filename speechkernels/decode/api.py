@@ -393,6 +393,10 @@ class TransducerDecoder(torch.nn.Module):
         encoder_lengths: Lengths | None = None,
         state: TransducerState | None = None,
         *,
+        lm: NGramLM | None = None,
+        lm_weight: float = 0.0,
+        boosting: PhraseBooster | None = None,
+        boosting_weight: float = 1.0,
         validate: bool = True,
     ) -> tuple[Hypotheses, TransducerState]:
         """Greedy decoding of a batch of encoder outputs.
@@ -403,30 +407,64 @@ class TransducerDecoder(torch.nn.Module):
                 integers); default T each.
             state: where a previous call stopped (the chunk before this one of the same utterances), or None to
                 start the utterances.
+            lm: an ``NGramLM`` over the V token classes (the blank's column unused), on the networks' device, or
+                None; shallow fusion as NeMo's label-looping decoders fuse theirs: whether a frame emits is the
+                joint's own decision (its argmax is the blank or not), the label emitted is the argmax over the
+                non-blank classes of logit + a log p_LM + b bonus.
+            lm_weight: a (finite).
+            boosting: a ``PhraseBooster`` over the V token classes, on the networks' device, or None.
+            boosting_weight: b (finite).
             validate: check the lengths' values (a read of device memory on the GPU); unchecked, they are clamped.
 
         Returns:
             (``Hypotheses``, state). Hypotheses with S = T * ``max_symbols_per_frame``: ``tokens`` [N, S] int64
             (-1 past each hypothesis), ``lengths`` [N], ``frames`` [N, S] (each token's frame, counted from the
             utterance's start across chunks), ``scores`` [N, S] (each token's log_softmax over the token logits;
-            float32, float64 for float64 networks), ``durations`` [N, S] (TDT: each token's duration) or None.
-            Decoding an utterance chunk by chunk, each call with the state the previous one returned, gives
-            the tokens, frames and durations of decoding it whole.
+            float32, float64 for float64 networks; fused or not), ``durations`` [N, S] (TDT: each token's
+            duration) or None. Decoding an utterance chunk by chunk, each call with the state the previous one
+            returned, gives the tokens, frames and durations of decoding it whole (with fusion the state holds
+            the LM's and the booster's states too). With an LM or boosting, on the GPU each step's decisions run
+            in one Triton kernel (the beam search's, at one hypothesis), the networks in PyTorch, the steps
+            replayed as CUDA graphs; without, the whole decode is one kernel launch.
 
         Raises:
             ValueError: a bad argument, naming it (and the offending element).
         """
         check_float_input(encoder_out, "encoder_out")
         validate = as_bool(validate, "validate")
+        lm_weight = as_float(lm_weight, "lm_weight", finite=True)
+        boosting_weight = as_float(boosting_weight, "boosting_weight", finite=True)
         w, N, T, dev = self._weights_for(encoder_out)
+        check_fusion(lm, boosting, self.vocab_size, f"the decoder has {self.vocab_size} classes", dev, "the networks")
         lengths = None
         if encoder_lengths is not None:
             (lengths,) = batch_lengths(N, dev, "none", encoder_lengths=encoder_lengths)
             if validate:
                 check_lengths(lengths, "encoder_lengths", T, f"T={T}")
         if state is not None:
-            state = self._checked_state(state, N, w)
+            state = self._checked_state(state, N, w, lm, boosting)
         wd = w.enc_w.dtype
+        if lm is not None or boosting is not None:
+            if lengths is None:
+                lengths = torch.full((N,), T, dtype=torch.int64, device=dev)
+            if state is None:
+                state = self.initial_state(N, dev)
+            fusion = (lm, lm_weight, boosting, boosting_weight)
+            if (
+                transducer_beam_kernels is not None
+                and use_triton(encoder_out)
+                and wd in KERNEL_DTYPES
+                and use_triton(w.enc_w)
+                and N > 0
+                and T > 0
+            ):
+                return transducer_beam_kernels.greedy_search(
+                    w, encoder_out, lengths, state, self.blank, self.durations, self.max_symbols_per_frame, *fusion,
+                    plans=self._plans.valid_for(w),
+                )  # fmt: skip
+            return transducer_greedy_reference(
+                w, encoder_out, lengths, state, self.blank, self.durations, self.max_symbols_per_frame, *fusion
+            )
         if (
             transducer_kernels is not None
             and use_triton(encoder_out)
@@ -439,7 +477,8 @@ class TransducerDecoder(torch.nn.Module):
             *hyp, predictor, out, jumps, done = transducer_kernels.transducer_greedy(
                 w, x, lengths, state, self.blank, self.durations, self.max_symbols_per_frame, self._plans.valid_for(w)
             )
-            return Hypotheses(*hyp), TransducerState(predictor, out, jumps, done)
+            fusion_states = (state.lm_states, state.boosting_states) if state is not None else ()
+            return Hypotheses(*hyp), TransducerState(predictor, out, jumps, done, *fusion_states)
         if lengths is None:
             lengths = torch.full((N,), T, dtype=torch.int64, device=dev)
         if state is None:
@@ -586,13 +625,24 @@ class TransducerDecoder(torch.nn.Module):
         self._plans.reset()  # the networks move or change dtype: nothing kept refers to the old tensors
         return super()._apply(fn, *args, **kwargs)
 
-    def _checked_state(self, state, N: int, w: TransducerWeights) -> TransducerState:
+    def _checked_state(self, state, N: int, w: TransducerWeights, lm=None, boosting=None) -> TransducerState:
         if not isinstance(state, TransducerState):
             raise ValueError(
                 f"state must be a TransducerState (from greedy or initial_state), got {type(state).__name__}"
             )
+        for name, tables in (("lm_states", lm), ("boosting_states", boosting)):
+            got = getattr(state, name)
+            if got is None or tables is None:
+                continue
+            if not isinstance(got, torch.Tensor) or got.shape != (N,) or got.dtype != torch.int64:
+                what = f"{tuple(got.shape)} {got.dtype}" if isinstance(got, torch.Tensor) else type(got).__name__
+                raise ValueError(f"state.{name} must be None or [{N}] int64 for this batch, got {what}")
+            try:
+                tables._checked(got)
+            except ValueError as e:
+                raise ValueError(f"state.{name}: {e}") from None
         want = self.initial_state(N, w.enc_w.device)
-        for name in TransducerState._fields:
+        for name in TransducerState._fields[:4]:
             got, ref = getattr(state, name), getattr(want, name)
             if name == "predictor" and (not isinstance(got, tuple) or len(got) != len(ref)):
                 raise ValueError(f"state.predictor must be a tuple of {len(ref)} tensors for this prediction network")

@@ -68,12 +68,16 @@ class TransducerState(NamedTuple):
     (the prediction network's state: LSTM ``(h, c)`` each [L, N, H]; stateless ``(context,)`` [N, K] int64, the
     last K tokens, -1 before the start), ``output`` [N, P] (its output after the last token), ``time_jumps`` [N]
     int64 (frames a TDT duration jumped past the chunk's end, skipped at the start of the next), ``frames`` [N]
-    int64 (frames decoded before: the offset of the next chunk's frames)."""
+    int64 (frames decoded before: the offset of the next chunk's frames); with an LM or phrase boosting fused,
+    ``lm_states`` / ``boosting_states`` [N] int64 (each utterance's state of the ``NGramLM`` / ``PhraseBooster``;
+    None: their start states)."""
 
     predictor: tuple[torch.Tensor, ...]
     output: torch.Tensor
     time_jumps: torch.Tensor
     frames: torch.Tensor
+    lm_states: torch.Tensor | None = None
+    boosting_states: torch.Tensor | None = None
 
 
 def predict(
@@ -143,6 +147,10 @@ def transducer_greedy_reference(
     blank: int,
     durations: tuple[int, ...] | None,
     max_symbols: int,
+    lm=None,
+    lm_weight: float = 0.0,
+    boosting=None,
+    boosting_weight: float = 1.0,
 ) -> tuple[Hypotheses, TransducerState]:
     """Greedy transducer decoding of encoder outputs x [N, T, E] (frames past ``lengths`` [N] unread), batched in
     PyTorch with the semantics of NeMo's label-looping decoders: at frame t the joint's argmax over the V token
@@ -150,7 +158,14 @@ def transducer_greedy_reference(
     1; a TDT blank of duration 0 by 1); a label is emitted at t, advances the prediction network and t by its
     duration (RNN-T: 0); after ``max_symbols`` labels at one frame, t advances by 1. Everything is computed in the
     weights' dtype (x is cast to it); scores are the labels' log_softmax over the V token logits (float32, float64
-    for float64 weights). S = T * max_symbols (a bound, no host synchronisation needed to size the outputs)."""
+    for float64 weights). S = T * max_symbols (a bound, no host synchronisation needed to size the outputs).
+
+    Shallow fusion (``lm``: an ``NGramLM``, ``boosting``: a ``PhraseBooster``, over the V token classes), as NeMo's
+    label-looping decoders fuse their models: whether a frame emits is the joint's own argmax (blank or not); an
+    emitted label is the argmax over the non-blank classes of logit + ``lm_weight`` log p_LM + ``boosting_weight``
+    bonus (the joint's raw outputs: the same argmax as its log-softmax), and the LM's and the booster's states
+    follow the labels (``state.lm_states`` / ``boosting_states``, None: the start states). Scores stay the labels'
+    log-softmax."""
     N, T, _ = x.shape
     dev = x.device
     V = w.out_w.shape[0] - (len(durations) if durations else 0)
@@ -170,10 +185,26 @@ def transducer_greedy_reference(
     k = torch.zeros(N, dtype=torch.int64, device=dev)
     at_frame = torch.zeros(N, dtype=torch.int64, device=dev)  # labels emitted at frame t so far
     active = t < lengths
+    lm_state = _fusion_states(lm, state.lm_states, N, dev)
+    b_state = _fusion_states(boosting, state.boosting_states, N, dev)
     while bool(active.any()):
         logits = torch.nn.functional.linear(act(enc[rows, t.clamp(max=T - 1)] + g), w.out_w, w.out_b)
         label = logits[:, :V].argmax(1)
         emit = active & (label != blank)
+        if lm is not None or boosting is not None:  # the label among the non-blank classes, fused
+            fused = logits[:, :V].to(wd)
+            if lm is not None:
+                lm_lp, lm_next = lm.score(lm_state)
+                fused = fused + lm_weight * lm_lp.to(wd)
+            if boosting is not None:
+                bonus, b_next = boosting.step(b_state)
+                fused = fused + boosting_weight * bonus.to(wd)
+            fused[:, blank] = float("-inf")
+            label = torch.where(emit, fused.argmax(1), label)
+            if lm is not None:
+                lm_state = torch.where(emit, lm_next[rows, label], lm_state)
+            if boosting is not None:
+                b_state = torch.where(emit, b_next[rows, label], b_state)
         score = logits[:, :V].to(wd).log_softmax(1).gather(1, label[:, None])[:, 0]
         if dur is None:
             step = (~emit).long()
@@ -201,4 +232,21 @@ def transducer_greedy_reference(
         active = t < lengths
     frames = torch.where(frames >= 0, frames + state.frames[:, None], -1)
     hyp = Hypotheses(tokens[:, :S], k, frames[:, :S], scores[:, :S], None if dur is None else durs[:, :S])
-    return hyp, TransducerState(pred_state, out, t - lengths, state.frames + lengths)
+    return hyp, TransducerState(
+        pred_state,
+        out,
+        t - lengths,
+        state.frames + lengths,
+        lm_state if lm is not None else state.lm_states,
+        b_state if boosting is not None else state.boosting_states,
+    )
+
+
+def _fusion_states(tables, states: torch.Tensor | None, N: int, device) -> torch.Tensor | None:
+    """The [N] int64 states of an ``NGramLM`` or ``PhraseBooster`` to start from (None: its start state), or None
+    without one."""
+    if tables is None:
+        return None
+    if states is None:
+        return torch.full((N,), tables.start, dtype=torch.int64, device=device)
+    return tables._checked(states)

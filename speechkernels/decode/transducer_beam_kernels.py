@@ -34,6 +34,7 @@ import triton.language as tl
 
 from .._launch import cdiv, launch, next_power_of_2
 from .._outputs import kernel_output
+from .._transducer.activations import activation_fn
 from .beam_kernels import (
     _MAX_KEY,
     _MIN_KEY,
@@ -288,6 +289,36 @@ def lstm_step(w, table, lab, row, islab, state_in, state_out, linear, recurrent=
 
 
 @triton.jit
+def _log_softmaxes(rows, active, V, KP: tl.constexpr, BC: tl.constexpr, D: tl.constexpr, DD: tl.constexpr):
+    """The slots' log-softmax over the V token classes of their joint outputs ``rows`` (the maximum and the log of
+    the sum, in blocks of BC classes; 0 for slots not ``active``) and over the D durations (the log-probabilities
+    [KP, DD], -inf past D)."""
+    ninf = float("-inf")
+    o_c = tl.arange(0, BC)
+    mx = tl.full((KP,), ninf, tl.float32)
+    for c0 in range(0, V, BC):
+        m = active[:, None] & (c0 + o_c < V)[None, :]
+        xv = tl.load(rows[:, None] + c0 + o_c[None, :], mask=m, other=ninf).to(tl.float32)
+        mx = tl.maximum(mx, tl.max(xv, 1))
+    mx = tl.where(active, mx, 0.0)
+    se = tl.zeros((KP,), tl.float32)
+    for c0 in range(0, V, BC):
+        m = active[:, None] & (c0 + o_c < V)[None, :]
+        xv = tl.load(rows[:, None] + c0 + o_c[None, :], mask=m, other=ninf).to(tl.float32)
+        se += tl.sum(tl.exp(xv - mx[:, None]), 1)
+    ls = tl.log(tl.where(active, se, 1.0))
+    o_d = tl.arange(0, DD)
+    dlp = tl.zeros((KP, DD), tl.float32)
+    if D > 0:
+        m_d = active[:, None] & (o_d < D)[None, :]
+        xd = tl.load(rows[:, None] + V + o_d[None, :], mask=m_d, other=ninf).to(tl.float32)
+        dmx = tl.where(active, tl.max(xd, 1), 0.0)
+        dls = tl.log(tl.where(active, tl.sum(tl.exp(xd - dmx[:, None]), 1), 1.0))
+        dlp = tl.where(m_d, (xd - dmx[:, None]) - dls[:, None], ninf)
+    return mx, ls, dlp
+
+
+@triton.jit
 def _malsd_step_kernel(x_ptr, len_ptr, go_ptr, step_ptr, dur_ptr, sf_ptr, si_ptr, hsh_ptr, hist_ptr,
                        row_ptr, lab_ptr, islab_ptr, frm_ptr,
                        NK, T, V, W, blank, max_symbols, fusion, one_fusion, b_w,
@@ -322,29 +353,11 @@ def _malsd_step_kernel(x_ptr, len_ptr, go_ptr, step_ptr, dur_ptr, sf_ptr, si_ptr
     hsh = tl.load(hsh_ptr + at_s, mask=in_k, other=0)
     active = in_k & (t < L)
     rows = x_ptr + at_s.to(tl.int64) * W  # the slots' joint outputs
-    # the log-softmax over the V token classes (the maximum, then the sum), and over the D durations
-    mx = tl.full((KP,), ninf, tl.float32)
-    for c0 in range(0, V, BC):
-        m = active[:, None] & (c0 + o_c < V)[None, :]
-        xv = tl.load(rows[:, None] + c0 + o_c[None, :], mask=m, other=ninf).to(tl.float32)
-        mx = tl.maximum(mx, tl.max(xv, 1))
-    mx = tl.where(active, mx, 0.0)
-    se = tl.zeros((KP,), tl.float32)
-    for c0 in range(0, V, BC):
-        m = active[:, None] & (c0 + o_c < V)[None, :]
-        xv = tl.load(rows[:, None] + c0 + o_c[None, :], mask=m, other=ninf).to(tl.float32)
-        se += tl.sum(tl.exp(xv - mx[:, None]), 1)
-    ls = tl.log(tl.where(active, se, 1.0))
+    mx, ls, dlp = _log_softmaxes(rows, active, V, KP, BC, D, DD)
     lp_blank = (tl.load(rows + blank, mask=active, other=0.0).to(tl.float32) - mx) - ls
     o_d = tl.arange(0, DD)
     d_max = tl.zeros((KP,), tl.float32)
-    dlp = tl.zeros((KP, DD), tl.float32)
     if D > 0:
-        m_d = active[:, None] & (o_d < D)[None, :]
-        xd = tl.load(rows[:, None] + V + o_d[None, :], mask=m_d, other=ninf).to(tl.float32)
-        dmx = tl.where(active, tl.max(xd, 1), 0.0)
-        dls = tl.log(tl.where(active, tl.sum(tl.exp(xd - dmx[:, None]), 1), 1.0))
-        dlp = tl.where(m_d, (xd - dmx[:, None]) - dls[:, None], ninf)
         d_max = tl.max(dlp, 1)
     # the fusion's terms: the blank's, each label's log(1 - p(blank)), the step's overrides
     f_blank = lp_blank
@@ -532,6 +545,105 @@ def _malsd_step_kernel(x_ptr, len_ptr, go_ptr, step_ptr, dur_ptr, sf_ptr, si_ptr
 
 
 @triton.jit
+def _greedy_step_kernel(x_ptr, len_ptr, go_ptr, step_ptr, dur_ptr, sf_ptr, si_ptr, hsh_ptr, hist_ptr,
+                        row_ptr, lab_ptr, islab_ptr, frm_ptr,
+                        NK, T, V, W, blank, max_symbols, fusion, one_fusion, b_w,
+                        ovl_ptr, nxl_ptr, lm_w, lm_start, chain_ptr, above_ptr, base_ptr, as_ptr, at_ptr, al_ptr,
+                        an_ptr, uni_ptr, unext_ptr, col_ptr, end_ptr,
+                        gn_ptr, bnx_ptr, rg_ptr, ns_ptr,
+                        K: tl.constexpr, KP: tl.constexpr, BC: tl.constexpr, D: tl.constexpr, DD: tl.constexpr,
+                        LM: tl.constexpr, DEPTH: tl.constexpr, DP: tl.constexpr, BOOST: tl.constexpr,
+                        BA: tl.constexpr, MODIFIED: tl.constexpr):  # fmt: skip
+    """One step of greedy decoding with shallow fusion (``transducer_greedy_reference``'s rules; the arguments are
+    ``_malsd_step_kernel``'s, K = 1): utterance n's joint argmax decides whether its frame emits, the label is the
+    argmax of logit + lm_w log p_LM + b_w bonus over the non-blank classes (ties: the lower class); the history
+    entry holds the label's log-softmax (float32 bits), the label or -1, the frame, the duration."""
+    n = tl.program_id(0)
+    o_k = tl.arange(0, KP)
+    o_c = tl.arange(0, BC)
+    in_k = o_k < K
+    L = tl.load(len_ptr + n).to(tl.int32)
+    step = tl.load(step_ptr)
+    go = (tl.zeros((KP,), tl.int32) + tl.load(go_ptr).to(tl.int32)) != 0
+    stamp = step + 1
+    at_s = n * K + o_k
+    t = tl.load(si_ptr + at_s, mask=in_k, other=0)
+    at_frame = tl.load(si_ptr + NK + at_s, mask=in_k, other=0)
+    n_lab = tl.load(si_ptr + 2 * NK + at_s, mask=in_k, other=0)
+    lm_st = tl.load(si_ptr + 4 * NK + at_s, mask=in_k, other=0)
+    bs = tl.load(si_ptr + 5 * NK + at_s, mask=in_k, other=0)
+    active = in_k & (t < L)
+    rows = x_ptr + at_s.to(tl.int64) * W
+    mx, ls, dlp = _log_softmaxes(rows, active, V, KP, BC, D, DD)
+    p_ovl = ovl_ptr + n.to(tl.int64) * KP * (V + 1)
+    p_nxl = nxl_ptr + n.to(tl.int64) * KP * (V + 1)
+    base, ns_s, has_b = _overrides(lm_st, bs, active, p_ovl, p_nxl, V, stamp, chain_ptr, above_ptr, base_ptr, as_ptr,
+                                   at_ptr, al_ptr, an_ptr, ns_ptr, o_k, KP, LM, DEPTH, DP, BOOST, BA)  # fmt: skip
+    # the joint's argmax (the first of equal logits) and the fused argmax over the non-blank classes
+    best = tl.full((KP,), _MIN_KEY, tl.int64)
+    fused = tl.full((KP,), _MIN_KEY, tl.int64)
+    for c0 in range(0, V, BC):
+        cls = c0 + o_c
+        ok_c = cls < V
+        use = active[:, None] & ok_c[None, :]
+        xv = tl.load(rows[:, None] + cls[None, :], mask=use, other=0.0).to(tl.float32)
+        best = tl.maximum(best, tl.max(tl.where(use, _key(xv, cls[None, :]), _MIN_KEY), 1))
+        f = xv
+        if LM:
+            v, _, _ = _lm_at(o_k[:, None], cls[None, :], ok_c[None, :], use, base[:, None], p_ovl, V, uni_ptr, col_ptr,
+                             stamp)  # fmt: skip
+            f = f + lm_w * v
+        if BOOST:
+            g = _boost_at(bs[:, None], cls[None, :], ok_c[None, :], use & (has_b > 0)[:, None], ns_s[:, None], gn_ptr,
+                          V, rg_ptr)  # fmt: skip
+            f = f + b_w * g
+        f_key = tl.where(use & (cls != blank)[None, :], _key(f, cls[None, :]), _MIN_KEY)
+        fused = tl.maximum(fused, tl.max(f_key, 1))
+    emit = active & (_order_of(best) != blank) & (fused != _MIN_KEY)
+    label = tl.where(emit, _order_of(fused), blank)
+    lp = tl.load(rows + label, mask=active, other=0.0).to(tl.float32) - mx - ls
+    if D > 0:  # the duration's argmax (the first of equal ones)
+        o_d = tl.arange(0, DD)
+        d_key = tl.where((o_d < D)[None, :], _key(dlp, o_d[None, :]), _MIN_KEY)
+        dur = tl.load(dur_ptr + _order_of(tl.max(d_key, 1)), mask=active, other=0)
+        stp = tl.where(emit, dur, tl.maximum(dur, 1))
+    else:
+        dur = (~emit).to(tl.int32)
+        stp = dur
+    n_at = tl.where(emit & (stp == 0), at_frame + 1, 0)
+    stp = tl.where(n_at >= max_symbols, 1, stp)
+    n_at = tl.where(n_at >= max_symbols, 0, n_at)
+    n_t = tl.where(active, t + stp, t)
+    n_lm = lm_st
+    if LM:
+        _, hit_l, at_l = _lm_at(o_k, label, emit, emit, 0.0, p_ovl, V, uni_ptr, col_ptr, stamp)
+        nx = tl.where(hit_l, tl.load(p_nxl + at_l, mask=emit & hit_l, other=0) & 4294967295,
+                      tl.load(unext_ptr + label, mask=emit, other=0)).to(tl.int32)  # fmt: skip
+        n_lm = tl.where(emit, nx, n_lm)
+    n_bs = bs
+    if BOOST:
+        _, b_next = _boost_step(bs, label, emit, ns_s, gn_ptr, bnx_ptr, V)
+        n_bs = tl.where(emit, b_next, n_bs)
+    sv = in_k & go
+    tl.store(si_ptr + at_s, n_t, mask=sv)
+    tl.store(si_ptr + NK + at_s, n_at, mask=sv)
+    tl.store(si_ptr + 2 * NK + at_s, n_lab + emit.to(tl.int32), mask=sv)
+    tl.store(si_ptr + 4 * NK + at_s, n_lm, mask=sv)
+    tl.store(si_ptr + 5 * NK + at_s, n_bs, mask=sv)
+    emit = emit & go
+    p_h = hist_ptr + step.to(tl.int64) * 4 * NK + at_s
+    tl.store(p_h, lp.to(tl.int32, bitcast=True), mask=in_k)
+    tl.store(p_h + NK, tl.where(emit, label, -1), mask=in_k)
+    tl.store(p_h + 2 * NK, t, mask=in_k)
+    tl.store(p_h + 3 * NK, dur, mask=in_k)
+    tl.store(row_ptr + at_s, at_s.to(tl.int64), mask=in_k)
+    tl.store(lab_ptr + at_s, label.to(tl.int64), mask=in_k)
+    tl.store(islab_ptr + at_s, emit, mask=in_k)
+    t_next = tl.where(go, n_t, t)
+    tl.store(frm_ptr + at_s, (n * T + tl.minimum(t_next, tl.maximum(L - 1, 0))).to(tl.int64), mask=in_k)
+
+
+@triton.jit
 def _malsd_backtrack(hist_ptr, order_ptr, ok_ptr, nlab_ptr, steps_ptr, tok_ptr, frm_ptr, dur_ptr, NK, S, K,
                      B: tl.constexpr, BP: tl.constexpr, BS: tl.constexpr, TDT: tl.constexpr):  # fmt: skip
     """Each of utterance n's B hypotheses' tokens, frames and durations [S] (-1 past its length) along the
@@ -572,7 +684,7 @@ class _Search:
     GPU, the chunk's CUDA graph; ``start`` fills the buffers for a call, ``run`` searches."""
 
     def __init__(self, w, N, T, K, blank, durations, max_symbols, lm, lm_weight, boosting, boosting_weight, enc,
-                 modified):  # fmt: skip
+                 modified, greedy=False):  # fmt: skip
 
         dev = enc.device
         KP = max(2, next_power_of_2(K))
@@ -622,8 +734,9 @@ class _Search:
         self.consts = consts
         # what the kernels' specialisations depend on (a capture must not be the first launch of one)
         shapes = tuple(tuple(t.shape) for t in (w.enc_w, w.pred_w, w.out_w, w.embedding))
-        self.config = (dev, enc.dtype, N, T, K, max_symbols, shapes, len(w.lstm or ()), TF32X3, FUSED_CELL,
+        self.config = (dev, enc.dtype, N, T, K, max_symbols, shapes, len(w.lstm or ()), TF32X3, FUSED_CELL, greedy,
                        tuple(sorted(consts.items())))  # fmt: skip
+        self.kernel = _greedy_step_kernel if greedy else _malsd_step_kernel
         self.w, self.lm, self.boosting = w, lm, boosting  # (held: the key's ids stay theirs)
         self.table = input_gates_table(w)
         self.linear = torch.nn.functional.linear
@@ -634,8 +747,9 @@ class _Search:
         self.halves = None
         self.graph = None
 
-    def start(self, enc, lengths, pred_state, out, g, score) -> None:
-        """The buffers at the search's start for these encoder outputs [N, T, J] and lengths (clamped)."""
+    def start(self, enc, lengths, pred_state, out, g, score, frames=None, lm_states=None, boosting_states=None):
+        """The buffers at the search's start for these encoder outputs [N, T, J] and lengths (clamped); greedy
+        decoding's (K = 1) may start from each utterance's frame and LM and booster states."""
         N, K, NK, dev = self.N, self.K, self.NK, self.dev
         self.enc_rows.copy_(enc.reshape(N * self.T, -1))
         self.lens.copy_(lengths)
@@ -643,11 +757,15 @@ class _Search:
         self.si.zero_()
         self.si[3] = -1
         self.si[4], self.si[5] = self.starts
+        for i, v in ((0, frames), (4, lm_states), (5, boosting_states)):
+            if v is not None:
+                self.si[i].copy_(v)
         self.hsh.zero_()
         self.row.copy_(torch.arange(NK, device=dev))
         self.lab.zero_()
         self.islab.zero_()
-        self.frm.copy_(torch.arange(N, device=dev).repeat_interleave(K) * self.T)
+        at = torch.minimum(self.si[0].view(N, K), (self.lens[:, None] - 1).clamp(min=0))
+        self.frm.copy_((torch.arange(N, device=dev)[:, None] * self.T + at).reshape(NK))
         self.step.zero_()
         if self.table is not None:  # the weights' current values (changed in place since the last call?)
             self.table.copy_(input_gates_table(self.w))
@@ -681,7 +799,7 @@ class _Search:
                 )
             else:
                 logits = linear(joint, w.out_w, w.out_b)
-            launch(_malsd_step_kernel)[(N,)](
+            launch(self.kernel)[(N,)](
                 logits, self.lens, self.go.view(torch.uint8), self.step, *self.step_args, **self.consts
             )
             self.step.add_(1)
@@ -742,6 +860,72 @@ def modified_search(w, x: torch.Tensor, lengths: torch.Tensor, beam_size: int, b
     return _search(True, w, x, lengths, beam_size, blank, None, 1, *options, plans=plans)
 
 
+def greedy_search(w, x: torch.Tensor, lengths: torch.Tensor, state, blank: int, durations, max_symbols: int, lm,
+                  lm_weight: float, boosting, boosting_weight: float, plans=None):  # fmt: skip
+    """``transducer_greedy_reference`` with an LM or a booster fused (the same arguments and results) with each
+    step's decisions in ``_greedy_step_kernel``: the beam search's buffers, networks and CUDA graphs at K = 1."""
+    from .reference import Hypotheses, TransducerState, _fusion_states, compact
+
+    N, T, _ = x.shape
+    dev = x.device
+    S = T * max_symbols
+    enc = torch.nn.functional.linear(x.to(w.enc_w.dtype), w.enc_w, w.enc_b)
+    lengths = lengths.to(dev, torch.int64).clamp(0, T)
+    search = _kept_search(False, True, w, N, T, 1, blank, durations, max_symbols, lm, lm_weight, boosting,
+                          boosting_weight, enc, plans)  # fmt: skip
+    g = torch.nn.functional.linear(state.output, w.pred_w, w.pred_b)
+    zero = torch.zeros(N, 1, dtype=torch.float32, device=dev)
+    fusion_states = (
+        _fusion_states(lm, state.lm_states, N, dev),
+        _fusion_states(boosting, state.boosting_states, N, dev),
+    )
+    with torch.no_grad():
+        search.start(enc, lengths, state.predictor, state.output, g, zero, state.time_jumps, *fusion_states)
+        search.run(activation_fn(w.activation))
+    hist, si = search.hist, search.si
+    live = torch.arange(hist.shape[0], device=dev)[None, :] < search.step
+    label = hist[:, 1].T
+    emit = (label >= 0) & live
+    n_out, tokens, frames, scores, durs = compact(
+        emit, (label.long(), -1), (hist[:, 2].T.long(), -1), (hist[:, 0].T.view(torch.float32), 0.0),
+        (hist[:, 3].T.long(), -1),
+    )  # fmt: skip
+    frames = torch.where(frames >= 0, frames + state.frames[:, None], -1)
+    hyp = Hypotheses(tokens[:, :S], n_out, frames[:, :S], scores[:, :S], durs[:, :S] if durations else None)
+    t = si[0].long()
+    pred = tuple(p.clone() for p in search.pred_state)
+    out = pred[0][-1] if search.fused else search.out.clone()
+    return hyp, TransducerState(
+        pred,
+        out,
+        t - lengths,
+        state.frames + lengths,
+        si[4].long() if lm is not None else state.lm_states,
+        si[5].long() if boosting is not None else state.boosting_states,
+    )
+
+
+def _kept_search(modified, greedy, w, N, T, K, blank, durations, max_symbols, lm, lm_weight, boosting,
+                 boosting_weight, enc, plans) -> _Search:  # fmt: skip
+    """The ``_Search`` of this configuration: the one the decoder (``plans``) or _KEPT keeps, or a new one."""
+    key = (id(w), id(lm), id(boosting), N, T, K, blank, durations, max_symbols, float(lm_weight),
+           float(boosting_weight), enc.device, enc.dtype, w.activation, modified, greedy, TF32X3, FUSED_CELL,
+           CHECK_EVERY, GRAPHS, tuple(STEP_TILES.items()))  # fmt: skip
+    kept = (plans.beam if plans is not None else _KEPT.get("beam")) if KEEP_SEARCH else None
+    search = kept[1] if kept is not None and kept[0] == key else None
+    if search is None:
+        if plans is not None:  # the old buffers go before the new ones come
+            plans.beam = None
+        _KEPT.clear()
+        search = _Search(w, N, T, K, blank, durations, max_symbols, lm, lm_weight, boosting, boosting_weight, enc,
+                         modified, greedy)  # fmt: skip
+        if KEEP_SEARCH and plans is not None:
+            plans.beam = (key, search)
+        elif KEEP_SEARCH:
+            _KEPT["beam"] = (key, search)
+    return search
+
+
 def _search(modified, w, x, lengths, K, blank, durations, max_symbols, B=1, lm=None, lm_weight=0.0, score_norm=True,
             boosting=None, boosting_weight=1.0, plans=None):  # fmt: skip
     from .beam_reference import BeamHypotheses
@@ -753,21 +937,8 @@ def _search(modified, w, x, lengths, K, blank, durations, max_symbols, B=1, lm=N
     D = len(durations) if durations else 0
     S = T if modified else T * max_symbols
     enc, act, lengths, wd, ninf, pred_state, out, g, score = _start(w, x, lengths, K, blank)
-    key = (id(w), id(lm), id(boosting), N, T, K, blank, durations, max_symbols, float(lm_weight),
-           float(boosting_weight), dev, enc.dtype, w.activation, modified, TF32X3, FUSED_CELL, CHECK_EVERY, GRAPHS,
-           tuple(STEP_TILES.items()))  # fmt: skip
-    kept = (plans.beam if plans is not None else _KEPT.get("beam")) if KEEP_SEARCH else None
-    search = kept[1] if kept is not None and kept[0] == key else None
-    if search is None:
-        if plans is not None:  # the old buffers go before the new ones come
-            plans.beam = None
-        _KEPT.clear()
-        search = _Search(w, N, T, K, blank, durations, max_symbols, lm, lm_weight, boosting, boosting_weight, enc,
-                         modified)  # fmt: skip
-        if KEEP_SEARCH and plans is not None:
-            plans.beam = (key, search)
-        elif KEEP_SEARCH:
-            _KEPT["beam"] = (key, search)
+    search = _kept_search(modified, False, w, N, T, K, blank, durations, max_symbols, lm, lm_weight, boosting,
+                          boosting_weight, enc, plans)  # fmt: skip
     with torch.no_grad():
         search.start(enc, lengths, pred_state, out, g, score)
         search.run(act)
