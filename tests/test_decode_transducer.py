@@ -225,7 +225,7 @@ def test_views_decode_as_copies(path):
         x,
         lengths,
         sk.TransducerState(
-            *(tuple(t.contiguous() for t in v) if isinstance(v, tuple) else v.contiguous() for v in strided)
+            *(tuple(t.contiguous() for t in v) if isinstance(v, tuple) else v.contiguous() for v in strided[:4])
         ),
     )
     for u, v in zip(d, e, strict=True):
