@@ -235,3 +235,29 @@ def test_the_reference_function_alone():
     want, _ = dec.greedy(x, [6, 3])
     assert torch.equal(hyp.tokens, want.tokens) and state.lm_states is None
     assert isinstance(state, sk.TransducerState)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("durations", [None, (0, 1, 2, 3)])
+def test_gpu_bfloat16_and_graphs(gpu, tmp_path, monkeypatch, durations):
+    """bfloat16 networks on the GPU: the PyTorch path's hypotheses on the same device (scores to float32's
+    rounding); float32 with the CUDA graphs off: the replayed steps' results."""
+    from speechkernels.decode import api, transducer_beam_kernels
+
+    dec = make_decoder(13, V=20, durations=durations, max_symbols=2, blank=0).to(gpu)
+    x = torch.randn(4, 30, 6, generator=torch.Generator().manual_seed(13)).to(gpu)
+    random_arpa(tmp_path / "lm.arpa", 20, 3, seed=13)
+    kw = dict(lm=NGramLM.from_arpa(tmp_path / "lm.arpa", 20).to(gpu), lm_weight=0.3)
+    kw.update(boosting=PhraseBooster([[1, 2], [5, 5, 3]], 20, 1.5).to(gpu), boosting_weight=0.5)
+    replayed, _ = dec.greedy(x, [30, 22, 9, 1], **kw)
+    monkeypatch.setattr(transducer_beam_kernels, "GRAPHS", False)
+    eager, _ = dec.greedy(x, [30, 22, 9, 1], **kw)
+    for a, b in zip(replayed, eager, strict=True):
+        assert b is None or torch.equal(a, b)
+    dec = dec.to(torch.bfloat16)
+    got, _ = dec.greedy(x, [30, 22, 9, 1], **kw)
+    monkeypatch.setattr(api, "transducer_beam_kernels", None)
+    want, _ = dec.greedy(x, [30, 22, 9, 1], **kw)
+    for a, b in zip(got, want, strict=True):
+        if b is not None:
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-5) if b.dtype.is_floating_point else torch.equal(a, b)
