@@ -60,7 +60,9 @@ def _start(w: TransducerWeights, x: torch.Tensor, lengths: torch.Tensor, K: int,
     score = torch.full((N, K), float("-inf"), dtype=wd, device=dev)
     score[:, 0] = 0.0
     return _Start(
-        enc=torch.nn.functional.linear(x.to(w.enc_w.dtype), w.enc_w, w.enc_b),  # [N, T, J]
+        enc=torch.nn.functional.linear(
+            x.to(w.enc_w.dtype).contiguous(), w.enc_w, w.enc_b
+        ),  # [N, T, J] (a view: its copy's)
         act=activation_fn(w.activation),
         lengths=lengths.to(dev, torch.int64).clamp(0, T),
         wd=wd,

@@ -869,7 +869,7 @@ def greedy_search(w, x: torch.Tensor, lengths: torch.Tensor, state, blank: int, 
     N, T, _ = x.shape
     dev = x.device
     S = T * max_symbols
-    enc = torch.nn.functional.linear(x.to(w.enc_w.dtype), w.enc_w, w.enc_b)
+    enc = torch.nn.functional.linear(x.to(w.enc_w.dtype).contiguous(), w.enc_w, w.enc_b)  # (a view: its copy's)
     lengths = lengths.to(dev, torch.int64).clamp(0, T)
     search = _kept_search(False, True, w, N, T, 1, blank, durations, max_symbols, lm, lm_weight, boosting,
                           boosting_weight, enc, plans)  # fmt: skip
