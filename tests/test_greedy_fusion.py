@@ -215,6 +215,8 @@ def test_refusals(tmp_path):
         dec.greedy(x, boosting=[[1, 2]])
     with pytest.raises(ValueError, match="lm_weight"):
         dec.greedy(x, lm=kw["lm"], lm_weight=float("nan"))
+    with pytest.raises(ValueError, match="boosting_weight"):
+        dec.greedy(x, boosting=kw["boosting"], boosting_weight=float("inf"))
     _, state = dec.greedy(x, **kw)
     with pytest.raises(ValueError, match=r"state.lm_states must be None or \[2\] int64"):
         dec.greedy(x, state=state._replace(lm_states=state.lm_states.int()), **kw)

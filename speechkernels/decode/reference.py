@@ -244,9 +244,9 @@ def transducer_greedy_reference(
 
 def _fusion_states(tables, states: torch.Tensor | None, N: int, device) -> torch.Tensor | None:
     """The [N] int64 states of an ``NGramLM`` or ``PhraseBooster`` to start from (None: its start state), or None
-    without one."""
+    without one (given states are the caller's to check: ``TransducerDecoder.greedy`` does, once)."""
     if tables is None:
         return None
     if states is None:
         return torch.full((N,), tables.start, dtype=torch.int64, device=device)
-    return tables._checked(states)
+    return states.to(device, torch.int64)
