@@ -325,6 +325,36 @@ def test_search_across_class_blocks(path, tmp_path, monkeypatch, durations):
     check_against_oracle(hyp, want, 1e-4)
 
 
+@pytest.mark.kernels
+@pytest.mark.parametrize("layers", [1, 3])
+@pytest.mark.parametrize("durations", [None, (0, 2, 1)])
+def test_compact_step_is_the_full_step(path, tmp_path, monkeypatch, layers, durations):
+    """COMPACT (the LSTM layers and the projection over the slots that took a label, each slot's recurrent terms
+    made with its state) gives the values of the step over every slot bit for bit: beam search with an LM and
+    greedy decoding with it, one and three layers (the later layers' compact cells)."""
+    from speechkernels.decode import transducer_beam_kernels
+
+    monkeypatch.setattr(transducer_beam_kernels, "TF32X3", True)
+    monkeypatch.setattr(transducer_beam_kernels, "FUSED_CELL", True)
+    dec = make_decoder(3 + layers, V=12, layers=layers, durations=durations, max_symbols=3, blank_bias=0.5)
+    dec = dec.float().to(path.device)
+    x = torch.randn(3, 9, 6, generator=torch.Generator().manual_seed(layers)).to(path.device)
+    random_arpa(tmp_path / "lm.arpa", 12, 3, seed=layers)
+    kw = dict(lm=NGramLM.from_arpa(tmp_path / "lm.arpa", 12).to(path.device), lm_weight=0.4)
+    got = {}
+    for compact in (True, False):
+        monkeypatch.setattr(transducer_beam_kernels, "COMPACT", compact)
+        got[compact] = (
+            dec.beam_search(x, [9, 5, 7], 4, nbest=2, **kw),
+            dec.greedy(x, [9, 5, 7], **kw)[0],
+        )
+        path.check_ran()
+    for a, b in zip(got[True], got[False], strict=True):
+        for u, v in zip(a, b, strict=True):
+            assert (u is None) == (v is None)
+            assert u is None or torch.equal(u, v)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("durations", [None, (0, 1, 2, 3)])
 def test_gpu_graph_replay_is_the_eager_search(gpu, tmp_path, monkeypatch, durations):
@@ -519,6 +549,7 @@ def test_random_configurations_on_every_path(path, tmp_path, monkeypatch, seed):
 
         monkeypatch.setattr(tbk, "TF32X3", rng.random() < 0.5)
         monkeypatch.setattr(tbk, "FUSED_CELL", rng.random() < 0.5)
+        monkeypatch.setattr(tbk, "COMPACT", rng.random() < 0.7)
         monkeypatch.setitem(tbk.STEP_TILES, "block_c", rng.choice([16, 256]))
         monkeypatch.setitem(tbk.STEP_TILES, "block_arcs", rng.choice([2, 32]))
     algorithm = rng.choice(["malsd", "modified"])

@@ -58,6 +58,8 @@ STEP_TILES = {"block_c": 256, "warps": 4, "wide": 8, "block_c_wide": 64, "warps_
 CHECK_EVERY = 4  # steps between the host's checks for an active slot
 TF32X3 = True  # float32 networks' products in _linear_kernel (three TF32 products each) rather than torch's
 # (cuBLAS's float32 SIMT kernels); the tests run both
+COMPACT = True  # with TF32X3 and FUSED_CELL: the LSTM layers and the projection over the slots that took a
+# label only (compact_lstm_step), each slot's recurrent terms made with its state
 FUSED_CELL = True  # float32 LSTM networks: each layer's cell, the parents' gathers and the selection by label in
 # _lstm_cell_kernel (one launch a layer) rather than torch's ~12 operations
 GRAPHS = True  # on the GPU, chunks of CHECK_EVERY steps replayed as one CUDA graph (captured once per call)
@@ -125,42 +127,53 @@ def _tf32_hi(x):
 
 
 @triton.jit
-def _linear_tile(a_ptr, wh_ptr, wl_ptr, b_ptr, out_ptr, M, N, K, tile, BIAS: tl.constexpr, BM: tl.constexpr,
-                 BN: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+def _linear_tile(a_ptr, wh_ptr, wl_ptr, b_ptr, out_ptr, M, N, K, tile, idx_ptr, cnt_ptr, BIAS: tl.constexpr,
+                 IDX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):  # fmt: skip
     """Tile ``tile`` (row blocks first) of out [M, N] = a [M, K] @ w [N, K]^T + b [N] (float32, contiguous) as
     three TF32 products on the tensor cores (about float32's precision): w given split as w = wh + wl
     (``tf32_split``), a split here; per block of K the products a_lo wh + a_hi wl + a_hi wh summed from zero, then
-    added to the float32 sum (Triton's tf32x3 rule). The bias is added after the sum as torch's addmm does."""
+    added to the float32 sum (Triton's tf32x3 rule). The bias is added after the sum as torch's addmm does. IDX:
+    only the rows idx[:cnt[0]] of a and out (the tiles past them do nothing); a row's result does not depend on
+    its place in the tile."""
     n_m = tl.cdiv(M, BM)
     o_m = (tile % n_m) * BM + tl.arange(0, BM)
     o_n = (tile // n_m) * BN + tl.arange(0, BN)
     o_k = tl.arange(0, BK)
-    acc = tl.zeros((BM, BN), tl.float32)
-    for k0 in range(0, K, BK):
-        kk = k0 + o_k
-        a = tl.load(a_ptr + o_m[:, None].to(tl.int64) * K + kk[None, :], mask=(o_m < M)[:, None] & (kk < K)[None, :],
-                    other=0.0)  # fmt: skip
-        m_w = (o_n < N)[None, :] & (kk < K)[:, None]
-        p_w = o_n[None, :].to(tl.int64) * K + kk[:, None]
-        w_hi = tl.load(wh_ptr + p_w, mask=m_w, other=0.0)
-        w_lo = tl.load(wl_ptr + p_w, mask=m_w, other=0.0)
-        if _INTERPRETER:
-            acc = tl.dot(a, w_hi + w_lo, acc, input_precision="ieee")
-        else:
-            a_hi = _tf32_hi(a)
-            part = tl.dot(a - a_hi, w_hi, tl.zeros((BM, BN), tl.float32), input_precision="tf32")
-            part = tl.dot(a_hi, w_lo, part, input_precision="tf32")
-            acc += tl.dot(a_hi, w_hi, part, input_precision="tf32")
-    if BIAS:
-        acc = acc + tl.load(b_ptr + o_n, mask=o_n < N, other=0.0)[None, :]
-    m = (o_m < M)[:, None] & (o_n < N)[None, :]
-    tl.store(out_ptr + o_m[:, None].to(tl.int64) * N + o_n[None, :], acc, mask=m)
+    if IDX:
+        n_rows = tl.load(cnt_ptr)
+        ok_m = o_m < n_rows
+        rows = tl.load(idx_ptr + o_m, mask=ok_m, other=0).to(tl.int64)
+    else:
+        n_rows = M
+        ok_m = o_m < M
+        rows = o_m.to(tl.int64)
+    if (tile % n_m) * BM < n_rows:
+        acc = tl.zeros((BM, BN), tl.float32)
+        for k0 in range(0, K, BK):
+            kk = k0 + o_k
+            a = tl.load(a_ptr + rows[:, None] * K + kk[None, :], mask=ok_m[:, None] & (kk < K)[None, :], other=0.0)
+            m_w = (o_n < N)[None, :] & (kk < K)[:, None]
+            p_w = o_n[None, :].to(tl.int64) * K + kk[:, None]
+            w_hi = tl.load(wh_ptr + p_w, mask=m_w, other=0.0)
+            w_lo = tl.load(wl_ptr + p_w, mask=m_w, other=0.0)
+            if _INTERPRETER:  # (a row's sums in one order wherever it sits: numpy's products depend on it)
+                acc += tl.sum(a[:, :, None] * (w_hi + w_lo)[None, :, :], axis=1)
+            else:
+                a_hi = _tf32_hi(a)
+                part = tl.dot(a - a_hi, w_hi, tl.zeros((BM, BN), tl.float32), input_precision="tf32")
+                part = tl.dot(a_hi, w_lo, part, input_precision="tf32")
+                acc += tl.dot(a_hi, w_hi, part, input_precision="tf32")
+        if BIAS:
+            acc = acc + tl.load(b_ptr + o_n, mask=o_n < N, other=0.0)[None, :]
+        m = ok_m[:, None] & (o_n < N)[None, :]
+        tl.store(out_ptr + rows[:, None] * N + o_n[None, :], acc, mask=m)
 
 
 @triton.jit
 def _linear_kernel(a0, wh0, wl0, b0, o0, N0, K0, a1, wh1, wl1, b1, o1, N1, K1, a2, wh2, wl2, b2, o2, N2, K2, M,
-                   G: tl.constexpr, BIAS0: tl.constexpr, BIAS1: tl.constexpr, BIAS2: tl.constexpr,
-                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+                   idx_ptr, cnt_ptr, G: tl.constexpr, BIAS0: tl.constexpr, BIAS1: tl.constexpr,
+                   BIAS2: tl.constexpr, IDX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                   BK: tl.constexpr):  # fmt: skip
     """G (1-3) independent products of M rows in one launch (``_linear_tile``): the programs take the first's
     tiles, then the second's, then the third's."""
     tile = tl.program_id(0)
@@ -168,12 +181,12 @@ def _linear_kernel(a0, wh0, wl0, b0, o0, N0, K0, a1, wh1, wl1, b1, o1, N1, K1, a
     t0 = n_m * tl.cdiv(N0, BN)
     t1 = n_m * tl.cdiv(N1, BN)
     if tile < t0:
-        _linear_tile(a0, wh0, wl0, b0, o0, M, N0, K0, tile, BIAS0, BM, BN, BK)
+        _linear_tile(a0, wh0, wl0, b0, o0, M, N0, K0, tile, idx_ptr, cnt_ptr, BIAS0, IDX, BM, BN, BK)
     elif G > 1:
         if tile < t0 + t1:
-            _linear_tile(a1, wh1, wl1, b1, o1, M, N1, K1, tile - t0, BIAS1, BM, BN, BK)
+            _linear_tile(a1, wh1, wl1, b1, o1, M, N1, K1, tile - t0, idx_ptr, cnt_ptr, BIAS1, IDX, BM, BN, BK)
         elif G > 2:
-            _linear_tile(a2, wh2, wl2, b2, o2, M, N2, K2, tile - t0 - t1, BIAS2, BM, BN, BK)
+            _linear_tile(a2, wh2, wl2, b2, o2, M, N2, K2, tile - t0 - t1, idx_ptr, cnt_ptr, BIAS2, IDX, BM, BN, BK)
 
 
 def tf32_split(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -193,11 +206,15 @@ def linear_tf32x3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return out.view(*x.shape[:-1], out.shape[1])
 
 
-def linear_group(products: list[tuple]) -> list[torch.Tensor]:
+def linear_group(
+    products: list[tuple], outs: list[torch.Tensor] | None = None, rows: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> list[torch.Tensor]:
     """``linear_tf32x3`` of each (x [M, K_i], weight, bias or None, split or None), all of M rows, three to a
     launch: independent products share the machine's waves (64 x 64 tiles: 242 registers with Triton 3.6 for
-    sm_90, no spills; 64 x 128 spill)."""
-    outs = []
+    sm_90, no spills; 64 x 128 spill). ``outs``: the outputs [M, N_i] (contiguous) to write, else new ones;
+    ``rows`` (idx, count): only the rows idx[:count[0]] of each x and output (device values: the launch covers M
+    rows, the tiles past count do nothing)."""
+    outs = list(outs) if outs is not None else [None] * len(products)
     for at in range(0, len(products), 3):
         args, flags = [], {}
         M = products[at][0].shape[0]
@@ -207,15 +224,18 @@ def linear_group(products: list[tuple]) -> list[torch.Tensor]:
                 raise ValueError(f"linear_group: product {at + g} has x of shape {tuple(x.shape)}, not [{M}, K]")
             a = x.contiguous()
             w_hi, w_lo = split if split is not None else tf32_split(weight)
-            out = torch.empty(M, w_hi.shape[0], dtype=torch.float32, device=x.device)
-            args += [a, w_hi, w_lo, bias if bias is not None else w_hi, out, w_hi.shape[0], a.shape[1]]
+            if outs[at + g] is None:
+                outs[at + g] = torch.empty(M, w_hi.shape[0], dtype=torch.float32, device=x.device)
+            args += [a, w_hi, w_lo, bias if bias is not None else w_hi, outs[at + g], w_hi.shape[0], a.shape[1]]
             flags[f"BIAS{g}"] = bias is not None
             tiles += cdiv(M, 64) * cdiv(w_hi.shape[0], 64)
-            outs.append(out)
         G = len(flags)
         args += args[:7] * (3 - G)
         flags.update({f"BIAS{g}": False for g in range(G, 3)})
-        launch(_linear_kernel)[(tiles,)](*args, M, G=G, **flags, BM=64, BN=64, BK=32, num_warps=4, num_stages=3)
+        idx, count = rows if rows is not None else (args[0], args[0])
+        launch(_linear_kernel)[(tiles,)](
+            *args, M, idx, count, G=G, **flags, IDX=rows is not None, BM=64, BN=64, BK=32, num_warps=4, num_stages=3
+        )
     return outs
 
 
@@ -236,9 +256,20 @@ class _SplitLinear:
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return linear_tf32x3(x, weight, bias, self.splits.get(weight.data_ptr()))
 
-    def group(self, products: list[tuple]) -> list[torch.Tensor]:
-        """``linear_group`` of (x, weight, bias) with the weights' splits."""
-        return linear_group([(x, w, b, self.splits.get(w.data_ptr())) for x, w, b in products])
+    def group(self, products: list[tuple], outs=None, rows=None) -> list[torch.Tensor]:
+        """``linear_group`` of (x, weight, bias) with the weights' splits (``outs``, ``rows``: its own)."""
+        return linear_group([(x, w, b, self.splits.get(w.data_ptr())) for x, w, b in products], outs, rows)
+
+
+@triton.jit
+def _gates_cell(p_x, p_g, c_par, m, H):
+    """An LSTM cell from its input term's and recurrent term's gate rows (i, f, g, o at 0, H, 2H, 3H) and c."""
+    g_i = tl.load(p_x, mask=m, other=0.0) + tl.load(p_g, mask=m, other=0.0)
+    g_f = tl.load(p_x + H, mask=m, other=0.0) + tl.load(p_g + H, mask=m, other=0.0)
+    g_g = tl.load(p_x + 2 * H, mask=m, other=0.0) + tl.load(p_g + 2 * H, mask=m, other=0.0)
+    g_o = tl.load(p_x + 3 * H, mask=m, other=0.0) + tl.load(p_g + 3 * H, mask=m, other=0.0)
+    c_new = _sigmoid(g_f) * c_par + _sigmoid(g_i) * _tanh(g_g)
+    return _sigmoid(g_o) * _tanh(c_new), c_new
 
 
 @triton.jit
@@ -254,16 +285,9 @@ def _lstm_cell_kernel(x_ptr, hh_ptr, lab_ptr, row_ptr, islab_ptr, h_ptr, c_ptr, 
     m = o_h < H
     r = tl.load(row_ptr + i)
     x_row = tl.load(lab_ptr + i) if TABLE else i
-    p_x = x_ptr + x_row * 4 * H + o_h
-    p_g = hh_ptr + r * 4 * H + o_h
-    g_i = tl.load(p_x, mask=m, other=0.0) + tl.load(p_g, mask=m, other=0.0)
-    g_f = tl.load(p_x + H, mask=m, other=0.0) + tl.load(p_g + H, mask=m, other=0.0)
-    g_g = tl.load(p_x + 2 * H, mask=m, other=0.0) + tl.load(p_g + 2 * H, mask=m, other=0.0)
-    g_o = tl.load(p_x + 3 * H, mask=m, other=0.0) + tl.load(p_g + 3 * H, mask=m, other=0.0)
     c_par = tl.load(c_ptr + r * H + o_h, mask=m, other=0.0)
     h_par = tl.load(h_ptr + r * H + o_h, mask=m, other=0.0)
-    c_new = _sigmoid(g_f) * c_par + _sigmoid(g_i) * _tanh(g_g)
-    h_new = _sigmoid(g_o) * _tanh(c_new)
+    h_new, c_new = _gates_cell(x_ptr + x_row * 4 * H + o_h, hh_ptr + r * 4 * H + o_h, c_par, m, H)
     lab = (tl.zeros((BH,), tl.int32) + tl.load(islab_ptr + i).to(tl.int32)) != 0
     tl.store(new_ptr + i * H + o_h, h_new, mask=m)
     tl.store(h_out_ptr + i * H + o_h, tl.where(lab, h_new, h_par), mask=m)
@@ -286,6 +310,92 @@ def lstm_step(w, table, lab, row, islab, state_in, state_out, linear, recurrent=
             xt, hh, lab, row, islab.view(torch.uint8), h[layer], c[layer], h_out[layer], c_out[layer], x, H,
             TABLE=layer == 0, BH=128, num_warps=4,
         )  # fmt: skip
+
+
+@triton.jit
+def _first_cell_kernel(tab_ptr, rec_ptr, lab_ptr, row_ptr, islab_ptr, h_ptr, c_ptr, g_ptr, h_out_ptr, c_out_ptr,
+                       rec_out_ptr, g_out_ptr, list_ptr, cnt_ptr, cnt_next_ptr, NK, H, J, L,
+                       BH: tl.constexpr):  # fmt: skip
+    """The compact step's first launch, slot i (program 0), units or columns of block program 1. A slot that took
+    a label: the first layer's new (h, c) (gates = table row lab[i] + the parent's recurrent term, rec[0] row
+    row[i]) into h_out[0], c_out[0] row i, and i appended to list (count cnt[0]); the later layers, the recurrent
+    terms and the projection are computed for the listed slots only. Any other slot: its parent's rows of every
+    layer's h, c and recurrent term and of the projection g copied to row i. Program (0, 0) zeroes cnt_next[0]
+    (the next step's count). Layouts: h, c [L, NK, H], rec [L, NK, 4H], g [NK, J]."""
+    i = tl.program_id(0)
+    b = tl.program_id(1)
+    o = b * BH + tl.arange(0, BH)
+    m = o < H
+    r = tl.load(row_ptr + i).to(tl.int64)
+    if tl.load(islab_ptr + i) != 0:
+        x_row = tl.load(lab_ptr + i)
+        c_par = tl.load(c_ptr + r * H + o, mask=m, other=0.0)
+        h_new, c_new = _gates_cell(tab_ptr + x_row * 4 * H + o, rec_ptr + r * 4 * H + o, c_par, m, H)
+        tl.store(h_out_ptr + i * H + o, h_new, mask=m)
+        tl.store(c_out_ptr + i * H + o, c_new, mask=m)
+        if b == 0:
+            tl.store(list_ptr + tl.atomic_add(cnt_ptr, 1), i)
+    else:
+        for layer in range(L):
+            at = layer * NK * H
+            tl.store(h_out_ptr + at + i * H + o, tl.load(h_ptr + at + r * H + o, mask=m), mask=m)
+            tl.store(c_out_ptr + at + i * H + o, tl.load(c_ptr + at + r * H + o, mask=m), mask=m)
+            for q in range(4):
+                p = 4 * at + q * H + o
+                tl.store(rec_out_ptr + p + i * 4 * H, tl.load(rec_ptr + p + r * 4 * H, mask=m), mask=m)
+        tl.store(g_out_ptr + i * J + o, tl.load(g_ptr + r * J + o, mask=o < J), mask=o < J)
+    if i == 0 and b == 0:
+        tl.store(cnt_next_ptr, 0)
+
+
+@triton.jit
+def _next_cell_kernel(x_ptr, rec_ptr, row_ptr, h_ptr, c_ptr, h_out_ptr, c_out_ptr, list_ptr, cnt_ptr, H,
+                      BH: tl.constexpr):  # fmt: skip
+    """The compact step's later LSTM layer for the listed slots (program 0: the list's entry e < cnt[0]; units of
+    block program 1): gates = x row i (this layer's input term, of the slot's new lower h) + the parent's
+    recurrent term (rec row row[i]); the new (h, c) from the parent's c into row i of h_out, c_out (this layer's
+    [NK, H])."""
+    e = tl.program_id(0)
+    if e < tl.load(cnt_ptr):
+        o = tl.program_id(1) * BH + tl.arange(0, BH)
+        m = o < H
+        i = tl.load(list_ptr + e).to(tl.int64)
+        r = tl.load(row_ptr + i).to(tl.int64)
+        c_par = tl.load(c_ptr + r * H + o, mask=m, other=0.0)
+        h_new, c_new = _gates_cell(x_ptr + i * 4 * H + o, rec_ptr + r * 4 * H + o, c_par, m, H)
+        tl.store(h_out_ptr + i * H + o, h_new, mask=m)
+        tl.store(c_out_ptr + i * H + o, c_new, mask=m)
+
+
+def compact_lstm_step(w, table, lab, row, islab, state_in, state_out, g_in, g_out, listing, counts,
+                      linear) -> None:  # fmt: skip
+    """The prediction network's step of the search over the slots that took a label only (float32 LSTM networks,
+    ``linear`` a ``_SplitLinear``): state_in / state_out (h, c [L, NK, H], rec [L, NK, 4H]: each slot's h @ W_hh^T +
+    b_hh, made with its state) and g_in / g_out (the projection [NK, J]); the other slots take their parents'
+    rows. listing [NK] and counts (this step's count, the next step's: both zero at the search's start, each
+    zeroed by the step before its use) are scratch. The same values as ``lstm_step`` and the projection of every
+    slot: the same products row by row."""
+    h, c, rec = state_in
+    h_out, c_out, rec_out = state_out
+    L, NK, H = h.shape
+    J = g_in.shape[1]
+    launch(_first_cell_kernel)[(NK, cdiv(max(H, J), 128))](
+        table, rec, lab, row, islab.view(torch.uint8), h, c, g_in, h_out, c_out, rec_out, g_out, listing, counts[0],
+        counts[1], NK, H, J, L, BH=128, num_warps=4,
+    )  # fmt: skip
+    rows = (listing, counts[0])
+    for layer, (_, w_hh, _, b_hh) in enumerate(w.lstm):
+        if layer + 1 < len(w.lstm):
+            w_ih, _, b_ih, _ = w.lstm[layer + 1]
+            x = torch.empty(NK, 4 * H, dtype=torch.float32, device=h.device)
+            linear.group([(h_out[layer], w_hh, b_hh), (h_out[layer], w_ih, b_ih)], [rec_out[layer], x], rows)
+            launch(_next_cell_kernel)[(NK, cdiv(H, 128))](
+                x, rec[layer + 1], row, h[layer + 1], c[layer + 1], h_out[layer + 1], c_out[layer + 1], listing,
+                counts[0], H, BH=128, num_warps=4,
+            )  # fmt: skip
+        else:
+            linear.group([(h_out[layer], w_hh, b_hh), (h_out[layer], w.pred_w, w.pred_b)], [rec_out[layer], g_out],
+                         rows)  # fmt: skip
 
 
 @triton.jit
@@ -734,8 +844,8 @@ class _Search:
         self.consts = consts
         # what the kernels' specialisations depend on (a capture must not be the first launch of one)
         shapes = tuple(tuple(t.shape) for t in (w.enc_w, w.pred_w, w.out_w, w.embedding))
-        self.config = (dev, enc.dtype, N, T, K, max_symbols, shapes, len(w.lstm or ()), TF32X3, FUSED_CELL, greedy,
-                       tuple(sorted(consts.items())))  # fmt: skip
+        self.config = (dev, enc.dtype, N, T, K, max_symbols, shapes, len(w.lstm or ()), TF32X3, FUSED_CELL, COMPACT,
+                       greedy, tuple(sorted(consts.items())))  # fmt: skip
         self.kernel = _greedy_step_kernel if greedy else _malsd_step_kernel
         self.w, self.lm, self.boosting = w, lm, boosting  # (held: the key's ids stay theirs)
         self.table = input_gates_table(w)
@@ -743,8 +853,12 @@ class _Search:
         if TF32X3 and w.out_w.dtype == torch.float32:  # (the weights the steps multiply by, split once per call)
             self.linear = _SplitLinear([w.out_w, w.pred_w, *(t for layer in w.lstm or () for t in layer[:2])])
         self.fused = FUSED_CELL and not w.stateless and w.embedding.dtype == torch.float32 and CHECK_EVERY % 2 == 0
+        self.compact = self.fused and COMPACT and isinstance(self.linear, _SplitLinear)
         self.pred_state = self.out = self.g = None
-        self.halves = None
+        self.halves = self.recs = self.gs = None
+        if self.compact:  # compact_lstm_step's listing and counts
+            self.listing = torch.empty(NK, dtype=torch.int32, device=dev)
+            self.counts = torch.zeros(2, 1, dtype=torch.int32, device=dev)
         self.graph = None
 
     def start(self, enc, lengths, pred_state, out, g, score, frames=None, lm_states=None, boosting_states=None):
@@ -778,32 +892,53 @@ class _Search:
             self.out, self.g = out.clone(), g.clone()
             if self.fused:  # the state's two halves (the reference's out is the last layer's h)
                 self.halves = (self.pred_state, tuple(torch.empty_like(s) for s in self.pred_state))
+            if self.compact:  # and the recurrent terms' and the projection's
+                h = self.pred_state[0]
+                self.recs = tuple(torch.empty(h.shape[0], h.shape[1], 4 * h.shape[2], dtype=h.dtype, device=h.device)
+                                  for _ in range(2))  # fmt: skip
+                self.gs = (self.g, torch.empty_like(self.g))
         else:
             for a, b in zip((*self.pred_state, self.out, self.g), (*pred_state, out, g), strict=True):
                 a.copy_(b)
+        if self.fused and isinstance(self.linear, _SplitLinear):  # the projection as the steps make it (the
+            self.g.copy_(self.linear(self.pred_state[0][-1], self.w.pred_w, self.w.pred_b))  # output: the last h)
+        if self.compact:  # each slot's recurrent terms, made with its state
+            h = self.pred_state[0]
+            self.linear.group([(h[i], w_hh, b_hh) for i, (_, w_hh, _, b_hh) in enumerate(self.w.lstm)],
+                              list(self.recs[0]))  # fmt: skip
+            self.counts.zero_()
 
     def chunk(self, act) -> None:
         """CHECK_EVERY steps: the reference's operations on the networks (or the fused cells), the kernel for the
         rest."""
         w, linear, N, K = self.w, self.linear, self.N, self.K
         g, out, pred_state, row, lab, islab = self.g, self.out, self.pred_state, self.row, self.lab, self.islab
-        parity = 0
+        parity = 0  # (from one half of the state's buffers to the other: CHECK_EVERY is even)
         for _ in range(CHECK_EVERY):
             torch.any(self.si[0].view(N, K) < self.lens[:, None], out=self.go)
-            joint = act(self.enc_rows[self.frm] + g)
             recurrent = None
-            if self.fused and isinstance(linear, _SplitLinear):  # the joint's and the recurrent terms' products
+            if self.compact:
+                logits = linear(act(self.enc_rows[self.frm] + self.gs[parity]), w.out_w, w.out_b)
+            elif self.fused and isinstance(linear, _SplitLinear):  # the joint's and the recurrent terms' products
                 h = self.halves[parity][0]  # (of the state before the step) in one launch
                 logits, *recurrent = linear.group(
-                    [(joint, w.out_w, w.out_b), *((h[i], w_hh, b_hh) for i, (_, w_hh, _, b_hh) in enumerate(w.lstm))]
-                )
+                    [(act(self.enc_rows[self.frm] + g), w.out_w, w.out_b),
+                     *((h[i], w_hh, b_hh) for i, (_, w_hh, _, b_hh) in enumerate(w.lstm))]
+                )  # fmt: skip
             else:
-                logits = linear(joint, w.out_w, w.out_b)
+                logits = linear(act(self.enc_rows[self.frm] + g), w.out_w, w.out_b)
             launch(self.kernel)[(N,)](
                 logits, self.lens, self.go.view(torch.uint8), self.step, *self.step_args, **self.consts
             )
             self.step.add_(1)
-            if self.fused:  # (from one half of the state's buffers to the other: CHECK_EVERY is even)
+            if self.compact:
+                p, q = parity, 1 - parity
+                compact_lstm_step(w, self.table, lab, row, islab, (*self.halves[p], self.recs[p]),
+                                  (*self.halves[q], self.recs[q]), self.gs[p], self.gs[q], self.listing,
+                                  (self.counts[p], self.counts[q]), linear)  # fmt: skip
+                parity = q
+                continue
+            if self.fused:
                 lstm_step(w, self.table, lab, row, islab, self.halves[parity], self.halves[1 - parity], linear,
                           recurrent)  # fmt: skip
                 parity = 1 - parity
@@ -909,7 +1044,7 @@ def _kept_search(modified, greedy, w, N, T, K, blank, durations, max_symbols, lm
                  boosting_weight, enc, plans) -> _Search:  # fmt: skip
     """The ``_Search`` of this configuration: the one the decoder (``plans``) or _KEPT keeps, or a new one."""
     key = (id(w), id(lm), id(boosting), N, T, K, blank, durations, max_symbols, float(lm_weight),
-           float(boosting_weight), enc.device, enc.dtype, w.activation, modified, greedy, TF32X3, FUSED_CELL,
+           float(boosting_weight), enc.device, enc.dtype, w.activation, modified, greedy, TF32X3, FUSED_CELL, COMPACT,
            CHECK_EVERY, GRAPHS, tuple(STEP_TILES.items()))  # fmt: skip
     kept = (plans.beam if plans is not None else _KEPT.get("beam")) if KEEP_SEARCH else None
     search = kept[1] if kept is not None and kept[0] == key else None
