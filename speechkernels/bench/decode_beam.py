@@ -116,13 +116,19 @@ def fusion_models(V: int, blank: int, device, workdir: str) -> dict:
     )
 
 
-def _times(fns: dict, device, reps: int) -> dict[str, float]:
-    """Median ms per decoder, fewer calls for the slow ones (one untimed call first estimates each)."""
+def _times(fns: dict, device, reps: int, peers: dict | None = None, errors: dict | None = None) -> dict[str, float]:
+    """Median ms per decoder, fewer calls for the slow ones (one untimed call first estimates each); a decoder
+    named in ``peers`` that fails in its timed calls is left out, its error in ``errors``."""
     out = {}
     for name, fn in fns.items():
-        est = times_ms(fn, device, warmup=0, reps=1)[0]
-        n = max(2, min(reps, int(2000 / max(est, 1e-3)))) if device.type == "cuda" else 1
-        out[name] = statistics.median(interleaved_times_ms({name: fn}, device, warmup=1, reps=n)[name])
+        try:
+            est = times_ms(fn, device, warmup=0, reps=1)[0]
+            n = max(2, min(reps, int(2000 / max(est, 1e-3)))) if device.type == "cuda" else 1
+            out[name] = statistics.median(interleaved_times_ms({name: fn}, device, warmup=1, reps=n)[name])
+        except Exception:
+            if peers is None or name not in peers or errors is None:
+                raise
+            errors[name] = traceback.format_exc(limit=3)
     return out
 
 
@@ -255,7 +261,10 @@ def measure_transducer(row: str, dtype, device, args, peers_mod, workdir: str) -
                     greedy_peers = _peers(r, peers_mod.transducer_greedy_peers, *args_)
                 fused_greedy[fu] = _fused_greedy(dec, x, lengths, kw, device, args.reps, greedy_peers)
             r.update(fused_greedy.get(fu, {}).get("same", {}))
-            r["ms"] = {**_times(fns, device, args.reps), **greedy_ms, **fused_greedy.get(fu, {}).get("ms", {})}
+            timed = _times(fns, device, args.reps, peer_best, r.setdefault("peer_errors", {}))
+            r["ms"] = {**timed, **greedy_ms, **fused_greedy.get(fu, {}).get("ms", {})}
+            if not r["peer_errors"]:
+                del r["peer_errors"]
             r["peers_same_best"] = {
                 n: {"tokens": sum(a[0] == b[0] for a, b in zip(ours, v, strict=True)),
                     "tokens_frames": sum(a == tuple(b) for a, b in zip(ours, v, strict=True))}
@@ -292,7 +301,11 @@ def _fused_greedy(dec, x, lengths, kw: dict, device, reps: int, peers: dict) -> 
         same["fused_greedy_peers_same"] = {
             k: sum(a == (list(b[0]), list(b[1])) for a, b in zip(ours, v, strict=True)) for k, v in best.items()
         }
-    return {"ms": _times(fns, device, reps), "same": same}
+    errors = {}
+    ms = _times(fns, device, reps, best, errors)
+    if errors:
+        same.setdefault("greedy_peer_errors", {}).update(errors)
+    return {"ms": ms, "same": same}
 
 
 def _peer_differences(dec, x, lengths, kw: dict, ours: list, peer_best: dict, most: int = 16,
