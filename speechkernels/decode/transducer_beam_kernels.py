@@ -314,14 +314,16 @@ def lstm_step(w, table, lab, row, islab, state_in, state_out, linear, recurrent=
 
 @triton.jit
 def _first_cell_kernel(tab_ptr, rec_ptr, lab_ptr, row_ptr, islab_ptr, h_ptr, c_ptr, g_ptr, h_out_ptr, c_out_ptr,
-                       rec_out_ptr, g_out_ptr, list_ptr, cnt_ptr, cnt_next_ptr, NK, H, J, L,
-                       BH: tl.constexpr):  # fmt: skip
+                       rec_out_ptr, g_out_ptr, list_ptr, cnt_ptr, cnt_next_ptr, t_ptr, len_ptr, go_ptr, step_ptr,
+                       NK, K, H, J, L, BH: tl.constexpr, BS: tl.constexpr):  # fmt: skip
     """The compact step's first launch, slot i (program 0), units or columns of block program 1. A slot that took
     a label: the first layer's new (h, c) (gates = table row lab[i] + the parent's recurrent term, rec[0] row
     row[i]) into h_out[0], c_out[0] row i, and i appended to list (count cnt[0]); the later layers, the recurrent
     terms and the projection are computed for the listed slots only. Any other slot: its parent's rows of every
     layer's h, c and recurrent term and of the projection g copied to row i. Program (0, 0) zeroes cnt_next[0]
-    (the next step's count). Layouts: h, c [L, NK, H], rec [L, NK, 4H], g [NK, J]."""
+    (the next step's count), counts the step (step[0] + 1) and writes go[0] for the next one: whether a slot is
+    inside its utterance (t [NK]: the slots' frames, len [N]). Layouts: h, c [L, NK, H], rec [L, NK, 4H],
+    g [NK, J]."""
     i = tl.program_id(0)
     b = tl.program_id(1)
     o = b * BH + tl.arange(0, BH)
@@ -346,6 +348,14 @@ def _first_cell_kernel(tab_ptr, rec_ptr, lab_ptr, row_ptr, islab_ptr, h_ptr, c_p
         tl.store(g_out_ptr + i * J + o, tl.load(g_ptr + r * J + o, mask=o < J), mask=o < J)
     if i == 0 and b == 0:
         tl.store(cnt_next_ptr, 0)
+        tl.store(step_ptr, tl.load(step_ptr) + 1)
+        inside = tl.zeros((BS,), tl.int32)
+        for s0 in range(0, NK, BS):
+            o_s = s0 + tl.arange(0, BS)
+            m_s = o_s < NK
+            t = tl.load(t_ptr + o_s, mask=m_s, other=0)
+            inside += (m_s & (t < tl.load(len_ptr + o_s // K, mask=m_s, other=0))).to(tl.int32)
+        tl.store(go_ptr, (tl.max(inside, 0) > 0).to(tl.uint8))
 
 
 @triton.jit
@@ -367,21 +377,24 @@ def _next_cell_kernel(x_ptr, rec_ptr, row_ptr, h_ptr, c_ptr, h_out_ptr, c_out_pt
         tl.store(c_out_ptr + i * H + o, c_new, mask=m)
 
 
-def compact_lstm_step(w, table, lab, row, islab, state_in, state_out, g_in, g_out, listing, counts,
-                      linear) -> None:  # fmt: skip
+def compact_lstm_step(w, table, lab, row, islab, state_in, state_out, g_in, g_out, listing, counts, linear,
+                      progress) -> None:  # fmt: skip
     """The prediction network's step of the search over the slots that took a label only (float32 LSTM networks,
     ``linear`` a ``_SplitLinear``): state_in / state_out (h, c [L, NK, H], rec [L, NK, 4H]: each slot's h @ W_hh^T +
     b_hh, made with its state) and g_in / g_out (the projection [NK, J]); the other slots take their parents'
     rows. listing [NK] and counts (this step's count, the next step's: both zero at the search's start, each
     zeroed by the step before its use) are scratch. The same values as ``lstm_step`` and the projection of every
-    slot: the same products row by row."""
+    slot: the same products row by row. ``progress`` (t [NK] int32, lengths [N] int32, go [] bool, step [1]
+    int32): the step counted and the next step's go flag written in the first launch."""
     h, c, rec = state_in
     h_out, c_out, rec_out = state_out
     L, NK, H = h.shape
     J = g_in.shape[1]
+    t, lengths, go, step = progress
     launch(_first_cell_kernel)[(NK, cdiv(max(H, J), 128))](
         table, rec, lab, row, islab.view(torch.uint8), h, c, g_in, h_out, c_out, rec_out, g_out, listing, counts[0],
-        counts[1], NK, H, J, L, BH=128, num_warps=4,
+        counts[1], t, lengths, go.view(torch.uint8), step, NK, NK // lengths.shape[0], H, J, L, BH=128,
+        BS=min(1024, next_power_of_2(NK)), num_warps=4,
     )  # fmt: skip
     rows = (listing, counts[0])
     for layer, (_, w_hh, _, b_hh) in enumerate(w.lstm):
@@ -907,6 +920,7 @@ class _Search:
             self.linear.group([(h[i], w_hh, b_hh) for i, (_, w_hh, _, b_hh) in enumerate(self.w.lstm)],
                               list(self.recs[0]))  # fmt: skip
             self.counts.zero_()
+            torch.any(self.si[0].view(N, K) < self.lens[:, None], out=self.go)  # (the first step's)
 
     def chunk(self, act) -> None:
         """CHECK_EVERY steps: the reference's operations on the networks (or the fused cells), the kernel for the
@@ -915,7 +929,8 @@ class _Search:
         g, out, pred_state, row, lab, islab = self.g, self.out, self.pred_state, self.row, self.lab, self.islab
         parity = 0  # (from one half of the state's buffers to the other: CHECK_EVERY is even)
         for _ in range(CHECK_EVERY):
-            torch.any(self.si[0].view(N, K) < self.lens[:, None], out=self.go)
+            if not self.compact:  # (which counts the steps and writes go in its own launch)
+                torch.any(self.si[0].view(N, K) < self.lens[:, None], out=self.go)
             recurrent = None
             if self.compact:
                 logits = linear(act(self.enc_rows[self.frm] + self.gs[parity]), w.out_w, w.out_b)
@@ -930,14 +945,15 @@ class _Search:
             launch(self.kernel)[(N,)](
                 logits, self.lens, self.go.view(torch.uint8), self.step, *self.step_args, **self.consts
             )
-            self.step.add_(1)
             if self.compact:
                 p, q = parity, 1 - parity
                 compact_lstm_step(w, self.table, lab, row, islab, (*self.halves[p], self.recs[p]),
                                   (*self.halves[q], self.recs[q]), self.gs[p], self.gs[q], self.listing,
-                                  (self.counts[p], self.counts[q]), linear)  # fmt: skip
+                                  (self.counts[p], self.counts[q]), linear,
+                                  (self.si[0], self.lens, self.go, self.step))  # fmt: skip
                 parity = q
                 continue
+            self.step.add_(1)
             if self.fused:
                 lstm_step(w, self.table, lab, row, islab, self.halves[parity], self.halves[1 - parity], linear,
                           recurrent)  # fmt: skip
