@@ -263,3 +263,21 @@ def test_gpu_bfloat16_and_graphs(gpu, tmp_path, monkeypatch, durations):
     for a, b in zip(got, want, strict=True):
         if b is not None:
             assert torch.allclose(a, b, rtol=1e-5, atol=1e-5) if b.dtype.is_floating_point else torch.equal(a, b)
+
+
+@pytest.mark.gpu
+def test_gpu_more_slots_than_one_block(gpu, tmp_path):
+    """More slots than the compact step's block of its active-slot check (1,100 utterances at K = 1, the long
+    ones last): the search runs until the last utterance ends, each one the float64 reference's."""
+    dec = make_decoder(17, V=9, max_symbols=2, blank=0, blank_bias=0.5)
+    N = 1100
+    x = torch.randn(N, 7, 6, generator=torch.Generator().manual_seed(17))
+    lengths = [1 + (n % 2) for n in range(1030)] + [7] * (N - 1030)
+    kw = fusion(tmp_path, 2, V=9, boosting=False)
+    want, _ = dec.double().greedy(x.double(), lengths, **kw)
+    dev_kw = {k: v.to(gpu) if hasattr(v, "to") else v for k, v in kw.items()}
+    got, _ = dec.float().to(gpu).greedy(x.to(gpu), lengths, **dev_kw)
+    assert int(want.lengths[1030:].sum()) > 2 * int(want.lengths[:1030].max())  # (tokens past frame 2)
+    for f in ("tokens", "lengths", "frames"):
+        assert torch.equal(getattr(got, f).cpu(), getattr(want, f)), f
+    assert torch.allclose(got.scores.cpu(), want.scores.float(), atol=1e-4)
