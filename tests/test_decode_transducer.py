@@ -197,6 +197,34 @@ def test_chunks_decode_as_the_whole(path, kind):
     torch.testing.assert_close(state.output, end.output)
 
 
+@pytest.mark.kernels
+@pytest.mark.parametrize("kind", [k for k in KINDS if not k.get("stateless")], ids=str)
+def test_the_step_route_matches_the_oracle(path, kind, monkeypatch):
+    """Float32 LSTM networks from GREEDY_STEP_ROWS utterances up decode through the beam search's steps at one
+    hypothesis: the oracle's hypotheses, chunk by chunk as whole, from a given state too."""
+    from speechkernels.decode import transducer_beam_kernels as tbk
+
+    monkeypatch.setattr(decode_api, "GREEDY_STEP_ROWS", 3)
+    calls = count_calls(monkeypatch, tbk, "greedy_search")
+    dec = make_decoder(17, device=path.device, **kind)
+    g = torch.Generator().manual_seed(17)
+    x = torch.randn(3, 10, 6, generator=g)
+    lengths = [10, 6, 0]
+    whole, end = dec.greedy(x.to(path.device), lengths)
+    assert len(calls) == 1
+    check(whole, oracle(dec, x, lengths), dec, 10)
+    hyp, state = dec.greedy(x[:, :4].to(path.device), [4, 4, 0])
+    rest, state = dec.greedy(x[:, 4:].to(path.device), [6, 2, 0], state)
+    assert len(calls) == 3
+    for n in range(3):
+        for field in ("tokens", "frames") + (("durations",) if dec.durations else ()):
+            got = torch.cat([getattr(h, field)[n, : h.lengths[n]] for h in (hyp, rest)])
+            assert torch.equal(got, getattr(whole, field)[n, : whole.lengths[n]]), (n, field)
+    assert torch.equal(state.frames, end.frames) and torch.equal(state.time_jumps, end.time_jumps)
+    dec.greedy(x[:2].to(path.device), [10, 6])  # fewer utterances: the one-launch kernel
+    assert len(calls) == 3
+
+
 def test_views_decode_as_copies(path):
     dec = make_decoder(5, durations=[0, 1, 2], device=path.device)
     base = torch.randn(9, 3, 6, device=path.device)
@@ -606,11 +634,15 @@ def test_an_lstm_deeper_than_the_kernel_takes(dev, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", [dict(durations=[0, 1, 2, 3]), dict(stateless=2), dict(layers=1)], ids=str)
 @pytest.mark.parametrize("N", [2, 9])
-def test_captured_in_a_cuda_graph(kind, N):
+@pytest.mark.parametrize("step_route", [False, True])
+def test_captured_in_a_cuda_graph(kind, N, step_route, monkeypatch):
     """A decode with validate=False (no host synchronisation) captured in a CUDA graph gives, replay after replay
-    on new encoder outputs and lengths copied into the captured inputs, the eager decode's hypotheses."""
+    on new encoder outputs and lengths copied into the captured inputs, the eager decode's hypotheses (with the
+    step route on, the eager decode takes it and the capture the one-launch kernel)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
+    if step_route:
+        monkeypatch.setattr(decode_api, "GREEDY_STEP_ROWS", 1)
     dec = make_decoder(13, device="cuda", **kind)
     T = 11
     x = torch.randn(N, T, 6, device="cuda")

@@ -499,6 +499,45 @@ def test_a_kept_search_serves_the_next_calls(path, tmp_path, monkeypatch):
     check_against_oracle(got, want, 1e-4)
 
 
+@pytest.mark.kernels
+@pytest.mark.parametrize("algorithm", ["malsd", "modified", "greedy"])
+def test_a_kept_search_serves_fewer_frames(path, monkeypatch, algorithm):
+    """A kept search holds its frames rounded up to FRAME_BLOCK: a call with as many frames or fewer (the rest of
+    the configuration the same) reuses its buffers and graph and gets a fresh search's hypotheses; a call with
+    more replaces it. Greedy decoding at GREEDY_STEP_ROWS utterances runs the same steps."""
+    from speechkernels.decode import api as decode_api
+    from speechkernels.decode import transducer_beam_kernels as tbk
+
+    monkeypatch.setattr(tbk, "FRAME_BLOCK", 4)
+    monkeypatch.setattr(decode_api, "GREEDY_STEP_ROWS", 1)
+    modified = algorithm == "modified"
+    dec = make_decoder(8, V=8, durations=None if modified else (0, 1, 2), max_symbols=2, stateless=2 if modified
+                       else 0, blank=0, blank_bias=0.5).to(path.device)  # fmt: skip
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(3, 9, 6, generator=g).to(path.device)
+
+    def decode(T):
+        lengths = [T, max(T - 3, 0), T // 2]
+        if algorithm == "greedy":
+            return dec.greedy(x[:, :T], lengths)[0]
+        return dec.beam_search(x[:, :T], lengths, 2, nbest=2, algorithm=algorithm)
+
+    frames = [5, 3, 8, 9, 6]
+    monkeypatch.setattr(tbk, "KEEP_SEARCH", False)
+    fresh = [decode(T) for T in frames]
+    monkeypatch.setattr(tbk, "KEEP_SEARCH", True)
+    kept, searches = [], []
+    for T in frames:
+        kept.append(decode(T))
+        searches.append(dec._plans.beam[1])
+    path.check_ran()
+    assert [s.T for s in searches] == [8, 8, 8, 12, 12]
+    assert searches[0] is searches[1] is searches[2] and searches[3] is searches[4]
+    for a, b in zip(kept, fresh, strict=True):
+        for u, v in zip(a, b, strict=True):
+            assert (u is None and v is None) or torch.equal(u, v)
+
+
 @pytest.mark.parametrize("durations", [None, (0, 1)])
 def test_beams_wider_than_the_proposals(path, durations):
     """Fewer (label, duration) proposals per slot than the beam (padded with impossible ones) and batches whose

@@ -1,5 +1,6 @@
-"""Greedy decoding: ``TransducerDecoder.greedy`` (one kernel launch per batch) and ``ctc_greedy_decode`` against the
-plain PyTorch loop and, given --peers, other decoders in the same run.
+"""Greedy decoding: ``TransducerDecoder.greedy`` (one kernel launch per batch; float32 LSTM networks from
+``GREEDY_STEP_ROWS`` utterances up: the beam search's steps at one hypothesis, the row's "path") and
+``ctc_greedy_decode`` against the plain PyTorch loop and, given --peers, other decoders in the same run.
 
 Transducer rows MODEL-NxSECONDS: "tdt" (a Parakeet-TDT-0.6B-sized model: encoder 1024, LSTM 640 x 2, joint 640,
 relu, V = 1024 + blank, durations 0..4, 80 ms frames), "rnnt" (its RNN-T twin) and "zipformer" (encoder 512,
@@ -77,7 +78,11 @@ LEGEND = [
     ("row", "model-NxSECONDS (transducers) or ctc-NxTxC"),
     ("ours ms", "median ms of one decode of the batch (validate=False; CTC: the whole ctc_greedy_decode call)"),
     ("loop ms", "the same, the PyTorch path (transducers) or argmax + unique_consecutive per utterance (CTC)"),
-    ("graph ms", "ours captured in a CUDA graph and replayed (GPU): the device's time, no host part"),
+    (
+        "graph ms",
+        "ours captured in a CUDA graph and replayed (GPU): the device's time, no host part (a capture takes the "
+        "one-launch kernel also where the eager call takes the steps)",
+    ),
     ("peers", "the fastest --peers decoder's ms and name"),
     ("x", "the fastest other decoder's ms / ours"),
     ("RTFx", "seconds of audio decoded per second (transducers; decoder only)"),
@@ -383,6 +388,8 @@ def measure_transducer(row: str, dtype, device, args, peers_fn) -> dict:
     if device.type == "cuda":
         out["graph_ms"] = time_graphed_call(fns["ours"], device, reps)["ms"]
     out["rtfx"] = N * seconds / (out["ms"]["ours"] / 1000)
+    # the eager call's route (a capture always takes the one-launch kernel: the graph column times that)
+    out["path"] = "steps" if decode_api._greedy_takes_steps(dec.weights(), N) else "one launch"
     out["exact"] = exactness(dec, x, lengths, hyp, dtype)
     ours = utterances(hyp)
     out["peers_equal"] = {

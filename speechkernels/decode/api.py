@@ -30,6 +30,16 @@ except ImportError as error:
     kernels = triton_missing(error)
     transducer_kernels = beam_kernels = transducer_beam_kernels = None
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # measured on the GPU; float16 networks take the PyTorch path
+GREEDY_STEP_ROWS = 96  # greedy decoding of float32 LSTM networks from this many utterances up (no LM, no boosting,
+# not while a CUDA graph is captured): the beam search's steps at one hypothesis (the LSTM over the rows that
+# emitted, three TF32 products, CUDA graphs of steps) rather than the one-launch kernel, which it beats at 128 rows
+# (benchmarks/notes/decode.md, "Plain greedy decoding through the beam search's steps")
+
+
+def _greedy_takes_steps(w: TransducerWeights, N: int) -> bool:
+    """Whether greedy decoding without fusion of N utterances with these networks runs the beam search's steps at
+    one hypothesis (GREEDY_STEP_ROWS) rather than the one-launch kernel (outside a CUDA graph's capture)."""
+    return N >= GREEDY_STEP_ROWS and w.enc_w.dtype == torch.float32 and not w.stateless
 
 
 class _Plans(dict):
@@ -425,7 +435,9 @@ class TransducerDecoder(torch.nn.Module):
             returned, gives the tokens, frames and durations of decoding it whole (with fusion the state holds
             the LM's and the booster's states too). With an LM or boosting, on the GPU each step's decisions run
             in one Triton kernel (the beam search's, at one hypothesis), the networks in PyTorch, the steps
-            replayed as CUDA graphs; without, the whole decode is one kernel launch.
+            replayed as CUDA graphs; the same for float32 LSTM networks from ``GREEDY_STEP_ROWS`` utterances up
+            (faster there), except while a CUDA graph is being captured (that path synchronises with the host);
+            otherwise the whole decode is one kernel launch.
 
         Raises:
             ValueError: a bad argument, naming it (and the offending element).
@@ -444,7 +456,10 @@ class TransducerDecoder(torch.nn.Module):
         if state is not None:
             state = self._checked_state(state, N, w, lm, boosting)
         wd = w.enc_w.dtype
-        if lm is not None or boosting is not None:
+        step_path = _greedy_takes_steps(w, N) and not (
+            encoder_out.is_cuda and torch.cuda.is_current_stream_capturing()  # (that path synchronises)
+        )
+        if lm is not None or boosting is not None or step_path:
             if lengths is None:
                 lengths = torch.full((N,), T, dtype=torch.int64, device=dev)
             if state is None:

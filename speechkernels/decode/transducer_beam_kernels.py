@@ -68,6 +68,8 @@ KEEP_SEARCH = True  # a decoder keeps its last configuration's buffers and CUDA 
 # capture paid once), until its weights change place or layout (``api._Plans``); without a decoder's plans, in
 # _KEPT (the last one)
 _KEPT: dict = {}
+FRAME_BLOCK = 64  # a search's frame capacity: the call's T rounded up to a multiple of this, so that calls with
+# fewer frames (and otherwise the same configuration) reuse its buffers and CUDA graph
 
 
 @triton.jit
@@ -816,6 +818,7 @@ class _Search:
         V = w.out_w.shape[0] - D
         NK = N * K
         self.refs = (w, lm, boosting)  # (kept alive: the graph holds their addresses)
+        # T: the frame capacity (enc_rows' rows per utterance, the kernels' row stride); a call may bring fewer
         self.N, self.T, self.K, self.NK, self.dev = N, T, K, NK, dev
         self.steps_max = T * (1 if modified else max_symbols + 1) + CHECK_EVERY + 1  # an active slot has one
         # symbol a step: at most max_symbols labels and a blank per frame (icefall's: one a frame)
@@ -831,7 +834,8 @@ class _Search:
         self.step = torch.empty(1, dtype=torch.int32, device=dev)
         self.go = torch.empty((), dtype=torch.bool, device=dev)
         self.lens = torch.empty(N, dtype=torch.int32, device=dev)
-        self.enc_rows = torch.empty(N * T, w.enc_w.shape[0], dtype=enc.dtype, device=dev)
+        # (zeroed: the frames past a shorter call's T are read by slots past their utterance's end, ignored there)
+        self.enc_rows = torch.zeros(N * T, w.enc_w.shape[0], dtype=enc.dtype, device=dev)
         dur = torch.tensor(durations if durations else [0], dtype=torch.int32, device=dev)
         fusion = (lm_weight if lm is not None else 0.0) + (boosting_weight if boosting is not None else 0.0)
         self.lm_args = lm_arguments(lm, lm_weight, N, KP, V, self.sf)
@@ -878,7 +882,7 @@ class _Search:
         """The buffers at the search's start for these encoder outputs [N, T, J] and lengths (clamped); greedy
         decoding's (K = 1) may start from each utterance's frame and LM and booster states."""
         N, K, NK, dev = self.N, self.K, self.NK, self.dev
-        self.enc_rows.copy_(enc.reshape(N * self.T, -1))
+        self.enc_rows.view(N, self.T, -1)[:, : enc.shape[1]].copy_(enc)
         self.lens.copy_(lengths)
         self.sf.copy_(torch.stack((score, score)).reshape(2, NK))
         self.si.zero_()
@@ -1058,13 +1062,15 @@ def greedy_search(w, x: torch.Tensor, lengths: torch.Tensor, state, blank: int, 
 
 def _kept_search(modified, greedy, w, N, T, K, blank, durations, max_symbols, lm, lm_weight, boosting,
                  boosting_weight, enc, plans) -> _Search:  # fmt: skip
-    """The ``_Search`` of this configuration: the one the decoder (``plans``) or _KEPT keeps, or a new one."""
-    key = (id(w), id(lm), id(boosting), N, T, K, blank, durations, max_symbols, float(lm_weight),
+    """The ``_Search`` of this configuration: the one the decoder (``plans``) or _KEPT keeps if its frame capacity
+    holds T frames, or a new one (T rounded up to a multiple of FRAME_BLOCK)."""
+    key = (id(w), id(lm), id(boosting), N, K, blank, durations, max_symbols, float(lm_weight),
            float(boosting_weight), enc.device, enc.dtype, w.activation, modified, greedy, TF32X3, FUSED_CELL, COMPACT,
            CHECK_EVERY, GRAPHS, tuple(STEP_TILES.items()))  # fmt: skip
     kept = (plans.beam if plans is not None else _KEPT.get("beam")) if KEEP_SEARCH else None
-    search = kept[1] if kept is not None and kept[0] == key else None
+    search = kept[1] if kept is not None and kept[0] == key and kept[1].T >= T else None
     if search is None:
+        T = cdiv(T, FRAME_BLOCK) * FRAME_BLOCK
         if plans is not None:  # the old buffers go before the new ones come
             plans.beam = None
         _KEPT.clear()
