@@ -850,7 +850,11 @@ class GreedyPlan:
         S = T * max_symbols
         R, PE = w.embedding.shape
         E = w.enc_w.shape[1]
-        self.durations_tensor = torch.tensor(durations or (1,), dtype=torch.int64, device=dev)
+        # filled on the device, not copied from the host: a plan may be made while a CUDA graph is captured (the
+        # eager calls before the capture took greedy's other route)
+        self.durations_tensor = torch.empty(len(durations or (1,)), dtype=torch.int64, device=dev)
+        for i, d in enumerate(durations or (1,)):
+            self.durations_tensor[i] = d
         self.lengths = torch.full((N,), T, dtype=torch.int64, device=dev)
         weights = [w.embedding, *(t for layer in w.lstm for t in layer if t is not None)]
         weights += [t for t in (w.enc_w, w.enc_b, w.pred_w, w.pred_b, w.out_w, w.out_b) if t is not None]
