@@ -26,6 +26,7 @@ with ours); absent or failing peers are reported and skipped.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import importlib.util
 import os
@@ -291,18 +292,25 @@ def skip_margins(run: list, durations, lo: int, hi: int) -> list[float]:
     return out
 
 
+@contextlib.contextmanager
+def pytorch_path():
+    """TransducerDecoder.greedy on its PyTorch path inside (both kernel routes switched off)."""
+    saved = decode_api.transducer_kernels, decode_api.transducer_beam_kernels
+    decode_api.transducer_kernels = decode_api.transducer_beam_kernels = None
+    try:
+        yield
+    finally:
+        decode_api.transducer_kernels, decode_api.transducer_beam_kernels = saved
+
+
 def exactness(dec, x, lengths, hyp, dtype) -> dict:
     """Ours against the float64 PyTorch path (the same weights in float64) and against the PyTorch path in the
     networks' own dtype, utterance by utterance; differences from float64 replayed (first_divergence), each marked
     with whether the PyTorch path in the networks' dtype decodes the utterance as ours does (then the difference
     comes from that dtype's arithmetic, not from the kernel)."""
-    saved = decode_api.transducer_kernels
-    decode_api.transducer_kernels = None
-    try:
+    with pytorch_path():
         ref, _ = _double(dec).greedy(x.double(), lengths)
         same_dtype, _ = dec.greedy(x, lengths)
-    finally:
-        decode_api.transducer_kernels = saved
     ours, want, torch_path = utterances(hyp), utterances(ref), utterances(same_dtype)
     differing = []
     for n, (a, b) in enumerate(zip(ours, want, strict=True)):
@@ -359,12 +367,8 @@ def measure_transducer(row: str, dtype, device, args, peers_fn) -> dict:
     fns = {"ours": lambda: dec.greedy(x, lengths, validate=False)}
 
     def loop():
-        saved = decode_api.transducer_kernels
-        decode_api.transducer_kernels = None
-        try:
+        with pytorch_path():
             return dec.greedy(x, lengths)
-        finally:
-            decode_api.transducer_kernels = saved
 
     fns["torch loop"] = loop
     peer_lists = {}

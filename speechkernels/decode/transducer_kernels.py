@@ -854,7 +854,7 @@ class GreedyPlan:
         # eager calls before the capture took greedy's other route)
         self.durations_tensor = torch.empty(len(durations or (1,)), dtype=torch.int64, device=dev)
         for i, d in enumerate(durations or (1,)):
-            self.durations_tensor[i] = d
+            self.durations_tensor[i].fill_(d)
         self.lengths = torch.full((N,), T, dtype=torch.int64, device=dev)
         weights = [w.embedding, *(t for layer in w.lstm for t in layer if t is not None)]
         weights += [t for t in (w.enc_w, w.enc_b, w.pred_w, w.pred_b, w.out_w, w.out_b) if t is not None]
