@@ -669,11 +669,15 @@ def test_captured_in_a_cuda_graph(kind, N, step_route, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_threads_decoding_on_one_stream():
+@pytest.mark.parametrize("step_route", [False, True])
+def test_threads_decoding_on_one_stream(step_route, monkeypatch):
     """Threads decoding with one decoder on one stream (each call zeroes its scratch, then launches; two threads'
-    calls interleave): every call gets the hypotheses it gets alone."""
+    calls interleave; on the step route the decoder's kept search is held by one call at a time): every call gets
+    the hypotheses it gets alone."""
     import threading
 
+    if step_route:
+        monkeypatch.setattr(decode_api, "GREEDY_STEP_ROWS", 1)
     dec = make_decoder(31, device="cuda", durations=[0, 1, 2])
     g = torch.Generator().manual_seed(7)
     xs = [torch.randn(3, 12, 6, generator=g).cuda() for _ in range(16)]

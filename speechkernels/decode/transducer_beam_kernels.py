@@ -28,6 +28,9 @@ networks' products in ``_linear_kernel``), ``FUSED_CELL`` (each LSTM layer's ste
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import torch
 import triton
 import triton.language as tl
@@ -877,6 +880,20 @@ class _Search:
             self.listing = torch.empty(NK, dtype=torch.int32, device=dev)
             self.counts = torch.zeros(2, 1, dtype=torch.int32, device=dev)
         self.graph = None
+        self.lock, self.done = threading.Lock(), None
+
+    @contextlib.contextmanager
+    def held(self):
+        """The search's buffers for one call, from its start to its results' reads: one thread at a time, and on the
+        GPU after the previous call's reads on whatever stream they were made."""
+        with self.lock:
+            cuda = self.dev.type == "cuda"
+            if cuda and self.done is not None:
+                torch.cuda.current_stream(self.dev).wait_event(self.done)
+            yield
+            if cuda:
+                self.done = torch.cuda.Event()
+                self.done.record(torch.cuda.current_stream(self.dev))
 
     def start(self, enc, lengths, pred_state, out, g, score, frames=None, lm_states=None, boosting_states=None):
         """The buffers at the search's start for these encoder outputs [N, T, J] and lengths (clamped); greedy
@@ -1034,29 +1051,31 @@ def greedy_search(w, x: torch.Tensor, lengths: torch.Tensor, state, blank: int, 
         _fusion_states(lm, state.lm_states, N, dev),
         _fusion_states(boosting, state.boosting_states, N, dev),
     )
-    with torch.no_grad():
+    with search.held(), torch.no_grad():
         search.start(enc, lengths, state.predictor, state.output, g, zero, state.time_jumps, *fusion_states)
         search.run(activation_fn(w.activation))
-    hist, si = search.hist, search.si
-    live = torch.arange(hist.shape[0], device=dev)[None, :] < search.step
-    label = hist[:, 1].T
-    emit = (label >= 0) & live
-    n_out, tokens, frames, scores, durs = compact(
-        emit, (label.long(), -1), (hist[:, 2].T.long(), -1), (hist[:, 0].T.view(torch.float32), 0.0),
-        (hist[:, 3].T.long(), -1),
-    )  # fmt: skip
+        hist, si = search.hist, search.si
+        live = torch.arange(hist.shape[0], device=dev)[None, :] < search.step
+        label = hist[:, 1].T
+        emit = (label >= 0) & live
+        n_out, tokens, frames, scores, durs = compact(
+            emit, (label.long(), -1), (hist[:, 2].T.long(), -1), (hist[:, 0].T.view(torch.float32), 0.0),
+            (hist[:, 3].T.long(), -1),
+        )  # fmt: skip
+        t = si[0].long()
+        lm_states = si[4].long() if lm is not None else state.lm_states
+        boosting_states = si[5].long() if boosting is not None else state.boosting_states
+        pred = tuple(p.clone() for p in search.pred_state)
+        out = pred[0][-1] if search.fused else search.out.clone()
     frames = torch.where(frames >= 0, frames + state.frames[:, None], -1)
     hyp = Hypotheses(tokens[:, :S], n_out, frames[:, :S], scores[:, :S], durs[:, :S] if durations else None)
-    t = si[0].long()
-    pred = tuple(p.clone() for p in search.pred_state)
-    out = pred[0][-1] if search.fused else search.out.clone()
     return hyp, TransducerState(
         pred,
         out,
         t - lengths,
         state.frames + lengths,
-        si[4].long() if lm is not None else state.lm_states,
-        si[5].long() if boosting is not None else state.boosting_states,
+        lm_states,
+        boosting_states,
     )
 
 
@@ -1096,31 +1115,32 @@ def _search(modified, w, x, lengths, K, blank, durations, max_symbols, B=1, lm=N
     enc, act, lengths, wd, ninf, pred_state, out, g, score = _start(w, x, lengths, K, blank)
     search = _kept_search(modified, False, w, N, T, K, blank, durations, max_symbols, lm, lm_weight, boosting,
                           boosting_weight, enc, plans)  # fmt: skip
-    with torch.no_grad():
-        search.start(enc, lengths, pred_state, out, g, score)
-        search.run(act)
-    sf, si, hist, step, NK = search.sf, search.si, search.hist, search.step, search.NK
-    score, acoustic = sf[0].view(N, K), sf[1].view(N, K)
-    n_lab = si[2].view(N, K).to(torch.int64)
-    if modified and boosting is not None:  # a pending partial match taken back
-        score = score + boosting_weight * boosting.end_scores(si[5].to(torch.int64)).to(wd).view(N, K)
-    norm = (n_lab + (w.context_size if modified else 1)).to(wd)
-    rank = score / norm if score_norm else score
-    order = torch.sort(rank, dim=1, descending=True, stable=True).indices[:, :B]
-    ok = score.gather(1, order) > float("-inf")
-    tokens = kernel_output(N, B, S, dtype=torch.int64, device=dev)
-    frames = kernel_output(N, B, S, dtype=torch.int64, device=dev)
-    durs = kernel_output(N, B, S, dtype=torch.int64, device=dev) if D else tokens
-    launch(_malsd_backtrack)[(N,)](
-        hist, order.contiguous(), ok.contiguous(), si[2], step, tokens, frames, durs, NK, S, K,
-        B=B, BP=BP, BS=min(1024, max(16, next_power_of_2(S))), TDT=D > 0,
-    )  # fmt: skip
-    return BeamHypotheses(
-        tokens=tokens,
-        lengths=torch.where(ok, n_lab.gather(1, order), 0),
-        frames=frames,
-        scores=torch.where(ok, score.gather(1, order), ninf),
-        acoustic=torch.where(ok, acoustic.gather(1, order), ninf),
-        lm_scores=torch.where(ok, (score - acoustic).gather(1, order), ninf),
-        durations=durs if D else None,
-    )
+    with search.held():  # (the results read the search's buffers)
+        with torch.no_grad():
+            search.start(enc, lengths, pred_state, out, g, score)
+            search.run(act)
+        sf, si, hist, step, NK = search.sf, search.si, search.hist, search.step, search.NK
+        score, acoustic = sf[0].view(N, K), sf[1].view(N, K)
+        n_lab = si[2].view(N, K).to(torch.int64)
+        if modified and boosting is not None:  # a pending partial match taken back
+            score = score + boosting_weight * boosting.end_scores(si[5].to(torch.int64)).to(wd).view(N, K)
+        norm = (n_lab + (w.context_size if modified else 1)).to(wd)
+        rank = score / norm if score_norm else score
+        order = torch.sort(rank, dim=1, descending=True, stable=True).indices[:, :B]
+        ok = score.gather(1, order) > float("-inf")
+        tokens = kernel_output(N, B, S, dtype=torch.int64, device=dev)
+        frames = kernel_output(N, B, S, dtype=torch.int64, device=dev)
+        durs = kernel_output(N, B, S, dtype=torch.int64, device=dev) if D else tokens
+        launch(_malsd_backtrack)[(N,)](
+            hist, order.contiguous(), ok.contiguous(), si[2], step, tokens, frames, durs, NK, S, K,
+            B=B, BP=BP, BS=min(1024, max(16, next_power_of_2(S))), TDT=D > 0,
+        )  # fmt: skip
+        return BeamHypotheses(
+            tokens=tokens,
+            lengths=torch.where(ok, n_lab.gather(1, order), 0),
+            frames=frames,
+            scores=torch.where(ok, score.gather(1, order), ninf),
+            acoustic=torch.where(ok, acoustic.gather(1, order), ninf),
+            lm_scores=torch.where(ok, (score - acoustic).gather(1, order), ninf),
+            durations=durs if D else None,
+        )
