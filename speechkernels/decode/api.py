@@ -32,8 +32,8 @@ except ImportError as error:
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # measured on the GPU; float16 networks take the PyTorch path
 GREEDY_STEP_ROWS = 96  # greedy decoding of float32 LSTM networks from this many utterances up (no LM, no boosting,
 # not while a CUDA graph is captured): the beam search's steps at one hypothesis (the LSTM over the rows that
-# emitted, three TF32 products, CUDA graphs of steps) rather than the one-launch kernel, which it beats at 128 rows
-# (benchmarks/notes/decode.md, "Plain greedy decoding through the beam search's steps")
+# emitted, three TF32 products, CUDA graphs of steps) rather than the one-launch kernel: faster at 96 and 128 rows,
+# slower at 64 and below (benchmarks/notes/decode.md, "Plain greedy decoding through the beam search's steps")
 
 
 def _greedy_takes_steps(w: TransducerWeights, N: int) -> bool:
