@@ -1115,10 +1115,9 @@ def _search(modified, w, x, lengths, K, blank, durations, max_symbols, B=1, lm=N
     enc, act, lengths, wd, ninf, pred_state, out, g, score = _start(w, x, lengths, K, blank)
     search = _kept_search(modified, False, w, N, T, K, blank, durations, max_symbols, lm, lm_weight, boosting,
                           boosting_weight, enc, plans)  # fmt: skip
-    with search.held():  # (the results read the search's buffers)
-        with torch.no_grad():
-            search.start(enc, lengths, pred_state, out, g, score)
-            search.run(act)
+    with search.held(), torch.no_grad():  # (the results read the search's buffers)
+        search.start(enc, lengths, pred_state, out, g, score)
+        search.run(act)
         sf, si, hist, step, NK = search.sf, search.si, search.hist, search.step, search.NK
         score, acoustic = sf[0].view(N, K), sf[1].view(N, K)
         n_lab = si[2].view(N, K).to(torch.int64)
