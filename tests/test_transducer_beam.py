@@ -9,6 +9,7 @@ import random
 
 import pytest
 import torch
+from helpers import count_calls
 from test_decode_transducer import make_decoder
 from test_ngram import random_arpa
 
@@ -355,6 +356,40 @@ def test_compact_step_is_the_full_step(path, tmp_path, monkeypatch, layers, dura
             assert u is None or torch.equal(u, v)
 
 
+@pytest.mark.kernels
+def test_fused_joint_is_the_torch_joint(path, tmp_path, monkeypatch):
+    """FUSED_JOINT (the joint's relu input formed in its product's kernel) gives the values of torch's operations
+    bit for bit: beam search with an LM, greedy decoding with it and without (the step route)."""
+    from speechkernels.decode import api as decode_api
+    from speechkernels.decode import transducer_beam_kernels as tbk
+
+    for switch in ("TF32X3", "FUSED_CELL", "COMPACT"):
+        monkeypatch.setattr(tbk, switch, True)
+    monkeypatch.setattr(decode_api, "GREEDY_STEP_ROWS", 1)
+    dec = make_decoder(13, V=12, durations=(0, 2, 1), max_symbols=3, blank_bias=0.5).to(path.device)
+    x = torch.randn(3, 9, 6, generator=torch.Generator().manual_seed(13)).to(path.device)
+    random_arpa(tmp_path / "lm.arpa", 12, 3, seed=13)
+    kw = dict(lm=NGramLM.from_arpa(tmp_path / "lm.arpa", 12).to(path.device), lm_weight=0.4)
+    calls = count_calls(
+        monkeypatch, tbk, "linear_group", record=lambda products, *a: isinstance(products[0][0], tbk.JointInput)
+    )
+    got = {}
+    for fused in (True, False):
+        monkeypatch.setattr(tbk, "FUSED_JOINT", fused)
+        calls.clear()
+        got[fused] = (
+            dec.beam_search(x, [9, 5, 7], 3, nbest=2, **kw),
+            dec.greedy(x, [9, 5, 7], **kw)[0],
+            dec.greedy(x, [9, 5, 7])[0],
+        )
+        path.check_ran()
+        assert any(calls) == fused
+    for a, b in zip(got[True], got[False], strict=True):
+        for u, v in zip(a, b, strict=True):
+            assert (u is None) == (v is None)
+            assert u is None or torch.equal(u, v)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("durations", [None, (0, 1, 2, 3)])
 def test_gpu_graph_replay_is_the_eager_search(gpu, tmp_path, monkeypatch, durations):
@@ -589,6 +624,7 @@ def test_random_configurations_on_every_path(path, tmp_path, monkeypatch, seed):
         monkeypatch.setattr(tbk, "TF32X3", rng.random() < 0.5)
         monkeypatch.setattr(tbk, "FUSED_CELL", rng.random() < 0.5)
         monkeypatch.setattr(tbk, "COMPACT", rng.random() < 0.7)
+        monkeypatch.setattr(tbk, "FUSED_JOINT", random.Random(seed + 1000).random() < 0.5)  # (the draws above kept)
         monkeypatch.setitem(tbk.STEP_TILES, "block_c", rng.choice([16, 256]))
         monkeypatch.setitem(tbk.STEP_TILES, "block_arcs", rng.choice([2, 32]))
     algorithm = rng.choice(["malsd", "modified"])

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from typing import NamedTuple
 
 import torch
 import triton
@@ -65,6 +66,10 @@ COMPACT = True  # with TF32X3 and FUSED_CELL: the LSTM layers and the projection
 # label only (compact_lstm_step), each slot's recurrent terms made with its state
 FUSED_CELL = True  # float32 LSTM networks: each layer's cell, the parents' gathers and the selection by label in
 # _lstm_cell_kernel (one launch a layer) rather than torch's ~12 operations
+FUSED_JOINT = False  # with COMPACT, relu joints: the joint's input (the slots' frames' encoder rows plus their
+# prediction outputs, relu) formed in the joint's product (``_linear_tile``'s JOINT) rather than by three torch
+# operations a step (the same values). At beam 4 (b546ff0, before COMPACT) within the noise; for greedy decoding at
+# one hypothesis, whose steps are bound by their launches, not measured yet
 GRAPHS = True  # on the GPU, chunks of CHECK_EVERY steps replayed as one CUDA graph (captured once per call)
 _WARM: set = set()  # the configurations whose kernel has run (compiled): their first chunk is captured at once
 KEEP_SEARCH = True  # a decoder keeps its last configuration's buffers and CUDA graph for the next call (the
@@ -133,13 +138,15 @@ def _tf32_hi(x):
 
 @triton.jit
 def _linear_tile(a_ptr, wh_ptr, wl_ptr, b_ptr, out_ptr, M, N, K, tile, idx_ptr, cnt_ptr, BIAS: tl.constexpr,
-                 IDX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+                 IDX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, enc_ptr=None, frm_ptr=None,
+                 JOINT: tl.constexpr = False):  # fmt: skip
     """Tile ``tile`` (row blocks first) of out [M, N] = a [M, K] @ w [N, K]^T + b [N] (float32, contiguous) as
     three TF32 products on the tensor cores (about float32's precision): w given split as w = wh + wl
     (``tf32_split``), a split here; per block of K the products a_lo wh + a_hi wl + a_hi wh summed from zero, then
     added to the float32 sum (Triton's tf32x3 rule). The bias is added after the sum as torch's addmm does. IDX:
     only the rows idx[:cnt[0]] of a and out (the tiles past them do nothing); a row's result does not depend on
-    its place in the tile."""
+    its place in the tile. JOINT: a is the joint's input relu(enc [frm [m]] + a [m]) (enc [rows, K], frm [M]
+    int64), formed here (float32's sum, then relu, as torch's operations: NaN stays NaN)."""
     n_m = tl.cdiv(M, BM)
     o_m = (tile % n_m) * BM + tl.arange(0, BM)
     o_n = (tile // n_m) * BN + tl.arange(0, BN)
@@ -154,9 +161,15 @@ def _linear_tile(a_ptr, wh_ptr, wl_ptr, b_ptr, out_ptr, M, N, K, tile, idx_ptr, 
         rows = o_m.to(tl.int64)
     if (tile % n_m) * BM < n_rows:
         acc = tl.zeros((BM, BN), tl.float32)
+        if JOINT:
+            p_e = enc_ptr + tl.load(frm_ptr + rows, mask=ok_m, other=0)[:, None] * K
         for k0 in range(0, K, BK):
             kk = k0 + o_k
-            a = tl.load(a_ptr + rows[:, None] * K + kk[None, :], mask=ok_m[:, None] & (kk < K)[None, :], other=0.0)
+            m_a = ok_m[:, None] & (kk < K)[None, :]
+            a = tl.load(a_ptr + rows[:, None] * K + kk[None, :], mask=m_a, other=0.0)
+            if JOINT:
+                a = tl.load(p_e + kk[None, :], mask=m_a, other=0.0) + a
+                a = tl.where(a < 0.0, 0.0, a)
             m_w = (o_n < N)[None, :] & (kk < K)[:, None]
             p_w = o_n[None, :].to(tl.int64) * K + kk[:, None]
             w_hi = tl.load(wh_ptr + p_w, mask=m_w, other=0.0)
@@ -176,17 +189,18 @@ def _linear_tile(a_ptr, wh_ptr, wl_ptr, b_ptr, out_ptr, M, N, K, tile, idx_ptr, 
 
 @triton.jit
 def _linear_kernel(a0, wh0, wl0, b0, o0, N0, K0, a1, wh1, wl1, b1, o1, N1, K1, a2, wh2, wl2, b2, o2, N2, K2, M,
-                   idx_ptr, cnt_ptr, G: tl.constexpr, BIAS0: tl.constexpr, BIAS1: tl.constexpr,
-                   BIAS2: tl.constexpr, IDX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                   BK: tl.constexpr):  # fmt: skip
+                   idx_ptr, cnt_ptr, enc_ptr, frm_ptr, G: tl.constexpr, BIAS0: tl.constexpr, BIAS1: tl.constexpr,
+                   BIAS2: tl.constexpr, IDX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                   JOINT: tl.constexpr):  # fmt: skip
     """G (1-3) independent products of M rows in one launch (``_linear_tile``): the programs take the first's
-    tiles, then the second's, then the third's."""
+    tiles, then the second's, then the third's; JOINT: the first's input is the joint's (``JointInput``)."""
     tile = tl.program_id(0)
     n_m = tl.cdiv(M, BM)
     t0 = n_m * tl.cdiv(N0, BN)
     t1 = n_m * tl.cdiv(N1, BN)
     if tile < t0:
-        _linear_tile(a0, wh0, wl0, b0, o0, M, N0, K0, tile, idx_ptr, cnt_ptr, BIAS0, IDX, BM, BN, BK)
+        _linear_tile(a0, wh0, wl0, b0, o0, M, N0, K0, tile, idx_ptr, cnt_ptr, BIAS0, IDX, BM, BN, BK, enc_ptr,
+                     frm_ptr, JOINT)  # fmt: skip
     elif G > 1:
         if tile < t0 + t1:
             _linear_tile(a1, wh1, wl1, b1, o1, M, N1, K1, tile - t0, idx_ptr, cnt_ptr, BIAS1, IDX, BM, BN, BK)
@@ -211,6 +225,15 @@ def linear_tf32x3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return out.view(*x.shape[:-1], out.shape[1])
 
 
+class JointInput(NamedTuple):
+    """The joint's input relu(enc [frm] + g) as ``linear_group``'s first product's x, formed in the kernel: enc
+    [rows, K], frm [M] int64 (rows of enc), g [M, K], float32, contiguous."""
+
+    enc: torch.Tensor
+    frm: torch.Tensor
+    g: torch.Tensor
+
+
 def linear_group(
     products: list[tuple], outs: list[torch.Tensor] | None = None, rows: tuple[torch.Tensor, torch.Tensor] | None = None
 ) -> list[torch.Tensor]:
@@ -218,13 +241,18 @@ def linear_group(
     launch: independent products share the machine's waves (64 x 64 tiles: 242 registers with Triton 3.6 for
     sm_90, no spills; 64 x 128 spill). ``outs``: the outputs [M, N_i] (contiguous) to write, else new ones;
     ``rows`` (idx, count): only the rows idx[:count[0]] of each x and output (device values: the launch covers M
-    rows, the tiles past count do nothing)."""
+    rows, the tiles past count do nothing). The first product's x may be a ``JointInput``."""
     outs = list(outs) if outs is not None else [None] * len(products)
     for at in range(0, len(products), 3):
         args, flags = [], {}
-        M = products[at][0].shape[0]
+        joint = products[at][0] if isinstance(products[at][0], JointInput) else None
+        M = (joint.g if joint is not None else products[at][0]).shape[0]
         tiles = 0
         for g, (x, weight, bias, split) in enumerate(products[at : at + 3]):
+            if isinstance(x, JointInput):
+                if x is not joint:
+                    raise ValueError(f"linear_group: product {at + g}'s x is a JointInput (only the first's may be)")
+                x = x.g
             if x.dim() != 2 or x.shape[0] != M:
                 raise ValueError(f"linear_group: product {at + g} has x of shape {tuple(x.shape)}, not [{M}, K]")
             a = x.contiguous()
@@ -238,9 +266,11 @@ def linear_group(
         args += args[:7] * (3 - G)
         flags.update({f"BIAS{g}": False for g in range(G, 3)})
         idx, count = rows if rows is not None else (args[0], args[0])
+        enc, frm = (joint.enc.contiguous(), joint.frm.contiguous()) if joint is not None else (args[0], args[0])
         launch(_linear_kernel)[(tiles,)](
-            *args, M, idx, count, G=G, **flags, IDX=rows is not None, BM=64, BN=64, BK=32, num_warps=4, num_stages=3
-        )
+            *args, M, idx, count, enc, frm, G=G, **flags, IDX=rows is not None, BM=64, BN=64, BK=32,
+            JOINT=joint is not None, num_warps=4, num_stages=3,
+        )  # fmt: skip
     return outs
 
 
@@ -865,7 +895,7 @@ class _Search:
         # what the kernels' specialisations depend on (a capture must not be the first launch of one)
         shapes = tuple(tuple(t.shape) for t in (w.enc_w, w.pred_w, w.out_w, w.embedding))
         self.config = (dev, enc.dtype, N, T, K, max_symbols, shapes, len(w.lstm or ()), TF32X3, FUSED_CELL, COMPACT,
-                       greedy, tuple(sorted(consts.items())))  # fmt: skip
+                       FUSED_JOINT, greedy, tuple(sorted(consts.items())))  # fmt: skip
         self.kernel = _greedy_step_kernel if greedy else _malsd_step_kernel
         self.w, self.lm, self.boosting = w, lm, boosting  # (held: the key's ids stay theirs)
         self.table = input_gates_table(w)
@@ -874,6 +904,7 @@ class _Search:
             self.linear = _SplitLinear([w.out_w, w.pred_w, *(t for layer in w.lstm or () for t in layer[:2])])
         self.fused = FUSED_CELL and not w.stateless and w.embedding.dtype == torch.float32 and CHECK_EVERY % 2 == 0
         self.compact = self.fused and COMPACT and isinstance(self.linear, _SplitLinear)
+        self.fused_joint = self.compact and FUSED_JOINT and w.activation == "relu"
         self.pred_state = self.out = self.g = None
         self.halves = self.recs = self.gs = None
         if self.compact:  # compact_lstm_step's listing and counts
@@ -953,7 +984,9 @@ class _Search:
             if not self.compact:  # (which counts the steps and writes go in its own launch)
                 torch.any(self.si[0].view(N, K) < self.lens[:, None], out=self.go)
             recurrent = None
-            if self.compact:
+            if self.compact and self.fused_joint:
+                logits = linear.group([(JointInput(self.enc_rows, self.frm, self.gs[parity]), w.out_w, w.out_b)])[0]
+            elif self.compact:
                 logits = linear(act(self.enc_rows[self.frm] + self.gs[parity]), w.out_w, w.out_b)
             elif self.fused and isinstance(linear, _SplitLinear):  # the joint's and the recurrent terms' products
                 h = self.halves[parity][0]  # (of the state before the step) in one launch
@@ -1085,7 +1118,7 @@ def _kept_search(modified, greedy, w, N, T, K, blank, durations, max_symbols, lm
     holds T frames, or a new one (T rounded up to a multiple of FRAME_BLOCK)."""
     key = (id(w), id(lm), id(boosting), N, K, blank, durations, max_symbols, float(lm_weight),
            float(boosting_weight), enc.device, enc.dtype, w.activation, modified, greedy, TF32X3, FUSED_CELL, COMPACT,
-           CHECK_EVERY, GRAPHS, tuple(STEP_TILES.items()))  # fmt: skip
+           FUSED_JOINT, CHECK_EVERY, GRAPHS, tuple(STEP_TILES.items()))  # fmt: skip
     kept = (plans.beam if plans is not None else _KEPT.get("beam")) if KEEP_SEARCH else None
     search = kept[1] if kept is not None and kept[0] == key and kept[1].T >= T else None
     if search is None:
