@@ -66,10 +66,10 @@ COMPACT = True  # with TF32X3 and FUSED_CELL: the LSTM layers and the projection
 # label only (compact_lstm_step), each slot's recurrent terms made with its state
 FUSED_CELL = True  # float32 LSTM networks: each layer's cell, the parents' gathers and the selection by label in
 # _lstm_cell_kernel (one launch a layer) rather than torch's ~12 operations
-FUSED_JOINT = False  # with COMPACT, relu joints: the joint's input (the slots' frames' encoder rows plus their
+FUSED_JOINT = True  # with COMPACT, relu joints: the joint's input (the slots' frames' encoder rows plus their
 # prediction outputs, relu) formed in the joint's product (``_linear_tile``'s JOINT) rather than by three torch
-# operations a step (the same values). At beam 4 (b546ff0, before COMPACT) within the noise; for greedy decoding at
-# one hypothesis, whose steps are bound by their launches, not measured yet
+# operations a step (the same values). H200, one process, interleaved (10fe2d9, ms, on / off): greedy through the
+# steps tdt-128x15 13.37 / 13.90, rnnt-128x15 26.33 / 27.23; beam 4 20.54 / 20.60 and 35.96 / 36.69; identical
 GRAPHS = True  # on the GPU, chunks of CHECK_EVERY steps replayed as one CUDA graph (captured once per call)
 _WARM: set = set()  # the configurations whose kernel has run (compiled): their first chunk is captured at once
 KEEP_SEARCH = True  # a decoder keeps its last configuration's buffers and CUDA graph for the next call (the
