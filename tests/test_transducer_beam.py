@@ -416,7 +416,8 @@ def test_gpu_graph_replay_is_the_eager_search(gpu, tmp_path, monkeypatch, durati
 @pytest.mark.parametrize("bias", [False, True])
 def test_the_products_kernel(path, bias):
     """linear_tf32x3 (the float32 networks' products of the GPU search): torch.nn.functional.linear's values in
-    float64 to float32's precision, for shapes that are no multiple of its tiles and a batch of rows."""
+    float64 to float32's precision, for shapes that are no multiple of its tiles and a batch of rows (134: the
+    tiles above ``LINEAR_TILES["few"]`` rows; the grouped test below takes the tiles at or below it)."""
     from speechkernels.decode.transducer_beam_kernels import linear_tf32x3, tf32_split
 
     g = torch.Generator().manual_seed(3)
@@ -436,7 +437,7 @@ def test_the_products_kernel(path, bias):
 @pytest.mark.kernels
 def test_the_products_kernel_grouped(path):
     """linear_group: independent products of the same rows (other K and N, with and without a bias) three to a
-    launch, each the same values as alone; rows that differ in number refused."""
+    launch, each the same values as alone; rows that differ in number refused (67 rows: the few rows' tiles)."""
     from speechkernels.decode.transducer_beam_kernels import linear_group, linear_tf32x3
 
     g = torch.Generator().manual_seed(5)

@@ -70,6 +70,12 @@ FUSED_JOINT = True  # with COMPACT, relu joints: the joint's input (the slots' f
 # prediction outputs, relu) formed in the joint's product (``_linear_tile``'s JOINT) rather than by three torch
 # operations a step (the same values). H200, one process, interleaved (10fe2d9, ms, on / off): greedy through the
 # steps tdt-128x15 13.37 / 13.90, rnnt-128x15 26.33 / 27.23; beam 4 20.54 / 20.60 and 35.96 / 36.69; identical
+LINEAR_TILES = {"few": 128, "plain": (64, 32, 64), "joint": (64, 16, 64), "many": (64, 64, 32)}  # _linear_kernel's
+# (BM, BN, BK): up to "few" rows (greedy's steps), the joint's product and the others ("plain": the same BK, so
+# that a joint formed in the kernel sums as one formed before it), above ("many", beam searches' 4 x 128 slots:
+# no tile of 69 swept beat it at 512 rows, 242 registers, no spills; 64 x 128 spill). At 128 rows (H200, 20
+# launches in one CUDA graph, us, 64 x 64 x 32 first): the joint [128, 640] x [640, 1030] 17.1 -> 11.8, a layer's
+# two 2560-column products over 26-60 listed rows 17.9-18.1 -> 13.5-13.8, the last layer's 2560 + 640 13.3 -> 12.1
 GRAPHS = True  # on the GPU, chunks of CHECK_EVERY steps replayed as one CUDA graph (captured once per call)
 _WARM: set = set()  # the configurations whose kernel has run (compiled): their first chunk is captured at once
 KEEP_SEARCH = True  # a decoder keeps its last configuration's buffers and CUDA graph for the next call (the
@@ -238,15 +244,17 @@ def linear_group(
     products: list[tuple], outs: list[torch.Tensor] | None = None, rows: tuple[torch.Tensor, torch.Tensor] | None = None
 ) -> list[torch.Tensor]:
     """``linear_tf32x3`` of each (x [M, K_i], weight, bias or None, split or None), all of M rows, three to a
-    launch: independent products share the machine's waves (64 x 64 tiles: 242 registers with Triton 3.6 for
-    sm_90, no spills; 64 x 128 spill). ``outs``: the outputs [M, N_i] (contiguous) to write, else new ones;
-    ``rows`` (idx, count): only the rows idx[:count[0]] of each x and output (device values: the launch covers M
-    rows, the tiles past count do nothing). The first product's x may be a ``JointInput``."""
+    launch: independent products share the machine's waves (tiles by ``LINEAR_TILES``). ``outs``: the outputs
+    [M, N_i] (contiguous) to write, else new ones; ``rows`` (idx, count): only the rows idx[:count[0]] of each x
+    and output (device values: the launch covers M rows, the tiles past count do nothing). The first product's x
+    may be a ``JointInput``."""
     outs = list(outs) if outs is not None else [None] * len(products)
     for at in range(0, len(products), 3):
         args, flags = [], {}
         joint = products[at][0] if isinstance(products[at][0], JointInput) else None
         M = (joint.g if joint is not None else products[at][0]).shape[0]
+        BM, BN, BK = LINEAR_TILES["joint" if joint is not None else "plain"] if M <= LINEAR_TILES["few"] else (
+            LINEAR_TILES["many"])  # fmt: skip
         tiles = 0
         for g, (x, weight, bias, split) in enumerate(products[at : at + 3]):
             if isinstance(x, JointInput):
@@ -261,14 +269,14 @@ def linear_group(
                 outs[at + g] = torch.empty(M, w_hi.shape[0], dtype=torch.float32, device=x.device)
             args += [a, w_hi, w_lo, bias if bias is not None else w_hi, outs[at + g], w_hi.shape[0], a.shape[1]]
             flags[f"BIAS{g}"] = bias is not None
-            tiles += cdiv(M, 64) * cdiv(w_hi.shape[0], 64)
+            tiles += cdiv(M, BM) * cdiv(w_hi.shape[0], BN)
         G = len(flags)
         args += args[:7] * (3 - G)
         flags.update({f"BIAS{g}": False for g in range(G, 3)})
         idx, count = rows if rows is not None else (args[0], args[0])
         enc, frm = (joint.enc.contiguous(), joint.frm.contiguous()) if joint is not None else (args[0], args[0])
         launch(_linear_kernel)[(tiles,)](
-            *args, M, idx, count, enc, frm, G=G, **flags, IDX=rows is not None, BM=64, BN=64, BK=32,
+            *args, M, idx, count, enc, frm, G=G, **flags, IDX=rows is not None, BM=BM, BN=BN, BK=BK,
             JOINT=joint is not None, num_warps=4, num_stages=3,
         )  # fmt: skip
     return outs
@@ -866,6 +874,7 @@ class _Search:
         self.frm = torch.empty(NK, dtype=torch.int64, device=dev)
         self.step = torch.empty(1, dtype=torch.int32, device=dev)
         self.go = torch.empty((), dtype=torch.bool, device=dev)
+        self.checks = None  # (run's: a device flag, two pinned host flags, two events)
         self.lens = torch.empty(N, dtype=torch.int32, device=dev)
         # (zeroed: the frames past a shorter call's T are read by slots past their utterance's end, ignored there)
         self.enc_rows = torch.zeros(N * T, w.enc_w.shape[0], dtype=enc.dtype, device=dev)
@@ -1028,16 +1037,19 @@ class _Search:
 
     def run(self, act) -> None:
         """The steps until no slot is active: a first chunk eager where the kernels have not run (compiles them,
-        which a capture cannot), then chunks replayed from one CUDA graph on the GPU (captured once per search)."""
+        which a capture cannot), then chunks replayed from one CUDA graph on the GPU (captured once per search),
+        each chunk's check read after the next chunk is queued (the GPU never waits for the host's check; the one
+        chunk queued past the end takes no-op steps: no slot active, hist rows with no label)."""
         graphs = GRAPHS and self.dev.type == "cuda" and not torch.cuda.is_current_stream_capturing()
         done = 0
         if not (graphs and self.config in _WARM):
             self.chunk(act)
             _WARM.add(self.config)
             done = CHECK_EVERY
-        while done + CHECK_EVERY <= self.steps_max and bool(
-            (self.si[0].view(self.N, self.K) < self.lens[:, None]).any()
-        ):
+        if not self.active():
+            return
+        pending = None  # the last chunk's check: (event, host flag)
+        while done + CHECK_EVERY <= self.steps_max:
             if self.graph is None and graphs:
                 self.graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(self.graph):
@@ -1047,6 +1059,24 @@ class _Search:
             else:
                 self.chunk(act)
             done += CHECK_EVERY
+            if not graphs:
+                if not self.active():
+                    break
+                continue
+            if self.checks is None:
+                self.checks = (torch.empty((), dtype=torch.bool, device=self.dev),
+                               torch.empty(2, dtype=torch.bool, pin_memory=True),
+                               (torch.cuda.Event(), torch.cuda.Event()))  # fmt: skip
+            live, host, events = self.checks
+            at = (done // CHECK_EVERY) % 2
+            torch.any(self.si[0].view(self.N, self.K) < self.lens[:, None], out=live)
+            host[at].copy_(live, non_blocking=True)
+            events[at].record()
+            if pending is not None:
+                events[pending].synchronize()
+                if not bool(host[pending]):
+                    break
+            pending = at
 
 
 def malsd_search(w, x: torch.Tensor, lengths: torch.Tensor, beam_size: int, blank: int, durations, max_symbols: int,
@@ -1118,7 +1148,7 @@ def _kept_search(modified, greedy, w, N, T, K, blank, durations, max_symbols, lm
     holds T frames, or a new one (T rounded up to a multiple of FRAME_BLOCK)."""
     key = (id(w), id(lm), id(boosting), N, K, blank, durations, max_symbols, float(lm_weight),
            float(boosting_weight), enc.device, enc.dtype, w.activation, modified, greedy, TF32X3, FUSED_CELL, COMPACT,
-           FUSED_JOINT, CHECK_EVERY, GRAPHS, tuple(STEP_TILES.items()))  # fmt: skip
+           FUSED_JOINT, CHECK_EVERY, GRAPHS, tuple(STEP_TILES.items()), tuple(LINEAR_TILES.items()))  # fmt: skip
     kept = (plans.beam if plans is not None else _KEPT.get("beam")) if KEEP_SEARCH else None
     search = kept[1] if kept is not None and kept[0] == key and kept[1].T >= T else None
     if search is None:
