@@ -30,10 +30,11 @@ except ImportError as error:
     kernels = triton_missing(error)
     transducer_kernels = beam_kernels = transducer_beam_kernels = None
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # measured on the GPU; float16 networks take the PyTorch path
-GREEDY_STEP_ROWS = 96  # greedy decoding of float32 LSTM networks from this many utterances up (no LM, no boosting,
+GREEDY_STEP_ROWS = 64  # greedy decoding of float32 LSTM networks from this many utterances up (no LM, no boosting,
 # not while a CUDA graph is captured): the beam search's steps at one hypothesis (the LSTM over the rows that
-# emitted, three TF32 products, CUDA graphs of steps) rather than the one-launch kernel: faster at 96 and 128 rows,
-# slower at 64 and below (benchmarks/notes/decode.md, "Plain greedy decoding through the beam search's steps")
+# emitted, three TF32 products, CUDA graphs of steps) rather than the one-launch kernel: at 64 rows as fast (TDT)
+# or faster (RNN-T 21.4 against 27.0 ms on the H200), at 32 slower or even (benchmarks/notes/decode.md, "Plain
+# greedy decoding through the beam search's steps")
 
 
 def _greedy_takes_steps(w: TransducerWeights, N: int) -> bool:
