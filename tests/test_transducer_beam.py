@@ -476,6 +476,26 @@ def test_tf32_split():
     assert torch.isinf(hi[0, 0]) and torch.isinf(hi[0, 1]) and torch.isnan(hi[0, 2]) and hi[0, 3] == w[0, 3]
 
 
+@pytest.mark.kernels
+def test_tf32_split_kernel(path):
+    """tf32_split_into (the search's weights split each call in one launch): tf32_split's bits, NaN, inf and the
+    largest float32 included, from a transposed view and over more than one block."""
+    from speechkernels.decode.transducer_beam_kernels import tf32_split, tf32_split_into
+
+    w = torch.randn(70, 61, generator=torch.Generator().manual_seed(6)) * 1e3
+    w[0, :4] = torch.tensor([float("inf"), float("-inf"), float("nan"), torch.finfo(torch.float32).max])
+    w[1, :3] = torch.tensor([1 + 2**-11, -(1 + 3 * 2**-11), -torch.finfo(torch.float32).max])
+    wt = w.to(path.device).t()
+    hi, lo = torch.full((2, 61, 70), 7.0, device=path.device)
+    tf32_split_into(wt, hi, lo)
+    path.check_ran(False)
+    want_hi, want_lo = tf32_split(w.t())
+    assert torch.equal(hi.cpu().view(torch.int32), want_hi.view(torch.int32))
+    nan = want_lo.isnan()  # (inf - inf, NaN - NaN: a NaN whose payload is the machine's)
+    assert torch.equal(lo.cpu().isnan(), nan) and nan.sum() == 3
+    assert torch.equal(lo.cpu().view(torch.int32)[~nan], want_lo.view(torch.int32)[~nan])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("durations", [None, (0, 1, 2, 3), "modified"])
 def test_gpu_bfloat16_networks_search_as_the_pytorch_path(gpu, tmp_path, monkeypatch, durations):

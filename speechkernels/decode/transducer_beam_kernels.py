@@ -223,6 +223,25 @@ def tf32_split(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return hi, w - hi
 
 
+@triton.jit
+def _split_kernel(w_ptr, hi_ptr, lo_ptr, n, BLOCK: tl.constexpr):
+    """``tf32_split`` of n contiguous float32 values in one launch (the same bits)."""
+    o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = o < n
+    w = tl.load(w_ptr + o, mask=m, other=0.0)
+    hi = ((w.to(tl.int32, bitcast=True) + 0x1000) & -8192).to(tl.float32, bitcast=True)
+    hi = tl.where((hi == hi) & (tl.abs(hi) != float("inf")), hi, w)
+    tl.store(hi_ptr + o, hi, mask=m)
+    tl.store(lo_ptr + o, w - hi, mask=m)
+
+
+def tf32_split_into(weight: torch.Tensor, hi: torch.Tensor, lo: torch.Tensor) -> None:
+    """``tf32_split(weight)`` written into hi and lo (contiguous, weight's shape) by one launch."""
+    w = weight.contiguous()
+    n = w.numel()
+    launch(_split_kernel)[(cdiv(n, 4096),)](w, hi, lo, n, BLOCK=4096)
+
+
 def linear_tf32x3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                   split: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:  # fmt: skip
     """torch.nn.functional.linear of float32 operands through ``_linear_kernel`` (x [..., K]); ``split``:
@@ -293,8 +312,7 @@ class _SplitLinear:
 
     def refresh(self) -> None:
         for w in self.weights:
-            for buf, new in zip(self.splits[w.data_ptr()], tf32_split(w), strict=True):
-                buf.copy_(new)
+            tf32_split_into(w, *self.splits[w.data_ptr()])
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return linear_tf32x3(x, weight, bias, self.splits.get(weight.data_ptr()))
