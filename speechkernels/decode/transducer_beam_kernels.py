@@ -70,14 +70,12 @@ FUSED_JOINT = True  # with COMPACT, relu joints: the joint's input (the slots' f
 # prediction outputs, relu) formed in the joint's product (``_linear_tile``'s JOINT) rather than by three torch
 # operations a step (the same values). H200, one process, interleaved (10fe2d9, ms, on / off): greedy through the
 # steps tdt-128x15 13.37 / 13.90, rnnt-128x15 26.33 / 27.23; beam 4 20.54 / 20.60 and 35.96 / 36.69; identical
-LINEAR_TILES = {"few": 128, "plain": (64, 32, 64), "joint": (64, 16, 64), "many": (64, 64, 32), "split": 2}
-# _linear_kernel's (BM, BN, BK): up to "few" rows (greedy's steps), the joint's product and the others ("plain":
-# the same BK, so that a joint formed in the kernel sums as one formed before it), above ("many", beam searches'
-# 4 x 128 slots: no tile of 69 swept beat it at 512 rows, 242 registers, no spills; 64 x 128 spill). At 128 rows
-# (H200, 20 launches in one CUDA graph, us, 64 x 64 x 32 first): the joint [128, 640] x [640, 1030] 17.1 -> 11.8,
-# a layer's two 2560-column products over 26-60 listed rows 17.9-18.1 -> 13.5-13.8, the last layer's 2560 + 640
-# 13.3 -> 12.1. "split": up to "few" rows with a search's work (``linear_work``), each tile's blocks of K in this
-# many programs, the last to finish summing the parts (two: the same bits in either order)
+LINEAR_TILES = {"few": 128, "plain": (64, 32, 64), "joint": (64, 16, 64), "many": (64, 64, 32)}  # _linear_kernel's
+# (BM, BN, BK): up to "few" rows (greedy's steps), the joint's product and the others ("plain": the same BK, so
+# that a joint formed in the kernel sums as one formed before it), above ("many", beam searches' 4 x 128 slots:
+# no tile of 69 swept beat it at 512 rows, 242 registers, no spills; 64 x 128 spill). At 128 rows (H200, 20
+# launches in one CUDA graph, us, 64 x 64 x 32 first): the joint [128, 640] x [640, 1030] 17.1 -> 11.8, a layer's
+# two 2560-column products over 26-60 listed rows 17.9-18.1 -> 13.5-13.8, the last layer's 2560 + 640 13.3 -> 12.1
 GRAPHS = True  # on the GPU, chunks of CHECK_EVERY steps replayed as one CUDA graph (captured once per call)
 _WARM: set = set()  # the configurations whose kernel has run (compiled): their first chunk is captured at once
 KEEP_SEARCH = True  # a decoder keeps its last configuration's buffers and CUDA graph for the next call (the
@@ -147,18 +145,14 @@ def _tf32_hi(x):
 @triton.jit
 def _linear_tile(a_ptr, wh_ptr, wl_ptr, b_ptr, out_ptr, M, N, K, tile, idx_ptr, cnt_ptr, BIAS: tl.constexpr,
                  IDX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, enc_ptr=None, frm_ptr=None,
-                 JOINT: tl.constexpr = False, SPLIT: tl.constexpr = 1, sk=0, slot=0, part_ptr=None,
-                 lock_ptr=None):  # fmt: skip
+                 JOINT: tl.constexpr = False):  # fmt: skip
     """Tile ``tile`` (row blocks first) of out [M, N] = a [M, K] @ w [N, K]^T + b [N] (float32, contiguous) as
     three TF32 products on the tensor cores (about float32's precision): w given split as w = wh + wl
     (``tf32_split``), a split here; per block of K the products a_lo wh + a_hi wl + a_hi wh summed from zero, then
     added to the float32 sum (Triton's tf32x3 rule). The bias is added after the sum as torch's addmm does. IDX:
     only the rows idx[:cnt[0]] of a and out (the tiles past them do nothing); a row's result does not depend on
     its place in the tile. JOINT: a is the joint's input relu(enc [frm [m]] + a [m]) (enc [rows, K], frm [M]
-    int64), formed here (float32's sum, then relu, as torch's operations: NaN stays NaN). SPLIT: this program
-    sums the blocks of K of part sk (of SPLIT, in order), writes them to its place in part (slot * SPLIT + sk,
-    BM x BN each) and takes a ticket at lock [slot]; the last of the slot's programs sums the parts in their order
-    (SPLIT = 2: either order, the same bits), resets the lock and writes the tile."""
+    int64), formed here (float32's sum, then relu, as torch's operations: NaN stays NaN)."""
     n_m = tl.cdiv(M, BM)
     o_m = (tile % n_m) * BM + tl.arange(0, BM)
     o_n = (tile // n_m) * BN + tl.arange(0, BN)
@@ -175,8 +169,7 @@ def _linear_tile(a_ptr, wh_ptr, wl_ptr, b_ptr, out_ptr, M, N, K, tile, idx_ptr, 
         acc = tl.zeros((BM, BN), tl.float32)
         if JOINT:
             p_e = enc_ptr + tl.load(frm_ptr + rows, mask=ok_m, other=0)[:, None] * K
-        k_per = tl.cdiv(tl.cdiv(K, BK), SPLIT) * BK
-        for k0 in range(sk * k_per, tl.minimum(K, sk * k_per + k_per), BK):
+        for k0 in range(0, K, BK):
             kk = k0 + o_k
             m_a = ok_m[:, None] & (kk < K)[None, :]
             a = tl.load(a_ptr + rows[:, None] * K + kk[None, :], mask=m_a, other=0.0)
@@ -194,48 +187,31 @@ def _linear_tile(a_ptr, wh_ptr, wl_ptr, b_ptr, out_ptr, M, N, K, tile, idx_ptr, 
                 part = tl.dot(a - a_hi, w_hi, tl.zeros((BM, BN), tl.float32), input_precision="tf32")
                 part = tl.dot(a_hi, w_lo, part, input_precision="tf32")
                 acc += tl.dot(a_hi, w_hi, part, input_precision="tf32")
-        ticket = SPLIT - 1
-        if SPLIT > 1:
-            o_t = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
-            tl.store(part_ptr + (slot * SPLIT + sk).to(tl.int64) * (BM * BN) + o_t, acc)
-            tl.debug_barrier()  # (every thread's part written before the ticket)
-            ticket = tl.atomic_add(lock_ptr + slot, 1, sem="acq_rel", scope="gpu")
-        if ticket == SPLIT - 1:
-            if SPLIT > 1:
-                acc = tl.zeros((BM, BN), tl.float32)
-                for j in tl.static_range(SPLIT):
-                    p_j = part_ptr + (slot * SPLIT + j).to(tl.int64) * (BM * BN) + o_t
-                    acc += tl.load(p_j, cache_modifier=".cg")
-                tl.atomic_xchg(lock_ptr + slot, 0)
-            if BIAS:
-                acc = acc + tl.load(b_ptr + o_n, mask=o_n < N, other=0.0)[None, :]
-            m = ok_m[:, None] & (o_n < N)[None, :]
-            tl.store(out_ptr + rows[:, None] * N + o_n[None, :], acc, mask=m)
+        if BIAS:
+            acc = acc + tl.load(b_ptr + o_n, mask=o_n < N, other=0.0)[None, :]
+        m = ok_m[:, None] & (o_n < N)[None, :]
+        tl.store(out_ptr + rows[:, None] * N + o_n[None, :], acc, mask=m)
 
 
 @triton.jit
 def _linear_kernel(a0, wh0, wl0, b0, o0, N0, K0, a1, wh1, wl1, b1, o1, N1, K1, a2, wh2, wl2, b2, o2, N2, K2, M,
                    idx_ptr, cnt_ptr, enc_ptr, frm_ptr, G: tl.constexpr, BIAS0: tl.constexpr, BIAS1: tl.constexpr,
                    BIAS2: tl.constexpr, IDX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                   JOINT: tl.constexpr, part_ptr=None, lock_ptr=None, SPLIT: tl.constexpr = 1):  # fmt: skip
+                   JOINT: tl.constexpr):  # fmt: skip
     """G (1-3) independent products of M rows in one launch (``_linear_tile``): the programs take the first's
-    tiles, then the second's, then the third's (SPLIT programs a tile, its parts of K); JOINT: the first's input
-    is the joint's (``JointInput``)."""
-    tile = tl.program_id(0) // SPLIT
-    sk = tl.program_id(0) % SPLIT
+    tiles, then the second's, then the third's; JOINT: the first's input is the joint's (``JointInput``)."""
+    tile = tl.program_id(0)
     n_m = tl.cdiv(M, BM)
     t0 = n_m * tl.cdiv(N0, BN)
     t1 = n_m * tl.cdiv(N1, BN)
     if tile < t0:
         _linear_tile(a0, wh0, wl0, b0, o0, M, N0, K0, tile, idx_ptr, cnt_ptr, BIAS0, IDX, BM, BN, BK, enc_ptr,
-                     frm_ptr, JOINT, SPLIT, sk, tile, part_ptr, lock_ptr)  # fmt: skip
+                     frm_ptr, JOINT)  # fmt: skip
     elif G > 1:
         if tile < t0 + t1:
-            _linear_tile(a1, wh1, wl1, b1, o1, M, N1, K1, tile - t0, idx_ptr, cnt_ptr, BIAS1, IDX, BM, BN, BK,
-                         SPLIT=SPLIT, sk=sk, slot=tile, part_ptr=part_ptr, lock_ptr=lock_ptr)  # fmt: skip
+            _linear_tile(a1, wh1, wl1, b1, o1, M, N1, K1, tile - t0, idx_ptr, cnt_ptr, BIAS1, IDX, BM, BN, BK)
         elif G > 2:
-            _linear_tile(a2, wh2, wl2, b2, o2, M, N2, K2, tile - t0 - t1, idx_ptr, cnt_ptr, BIAS2, IDX, BM, BN, BK,
-                         SPLIT=SPLIT, sk=sk, slot=tile, part_ptr=part_ptr, lock_ptr=lock_ptr)  # fmt: skip
+            _linear_tile(a2, wh2, wl2, b2, o2, M, N2, K2, tile - t0 - t1, idx_ptr, cnt_ptr, BIAS2, IDX, BM, BN, BK)
 
 
 def tf32_split(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -267,10 +243,10 @@ def tf32_split_into(weight: torch.Tensor, hi: torch.Tensor, lo: torch.Tensor) ->
 
 
 def linear_tf32x3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                  split: tuple[torch.Tensor, torch.Tensor] | None = None, work=None) -> torch.Tensor:  # fmt: skip
+                  split: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:  # fmt: skip
     """torch.nn.functional.linear of float32 operands through ``_linear_kernel`` (x [..., K]); ``split``:
-    ``tf32_split(weight)`` if already made (the search's weights, split once per call); ``work``: linear_group's."""
-    out = linear_group([(x.reshape(-1, x.shape[-1]), weight, bias, split)], work=work)[0]
+    ``tf32_split(weight)`` if already made (the search's weights, split once per call)."""
+    out = linear_group([(x.reshape(-1, x.shape[-1]), weight, bias, split)])[0]
     return out.view(*x.shape[:-1], out.shape[1])
 
 
@@ -284,25 +260,20 @@ class JointInput(NamedTuple):
 
 
 def linear_group(
-    products: list[tuple],
-    outs: list[torch.Tensor] | None = None,
-    rows: tuple[torch.Tensor, torch.Tensor] | None = None,
-    work: tuple[torch.Tensor, torch.Tensor] | None = None,
+    products: list[tuple], outs: list[torch.Tensor] | None = None, rows: tuple[torch.Tensor, torch.Tensor] | None = None
 ) -> list[torch.Tensor]:
     """``linear_tf32x3`` of each (x [M, K_i], weight, bias or None, split or None), all of M rows, three to a
     launch: independent products share the machine's waves (tiles by ``LINEAR_TILES``). ``outs``: the outputs
     [M, N_i] (contiguous) to write, else new ones; ``rows`` (idx, count): only the rows idx[:count[0]] of each x
     and output (device values: the launch covers M rows, the tiles past count do nothing). The first product's x
-    may be a ``JointInput``. ``work`` (``linear_work``'s parts and locks, the locks zero): up to
-    ``LINEAR_TILES["few"]`` rows, each tile's blocks of K in ``LINEAR_TILES["split"]`` programs."""
+    may be a ``JointInput``."""
     outs = list(outs) if outs is not None else [None] * len(products)
     for at in range(0, len(products), 3):
         args, flags = [], {}
         joint = products[at][0] if isinstance(products[at][0], JointInput) else None
         M = (joint.g if joint is not None else products[at][0]).shape[0]
-        few = M <= LINEAR_TILES["few"]
-        BM, BN, BK = LINEAR_TILES["joint" if joint is not None else "plain"] if few else LINEAR_TILES["many"]
-        parts = LINEAR_TILES["split"] if few and work is not None else 1
+        BM, BN, BK = LINEAR_TILES["joint" if joint is not None else "plain"] if M <= LINEAR_TILES["few"] else (
+            LINEAR_TILES["many"])  # fmt: skip
         tiles = 0
         for g, (x, weight, bias, split) in enumerate(products[at : at + 3]):
             if isinstance(x, JointInput):
@@ -323,49 +294,32 @@ def linear_group(
         flags.update({f"BIAS{g}": False for g in range(G, 3)})
         idx, count = rows if rows is not None else (args[0], args[0])
         enc, frm = (joint.enc.contiguous(), joint.frm.contiguous()) if joint is not None else (args[0], args[0])
-        part, lock = work if parts > 1 else (args[0], count)
-        if parts > 1 and (part.numel() < tiles * parts * BM * BN or lock.numel() < tiles):
-            raise ValueError(f"linear_group: work of {part.numel()} and {lock.numel()} for {tiles} tiles")
-        launch(_linear_kernel)[(tiles * parts,)](
+        launch(_linear_kernel)[(tiles,)](
             *args, M, idx, count, enc, frm, G=G, **flags, IDX=rows is not None, BM=BM, BN=BN, BK=BK,
-            JOINT=joint is not None, part_ptr=part, lock_ptr=lock, SPLIT=parts, num_warps=4, num_stages=3,
+            JOINT=joint is not None, num_warps=4, num_stages=3,
         )  # fmt: skip
     return outs
 
 
-def linear_work(rows: int, columns: int, device) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``linear_group``'s work for products of ``rows`` rows and at most ``columns`` columns, three to a launch
-    (each tile's parts, float32; its locks, int32 zeros), or None above ``LINEAR_TILES["few"]`` rows."""
-    if rows > LINEAR_TILES["few"] or LINEAR_TILES["split"] < 2:
-        return None
-    tiles = max(3 * cdiv(rows, bm) * cdiv(columns, bn) for bm, bn, _ in (LINEAR_TILES["plain"], LINEAR_TILES["joint"]))
-    area = max(bm * bn for bm, bn, _ in (LINEAR_TILES["plain"], LINEAR_TILES["joint"]))
-    part = torch.empty(tiles * LINEAR_TILES["split"] * area, dtype=torch.float32, device=device)
-    return part, torch.zeros(tiles, dtype=torch.int32, device=device)
-
-
 class _SplitLinear:
     """``linear_tf32x3`` over a search's float32 weights split once per call (``refresh``, before the call's first
-    product: their current values, into the same buffers, which a captured graph reads); products of ``rows`` rows
-    (the search's slots) with its own ``linear_work``."""
+    product: their current values, into the same buffers, which a captured graph reads)."""
 
-    def __init__(self, weights: list[torch.Tensor], rows: int):
+    def __init__(self, weights: list[torch.Tensor]):
         self.weights = weights
         new = lambda w: torch.empty(w.shape, dtype=w.dtype, device=w.device)  # noqa: E731
         self.splits = {w.data_ptr(): (new(w), new(w)) for w in weights}
-        self.work = linear_work(rows, max(w.shape[0] for w in weights), weights[0].device)
 
     def refresh(self) -> None:
         for w in self.weights:
             tf32_split_into(w, *self.splits[w.data_ptr()])
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        work = self.work if x.dim() == 2 and x.shape[0] <= LINEAR_TILES["few"] else None
-        return linear_tf32x3(x, weight, bias, self.splits.get(weight.data_ptr()), work)
+        return linear_tf32x3(x, weight, bias, self.splits.get(weight.data_ptr()))
 
     def group(self, products: list[tuple], outs=None, rows=None) -> list[torch.Tensor]:
         """``linear_group`` of (x, weight, bias) with the weights' splits (``outs``, ``rows``: its own)."""
-        return linear_group([(x, w, b, self.splits.get(w.data_ptr())) for x, w, b in products], outs, rows, self.work)
+        return linear_group([(x, w, b, self.splits.get(w.data_ptr())) for x, w, b in products], outs, rows)
 
 
 @triton.jit
@@ -974,7 +928,7 @@ class _Search:
         self.table = input_gates_table(w)
         self.linear = torch.nn.functional.linear
         if TF32X3 and w.out_w.dtype == torch.float32:  # (the weights the steps multiply by, split once per call)
-            self.linear = _SplitLinear([w.out_w, w.pred_w, *(t for layer in w.lstm or () for t in layer[:2])], NK)
+            self.linear = _SplitLinear([w.out_w, w.pred_w, *(t for layer in w.lstm or () for t in layer[:2])])
         self.fused = FUSED_CELL and not w.stateless and w.embedding.dtype == torch.float32 and CHECK_EVERY % 2 == 0
         self.compact = self.fused and COMPACT and isinstance(self.linear, _SplitLinear)
         self.fused_joint = self.compact and FUSED_JOINT and w.activation == "relu"
