@@ -1066,7 +1066,7 @@ class _Search:
             done = CHECK_EVERY
         if not self.active():
             return
-        pending = None  # the last chunk's check: (event, host flag)
+        pending = None  # the last chunk's check (its index in checks' host flags and events)
         while done + CHECK_EVERY <= self.steps_max:
             if self.graph is None and graphs:
                 self.graph = torch.cuda.CUDAGraph()
