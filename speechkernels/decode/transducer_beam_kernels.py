@@ -272,8 +272,8 @@ def linear_group(
         args, flags = [], {}
         joint = products[at][0] if isinstance(products[at][0], JointInput) else None
         M = (joint.g if joint is not None else products[at][0]).shape[0]
-        BM, BN, BK = LINEAR_TILES["joint" if joint is not None else "plain"] if M <= LINEAR_TILES["few"] else (
-            LINEAR_TILES["many"])  # fmt: skip
+        tiles_of = ("joint" if joint is not None else "plain") if M <= LINEAR_TILES["few"] else "many"
+        BM, BN, BK = LINEAR_TILES[tiles_of]
         tiles = 0
         for g, (x, weight, bias, split) in enumerate(products[at : at + 3]):
             if isinstance(x, JointInput):
@@ -999,17 +999,17 @@ class _Search:
             self.linear.group([(h[i], w_hh, b_hh) for i, (_, w_hh, _, b_hh) in enumerate(self.w.lstm)],
                               list(self.recs[0]))  # fmt: skip
             self.counts.zero_()
-            torch.any(self.si[0].view(N, K) < self.lens[:, None], out=self.go)  # (the first step's)
+            self.inside(self.go)  # (the first step's)
 
     def chunk(self, act) -> None:
         """CHECK_EVERY steps: the reference's operations on the networks (or the fused cells), the kernel for the
         rest."""
-        w, linear, N, K = self.w, self.linear, self.N, self.K
+        w, linear, N = self.w, self.linear, self.N
         g, out, pred_state, row, lab, islab = self.g, self.out, self.pred_state, self.row, self.lab, self.islab
         parity = 0  # (from one half of the state's buffers to the other: CHECK_EVERY is even)
         for _ in range(CHECK_EVERY):
             if not self.compact:  # (which counts the steps and writes go in its own launch)
-                torch.any(self.si[0].view(N, K) < self.lens[:, None], out=self.go)
+                self.inside(self.go)
             recurrent = None
             if self.compact and self.fused_joint:
                 logits = linear.group([(JointInput(self.enc_rows, self.frm, self.gs[parity]), w.out_w, w.out_b)])[0]
@@ -1049,9 +1049,13 @@ class _Search:
                 s_.copy_(torch.where(m if n_.dim() == 2 else m[None], n_, p))
             g.copy_(linear(out, w.pred_w, w.pred_b))
 
+    def inside(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Whether a slot is still inside its utterance: a device flag (into ``out`` if given)."""
+        return torch.any(self.si[0].view(self.N, self.K) < self.lens[:, None], out=out)
+
     def active(self) -> bool:
-        """Whether a slot is still inside its utterance (a host synchronisation)."""
-        return bool((self.si[0].view(self.N, self.K) < self.lens[:, None]).any())
+        """``inside`` read on the host (a synchronisation)."""
+        return bool(self.inside())
 
     def run(self, act) -> None:
         """The steps until no slot is active: a first chunk eager where the kernels have not run (compiles them,
@@ -1087,7 +1091,7 @@ class _Search:
                                (torch.cuda.Event(), torch.cuda.Event()))  # fmt: skip
             live, host, events = self.checks
             at = (done // CHECK_EVERY) % 2
-            torch.any(self.si[0].view(self.N, self.K) < self.lens[:, None], out=live)
+            self.inside(live)
             host[at].copy_(live, non_blocking=True)
             events[at].record()
             if pending is not None:
