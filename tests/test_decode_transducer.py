@@ -553,13 +553,14 @@ def test_split_over_k(path, monkeypatch, split, kind):
     """Tensor-core tiles split over ranges of K, forced on small models with K blocks of 16: the LSTM layers' (the
     input's and the own output's columns concatenated; four ranges of 6 blocks, one straddling the input and the
     output, one empty; partial gates summed in a fixed order after a barrier) and the joint's (three ranges of a
-    joint width of 40; partial logits summed likewise)."""
+    joint width of 40; partial logits summed likewise, in tiles of 4 rows)."""
     monkeypatch.setitem(decode_api.transducer_kernels.TILES, "dot_bk", 16)
     if split == "lstm":
         monkeypatch.setitem(decode_api.transducer_kernels.TILES, "dot_lstm_splits_min", 4)
         dec, seed = make_decoder(13, P=40, device=path.device, **kind), 6
     else:
         monkeypatch.setitem(decode_api.transducer_kernels.TILES, "dot_joint_splits_min", 3)
+        monkeypatch.setitem(decode_api.transducer_kernels.TILES, "dot_sum_rows", 4)  # the sums' row blocks
         dec, seed = make_decoder(12, J=40, device=path.device, **kind), 5
     g = torch.Generator().manual_seed(seed)
     N, T = 9, 8
@@ -567,6 +568,48 @@ def test_split_over_k(path, monkeypatch, split, kind):
     lengths = torch.randint(0, T + 1, (N,), generator=g)
     hyp, _ = dec.greedy(x.to(path.device), lengths)
     check(hyp, oracle(dec, x, lengths.tolist()), dec, T)
+    path.check_ran()
+
+
+WINDOW_KINDS = [{}, dict(durations=[0, 1, 2, 3]), dict(durations=[1, 2, 4]), dict(stateless=2, activation="tanh")]
+WINDOW_KINDS += [dict(max_symbols=1, layers=1), dict(durations=[0, 2], max_symbols=2, blank=0)]
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("kind", WINDOW_KINDS, ids=str)
+@pytest.mark.parametrize("N, spec", [(3, 3), (18, 4), (18, 2)])  # FMA tiles; tensor-core tiles
+def test_a_window_of_frames(path, monkeypatch, kind, N, spec):
+    """TILES["window"]: the joint at SPEC frames of each row per step (the prediction network's output fixed), the
+    decision walking them as the label-looping rule does: the oracle's hypotheses and state, and those of one frame
+    per step, at ragged lengths (windows past an utterance's end) and from a state."""
+    tk = decode_api.transducer_kernels
+    dec = make_decoder(21, device=path.device, **kind)
+    g = torch.Generator().manual_seed(N + spec)
+    T = 11
+    x = torch.randn(N, T, 6, generator=g)
+    lengths = torch.randint(0, T + 1, (N,), generator=g)
+    monkeypatch.setitem(tk.TILES, "window", 1)
+    one, one_state = dec.greedy(x.to(path.device), lengths)
+    monkeypatch.setitem(tk.TILES, "window", spec)
+    dec._plans.reset()  # the plans read TILES when made
+    hyp, state = dec.greedy(x.to(path.device), lengths)
+    check(hyp, oracle(dec, x, lengths.tolist()), dec, T)
+    for name in ("tokens", "lengths", "frames", "durations"):
+        a, b = getattr(hyp, name), getattr(one, name)
+        assert (a is None and b is None) or torch.equal(a, b), name
+    torch.testing.assert_close(hyp.scores, one.scores)
+    assert torch.equal(state.time_jumps, one_state.time_jumps)
+    for a, b in zip((*state.predictor, state.output), (*one_state.predictor, one_state.output), strict=True):
+        torch.testing.assert_close(a, b)
+    # chunked: the second half from the first half's state
+    first, st = dec.greedy(x[:, :5].to(path.device), lengths.clamp(max=5))
+    rest, _ = dec.greedy(x[:, 5:].to(path.device), (lengths - 5).clamp(min=0), st)
+    for n in range(N):
+        a, b = int(first.lengths[n]), int(rest.lengths[n])
+        joined = first.tokens[n, :a].tolist() + rest.tokens[n, :b].tolist()
+        assert joined == hyp.tokens[n, : int(hyp.lengths[n])].tolist()
+        joined = first.frames[n, :a].tolist() + rest.frames[n, :b].tolist()
+        assert joined == hyp.frames[n, : int(hyp.lengths[n])].tolist()
     path.check_ran()
 
 

@@ -4,21 +4,29 @@
 Before the loop, for a few rows (the FMA tiles' batches), the encoder projection enc_proj = x @ enc_w^T + enc_b of
 every live frame, in tiles over the programs (tensor-core products), then a barrier (more rows: a matrix product
 before the launch). Each step of the loop:
-1. Joint: the logits of every active row at its frame, act(enc_proj[n, t_n] + g_n) @ out_w^T + out_b, in tiles of
-   (rows, output columns) spread over the programs (tensor-core products; float32 as three TF32 products). Each
-   tile folds its token columns into a packed key (orderable value, first index) atomically maxed into the row's
-   slot, its duration columns likewise, and stores its partial log-sum-exp of the token logits. Barrier.
-2. Decision, computed by every program for every row (the same values everywhere, so no barrier): the label, the
-   duration, the emission, the next frame, the labels at the current frame (``max_symbols``); each row's owner
-   program writes its outputs. Each program keeps these per-row values in its own scratch rows (read back by index
+1. Joint: the logits of every active row at the SPEC frames of its window, t_n .. t_n + SPEC - 1 (those inside
+   the utterance), act(enc_proj[n, t] + g_n) @ out_w^T + out_b: until the row emits a label its prediction
+   network's output g_n stays the same, so the frames its blanks would walk to are computed at once. Tiles of
+   ((row, frame) pairs, output columns) spread over the programs (tensor-core products; float32 as three TF32
+   products). Each tile folds its token columns into a packed key (orderable value, first index) atomically maxed
+   into the pair's slot, its duration columns likewise, and stores its partial log-sum-exp of the token logits.
+   Barrier.
+2. Decision, computed by every program for every row (the same values everywhere, so no barrier): the walk through
+   the window as the label-looping rule takes it, one frame's label and duration at a time (a blank moves on by
+   its duration, at least 1), to the first label (the step ends there: the prediction network changes) or out of
+   the window; the next frame, the labels at the current frame (``max_symbols``); each row's owner program writes
+   its outputs. Each program keeps these per-row values in its own scratch rows (read back by index
    in the tiles).
 3. When some row emitted: the prediction network for the emitting rows. LSTM: one phase per layer, tiles of (rows,
    hidden units) computing the four gates of their units in one product (layer 0's input: the label's embedding),
    h ping-ponged between two buffers, a barrier after each layer; then the
    projection g = pred_w @ out + pred_b in tiles, and a barrier. Stateless: the conv of the last K tokens'
    embeddings is a sum of K rows of per-token tables (precomputed), fed to the projection directly.
-Steps: max over rows of (frames visited + labels); per step one barrier, plus L + 1 (LSTM) or 1 (stateless) when a
-row emitted. The weights (13-26 MB for a 0.6B TDT model) stay in L2 between steps.
+Steps: max over rows of (labels + windows left without one); per step one barrier, plus L + 1 (LSTM) or 1
+(stateless) when a row emitted. The window (``window``) spends joint products on frames a label then leaves unused
+for fewer steps: at 128 x 15 s an RNN-T model (a blank moves on one frame) takes 1.4x fewer steps with 2 frames,
+a stateless one 2.3x with 8, a TDT model (its blanks jump) about as many. The weights (13-26 MB for a 0.6B TDT
+model) stay in L2 between steps.
 
 The weights are read where they are: each LSTM layer's tensors are arguments of their own (up to MAX_LAYERS), so
 a call copies nothing; the scratch is one allocation carved into 16-element-aligned pieces (aligned pointers keep
@@ -54,8 +62,9 @@ MAX_PLANS = 32  # launch plans a decoder keeps (one per batch shape and start/co
 # the output columns (joint), hidden units (LSTM) and projection columns of a tile, warps, pipeline stages of the K
 # loops, whether a phase's columns are split into one range per program (spread) or into full blocks; for the
 # LSTM and the joint the most ranges of K their tiles are split into while they fit the programs, and the fewest
-# (tests); whether the prediction network's tiles cover only the rows that emitted, listed by the decision
-# (compact; not yet measured on a GPU)
+# (tests); the rows of the split joint's sums (below the products' rows: fewer partial logits in registers, more
+# programs); whether the prediction network's tiles cover only the rows that emitted, listed by the decision
+# (compact; slower at 128 x 15 s); the joint's window, set (tests; None: ``window``)
 TILES = dict(
     fma_elements=8192,
     fma_warps=8,
@@ -71,7 +80,17 @@ TILES = dict(
     dot_lstm_splits_min=1,
     dot_joint_splits=4,
     dot_joint_splits_min=1,
+    dot_sum_rows=8,
     compact=False,
+    window=None,
+)
+# the joint's window (frames per row and step, a power of two; ``TILES["window"]``, when set, for every model):
+# FMA tiles: frames by kind of model; tensor-core tiles: the most (up to 8) while rows x frames stay within the
+# kind's pairs. A TDT model's blanks already jump frames: its window pays only at 8 rows (benchmarks/notes/decode.md)
+WINDOWS = dict(
+    fma=dict(rnnt=4, stateless=4, tdt=1),
+    pairs=dict(rnnt=256, stateless=1024, tdt=32),
+    most=8,
 )
 
 
@@ -330,18 +349,18 @@ def _transducer_greedy_kernel(
     c_ptr,  # [L, N, H] f32 cells
     g_ptr,  # [N, J] pred_w @ out + pred_b for each row's current prediction output (weights' dtype)
     pout_ptr,  # [N, P] f32 each row's current prediction output (in: the state's; START: written)
-    part_ptr,  # [2, 2, N, NCB] f32 partial (max, sum of exp) of the token logits per column block
+    part_ptr,  # [2, 2, NP, NCB] f32 partial (max, sum of exp) of the token logits per column block (NP: N SPEC)
     lpart_ptr,  # [LS, N, 4H] f32 an LSTM layer's partial gates per range of K (LS > 1)
-    plog_ptr,  # [JS, N, V + D] f32 the joint's partial logits per range of K (JS > 1)
+    plog_ptr,  # [JS, NP, V + D] f32 the joint's partial logits per range of K (JS > 1)
     ctx0_ptr,  # [N, K] int64 the state's context (stateless)
     pw_ptr,  # [J, P] pred_w
     pb_ptr,  # [J] pred_b (with HAS_PB)
     ow_ptr,  # [V + D, J] out_w
     ob_ptr,  # [V + D] out_b (with HAS_OB)
     dur_ptr,  # [D] int64 durations
-    key_ptr,  # [3, 2, N] int64 packed keys (token, duration), _NO_KEY (zero)
-    priv_ptr,  # [nprog, 5 + K, N] int32 each program's row values (t, active, label, emit, context), and the
-    # emitting rows' list (COMPACT)
+    key_ptr,  # [3, 2, NP] int64 packed keys (token, duration), _NO_KEY (zero)
+    priv_ptr,  # [nprog, 5 + K, N] int32 each program's row values (t, frames left while active, label, emit,
+    # context), and the emitting rows' list (COMPACT)
     bar_ptr,  # [1] int32 barrier counter, 0
     tok_ptr, frm_ptr, dout_ptr, sc_ptr,  # [N, S] out: tokens, frames, durations (-1 past), scores (0 past)
     nout_ptr,  # [3, N] int64 out: hypothesis lengths, frames jumped past the end, frames decoded in all
@@ -355,7 +374,8 @@ def _transducer_greedy_kernel(
     L: tl.constexpr, K: tl.constexpr, FMA: tl.constexpr, STATELESS: tl.constexpr, HAS_CONV: tl.constexpr,
     HAS_DUR: tl.constexpr, ACT: tl.constexpr, F32: tl.constexpr, BLOCK_N: tl.constexpr, NCB_P2: tl.constexpr,
     BD: tl.constexpr, BB: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, BH: tl.constexpr, BJ: tl.constexpr,
-    BS: tl.constexpr, UNROLL: tl.constexpr, SPREAD: tl.constexpr, LS: tl.constexpr,
+    BS: tl.constexpr, UNROLL: tl.constexpr, SPREAD: tl.constexpr, LS: tl.constexpr, BR: tl.constexpr,
+    SPEC: tl.constexpr, FP: tl.constexpr, BP: tl.constexpr,
     KB0: tl.constexpr, KB1: tl.constexpr, JS: tl.constexpr, KJ: tl.constexpr, HAS_LBIAS: tl.constexpr,
     HAS_PB: tl.constexpr, HAS_OB: tl.constexpr, START: tl.constexpr, PROFILE: tl.constexpr,
     COMPACT: tl.constexpr,
@@ -374,7 +394,7 @@ def _transducer_greedy_kernel(
     k_n = tl.zeros([BLOCK_N], tl.int32)
     at_frame = tl.zeros([BLOCK_N], tl.int32)
     tl.store(p_priv + o_n, t_n, mask=m_n)
-    tl.store(p_priv + N + o_n, active.to(tl.int32), mask=m_n)
+    tl.store(p_priv + N + o_n, tl.where(active, L_n - t_n, 0), mask=m_n)  # frames left while active
     # START: every row's prediction network first takes the blank (the start symbol) from a zero state
     emit0 = m_n & START
     tl.store(p_priv + 2 * N + o_n, tl.zeros([BLOCK_N], tl.int32) + blank, mask=m_n)
@@ -390,6 +410,10 @@ def _transducer_greedy_kernel(
             tl.store(p_priv + (4 + j) * N + o_n, ctx, mask=m_n)
     tl.debug_barrier()
     o_d = tl.arange(0, BD)
+    o_f = tl.arange(0, FP)
+    o_p = tl.arange(0, BP)
+    NP = N * SPEC  # the joint's (row, frame offset) pairs
+    n_pb = tl.cdiv(NP, BP)
     durs_v = tl.load(dur_ptr + o_d, mask=o_d < D, other=1).to(tl.int32)
     n_rb = tl.cdiv(N, BB)
     o_b = tl.arange(0, BB)
@@ -545,6 +569,7 @@ def _transducer_greedy_kernel(
                     # the prediction network's output, kept for the returned state (by the first range's tiles)
                     tl.store(pout_ptr + rows[:, None] * P + kk[None, :], x, mask=m_rk & (o_b * 0 + jt == 0)[:, None])
                 acc = _total(acc, FMA)
+                ev = _stamp(prof_ptr, ev, 10, PROFILE)
                 if HAS_PB:
                     acc += tl.load(pb_ptr + jj, mask=m_j, other=0.0).to(tl.float32)[None, :]
                 if not F32:
@@ -558,23 +583,26 @@ def _transducer_greedy_kernel(
             ev = _stamp(prof_ptr, ev, 0, PROFILE)
             kb = step % 3
             pb = step % 2
-            # 1. joint logits of the active rows: tiles (row block, range of output columns, range of K) over the V +
-            # D columns; with JS > 1 ranges of K, each tile's partial logits in plog, summed in a fixed order by the
-            # (row block, column range) tiles after a barrier
-            n_ct = _ranges(V + D, BV, nprog // n_rb if SPREAD else 0)
-            for tile in range(pid, n_rb * n_ct * JS, nprog):
-                rows = (tile % n_rb) * BB + o_b
-                ct = (tile // n_rb) % n_ct
-                k_lo = (tile // (n_rb * n_ct)) * KJ
+            # 1. joint logits of the active rows at frames t .. t + SPEC - 1 (the window: pair p = row * SPEC +
+            # offset, those inside the utterance): tiles (pair block, range of output columns, range of K) over the
+            # V + D columns; with JS > 1 ranges of K, each tile's partial logits in plog, summed in a fixed order by
+            # the (pair block, column range) tiles after a barrier
+            n_ct = _ranges(V + D, BV, nprog // n_pb if SPREAD else 0)
+            for tile in range(pid, n_pb * n_ct * JS, nprog):
+                pairs = (tile % n_pb) * BP + o_p
+                ct = (tile // n_pb) % n_ct
+                k_lo = (tile // (n_pb * n_ct)) * KJ
                 c_lo = ct * (V + D) // n_ct
                 c_hi = (ct + 1) * (V + D) // n_ct
                 cols = c_lo + tl.arange(0, BV)
                 m_c = cols < c_hi
-                m_r = rows < N
-                t_r = tl.load(p_priv + rows, mask=m_r, other=0)
-                a_r = tl.load(p_priv + N + rows, mask=m_r, other=0) != 0
+                m_r = pairs < NP
+                rows = pairs // SPEC
+                f_p = pairs % SPEC
+                t_r = tl.load(p_priv + rows, mask=m_r, other=0) + f_p
+                a_r = f_p < tl.load(p_priv + N + rows, mask=m_r, other=0)  # frames left (0: inactive)
                 t_r = tl.minimum(t_r, T - 1)
-                acc = _zeros(BB, BK, BV, FMA)
+                acc = _zeros(BP, BK, BV, FMA)
                 for k0 in tl.range(k_lo, k_lo + KJ, BK, loop_unroll_factor=UNROLL):
                     kk = k0 + o_k
                     m_rk = a_r[:, None] & (kk < J)[None, :]
@@ -586,77 +614,103 @@ def _transducer_greedy_kernel(
                         ow_ptr + cols[None, :] * J + kk[:, None], mask=m_c[None, :] & (kk < J)[:, None], other=0.0
                     )
                     acc = _mm(x, w, acc, F32, FMA)
+                ev = _stamp(prof_ptr, ev, 8, PROFILE)
                 if JS == 1:
-                    _joint_outputs(_total(acc, FMA), rows, cols, m_c, a_r, c_lo, c_hi, ct, ob_ptr, key_ptr, part_ptr,
-                                   kb, pb, N, NCB, V, HAS_OB, HAS_DUR, F32, WD)  # fmt: skip
+                    _joint_outputs(_total(acc, FMA), pairs, cols, m_c, a_r, c_lo, c_hi, ct, ob_ptr, key_ptr,
+                                   part_ptr, kb, pb, NP, NCB, V, HAS_OB, HAS_DUR, F32, WD)  # fmt: skip
                 else:
-                    p_l = plog_ptr + ((tile // (n_rb * n_ct)) * N + rows[:, None]) * (V + D) + cols[None, :]
+                    p_l = plog_ptr + ((tile // (n_pb * n_ct)) * NP + pairs[:, None]) * (V + D) + cols[None, :]
                     tl.store(p_l, _total(acc, FMA), mask=a_r[:, None] & m_c[None, :])
             if JS > 1:
                 n_sync += 1
                 grid_sync(bar_ptr, n_sync * nprog)
-                for tile in range(pid, n_rb * n_ct, nprog):
-                    rows = (tile % n_rb) * BB + o_b
-                    ct = tile // n_rb
+                ev = _stamp(prof_ptr, ev, 9, PROFILE)
+                n_rs = tl.cdiv(NP, BR)
+                for tile in range(pid, n_rs * n_ct, nprog):
+                    pairs = (tile % n_rs) * BR + tl.arange(0, BR)
+                    ct = tile // n_rs
                     c_lo = ct * (V + D) // n_ct
                     c_hi = (ct + 1) * (V + D) // n_ct
                     cols = c_lo + tl.arange(0, BV)
                     m_c = cols < c_hi
-                    m_r = rows < N
-                    a_r = tl.load(p_priv + N + rows, mask=m_r, other=0) != 0
+                    m_r = pairs < NP
+                    a_r = pairs % SPEC < tl.load(p_priv + N + pairs // SPEC, mask=m_r, other=0)
                     m_rc = a_r[:, None] & m_c[None, :]
-                    p_l = plog_ptr + rows[:, None] * (V + D) + cols[None, :]
+                    p_l = plog_ptr + pairs[:, None] * (V + D) + cols[None, :]
                     logits = tl.load(p_l, mask=m_rc, other=0.0, cache_modifier=".cg")
                     for ks in tl.static_range(1, JS):  # in the order of K
-                        logits += tl.load(p_l + ks * N * (V + D), mask=m_rc, other=0.0, cache_modifier=".cg")
-                    _joint_outputs(logits, rows, cols, m_c, a_r, c_lo, c_hi, ct, ob_ptr, key_ptr, part_ptr, kb, pb, N,
-                                   NCB, V, HAS_OB, HAS_DUR, F32, WD)  # fmt: skip
+                        logits += tl.load(p_l + ks * NP * (V + D), mask=m_rc, other=0.0, cache_modifier=".cg")
+                    _joint_outputs(logits, pairs, cols, m_c, a_r, c_lo, c_hi, ct, ob_ptr, key_ptr, part_ptr, kb, pb,
+                                   NP, NCB, V, HAS_OB, HAS_DUR, F32, WD)  # fmt: skip
             ev = _stamp(prof_ptr, ev, 1, PROFILE)
             n_sync += 1
             grid_sync(bar_ptr, n_sync * nprog)
             ev = _stamp(prof_ptr, ev, 2, PROFILE)
-            # 2. the decision, every row in every program
-            key = tl.load(key_ptr + (kb * 2) * N + o_n, mask=active, other=_NO_KEY, cache_modifier=".cg")
-            value, label = _unkey(key)
-            emit = active & (label != blank)
+            # 2. the decision, every row in every program: the walk through the window's frames, each one's
+            # decision as the label-looping rule takes it (a blank moves on by its duration, at least 1, inside the
+            # window and the utterance), to the first label (then the prediction network changes: the step ends)
+            # or out of the window
+            m_w = active[:, None] & (o_f[None, :] < tl.minimum(L_n - t_n, SPEC)[:, None])
+            p_key = key_ptr + (kb * 2) * NP + o_n[:, None] * SPEC + o_f[None, :]
+            keys = tl.load(p_key, mask=m_w, other=_NO_KEY, cache_modifier=".cg")
             if HAS_DUR:
-                dkey = tl.load(key_ptr + (kb * 2 + 1) * N + o_n, mask=active, other=_NO_KEY, cache_modifier=".cg")
-                _, di = _unkey(dkey)
-                dur = tl.sum(tl.where(o_d[None, :] == di[:, None], durs_v[None, :], 0), 1)
-            else:
-                dur = tl.where(emit, 0, 1)
+                dkeys = tl.load(p_key + NP, mask=m_w, other=_NO_KEY, cache_modifier=".cg")
+            walk = tl.zeros([BLOCK_N], tl.int32)  # the walk's offset in the window
+            going = active
+            emit = active & False
+            label = tl.zeros([BLOCK_N], tl.int32) + blank
+            value = tl.zeros([BLOCK_N], tl.float32)
+            dur = tl.zeros([BLOCK_N], tl.int32)  # the label's duration (RNN-T: 0)
+            for j in tl.static_range(SPEC):
+                here = going & (walk == j)
+                v_j, l_j = _unkey(tl.sum(tl.where(o_f[None, :] == j, keys, 0), 1))
+                em = here & (l_j != blank)
+                d_j = tl.zeros([BLOCK_N], tl.int32)
+                if HAS_DUR:
+                    _, di = _unkey(tl.sum(tl.where(o_f[None, :] == j, dkeys, 0), 1))
+                    d_j = tl.sum(tl.where(o_d[None, :] == di[:, None], durs_v[None, :], 0), 1)
+                emit = emit | em
+                label = tl.where(em, l_j, label)
+                value = tl.where(em, v_j, value)
+                dur = tl.where(em, d_j, dur)
+                blank_here = here & (l_j == blank)
+                walk = tl.where(blank_here, walk + tl.maximum(d_j, 1), walk)
+                at_frame = tl.where(blank_here, 0, at_frame)
+                going = going & ~em & (walk < L_n - t_n)
             # the owner's outputs: score = logit - logsumexp over the token logits (partials of the column blocks)
             m_own = own & emit
             o_cb = tl.arange(0, NCB_P2)
             m_c = m_own[:, None] & (o_cb < NCB)[None, :]
-            p_part = part_ptr + ((pb * 2) * N + o_n[:, None]) * NCB + o_cb[None, :]
+            p_part = part_ptr + ((pb * 2) * NP + o_n[:, None] * SPEC + walk[:, None]) * NCB + o_cb[None, :]
             pm = tl.load(p_part, mask=m_c, other=float("-inf"), cache_modifier=".cg")
-            ps = tl.load(p_part + N * NCB, mask=m_c, other=0.0, cache_modifier=".cg")
+            ps = tl.load(p_part + NP * NCB, mask=m_c, other=0.0, cache_modifier=".cg")
             lse_m = tl.max(pm, 1)
             safe = tl.where(lse_m == float("-inf"), 0.0, lse_m)
             score = value - (safe + tl.log(tl.sum(ps * tl.exp(pm - safe[:, None]), 1)))
             slot = tl.minimum(k_n, S - 1).to(tl.int64)
             p_out = o_n.to(tl.int64) * S + slot
             tl.store(tok_ptr + p_out, label.to(tl.int64), mask=m_own)
-            tl.store(frm_ptr + p_out, t_n.to(tl.int64) + fofs, mask=m_own)
+            tl.store(frm_ptr + p_out, (t_n + walk).to(tl.int64) + fofs, mask=m_own)
             tl.store(dout_ptr + p_out, dur.to(tl.int64), mask=m_own)
             tl.store(sc_ptr + p_out, score, mask=m_own)
             # the slots of two steps ahead, read by every program before the barrier above
             nb = (step + 2) % 3
-            tl.store(key_ptr + (nb * 2) * N + o_n, tl.full([BLOCK_N], _NO_KEY, tl.int64), mask=own)
-            tl.store(key_ptr + (nb * 2 + 1) * N + o_n, tl.full([BLOCK_N], _NO_KEY, tl.int64), mask=own)
+            m_slots = own[:, None] & (o_f < SPEC)[None, :]
+            p_reset = key_ptr + (nb * 2) * NP + o_n[:, None] * SPEC + o_f[None, :]
+            tl.store(p_reset, tl.full([BLOCK_N, FP], _NO_KEY, tl.int64), mask=m_slots)
+            tl.store(p_reset + NP, tl.full([BLOCK_N, FP], _NO_KEY, tl.int64), mask=m_slots)
             k_n += emit.to(tl.int32)
-            adv = tl.where(emit, dur, tl.maximum(dur, 1))
-            at_frame = tl.where(emit & (adv == 0), at_frame + 1, 0)
-            forced = at_frame >= max_symbols
-            adv = tl.where(forced, 1, adv)
+            # a label's advance (its duration), after max_symbols labels at one frame 1
+            at_frame = tl.where(emit, tl.where(dur == 0, at_frame + 1, 0), at_frame)
+            forced = emit & (at_frame >= max_symbols)
+            adv = tl.where(forced, 1, dur)
             at_frame = tl.where(forced, 0, at_frame)
-            t_n = tl.where(active, t_n + adv, t_n)
+            t_n = tl.where(active, t_n + walk + tl.where(emit, adv, 0), t_n)
             active = active & (t_n < L_n)
             n_act = tl.sum(active.to(tl.int32), 0)
             n_emit = tl.sum(emit.to(tl.int32), 0)
             tl.store(p_priv + o_n, t_n, mask=m_n)
-            tl.store(p_priv + N + o_n, active.to(tl.int32), mask=m_n)
+            tl.store(p_priv + N + o_n, tl.where(active, L_n - t_n, 0), mask=m_n)
             tl.store(p_priv + 2 * N + o_n, label, mask=m_n)
             tl.store(p_priv + 3 * N + o_n, emit.to(tl.int32), mask=m_n)
             _list_emitting(p_priv, o_n, emit, N, K, COMPACT)
@@ -724,6 +778,16 @@ def _layer(layer: tl.constexpr, p0, p1, p2, p3):
         return p3
 
 
+def window(N: int, fma: bool, kind: str) -> int:
+    """The joint's frames per row and step (WINDOWS) for N rows of a kind of model (rnnt, stateless, tdt)."""
+    if fma:
+        return WINDOWS["fma"][kind]
+    spec = 1
+    while spec < WINDOWS["most"] and N * spec * 2 <= WINDOWS["pairs"][kind]:
+        spec *= 2
+    return spec
+
+
 def _programs(device: torch.device) -> int:
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         return 1  # the interpreter runs programs one after the other: one program, so the barriers pass
@@ -753,6 +817,9 @@ _PHASES = (
     "LSTM barrier",
     "projection tiles",
     "projection barrier",
+    "joint products",
+    "joint split barrier",
+    "projection products",
 )
 
 
@@ -902,6 +969,11 @@ class GreedyPlan:
             )
         tiles["SPREAD"] = fma or TILES["dot_spread"]
         n_rb = cdiv(N, tiles["BB"])
+        # the joint's window: SPEC frames per row and step (pairs of a row and a frame offset), in blocks of BP pairs
+        spec = self.spec = TILES["window"] or window(N, fma, "tdt" if D else "stateless" if w.stateless else "rnnt")
+        BP = next_power_of_2(N * spec) if fma else min(max(16, next_power_of_2(N * spec)), TILES["dot_bb"])
+        tiles.update(SPEC=spec, FP=next_power_of_2(spec), BP=BP)
+        n_pb = cdiv(N * spec, BP)
         # the LSTM layers' tensor-core tiles: (row block, range of hidden units), and LS ranges of K (each of KB0
         # blocks for layer 0, KB1 for the others) while the split tiles still fit one wave of programs; their
         # partial gates are summed after a barrier. At 128 rows (80 tiles on 132 programs) no split: splits of
@@ -917,20 +989,24 @@ class GreedyPlan:
         # the joint's column ranges, and with tensor-core tiles JS ranges of K too (KJ each): all
         # dot_joint_splits of them when the split tiles fit one wave of programs, else none (fewer ranges lost
         # to the barrier and the sums they add: benchmarks/notes/decode.md)
-        NCB = min(max(cdiv(V + D, tiles["BV"]), nprog // n_rb if tiles["SPREAD"] else 0), V + D)
+        NCB = min(max(cdiv(V + D, tiles["BV"]), nprog // n_pb if tiles["SPREAD"] else 0), V + D)
         k_blocks = cdiv(J, tiles["BK"])
-        JS = TILES["dot_joint_splits"] if n_rb * NCB * TILES["dot_joint_splits"] <= nprog else 1
+        JS = TILES["dot_joint_splits"] if n_pb * NCB * TILES["dot_joint_splits"] <= nprog else 1
         JS = 1 if fma else min(max(JS, TILES["dot_joint_splits_min"]), k_blocks)
         tiles.update(JS=JS, KJ=cdiv(k_blocks, JS) * tiles["BK"])
+        # the split's sums: tiles of (BR rows, a column range), BR below the products' BB (the sum of JS partial
+        # [BR, BV] blocks in registers, and more programs)
+        tiles.update(BR=min(tiles["BB"], TILES["dot_sum_rows"]))
         # one allocation per kind, carved into 16-element-aligned pieces. The scratch, zeroed (32-bit words): h and
         # g (the weights' dtype: the products read them so, half the bytes in 16 bits), c, the prediction output,
         # the partial sums, the LSTM's partial gates and the joint's partial logits (float32; zero: the zero
         # state), the packed keys (int64; zero: empty), each program's row values and the barrier (int32)
         lpart_size = LS * N * 4 * H if LS > 1 else 1
-        plog_size = JS * N * (V + D) if JS > 1 else 1
+        NP = N * spec
+        plog_size = JS * NP * (V + D) if JS > 1 else 1
         i32, i64 = torch.int32, torch.int64
-        pieces = [((2 * L * N * H,), wd), ((L, N, H), f32), ((N, J), wd), ((N, P), f32), ((4 * N * NCB,), f32)]
-        pieces += [((lpart_size,), f32), ((plog_size,), f32), ((3 * 2 * N,), i64), ((nprog * (5 + K) * N,), i32)]
+        pieces = [((2 * L * N * H,), wd), ((L, N, H), f32), ((N, J), wd), ((N, P), f32), ((4 * NP * NCB,), f32)]
+        pieces += [((lpart_size,), f32), ((plog_size,), f32), ((3 * 2 * NP,), i64), ((nprog * (5 + K) * N,), i32)]
         pieces += [((1,), i32)]
         self.scratch_layout = _Layout(i32, *(list(v) for v in zip(*pieces, strict=True)))
         self._scratch: dict[tuple[int, int], tuple[torch.Tensor, list[torch.Tensor]]] = {}
