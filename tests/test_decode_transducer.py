@@ -136,6 +136,17 @@ def check(hyp, want, dec, T, score_tol=1e-5):
         assert (hyp.scores[n, k:] == 0).all()
 
 
+def same_decodes(hyp, state, want, want_state):
+    """Two decodes of one batch agree: the hypotheses (scores within rounding) and the returned states."""
+    for name in ("tokens", "lengths", "frames", "durations"):
+        a, b = getattr(hyp, name), getattr(want, name)
+        assert (a is None and b is None) or torch.equal(a, b), name
+    torch.testing.assert_close(hyp.scores, want.scores)
+    assert torch.equal(state.time_jumps, want_state.time_jumps)
+    for a, b in zip((*state.predictor, state.output), (*want_state.predictor, want_state.output), strict=True):
+        torch.testing.assert_close(a, b)
+
+
 KINDS = [
     dict(),
     dict(durations=[0, 1, 2, 3]),
@@ -594,13 +605,7 @@ def test_a_window_of_frames(path, monkeypatch, kind, N, spec):
     dec._plans.reset()  # the plans read TILES when made
     hyp, state = dec.greedy(x.to(path.device), lengths)
     check(hyp, oracle(dec, x, lengths.tolist()), dec, T)
-    for name in ("tokens", "lengths", "frames", "durations"):
-        a, b = getattr(hyp, name), getattr(one, name)
-        assert (a is None and b is None) or torch.equal(a, b), name
-    torch.testing.assert_close(hyp.scores, one.scores)
-    assert torch.equal(state.time_jumps, one_state.time_jumps)
-    for a, b in zip((*state.predictor, state.output), (*one_state.predictor, one_state.output), strict=True):
-        torch.testing.assert_close(a, b)
+    same_decodes(hyp, state, one, one_state)
     # chunked: the second half from the first half's state
     first, st = dec.greedy(x[:, :5].to(path.device), lengths.clamp(max=5))
     rest, _ = dec.greedy(x[:, 5:].to(path.device), (lengths - 5).clamp(min=0), st)
@@ -639,12 +644,7 @@ def test_prediction_network_over_the_emitting_rows(path, monkeypatch, kind, N):
     dec._plans.reset()  # the plans read TILES when made
     hyp, state = dec.greedy(x.to(path.device), lengths)
     check(hyp, oracle(dec, x, lengths.tolist()), dec, T)
-    for name in ("tokens", "lengths", "frames", "durations"):
-        a, b = getattr(hyp, name), getattr(every, name)
-        assert (a is None and b is None) or torch.equal(a, b), name
-    torch.testing.assert_close(hyp.scores, every.scores)
-    for a, b in zip((*state.predictor, state.output), (*every_state.predictor, every_state.output), strict=True):
-        torch.testing.assert_close(a, b)
+    same_decodes(hyp, state, every, every_state)
 
 
 @pytest.mark.parametrize("kind", [dict(layers=3, lstm_bias=False), dict(layers=4, durations=[0, 1, 2])], ids=str)
