@@ -136,6 +136,21 @@ def check(hyp, want, dec, T, score_tol=1e-5):
         assert (hyp.scores[n, k:] == 0).all()
 
 
+def decodes_alike(path, monkeypatch, dec, x, lengths, setting, value, base=None):
+    """With TILES[setting] = value: the oracle's hypotheses, and the hypotheses and state of the default setting (or
+    ``base``); the hypotheses."""
+    tk = decode_api.transducer_kernels
+    if base is not None:
+        monkeypatch.setitem(tk.TILES, setting, base)
+    want, want_state = dec.greedy(x.to(path.device), lengths)
+    monkeypatch.setitem(tk.TILES, setting, value)
+    dec._plans.reset()  # the plans read TILES when made
+    hyp, state = dec.greedy(x.to(path.device), lengths)
+    check(hyp, oracle(dec, x, lengths.tolist()), dec, x.shape[1])
+    same_decodes(hyp, state, want, want_state)
+    return hyp
+
+
 def same_decodes(hyp, state, want, want_state):
     """Two decodes of one batch agree: the hypotheses (scores within rounding) and the returned states."""
     for name in ("tokens", "lengths", "frames", "durations"):
@@ -593,19 +608,12 @@ def test_a_window_of_frames(path, monkeypatch, kind, N, spec):
     """TILES["window"]: the joint at SPEC frames of each row per step (the prediction network's output fixed), the
     decision walking them as the label-looping rule does: the oracle's hypotheses and state, and those of one frame
     per step, at ragged lengths (windows past an utterance's end) and from a state."""
-    tk = decode_api.transducer_kernels
     dec = make_decoder(21, device=path.device, **kind)
     g = torch.Generator().manual_seed(N + spec)
     T = 11
     x = torch.randn(N, T, 6, generator=g)
     lengths = torch.randint(0, T + 1, (N,), generator=g)
-    monkeypatch.setitem(tk.TILES, "window", 1)
-    one, one_state = dec.greedy(x.to(path.device), lengths)
-    monkeypatch.setitem(tk.TILES, "window", spec)
-    dec._plans.reset()  # the plans read TILES when made
-    hyp, state = dec.greedy(x.to(path.device), lengths)
-    check(hyp, oracle(dec, x, lengths.tolist()), dec, T)
-    same_decodes(hyp, state, one, one_state)
+    hyp = decodes_alike(path, monkeypatch, dec, x, lengths, "window", spec, base=1)
     # chunked: the second half from the first half's state
     first, st = dec.greedy(x[:, :5].to(path.device), lengths.clamp(max=5))
     rest, _ = dec.greedy(x[:, 5:].to(path.device), (lengths - 5).clamp(min=0), st)
@@ -639,12 +647,7 @@ def test_prediction_network_over_the_emitting_rows(path, monkeypatch, kind, N):
     T = 10
     x = torch.randn(N, T, 6, generator=g)
     lengths = torch.randint(0, T + 1, (N,), generator=g)
-    every, every_state = dec.greedy(x.to(path.device), lengths)
-    monkeypatch.setitem(tk.TILES, "compact", True)
-    dec._plans.reset()  # the plans read TILES when made
-    hyp, state = dec.greedy(x.to(path.device), lengths)
-    check(hyp, oracle(dec, x, lengths.tolist()), dec, T)
-    same_decodes(hyp, state, every, every_state)
+    decodes_alike(path, monkeypatch, dec, x, lengths, "compact", True)
 
 
 @pytest.mark.parametrize("kind", [dict(layers=3, lstm_bias=False), dict(layers=4, durations=[0, 1, 2])], ids=str)
