@@ -619,16 +619,35 @@ def test_a_window_of_frames(path, monkeypatch, kind, N, spec):
     x = torch.randn(N, T, 6, generator=g)
     lengths = torch.randint(0, T + 1, (N,), generator=g)
     hyp = decodes_alike(path, monkeypatch, dec, x, lengths, "window", spec, base=1)
-    # chunked: the second half from the first half's state
-    first, st = dec.greedy(x[:, :5].to(path.device), lengths.clamp(max=5))
-    rest, _ = dec.greedy(x[:, 5:].to(path.device), (lengths - 5).clamp(min=0), st)
-    for n in range(N):
-        a, b = int(first.lengths[n]), int(rest.lengths[n])
-        joined = first.tokens[n, :a].tolist() + rest.tokens[n, :b].tolist()
-        assert joined == hyp.tokens[n, : int(hyp.lengths[n])].tolist()
-        joined = first.frames[n, :a].tolist() + rest.frames[n, :b].tolist()
-        assert joined == hyp.frames[n, : int(hyp.lengths[n])].tolist()
+    chunks_join(path, dec, x, lengths, hyp, 5)
     path.check_ran()
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("kind", [dict(stateless=2, activation="tanh"), dict(stateless=3, durations=[0, 2])], ids=str)
+@pytest.mark.parametrize("N", [3, 18])  # FMA tiles; tensor-core tiles
+def test_stateless_input_formed_by_the_owners(path, monkeypatch, kind, N):
+    """TILES["stateless_input"]: a stateless network's input formed once per emitting row by its owner program
+    before the projection: the oracle's hypotheses and state, those of the projection's own gathers, chunk by
+    chunk as whole."""
+    dec = make_decoder(23, device=path.device, **kind)
+    g = torch.Generator().manual_seed(N)
+    x = torch.randn(N, 10, 6, generator=g)
+    lengths = torch.randint(0, 11, (N,), generator=g)
+    hyp = decodes_alike(path, monkeypatch, dec, x, lengths, "stateless_input", True)
+    chunks_join(path, dec, x, lengths, hyp, 4)
+    path.check_ran()
+
+
+def chunks_join(path, dec, x, lengths, whole, cut):
+    """Decoding frames [0, cut) and then the rest from the state gives ``whole``'s tokens and frames."""
+    first, state = dec.greedy(x[:, :cut].to(path.device), lengths.clamp(max=cut))
+    rest, _ = dec.greedy(x[:, cut:].to(path.device), (lengths - cut).clamp(min=0), state)
+    for n in range(x.shape[0]):
+        a, b = int(first.lengths[n]), int(rest.lengths[n])
+        for name in ("tokens", "frames"):
+            joined = getattr(first, name)[n, :a].tolist() + getattr(rest, name)[n, :b].tolist()
+            assert joined == getattr(whole, name)[n, : int(whole.lengths[n])].tolist(), (n, name)
 
 
 COMPACT_KINDS = [{}, dict(durations=[0, 1, 2, 3], layers=3), dict(stateless=2, activation="tanh"), "lstm splits"]

@@ -64,7 +64,9 @@ MAX_PLANS = 32  # launch plans a decoder keeps (one per batch shape and start/co
 # LSTM and the joint the most ranges of K their tiles are split into while they fit the programs, and the fewest
 # (tests); the rows of the split joint's sums (below the products' rows: fewer partial logits in registers, more
 # programs); whether the prediction network's tiles cover only the rows that emitted, listed by the decision
-# (compact; slower at 128 x 15 s); the joint's window, set (tests; None: ``window``)
+# (compact; slower at 128 x 15 s); the joint's window, set (tests; None: ``window``); whether a stateless network's
+# input is formed once per emitting row by its owner program before the projection, a barrier more, rather than
+# gathered in the projection's K loops (stateless_input; not yet measured on a GPU)
 TILES = dict(
     fma_elements=8192,
     fma_warps=8,
@@ -83,6 +85,7 @@ TILES = dict(
     dot_sum_rows=8,
     compact=False,
     window=None,
+    stateless_input=False,
 )
 # the joint's window (frames per row and step, a power of two; ``TILES["window"]``, when set, for every model):
 # FMA tiles: frames by kind of model; tensor-core tiles: the most (up to 8) while rows x frames stay within the
@@ -345,7 +348,8 @@ def _transducer_greedy_kernel(
     whh0_ptr, whh1_ptr, whh2_ptr, whh3_ptr,  # W_hh [4H, H]
     bih0_ptr, bih1_ptr, bih2_ptr, bih3_ptr,  # b_ih [4H] (with HAS_LBIAS)
     bhh0_ptr, bhh1_ptr, bhh2_ptr, bhh3_ptr,  # b_hh [4H]
-    h_ptr,  # [2, L, N, H] ping-pong hidden states in the weights' dtype (buffer 0 holds the state's)
+    h_ptr,  # [2, L, N, H] ping-pong hidden states in the weights' dtype (buffer 0 holds the state's); stateless with
+    # XS: [N, P] the emitting rows' prediction network input in the weights' dtype
     c_ptr,  # [L, N, H] f32 cells
     g_ptr,  # [N, J] pred_w @ out + pred_b for each row's current prediction output (weights' dtype)
     pout_ptr,  # [N, P] f32 each row's current prediction output (in: the state's; START: written)
@@ -375,7 +379,7 @@ def _transducer_greedy_kernel(
     HAS_DUR: tl.constexpr, ACT: tl.constexpr, F32: tl.constexpr, BLOCK_N: tl.constexpr, NCB_P2: tl.constexpr,
     BD: tl.constexpr, BB: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, BH: tl.constexpr, BJ: tl.constexpr,
     BS: tl.constexpr, UNROLL: tl.constexpr, SPREAD: tl.constexpr, LS: tl.constexpr, BR: tl.constexpr,
-    SPEC: tl.constexpr, FP: tl.constexpr, BP: tl.constexpr,
+    SPEC: tl.constexpr, FP: tl.constexpr, BP: tl.constexpr, XS: tl.constexpr, BXS: tl.constexpr,
     KB0: tl.constexpr, KB1: tl.constexpr, JS: tl.constexpr, KJ: tl.constexpr, HAS_LBIAS: tl.constexpr,
     HAS_PB: tl.constexpr, HAS_OB: tl.constexpr, START: tl.constexpr, PROFILE: tl.constexpr,
     COMPACT: tl.constexpr,
@@ -454,6 +458,26 @@ def _transducer_greedy_kernel(
             n_rbe = n_rb  # the row blocks of the prediction network's tiles
             if COMPACT:
                 n_rbe = tl.cdiv(n_emit, BB)
+            if STATELESS and XS:
+                # each emitting row's owner forms its network's input relu(sum of its context's taps) once (the
+                # state's prediction output, and the projection's operand in the weights' dtype), then a barrier
+                o_x = tl.arange(0, BXS)
+                for r in range(pid, N, nprog):
+                    if tl.load(p_priv + 3 * N + r) != 0:
+                        for p0 in range(0, P, BXS):
+                            pp = p0 + o_x
+                            m_p = pp < P
+                            x = tl.zeros([BXS], tl.float32)
+                            for j in tl.static_range(K):
+                                tok = tl.load(p_priv + (4 + j) * N + r + o_x * 0)  # (one token, every lane)
+                                x += tl.load(table_ptr + (j * R + tok.to(tl.int64)) * P + pp, mask=m_p & (tok >= 0),
+                                             other=0.0)  # fmt: skip
+                            if HAS_CONV:
+                                x = tl.where(x < 0.0, 0.0, x)
+                            tl.store(pout_ptr + r * P + pp, x, mask=m_p)
+                            tl.store(h_ptr + r * P + pp, x.to(WD), mask=m_p)
+                n_sync += 1
+                grid_sync(bar_ptr, n_sync * nprog)
             if not STATELESS:
                 # tiles (row block, range of hidden units): the four gates of the units in one product, columns
                 # q * BH + u for gate q (i, f, g, o) of unit u_lo + u
@@ -551,7 +575,9 @@ def _transducer_greedy_kernel(
                 for k0 in tl.range(0, P, BK, loop_unroll_factor=UNROLL):
                     kk = k0 + o_k
                     m_rk = e_r[:, None] & (kk < P)[None, :]
-                    if STATELESS:
+                    if STATELESS and XS:
+                        x = tl.load(h_ptr + rows[:, None] * P + kk[None, :], mask=m_rk, other=0.0, cache_modifier=".cg")
+                    elif STATELESS:
                         x = tl.zeros([BB, BK], tl.float32)
                         for j in tl.static_range(K):
                             tok = tl.load(p_priv + (4 + j) * N + rows, mask=m_r, other=-1)
@@ -566,8 +592,10 @@ def _transducer_greedy_kernel(
                         pw_ptr + jj[None, :] * P + kk[:, None], mask=m_j[None, :] & (kk < P)[:, None], other=0.0
                     )
                     acc = _mm(x.to(WD), w, acc, F32, FMA)
-                    # the prediction network's output, kept for the returned state (by the first range's tiles)
-                    tl.store(pout_ptr + rows[:, None] * P + kk[None, :], x, mask=m_rk & (o_b * 0 + jt == 0)[:, None])
+                    if not (STATELESS and XS):  # the prediction network's output, kept for the returned state (by
+                        # the first range's tiles)
+                        tl.store(pout_ptr + rows[:, None] * P + kk[None, :], x,
+                                 mask=m_rk & (o_b * 0 + jt == 0)[:, None])  # fmt: skip
                 acc = _total(acc, FMA)
                 ev = _stamp(prof_ptr, ev, 10, PROFILE)
                 if HAS_PB:
@@ -997,6 +1025,8 @@ class GreedyPlan:
         # the split's sums: tiles of (BR rows, a column range), BR below the products' BB (the sum of JS partial
         # [BR, BV] blocks in registers, and more programs)
         tiles.update(BR=min(tiles["BB"], TILES["dot_sum_rows"]))
+        xs = w.stateless and TILES["stateless_input"]
+        tiles.update(XS=xs, BXS=min(next_power_of_2(PE), 1024))
         # one allocation per kind, carved into 16-element-aligned pieces. The scratch, zeroed (32-bit words): h and
         # g (the weights' dtype: the products read them so, half the bytes in 16 bits), c, the prediction output,
         # the partial sums, the LSTM's partial gates and the joint's partial logits (float32; zero: the zero
@@ -1005,7 +1035,8 @@ class GreedyPlan:
         NP = N * spec
         plog_size = JS * NP * (V + D) if JS > 1 else 1
         i32, i64 = torch.int32, torch.int64
-        pieces = [((2 * L * N * H,), wd), ((L, N, H), f32), ((N, J), wd), ((N, P), f32), ((4 * NP * NCB,), f32)]
+        h_size = N * P if xs else 2 * L * N * H  # (a stateless network's input, with XS)
+        pieces = [((h_size,), wd), ((L, N, H), f32), ((N, J), wd), ((N, P), f32), ((4 * NP * NCB,), f32)]
         pieces += [((lpart_size,), f32), ((plog_size,), f32), ((3 * 2 * NP,), i64), ((nprog * (5 + K) * N,), i32)]
         pieces += [((1,), i32)]
         self.scratch_layout = _Layout(i32, *(list(v) for v in zip(*pieces, strict=True)))
