@@ -3,12 +3,12 @@ machine): per variant the median ms of eager calls taken in turns, the tokens ag
 for the one-launch kernel program 0's phases (``transducer_greedy``'s profile events, summed over one decode, us)
 and its steps:
 
-    python benchmarks/greedy_variants.py ROW DTYPE '{"name": {"TILES": {...}, "GREEDY_WINDOW": 2, ...}, ...}'
+    python benchmarks/greedy_variants.py ROW DTYPE '{"name": {"TILES": {...}, "COMPACT": false, ...}, ...}'
         [--json out.json] [--reps 12] [--device cpu]
 
 ROW and DTYPE as ``python -m speechkernels.bench decode`` takes them (e.g. rnnt-128x15 float32); a variant's
 "TILES" entries override ``transducer_kernels.TILES`` (read when a launch plan is made), its other entries the
-module settings of ``transducer_beam_kernels`` (GREEDY_WINDOW, LINEAR_TILES, ...; read when a search is made) and
+module settings of ``transducer_beam_kernels`` (COMPACT, LINEAR_TILES, ...; read when a search is made) and
 of ``api`` (GREEDY_STEP_ROWS); each variant decodes with its own copy of the decoder. ``--device cpu``: the CPU
 path (a check of the script; no phases).
 """

@@ -458,7 +458,7 @@ def _transducer_greedy_kernel(
             n_rbe = n_rb  # the row blocks of the prediction network's tiles
             if COMPACT:
                 n_rbe = tl.cdiv(n_emit, BB)
-            if STATELESS and XS:
+            if XS:
                 # each emitting row's owner forms its network's input relu(sum of its context's taps) once (the
                 # state's prediction output, and the projection's operand in the weights' dtype), then a barrier
                 o_x = tl.arange(0, BXS)
@@ -575,7 +575,7 @@ def _transducer_greedy_kernel(
                 for k0 in tl.range(0, P, BK, loop_unroll_factor=UNROLL):
                     kk = k0 + o_k
                     m_rk = e_r[:, None] & (kk < P)[None, :]
-                    if STATELESS and XS:
+                    if XS:
                         x = tl.load(h_ptr + rows[:, None] * P + kk[None, :], mask=m_rk, other=0.0, cache_modifier=".cg")
                     elif STATELESS:
                         x = tl.zeros([BB, BK], tl.float32)
@@ -592,7 +592,7 @@ def _transducer_greedy_kernel(
                         pw_ptr + jj[None, :] * P + kk[:, None], mask=m_j[None, :] & (kk < P)[:, None], other=0.0
                     )
                     acc = _mm(x.to(WD), w, acc, F32, FMA)
-                    if not (STATELESS and XS):  # the prediction network's output, kept for the returned state (by
+                    if not XS:  # the prediction network's output, kept for the returned state (by
                         # the first range's tiles)
                         tl.store(pout_ptr + rows[:, None] * P + kk[None, :], x,
                                  mask=m_rk & (o_b * 0 + jt == 0)[:, None])  # fmt: skip
@@ -998,7 +998,7 @@ class GreedyPlan:
         tiles["SPREAD"] = fma or TILES["dot_spread"]
         n_rb = cdiv(N, tiles["BB"])
         # the joint's window: SPEC frames per row and step (pairs of a row and a frame offset), in blocks of BP pairs
-        spec = self.spec = TILES["window"] or window(N, fma, "tdt" if D else "stateless" if w.stateless else "rnnt")
+        spec = TILES["window"] or window(N, fma, "tdt" if D else "stateless" if w.stateless else "rnnt")
         BP = next_power_of_2(N * spec) if fma else min(max(16, next_power_of_2(N * spec)), TILES["dot_bb"])
         tiles.update(SPEC=spec, FP=next_power_of_2(spec), BP=BP)
         n_pb = cdiv(N * spec, BP)
@@ -1025,7 +1025,7 @@ class GreedyPlan:
         # the split's sums: tiles of (BR rows, a column range), BR below the products' BB (the sum of JS partial
         # [BR, BV] blocks in registers, and more programs)
         tiles.update(BR=min(tiles["BB"], TILES["dot_sum_rows"]))
-        xs = w.stateless and TILES["stateless_input"]
+        xs = w.stateless and TILES["stateless_input"]  # (XS: a stateless network's only)
         tiles.update(XS=xs, BXS=min(next_power_of_2(PE), 1024))
         # one allocation per kind, carved into 16-element-aligned pieces. The scratch, zeroed (32-bit words): h and
         # g (the weights' dtype: the products read them so, half the bytes in 16 bits), c, the prediction output,
