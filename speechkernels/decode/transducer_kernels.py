@@ -66,7 +66,9 @@ MAX_PLANS = 32  # launch plans a decoder keeps (one per batch shape and start/co
 # programs); whether the prediction network's tiles cover only the rows that emitted, listed by the decision
 # (compact; slower at 128 x 15 s); the joint's window, set (tests; None: ``window``); whether a stateless network's
 # input is formed once per emitting row by its owner program before the projection, a barrier more, rather than
-# gathered in the projection's K loops (stateless_input; not yet measured on a GPU)
+# gathered in the projection's K loops (stateless_input); whether the joint's hidden layer act(enc + pred) of each
+# (row, frame) pair is formed once per step before the products, a barrier more, rather than in every column
+# range's K loops (joint_hidden; tensor-core tiles), in tiles of hidden_cols columns
 TILES = dict(
     fma_elements=8192,
     fma_warps=8,
@@ -85,7 +87,9 @@ TILES = dict(
     dot_sum_rows=8,
     compact=False,
     window=None,
-    stateless_input=False,
+    stateless_input=True,
+    joint_hidden=False,
+    hidden_cols=64,
 )
 # the joint's window (frames per row and step, a power of two; ``TILES["window"]``, when set, for every model):
 # FMA tiles: frames by kind of model; tensor-core tiles: the most (up to 8) while rows x frames stay within the
@@ -356,6 +360,7 @@ def _transducer_greedy_kernel(
     part_ptr,  # [2, 2, NP, NCB] f32 partial (max, sum of exp) of the token logits per column block (NP: N SPEC)
     lpart_ptr,  # [LS, N, 4H] f32 an LSTM layer's partial gates per range of K (LS > 1)
     plog_ptr,  # [JS, NP, V + D] f32 the joint's partial logits per range of K (JS > 1)
+    hj_ptr,  # [NP, J] the joint's hidden layer of each pair, weight dtype (JH)
     ctx0_ptr,  # [N, K] int64 the state's context (stateless)
     pw_ptr,  # [J, P] pred_w
     pb_ptr,  # [J] pred_b (with HAS_PB)
@@ -382,7 +387,7 @@ def _transducer_greedy_kernel(
     SPEC: tl.constexpr, FP: tl.constexpr, BP: tl.constexpr, XS: tl.constexpr, BXS: tl.constexpr,
     KB0: tl.constexpr, KB1: tl.constexpr, JS: tl.constexpr, KJ: tl.constexpr, HAS_LBIAS: tl.constexpr,
     HAS_PB: tl.constexpr, HAS_OB: tl.constexpr, START: tl.constexpr, PROFILE: tl.constexpr,
-    COMPACT: tl.constexpr,
+    COMPACT: tl.constexpr, JH: tl.constexpr, BHJ: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -615,6 +620,28 @@ def _transducer_greedy_kernel(
             # offset, those inside the utterance): tiles (pair block, range of output columns, range of K) over the
             # V + D columns; with JS > 1 ranges of K, each tile's partial logits in plog, summed in a fixed order by
             # the (pair block, column range) tiles after a barrier
+            if JH:
+                # the hidden layer act(enc + pred) of every pair, once (tiles: pair block, BHJ columns), then a
+                # barrier: the products' tiles read it as their operand
+                n_hc = tl.cdiv(J, BHJ)
+                for tile in range(pid, n_pb * n_hc, nprog):
+                    pairs = (tile % n_pb) * BP + o_p
+                    jj = (tile // n_pb) * BHJ + tl.arange(0, BHJ)
+                    m_r = pairs < NP
+                    rows = pairs // SPEC
+                    f_p = pairs % SPEC
+                    t_r = tl.minimum(tl.load(p_priv + rows, mask=m_r, other=0) + f_p, T - 1)
+                    a_r = f_p < tl.load(p_priv + N + rows, mask=m_r, other=0)
+                    m_rj = a_r[:, None] & (jj < J)[None, :]
+                    e = tl.load(encp_ptr + (rows.to(tl.int64)[:, None] * T + t_r[:, None]) * J + jj[None, :], mask=m_rj,
+                                other=0.0).to(tl.float32)  # fmt: skip
+                    g = tl.load(g_ptr + rows[:, None] * J + jj[None, :], mask=m_rj, other=0.0, cache_modifier=".cg")
+                    x = _act((e + g).to(WD).to(tl.float32), ACT).to(WD)
+                    tl.store(hj_ptr + pairs[:, None] * J + jj[None, :], x, mask=m_rj)
+                ev = _stamp(prof_ptr, ev, 11, PROFILE)
+                n_sync += 1
+                grid_sync(bar_ptr, n_sync * nprog)
+                ev = _stamp(prof_ptr, ev, 12, PROFILE)
             n_ct = _ranges(V + D, BV, nprog // n_pb if SPREAD else 0)
             for tile in range(pid, n_pb * n_ct * JS, nprog):
                 pairs = (tile % n_pb) * BP + o_p
@@ -634,10 +661,14 @@ def _transducer_greedy_kernel(
                 for k0 in tl.range(k_lo, k_lo + KJ, BK, loop_unroll_factor=UNROLL):
                     kk = k0 + o_k
                     m_rk = a_r[:, None] & (kk < J)[None, :]
-                    e = tl.load(encp_ptr + (rows.to(tl.int64)[:, None] * T + t_r[:, None]) * J + kk[None, :], mask=m_rk,
-                                other=0.0).to(tl.float32)  # fmt: skip
-                    g = tl.load(g_ptr + rows[:, None] * J + kk[None, :], mask=m_rk, other=0.0, cache_modifier=".cg")
-                    x = _act((e + g).to(WD).to(tl.float32), ACT).to(WD)
+                    if JH:
+                        x = tl.load(hj_ptr + pairs[:, None] * J + kk[None, :], mask=m_rk, other=0.0,
+                                    cache_modifier=".cg")  # fmt: skip
+                    else:
+                        e = tl.load(encp_ptr + (rows.to(tl.int64)[:, None] * T + t_r[:, None]) * J + kk[None, :],
+                                    mask=m_rk, other=0.0).to(tl.float32)  # fmt: skip
+                        g = tl.load(g_ptr + rows[:, None] * J + kk[None, :], mask=m_rk, other=0.0, cache_modifier=".cg")
+                        x = _act((e + g).to(WD).to(tl.float32), ACT).to(WD)
                     w = tl.load(
                         ow_ptr + cols[None, :] * J + kk[:, None], mask=m_c[None, :] & (kk < J)[:, None], other=0.0
                     )
@@ -848,6 +879,8 @@ _PHASES = (
     "joint products",
     "joint split barrier",
     "projection products",
+    "joint hidden",
+    "joint hidden barrier",
 )
 
 
@@ -1027,18 +1060,22 @@ class GreedyPlan:
         tiles.update(BR=min(tiles["BB"], TILES["dot_sum_rows"]))
         xs = w.stateless and TILES["stateless_input"]  # (XS: a stateless network's only)
         tiles.update(XS=xs, BXS=min(next_power_of_2(PE), 1024))
+        jh = TILES["joint_hidden"] and not fma
+        tiles.update(JH=jh, BHJ=min(next_power_of_2(J), TILES["hidden_cols"]))
         # one allocation per kind, carved into 16-element-aligned pieces. The scratch, zeroed (32-bit words): h and
         # g (the weights' dtype: the products read them so, half the bytes in 16 bits), c, the prediction output,
         # the partial sums, the LSTM's partial gates and the joint's partial logits (float32; zero: the zero
-        # state), the packed keys (int64; zero: empty), each program's row values and the barrier (int32)
+        # state), the packed keys (int64; zero: empty), each program's row values and the barrier (int32), the
+        # joint's hidden layer (JH; the weights' dtype)
         lpart_size = LS * N * 4 * H if LS > 1 else 1
         NP = N * spec
         plog_size = JS * NP * (V + D) if JS > 1 else 1
+        hj_size = NP * J if jh else 1
         i32, i64 = torch.int32, torch.int64
         h_size = N * P if xs else 2 * L * N * H  # (a stateless network's input, with XS)
         pieces = [((h_size,), wd), ((L, N, H), f32), ((N, J), wd), ((N, P), f32), ((4 * NP * NCB,), f32)]
         pieces += [((lpart_size,), f32), ((plog_size,), f32), ((3 * 2 * NP,), i64), ((nprog * (5 + K) * N,), i32)]
-        pieces += [((1,), i32)]
+        pieces += [((1,), i32), ((hj_size,), wd)]
         self.scratch_layout = _Layout(i32, *(list(v) for v in zip(*pieces, strict=True)))
         self._scratch: dict[tuple[int, int], tuple[torch.Tensor, list[torch.Tensor]]] = {}
         # the outputs, one allocation per group (few host operations; the kernel only stores to them): tokens,
@@ -1091,7 +1128,7 @@ class GreedyPlan:
         if lengths is None:
             lengths = self.lengths
         encp = torch.empty(self.encp_size, dtype=wd, device=dev) if self.fma else F.linear(x, w.enc_w, w.enc_b)
-        h, c, g, pout, part, lpart, plog, keys, priv, bar = self.scratch()
+        h, c, g, pout, part, lpart, plog, keys, priv, bar, hj = self.scratch()
         if start:
             t0 = fofs = lengths
             ctx0 = self.durations_tensor
@@ -1122,7 +1159,7 @@ class GreedyPlan:
         table = conv_taps(w) if w.stateless else self.table
         self.launcher.launch(
             (self.nprog,),
-            (x, *self.args_weights, encp, lengths, t0, fofs, table, *self.args_tables, h, c, g, pout, part, lpart, plog,
+            (x, *self.args_weights, encp, lengths, t0, fofs, table, *self.args_tables, h, c, g, pout, part, lpart, plog, hj,
              ctx0, *self.args_joint, keys, priv, bar, tokens, frames, durs, scores, per_row, h_out, c_out, out,
              ctx_out, bar if profile is None else profile, *self.args_ints),
             options,
