@@ -1159,8 +1159,8 @@ class GreedyPlan:
         table = conv_taps(w) if w.stateless else self.table
         self.launcher.launch(
             (self.nprog,),
-            (x, *self.args_weights, encp, lengths, t0, fofs, table, *self.args_tables, h, c, g, pout, part, lpart, plog, hj,
-             ctx0, *self.args_joint, keys, priv, bar, tokens, frames, durs, scores, per_row, h_out, c_out, out,
+            (x, *self.args_weights, encp, lengths, t0, fofs, table, *self.args_tables, h, c, g, pout, part, lpart, plog,
+             hj, ctx0, *self.args_joint, keys, priv, bar, tokens, frames, durs, scores, per_row, h_out, c_out, out,
              ctx_out, bar if profile is None else profile, *self.args_ints),
             options,
             key,
