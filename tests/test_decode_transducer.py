@@ -639,7 +639,7 @@ def test_stateless_input_formed_by_the_owners(path, monkeypatch, kind, N):
                                   dict(activation="sigmoid", layers=1)], ids=str)  # fmt: skip
 @pytest.mark.parametrize("spec", [1, 4])
 def test_joint_hidden_formed_once(path, monkeypatch, kind, spec):
-    """TILES["joint_hidden"] (tensor-core tiles): the joint's hidden layer of each (row, frame) pair formed once per
+    """TILES["hidden_pairs"] (tensor-core tiles): the joint's hidden layer of each (row, frame) pair formed once per
     step, in column tiles narrower than the joint, before the products: the oracle's hypotheses and state, those
     of the hidden layer formed in the products' K loops, chunk by chunk as whole."""
     monkeypatch.setitem(decode_api.transducer_kernels.TILES, "window", spec)
@@ -648,7 +648,7 @@ def test_joint_hidden_formed_once(path, monkeypatch, kind, spec):
     g = torch.Generator().manual_seed(spec)
     x = torch.randn(18, 10, 6, generator=g)
     lengths = torch.randint(0, 11, (18,), generator=g)
-    hyp = decodes_alike(path, monkeypatch, dec, x, lengths, "joint_hidden", True, base=False)
+    hyp = decodes_alike(path, monkeypatch, dec, x, lengths, "hidden_pairs", 1, base=None)
     chunks_join(path, dec, x, lengths, hyp, 4)
     path.check_ran()
 

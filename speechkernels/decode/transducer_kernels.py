@@ -66,9 +66,9 @@ MAX_PLANS = 32  # launch plans a decoder keeps (one per batch shape and start/co
 # programs); whether the prediction network's tiles cover only the rows that emitted, listed by the decision
 # (compact; slower at 128 x 15 s); the joint's window, set (tests; None: ``window``); whether a stateless network's
 # input is formed once per emitting row by its owner program before the projection, a barrier more, rather than
-# gathered in the projection's K loops (stateless_input); whether the joint's hidden layer act(enc + pred) of each
-# (row, frame) pair is formed once per step before the products, a barrier more, rather than in every column
-# range's K loops (joint_hidden; tensor-core tiles), in tiles of hidden_cols columns
+# gathered in the projection's K loops (stateless_input); the fewest (row, frame) pairs of the joint at which its
+# hidden layer act(enc + pred) is formed once per step before the products, a barrier more, rather than in every
+# column range's K loops (hidden_pairs; tensor-core tiles; None: never), in tiles of hidden_cols columns
 TILES = dict(
     fma_elements=8192,
     fma_warps=8,
@@ -88,7 +88,7 @@ TILES = dict(
     compact=False,
     window=None,
     stateless_input=True,
-    joint_hidden=False,
+    hidden_pairs=128,
     hidden_cols=64,
 )
 # the joint's window (frames per row and step, a power of two; ``TILES["window"]``, when set, for every model):
@@ -1060,7 +1060,7 @@ class GreedyPlan:
         tiles.update(BR=min(tiles["BB"], TILES["dot_sum_rows"]))
         xs = w.stateless and TILES["stateless_input"]  # (XS: a stateless network's only)
         tiles.update(XS=xs, BXS=min(next_power_of_2(PE), 1024))
-        jh = TILES["joint_hidden"] and not fma
+        jh = not fma and TILES["hidden_pairs"] is not None and N * spec >= TILES["hidden_pairs"]
         tiles.update(JH=jh, BHJ=min(next_power_of_2(J), TILES["hidden_cols"]))
         # one allocation per kind, carved into 16-element-aligned pieces. The scratch, zeroed (32-bit words): h and
         # g (the weights' dtype: the products read them so, half the bytes in 16 bits), c, the prediction output,
