@@ -653,6 +653,23 @@ def test_joint_hidden_formed_once(path, monkeypatch, kind, spec):
     path.check_ran()
 
 
+@pytest.mark.kernels
+@pytest.mark.parametrize("kind", [{}, dict(durations=[0, 1, 2, 3]), dict(stateless=2, activation="tanh")], ids=str)
+def test_float32_products_of_split_operands(path, monkeypatch, kind):
+    """TILES["split_f32"] (tensor-core tiles, float32): the joint's hidden layer and a stateless network's input
+    stored in TF32 halves as they are formed, the weights split in the kernel: the oracle's hypotheses and state,
+    those of the operands split in the K loops, chunk by chunk as whole."""
+    monkeypatch.setitem(decode_api.transducer_kernels.TILES, "hidden_pairs", 1)
+    monkeypatch.setitem(decode_api.transducer_kernels.TILES, "window", 2)
+    dec = make_decoder(27, J=40, P=36, device=path.device, **kind)
+    g = torch.Generator().manual_seed(27)
+    x = torch.randn(18, 10, 6, generator=g)
+    lengths = torch.randint(0, 11, (18,), generator=g)
+    hyp = decodes_alike(path, monkeypatch, dec, x, lengths, "split_f32", True, base=False)
+    chunks_join(path, dec, x, lengths, hyp, 4)
+    path.check_ran()
+
+
 def chunks_join(path, dec, x, lengths, whole, cut):
     """Decoding frames [0, cut) and then the rest from the state gives ``whole``'s tokens and frames."""
     first, state = dec.greedy(x[:, :cut].to(path.device), lengths.clamp(max=cut))

@@ -68,7 +68,10 @@ MAX_PLANS = 32  # launch plans a decoder keeps (one per batch shape and start/co
 # input is formed once per emitting row by its owner program before the projection, a barrier more, rather than
 # gathered in the projection's K loops (stateless_input); the fewest (row, frame) pairs of the joint at which its
 # hidden layer act(enc + pred) is formed once per step before the products, a barrier more, rather than in every
-# column range's K loops (hidden_pairs; tensor-core tiles; None: never), in tiles of hidden_cols columns
+# column range's K loops (hidden_pairs; tensor-core tiles; None: never), in tiles of hidden_cols columns; whether
+# float32 products of these two operands formed once (the joint's hidden layer, the stateless input) take them
+# split in TF32 halves as they are formed, and the weights split once per call in the kernel (split_f32: every
+# operand of the three TF32 products loaded as it is, rather than split in the K loops)
 TILES = dict(
     fma_elements=8192,
     fma_warps=8,
@@ -90,6 +93,7 @@ TILES = dict(
     stateless_input=True,
     hidden_pairs=128,
     hidden_cols=64,
+    split_f32=False,
 )
 # the joint's window (frames per row and step, a power of two; ``TILES["window"]``, when set, for every model):
 # FMA tiles: frames by kind of model; tensor-core tiles: the most (up to 8) while rows x frames stay within the
@@ -111,6 +115,32 @@ def _dot(a, b, acc, F32: tl.constexpr):
         return tl.dot(a, b, acc, input_precision="tf32x3")
     else:
         return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _tf32_hi(x):
+    """x rounded to TF32 (to nearest, ties away from zero, as cvt.rna.tf32.f32) by its bits; x - this is exact."""
+    return ((x.to(tl.int32, bitcast=True) + 0x1000) & -8192).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _tf32_split(x):
+    """(hi, lo) of float32 x: hi ``_tf32_hi(x)`` (x itself where that is not finite), lo = x - hi (exact)."""
+    hi = _tf32_hi(x)
+    hi = tl.where((hi == hi) & (tl.abs(hi) != float("inf")), hi, x)
+    return hi, x - hi
+
+
+@triton.jit
+def _dot3(a_hi, a_lo, w_hi, w_lo, acc):
+    """acc + a @ w from operands split by ``_tf32_split``: the three TF32 products a_lo w_hi, a_hi w_lo, a_hi w_hi
+    (about float32's precision, as ``_dot``'s)."""
+    if _INTERPRETER:  # (a = a_hi + a_lo exactly: the interpreter's one product, as ``_dot``'s)
+        return tl.dot(a_hi + a_lo, w_hi + w_lo, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a_lo, w_hi, acc, input_precision="tf32")
+        acc = tl.dot(a_hi, w_lo, acc, input_precision="tf32")
+        return tl.dot(a_hi, w_hi, acc, input_precision="tf32")
 
 
 @triton.jit
@@ -360,7 +390,8 @@ def _transducer_greedy_kernel(
     part_ptr,  # [2, 2, NP, NCB] f32 partial (max, sum of exp) of the token logits per column block (NP: N SPEC)
     lpart_ptr,  # [LS, N, 4H] f32 an LSTM layer's partial gates per range of K (LS > 1)
     plog_ptr,  # [JS, NP, V + D] f32 the joint's partial logits per range of K (JS > 1)
-    hj_ptr,  # [NP, J] the joint's hidden layer of each pair, weight dtype (JH)
+    hj_ptr,  # [NP, J] the joint's hidden layer of each pair, weight dtype (JH); with TS [2, NP, J] its halves
+    ws_ptr,  # with TS: [2, V + D, J] out_w's TF32 halves, then [2, J, P] pred_w's (f32)
     ctx0_ptr,  # [N, K] int64 the state's context (stateless)
     pw_ptr,  # [J, P] pred_w
     pb_ptr,  # [J] pred_b (with HAS_PB)
@@ -387,7 +418,7 @@ def _transducer_greedy_kernel(
     SPEC: tl.constexpr, FP: tl.constexpr, BP: tl.constexpr, XS: tl.constexpr, BXS: tl.constexpr,
     KB0: tl.constexpr, KB1: tl.constexpr, JS: tl.constexpr, KJ: tl.constexpr, HAS_LBIAS: tl.constexpr,
     HAS_PB: tl.constexpr, HAS_OB: tl.constexpr, START: tl.constexpr, PROFILE: tl.constexpr,
-    COMPACT: tl.constexpr, JH: tl.constexpr, BHJ: tl.constexpr,
+    COMPACT: tl.constexpr, JH: tl.constexpr, BHJ: tl.constexpr, TS: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -457,6 +488,22 @@ def _transducer_greedy_kernel(
             tl.store(encp_ptr + fr.to(tl.int64)[:, None] * J + cols[None, :], acc, mask=m_f[:, None] & m_j[None, :])
         n_sync += 1
         grid_sync(bar_ptr, n_sync * nprog)
+    if TS:
+        # the weights of the split products (out_w, pred_w) in TF32 halves, once per call
+        n_ow = (V + D) * J
+        o_w = tl.arange(0, 1024)
+        for i0 in range(pid * 1024, n_ow + J * P, nprog * 1024):
+            i = i0 + o_w
+            m_o = i < n_ow
+            m_p = (i >= n_ow) & (i < n_ow + J * P)
+            wv = tl.load(ow_ptr + i, mask=m_o, other=0.0) + tl.load(pw_ptr + (i - n_ow), mask=m_p, other=0.0)
+            hi, lo = _tf32_split(wv)
+            base = tl.where(m_o, i, 2 * n_ow + (i - n_ow))
+            off = tl.where(m_o, n_ow, J * P)
+            tl.store(ws_ptr + base, hi, mask=m_o | m_p)
+            tl.store(ws_ptr + base + off, lo, mask=m_o | m_p)
+        n_sync += 1
+        grid_sync(bar_ptr, n_sync * nprog)
     while (n_act > 0) | (n_emit > 0):
         # the prediction network of the rows that emitted at the last step (at the start: every row, the blank)
         if n_emit > 0:
@@ -480,7 +527,12 @@ def _transducer_greedy_kernel(
                             if HAS_CONV:
                                 x = tl.where(x < 0.0, 0.0, x)
                             tl.store(pout_ptr + r * P + pp, x, mask=m_p)
-                            tl.store(h_ptr + r * P + pp, x.to(WD), mask=m_p)
+                            if TS:
+                                x_hi, x_lo = _tf32_split(x)
+                                tl.store(h_ptr + r * P + pp, x_hi, mask=m_p)
+                                tl.store(h_ptr + N * P + r * P + pp, x_lo, mask=m_p)
+                            else:
+                                tl.store(h_ptr + r * P + pp, x.to(WD), mask=m_p)
                 n_sync += 1
                 grid_sync(bar_ptr, n_sync * nprog)
             if not STATELESS:
@@ -577,30 +629,44 @@ def _transducer_greedy_kernel(
                 jj = j_lo + tl.arange(0, BJ)
                 m_j = jj < (jt + 1) * J // n_jt
                 acc = _zeros(BB, BK, BJ, FMA)
-                for k0 in tl.range(0, P, BK, loop_unroll_factor=UNROLL):
-                    kk = k0 + o_k
-                    m_rk = e_r[:, None] & (kk < P)[None, :]
-                    if XS:
-                        x = tl.load(h_ptr + rows[:, None] * P + kk[None, :], mask=m_rk, other=0.0, cache_modifier=".cg")
-                    elif STATELESS:
-                        x = tl.zeros([BB, BK], tl.float32)
-                        for j in tl.static_range(K):
-                            tok = tl.load(p_priv + (4 + j) * N + rows, mask=m_r, other=-1)
-                            x += tl.load(table_ptr + (j * R + tok.to(tl.int64)[:, None]) * P + kk[None, :],
-                                         mask=m_rk & (tok >= 0)[:, None], other=0.0)  # fmt: skip
-                        if HAS_CONV:
-                            x = tl.where(x < 0.0, 0.0, x)
-                    else:
-                        x = tl.load(h_ptr + ((hp * L + L - 1) * N + rows[:, None]) * H + kk[None, :], mask=m_rk,
-                                    other=0.0, cache_modifier=".cg")  # fmt: skip
-                    w = tl.load(
-                        pw_ptr + jj[None, :] * P + kk[:, None], mask=m_j[None, :] & (kk < P)[:, None], other=0.0
-                    )
-                    acc = _mm(x.to(WD), w, acc, F32, FMA)
-                    if not XS:  # the prediction network's output, kept for the returned state (by
-                        # the first range's tiles)
-                        tl.store(pout_ptr + rows[:, None] * P + kk[None, :], x,
-                                 mask=m_rk & (o_b * 0 + jt == 0)[:, None])  # fmt: skip
+                if TS and XS:  # the operands' halves as they are
+                    for k0 in tl.range(0, P, BK):
+                        kk = k0 + o_k
+                        m_rk = e_r[:, None] & (kk < P)[None, :]
+                        p_x = h_ptr + rows[:, None] * P + kk[None, :]
+                        p_w = ws_ptr + 2 * (V + D) * J + jj[None, :] * P + kk[:, None]
+                        m_w = m_j[None, :] & (kk < P)[:, None]
+                        acc = _dot3(tl.load(p_x, mask=m_rk, other=0.0, cache_modifier=".cg"),
+                                    tl.load(p_x + N * P, mask=m_rk, other=0.0, cache_modifier=".cg"),
+                                    tl.load(p_w, mask=m_w, other=0.0), tl.load(p_w + J * P, mask=m_w, other=0.0),
+                                    acc)  # fmt: skip
+                else:
+                    for k0 in tl.range(0, P, BK, loop_unroll_factor=UNROLL):
+                        kk = k0 + o_k
+                        m_rk = e_r[:, None] & (kk < P)[None, :]
+                        if XS:
+                            x = tl.load(
+                                h_ptr + rows[:, None] * P + kk[None, :], mask=m_rk, other=0.0, cache_modifier=".cg"
+                            )
+                        elif STATELESS:
+                            x = tl.zeros([BB, BK], tl.float32)
+                            for j in tl.static_range(K):
+                                tok = tl.load(p_priv + (4 + j) * N + rows, mask=m_r, other=-1)
+                                x += tl.load(table_ptr + (j * R + tok.to(tl.int64)[:, None]) * P + kk[None, :],
+                                             mask=m_rk & (tok >= 0)[:, None], other=0.0)  # fmt: skip
+                            if HAS_CONV:
+                                x = tl.where(x < 0.0, 0.0, x)
+                        else:
+                            x = tl.load(h_ptr + ((hp * L + L - 1) * N + rows[:, None]) * H + kk[None, :], mask=m_rk,
+                                        other=0.0, cache_modifier=".cg")  # fmt: skip
+                        w = tl.load(
+                            pw_ptr + jj[None, :] * P + kk[:, None], mask=m_j[None, :] & (kk < P)[:, None], other=0.0
+                        )
+                        acc = _mm(x.to(WD), w, acc, F32, FMA)
+                        if not XS:  # the prediction network's output, kept for the returned state (by
+                            # the first range's tiles)
+                            tl.store(pout_ptr + rows[:, None] * P + kk[None, :], x,
+                                     mask=m_rk & (o_b * 0 + jt == 0)[:, None])  # fmt: skip
                 acc = _total(acc, FMA)
                 ev = _stamp(prof_ptr, ev, 10, PROFILE)
                 if HAS_PB:
@@ -637,7 +703,12 @@ def _transducer_greedy_kernel(
                                 other=0.0).to(tl.float32)  # fmt: skip
                     g = tl.load(g_ptr + rows[:, None] * J + jj[None, :], mask=m_rj, other=0.0, cache_modifier=".cg")
                     x = _act((e + g).to(WD).to(tl.float32), ACT).to(WD)
-                    tl.store(hj_ptr + pairs[:, None] * J + jj[None, :], x, mask=m_rj)
+                    if TS:
+                        x_hi, x_lo = _tf32_split(x)
+                        tl.store(hj_ptr + pairs[:, None] * J + jj[None, :], x_hi, mask=m_rj)
+                        tl.store(hj_ptr + NP * J + pairs[:, None] * J + jj[None, :], x_lo, mask=m_rj)
+                    else:
+                        tl.store(hj_ptr + pairs[:, None] * J + jj[None, :], x, mask=m_rj)
                 ev = _stamp(prof_ptr, ev, 11, PROFILE)
                 n_sync += 1
                 grid_sync(bar_ptr, n_sync * nprog)
@@ -658,21 +729,35 @@ def _transducer_greedy_kernel(
                 a_r = f_p < tl.load(p_priv + N + rows, mask=m_r, other=0)  # frames left (0: inactive)
                 t_r = tl.minimum(t_r, T - 1)
                 acc = _zeros(BP, BK, BV, FMA)
-                for k0 in tl.range(k_lo, k_lo + KJ, BK, loop_unroll_factor=UNROLL):
-                    kk = k0 + o_k
-                    m_rk = a_r[:, None] & (kk < J)[None, :]
-                    if JH:
-                        x = tl.load(hj_ptr + pairs[:, None] * J + kk[None, :], mask=m_rk, other=0.0,
-                                    cache_modifier=".cg")  # fmt: skip
-                    else:
-                        e = tl.load(encp_ptr + (rows.to(tl.int64)[:, None] * T + t_r[:, None]) * J + kk[None, :],
-                                    mask=m_rk, other=0.0).to(tl.float32)  # fmt: skip
-                        g = tl.load(g_ptr + rows[:, None] * J + kk[None, :], mask=m_rk, other=0.0, cache_modifier=".cg")
-                        x = _act((e + g).to(WD).to(tl.float32), ACT).to(WD)
-                    w = tl.load(
-                        ow_ptr + cols[None, :] * J + kk[:, None], mask=m_c[None, :] & (kk < J)[:, None], other=0.0
-                    )
-                    acc = _mm(x, w, acc, F32, FMA)
+                if TS and JH:  # the operands' halves as they are
+                    for k0 in tl.range(k_lo, k_lo + KJ, BK):
+                        kk = k0 + o_k
+                        m_rk = a_r[:, None] & (kk < J)[None, :]
+                        p_x = hj_ptr + pairs[:, None] * J + kk[None, :]
+                        p_w = ws_ptr + cols[None, :] * J + kk[:, None]
+                        m_w = m_c[None, :] & (kk < J)[:, None]
+                        acc = _dot3(tl.load(p_x, mask=m_rk, other=0.0, cache_modifier=".cg"),
+                                    tl.load(p_x + NP * J, mask=m_rk, other=0.0, cache_modifier=".cg"),
+                                    tl.load(p_w, mask=m_w, other=0.0),
+                                    tl.load(p_w + (V + D) * J, mask=m_w, other=0.0), acc)  # fmt: skip
+                else:
+                    for k0 in tl.range(k_lo, k_lo + KJ, BK, loop_unroll_factor=UNROLL):
+                        kk = k0 + o_k
+                        m_rk = a_r[:, None] & (kk < J)[None, :]
+                        if JH:
+                            x = tl.load(hj_ptr + pairs[:, None] * J + kk[None, :], mask=m_rk, other=0.0,
+                                        cache_modifier=".cg")  # fmt: skip
+                        else:
+                            e = tl.load(encp_ptr + (rows.to(tl.int64)[:, None] * T + t_r[:, None]) * J + kk[None, :],
+                                        mask=m_rk, other=0.0).to(tl.float32)  # fmt: skip
+                            g = tl.load(
+                                g_ptr + rows[:, None] * J + kk[None, :], mask=m_rk, other=0.0, cache_modifier=".cg"
+                            )
+                            x = _act((e + g).to(WD).to(tl.float32), ACT).to(WD)
+                        w = tl.load(
+                            ow_ptr + cols[None, :] * J + kk[:, None], mask=m_c[None, :] & (kk < J)[:, None], other=0.0
+                        )
+                        acc = _mm(x, w, acc, F32, FMA)
                 ev = _stamp(prof_ptr, ev, 8, PROFILE)
                 if JS == 1:
                     _joint_outputs(_total(acc, FMA), pairs, cols, m_c, a_r, c_lo, c_hi, ct, ob_ptr, key_ptr,
@@ -1061,21 +1146,23 @@ class GreedyPlan:
         xs = w.stateless and TILES["stateless_input"]  # (XS: a stateless network's only)
         tiles.update(XS=xs, BXS=min(next_power_of_2(PE), 1024))
         jh = not fma and TILES["hidden_pairs"] is not None and N * spec >= TILES["hidden_pairs"]
-        tiles.update(JH=jh, BHJ=min(next_power_of_2(J), TILES["hidden_cols"]))
+        ts = wd == torch.float32 and not fma and TILES["split_f32"] and (jh or xs)
+        tiles.update(JH=jh, BHJ=min(next_power_of_2(J), TILES["hidden_cols"]), TS=ts)
         # one allocation per kind, carved into 16-element-aligned pieces. The scratch, zeroed (32-bit words): h and
         # g (the weights' dtype: the products read them so, half the bytes in 16 bits), c, the prediction output,
         # the partial sums, the LSTM's partial gates and the joint's partial logits (float32; zero: the zero
         # state), the packed keys (int64; zero: empty), each program's row values and the barrier (int32), the
-        # joint's hidden layer (JH; the weights' dtype)
+        # joint's hidden layer (JH; the weights' dtype), the weights' TF32 halves (TS)
         lpart_size = LS * N * 4 * H if LS > 1 else 1
         NP = N * spec
         plog_size = JS * NP * (V + D) if JS > 1 else 1
-        hj_size = NP * J if jh else 1
+        hj_size = (2 if ts else 1) * NP * J if jh else 1
+        ws_size = 2 * ((V + D) * J + J * P) if ts else 1
         i32, i64 = torch.int32, torch.int64
-        h_size = N * P if xs else 2 * L * N * H  # (a stateless network's input, with XS)
+        h_size = (2 if ts else 1) * N * P if xs else 2 * L * N * H  # (a stateless network's input, with XS)
         pieces = [((h_size,), wd), ((L, N, H), f32), ((N, J), wd), ((N, P), f32), ((4 * NP * NCB,), f32)]
         pieces += [((lpart_size,), f32), ((plog_size,), f32), ((3 * 2 * NP,), i64), ((nprog * (5 + K) * N,), i32)]
-        pieces += [((1,), i32), ((hj_size,), wd)]
+        pieces += [((1,), i32), ((hj_size,), wd), ((ws_size,), f32)]
         self.scratch_layout = _Layout(i32, *(list(v) for v in zip(*pieces, strict=True)))
         self._scratch: dict[tuple[int, int], tuple[torch.Tensor, list[torch.Tensor]]] = {}
         # the outputs, one allocation per group (few host operations; the kernel only stores to them): tokens,
@@ -1128,7 +1215,7 @@ class GreedyPlan:
         if lengths is None:
             lengths = self.lengths
         encp = torch.empty(self.encp_size, dtype=wd, device=dev) if self.fma else F.linear(x, w.enc_w, w.enc_b)
-        h, c, g, pout, part, lpart, plog, keys, priv, bar, hj = self.scratch()
+        h, c, g, pout, part, lpart, plog, keys, priv, bar, hj, ws = self.scratch()
         if start:
             t0 = fofs = lengths
             ctx0 = self.durations_tensor
@@ -1160,7 +1247,7 @@ class GreedyPlan:
         self.launcher.launch(
             (self.nprog,),
             (x, *self.args_weights, encp, lengths, t0, fofs, table, *self.args_tables, h, c, g, pout, part, lpart, plog,
-             hj, ctx0, *self.args_joint, keys, priv, bar, tokens, frames, durs, scores, per_row, h_out, c_out, out,
+             hj, ws, ctx0, *self.args_joint, keys, priv, bar, tokens, frames, durs, scores, per_row, h_out, c_out, out,
              ctx_out, bar if profile is None else profile, *self.args_ints),
             options,
             key,
