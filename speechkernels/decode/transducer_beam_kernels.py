@@ -53,7 +53,7 @@ from .beam_kernels import (
     lm_arguments,
 )
 from .reference import input_gates_table, predict
-from .transducer_kernels import _INTERPRETER, _sigmoid, _tanh
+from .transducer_kernels import _INTERPRETER, _sigmoid, _tanh, _tf32_hi
 
 STEP_TILES = {"block_c": 256, "warps": 4, "wide": 8, "block_c_wide": 64, "warps_wide": 8, "block_arcs": 64}
 # classes per block (a power of two; tests lower it) and warps; from "wide" slots up (padded), fewer classes per
@@ -134,12 +134,6 @@ def _lse(x, axis: tl.constexpr):
     m = tl.max(x, axis)
     m = tl.where((m == float("inf")) | (m == float("-inf")), 0.0, m)
     return tl.log(tl.sum(tl.exp(x - tl.expand_dims(m, axis)), axis)) + m
-
-
-@triton.jit
-def _tf32_hi(x):
-    """x rounded to TF32 (to nearest, ties away from zero, as cvt.rna.tf32.f32) by its bits; x - this is exact."""
-    return ((x.to(tl.int32, bitcast=True) + 0x1000) & -8192).to(tl.float32, bitcast=True)
 
 
 @triton.jit
