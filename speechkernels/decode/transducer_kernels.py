@@ -93,7 +93,7 @@ TILES = dict(
     stateless_input=True,
     hidden_pairs=128,
     hidden_cols=64,
-    split_f32=False,
+    split_f32=True,
 )
 # the joint's window (frames per row and step, a power of two; ``TILES["window"]``, when set, for every model):
 # FMA tiles: frames by kind of model; tensor-core tiles: the most (up to 8) while rows x frames stay within the
