@@ -670,6 +670,24 @@ def test_float32_products_of_split_operands(path, monkeypatch, kind):
     path.check_ran()
 
 
+@pytest.mark.kernels
+@pytest.mark.parametrize("kind", [{}, dict(durations=[0, 1, 2, 3]), dict(stateless=2, activation="tanh")], ids=str)
+def test_projection_split_over_k(path, monkeypatch, kind):
+    """TILES["dot_proj_splits"] (with the joint's hidden layer formed once): the projection's tiles over ranges of
+    K, their partial sums added by the hidden layer's phase (the first with the bias; a state's projection as the
+    first): the oracle's hypotheses and state, those of one range, chunk by chunk as whole."""
+    monkeypatch.setitem(decode_api.transducer_kernels.TILES, "hidden_pairs", 1)
+    monkeypatch.setitem(decode_api.transducer_kernels.TILES, "dot_proj_splits", 1)
+    dec = make_decoder(29, J=20, P=70, device=path.device, **kind)
+    g = torch.Generator().manual_seed(29)
+    x = torch.randn(18, 10, 6, generator=g)
+    lengths = torch.randint(0, 11, (18,), generator=g)
+    monkeypatch.setitem(decode_api.transducer_kernels.TILES, "dot_proj_splits_min", 3)
+    hyp = decodes_alike(path, monkeypatch, dec, x, lengths, "dot_proj_splits", 3, base=1)
+    chunks_join(path, dec, x, lengths, hyp, 4)
+    path.check_ran()
+
+
 def chunks_join(path, dec, x, lengths, whole, cut):
     """Decoding frames [0, cut) and then the rest from the state gives ``whole``'s tokens and frames."""
     first, state = dec.greedy(x[:, :cut].to(path.device), lengths.clamp(max=cut))

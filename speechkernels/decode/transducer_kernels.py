@@ -71,7 +71,9 @@ MAX_PLANS = 32  # launch plans a decoder keeps (one per batch shape and start/co
 # column range's K loops (hidden_pairs; tensor-core tiles; None: never), in tiles of hidden_cols columns; whether
 # float32 products of these two operands formed once (the joint's hidden layer, the stateless input) take them
 # split in TF32 halves as they are formed, and the weights split once per call in the kernel (split_f32: every
-# operand of the three TF32 products loaded as it is, rather than split in the K loops)
+# operand of the three TF32 products loaded as it is, rather than split in the K loops); the most ranges of K the
+# projection's tiles are split into while they fit the programs (dot_proj_splits; only with the hidden layer formed
+# once, whose phase sums the partial projections in the order of K), and the fewest (tests)
 TILES = dict(
     fma_elements=8192,
     fma_warps=8,
@@ -94,6 +96,8 @@ TILES = dict(
     hidden_pairs=128,
     hidden_cols=64,
     split_f32=True,
+    dot_proj_splits=1,
+    dot_proj_splits_min=1,
 )
 # the joint's window (frames per row and step, a power of two; ``TILES["window"]``, when set, for every model):
 # FMA tiles: frames by kind of model; tensor-core tiles: the most (up to 8) while rows x frames stay within the
@@ -385,7 +389,8 @@ def _transducer_greedy_kernel(
     h_ptr,  # [2, L, N, H] ping-pong hidden states in the weights' dtype (buffer 0 holds the state's); stateless with
     # XS: [N, P] the emitting rows' prediction network input in the weights' dtype
     c_ptr,  # [L, N, H] f32 cells
-    g_ptr,  # [N, J] pred_w @ out + pred_b for each row's current prediction output (weights' dtype)
+    g_ptr,  # [N, J] pred_w @ out + pred_b for each row's current prediction output (weights' dtype); with PS > 1
+    # [PS, N, J] f32 its partial sums per range of K (the first with the bias)
     pout_ptr,  # [N, P] f32 each row's current prediction output (in: the state's; START: written)
     part_ptr,  # [2, 2, NP, NCB] f32 partial (max, sum of exp) of the token logits per column block (NP: N SPEC)
     lpart_ptr,  # [LS, N, 4H] f32 an LSTM layer's partial gates per range of K (LS > 1)
@@ -418,7 +423,8 @@ def _transducer_greedy_kernel(
     SPEC: tl.constexpr, FP: tl.constexpr, BP: tl.constexpr, XS: tl.constexpr, BXS: tl.constexpr,
     KB0: tl.constexpr, KB1: tl.constexpr, JS: tl.constexpr, KJ: tl.constexpr, HAS_LBIAS: tl.constexpr,
     HAS_PB: tl.constexpr, HAS_OB: tl.constexpr, START: tl.constexpr, PROFILE: tl.constexpr,
-    COMPACT: tl.constexpr, JH: tl.constexpr, BHJ: tl.constexpr, TS: tl.constexpr,
+    COMPACT: tl.constexpr, JH: tl.constexpr, BHJ: tl.constexpr, TS: tl.constexpr, PS: tl.constexpr,
+    KP: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -620,17 +626,19 @@ def _transducer_greedy_kernel(
                     grid_sync(bar_ptr, n_sync * nprog)
                     ev = _stamp(prof_ptr, ev, 5, PROFILE)
                 hp = 1 - hp
-            # the projection g = pred_w @ out + pred_b of the emitting rows: tiles (row block, range of J)
+            # the projection g = pred_w @ out + pred_b of the emitting rows: tiles (row block, range of J, range ks
+            # of K: [ks KP, (ks + 1) KP))
             n_jt = _ranges(J, BJ, nprog // n_rbe if SPREAD else 0)
-            for tile in range(pid, n_rbe * n_jt, nprog):
+            for tile in range(pid, n_rbe * n_jt * PS, nprog):
                 rows, m_r, e_r = _emitting_rows(p_priv, tile % n_rbe, o_b, n_emit, N, K, COMPACT)
-                jt = tile // n_rbe
+                jt = (tile // n_rbe) % n_jt
+                ks = tile // (n_rbe * n_jt)
                 j_lo = jt * J // n_jt
                 jj = j_lo + tl.arange(0, BJ)
                 m_j = jj < (jt + 1) * J // n_jt
                 acc = _zeros(BB, BK, BJ, FMA)
                 if TS and XS:  # the operands' halves as they are
-                    for k0 in tl.range(0, P, BK):
+                    for k0 in tl.range(ks * KP, ks * KP + KP, BK):
                         kk = k0 + o_k
                         m_rk = e_r[:, None] & (kk < P)[None, :]
                         p_x = h_ptr + rows[:, None] * P + kk[None, :]
@@ -641,7 +649,7 @@ def _transducer_greedy_kernel(
                                     tl.load(p_w, mask=m_w, other=0.0), tl.load(p_w + J * P, mask=m_w, other=0.0),
                                     acc)  # fmt: skip
                 else:
-                    for k0 in tl.range(0, P, BK, loop_unroll_factor=UNROLL):
+                    for k0 in tl.range(ks * KP, ks * KP + KP, BK, loop_unroll_factor=UNROLL):
                         kk = k0 + o_k
                         m_rk = e_r[:, None] & (kk < P)[None, :]
                         if XS:
@@ -670,10 +678,10 @@ def _transducer_greedy_kernel(
                 acc = _total(acc, FMA)
                 ev = _stamp(prof_ptr, ev, 10, PROFILE)
                 if HAS_PB:
-                    acc += tl.load(pb_ptr + jj, mask=m_j, other=0.0).to(tl.float32)[None, :]
-                if not F32:
+                    acc += tl.load(pb_ptr + jj, mask=m_j & (jj * 0 + ks == 0), other=0.0).to(tl.float32)[None, :]
+                if (not F32) and PS == 1:
                     acc = acc.to(WD).to(tl.float32)
-                tl.store(g_ptr + rows[:, None] * J + jj[None, :], acc, mask=e_r[:, None] & m_j[None, :])
+                tl.store(g_ptr + (ks * N + rows[:, None]) * J + jj[None, :], acc, mask=e_r[:, None] & m_j[None, :])
             ev = _stamp(prof_ptr, ev, 6, PROFILE)
             n_sync += 1
             grid_sync(bar_ptr, n_sync * nprog)
@@ -701,7 +709,13 @@ def _transducer_greedy_kernel(
                     m_rj = a_r[:, None] & (jj < J)[None, :]
                     e = tl.load(encp_ptr + (rows.to(tl.int64)[:, None] * T + t_r[:, None]) * J + jj[None, :], mask=m_rj,
                                 other=0.0).to(tl.float32)  # fmt: skip
-                    g = tl.load(g_ptr + rows[:, None] * J + jj[None, :], mask=m_rj, other=0.0, cache_modifier=".cg")
+                    p_g = g_ptr + rows[:, None] * J + jj[None, :]
+                    g = tl.load(p_g, mask=m_rj, other=0.0, cache_modifier=".cg").to(tl.float32)
+                    if PS > 1:  # the partial projections, in the order of K
+                        for k2 in tl.static_range(1, PS):
+                            g += tl.load(p_g + k2 * N * J, mask=m_rj, other=0.0, cache_modifier=".cg")
+                        if not F32:
+                            g = g.to(WD).to(tl.float32)
                     x = _act((e + g).to(WD).to(tl.float32), ACT).to(WD)
                     if TS:
                         x_hi, x_lo = _tf32_split(x)
@@ -1148,6 +1162,12 @@ class GreedyPlan:
         jh = not fma and TILES["hidden_pairs"] is not None and N * spec >= TILES["hidden_pairs"]
         ts = wd == torch.float32 and not fma and TILES["split_f32"] and (jh or xs)
         tiles.update(JH=jh, BHJ=min(next_power_of_2(J), TILES["hidden_cols"]), TS=ts)
+        # the projection's ranges of K: with the hidden layer formed once, as many as fit the programs beside its
+        # (row block, column range) tiles, at most dot_proj_splits
+        p_blocks = cdiv(P, BK)
+        PS = min(TILES["dot_proj_splits"], nprog // (n_rb * cdiv(J, tiles["BJ"])))
+        PS = min(max(PS, TILES["dot_proj_splits_min"]), p_blocks) if jh else 1
+        tiles.update(PS=PS, KP=cdiv(p_blocks, PS) * BK)
         # one allocation per kind, carved into 16-element-aligned pieces. The scratch, zeroed (32-bit words): h and
         # g (the weights' dtype: the products read them so, half the bytes in 16 bits), c, the prediction output,
         # the partial sums, the LSTM's partial gates and the joint's partial logits (float32; zero: the zero
@@ -1160,7 +1180,8 @@ class GreedyPlan:
         ws_size = 2 * ((V + D) * J + J * P) if ts else 1
         i32, i64 = torch.int32, torch.int64
         h_size = (2 if ts else 1) * N * P if xs else 2 * L * N * H  # (a stateless network's input, with XS)
-        pieces = [((h_size,), wd), ((L, N, H), f32), ((N, J), wd), ((N, P), f32), ((4 * NP * NCB,), f32)]
+        g_piece = ((PS, N, J), f32) if PS > 1 else ((N, J), wd)
+        pieces = [((h_size,), wd), ((L, N, H), f32), g_piece, ((N, P), f32), ((4 * NP * NCB,), f32)]
         pieces += [((lpart_size,), f32), ((plog_size,), f32), ((3 * 2 * NP,), i64), ((nprog * (5 + K) * N,), i32)]
         pieces += [((1,), i32), ((hj_size,), wd), ((ws_size,), f32)]
         self.scratch_layout = _Layout(i32, *(list(v) for v in zip(*pieces, strict=True)))
@@ -1223,7 +1244,7 @@ class GreedyPlan:
             if not w.stateless:
                 h[: L * N * H].view(L, N, H).copy_(state.predictor[0])
                 c.copy_(state.predictor[1])
-            g.copy_(F.linear(state.output.to(wd), w.pred_w, w.pred_b))
+            g.view(-1, N, g.shape[-1])[0].copy_(F.linear(state.output.to(wd), w.pred_w, w.pred_b))
             pout.copy_(state.output)
             t0, fofs = state.time_jumps.contiguous(), state.frames.contiguous()
             ctx0 = state.predictor[0].contiguous() if w.stateless else self.durations_tensor
