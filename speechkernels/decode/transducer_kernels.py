@@ -93,10 +93,10 @@ TILES = dict(
     compact=False,
     window=None,
     stateless_input=True,
-    hidden_pairs=128,
+    hidden_pairs=32,
     hidden_cols=64,
     split_f32=True,
-    dot_proj_splits=1,
+    dot_proj_splits=4,
     dot_proj_splits_min=1,
 )
 # the joint's window (frames per row and step, a power of two; ``TILES["window"]``, when set, for every model):
