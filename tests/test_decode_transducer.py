@@ -345,7 +345,7 @@ def nemo_modules(V=6, P=5, J=7, D=3, dropout=True, activation=torch.nn.ReLU):
     joint.enc, joint.pred = torch.nn.Linear(4, J), torch.nn.Linear(P, J)
     layers = [activation()] + ([torch.nn.Dropout(0.1)] if dropout else []) + [torch.nn.Linear(J, V + D)]
     joint.joint_net = torch.nn.Sequential(*layers)
-    joint.num_classes_with_blank, joint.num_extra_outputs = V, D
+    joint.num_classes_with_blank, joint.num_extra_outputs = V + D, D  # (NeMo's count: the durations included)
     return decoder, joint
 
 
@@ -374,6 +374,11 @@ def test_from_nemo_refusals():
     decoder, joint = nemo_modules()
     joint.joint_net = torch.nn.Sequential(torch.nn.GELU(), torch.nn.Linear(7, 9))
     with pytest.raises(ValueError, match="unsupported layout.*GELU"):
+        sk.TransducerDecoder.from_nemo(decoder, joint, durations=[0, 1, 2])
+    decoder, joint = nemo_modules()
+    joint.num_classes_with_blank = 6  # the tokens alone
+    with pytest.raises(ValueError, match=r"num_classes_with_blank=6 \(tokens with the blank, and 3 durations\) but "
+                       r"joint_net's last Linear has 9 rows"):  # fmt: skip
         sk.TransducerDecoder.from_nemo(decoder, joint, durations=[0, 1, 2])
     decoder, joint = nemo_modules()
     del joint.num_classes_with_blank

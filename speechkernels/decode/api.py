@@ -333,14 +333,16 @@ class TransducerDecoder(torch.nn.Module):
         """From NeMo's ``RNNTDecoder`` and ``RNNTJoint`` (read through their attributes; NeMo is not imported):
         the embedding ``decoder.prediction["embed"]``, the LSTM ``decoder.prediction["dec_rnn"].lstm``, the blank
         ``decoder.blank_idx``; ``joint.enc``, ``joint.pred``, ``joint.joint_net`` (activation, optional dropout,
-        Linear), ``joint.num_classes_with_blank`` and ``joint.num_extra_outputs`` (D: a TDT joint, which needs
-        the model's ``durations``)."""
+        Linear), ``joint.num_classes_with_blank`` (as NeMo counts it: the tokens, the blank and the D durations)
+        and ``joint.num_extra_outputs`` (D: a TDT joint, which needs the model's ``durations``)."""
         layers = nemo_layers(decoder, joint, durations)
         V = layers.pop("vocab_size")
         self = cls(**layers, max_symbols_per_frame=max_symbols_per_frame)
         if self.vocab_size != V:
+            D = len(self.durations or ())
             raise ValueError(
-                f"joint.num_classes_with_blank={V} but joint_net's last Linear has {self.vocab_size} token rows"
+                f"joint.num_classes_with_blank={V + D} (tokens with the blank, and {D} durations) but joint_net's "
+                f"last Linear has {self.vocab_size + D} rows"
             )
         return self
 

@@ -283,7 +283,8 @@ def transducer_weights(
 def nemo_layers(decoder, joint, durations) -> dict:
     """The layers and settings of NeMo's ``RNNTDecoder`` (``prediction["embed"]``, ``prediction["dec_rnn"].lstm``,
     ``blank_idx``) and ``RNNTJoint`` (``enc``, ``pred``, ``joint_net``: an activation, optional dropout, a Linear;
-    ``num_classes_with_blank``, ``num_extra_outputs``)."""
+    ``num_classes_with_blank``: NeMo's count of the joint's outputs, the tokens with the blank and the
+    ``num_extra_outputs`` durations; ``vocab_size``: the tokens with the blank)."""
     embed = _attr(decoder, "prediction[embed]", "decoder")
     lstm = _attr(decoder, "prediction[dec_rnn].lstm", "decoder")
     blank = as_int(_attr(decoder, "blank_idx", "decoder"), "decoder.blank_idx")
@@ -296,8 +297,9 @@ def nemo_layers(decoder, joint, durations) -> dict:
             "joint.joint_net must hold one activation (ReLU, Tanh or Sigmoid), optional Dropout and a "
             f"final Linear (an unsupported layout: {[type(m).__name__ for m in net]})"
         )
-    V = as_int(_attr(joint, "num_classes_with_blank", "joint"), "joint.num_classes_with_blank")
+    C = as_int(_attr(joint, "num_classes_with_blank", "joint"), "joint.num_classes_with_blank")
     D = as_int(_attr(joint, "num_extra_outputs", "joint"), "joint.num_extra_outputs")
+    V = C - D  # (NeMo's RNNTJoint: num_classes + 1 + num_extra_outputs)
     if D and durations is None:
         raise ValueError(f"joint.num_extra_outputs={D}: a TDT joint needs durations (e.g. [0, 1, 2, 3, 4])")
     if durations is not None:
