@@ -693,6 +693,26 @@ def test_projection_split_over_k(path, monkeypatch, kind):
     path.check_ran()
 
 
+@pytest.mark.kernels
+@pytest.mark.parametrize("kind", [{}, dict(durations=[0, 1, 2, 3], layers=3), dict(layers=1, activation="sigmoid")],
+                         ids=str)  # fmt: skip
+@pytest.mark.parametrize("splits", [1, 2])
+def test_float32_lstm_products_of_split_operands(path, monkeypatch, kind, splits):
+    """TILES["split_f32_lstm"] (tensor-core tiles, float32): an LSTM's weights and embedding split in TF32 halves
+    in the kernel, each hidden state stored with its halves by its cell, the layers' products (in one range of K or
+    split) and the projection over them: the oracle's hypotheses and state, those of the operands split in the K
+    loops, chunk by chunk as whole."""
+    monkeypatch.setitem(decode_api.transducer_kernels.TILES, "dot_lstm_splits_min", splits)
+    monkeypatch.setitem(decode_api.transducer_kernels.TILES, "window", 2)
+    dec = make_decoder(31, J=40, P=36, device=path.device, **kind)
+    g = torch.Generator().manual_seed(31)
+    x = torch.randn(18, 10, 6, generator=g)
+    lengths = torch.randint(0, 11, (18,), generator=g)
+    hyp = decodes_alike(path, monkeypatch, dec, x, lengths, "split_f32_lstm", True, base=False)
+    chunks_join(path, dec, x, lengths, hyp, 4)
+    path.check_ran()
+
+
 def chunks_join(path, dec, x, lengths, whole, cut):
     """Decoding frames [0, cut) and then the rest from the state gives ``whole``'s tokens and frames."""
     first, state = dec.greedy(x[:, :cut].to(path.device), lengths.clamp(max=cut))

@@ -73,7 +73,9 @@ MAX_PLANS = 32  # launch plans a decoder keeps (one per batch shape and start/co
 # split in TF32 halves as they are formed, and the weights split once per call in the kernel (split_f32: every
 # operand of the three TF32 products loaded as it is, rather than split in the K loops); the most ranges of K the
 # projection's tiles are split into while they fit the programs (dot_proj_splits; only with the hidden layer formed
-# once, whose phase sums the partial projections in the order of K), and the fewest (tests)
+# once, whose phase sums the partial projections in the order of K), and the fewest (tests); whether a float32
+# LSTM's products take their operands in TF32 halves too (split_f32_lstm: the layers' weights and the embedding
+# split once per call in the kernel, each hidden state stored with its halves by its cell; not with compact)
 TILES = dict(
     fma_elements=8192,
     fma_warps=8,
@@ -98,6 +100,7 @@ TILES = dict(
     split_f32=True,
     dot_proj_splits=4,
     dot_proj_splits_min=1,
+    split_f32_lstm=False,
 )
 # the joint's window (frames per row and step, a power of two; ``TILES["window"]``, when set, for every model):
 # FMA tiles: frames by kind of model; tensor-core tiles: the most (up to 8) while rows x frames stay within the
@@ -145,6 +148,43 @@ def _dot3(a_hi, a_lo, w_hi, w_lo, acc):
         acc = tl.dot(a_lo, w_hi, acc, input_precision="tf32")
         acc = tl.dot(a_hi, w_lo, acc, input_precision="tf32")
         return tl.dot(a_hi, w_hi, acc, input_precision="tf32")
+
+
+@triton.jit
+def _split_into(src, dst, n, lo_at, pid, nprog):
+    """``_tf32_split`` of n contiguous float32 values at src: hi to dst, lo to dst + lo_at (the programs' share)."""
+    o = tl.arange(0, 1024)
+    for i0 in range(pid * 1024, n, nprog * 1024):
+        i = i0 + o
+        hi, lo = _tf32_split(tl.load(src + i, mask=i < n, other=0.0))
+        tl.store(dst + i, hi, mask=i < n)
+        tl.store(dst + lo_at + i, lo, mask=i < n)
+
+
+@triton.jit
+def _rows_range3(acc, p_x, x_lo, p_w, w_lo, m_x, m_w, K: tl.constexpr, k_lo, k_hi, BK: tl.constexpr):
+    """``_rows_range`` of operands in TF32 halves (``_dot3``): X's hi rows at p_x, lo x_lo elements on, W's
+    likewise (w_lo)."""
+    o_k = tl.arange(0, BK)
+    for k0 in tl.range(k_lo, k_hi, BK):
+        kk = k0 + o_k
+        m_xk = m_x[:, None] & (kk < K)[None, :]
+        m_wk = m_w[None, :] & (kk < K)[:, None]
+        acc = _dot3(tl.load(p_x + kk[None, :], mask=m_xk, other=0.0, cache_modifier=".cg"),
+                    tl.load(p_x + x_lo + kk[None, :], mask=m_xk, other=0.0, cache_modifier=".cg"),
+                    tl.load(p_w + kk[:, None], mask=m_wk, other=0.0),
+                    tl.load(p_w + w_lo + kk[:, None], mask=m_wk, other=0.0), acc)  # fmt: skip
+    return acc
+
+
+@triton.jit
+def _wl_at(layer: tl.constexpr, PE: tl.constexpr, H: tl.constexpr):
+    """Where layer ``layer``'s TF32 halves start in the LSTM's split weights (W_ih hi, lo, then W_hh hi, lo; the
+    embedding's after the last layer's)."""
+    if layer == 0:
+        return 0
+    else:
+        return 8 * H * (PE + H) + (layer - 1) * 16 * H * H
 
 
 @triton.jit
@@ -321,7 +361,8 @@ def _rows_range(acc, p_x, p_w, m_x, m_w, K: tl.constexpr, k_lo, k_hi, BK: tl.con
 
 @triton.jit
 def _lstm_cell(gates, rows, units, grow, m_r, m_u, m_g, e_r, layer: tl.constexpr, hp, p_bih, p_bhh, c_ptr, h_ptr, N,
-               H: tl.constexpr, L: tl.constexpr, BH: tl.constexpr, HAS_LBIAS: tl.constexpr):  # fmt: skip
+               H: tl.constexpr, L: tl.constexpr, BH: tl.constexpr, HAS_LBIAS: tl.constexpr, hs_ptr,
+               TSL: tl.constexpr):  # fmt: skip
     """An LSTM layer's cells of ``rows`` x ``units`` from their gates [rows, 4 BH] (columns q BH + u for gate q =
     i, f, g, o of unit u; the layer's biases added here): c and h of the emitting rows updated, the others' h carried
     to the other buffer."""
@@ -338,7 +379,13 @@ def _lstm_cell(gates, rows, units, grow, m_r, m_u, m_g, e_r, layer: tl.constexpr
     # rows not emitting carry their hidden state to the other buffer
     p_old = h_ptr + ((hp * L + layer) * N + rows[:, None]) * H + units[None, :]
     h_old = tl.load(p_old, mask=m_r[:, None] & m_u[None, :], other=0.0, cache_modifier=".cg")
-    tl.store(p_old + (1 - 2 * hp) * L * N * H, tl.where(e_r[:, None], h_new, h_old), mask=m_r[:, None] & m_u[None, :])
+    h_out = tl.where(e_r[:, None], h_new, h_old)
+    tl.store(p_old + (1 - 2 * hp) * L * N * H, h_out, mask=m_r[:, None] & m_u[None, :])
+    if TSL:  # its TF32 halves beside it (hs: [2, 2, L, N, H], hi then lo)
+        h_hi, h_lo = _tf32_split(h_out)
+        p_s = hs_ptr + (((1 - hp) * L + layer) * N + rows[:, None]) * H + units[None, :]
+        tl.store(p_s, h_hi, mask=m_r[:, None] & m_u[None, :])
+        tl.store(p_s + 2 * L * N * H, h_lo, mask=m_r[:, None] & m_u[None, :])
 
 
 @triton.jit
@@ -397,6 +444,8 @@ def _transducer_greedy_kernel(
     plog_ptr,  # [JS, NP, V + D] f32 the joint's partial logits per range of K (JS > 1)
     hj_ptr,  # [NP, J] the joint's hidden layer of each pair, weight dtype (JH); with TS [2, NP, J] its halves
     ws_ptr,  # with TS: [2, V + D, J] out_w's TF32 halves, then [2, J, P] pred_w's (f32)
+    wl_ptr,  # with TSL: the LSTM's weights in TF32 halves (``_wl_at``), then the embedding's [2, R, PE] (f32)
+    hs_ptr,  # with TSL: [2, 2, L, N, H] f32 the hidden states' TF32 halves (hi, lo; each as h's ping-pong buffers)
     ctx0_ptr,  # [N, K] int64 the state's context (stateless)
     pw_ptr,  # [J, P] pred_w
     pb_ptr,  # [J] pred_b (with HAS_PB)
@@ -424,7 +473,7 @@ def _transducer_greedy_kernel(
     KB0: tl.constexpr, KB1: tl.constexpr, JS: tl.constexpr, KJ: tl.constexpr, HAS_LBIAS: tl.constexpr,
     HAS_PB: tl.constexpr, HAS_OB: tl.constexpr, START: tl.constexpr, PROFILE: tl.constexpr,
     COMPACT: tl.constexpr, JH: tl.constexpr, BHJ: tl.constexpr, TS: tl.constexpr, PS: tl.constexpr,
-    KP: tl.constexpr,
+    KP: tl.constexpr, TSL: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -508,6 +557,18 @@ def _transducer_greedy_kernel(
             off = tl.where(m_o, n_ow, J * P)
             tl.store(ws_ptr + base, hi, mask=m_o | m_p)
             tl.store(ws_ptr + base + off, lo, mask=m_o | m_p)
+        if TSL:  # the LSTM's weights, the embedding and the state's hidden states (buffer 0) in halves too
+            for layer in tl.static_range(L):
+                if layer == 0:
+                    n_ih = 4 * H * PE
+                else:
+                    n_ih = 4 * H * H
+                at = _wl_at(layer, PE, H)
+                _split_into(_layer(layer, wih0_ptr, wih1_ptr, wih2_ptr, wih3_ptr), wl_ptr + at, n_ih, n_ih, pid, nprog)
+                _split_into(_layer(layer, whh0_ptr, whh1_ptr, whh2_ptr, whh3_ptr), wl_ptr + at + 2 * n_ih, 4 * H * H,
+                            4 * H * H, pid, nprog)  # fmt: skip
+            _split_into(emb_ptr, wl_ptr + _wl_at(L, PE, H), R * PE, R * PE, pid, nprog)
+            _split_into(h_ptr, hs_ptr, L * N * H, 2 * L * N * H, pid, nprog)
         n_sync += 1
         grid_sync(bar_ptr, n_sync * nprog)
     while (n_act > 0) | (n_emit > 0):
@@ -560,7 +621,32 @@ def _transducer_greedy_kernel(
                         p_ih = _layer(layer, wih0_ptr, wih1_ptr, wih2_ptr, wih3_ptr)
                         p_hx = h_ptr + ((hp * L + layer) * N + rows[:, None]) * H  # the layer's own previous output
                         p_hw = _layer(layer, whh0_ptr, whh1_ptr, whh2_ptr, whh3_ptr) + grow[None, :] * H
-                        if LS == 1:
+                        ks = tile // (n_rbe * n_ut)  # (with LS > 1: K range ks, below)
+                        if TSL:
+                            # the operands' halves: K range ks of [input, own output] (LS == 1: all of it)
+                            at = _wl_at(layer, PE, H)
+                            if layer == 0:
+                                lab = tl.load(p_priv + 2 * N + rows, mask=m_r, other=0)
+                                IN = PE
+                                b_in = (PE + BK - 1) // BK
+                                b_lo = ks * KB0
+                                b_hi = b_lo + KB0
+                                p_x = wl_ptr + _wl_at(L, PE, H) + lab.to(tl.int64)[:, None] * PE
+                                x_lo = R * PE
+                            else:
+                                IN = H
+                                b_in = (H + BK - 1) // BK
+                                b_lo = ks * KB1
+                                b_hi = b_lo + KB1
+                                p_x = hs_ptr + (((1 - hp) * L + layer - 1) * N + rows[:, None]) * H
+                                x_lo = 2 * L * N * H
+                            acc = _rows_range3(acc, p_x, x_lo, wl_ptr + at + grow[None, :] * IN, 4 * H * IN, e_r, m_g,
+                                               IN, b_lo * BK, tl.minimum(b_hi, b_in) * BK, BK)  # fmt: skip
+                            acc = _rows_range3(acc, hs_ptr + ((hp * L + layer) * N + rows[:, None]) * H, 2 * L * N * H,
+                                               wl_ptr + at + 8 * H * IN + grow[None, :] * H, 4 * H * H, e_r, m_g, H,
+                                               tl.maximum(b_lo - b_in, 0) * BK, tl.maximum(b_hi - b_in, 0) * BK,
+                                               BK)  # fmt: skip
+                        elif LS == 1:
                             if layer == 0:  # the label's embedding, through W_ih of layer 0
                                 lab = tl.load(p_priv + 2 * N + rows, mask=m_r, other=0)
                                 p_x = emb_ptr + lab.to(tl.int64)[:, None] * PE
@@ -572,13 +658,8 @@ def _transducer_greedy_kernel(
                                                     F32, FMA)  # fmt: skip
                             # the layer's own previous output, through W_hh
                             acc = _rows_product(acc, p_hx, p_hw, e_r, m_g, H, BK, UNROLL, WD, F32, FMA)
-                            _lstm_cell(_total(acc, FMA), rows, units, grow, m_r, m_u, m_g, e_r, layer, hp,
-                                       _layer(layer, bih0_ptr, bih1_ptr, bih2_ptr, bih3_ptr),
-                                       _layer(layer, bhh0_ptr, bhh1_ptr, bhh2_ptr, bhh3_ptr), c_ptr, h_ptr, N, H, L,
-                                       BH, HAS_LBIAS)  # fmt: skip
                         else:
                             # K range ks of [input, own output] concatenated: blocks [ks KB, (ks + 1) KB) of BK each
-                            ks = tile // (n_rbe * n_ut)
                             if layer == 0:
                                 lab = tl.load(p_priv + 2 * N + rows, mask=m_r, other=0)
                                 b_in = (PE + BK - 1) // BK
@@ -596,6 +677,12 @@ def _transducer_greedy_kernel(
                                                   tl.minimum(b_hi, b_in) * BK, BK, WD, F32)  # fmt: skip
                             acc = _rows_range(acc, p_hx, p_hw, e_r, m_g, H, tl.maximum(b_lo - b_in, 0) * BK,
                                               tl.maximum(b_hi - b_in, 0) * BK, BK, WD, F32)  # fmt: skip
+                        if LS == 1:
+                            _lstm_cell(_total(acc, FMA), rows, units, grow, m_r, m_u, m_g, e_r, layer, hp,
+                                       _layer(layer, bih0_ptr, bih1_ptr, bih2_ptr, bih3_ptr),
+                                       _layer(layer, bhh0_ptr, bhh1_ptr, bhh2_ptr, bhh3_ptr), c_ptr, h_ptr, N, H, L,
+                                       BH, HAS_LBIAS, hs_ptr, TSL)  # fmt: skip
+                        else:
                             p_l = lpart_ptr + (ks * N + rows[:, None]) * (4 * H) + grow[None, :]
                             tl.store(p_l, acc, mask=e_r[:, None] & m_g[None, :])
                     if COMPACT:
@@ -620,7 +707,7 @@ def _transducer_greedy_kernel(
                             _lstm_cell(gates, rows, units, grow, m_r, m_u, m_g, e_r, layer, hp,
                                        _layer(layer, bih0_ptr, bih1_ptr, bih2_ptr, bih3_ptr),
                                        _layer(layer, bhh0_ptr, bhh1_ptr, bhh2_ptr, bhh3_ptr), c_ptr, h_ptr, N, H, L,
-                                       BH, HAS_LBIAS)  # fmt: skip
+                                       BH, HAS_LBIAS, hs_ptr, TSL)  # fmt: skip
                     ev = _stamp(prof_ptr, ev, 4, PROFILE)
                     n_sync += 1
                     grid_sync(bar_ptr, n_sync * nprog)
@@ -637,17 +724,21 @@ def _transducer_greedy_kernel(
                 jj = j_lo + tl.arange(0, BJ)
                 m_j = jj < (jt + 1) * J // n_jt
                 acc = _zeros(BB, BK, BJ, FMA)
-                if TS and XS:  # the operands' halves as they are
-                    for k0 in tl.range(ks * KP, ks * KP + KP, BK):
-                        kk = k0 + o_k
-                        m_rk = e_r[:, None] & (kk < P)[None, :]
-                        p_x = h_ptr + rows[:, None] * P + kk[None, :]
-                        p_w = ws_ptr + 2 * (V + D) * J + jj[None, :] * P + kk[:, None]
-                        m_w = m_j[None, :] & (kk < P)[:, None]
-                        acc = _dot3(tl.load(p_x, mask=m_rk, other=0.0, cache_modifier=".cg"),
-                                    tl.load(p_x + N * P, mask=m_rk, other=0.0, cache_modifier=".cg"),
-                                    tl.load(p_w, mask=m_w, other=0.0), tl.load(p_w + J * P, mask=m_w, other=0.0),
-                                    acc)  # fmt: skip
+                if TS and (XS or TSL):  # the operands' halves as they are
+                    if XS:
+                        p_x = h_ptr + rows[:, None] * P
+                        x_lo = N * P
+                    else:  # the last layer's output, and its value kept for the returned state (first column range)
+                        p_x = hs_ptr + ((hp * L + L - 1) * N + rows[:, None]) * H
+                        x_lo = 2 * L * N * H
+                        for k0 in tl.range(ks * KP, ks * KP + KP, BK):
+                            kk = k0 + o_k
+                            m_rk = e_r[:, None] & (kk < P)[None, :] & (o_b * 0 + jt == 0)[:, None]
+                            tl.store(pout_ptr + rows[:, None] * P + kk[None, :],
+                                     tl.load(h_ptr + ((hp * L + L - 1) * N + rows[:, None]) * H + kk[None, :],
+                                             mask=m_rk, other=0.0, cache_modifier=".cg"), mask=m_rk)  # fmt: skip
+                    acc = _rows_range3(acc, p_x, x_lo, ws_ptr + 2 * (V + D) * J + jj[None, :] * P, J * P, e_r, m_j, P,
+                                       ks * KP, ks * KP + KP, BK)  # fmt: skip
                 else:
                     for k0 in tl.range(ks * KP, ks * KP + KP, BK, loop_unroll_factor=UNROLL):
                         kk = k0 + o_k
@@ -1160,8 +1251,10 @@ class GreedyPlan:
         xs = w.stateless and TILES["stateless_input"]  # (XS: a stateless network's only)
         tiles.update(XS=xs, BXS=min(next_power_of_2(PE), 1024))
         jh = not fma and TILES["hidden_pairs"] is not None and N * spec >= TILES["hidden_pairs"]
-        ts = wd == torch.float32 and not fma and TILES["split_f32"] and (jh or xs)
-        tiles.update(JH=jh, BHJ=min(next_power_of_2(J), TILES["hidden_cols"]), TS=ts)
+        f32_dots = wd == torch.float32 and not fma and TILES["split_f32"]
+        tsl = f32_dots and not w.stateless and not TILES["compact"] and TILES["split_f32_lstm"]
+        ts = f32_dots and (jh or xs or tsl)
+        tiles.update(JH=jh, BHJ=min(next_power_of_2(J), TILES["hidden_cols"]), TS=ts, TSL=tsl)
         # the projection's ranges of K: with the hidden layer formed once, as many as fit the programs beside its
         # (row block, column range) tiles, at most dot_proj_splits
         p_blocks = cdiv(P, BK)
@@ -1172,18 +1265,20 @@ class GreedyPlan:
         # g (the weights' dtype: the products read them so, half the bytes in 16 bits), c, the prediction output,
         # the partial sums, the LSTM's partial gates and the joint's partial logits (float32; zero: the zero
         # state), the packed keys (int64; zero: empty), each program's row values and the barrier (int32), the
-        # joint's hidden layer (JH; the weights' dtype), the weights' TF32 halves (TS)
+        # joint's hidden layer (JH; the weights' dtype), the weights' TF32 halves (TS, TSL), the hidden states' (TSL)
         lpart_size = LS * N * 4 * H if LS > 1 else 1
         NP = N * spec
         plog_size = JS * NP * (V + D) if JS > 1 else 1
         hj_size = (2 if ts else 1) * NP * J if jh else 1
         ws_size = 2 * ((V + D) * J + J * P) if ts else 1
+        wl_size = 8 * H * (PE + H) + (L - 1) * 16 * H * H + 2 * R * PE if tsl else 1
+        hs_size = 4 * L * N * H if tsl else 1
         i32, i64 = torch.int32, torch.int64
         h_size = (2 if ts else 1) * N * P if xs else 2 * L * N * H  # (a stateless network's input, with XS)
         g_piece = ((PS, N, J), f32) if PS > 1 else ((N, J), wd)
         pieces = [((h_size,), wd), ((L, N, H), f32), g_piece, ((N, P), f32), ((4 * NP * NCB,), f32)]
         pieces += [((lpart_size,), f32), ((plog_size,), f32), ((3 * 2 * NP,), i64), ((nprog * (5 + K) * N,), i32)]
-        pieces += [((1,), i32), ((hj_size,), wd), ((ws_size,), f32)]
+        pieces += [((1,), i32), ((hj_size,), wd), ((ws_size,), f32), ((wl_size,), f32), ((hs_size,), f32)]
         self.scratch_layout = _Layout(i32, *(list(v) for v in zip(*pieces, strict=True)))
         self._scratch: dict[tuple[int, int], tuple[torch.Tensor, list[torch.Tensor]]] = {}
         # the outputs, one allocation per group (few host operations; the kernel only stores to them): tokens,
@@ -1236,7 +1331,7 @@ class GreedyPlan:
         if lengths is None:
             lengths = self.lengths
         encp = torch.empty(self.encp_size, dtype=wd, device=dev) if self.fma else F.linear(x, w.enc_w, w.enc_b)
-        h, c, g, pout, part, lpart, plog, keys, priv, bar, hj, ws = self.scratch()
+        h, c, g, pout, part, lpart, plog, keys, priv, bar, hj, ws, wl, hs = self.scratch()
         if start:
             t0 = fofs = lengths
             ctx0 = self.durations_tensor
@@ -1268,8 +1363,8 @@ class GreedyPlan:
         self.launcher.launch(
             (self.nprog,),
             (x, *self.args_weights, encp, lengths, t0, fofs, table, *self.args_tables, h, c, g, pout, part, lpart, plog,
-             hj, ws, ctx0, *self.args_joint, keys, priv, bar, tokens, frames, durs, scores, per_row, h_out, c_out, out,
-             ctx_out, bar if profile is None else profile, *self.args_ints),
+             hj, ws, wl, hs, ctx0, *self.args_joint, keys, priv, bar, tokens, frames, durs, scores, per_row, h_out,
+             c_out, out, ctx_out, bar if profile is None else profile, *self.args_ints),
             options,
             key,
         )  # fmt: skip
