@@ -1265,7 +1265,7 @@ class GreedyPlan:
         # g (the weights' dtype: the products read them so, half the bytes in 16 bits), c, the prediction output,
         # the partial sums, the LSTM's partial gates and the joint's partial logits (float32; zero: the zero
         # state), the packed keys (int64; zero: empty), each program's row values and the barrier (int32), the
-        # joint's hidden layer (JH; the weights' dtype), the weights' TF32 halves (TS, TSL), the hidden states' (TSL)
+        # joint's hidden layer (JH; the weights' dtype), the hidden states' TF32 halves (TSL)
         lpart_size = LS * N * 4 * H if LS > 1 else 1
         NP = N * spec
         plog_size = JS * NP * (V + D) if JS > 1 else 1
@@ -1278,9 +1278,11 @@ class GreedyPlan:
         g_piece = ((PS, N, J), f32) if PS > 1 else ((N, J), wd)
         pieces = [((h_size,), wd), ((L, N, H), f32), g_piece, ((N, P), f32), ((4 * NP * NCB,), f32)]
         pieces += [((lpart_size,), f32), ((plog_size,), f32), ((3 * 2 * NP,), i64), ((nprog * (5 + K) * N,), i32)]
-        pieces += [((1,), i32), ((hj_size,), wd), ((ws_size,), f32), ((wl_size,), f32), ((hs_size,), f32)]
+        pieces += [((1,), i32), ((hj_size,), wd), ((hs_size,), f32)]
         self.scratch_layout = _Layout(i32, *(list(v) for v in zip(*pieces, strict=True)))
-        self._scratch: dict[tuple[int, int], tuple[torch.Tensor, list[torch.Tensor]]] = {}
+        # the weights' TF32 halves (TS, TSL): written in full by the kernel before it reads them, not zeroed
+        self.split_layout = _Layout(f32, [(ws_size,), (wl_size,)])
+        self._scratch: dict[tuple[int, int], tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]] = {}
         # the outputs, one allocation per group (few host operations; the kernel only stores to them): tokens,
         # frames, durations [3, N, S] and the rows' values [3, N] (int64), the scores [N, S] (float32), the final
         # state in the weights' dtype: an LSTM's h and c [2, L, N, H] or a stateless network's context [N, K]
@@ -1310,18 +1312,21 @@ class GreedyPlan:
         self.launcher = launch(_transducer_greedy_kernel)
 
     def scratch(self) -> list[torch.Tensor]:
-        """The scratch's pieces, zeroed (in stream order)."""
+        """The scratch's pieces, zeroed (in stream order), then the weights' halves (not zeroed)."""
         dev = self.device
         if dev.type != "cuda" or torch.cuda.is_current_stream_capturing():
-            return self.scratch_layout.carve(torch.zeros, dev)[1]
+            return [*self.scratch_layout.carve(torch.zeros, dev)[1], *self.split_layout.carve(torch.empty, dev)[1]]
         # per stream and thread: calls on one stream run in order, but two threads' zeroing and launches interleave
         where = (torch._C._cuda_getCurrentRawStream(dev.index), threading.get_ident())
         kept = self._scratch.get(where)
         if kept is None:
-            kept = self._scratch[where] = self.scratch_layout.carve(torch.zeros, dev)
+            kept = self._scratch[where] = (
+                *self.scratch_layout.carve(torch.zeros, dev),
+                self.split_layout.carve(torch.empty, dev)[1],
+            )
         else:
             kept[0].zero_()
-        return kept[1]
+        return [*kept[1], *kept[2]]
 
     def __call__(self, x: torch.Tensor, lengths: torch.Tensor | None, state, profile: torch.Tensor | None = None):
         w, N, L, H = self.w, self.N, self.L, self.H
@@ -1331,7 +1336,7 @@ class GreedyPlan:
         if lengths is None:
             lengths = self.lengths
         encp = torch.empty(self.encp_size, dtype=wd, device=dev) if self.fma else F.linear(x, w.enc_w, w.enc_b)
-        h, c, g, pout, part, lpart, plog, keys, priv, bar, hj, ws, wl, hs = self.scratch()
+        h, c, g, pout, part, lpart, plog, keys, priv, bar, hj, hs, ws, wl = self.scratch()
         if start:
             t0 = fofs = lengths
             ctx0 = self.durations_tensor
