@@ -136,19 +136,35 @@ def check(hyp, want, dec, T, score_tol=1e-5):
         assert (hyp.scores[n, k:] == 0).all()
 
 
-def decodes_alike(path, monkeypatch, dec, x, lengths, setting, value, base=None):
-    """With TILES[setting] = value: the oracle's hypotheses, and the hypotheses and state of the default setting (or
-    ``base``); the hypotheses."""
+def decodes_alike(path, monkeypatch, dec, x, lengths, value: dict, base: dict | None = None):
+    """With TILES updated by ``value``: the oracle's hypotheses, and the hypotheses and state of TILES as they are
+    (or updated by ``base``); the hypotheses."""
     tk = decode_api.transducer_kernels
-    if base is not None:
-        monkeypatch.setitem(tk.TILES, setting, base)
-    want, want_state = dec.greedy(x.to(path.device), lengths)
-    monkeypatch.setitem(tk.TILES, setting, value)
+    for name, v in (base or {}).items():
+        monkeypatch.setitem(tk.TILES, name, v)
     dec._plans.reset()  # the plans read TILES when made
+    want, want_state = dec.greedy(x.to(path.device), lengths)
+    for name, v in value.items():
+        monkeypatch.setitem(tk.TILES, name, v)
+    dec._plans.reset()
     hyp, state = dec.greedy(x.to(path.device), lengths)
     check(hyp, oracle(dec, x, lengths.tolist()), dec, x.shape[1])
     same_decodes(hyp, state, want, want_state)
     return hyp
+
+
+def settings_agree(path, monkeypatch, seed, value: dict, base: dict, tiles: dict | None = None, N=18, **model):
+    """A random model (``make_decoder(seed, **model)``) and batch (N rows of up to 10 frames) under TILES updated by
+    ``tiles``: ``decodes_alike(value, base)``, and the state's chunks join as the whole."""
+    for name, v in (tiles or {}).items():
+        monkeypatch.setitem(decode_api.transducer_kernels.TILES, name, v)
+    dec = make_decoder(seed, device=path.device, **model)
+    g = torch.Generator().manual_seed(seed + N)
+    x = torch.randn(N, 10, 6, generator=g)
+    lengths = torch.randint(0, 11, (N,), generator=g)
+    hyp = decodes_alike(path, monkeypatch, dec, x, lengths, value, base)
+    chunks_join(path, dec, x, lengths, hyp, 4)
+    path.check_ran()
 
 
 def same_decodes(hyp, state, want, want_state):
@@ -618,7 +634,7 @@ def test_a_window_of_frames(path, monkeypatch, kind, N, spec):
     T = 11
     x = torch.randn(N, T, 6, generator=g)
     lengths = torch.randint(0, T + 1, (N,), generator=g)
-    hyp = decodes_alike(path, monkeypatch, dec, x, lengths, "window", spec, base=1)
+    hyp = decodes_alike(path, monkeypatch, dec, x, lengths, {"window": spec}, {"window": 1})
     chunks_join(path, dec, x, lengths, hyp, 5)
     path.check_ran()
 
@@ -630,13 +646,7 @@ def test_stateless_input_formed_by_the_owners(path, monkeypatch, kind, N):
     """TILES["stateless_input"]: a stateless network's input formed once per emitting row by its owner program
     before the projection: the oracle's hypotheses and state, those of the projection's own gathers, chunk by
     chunk as whole."""
-    dec = make_decoder(23, device=path.device, **kind)
-    g = torch.Generator().manual_seed(N)
-    x = torch.randn(N, 10, 6, generator=g)
-    lengths = torch.randint(0, 11, (N,), generator=g)
-    hyp = decodes_alike(path, monkeypatch, dec, x, lengths, "stateless_input", True, base=False)
-    chunks_join(path, dec, x, lengths, hyp, 4)
-    path.check_ran()
+    settings_agree(path, monkeypatch, 23, {"stateless_input": True}, {"stateless_input": False}, N=N, **kind)
 
 
 @pytest.mark.kernels
@@ -647,15 +657,8 @@ def test_joint_hidden_formed_once(path, monkeypatch, kind, spec):
     """TILES["hidden_pairs"] (tensor-core tiles): the joint's hidden layer of each (row, frame) pair formed once per
     step, in column tiles narrower than the joint, before the products: the oracle's hypotheses and state, those
     of the hidden layer formed in the products' K loops, chunk by chunk as whole."""
-    monkeypatch.setitem(decode_api.transducer_kernels.TILES, "window", spec)
-    monkeypatch.setitem(decode_api.transducer_kernels.TILES, "hidden_cols", 16)
-    dec = make_decoder(25, J=40, device=path.device, **kind)
-    g = torch.Generator().manual_seed(spec)
-    x = torch.randn(18, 10, 6, generator=g)
-    lengths = torch.randint(0, 11, (18,), generator=g)
-    hyp = decodes_alike(path, monkeypatch, dec, x, lengths, "hidden_pairs", 1, base=None)
-    chunks_join(path, dec, x, lengths, hyp, 4)
-    path.check_ran()
+    tiles = {"window": spec, "hidden_cols": 16}
+    settings_agree(path, monkeypatch, 25, {"hidden_pairs": 1}, {"hidden_pairs": None}, tiles, J=40, **kind)
 
 
 @pytest.mark.kernels
@@ -664,15 +667,8 @@ def test_float32_products_of_split_operands(path, monkeypatch, kind):
     """TILES["split_f32"] (tensor-core tiles, float32): the joint's hidden layer and a stateless network's input
     stored in TF32 halves as they are formed, the weights split in the kernel: the oracle's hypotheses and state,
     those of the operands split in the K loops, chunk by chunk as whole."""
-    monkeypatch.setitem(decode_api.transducer_kernels.TILES, "hidden_pairs", 1)
-    monkeypatch.setitem(decode_api.transducer_kernels.TILES, "window", 2)
-    dec = make_decoder(27, J=40, P=36, device=path.device, **kind)
-    g = torch.Generator().manual_seed(27)
-    x = torch.randn(18, 10, 6, generator=g)
-    lengths = torch.randint(0, 11, (18,), generator=g)
-    hyp = decodes_alike(path, monkeypatch, dec, x, lengths, "split_f32", True, base=False)
-    chunks_join(path, dec, x, lengths, hyp, 4)
-    path.check_ran()
+    tiles = {"hidden_pairs": 1, "window": 2}
+    settings_agree(path, monkeypatch, 27, {"split_f32": True}, {"split_f32": False}, tiles, J=40, P=36, **kind)
 
 
 @pytest.mark.kernels
@@ -681,16 +677,8 @@ def test_projection_split_over_k(path, monkeypatch, kind):
     """TILES["dot_proj_splits"] (with the joint's hidden layer formed once): the projection's tiles over ranges of
     K, their partial sums added by the hidden layer's phase (the first with the bias; a state's projection as the
     first): the oracle's hypotheses and state, those of one range, chunk by chunk as whole."""
-    monkeypatch.setitem(decode_api.transducer_kernels.TILES, "hidden_pairs", 1)
-    monkeypatch.setitem(decode_api.transducer_kernels.TILES, "dot_proj_splits", 1)
-    dec = make_decoder(29, J=20, P=70, device=path.device, **kind)
-    g = torch.Generator().manual_seed(29)
-    x = torch.randn(18, 10, 6, generator=g)
-    lengths = torch.randint(0, 11, (18,), generator=g)
-    monkeypatch.setitem(decode_api.transducer_kernels.TILES, "dot_proj_splits_min", 3)
-    hyp = decodes_alike(path, monkeypatch, dec, x, lengths, "dot_proj_splits", 3, base=1)
-    chunks_join(path, dec, x, lengths, hyp, 4)
-    path.check_ran()
+    three, one = ({"dot_proj_splits": n, "dot_proj_splits_min": n} for n in (3, 1))
+    settings_agree(path, monkeypatch, 29, three, one, {"hidden_pairs": 1}, J=20, P=70, **kind)
 
 
 @pytest.mark.kernels
@@ -702,15 +690,9 @@ def test_float32_lstm_products_of_split_operands(path, monkeypatch, kind, splits
     in the kernel, each hidden state stored with its halves by its cell, the layers' products (in one range of K or
     split) and the projection over them: the oracle's hypotheses and state, those of the operands split in the K
     loops, chunk by chunk as whole."""
-    monkeypatch.setitem(decode_api.transducer_kernels.TILES, "dot_lstm_splits_min", splits)
-    monkeypatch.setitem(decode_api.transducer_kernels.TILES, "window", 2)
-    dec = make_decoder(31, J=40, P=36, device=path.device, **kind)
-    g = torch.Generator().manual_seed(31)
-    x = torch.randn(18, 10, 6, generator=g)
-    lengths = torch.randint(0, 11, (18,), generator=g)
-    hyp = decodes_alike(path, monkeypatch, dec, x, lengths, "split_f32_lstm", True, base=False)
-    chunks_join(path, dec, x, lengths, hyp, 4)
-    path.check_ran()
+    value, base = ({"split_f32_lstm": on} for on in (True, False))
+    tiles = {"dot_lstm_splits_min": splits, "window": 2}
+    settings_agree(path, monkeypatch, 31, value, base, tiles, J=40, P=36, **kind)
 
 
 def chunks_join(path, dec, x, lengths, whole, cut):
@@ -745,7 +727,7 @@ def test_prediction_network_over_the_emitting_rows(path, monkeypatch, kind, N):
     T = 10
     x = torch.randn(N, T, 6, generator=g)
     lengths = torch.randint(0, T + 1, (N,), generator=g)
-    decodes_alike(path, monkeypatch, dec, x, lengths, "compact", True)
+    decodes_alike(path, monkeypatch, dec, x, lengths, {"compact": True})
 
 
 @pytest.mark.parametrize("kind", [dict(layers=3, lstm_bias=False), dict(layers=4, durations=[0, 1, 2])], ids=str)
