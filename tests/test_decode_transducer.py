@@ -240,13 +240,16 @@ def test_chunks_decode_as_the_whole(path, kind):
 
 
 @pytest.mark.kernels
+@pytest.mark.parametrize("window", [1, 3])
 @pytest.mark.parametrize("kind", [k for k in KINDS if not k.get("stateless")], ids=str)
-def test_the_step_route_matches_the_oracle(path, kind, monkeypatch):
+def test_the_step_route_matches_the_oracle(path, kind, window, monkeypatch):
     """Float32 LSTM networks from GREEDY_STEP_ROWS utterances up decode through the beam search's steps at one
-    hypothesis: the oracle's hypotheses, chunk by chunk as whole, from a given state too."""
+    hypothesis (the joint at ``window`` frames a step): the oracle's hypotheses, chunk by chunk as whole, from a
+    given state too."""
     from speechkernels.decode import transducer_beam_kernels as tbk
 
     monkeypatch.setattr(decode_api, "GREEDY_STEP_ROWS", 3)
+    monkeypatch.setattr(tbk, "GREEDY_WINDOW", window)
     calls = count_calls(monkeypatch, tbk, "greedy_search")
     dec = make_decoder(17, device=path.device, **kind)
     g = torch.Generator().manual_seed(17)
@@ -254,6 +257,8 @@ def test_the_step_route_matches_the_oracle(path, kind, monkeypatch):
     lengths = [10, 6, 0]
     whole, end = dec.greedy(x.to(path.device), lengths)
     assert len(calls) == 1
+    if path.kernels and tbk.KEEP_SEARCH:
+        assert dec._plans.beam[1].window == window
     check(whole, oracle(dec, x, lengths), dec, 10)
     hyp, state = dec.greedy(x[:, :4].to(path.device), [4, 4, 0])
     rest, state = dec.greedy(x[:, 4:].to(path.device), [6, 2, 0], state)

@@ -144,13 +144,15 @@ def test_zero_weights_are_plain_greedy(path, tmp_path, durations):
 def test_every_path_is_the_float64_reference(path, tmp_path, monkeypatch, durations, seed):
     """float32 networks on every path (the step kernel on the interpreter and the GPU): the float64 reference's
     tokens, frames and durations, scores to 1e-4, the fusion states it ends in; LM arcs written a few at a time
-    and the LSTM's fused cells on odd seeds, a stateless prediction network on seed 3."""
+    and the LSTM's fused cells and the joint at a window of 3 frames a step on odd seeds, a stateless prediction
+    network on seed 3."""
     if path.kernels:
         from speechkernels.decode import transducer_beam_kernels
 
         monkeypatch.setitem(transducer_beam_kernels.STEP_TILES, "block_arcs", 2 if seed % 2 else 16)
         monkeypatch.setitem(transducer_beam_kernels.STEP_TILES, "block_c", 4 if seed % 2 else 256)
         monkeypatch.setattr(transducer_beam_kernels, "FUSED_CELL", seed % 2 == 1)
+        monkeypatch.setattr(transducer_beam_kernels, "GREEDY_WINDOW", 3 if seed % 2 else 1)
     dec = make_decoder(seed, durations=durations, max_symbols=2, blank_bias=0.3 * seed, stateless=2 * (seed == 3))
     kw = fusion(tmp_path, seed, lm=seed != 1, boosting=seed != 2)
     x = torch.randn(3, 9, 6, generator=torch.Generator().manual_seed(seed))

@@ -76,6 +76,8 @@ LINEAR_TILES = {"few": 128, "plain": (64, 32, 64), "joint": (64, 16, 64), "many"
 # no tile of 69 swept beat it at 512 rows, 242 registers, no spills; 64 x 128 spill). At 128 rows (H200, 20
 # launches in one CUDA graph, us, 64 x 64 x 32 first): the joint [128, 640] x [640, 1030] 17.1 -> 11.8, a layer's
 # two 2560-column products over 26-60 listed rows 17.9-18.1 -> 13.5-13.8, the last layer's 2560 + 640 13.3 -> 12.1
+GREEDY_WINDOW = 1  # greedy decoding through the steps with the fused joint: the joint at this many frames of each
+# utterance a step (``_greedy_step_kernel``'s F; the one-launch kernel's window). Not yet measured on a GPU: 1
 GRAPHS = True  # on the GPU, chunks of CHECK_EVERY steps replayed as one CUDA graph (captured once per call)
 _WARM: set = set()  # the configurations whose kernel has run (compiled): their first chunk is captured at once
 KEEP_SEARCH = True  # a decoder keeps its last configuration's buffers and CUDA graph for the next call (the
@@ -139,13 +141,13 @@ def _lse(x, axis: tl.constexpr):
 @triton.jit
 def _linear_tile(a_ptr, wh_ptr, wl_ptr, b_ptr, out_ptr, M, N, K, tile, idx_ptr, cnt_ptr, BIAS: tl.constexpr,
                  IDX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, enc_ptr=None, frm_ptr=None,
-                 JOINT: tl.constexpr = False):  # fmt: skip
+                 JOINT: tl.constexpr = False, PER: tl.constexpr = 1):  # fmt: skip
     """Tile ``tile`` (row blocks first) of out [M, N] = a [M, K] @ w [N, K]^T + b [N] (float32, contiguous) as
     three TF32 products on the tensor cores (about float32's precision): w given split as w = wh + wl
     (``tf32_split``), a split here; per block of K the products a_lo wh + a_hi wl + a_hi wh summed from zero, then
     added to the float32 sum (Triton's tf32x3 rule). The bias is added after the sum as torch's addmm does. IDX:
     only the rows idx[:cnt[0]] of a and out (the tiles past them do nothing); a row's result does not depend on
-    its place in the tile. JOINT: a is the joint's input relu(enc [frm [m]] + a [m]) (enc [rows, K], frm [M]
+    its place in the tile. JOINT: a is the joint's input relu(enc [frm [m]] + a [m // PER]) (enc [rows, K], frm [M]
     int64), formed here (float32's sum, then relu, as torch's operations: NaN stays NaN)."""
     n_m = tl.cdiv(M, BM)
     o_m = (tile % n_m) * BM + tl.arange(0, BM)
@@ -161,12 +163,14 @@ def _linear_tile(a_ptr, wh_ptr, wl_ptr, b_ptr, out_ptr, M, N, K, tile, idx_ptr, 
         rows = o_m.to(tl.int64)
     if (tile % n_m) * BM < n_rows:
         acc = tl.zeros((BM, BN), tl.float32)
+        a_rows = rows
         if JOINT:
             p_e = enc_ptr + tl.load(frm_ptr + rows, mask=ok_m, other=0)[:, None] * K
+            a_rows = rows // PER
         for k0 in range(0, K, BK):
             kk = k0 + o_k
             m_a = ok_m[:, None] & (kk < K)[None, :]
-            a = tl.load(a_ptr + rows[:, None] * K + kk[None, :], mask=m_a, other=0.0)
+            a = tl.load(a_ptr + a_rows[:, None] * K + kk[None, :], mask=m_a, other=0.0)
             if JOINT:
                 a = tl.load(p_e + kk[None, :], mask=m_a, other=0.0) + a
                 a = tl.where(a < 0.0, 0.0, a)
@@ -191,7 +195,7 @@ def _linear_tile(a_ptr, wh_ptr, wl_ptr, b_ptr, out_ptr, M, N, K, tile, idx_ptr, 
 def _linear_kernel(a0, wh0, wl0, b0, o0, N0, K0, a1, wh1, wl1, b1, o1, N1, K1, a2, wh2, wl2, b2, o2, N2, K2, M,
                    idx_ptr, cnt_ptr, enc_ptr, frm_ptr, G: tl.constexpr, BIAS0: tl.constexpr, BIAS1: tl.constexpr,
                    BIAS2: tl.constexpr, IDX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                   JOINT: tl.constexpr):  # fmt: skip
+                   JOINT: tl.constexpr, PER: tl.constexpr):  # fmt: skip
     """G (1-3) independent products of M rows in one launch (``_linear_tile``): the programs take the first's
     tiles, then the second's, then the third's; JOINT: the first's input is the joint's (``JointInput``)."""
     tile = tl.program_id(0)
@@ -200,7 +204,7 @@ def _linear_kernel(a0, wh0, wl0, b0, o0, N0, K0, a1, wh1, wl1, b1, o1, N1, K1, a
     t1 = n_m * tl.cdiv(N1, BN)
     if tile < t0:
         _linear_tile(a0, wh0, wl0, b0, o0, M, N0, K0, tile, idx_ptr, cnt_ptr, BIAS0, IDX, BM, BN, BK, enc_ptr,
-                     frm_ptr, JOINT)  # fmt: skip
+                     frm_ptr, JOINT, PER)  # fmt: skip
     elif G > 1:
         if tile < t0 + t1:
             _linear_tile(a1, wh1, wl1, b1, o1, M, N1, K1, tile - t0, idx_ptr, cnt_ptr, BIAS1, IDX, BM, BN, BK)
@@ -245,12 +249,13 @@ def linear_tf32x3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 class JointInput(NamedTuple):
-    """The joint's input relu(enc [frm] + g) as ``linear_group``'s first product's x, formed in the kernel: enc
-    [rows, K], frm [M] int64 (rows of enc), g [M, K], float32, contiguous."""
+    """The joint's input relu(enc [frm] + g [m // per]) as ``linear_group``'s first product's x, formed in the
+    kernel: enc [rows, K], frm [M] int64 (rows of enc), g [M / per, K], float32, contiguous."""
 
     enc: torch.Tensor
     frm: torch.Tensor
     g: torch.Tensor
+    per: int = 1
 
 
 def linear_group(
@@ -265,17 +270,18 @@ def linear_group(
     for at in range(0, len(products), 3):
         args, flags = [], {}
         joint = products[at][0] if isinstance(products[at][0], JointInput) else None
-        M = (joint.g if joint is not None else products[at][0]).shape[0]
+        M = (joint.frm if joint is not None else products[at][0]).shape[0]
         tiles_of = ("joint" if joint is not None else "plain") if M <= LINEAR_TILES["few"] else "many"
         BM, BN, BK = LINEAR_TILES[tiles_of]
         tiles = 0
         for g, (x, weight, bias, split) in enumerate(products[at : at + 3]):
+            rows_x = M
             if isinstance(x, JointInput):
                 if x is not joint:
                     raise ValueError(f"linear_group: product {at + g}'s x is a JointInput (only the first's may be)")
-                x = x.g
-            if x.dim() != 2 or x.shape[0] != M:
-                raise ValueError(f"linear_group: product {at + g} has x of shape {tuple(x.shape)}, not [{M}, K]")
+                x, rows_x = x.g, M // x.per
+            if x.dim() != 2 or x.shape[0] != rows_x:
+                raise ValueError(f"linear_group: product {at + g} has x of shape {tuple(x.shape)}, not [{rows_x}, K]")
             a = x.contiguous()
             w_hi, w_lo = split if split is not None else tf32_split(weight)
             if outs[at + g] is None:
@@ -290,7 +296,7 @@ def linear_group(
         enc, frm = (joint.enc.contiguous(), joint.frm.contiguous()) if joint is not None else (args[0], args[0])
         launch(_linear_kernel)[(tiles,)](
             *args, M, idx, count, enc, frm, G=G, **flags, IDX=rows is not None, BM=BM, BN=BN, BK=BK,
-            JOINT=joint is not None, num_warps=4, num_stages=3,
+            JOINT=joint is not None, PER=joint.per if joint is not None else 1, num_warps=4, num_stages=3,
         )  # fmt: skip
     return outs
 
@@ -485,6 +491,14 @@ def _log_softmaxes(rows, active, V, KP: tl.constexpr, BC: tl.constexpr, D: tl.co
         xv = tl.load(rows[:, None] + c0 + o_c[None, :], mask=m, other=ninf).to(tl.float32)
         se += tl.sum(tl.exp(xv - mx[:, None]), 1)
     ls = tl.log(tl.where(active, se, 1.0))
+    return mx, ls, _duration_lps(rows, active, V, KP, D, DD)
+
+
+@triton.jit
+def _duration_lps(rows, active, V, KP: tl.constexpr, D: tl.constexpr, DD: tl.constexpr):
+    """The slots' log-softmax over the D durations of their joint outputs ``rows`` ([KP, DD], -inf past D; zeros
+    without durations)."""
+    ninf = float("-inf")
     o_d = tl.arange(0, DD)
     dlp = tl.zeros((KP, DD), tl.float32)
     if D > 0:
@@ -493,7 +507,15 @@ def _log_softmaxes(rows, active, V, KP: tl.constexpr, BC: tl.constexpr, D: tl.co
         dmx = tl.where(active, tl.max(xd, 1), 0.0)
         dls = tl.log(tl.where(active, tl.sum(tl.exp(xd - dmx[:, None]), 1), 1.0))
         dlp = tl.where(m_d, (xd - dmx[:, None]) - dls[:, None], ninf)
-    return mx, ls, dlp
+    return dlp
+
+
+@triton.jit
+def _duration_of(dlp, dur_ptr, active, D: tl.constexpr, DD: tl.constexpr):
+    """The duration of the slots' most probable duration class (the first of equal ones)."""
+    o_d = tl.arange(0, DD)
+    d_key = tl.where((o_d < D)[None, :], _key(dlp, o_d[None, :]), _MIN_KEY)
+    return tl.load(dur_ptr + _order_of(tl.max(d_key, 1)), mask=active, other=0)
 
 
 @triton.jit
@@ -731,11 +753,15 @@ def _greedy_step_kernel(x_ptr, len_ptr, go_ptr, step_ptr, dur_ptr, sf_ptr, si_pt
                         gn_ptr, bnx_ptr, rg_ptr, ns_ptr,
                         K: tl.constexpr, KP: tl.constexpr, BC: tl.constexpr, D: tl.constexpr, DD: tl.constexpr,
                         LM: tl.constexpr, DEPTH: tl.constexpr, DP: tl.constexpr, BOOST: tl.constexpr,
-                        BA: tl.constexpr, MODIFIED: tl.constexpr):  # fmt: skip
+                        BA: tl.constexpr, MODIFIED: tl.constexpr, F: tl.constexpr = 1):  # fmt: skip
     """One step of greedy decoding with shallow fusion (``transducer_greedy_reference``'s rules; the arguments are
     ``_malsd_step_kernel``'s, K = 1): utterance n's joint argmax decides whether its frame emits, the label is the
     argmax of logit + lm_w log p_LM + b_w bonus over the non-blank classes (ties: the lower class); the history
-    entry holds the label's log-softmax (float32 bits), the label or -1, the frame, the duration."""
+    entry holds the label's log-softmax (float32 bits), the label or -1, the frame, the duration. F > 1: the joint
+    outputs are those of F frames t .. t + F - 1 of the utterance (rows n F + f), the step's decisions the walk
+    through them from t (a blank moves on by its duration, at least 1) to the first frame whose argmax is not the
+    blank, decided as above, or out of the window (then no label, t past the blanks); frm gets the F rows of the
+    next step's window."""
     n = tl.program_id(0)
     o_k = tl.arange(0, KP)
     o_c = tl.arange(0, BC)
@@ -751,7 +777,29 @@ def _greedy_step_kernel(x_ptr, len_ptr, go_ptr, step_ptr, dur_ptr, sf_ptr, si_pt
     lm_st = tl.load(si_ptr + 4 * NK + at_s, mask=in_k, other=0)
     bs = tl.load(si_ptr + 5 * NK + at_s, mask=in_k, other=0)
     active = in_k & (t < L)
-    rows = x_ptr + at_s.to(tl.int64) * W
+    walk = tl.zeros((KP,), tl.int32)  # the window's frames walked past (blanks)
+    if F > 1:
+        going = active
+        for f in tl.static_range(F):
+            here = going & (walk == f)
+            r_f = x_ptr + (at_s * F + f).to(tl.int64) * W
+            b_f = tl.full((KP,), _MIN_KEY, tl.int64)
+            for c0 in range(0, V, BC):
+                cls = c0 + o_c
+                use = here[:, None] & (cls < V)[None, :]
+                xv = tl.load(r_f[:, None] + cls[None, :], mask=use, other=0.0).to(tl.float32)
+                b_f = tl.maximum(b_f, tl.max(tl.where(use, _key(xv, cls[None, :]), _MIN_KEY), 1))
+            passed = here & (_order_of(b_f) == blank)
+            d_f = tl.zeros((KP,), tl.int32)
+            if D > 0:
+                d_f = _duration_of(_duration_lps(r_f, passed, V, KP, D, DD), dur_ptr, passed, D, DD)
+            walk = tl.where(passed, walk + tl.maximum(d_f, 1), walk)
+            at_frame = tl.where(passed, 0, at_frame)
+            going = going & passed & (walk < L - t)
+        # the frame decided below: the walk's stop inside the window and the utterance, else none
+        active = active & (walk < F) & (walk < L - t)
+        t = t + walk
+    rows = x_ptr + (at_s * F + walk).to(tl.int64) * W
     mx, ls, dlp = _log_softmaxes(rows, active, V, KP, BC, D, DD)
     p_ovl = ovl_ptr + n.to(tl.int64) * KP * (V + 1)
     p_nxl = nxl_ptr + n.to(tl.int64) * KP * (V + 1)
@@ -781,9 +829,7 @@ def _greedy_step_kernel(x_ptr, len_ptr, go_ptr, step_ptr, dur_ptr, sf_ptr, si_pt
     label = tl.where(emit, _order_of(fused), blank)
     lp = tl.load(rows + label, mask=active, other=0.0).to(tl.float32) - mx - ls
     if D > 0:  # the duration's argmax (the first of equal ones)
-        o_d = tl.arange(0, DD)
-        d_key = tl.where((o_d < D)[None, :], _key(dlp, o_d[None, :]), _MIN_KEY)
-        dur = tl.load(dur_ptr + _order_of(tl.max(d_key, 1)), mask=active, other=0)
+        dur = _duration_of(dlp, dur_ptr, active, D, DD)
         stp = tl.where(emit, dur, tl.maximum(dur, 1))
     else:
         dur = (~emit).to(tl.int32)
@@ -817,8 +863,10 @@ def _greedy_step_kernel(x_ptr, len_ptr, go_ptr, step_ptr, dur_ptr, sf_ptr, si_pt
     tl.store(row_ptr + at_s, at_s.to(tl.int64), mask=in_k)
     tl.store(lab_ptr + at_s, label.to(tl.int64), mask=in_k)
     tl.store(islab_ptr + at_s, emit, mask=in_k)
-    t_next = tl.where(go, n_t, t)
-    tl.store(frm_ptr + at_s, (n * T + tl.minimum(t_next, tl.maximum(L - 1, 0))).to(tl.int64), mask=in_k)
+    t_next = tl.where(go, n_t, t - walk)
+    for f in tl.static_range(F):
+        tl.store(frm_ptr + at_s * F + f, (n * T + tl.minimum(t_next + f, tl.maximum(L - 1, 0))).to(tl.int64),
+                 mask=in_k)  # fmt: skip
 
 
 @triton.jit
@@ -883,11 +931,20 @@ class _Search:
         self.row = torch.empty(NK, dtype=torch.int64, device=dev)
         self.lab = torch.empty(NK, dtype=torch.int64, device=dev)
         self.islab = torch.empty(NK, dtype=torch.bool, device=dev)
-        self.frm = torch.empty(NK, dtype=torch.int64, device=dev)
         self.step = torch.empty(1, dtype=torch.int32, device=dev)
         self.go = torch.empty((), dtype=torch.bool, device=dev)
         self.checks = None  # (run's: a device flag, two pinned host flags, two events)
         self.lens = torch.empty(N, dtype=torch.int32, device=dev)
+        self.table = input_gates_table(w)
+        self.linear = torch.nn.functional.linear
+        if TF32X3 and w.out_w.dtype == torch.float32:  # (the weights the steps multiply by, split once per call)
+            self.linear = _SplitLinear([w.out_w, w.pred_w, *(t for layer in w.lstm or () for t in layer[:2])])
+        self.fused = FUSED_CELL and not w.stateless and w.embedding.dtype == torch.float32 and CHECK_EVERY % 2 == 0
+        self.compact = self.fused and COMPACT and isinstance(self.linear, _SplitLinear)
+        self.fused_joint = self.compact and FUSED_JOINT and w.activation == "relu"
+        # the joint's frames per slot and step (its outputs: rows slot x window + frame offset; the frames' rows)
+        self.window = max(1, GREEDY_WINDOW) if greedy and self.fused_joint else 1
+        self.frm = torch.empty(NK * self.window, dtype=torch.int64, device=dev)
         # (zeroed: the frames past a shorter call's T are read by slots past their utterance's end, ignored there)
         self.enc_rows = torch.zeros(N * T, w.enc_w.shape[0], dtype=enc.dtype, device=dev)
         dur = torch.tensor(durations if durations else [0], dtype=torch.int32, device=dev)
@@ -906,6 +963,7 @@ class _Search:
             BA=STEP_TILES["block_arcs"],
             MODIFIED=modified,
             num_warps=STEP_TILES["warps_wide" if wide else "warps"],
+            **({"F": self.window} if greedy else {}),
         )
         self.step_args = (
             dur, self.sf, self.si, self.hsh, self.hist, self.row, self.lab, self.islab, self.frm, NK, T, V, V + D,
@@ -919,13 +977,6 @@ class _Search:
                        FUSED_JOINT, greedy, tuple(sorted(consts.items())))  # fmt: skip
         self.kernel = _greedy_step_kernel if greedy else _malsd_step_kernel
         self.w, self.lm, self.boosting = w, lm, boosting  # (held: the key's ids stay theirs)
-        self.table = input_gates_table(w)
-        self.linear = torch.nn.functional.linear
-        if TF32X3 and w.out_w.dtype == torch.float32:  # (the weights the steps multiply by, split once per call)
-            self.linear = _SplitLinear([w.out_w, w.pred_w, *(t for layer in w.lstm or () for t in layer[:2])])
-        self.fused = FUSED_CELL and not w.stateless and w.embedding.dtype == torch.float32 and CHECK_EVERY % 2 == 0
-        self.compact = self.fused and COMPACT and isinstance(self.linear, _SplitLinear)
-        self.fused_joint = self.compact and FUSED_JOINT and w.activation == "relu"
         self.pred_state = self.out = self.g = None
         self.halves = self.recs = self.gs = None
         if self.compact:  # compact_lstm_step's listing and counts
@@ -964,8 +1015,10 @@ class _Search:
         self.row.copy_(torch.arange(NK, device=dev))
         self.lab.zero_()
         self.islab.zero_()
-        at = torch.minimum(self.si[0].view(N, K), (self.lens[:, None] - 1).clamp(min=0))
-        self.frm.copy_((torch.arange(N, device=dev)[:, None] * self.T + at).reshape(NK))
+        F = self.window  # (each slot's F frames from its own)
+        at = self.si[0].view(N, K, 1) + torch.arange(F, dtype=self.si.dtype, device=dev)
+        at = torch.minimum(at, (self.lens[:, None, None] - 1).clamp(min=0))
+        self.frm.copy_((torch.arange(N, device=dev)[:, None, None] * self.T + at).reshape(NK * F))
         self.step.zero_()
         if self.table is not None:  # the weights' current values (changed in place since the last call?)
             self.table.copy_(input_gates_table(self.w))
@@ -1006,7 +1059,8 @@ class _Search:
                 self.inside(self.go)
             recurrent = None
             if self.compact and self.fused_joint:
-                logits = linear.group([(JointInput(self.enc_rows, self.frm, self.gs[parity]), w.out_w, w.out_b)])[0]
+                joint = JointInput(self.enc_rows, self.frm, self.gs[parity], self.window)
+                logits = linear.group([(joint, w.out_w, w.out_b)])[0]
             elif self.compact:
                 logits = linear(act(self.enc_rows[self.frm] + self.gs[parity]), w.out_w, w.out_b)
             elif self.fused and isinstance(linear, _SplitLinear):  # the joint's and the recurrent terms' products
@@ -1164,7 +1218,8 @@ def _kept_search(modified, greedy, w, N, T, K, blank, durations, max_symbols, lm
     holds T frames, or a new one (T rounded up to a multiple of FRAME_BLOCK)."""
     key = (id(w), id(lm), id(boosting), N, K, blank, durations, max_symbols, float(lm_weight),
            float(boosting_weight), enc.device, enc.dtype, w.activation, modified, greedy, TF32X3, FUSED_CELL, COMPACT,
-           FUSED_JOINT, CHECK_EVERY, GRAPHS, tuple(STEP_TILES.items()), tuple(LINEAR_TILES.items()))  # fmt: skip
+           FUSED_JOINT, CHECK_EVERY, GRAPHS, GREEDY_WINDOW, tuple(STEP_TILES.items()),
+           tuple(LINEAR_TILES.items()))  # fmt: skip
     kept = (plans.beam if plans is not None else _KEPT.get("beam")) if KEEP_SEARCH else None
     search = kept[1] if kept is not None and kept[0] == key and kept[1].T >= T else None
     if search is None:
