@@ -780,9 +780,9 @@ def _greedy_step_kernel(x_ptr, len_ptr, go_ptr, step_ptr, dur_ptr, sf_ptr, si_pt
     walk = tl.zeros((KP,), tl.int32)  # the window's frames walked past (blanks)
     if F > 1:
         going = active
-        for f in tl.static_range(F):
-            here = going & (walk == f)
-            r_f = x_ptr + (at_s * F + f).to(tl.int64) * W
+        for fo in tl.static_range(F):  # (not f: the class loop below carries an f of its own)
+            here = going & (walk == fo)
+            r_f = x_ptr + (at_s * F + fo).to(tl.int64) * W
             b_f = tl.full((KP,), _MIN_KEY, tl.int64)
             for c0 in range(0, V, BC):
                 cls = c0 + o_c
@@ -864,8 +864,8 @@ def _greedy_step_kernel(x_ptr, len_ptr, go_ptr, step_ptr, dur_ptr, sf_ptr, si_pt
     tl.store(lab_ptr + at_s, label.to(tl.int64), mask=in_k)
     tl.store(islab_ptr + at_s, emit, mask=in_k)
     t_next = tl.where(go, n_t, t - walk)
-    for f in tl.static_range(F):
-        tl.store(frm_ptr + at_s * F + f, (n * T + tl.minimum(t_next + f, tl.maximum(L - 1, 0))).to(tl.int64),
+    for fo in tl.static_range(F):
+        tl.store(frm_ptr + at_s * F + fo, (n * T + tl.minimum(t_next + fo, tl.maximum(L - 1, 0))).to(tl.int64),
                  mask=in_k)  # fmt: skip
 
 
