@@ -178,6 +178,35 @@ def _rows_range3(acc, p_x, x_lo, p_w, w_lo, m_x, m_w, K: tl.constexpr, k_lo, k_h
 
 
 @triton.jit
+def _pair_frames(p_priv, pairs, NP, N, SPEC: tl.constexpr, T):
+    """The joint's (row, frame offset) pairs p = row SPEC + offset: (rows, frames clamped to T - 1, whether the
+    pair's frame is one its row decodes: inside the utterance, the row active)."""
+    m_r = pairs < NP
+    rows = pairs // SPEC
+    f_p = pairs % SPEC
+    t_r = tl.minimum(tl.load(p_priv + rows, mask=m_r, other=0) + f_p, T - 1)
+    return rows, t_r, f_p < tl.load(p_priv + N + rows, mask=m_r, other=0)  # (frames left; 0: inactive)
+
+
+@triton.jit
+def _joint_hidden(encp_ptr, g_ptr, rows, t_r, kk, m, N, T, J: tl.constexpr, PS: tl.constexpr, F32: tl.constexpr,
+                  WD: tl.constexpr, ACT: tl.constexpr):  # fmt: skip
+    """The joint's hidden layer act(enc + pred) at columns kk of the rows' frames t_r (where m), in the weights'
+    dtype: the sum rounded to it, the activation in float32; pred the sum of the PS partial projections in the
+    order of K (rounded to the weights' dtype) or the projection itself."""
+    e = tl.load(encp_ptr + (rows.to(tl.int64)[:, None] * T + t_r[:, None]) * J + kk[None, :], mask=m,
+                other=0.0).to(tl.float32)  # fmt: skip
+    p_g = g_ptr + rows[:, None] * J + kk[None, :]
+    g = tl.load(p_g, mask=m, other=0.0, cache_modifier=".cg").to(tl.float32)
+    if PS > 1:
+        for k2 in tl.static_range(1, PS):
+            g += tl.load(p_g + k2 * N * J, mask=m, other=0.0, cache_modifier=".cg")
+        if not F32:
+            g = g.to(WD).to(tl.float32)
+    return _act((e + g).to(WD).to(tl.float32), ACT).to(WD)
+
+
+@triton.jit
 def _wl_at(layer: tl.constexpr, PE: tl.constexpr, H: tl.constexpr):
     """Where layer ``layer``'s TF32 halves start in the LSTM's split weights (W_ih hi, lo, then W_hh hi, lo; the
     embedding's after the last layer's)."""
@@ -545,18 +574,8 @@ def _transducer_greedy_kernel(
         grid_sync(bar_ptr, n_sync * nprog)
     if TS:
         # the weights of the split products (out_w, pred_w) in TF32 halves, once per call
-        n_ow = (V + D) * J
-        o_w = tl.arange(0, 1024)
-        for i0 in range(pid * 1024, n_ow + J * P, nprog * 1024):
-            i = i0 + o_w
-            m_o = i < n_ow
-            m_p = (i >= n_ow) & (i < n_ow + J * P)
-            wv = tl.load(ow_ptr + i, mask=m_o, other=0.0) + tl.load(pw_ptr + (i - n_ow), mask=m_p, other=0.0)
-            hi, lo = _tf32_split(wv)
-            base = tl.where(m_o, i, 2 * n_ow + (i - n_ow))
-            off = tl.where(m_o, n_ow, J * P)
-            tl.store(ws_ptr + base, hi, mask=m_o | m_p)
-            tl.store(ws_ptr + base + off, lo, mask=m_o | m_p)
+        _split_into(ow_ptr, ws_ptr, (V + D) * J, (V + D) * J, pid, nprog)
+        _split_into(pw_ptr, ws_ptr + 2 * (V + D) * J, J * P, J * P, pid, nprog)
         if TSL:  # the LSTM's weights, the embedding and the state's hidden states (buffer 0) in halves too
             for layer in tl.static_range(L):
                 if layer == 0:
@@ -792,22 +811,9 @@ def _transducer_greedy_kernel(
                 for tile in range(pid, n_pb * n_hc, nprog):
                     pairs = (tile % n_pb) * BP + o_p
                     jj = (tile // n_pb) * BHJ + tl.arange(0, BHJ)
-                    m_r = pairs < NP
-                    rows = pairs // SPEC
-                    f_p = pairs % SPEC
-                    t_r = tl.minimum(tl.load(p_priv + rows, mask=m_r, other=0) + f_p, T - 1)
-                    a_r = f_p < tl.load(p_priv + N + rows, mask=m_r, other=0)
+                    rows, t_r, a_r = _pair_frames(p_priv, pairs, NP, N, SPEC, T)
                     m_rj = a_r[:, None] & (jj < J)[None, :]
-                    e = tl.load(encp_ptr + (rows.to(tl.int64)[:, None] * T + t_r[:, None]) * J + jj[None, :], mask=m_rj,
-                                other=0.0).to(tl.float32)  # fmt: skip
-                    p_g = g_ptr + rows[:, None] * J + jj[None, :]
-                    g = tl.load(p_g, mask=m_rj, other=0.0, cache_modifier=".cg").to(tl.float32)
-                    if PS > 1:  # the partial projections, in the order of K
-                        for k2 in tl.static_range(1, PS):
-                            g += tl.load(p_g + k2 * N * J, mask=m_rj, other=0.0, cache_modifier=".cg")
-                        if not F32:
-                            g = g.to(WD).to(tl.float32)
-                    x = _act((e + g).to(WD).to(tl.float32), ACT).to(WD)
+                    x = _joint_hidden(encp_ptr, g_ptr, rows, t_r, jj, m_rj, N, T, J, PS, F32, WD, ACT)
                     if TS:
                         x_hi, x_lo = _tf32_split(x)
                         tl.store(hj_ptr + pairs[:, None] * J + jj[None, :], x_hi, mask=m_rj)
@@ -827,24 +833,11 @@ def _transducer_greedy_kernel(
                 c_hi = (ct + 1) * (V + D) // n_ct
                 cols = c_lo + tl.arange(0, BV)
                 m_c = cols < c_hi
-                m_r = pairs < NP
-                rows = pairs // SPEC
-                f_p = pairs % SPEC
-                t_r = tl.load(p_priv + rows, mask=m_r, other=0) + f_p
-                a_r = f_p < tl.load(p_priv + N + rows, mask=m_r, other=0)  # frames left (0: inactive)
-                t_r = tl.minimum(t_r, T - 1)
+                rows, t_r, a_r = _pair_frames(p_priv, pairs, NP, N, SPEC, T)
                 acc = _zeros(BP, BK, BV, FMA)
                 if TS and JH:  # the operands' halves as they are
-                    for k0 in tl.range(k_lo, k_lo + KJ, BK):
-                        kk = k0 + o_k
-                        m_rk = a_r[:, None] & (kk < J)[None, :]
-                        p_x = hj_ptr + pairs[:, None] * J + kk[None, :]
-                        p_w = ws_ptr + cols[None, :] * J + kk[:, None]
-                        m_w = m_c[None, :] & (kk < J)[:, None]
-                        acc = _dot3(tl.load(p_x, mask=m_rk, other=0.0, cache_modifier=".cg"),
-                                    tl.load(p_x + NP * J, mask=m_rk, other=0.0, cache_modifier=".cg"),
-                                    tl.load(p_w, mask=m_w, other=0.0),
-                                    tl.load(p_w + (V + D) * J, mask=m_w, other=0.0), acc)  # fmt: skip
+                    acc = _rows_range3(acc, hj_ptr + pairs[:, None] * J, NP * J, ws_ptr + cols[None, :] * J,
+                                       (V + D) * J, a_r, m_c, J, k_lo, k_lo + KJ, BK)  # fmt: skip
                 else:
                     for k0 in tl.range(k_lo, k_lo + KJ, BK, loop_unroll_factor=UNROLL):
                         kk = k0 + o_k
@@ -853,12 +846,7 @@ def _transducer_greedy_kernel(
                             x = tl.load(hj_ptr + pairs[:, None] * J + kk[None, :], mask=m_rk, other=0.0,
                                         cache_modifier=".cg")  # fmt: skip
                         else:
-                            e = tl.load(encp_ptr + (rows.to(tl.int64)[:, None] * T + t_r[:, None]) * J + kk[None, :],
-                                        mask=m_rk, other=0.0).to(tl.float32)  # fmt: skip
-                            g = tl.load(
-                                g_ptr + rows[:, None] * J + kk[None, :], mask=m_rk, other=0.0, cache_modifier=".cg"
-                            )
-                            x = _act((e + g).to(WD).to(tl.float32), ACT).to(WD)
+                            x = _joint_hidden(encp_ptr, g_ptr, rows, t_r, kk, m_rk, N, T, J, PS, F32, WD, ACT)
                         w = tl.load(
                             ow_ptr + cols[None, :] * J + kk[:, None], mask=m_c[None, :] & (kk < J)[:, None], other=0.0
                         )
