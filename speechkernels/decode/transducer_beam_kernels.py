@@ -76,8 +76,10 @@ LINEAR_TILES = {"few": 128, "plain": (64, 32, 64), "joint": (64, 16, 64), "many"
 # no tile of 69 swept beat it at 512 rows, 242 registers, no spills; 64 x 128 spill). At 128 rows (H200, 20
 # launches in one CUDA graph, us, 64 x 64 x 32 first): the joint [128, 640] x [640, 1030] 17.1 -> 11.8, a layer's
 # two 2560-column products over 26-60 listed rows 17.9-18.1 -> 13.5-13.8, the last layer's 2560 + 640 13.3 -> 12.1
-GREEDY_WINDOW = 1  # greedy decoding through the steps with the fused joint: the joint at this many frames of each
-# utterance a step (``_greedy_step_kernel``'s F; the one-launch kernel's window). Not yet measured on a GPU: 1
+GREEDY_WINDOW = dict(rnnt=2, tdt=1)  # greedy decoding through the steps with the fused joint: the joint at this
+# many frames of each utterance a step (``_greedy_step_kernel``'s F; the one-launch kernel's window), by kind of
+# model (an int: every kind). H200, float32, 128 x 15 s, eager ms (greedy_variants): rnnt 23.42 (1) / 19.43 (2) /
+# 19.90 (4); tdt 11.78 (1) / 12.68 (2): a TDT model's blanks jump frames already; identical tokens
 GRAPHS = True  # on the GPU, chunks of CHECK_EVERY steps replayed as one CUDA graph (captured once per call)
 _WARM: set = set()  # the configurations whose kernel has run (compiled): their first chunk is captured at once
 KEEP_SEARCH = True  # a decoder keeps its last configuration's buffers and CUDA graph for the next call (the
@@ -943,7 +945,8 @@ class _Search:
         self.compact = self.fused and COMPACT and isinstance(self.linear, _SplitLinear)
         self.fused_joint = self.compact and FUSED_JOINT and w.activation == "relu"
         # the joint's frames per slot and step (its outputs: rows slot x window + frame offset; the frames' rows)
-        self.window = max(1, GREEDY_WINDOW) if greedy and self.fused_joint else 1
+        window = GREEDY_WINDOW if isinstance(GREEDY_WINDOW, int) else GREEDY_WINDOW["tdt" if D else "rnnt"]
+        self.window = max(1, window) if greedy and self.fused_joint else 1
         self.frm = torch.empty(NK * self.window, dtype=torch.int64, device=dev)
         # (zeroed: the frames past a shorter call's T are read by slots past their utterance's end, ignored there)
         self.enc_rows = torch.zeros(N * T, w.enc_w.shape[0], dtype=enc.dtype, device=dev)
@@ -1218,7 +1221,7 @@ def _kept_search(modified, greedy, w, N, T, K, blank, durations, max_symbols, lm
     holds T frames, or a new one (T rounded up to a multiple of FRAME_BLOCK)."""
     key = (id(w), id(lm), id(boosting), N, K, blank, durations, max_symbols, float(lm_weight),
            float(boosting_weight), enc.device, enc.dtype, w.activation, modified, greedy, TF32X3, FUSED_CELL, COMPACT,
-           FUSED_JOINT, CHECK_EVERY, GRAPHS, GREEDY_WINDOW, tuple(STEP_TILES.items()),
+           FUSED_JOINT, CHECK_EVERY, GRAPHS, str(GREEDY_WINDOW), tuple(STEP_TILES.items()),
            tuple(LINEAR_TILES.items()))  # fmt: skip
     kept = (plans.beam if plans is not None else _KEPT.get("beam")) if KEEP_SEARCH else None
     search = kept[1] if kept is not None and kept[0] == key and kept[1].T >= T else None
