@@ -109,16 +109,8 @@ def ctc_greedy_decode(
     blank = as_int(blank, "blank")
     batch_first, logits = as_bool(batch_first, "batch_first"), as_bool(logits, "logits")
     validate = as_bool(validate, "validate")
-    x, unbatched = batch_first_scores(log_probs, batch_first)
-    N, T, C = x.shape
-    if not 0 <= blank < C:
-        raise ValueError(f"blank={blank} is outside [0, C={C})")
-    dev = x.device
-    if input_lengths is None:
-        input_lengths = torch.full((N,), T, dtype=torch.int64, device=dev)
-    (il,) = batch_lengths(N, dev, "none", input_lengths=input_lengths)
-    if validate:
-        check_lengths(il, "input_lengths", T, f"T={T}")
+    x, unbatched, il = _ctc_batch(log_probs, input_lengths, blank, batch_first, validate)
+    N, T = x.shape[:2]
     if kernels is not None and use_triton(x) and N > 0 and T > 0:
         hyp = Hypotheses(*kernels.ctc_greedy(kernel_layout(x), il, blank, logits))
     else:
@@ -126,6 +118,21 @@ def ctc_greedy_decode(
     if unbatched:
         return Hypotheses(*(None if v is None else v[0] for v in hyp))
     return hyp
+
+
+def _ctc_batch(log_probs: torch.Tensor, input_lengths, blank: int, batch_first: bool, validate: bool):
+    """(scores [N, T, C], whether they came unbatched, the lengths [N] int64 on their device) of a CTC decoder's
+    arguments, checked: the blank in [0, C), the lengths (default T each; their values when ``validate``)."""
+    x, unbatched = batch_first_scores(log_probs, batch_first)
+    N, T, C = x.shape
+    if not 0 <= blank < C:
+        raise ValueError(f"blank={blank} is outside [0, C={C})")
+    if input_lengths is None:
+        input_lengths = torch.full((N,), T, dtype=torch.int64, device=x.device)
+    (il,) = batch_lengths(N, x.device, "none", input_lengths=input_lengths)
+    if validate:
+        check_lengths(il, "input_lengths", T, f"T={T}")
+    return x, unbatched, il
 
 
 def check_fusion(lm, boosting, C: int, classes: str, dev: torch.device, owner: str) -> None:
@@ -207,17 +214,9 @@ def ctc_beam_search(
     if prune_threshold is not None:
         prune_threshold = as_float(prune_threshold, "prune_threshold", minimum=0.0)
     batch_first, validate = as_bool(batch_first, "batch_first"), as_bool(validate, "validate")
-    x, unbatched = batch_first_scores(log_probs, batch_first)
+    x, unbatched, il = _ctc_batch(log_probs, input_lengths, blank, batch_first, validate)
     N, T, C = x.shape
-    if not 0 <= blank < C:
-        raise ValueError(f"blank={blank} is outside [0, C={C})")
-    dev = x.device
-    check_fusion(lm, boosting, C, f"log_probs has C={C} classes", dev, "log_probs")
-    if input_lengths is None:
-        input_lengths = torch.full((N,), T, dtype=torch.int64, device=dev)
-    (il,) = batch_lengths(N, dev, "none", input_lengths=input_lengths)
-    if validate:
-        check_lengths(il, "input_lengths", T, f"T={T}")
+    check_fusion(lm, boosting, C, f"log_probs has C={C} classes", x.device, "log_probs")
     if beam_kernels is not None and use_triton(x) and N > 0 and T > 0:
         hyp = BeamHypotheses(
             *beam_kernels.ctc_beam(

@@ -239,18 +239,29 @@ def transducer_beam_search_reference(
         score = torch.where(keep, torch.where(merged, total, score), ninf)
         acoustic = torch.where(keep, torch.where(merged, total_ac, acoustic), ninf)
     key = score / (n_lab + 1).to(wd) if score_norm else score
+    return _best(key, score, acoustic, n_lab, tokens, frames, durs if dur is not None else None, nbest, S)
+
+
+def _best(key, score, acoustic, n_lab, tokens, frames, durs, nbest: int, S: int) -> BeamHypotheses:
+    """The ``nbest`` slots of each utterance by ``key`` (descending; ties to the lower slot) as ``BeamHypotheses``:
+    the per-slot histories ([N, K, S + 1]: tokens, frames, durations or None) cut to S, a slot without a
+    hypothesis (score -inf) as -1 tokens and frames, length 0, -inf scores."""
+    N, ninf = score.shape[0], float("-inf")
     order = torch.sort(key, dim=1, descending=True, stable=True).indices[:, :nbest]
-    ok = score.gather(1, order) > float("-inf")
+    ok = score.gather(1, order) > ninf
     g3 = order[..., None].expand(N, nbest, S + 1)
-    durs = torch.where(ok[..., None], durs.gather(1, g3)[..., :S], -1) if dur is not None else None
+
+    def rows(t):
+        return torch.where(ok[..., None], t.gather(1, g3)[..., :S], -1)
+
     return BeamHypotheses(
-        tokens=torch.where(ok[..., None], tokens.gather(1, g3)[..., :S], -1),
+        tokens=rows(tokens),
         lengths=torch.where(ok, n_lab.gather(1, order), 0),
-        frames=torch.where(ok[..., None], frames.gather(1, g3)[..., :S], -1),
+        frames=rows(frames),
         scores=torch.where(ok, score.gather(1, order), ninf),
         acoustic=torch.where(ok, acoustic.gather(1, order), ninf),
         lm_scores=torch.where(ok, (score - acoustic).gather(1, order), ninf),
-        durations=durs,
+        durations=None if durs is None else rows(durs),
     )
 
 
@@ -367,15 +378,4 @@ def modified_beam_search_reference(
     if boosting is not None:  # a pending partial match taken back
         score = score + boosting_weight * boosting.end_scores(b_state.reshape(-1)).to(wd).view(N, K)
     key = score / (n_lab + w.context_size).to(wd) if score_norm else score
-    order = torch.sort(key, dim=1, descending=True, stable=True).indices[:, :nbest]
-    ok = score.gather(1, order) > float("-inf")
-    g3 = order[..., None].expand(N, nbest, T + 1)
-    return BeamHypotheses(
-        tokens=torch.where(ok[..., None], tokens.gather(1, g3)[..., :T], -1),
-        lengths=torch.where(ok, n_lab.gather(1, order), 0),
-        frames=torch.where(ok[..., None], frames.gather(1, g3)[..., :T], -1),
-        scores=torch.where(ok, score.gather(1, order), ninf),
-        acoustic=torch.where(ok, acoustic.gather(1, order), ninf),
-        lm_scores=torch.where(ok, (score - acoustic).gather(1, order), ninf),
-        durations=None,
-    )
+    return _best(key, score, acoustic, n_lab, tokens, frames, None, nbest, T)
