@@ -143,49 +143,42 @@ def _tf32_split(x):
 
 
 @triton.jit
-def _dot3(a_hi, a_lo, w_hi, w_lo, acc):
-    """acc + a @ w from operands split by ``_tf32_split``: the three TF32 products a_lo w_hi, a_hi w_lo, a_hi w_hi
-    (about float32's precision, as ``_dot``'s)."""
-    if _INTERPRETER:  # (a = a_hi + a_lo exactly: the interpreter's one product, as ``_dot``'s)
-        return tl.dot(a_hi + a_lo, w_hi + w_lo, acc, input_precision="ieee")
-    else:
+def _dot3(a_hi, a_lo, w_hi, w_lo, acc, small, CH: tl.constexpr):
+    """(acc, small) after a @ w from operands split by ``_tf32_split``: the three TF32 products a_lo w_hi, a_hi w_lo,
+    a_hi w_hi (about float32's precision, as ``_dot``'s). CH = 1: all three into acc (one chain); CH = 2: the two
+    small ones into small (one chain), CH = 3: small + both (two chains), the large one into acc; the caller adds
+    small to acc after its K loop."""
+    if _INTERPRETER:  # (a = a_hi + a_lo exactly: the interpreter's one product, as ``_dot``'s; the split sums of
+        # CH > 1 with each product exact: a check of the structure)
+        if CH == 1:
+            acc = tl.dot(a_hi + a_lo, w_hi + w_lo, acc, input_precision="ieee")
+        else:
+            small += tl.dot(a_lo, w_hi, input_precision="ieee") + tl.dot(a_hi, w_lo, input_precision="ieee")
+            acc = tl.dot(a_hi, w_hi, acc, input_precision="ieee")
+    elif CH == 1:
         acc = tl.dot(a_lo, w_hi, acc, input_precision="tf32")
         acc = tl.dot(a_hi, w_lo, acc, input_precision="tf32")
-        return tl.dot(a_hi, w_hi, acc, input_precision="tf32")
+        acc = tl.dot(a_hi, w_hi, acc, input_precision="tf32")
+    else:
+        if CH == 2:
+            small = tl.dot(a_lo, w_hi, small, input_precision="tf32")
+            small = tl.dot(a_hi, w_lo, small, input_precision="tf32")
+        else:
+            small += tl.dot(a_lo, w_hi, input_precision="tf32") + tl.dot(a_hi, w_lo, input_precision="tf32")
+        acc = tl.dot(a_hi, w_hi, acc, input_precision="tf32")
+    return acc, small
 
 
 @triton.jit
 def _dot_chains(a, b, acc, small, CH: tl.constexpr):
-    """(acc + a_hi @ b_hi, small + a_lo @ b_hi + a_hi @ b_lo) of float32 a and b split by ``_tf32_split``: the
-    three TF32 products of ``_dot``'s tf32x3 with the large one's sums apart from the two small ones' (CH = 2: one
-    chain of two products, CH = 3: two of one; they start from zero in each call, and a NaN of theirs counts as 0,
-    as in tf32x3), so that the tensor cores' dependent products per block of K are 4 or 8 rather than 12."""
+    """(acc + a_hi @ b_hi, small + a_lo @ b_hi + a_hi @ b_lo) of float32 a and b split by ``_tf32_split``
+    (``_dot3`` with CH = 2 or 3): the three TF32 products of ``_dot``'s tf32x3 with the large one's sums apart from
+    the two small ones' (those start from zero in each call, and a NaN of theirs counts as 0, as in tf32x3), so that
+    the tensor cores' dependent products per block of K are 4 or 8 rather than 12."""
     a_hi, a_lo = _tf32_split(a)
     b_hi, b_lo = _tf32_split(b)
-    if _INTERPRETER:  # (the same split and sums, each product exact: a check of the structure)
-        s = tl.dot(a_lo, b_hi, input_precision="ieee") + tl.dot(a_hi, b_lo, input_precision="ieee")
-        return tl.dot(a_hi, b_hi, acc, input_precision="ieee"), small + tl.where(s == s, s, 0.0)
-    elif CH == 2:
-        s = tl.dot(a_lo, b_hi, input_precision="tf32")
-        s = tl.dot(a_hi, b_lo, s, input_precision="tf32")
-    else:
-        s = tl.dot(a_lo, b_hi, input_precision="tf32") + tl.dot(a_hi, b_lo, input_precision="tf32")
-    return tl.dot(a_hi, b_hi, acc, input_precision="tf32"), small + tl.where(s == s, s, 0.0)
-
-
-@triton.jit
-def _dot3_chains(a_hi, a_lo, w_hi, w_lo, acc, small, CH: tl.constexpr):
-    """``_dot3`` with the large product's sums apart from the two small ones' (``_dot_chains``'s chains, from
-    operands split beforehand): (acc + a_hi @ w_hi, small + a_lo @ w_hi + a_hi @ w_lo)."""
-    if _INTERPRETER:
-        s = tl.dot(a_lo, w_hi, input_precision="ieee") + tl.dot(a_hi, w_lo, input_precision="ieee")
-        return tl.dot(a_hi, w_hi, acc, input_precision="ieee"), small + s
-    elif CH == 2:
-        small = tl.dot(a_lo, w_hi, small, input_precision="tf32")
-        small = tl.dot(a_hi, w_lo, small, input_precision="tf32")
-    else:
-        small += tl.dot(a_lo, w_hi, input_precision="tf32") + tl.dot(a_hi, w_lo, input_precision="tf32")
-    return tl.dot(a_hi, w_hi, acc, input_precision="tf32"), small
+    acc, s = _dot3(a_hi, a_lo, b_hi, b_lo, acc, tl.zeros_like(acc), CH)
+    return acc, small + tl.where(s == s, s, 0.0)
 
 
 @triton.jit
@@ -202,7 +195,7 @@ def _split_into(src, dst, n, lo_at, pid, nprog):
 @triton.jit
 def _rows_range3(acc, p_x, x_lo, p_w, w_lo, m_x, m_w, K: tl.constexpr, k_lo, k_hi, BK: tl.constexpr,
                  CH: tl.constexpr = 1):  # fmt: skip
-    """``_rows_range`` of operands in TF32 halves (``_dot3``; CH > 1: ``_dot3_chains``): X's hi rows at p_x, lo
+    """``_rows_range`` of operands in TF32 halves (``_dot3``): X's hi rows at p_x, lo
     x_lo elements on, W's likewise (w_lo)."""
     o_k = tl.arange(0, BK)
     small = tl.zeros_like(acc)
@@ -214,10 +207,7 @@ def _rows_range3(acc, p_x, x_lo, p_w, w_lo, m_x, m_w, K: tl.constexpr, k_lo, k_h
         a_lo = tl.load(p_x + x_lo + kk[None, :], mask=m_xk, other=0.0, cache_modifier=".cg")
         b_hi = tl.load(p_w + kk[:, None], mask=m_wk, other=0.0)
         b_lo = tl.load(p_w + w_lo + kk[:, None], mask=m_wk, other=0.0)
-        if CH == 1:
-            acc = _dot3(a_hi, a_lo, b_hi, b_lo, acc)
-        else:
-            acc, small = _dot3_chains(a_hi, a_lo, b_hi, b_lo, acc, small, CH)
+        acc, small = _dot3(a_hi, a_lo, b_hi, b_lo, acc, small, CH)
     if CH > 1:
         acc += small
     return acc
