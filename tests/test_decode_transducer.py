@@ -700,28 +700,6 @@ def test_float32_lstm_products_of_split_operands(path, monkeypatch, kind, splits
     settings_agree(path, monkeypatch, 31, value, base, tiles, J=40, P=36, **kind)
 
 
-CHAIN_CASES = [  # (chains, TILES, model): the products' routes of float32 tensor-core tiles
-    (2, {"dot_lstm_splits_min": 1, "dot_lstm_splits": 1, "split_f32": False, "hidden_pairs": None}, {}),
-    (3, {"dot_lstm_splits_min": 1, "dot_lstm_splits": 1, "split_f32": False, "hidden_pairs": None},
-     dict(durations=[0, 1, 2, 3])),
-    (2, {"dot_lstm_splits_min": 2, "hidden_pairs": 1}, dict(durations=[0, 1, 2, 3], layers=3)),
-    (3, {"dot_lstm_splits_min": 2, "hidden_pairs": 1}, {}),
-    (3, {"split_f32_lstm": True, "hidden_pairs": 1}, dict(layers=1, activation="sigmoid")),
-    (2, {"hidden_pairs": 1}, dict(stateless=2, activation="tanh")),
-]  # fmt: skip
-
-
-@pytest.mark.kernels
-@pytest.mark.parametrize("chains, tiles, kind", CHAIN_CASES, ids=str)
-def test_float32_product_chains(path, monkeypatch, chains, tiles, kind):
-    """TILES["f32_chains"] (tensor-core tiles, float32): the three TF32 products of each float32 product summed in
-    two or three chains (the LSTM's layers in one range of K or split, their operands split in the K loops or
-    beforehand; the projection and the joint, with the hidden layer formed once or not): the oracle's hypotheses
-    and state, those of one chain, chunk by chunk as whole."""
-    value, base = ({"f32_chains": n} for n in (chains, 1))
-    settings_agree(path, monkeypatch, 33, value, base, dict(tiles, window=2), J=40, P=36, **kind)
-
-
 def chunks_join(path, dec, x, lengths, whole, cut):
     """Decoding frames [0, cut) and then the rest from the state gives ``whole``'s tokens and frames."""
     first, state = dec.greedy(x[:, :cut].to(path.device), lengths.clamp(max=cut))

@@ -75,10 +75,7 @@ MAX_PLANS = 32  # launch plans a decoder keeps (one per batch shape and start/co
 # projection's tiles are split into while they fit the programs (dot_proj_splits; only with the hidden layer formed
 # once, whose phase sums the partial projections in the order of K), and the fewest (tests); whether a float32
 # LSTM's products take their operands in TF32 halves too (split_f32_lstm: the layers' weights and the embedding
-# split once per call in the kernel, each hidden state stored with its halves by its cell; not with compact); the
-# chains of a float32 product's three TF32 products per block of K (f32_chains: 1, one chain, as tf32x3 (with
-# operands split beforehand, one chain over the whole loop); 2, the large product's sums apart from the two small
-# ones'; 3, each apart: ``_dot_chains``)
+# split once per call in the kernel, each hidden state stored with its halves by its cell; not with compact)
 TILES = dict(
     fma_elements=8192,
     fma_warps=8,
@@ -104,7 +101,6 @@ TILES = dict(
     dot_proj_splits=4,
     dot_proj_splits_min=1,
     split_f32_lstm=False,
-    f32_chains=1,
 )
 # the joint's window (frames per row and step, a power of two; ``TILES["window"]``, when set, for every model):
 # FMA tiles: frames by kind of model; tensor-core tiles: the most (up to 8) while rows x frames stay within the
@@ -143,42 +139,15 @@ def _tf32_split(x):
 
 
 @triton.jit
-def _dot3(a_hi, a_lo, w_hi, w_lo, acc, small, CH: tl.constexpr):
-    """(acc, small) after a @ w from operands split by ``_tf32_split``: the three TF32 products a_lo w_hi, a_hi w_lo,
-    a_hi w_hi (about float32's precision, as ``_dot``'s). CH = 1: all three into acc (one chain); CH = 2: the two
-    small ones into small (one chain), CH = 3: small + both (two chains), the large one into acc; the caller adds
-    small to acc after its K loop."""
-    if _INTERPRETER:  # (a = a_hi + a_lo exactly: the interpreter's one product, as ``_dot``'s; the split sums of
-        # CH > 1 with each product exact: a check of the structure)
-        if CH == 1:
-            acc = tl.dot(a_hi + a_lo, w_hi + w_lo, acc, input_precision="ieee")
-        else:
-            small += tl.dot(a_lo, w_hi, input_precision="ieee") + tl.dot(a_hi, w_lo, input_precision="ieee")
-            acc = tl.dot(a_hi, w_hi, acc, input_precision="ieee")
-    elif CH == 1:
+def _dot3(a_hi, a_lo, w_hi, w_lo, acc):
+    """acc + a @ w from operands split by ``_tf32_split``: the three TF32 products a_lo w_hi, a_hi w_lo, a_hi w_hi
+    (about float32's precision, as ``_dot``'s)."""
+    if _INTERPRETER:  # (a = a_hi + a_lo exactly: the interpreter's one product, as ``_dot``'s)
+        return tl.dot(a_hi + a_lo, w_hi + w_lo, acc, input_precision="ieee")
+    else:
         acc = tl.dot(a_lo, w_hi, acc, input_precision="tf32")
         acc = tl.dot(a_hi, w_lo, acc, input_precision="tf32")
-        acc = tl.dot(a_hi, w_hi, acc, input_precision="tf32")
-    else:
-        if CH == 2:
-            small = tl.dot(a_lo, w_hi, small, input_precision="tf32")
-            small = tl.dot(a_hi, w_lo, small, input_precision="tf32")
-        else:
-            small += tl.dot(a_lo, w_hi, input_precision="tf32") + tl.dot(a_hi, w_lo, input_precision="tf32")
-        acc = tl.dot(a_hi, w_hi, acc, input_precision="tf32")
-    return acc, small
-
-
-@triton.jit
-def _dot_chains(a, b, acc, small, CH: tl.constexpr):
-    """(acc + a_hi @ b_hi, small + a_lo @ b_hi + a_hi @ b_lo) of float32 a and b split by ``_tf32_split``
-    (``_dot3`` with CH = 2 or 3): the three TF32 products of ``_dot``'s tf32x3 with the large one's sums apart from
-    the two small ones' (those start from zero in each call, and a NaN of theirs counts as 0, as in tf32x3), so that
-    the tensor cores' dependent products per block of K are 4 or 8 rather than 12."""
-    a_hi, a_lo = _tf32_split(a)
-    b_hi, b_lo = _tf32_split(b)
-    acc, s = _dot3(a_hi, a_lo, b_hi, b_lo, acc, tl.zeros_like(acc), CH)
-    return acc, small + tl.where(s == s, s, 0.0)
+        return tl.dot(a_hi, w_hi, acc, input_precision="tf32")
 
 
 @triton.jit
@@ -193,23 +162,18 @@ def _split_into(src, dst, n, lo_at, pid, nprog):
 
 
 @triton.jit
-def _rows_range3(acc, p_x, x_lo, p_w, w_lo, m_x, m_w, K: tl.constexpr, k_lo, k_hi, BK: tl.constexpr,
-                 CH: tl.constexpr = 1):  # fmt: skip
-    """``_rows_range`` of operands in TF32 halves (``_dot3``): X's hi rows at p_x, lo
-    x_lo elements on, W's likewise (w_lo)."""
+def _rows_range3(acc, p_x, x_lo, p_w, w_lo, m_x, m_w, K: tl.constexpr, k_lo, k_hi, BK: tl.constexpr):
+    """``_rows_range`` of operands in TF32 halves (``_dot3``): X's hi rows at p_x, lo x_lo elements on, W's
+    likewise (w_lo)."""
     o_k = tl.arange(0, BK)
-    small = tl.zeros_like(acc)
     for k0 in tl.range(k_lo, k_hi, BK):
         kk = k0 + o_k
         m_xk = m_x[:, None] & (kk < K)[None, :]
         m_wk = m_w[None, :] & (kk < K)[:, None]
-        a_hi = tl.load(p_x + kk[None, :], mask=m_xk, other=0.0, cache_modifier=".cg")
-        a_lo = tl.load(p_x + x_lo + kk[None, :], mask=m_xk, other=0.0, cache_modifier=".cg")
-        b_hi = tl.load(p_w + kk[:, None], mask=m_wk, other=0.0)
-        b_lo = tl.load(p_w + w_lo + kk[:, None], mask=m_wk, other=0.0)
-        acc, small = _dot3(a_hi, a_lo, b_hi, b_lo, acc, small, CH)
-    if CH > 1:
-        acc += small
+        acc = _dot3(tl.load(p_x + kk[None, :], mask=m_xk, other=0.0, cache_modifier=".cg"),
+                    tl.load(p_x + x_lo + kk[None, :], mask=m_xk, other=0.0, cache_modifier=".cg"),
+                    tl.load(p_w + kk[:, None], mask=m_wk, other=0.0),
+                    tl.load(p_w + w_lo + kk[:, None], mask=m_wk, other=0.0), acc)  # fmt: skip
     return acc
 
 
@@ -273,37 +237,17 @@ def _mm(a, b, acc, F32: tl.constexpr, FMA: tl.constexpr):
 
 
 @triton.jit
-def _mm2(a, b, acc, small, F32: tl.constexpr, FMA: tl.constexpr, CH: tl.constexpr):
-    """(acc, small) after ``_mm`` (small as it is), or for float32 tensor-core tiles with CH > 1 ``_dot_chains``;
-    ``_fold`` sums them after the K loop."""
-    if F32 and (not FMA) and CH > 1:
-        acc, small = _dot_chains(a, b, acc, small, CH)
-    else:
-        acc = _mm(a, b, acc, F32, FMA)
-    return acc, small
-
-
-@triton.jit
-def _fold(acc, small, F32: tl.constexpr, FMA: tl.constexpr, CH: tl.constexpr):
-    if F32 and (not FMA) and CH > 1:
-        acc += small
-    return acc
-
-
-@triton.jit
 def _rows_product(acc, p_x, p_w, m_x, m_w, K: tl.constexpr, BK: tl.constexpr, UNROLL: tl.constexpr, WD: tl.constexpr,
-                  F32: tl.constexpr, FMA: tl.constexpr, CH: tl.constexpr = 1):  # fmt: skip
+                  F32: tl.constexpr, FMA: tl.constexpr):  # fmt: skip
     """acc + X @ W^T over K in blocks of BK: rows of X at p_x [BB, 1] (those of m_x; read past L1: other programs
-    write them), rows of W at p_w [1, BN] (those of m_w), both contiguous along K (float32 tensor-core tiles with
-    CH > 1: ``_dot_chains``)."""
+    write them), rows of W at p_w [1, BN] (those of m_w), both contiguous along K."""
     o_k = tl.arange(0, BK)
-    small = tl.zeros_like(acc)
     for k0 in tl.range(0, K, BK, loop_unroll_factor=UNROLL):
         kk = k0 + o_k
         x = tl.load(p_x + kk[None, :], mask=m_x[:, None] & (kk < K)[None, :], other=0.0, cache_modifier=".cg")
         w = tl.load(p_w + kk[:, None], mask=m_w[None, :] & (kk < K)[:, None], other=0.0)
-        acc, small = _mm2(x.to(WD), w, acc, small, F32, FMA, CH)
-    return _fold(acc, small, F32, FMA, CH)
+        acc = _mm(x.to(WD), w, acc, F32, FMA)
+    return acc
 
 
 @triton.jit
@@ -432,17 +376,16 @@ def _stamp(prof_ptr, i, code, PROFILE: tl.constexpr):
 
 @triton.jit
 def _rows_range(acc, p_x, p_w, m_x, m_w, K: tl.constexpr, k_lo, k_hi, BK: tl.constexpr, WD: tl.constexpr,
-                F32: tl.constexpr, CH: tl.constexpr = 1):  # fmt: skip
+                F32: tl.constexpr):  # fmt: skip
     """acc + X @ W^T over K in [k_lo, k_hi) (multiples of BK; an empty range adds nothing) with tensor-core tiles:
     ``_rows_product`` over a range of K."""
     o_k = tl.arange(0, BK)
-    small = tl.zeros_like(acc)
     for k0 in tl.range(k_lo, k_hi, BK):
         kk = k0 + o_k
         x = tl.load(p_x + kk[None, :], mask=m_x[:, None] & (kk < K)[None, :], other=0.0, cache_modifier=".cg")
         w = tl.load(p_w + kk[:, None], mask=m_w[None, :] & (kk < K)[:, None], other=0.0)
-        acc, small = _mm2(x.to(WD), w, acc, small, F32, False, CH)
-    return _fold(acc, small, F32, False, CH)
+        acc = _dot(x.to(WD), w, acc, F32)
+    return acc
 
 
 @triton.jit
@@ -559,7 +502,7 @@ def _transducer_greedy_kernel(
     KB0: tl.constexpr, KB1: tl.constexpr, JS: tl.constexpr, KJ: tl.constexpr, HAS_LBIAS: tl.constexpr,
     HAS_PB: tl.constexpr, HAS_OB: tl.constexpr, START: tl.constexpr, PROFILE: tl.constexpr,
     COMPACT: tl.constexpr, JH: tl.constexpr, BHJ: tl.constexpr, TS: tl.constexpr, PS: tl.constexpr,
-    KP: tl.constexpr, TSL: tl.constexpr, CH: tl.constexpr,
+    KP: tl.constexpr, TSL: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -717,23 +660,23 @@ def _transducer_greedy_kernel(
                                 p_x = hs_ptr + (((1 - hp) * L + layer - 1) * N + rows[:, None]) * H
                                 x_lo = 2 * L * N * H
                             acc = _rows_range3(acc, p_x, x_lo, wl_ptr + at + grow[None, :] * IN, 4 * H * IN, e_r, m_g,
-                                               IN, b_lo * BK, tl.minimum(b_hi, b_in) * BK, BK, CH)  # fmt: skip
+                                               IN, b_lo * BK, tl.minimum(b_hi, b_in) * BK, BK)  # fmt: skip
                             acc = _rows_range3(acc, hs_ptr + ((hp * L + layer) * N + rows[:, None]) * H, 2 * L * N * H,
                                                wl_ptr + at + 8 * H * IN + grow[None, :] * H, 4 * H * H, e_r, m_g, H,
                                                tl.maximum(b_lo - b_in, 0) * BK, tl.maximum(b_hi - b_in, 0) * BK,
-                                               BK, CH)  # fmt: skip
+                                               BK)  # fmt: skip
                         elif LS == 1:
                             if layer == 0:  # the label's embedding, through W_ih of layer 0
                                 lab = tl.load(p_priv + 2 * N + rows, mask=m_r, other=0)
                                 p_x = emb_ptr + lab.to(tl.int64)[:, None] * PE
                                 acc = _rows_product(acc, p_x, p_ih + grow[None, :] * PE, e_r, m_g, PE, BK, UNROLL, WD,
-                                                    F32, FMA, CH)  # fmt: skip
+                                                    F32, FMA)  # fmt: skip
                             else:  # the layer below's new output, through W_ih
                                 p_x = h_ptr + (((1 - hp) * L + layer - 1) * N + rows[:, None]) * H
                                 acc = _rows_product(acc, p_x, p_ih + grow[None, :] * H, e_r, m_g, H, BK, UNROLL, WD,
-                                                    F32, FMA, CH)  # fmt: skip
+                                                    F32, FMA)  # fmt: skip
                             # the layer's own previous output, through W_hh
-                            acc = _rows_product(acc, p_hx, p_hw, e_r, m_g, H, BK, UNROLL, WD, F32, FMA, CH)
+                            acc = _rows_product(acc, p_hx, p_hw, e_r, m_g, H, BK, UNROLL, WD, F32, FMA)
                         else:
                             # K range ks of [input, own output] concatenated: blocks [ks KB, (ks + 1) KB) of BK each
                             if layer == 0:
@@ -743,16 +686,16 @@ def _transducer_greedy_kernel(
                                 b_hi = b_lo + KB0
                                 acc = _rows_range(acc, emb_ptr + lab.to(tl.int64)[:, None] * PE,
                                                   p_ih + grow[None, :] * PE, e_r, m_g, PE, b_lo * BK,
-                                                  tl.minimum(b_hi, b_in) * BK, BK, WD, F32, CH)  # fmt: skip
+                                                  tl.minimum(b_hi, b_in) * BK, BK, WD, F32)  # fmt: skip
                             else:
                                 b_in = (H + BK - 1) // BK
                                 b_lo = ks * KB1
                                 b_hi = b_lo + KB1
                                 acc = _rows_range(acc, h_ptr + (((1 - hp) * L + layer - 1) * N + rows[:, None]) * H,
                                                   p_ih + grow[None, :] * H, e_r, m_g, H, b_lo * BK,
-                                                  tl.minimum(b_hi, b_in) * BK, BK, WD, F32, CH)  # fmt: skip
+                                                  tl.minimum(b_hi, b_in) * BK, BK, WD, F32)  # fmt: skip
                             acc = _rows_range(acc, p_hx, p_hw, e_r, m_g, H, tl.maximum(b_lo - b_in, 0) * BK,
-                                              tl.maximum(b_hi - b_in, 0) * BK, BK, WD, F32, CH)  # fmt: skip
+                                              tl.maximum(b_hi - b_in, 0) * BK, BK, WD, F32)  # fmt: skip
                         if LS == 1:
                             _lstm_cell(_total(acc, FMA), rows, units, grow, m_r, m_u, m_g, e_r, layer, hp,
                                        _layer(layer, bih0_ptr, bih1_ptr, bih2_ptr, bih3_ptr),
@@ -814,9 +757,8 @@ def _transducer_greedy_kernel(
                                      tl.load(h_ptr + ((hp * L + L - 1) * N + rows[:, None]) * H + kk[None, :],
                                              mask=m_rk, other=0.0, cache_modifier=".cg"), mask=m_rk)  # fmt: skip
                     acc = _rows_range3(acc, p_x, x_lo, ws_ptr + 2 * (V + D) * J + jj[None, :] * P, J * P, e_r, m_j, P,
-                                       ks * KP, ks * KP + KP, BK, CH)  # fmt: skip
+                                       ks * KP, ks * KP + KP, BK)  # fmt: skip
                 else:
-                    small = tl.zeros_like(acc)
                     for k0 in tl.range(ks * KP, ks * KP + KP, BK, loop_unroll_factor=UNROLL):
                         kk = k0 + o_k
                         m_rk = e_r[:, None] & (kk < P)[None, :]
@@ -838,12 +780,11 @@ def _transducer_greedy_kernel(
                         w = tl.load(
                             pw_ptr + jj[None, :] * P + kk[:, None], mask=m_j[None, :] & (kk < P)[:, None], other=0.0
                         )
-                        acc, small = _mm2(x.to(WD), w, acc, small, F32, FMA, CH)
+                        acc = _mm(x.to(WD), w, acc, F32, FMA)
                         if not XS:  # the prediction network's output, kept for the returned state (by
                             # the first range's tiles)
                             tl.store(pout_ptr + rows[:, None] * P + kk[None, :], x,
                                      mask=m_rk & (o_b * 0 + jt == 0)[:, None])  # fmt: skip
-                    acc = _fold(acc, small, F32, FMA, CH)
                 acc = _total(acc, FMA)
                 ev = _stamp(prof_ptr, ev, 10, PROFILE)
                 if HAS_PB:
@@ -896,9 +837,8 @@ def _transducer_greedy_kernel(
                 acc = _zeros(BP, BK, BV, FMA)
                 if TS and JH:  # the operands' halves as they are
                     acc = _rows_range3(acc, hj_ptr + pairs[:, None] * J, NP * J, ws_ptr + cols[None, :] * J,
-                                       (V + D) * J, a_r, m_c, J, k_lo, k_lo + KJ, BK, CH)  # fmt: skip
+                                       (V + D) * J, a_r, m_c, J, k_lo, k_lo + KJ, BK)  # fmt: skip
                 else:
-                    small = tl.zeros_like(acc)
                     for k0 in tl.range(k_lo, k_lo + KJ, BK, loop_unroll_factor=UNROLL):
                         kk = k0 + o_k
                         m_rk = a_r[:, None] & (kk < J)[None, :]
@@ -910,8 +850,7 @@ def _transducer_greedy_kernel(
                         w = tl.load(
                             ow_ptr + cols[None, :] * J + kk[:, None], mask=m_c[None, :] & (kk < J)[:, None], other=0.0
                         )
-                        acc, small = _mm2(x, w, acc, small, F32, FMA, CH)
-                    acc = _fold(acc, small, F32, FMA, CH)
+                        acc = _mm(x, w, acc, F32, FMA)
                 ev = _stamp(prof_ptr, ev, 8, PROFILE)
                 if JS == 1:
                     _joint_outputs(_total(acc, FMA), pairs, cols, m_c, a_r, c_lo, c_hi, ct, ob_ptr, key_ptr,
@@ -1304,7 +1243,6 @@ class GreedyPlan:
         tsl = f32_dots and not w.stateless and not TILES["compact"] and TILES["split_f32_lstm"]
         ts = f32_dots and (jh or xs or tsl)
         tiles.update(JH=jh, BHJ=min(next_power_of_2(J), TILES["hidden_cols"]), TS=ts, TSL=tsl)
-        tiles.update(CH=TILES["f32_chains"] if wd == torch.float32 and not fma else 1)
         # the projection's ranges of K: with the hidden layer formed once, as many as fit the programs beside its
         # (row block, column range) tiles, at most dot_proj_splits
         p_blocks = cdiv(P, BK)
