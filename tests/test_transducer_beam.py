@@ -14,8 +14,8 @@ from test_decode_transducer import make_decoder
 from test_ngram import random_arpa
 
 from speechkernels.decode.boosting import PhraseBooster
+from speechkernels.decode.networks import predict, start_state
 from speechkernels.decode.ngram import NGramLM
-from speechkernels.decode.reference import predict, start_state
 from speechkernels.decode.transducer_beam import transducer_beam_search_reference
 
 

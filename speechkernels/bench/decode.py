@@ -38,7 +38,7 @@ import torch
 import speechkernels as sk
 from speechkernels._transducer.activations import activation_fn
 from speechkernels.decode import api as decode_api
-from speechkernels.decode.reference import predict, start_state
+from speechkernels.decode.networks import predict, start_state
 
 from .common import (
     add_common_arguments,

@@ -4,11 +4,12 @@ NeMo's malsd_batch, icefall's modified_beam_search) into BeamHypotheses; a token
 (NGramLM) for shallow fusion and phrase boosting (PhraseBooster)."""
 
 from .api import TransducerDecoder, ctc_beam_search, ctc_greedy_decode
-from .beam_reference import BeamHypotheses, ctc_beam_search_reference
+from .beam_reference import ctc_beam_search_reference
 from .boosting import PhraseBooster
+from .hypotheses import BeamHypotheses, Hypotheses, TransducerState
 from .networks import LSTMPredictor, StatelessPredictor, TransducerWeights
 from .ngram import NGramLM, write_arpa
-from .reference import Hypotheses, TransducerState, ctc_greedy_decode_reference, transducer_greedy_reference
+from .reference import ctc_greedy_decode_reference, transducer_greedy_reference
 
 __all__ = [
     "BeamHypotheses",

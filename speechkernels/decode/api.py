@@ -11,17 +11,12 @@ from .._args import as_bool, as_float, as_int, check_float_input
 from .._backend import kernel_layout, triton_missing, use_triton
 from .._loss_inputs import Lengths, batch_first_scores, batch_lengths, check_lengths
 from ..tdt.api import durations_of
-from .beam_reference import BeamHypotheses, ctc_beam_search_reference
+from .beam_reference import ctc_beam_search_reference
 from .boosting import PhraseBooster
-from .networks import TransducerWeights, icefall_layers, nemo_layers, transducer_weights
+from .hypotheses import BeamHypotheses, Hypotheses, TransducerState
+from .networks import TransducerWeights, icefall_layers, nemo_layers, start_state, transducer_weights
 from .ngram import NGramLM
-from .reference import (
-    Hypotheses,
-    TransducerState,
-    ctc_greedy_decode_reference,
-    start_state,
-    transducer_greedy_reference,
-)
+from .reference import ctc_greedy_decode_reference, transducer_greedy_reference
 from .transducer_beam import modified_beam_search_reference, transducer_beam_search_reference
 
 try:  # the Triton kernels; without Triton (error names it) the PyTorch path serves every call

@@ -21,6 +21,8 @@ from typing import NamedTuple
 
 import torch
 
+from .hypotheses import BeamHypotheses
+
 NEG = -math.inf
 
 
@@ -165,23 +167,6 @@ def ctc_prefix_beam_search_reference(
         out.append(BeamHypothesis(prefix, h.frames, h.acoustic + lm_total, h.acoustic, lm_total))
     out.sort(key=lambda hyp: -hyp.score)  # stable: the beam's order
     return out[:nbest]
-
-
-class BeamHypotheses(NamedTuple):
-    """A batch's N-best lists, best first: ``tokens`` [N, B, S] int64 (-1 past each hypothesis), ``lengths`` [N,
-    B], ``frames`` [N, B, S] (each token's frame on the hypothesis's most likely alignment, -1 past), ``scores`` [N,
-    B] (the ranking: acoustic plus LM terms), ``acoustic`` [N, B] (the log-sum over the hypothesis's alignments),
-    ``lm_scores`` [N, B] (the weighted LM log-probabilities, ``</s>`` included, the insertion bonuses and the
-    phrase boosting's bonuses); ``durations`` [N, B, S] (a TDT search: each token's duration) or None. Where
-    an utterance has fewer than B hypotheses, the rest have length 0 and score -inf."""
-
-    tokens: torch.Tensor
-    lengths: torch.Tensor
-    frames: torch.Tensor
-    scores: torch.Tensor
-    acoustic: torch.Tensor
-    lm_scores: torch.Tensor
-    durations: torch.Tensor | None = None
 
 
 def _first_max(values: torch.Tensor, valid: torch.Tensor, order: torch.Tensor, k: int) -> torch.Tensor:

@@ -2,7 +2,9 @@
 and the PyTorch path take), read from the modules that hold them: NeMo's ``RNNTDecoder`` / ``RNNTJoint``, icefall's
 stateless ``Decoder`` / ``Joiner``, this library's joint losses with ``LSTMPredictor`` or ``StatelessPredictor``
 (prediction networks to train with them), or the layers themselves. NeMo and icefall are never imported: their
-modules are read through the attributes named in each reader, and a missing one is named in the error.
+modules are read through the attributes named in each reader, and a missing one is named in the error. Below them,
+the prediction network's step in PyTorch (``predict``, ``start_state``) and a search's start (``search_start``),
+shared by the PyTorch path and the launchers that run the networks in PyTorch.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from typing import NamedTuple
 import torch
 
 from .._args import as_choice, as_int
-from .._transducer.activations import ACTIVATIONS
+from .._transducer.activations import ACTIVATIONS, activation_fn
 from ..tdt.api import durations_of
+from .hypotheses import TransducerState
 
 _ACTIVATION_MODULES = {torch.nn.ReLU: "relu", torch.nn.Tanh: "tanh", torch.nn.Sigmoid: "sigmoid"}
 
@@ -334,4 +337,102 @@ def icefall_layers(decoder, joiner) -> dict:
         out=_attr(joiner, "output_linear", "joiner"),
         activation="tanh",
         vocab_size=_attr(joiner, "output_linear", "joiner").out_features,
+    )
+
+
+def predict(
+    w: TransducerWeights,
+    tokens: torch.Tensor,
+    state: tuple[torch.Tensor, ...],
+    input_gates=None,
+    linear=torch.nn.functional.linear,
+):
+    """One step of the prediction network for tokens [N]: (output [N, P], state). ``input_gates``: the first LSTM
+    layer's input term of every token, ``input_gates_table(w)``, or None (computed per step); ``linear``: the
+    LSTM's products (x, weight, bias)."""
+    if not w.stateless:
+        h, c = state
+        x = w.embedding[tokens] if input_gates is None else None  # (the table holds layer 0's term)
+        hs, cs = [], []
+        for layer, (w_ih, w_hh, b_ih, b_hh) in enumerate(w.lstm):
+            x_term = input_gates[tokens] if layer == 0 and input_gates is not None else linear(x, w_ih, b_ih)
+            gates = x_term + linear(h[layer], w_hh, b_hh)
+            i, f, g, o = gates.chunk(4, 1)
+            c_new = torch.sigmoid(f) * c[layer] + torch.sigmoid(i) * torch.tanh(g)
+            x = torch.sigmoid(o) * torch.tanh(c_new)
+            hs.append(x)
+            cs.append(c_new)
+        return x, (torch.stack(hs), torch.stack(cs))
+    (context,) = state
+    context = torch.cat((context[:, 1:], tokens[:, None]), 1)
+    return stateless_output(w, context), (context,)
+
+
+def input_gates_table(w: TransducerWeights) -> torch.Tensor | None:
+    """The first LSTM layer's input term (W_ih e + b_ih) of every token's embedding e: [V, 4H] (None for a
+    stateless prediction network)."""
+    if w.stateless:
+        return None
+    w_ih, _, b_ih, _ = w.lstm[0]
+    return torch.nn.functional.linear(w.embedding, w_ih, b_ih)
+
+
+def stateless_output(w: TransducerWeights, context: torch.Tensor) -> torch.Tensor:
+    """The stateless prediction network's output [N, P] for the last K tokens ``context`` [N, K] (-1: zeros)."""
+    e = w.embedding[context.clamp(min=0)] * (context >= 0)[..., None].to(w.embedding.dtype)  # [N, K, P]
+    if w.conv is None:
+        return e[:, -1]
+    return torch.relu(torch.nn.functional.conv1d(e.transpose(1, 2), w.conv, groups=w.groups)[..., 0])
+
+
+def start_state(w: TransducerWeights, N: int, blank: int, device) -> TransducerState:
+    """The state before the first frame: the prediction network after the start symbol (the blank)."""
+    tokens = torch.full((N,), blank, dtype=torch.int64, device=device)
+    if w.stateless:
+        context = torch.full((N, w.context_size), -1, dtype=torch.int64, device=device)
+        out, pred = predict(w, tokens, (context,))
+    else:
+        L, H = len(w.lstm), w.lstm[0][1].shape[1]
+        zeros = torch.zeros(L, N, H, dtype=w.embedding.dtype, device=device)
+        out, pred = predict(w, tokens, (zeros, zeros))
+    zero = torch.zeros(N, dtype=torch.int64, device=device)
+    return TransducerState(pred, out, zero, zero)
+
+
+class SearchStart(NamedTuple):
+    """What both searches start from: the projected encoder outputs, the activation, the clamped lengths, the
+    prediction network's state and output (after the start symbol) and its projection for the N x K slots, and the
+    slots' scores (slot 0 at 0, the others empty)."""
+
+    enc: torch.Tensor
+    act: object
+    lengths: torch.Tensor
+    wd: torch.dtype
+    ninf: torch.Tensor
+    pred_state: tuple
+    out: torch.Tensor
+    g: torch.Tensor
+    score: torch.Tensor
+
+
+def search_start(w: TransducerWeights, x: torch.Tensor, lengths: torch.Tensor, K: int, blank: int) -> SearchStart:
+    """The start of a search of K slots per utterance over x [N, T, E] (``SearchStart``)."""
+    N, T, _ = x.shape
+    dev = x.device
+    wd = torch.float64 if w.enc_w.dtype == torch.float64 else torch.float32
+    st = start_state(w, N * K, blank, dev)
+    score = torch.full((N, K), float("-inf"), dtype=wd, device=dev)
+    score[:, 0] = 0.0
+    return SearchStart(
+        enc=torch.nn.functional.linear(
+            x.to(w.enc_w.dtype).contiguous(), w.enc_w, w.enc_b
+        ),  # [N, T, J] (a view: its copy's)
+        act=activation_fn(w.activation),
+        lengths=lengths.to(dev, torch.int64).clamp(0, T),
+        wd=wd,
+        ninf=torch.tensor(float("-inf"), dtype=wd, device=dev),
+        pred_state=st.predictor,
+        out=st.output,
+        g=torch.nn.functional.linear(st.output, w.pred_w, w.pred_b),  # [NK, J]
+        score=score,
     )

@@ -2,39 +2,11 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
 from .._transducer.activations import activation_fn
-from .networks import TransducerWeights
-
-
-class Hypotheses(NamedTuple):
-    """A batch of decoded hypotheses, padded to S (an allocated bound, not the longest hypothesis: no host
-    synchronisation): ``tokens`` [N, S] int64, -1 past each hypothesis; ``lengths`` [N] int64; ``frames`` [N, S]
-    int64, the frame of each token (-1 past); ``scores`` [N, S], each token's log-probability there (float32,
-    float64 for float64 input; 0 past); ``durations`` [N, S] int64 (TDT) or None."""
-
-    tokens: torch.Tensor
-    lengths: torch.Tensor
-    frames: torch.Tensor
-    scores: torch.Tensor
-    durations: torch.Tensor | None = None
-
-
-def compact(emit: torch.Tensor, *columns: tuple[torch.Tensor, float | int]) -> tuple[torch.Tensor, ...]:
-    """The entries of each row where ``emit`` [N, T] holds, moved to the row's front in order: ``lengths`` [N]
-    and, for each (values [N, T], fill), the kept values padded with fill to [N, T]. No host synchronisation."""
-    N, T = emit.shape
-    lengths = emit.sum(1)
-    slot = torch.where(emit, emit.cumsum(1) - 1, T)  # past the end: a spare column, cut off below
-    out = [lengths]
-    for values, fill in columns:
-        buf = torch.full((N, T + 1), fill, dtype=values.dtype, device=values.device)
-        buf.scatter_(1, slot, values)
-        out.append(buf[:, :T])
-    return tuple(out)
+from .hypotheses import Hypotheses, TransducerState, compact, fusion_start
+from .networks import TransducerWeights, predict
 
 
 def ctc_greedy_decode_reference(x: torch.Tensor, lengths: torch.Tensor, blank: int, logits: bool) -> Hypotheses:
@@ -61,82 +33,6 @@ def ctc_hypotheses(best: torch.Tensor, score: torch.Tensor, lengths: torch.Tenso
     emit = live & (best != blank) & (best != prev)
     lengths_out, tokens, frames, scores = compact(emit, (best, -1), (t.expand(N, T), -1), (score, 0.0))
     return Hypotheses(tokens, lengths_out, frames, scores)
-
-
-class TransducerState(NamedTuple):
-    """Where a transducer decode stopped, to continue with the next chunk of the same utterances: ``predictor``
-    (the prediction network's state: LSTM ``(h, c)`` each [L, N, H]; stateless ``(context,)`` [N, K] int64, the
-    last K tokens, -1 before the start), ``output`` [N, P] (its output after the last token), ``time_jumps`` [N]
-    int64 (frames a TDT duration jumped past the chunk's end, skipped at the start of the next), ``frames`` [N]
-    int64 (frames decoded before: the offset of the next chunk's frames); with an LM or phrase boosting fused,
-    ``lm_states`` / ``boosting_states`` [N] int64 (each utterance's state of the ``NGramLM`` / ``PhraseBooster``;
-    None: their start states)."""
-
-    predictor: tuple[torch.Tensor, ...]
-    output: torch.Tensor
-    time_jumps: torch.Tensor
-    frames: torch.Tensor
-    lm_states: torch.Tensor | None = None
-    boosting_states: torch.Tensor | None = None
-
-
-def predict(
-    w: TransducerWeights,
-    tokens: torch.Tensor,
-    state: tuple[torch.Tensor, ...],
-    input_gates=None,
-    linear=torch.nn.functional.linear,
-):
-    """One step of the prediction network for tokens [N]: (output [N, P], state). ``input_gates``: the first LSTM
-    layer's input term of every token, ``input_gates_table(w)``, or None (computed per step); ``linear``: the
-    LSTM's products (x, weight, bias)."""
-    if not w.stateless:
-        h, c = state
-        x = w.embedding[tokens] if input_gates is None else None  # (the table holds layer 0's term)
-        hs, cs = [], []
-        for layer, (w_ih, w_hh, b_ih, b_hh) in enumerate(w.lstm):
-            x_term = input_gates[tokens] if layer == 0 and input_gates is not None else linear(x, w_ih, b_ih)
-            gates = x_term + linear(h[layer], w_hh, b_hh)
-            i, f, g, o = gates.chunk(4, 1)
-            c_new = torch.sigmoid(f) * c[layer] + torch.sigmoid(i) * torch.tanh(g)
-            x = torch.sigmoid(o) * torch.tanh(c_new)
-            hs.append(x)
-            cs.append(c_new)
-        return x, (torch.stack(hs), torch.stack(cs))
-    (context,) = state
-    context = torch.cat((context[:, 1:], tokens[:, None]), 1)
-    return stateless_output(w, context), (context,)
-
-
-def input_gates_table(w: TransducerWeights) -> torch.Tensor | None:
-    """The first LSTM layer's input term (W_ih e + b_ih) of every token's embedding e: [V, 4H] (None for a
-    stateless prediction network)."""
-    if w.stateless:
-        return None
-    w_ih, _, b_ih, _ = w.lstm[0]
-    return torch.nn.functional.linear(w.embedding, w_ih, b_ih)
-
-
-def stateless_output(w: TransducerWeights, context: torch.Tensor) -> torch.Tensor:
-    """The stateless prediction network's output [N, P] for the last K tokens ``context`` [N, K] (-1: zeros)."""
-    e = w.embedding[context.clamp(min=0)] * (context >= 0)[..., None].to(w.embedding.dtype)  # [N, K, P]
-    if w.conv is None:
-        return e[:, -1]
-    return torch.relu(torch.nn.functional.conv1d(e.transpose(1, 2), w.conv, groups=w.groups)[..., 0])
-
-
-def start_state(w: TransducerWeights, N: int, blank: int, device) -> TransducerState:
-    """The state before the first frame: the prediction network after the start symbol (the blank)."""
-    tokens = torch.full((N,), blank, dtype=torch.int64, device=device)
-    if w.stateless:
-        context = torch.full((N, w.context_size), -1, dtype=torch.int64, device=device)
-        out, pred = predict(w, tokens, (context,))
-    else:
-        L, H = len(w.lstm), w.lstm[0][1].shape[1]
-        zeros = torch.zeros(L, N, H, dtype=w.embedding.dtype, device=device)
-        out, pred = predict(w, tokens, (zeros, zeros))
-    zero = torch.zeros(N, dtype=torch.int64, device=device)
-    return TransducerState(pred, out, zero, zero)
 
 
 def transducer_greedy_reference(
@@ -185,8 +81,8 @@ def transducer_greedy_reference(
     k = torch.zeros(N, dtype=torch.int64, device=dev)
     at_frame = torch.zeros(N, dtype=torch.int64, device=dev)  # labels emitted at frame t so far
     active = t < lengths
-    lm_state = _fusion_states(lm, state.lm_states, N, dev)
-    b_state = _fusion_states(boosting, state.boosting_states, N, dev)
+    lm_state = fusion_start(lm, state.lm_states, N, dev)
+    b_state = fusion_start(boosting, state.boosting_states, N, dev)
     while bool(active.any()):
         logits = torch.nn.functional.linear(act(enc[rows, t.clamp(max=T - 1)] + g), w.out_w, w.out_b)
         label = logits[:, :V].argmax(1)
@@ -240,13 +136,3 @@ def transducer_greedy_reference(
         lm_state if lm is not None else state.lm_states,
         b_state if boosting is not None else state.boosting_states,
     )
-
-
-def _fusion_states(tables, states: torch.Tensor | None, N: int, device) -> torch.Tensor | None:
-    """The [N] int64 states of an ``NGramLM`` or ``PhraseBooster`` to start from (None: its start state), or None
-    without one (given states are the caller's to check: ``TransducerDecoder.greedy`` does, once)."""
-    if tables is None:
-        return None
-    if states is None:
-        return torch.full((N,), tables.start, dtype=torch.int64, device=device)
-    return states.to(device, torch.int64)

@@ -21,57 +21,15 @@ LM's and the booster's states follow the labels; no end-of-sentence term.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
-from .._transducer.activations import activation_fn
-from .beam_reference import BeamHypotheses
-from .networks import TransducerWeights
-from .reference import predict, start_state
+from .hypotheses import BeamHypotheses
+from .networks import TransducerWeights, predict, search_start
 
 
 def _mix(h: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """The hash of a token sequence extended by token c (int64, wrapping)."""
     return h * 6364136223846793005 + 1 + c
-
-
-class _Start(NamedTuple):
-    """What both searches start from: the projected encoder outputs, the activation, the clamped lengths, the
-    prediction network's state and output (after the start symbol) and its projection for the N x K slots, and the
-    slots' scores (slot 0 at 0, the others empty)."""
-
-    enc: torch.Tensor
-    act: object
-    lengths: torch.Tensor
-    wd: torch.dtype
-    ninf: torch.Tensor
-    pred_state: tuple
-    out: torch.Tensor
-    g: torch.Tensor
-    score: torch.Tensor
-
-
-def _start(w: TransducerWeights, x: torch.Tensor, lengths: torch.Tensor, K: int, blank: int) -> _Start:
-    N, T, _ = x.shape
-    dev = x.device
-    wd = torch.float64 if w.enc_w.dtype == torch.float64 else torch.float32
-    st = start_state(w, N * K, blank, dev)
-    score = torch.full((N, K), float("-inf"), dtype=wd, device=dev)
-    score[:, 0] = 0.0
-    return _Start(
-        enc=torch.nn.functional.linear(
-            x.to(w.enc_w.dtype).contiguous(), w.enc_w, w.enc_b
-        ),  # [N, T, J] (a view: its copy's)
-        act=activation_fn(w.activation),
-        lengths=lengths.to(dev, torch.int64).clamp(0, T),
-        wd=wd,
-        ninf=torch.tensor(float("-inf"), dtype=wd, device=dev),
-        pred_state=st.predictor,
-        out=st.output,
-        g=torch.nn.functional.linear(st.output, w.pred_w, w.pred_b),  # [NK, J]
-        score=score,
-    )
 
 
 def transducer_beam_search_reference(
@@ -104,7 +62,7 @@ def transducer_beam_search_reference(
     V = w.out_w.shape[0] - D
     S = T * max_symbols  # labels at most
     dur = None if durations is None else torch.tensor(durations, dtype=i64, device=dev)
-    enc, act, lengths, wd, ninf, pred_state, out, g, score = _start(w, x, lengths, K, blank)
+    enc, act, lengths, wd, ninf, pred_state, out, g, score = search_start(w, x, lengths, K, blank)
     acoustic = score.clone()
     t = torch.zeros(N, K, dtype=i64, device=dev)
     at_frame = torch.zeros(N, K, dtype=i64, device=dev)  # labels found at the slot's frame (TDT: of duration 0)
@@ -295,7 +253,7 @@ def modified_beam_search_reference(
     dev = x.device
     K, i64 = beam_size, torch.int64
     V = w.out_w.shape[0]
-    enc, act, lengths, wd, ninf, pred_state, out, g, score = _start(w, x, lengths, K, blank)
+    enc, act, lengths, wd, ninf, pred_state, out, g, score = search_start(w, x, lengths, K, blank)
     acoustic = score.clone()
     n_lab = torch.zeros(N, K, dtype=i64, device=dev)
     last = torch.full((N, K), -1, dtype=i64, device=dev)

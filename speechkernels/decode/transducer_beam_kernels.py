@@ -52,7 +52,8 @@ from .beam_kernels import (
     fusion_constants,
     lm_arguments,
 )
-from .reference import input_gates_table, predict
+from .hypotheses import BeamHypotheses, Hypotheses, TransducerState, compact, fusion_start
+from .networks import input_gates_table, predict, search_start
 from .transducer_kernels import _INTERPRETER, _sigmoid, _tanh, _tf32_hi
 
 STEP_TILES = {"block_c": 256, "warps": 4, "wide": 8, "block_c_wide": 64, "warps_wide": 8, "block_arcs": 64}
@@ -1172,8 +1173,6 @@ def greedy_search(w, x: torch.Tensor, lengths: torch.Tensor, state, blank: int, 
                   lm_weight: float, boosting, boosting_weight: float, plans=None):  # fmt: skip
     """``transducer_greedy_reference`` with an LM or a booster fused (the same arguments and results) with each
     step's decisions in ``_greedy_step_kernel``: the beam search's buffers, networks and CUDA graphs at K = 1."""
-    from .reference import Hypotheses, TransducerState, _fusion_states, compact
-
     N, T, _ = x.shape
     dev = x.device
     S = T * max_symbols
@@ -1184,8 +1183,8 @@ def greedy_search(w, x: torch.Tensor, lengths: torch.Tensor, state, blank: int, 
     g = torch.nn.functional.linear(state.output, w.pred_w, w.pred_b)
     zero = torch.zeros(N, 1, dtype=torch.float32, device=dev)
     fusion_states = (
-        _fusion_states(lm, state.lm_states, N, dev),
-        _fusion_states(boosting, state.boosting_states, N, dev),
+        fusion_start(lm, state.lm_states, N, dev),
+        fusion_start(boosting, state.boosting_states, N, dev),
     )
     with search.held(), torch.no_grad():
         search.start(enc, lengths, state.predictor, state.output, g, zero, state.time_jumps, *fusion_states)
@@ -1241,15 +1240,12 @@ def _kept_search(modified, greedy, w, N, T, K, blank, durations, max_symbols, lm
 
 def _search(modified, w, x, lengths, K, blank, durations, max_symbols, B=1, lm=None, lm_weight=0.0, score_norm=True,
             boosting=None, boosting_weight=1.0, plans=None):  # fmt: skip
-    from .beam_reference import BeamHypotheses
-    from .transducer_beam import _start
-
     N, T, _ = x.shape
     dev = x.device
     BP = max(2, next_power_of_2(B))
     D = len(durations) if durations else 0
     S = T if modified else T * max_symbols
-    enc, act, lengths, wd, ninf, pred_state, out, g, score = _start(w, x, lengths, K, blank)
+    enc, act, lengths, wd, ninf, pred_state, out, g, score = search_start(w, x, lengths, K, blank)
     search = _kept_search(modified, False, w, N, T, K, blank, durations, max_symbols, lm, lm_weight, boosting,
                           boosting_weight, enc, plans)  # fmt: skip
     with search.held(), torch.no_grad():  # (the results read the search's buffers)
