@@ -69,6 +69,9 @@ def exits_with_usage(argv: list[str], capsys) -> str:
         (["tdt", "--rows", "ctc:1x5x2x5"], "tdt, multiblank"),
         (["tdt", "--rows", "1x9-5x2x5"], "lo <= hi"),
         (["tdt", "--joint", "--rows", "multiblank:1x5x2x5"], "NxTxUxV rows only"),
+        (["tdt", "--joint", "--rows", "1x5x2x5+9"], "no +D"),
+        (["tdt", "--rows", "multiblank:1x5x2x5+9"], "a TDT row's"),
+        (["tdt", "--rows", "1x5x2x5+0"], "[KIND:]NxTxUxV[+D]"),
         (["align", "--rows", "1:12:5"], "NxTxCxS"),
         (["align", "--rows", "1x4x5x3"], "T >= 2S - 1"),
         (["decode", "--rows", "lstm-1x8"], "MODEL-NxSECONDS"),
@@ -120,6 +123,7 @@ def test_rows_parsers():
         ("tdt", 2, (20, 20), (5, 5), 28, len(tdt.DURATIONS)),
         ("multiblank", 16, (250, 400), (40, 100), 8193, len(tdt.BIG_BLANKS)),
     ]
+    assert tdt.parse_rows("tdt:4x1200x200x513+9") == [("tdt", 4, (1200, 1200), (200, 200), 513, 9)]
     assert align.parse_rows("8x300x32x40,2:2000:32:300") == [(8, 300, 32, 40), (2, 2000, 32, 300)]
     assert decode.parse_rows("tdt-8x8, ctc-64x1500x5000") == ["tdt-8x8", "ctc-64x1500x5000"]
     assert wavenet.parse_rows("proxy:bfloat16:8,vocoder:20:1") == [("proxy", "bfloat16", 8), ("vocoder", 20, 1)]

@@ -2,11 +2,11 @@
 (N, T, U, V) (the token logits alone).
 
 Rows (N, T, U, V, D): (32, 400, 128, 1025, 5), (16, 250-400 ragged, 40-100 ragged, 8193, 5), (8, 1500, 300, 1025,
-5) with durations [0, 1, 2, 3, 4]; multi-blank (32, 400, 128, 1025 + 3 big blanks of durations [2, 4, 8]). U counts
-the labels (logits [N, T, U + 1, V + D]). Times are medians of CUDA-event-timed calls after warm-up, the losses
-taking turns call by call, rnnt_loss on a contiguous copy of the token logits (* where no copy fits: on the slice
-of ours); memory is the peak allocated above
-what existed before the call. The error columns (small CPU rows only) compare with the float64 reference.
+5) with durations [0, 1, 2, 3, 4], and (4, 1200, 200, 513, 9) with durations [0, 1, ..., 8]; multi-blank (32, 400,
+128, 1025 + 3 big blanks of durations [2, 4, 8]). U counts the labels (logits [N, T, U + 1, V + D]). Times are
+medians of CUDA-event-timed calls after warm-up, the losses taking turns call by call, rnnt_loss on a contiguous copy
+of the token logits (* where no copy fits: on the slice of ours); memory is the peak allocated above what existed
+before the call. The error columns (small CPU rows only) compare with the float64 reference.
 
 Then the fused joint (``--joint``: this table only): a TDT model's joint training step (``TDTJointLoss``, joint 512 ->
 640 <- 640, relu, an output layer of V + D rows) against the RNN-T one at the same (N, T, U, V) (``RNNTJointLoss``,
@@ -51,16 +51,21 @@ ROWS = [
     ("tdt", 32, (400, 400), (128, 128), 1025, 5),
     ("tdt", 16, (250, 400), (40, 100), 8193, 5),
     ("tdt", 8, (1500, 1500), (300, 300), 1025, 5),
+    ("tdt", 4, (1200, 1200), (200, 200), 513, 9),  # durations 0..8: the recursion's cost grows with D
     ("multiblank", 32, (400, 400), (128, 128), 1025, 3),
 ]
 CPU_DEMO = [("tdt", 2, (20, 20), (5, 5), 28, 5), ("multiblank", 2, (20, 20), (5, 5), 28, 3)]
 JOINT_ROWS = [(32, 400, 128, 1025), (16, 400, 100, 8193)]  # (N, T, U, V), durations DURATIONS
 JOINT_CPU_DEMO = [(2, 30, 8, 33)]
-KINDS = {"tdt": len(DURATIONS), "multiblank": len(BIG_BLANKS)}  # kind -> extra columns
+KINDS = {"tdt": len(DURATIONS), "multiblank": len(BIG_BLANKS)}  # kind -> extra columns (by default)
 CPU_SECONDS = 2  # the CPU demo's rows with the default options, start-up not included
 LEGEND = [
     ("kind N T U", "tdt or multiblank, batch, frames, labels (lo-hi: ragged lengths, the longest spans the tensor)"),
-    ("V X", f"tokens (blank V - 1) and extra columns: TDT's durations {DURATIONS}, or big blanks {BIG_BLANKS}"),
+    (
+        "V X",
+        f"tokens (blank V - 1) and extra columns: TDT's X durations 0..X-1 (default {DURATIONS}), or big blanks "
+        f"{BIG_BLANKS}",
+    ),
     (
         "ours ms",
         "median ms of one forward+backward from the logits [N, T, U + 1, V + X]: tdt_loss or multiblank_rnnt_loss",
@@ -94,9 +99,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_common_arguments(
         p,
         parse_rows,
-        "[KIND:]NxTxUxV, KIND tdt (default) or multiblank, T and U either a length "
-        "or a range lo-hi of ragged lengths, e.g. tdt:2x20x5x28,multiblank:16x250-400x40-100x8193 "
-        "(with --joint: NxTxUxV)",
+        "[KIND:]NxTxUxV[+D], KIND tdt (default) or multiblank, T and U either a length "
+        "or a range lo-hi of ragged lengths, +D: a TDT row's D durations 0..D-1 (default 5), e.g. "
+        "tdt:2x20x5x28,tdt:4x1200x200x513+9,multiblank:16x250-400x40-100x8193 (with --joint: NxTxUxV)",
         "the speed-up of rnnt_loss's time over ours per row (below 1: ours is slower)",
     )
     p.add_argument("--reps", type=positive_int, default=20, help="timed calls per loss (default 20)")
@@ -105,18 +110,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def parse_rows(text: str) -> list[tuple]:
-    """--rows: comma-separated [KIND:]NxTxUxV (T, U: a length or lo-hi) as [(kind, N, (T_min, T), (U_min, U), V,
-    X)], or argparse's ArgumentTypeError naming the form."""
-    form, example = "[KIND:]NxTxUxV (T and U a length or lo-hi)", "tdt:2x20x5x28 or multiblank:16x250-400x40-100x8193"
+    """--rows: comma-separated [KIND:]NxTxUxV[+D] (T, U: a length or lo-hi; +D: a TDT row's durations 0..D-1) as
+    [(kind, N, (T_min, T), (U_min, U), V, X)], or argparse's ArgumentTypeError naming the form."""
+    form = "[KIND:]NxTxUxV[+D] (T and U a length or lo-hi, +D a TDT row's durations)"
+    example = "tdt:2x20x5x28, tdt:4x1200x200x513+9 or multiblank:16x250-400x40-100x8193"
     rows = []
     for item in split_rows(text):
         kind, _, shape = item.rpartition(":")
         kind = kind or "tdt"
         if kind not in KINDS:
             raise argparse.ArgumentTypeError(f"{item!r}: kind {kind!r} is not one of {', '.join(KINDS)}")
+        shape, plus, durations = shape.partition("+")
         parts = shape.split("x")
         if len(parts) != 4:
             raise argparse.ArgumentTypeError(f"{item!r} is not {form}, e.g. {example}")
+        X = KINDS[kind]
+        if plus:
+            if kind != "tdt":
+                raise argparse.ArgumentTypeError(f"{item!r}: +D (the durations) is a TDT row's")
+            (X,) = parse_shape(durations, form, (1,), example)
         N, V = parse_shape(f"{parts[0]}x{parts[3]}", form, (2,), example)
         # a single length n stands for the range n-n
         lo_T, T = (parse_shape(parts[1], form, (1, 2), example, seps="-") * 2)[-2:]
@@ -125,7 +137,7 @@ def parse_rows(text: str) -> list[tuple]:
             raise argparse.ArgumentTypeError(f"{item!r}: a range lo-hi needs lo <= hi")
         if V < 2:
             raise argparse.ArgumentTypeError(f"{item!r}: V={V} leaves no token for the labels (the blank is V - 1)")
-        rows.append((kind, N, (lo_T, T), (lo_U, U), V, KINDS[kind]))
+        rows.append((kind, N, (lo_T, T), (lo_U, U), V, X))
     return list(dict.fromkeys(rows))
 
 
@@ -133,11 +145,11 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """--joint takes plain NxTxUxV rows (TDT, every sample of full length)."""
     if args.joint and args.rows:
         for row in args.rows:
-            kind, _, T_range, U_range, _, _ = row
-            if kind != "tdt" or T_range[0] != T_range[1] or U_range[0] != U_range[1]:
+            kind, _, T_range, U_range, _, X = row
+            if kind != "tdt" or T_range[0] != T_range[1] or U_range[0] != U_range[1] or X != len(DURATIONS):
                 parser.error(
                     f"--joint --rows: {_label(row)}: the joint's table takes NxTxUxV rows only (TDT, no "
-                    "lo-hi ranges), e.g. 2x30x8x33"
+                    "lo-hi ranges, no +D), e.g. 2x30x8x33"
                 )
 
 
@@ -155,11 +167,12 @@ def make_inputs(kind, N, T_range, U_range, V, X, device, dtype, seed=0):
     return logits, targets, il.to(device), tl.to(device)
 
 
-def losses(kind, targets, il, tl, V, tokens=None):
-    """name -> function of the logits to the batch-mean loss: ours, and rnnt_loss of the token logits (on
-    ``tokens``, a contiguous leaf of their own when given: its gradient is dropped before each call)."""
+def losses(kind, targets, il, tl, V, X, tokens=None):
+    """name -> function of the logits to the batch-mean loss: ours (TDT: durations 0..X-1), and rnnt_loss of the
+    token logits (on ``tokens``, a contiguous leaf of their own when given: its gradient is dropped before each
+    call)."""
     if kind == "tdt":
-        ours = lambda v: sk.tdt_loss(v, targets, il, tl, DURATIONS, blank=V - 1)  # noqa: E731
+        ours = lambda v: sk.tdt_loss(v, targets, il, tl, list(range(X)), blank=V - 1)  # noqa: E731
     else:
         ours = lambda v: sk.multiblank_rnnt_loss(v, targets, il, tl, BIG_BLANKS)  # noqa: E731
 
@@ -172,16 +185,16 @@ def losses(kind, targets, il, tl, V, tokens=None):
     return {kind: ours, "rnnt": rnnt}
 
 
-def errors(kind, logits, targets, il, tl, V):
+def errors(kind, logits, targets, il, tl, V, X):
     """(loss error, gradient error) of ours against the float64 reference (small rows)."""
     x = logits.detach().double().requires_grad_()
     if kind == "tdt":
-        ref = tdt_loss_reference(x, targets, il, tl, DURATIONS, V - 1)
+        ref = tdt_loss_reference(x, targets, il, tl, list(range(X)), V - 1)
     else:
         ref = multiblank_rnnt_loss_reference(x, targets, il, tl, BIG_BLANKS)
     ref.backward()
     y = logits.detach().clone().requires_grad_()
-    ours = losses(kind, targets, il, tl, V)[kind](y)
+    ours = losses(kind, targets, il, tl, V, X)[kind](y)
     ours.backward()
     return abs(ours.item() - ref.item()) / abs(ref.item()), (y.grad.double() - x.grad).abs().max().item()
 
@@ -289,9 +302,9 @@ def run(args) -> int:
         if C < logits.shape[-1] and 4 * logits.nbytes < free:
             tokens = logits[..., :C].contiguous().requires_grad_()
             tokens.register_post_accumulate_grad_hook(lambda t: setattr(t, "grad", None))
-        res = time_forward_backward(losses(kind, targets, il, tl, C, tokens), logits, device, args.reps)
+        res = time_forward_backward(losses(kind, targets, il, tl, C, X, tokens), logits, device, args.reps)
         ours, rnnt = res[kind], res["rnnt"]
-        err = errors(kind, logits, targets, il, tl, C) if device.type == "cpu" else (None, None)
+        err = errors(kind, logits, targets, il, tl, C, X) if device.type == "cpu" else (None, None)
         row = dict(
             kind=kind,
             N=N,
@@ -332,8 +345,9 @@ def _span(v: list[int] | tuple[int, int]) -> str:
 
 
 def _label(row: tuple) -> str:
-    kind, N, T_range, U_range, V, _ = row
-    return f"{kind}:{N}x{_span(T_range)}x{_span(U_range)}x{V}"
+    kind, N, T_range, U_range, V, X = row
+    durations = f"+{X}" if kind == "tdt" and X != len(DURATIONS) else ""
+    return f"{kind}:{N}x{_span(T_range)}x{_span(U_range)}x{V}{durations}"
 
 
 def plot(rows: list[dict], path: str, title: str) -> None:
