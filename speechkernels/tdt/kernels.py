@@ -90,12 +90,14 @@ def _compose(a1, c1, a2, c2):
 
 
 @triton.jit
-def _weight(p_cell, e_ptr, k, mask):
-    """Edge k's weight at the cells p_cell (entries a, then b unless -1), and its duration."""
+def _weight(p_cell, e_ptr, k, mask, U1):
+    """Edge k's weight at the cells p_cell of a lattice with its entries U1 apart (entries a, then b unless -1),
+    and its duration."""
     d = tl.load(e_ptr + 3 * k)
     ea = tl.load(e_ptr + 3 * k + 1)
     eb = tl.load(e_ptr + 3 * k + 2)
-    w = tl.load(p_cell + ea, mask=mask, other=0.0) + tl.load(p_cell + eb, mask=mask & (eb >= 0), other=0.0)
+    w = tl.load(p_cell + ea * U1, mask=mask, other=0.0)
+    w += tl.load(p_cell + eb * U1, mask=mask & (eb >= 0), other=0.0)
     return w.to(tl.float64), d
 
 
@@ -103,7 +105,8 @@ def _weight(p_cell, e_ptr, k, mask):
 def _edge_term(p_lat, p_st, edge_ptr, k, t, o_u, m_u, T_n, U_n, U1, K, LABEL: tl.constexpr, BETA: tl.constexpr):
     """Edge k's term at frame t of the state being computed: the state at its other end plus its weight, neg()
     where the edge does not exist. Alpha: from (t - d, u) (a blank) or (t - d, u - 1) (a label); beta: to
-    (t + d, u) or (t + d, u + 1), the weight at (t, u)."""
+    (t + d, u) or (t + d, u + 1), the weight at (t, u). p_lat: the sample's lattice as [T, K, U + 1] (entry e of
+    cell (t, u) at (t K + e) (U + 1) + u: each entry's row contiguous along u)."""
     d = tl.load(edge_ptr + 3 * k)
     if BETA:
         if LABEL:
@@ -112,17 +115,17 @@ def _edge_term(p_lat, p_st, edge_ptr, k, t, o_u, m_u, T_n, U_n, U1, K, LABEL: tl
         else:
             ok = tl.where((t < T_n) & (t + d <= T_n), m_u, False)
             p_other = p_st + (t + d) * U1 + o_u
-        p_cell = p_lat + (t * U1 + o_u) * K
+        p_cell = p_lat + t * K * U1 + o_u
     else:
         if LABEL:
             ok = tl.where((t - d >= 0) & (t < T_n), m_u & (o_u >= 1), False)
             p_other = p_st + (t - d) * U1 + o_u - 1
-            p_cell = p_lat + ((t - d) * U1 + o_u - 1) * K
+            p_cell = p_lat + (t - d) * K * U1 + o_u - 1
         else:
             ok = tl.where(t - d >= 0, m_u, False)
             p_other = p_st + (t - d) * U1 + o_u
-            p_cell = p_lat + ((t - d) * U1 + o_u) * K
-    w, d = _weight(p_cell, edge_ptr, k, ok)
+            p_cell = p_lat + (t - d) * K * U1 + o_u
+    w, d = _weight(p_cell, edge_ptr, k, ok, U1)
     other = tl.load(p_other, mask=ok, other=0.0)
     return tl.where(ok, other + w, neg())
 
@@ -143,11 +146,12 @@ def _frame(start, p_lat, p_st, edge_ptr, t, o_u, m_u, T_n, U_n, U1, K, zero_a, z
     a = m + tl.log2(s).to(tl.float64)
     if BETA:
         ok = tl.where((t < T_n) & (zero_a >= 0), m_u & (o_u < U_n), False)
-        p_c = p_lat + (t * U1 + o_u) * K
+        p_c = p_lat + t * K * U1 + o_u
     else:
         ok = tl.where((t < T_n) & (zero_a >= 0), m_u & (o_u >= 1), False)
-        p_c = p_lat + (t * U1 + o_u - 1) * K
-    c = tl.load(p_c + zero_a, mask=ok, other=0.0) + tl.load(p_c + zero_b, mask=ok & (zero_b >= 0), other=0.0)
+        p_c = p_lat + t * K * U1 + o_u - 1
+    c = tl.load(p_c + zero_a * U1, mask=ok, other=0.0)
+    c += tl.load(p_c + zero_b * U1, mask=ok & (zero_b >= 0), other=0.0)
     c = tl.where(ok, c.to(tl.float64), neg())
     a, _c = tl.associative_scan((a, c), 0, _compose, reverse=BETA)
     return a
@@ -155,7 +159,8 @@ def _frame(start, p_lat, p_st, edge_ptr, t, o_u, m_u, T_n, U_n, U1, K, zero_a, z
 
 @triton.jit
 def _tdt_recursion_kernel(
-    lat_ptr, alpha_ptr, beta_ptr,  # alpha, beta: [N, T+1, U+1] float64 out
+    lat_ptr, alpha_ptr, beta_ptr,  # lat: [N, T, K, U+1] (the lattice, each entry's row along u); alpha, beta:
+    # [N, T+1, U+1] float64 out
     logp_ptr,  # [N] float64 out: log2 p (-inf without a path, NaN with a NaN entry)
     nan_ptr, edge_ptr, il_ptr, tl_ptr,
     T, U1, K, zero_a, zero_b,  # the 0-frame label edge's entries (zero_a -1: none)
@@ -419,8 +424,11 @@ def tdt_recursions(
     block_u = next_power_of_2(U1)
     # what both kernels take after their tables: the edges, the lengths and the sizes
     edge_args = (edges, logit_lengths, target_lengths, T, U1, K, zero_a, zero_b)
+    # the recursions read a frame's entries across u: each entry's row contiguous ([N, T, K, U+1], a copy of about
+    # 1/V of the logits' bytes), where the cells' K entries side by side would make every load a strided one
+    lat_rows = lat.view(N * T, U1, K).transpose(1, 2).contiguous()
     _tdt_recursion_kernel[(N, 2 if need_grad else 1)](  # alpha and, with a gradient to come, beta at once
-        lat,
+        lat_rows,
         alpha,
         beta,
         logp,
