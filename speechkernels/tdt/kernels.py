@@ -42,6 +42,8 @@ from .._transducer.lattice import (
 )
 from .._transducer.options import TransducerOptions
 
+RECURSION_LANES = 1  # values of u per thread in the recursions (warps: the lanes of u over 32 of them, at most 16)
+
 
 @triton.jit
 def _tdt_lattice_kernel(
@@ -437,7 +439,7 @@ def tdt_recursions(
         NB=nb,
         NE=ne,
         BLOCK_U=block_u,
-        num_warps=max(1, min(16, block_u // 32)),
+        num_warps=max(1, min(16, block_u // (32 * RECURSION_LANES))),
     )
     if need_grad:
         _tdt_occupancy_kernel[(N * T,)](
