@@ -95,6 +95,9 @@ def main() -> int:
         out["variants"][name] = dict(
             tokens=int(hyp.lengths.sum()), lists=(lists, frames), **phases(d, x, lengths, variant)
         )
+        v = out["variants"][name]  # as each variant is ready (compiling them all can outlast a command's limit)
+        print(f"{args.row} {args.dtype} {name}: ready, {v['tokens']} tokens, {v['steps']} one-launch steps, "
+              f"{v['phases_us']}", flush=True)  # fmt: skip
     times = {name: [] for name in decs}
     for rep in range(args.reps + 3):
         for name, d in decs.items():
