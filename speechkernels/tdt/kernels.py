@@ -7,9 +7,11 @@ edge table on the device lists per edge its duration and entries, blank edges fi
 
 1. ``_tdt_lattice_kernel``: program = up to BLOCK_R cells of a row (n, t): the tokens' log-sum-exp (natural log,
    kept for the backward), the K entries, NaN counts per sample.
-2. ``_tdt_recursion_kernel``: program = a sample: alpha frame by frame, t = 0 .. T_n, each frame's 0-frame label
-   edges by a scan along u (x_u = lae(a_u, x_{u-1} + c_u) composes as affine maps of the log semiring); log2 p;
-   then beta backwards, likewise. State in float64.
+2. ``_tdt_recursion_kernel``: program (n, 0) = sample n's alpha frame by frame, t = 0 .. T_n: the edges into a
+   frame's states summed as one maximum and one sum of exp2 (independent terms, not a chain of pairwise sums), then
+   its 0-frame label edges by a scan along u (x_u = lae(a_u, x_{u-1} + c_u) composes as affine maps of the log
+   semiring); log2 p. Program (n, 1), with a gradient to come: beta backwards, likewise, at the same time. State
+   in float64.
 3. ``_tdt_occupancy_kernel`` (with a gradient to come): program = a row (n, t): each edge's occupancy
    exp2(alpha + w + beta - log2 p), their sums per entry, written over the row's entries; alpha and beta are then
    dropped.
@@ -39,6 +41,8 @@ from .._transducer.lattice import (
     score_grad_chunks,
 )
 from .._transducer.options import TransducerOptions
+
+RECURSION_LANES = 1  # values of u per thread in the recursions (warps: the lanes of u over 32 of them, at most 16)
 
 
 @triton.jit
@@ -88,77 +92,107 @@ def _compose(a1, c1, a2, c2):
 
 
 @triton.jit
-def _weight(p_cell, e_ptr, k, mask):
-    """Edge k's weight at the cells p_cell (entries a, then b unless -1), and its duration."""
+def _weight(p_cell, e_ptr, k, mask, U1):
+    """Edge k's weight at the cells p_cell of a lattice with its entries U1 apart (entries a, then b unless -1),
+    and its duration."""
     d = tl.load(e_ptr + 3 * k)
     ea = tl.load(e_ptr + 3 * k + 1)
     eb = tl.load(e_ptr + 3 * k + 2)
-    w = tl.load(p_cell + ea, mask=mask, other=0.0) + tl.load(p_cell + eb, mask=mask & (eb >= 0), other=0.0)
+    w = tl.load(p_cell + ea * U1, mask=mask, other=0.0)
+    w += tl.load(p_cell + eb * U1, mask=mask & (eb >= 0), other=0.0)
     return w.to(tl.float64), d
 
 
 @triton.jit
+def _edge_term(p_lat, p_st, edge_ptr, k, t, o_u, m_u, T_n, U_n, U1, K, LABEL: tl.constexpr, BETA: tl.constexpr):
+    """Edge k's term at frame t of the state being computed: the state at its other end plus its weight, neg()
+    where the edge does not exist. Alpha: from (t - d, u) (a blank) or (t - d, u - 1) (a label); beta: to
+    (t + d, u) or (t + d, u + 1), the weight at (t, u). p_lat: the sample's lattice as [T, K, U + 1] (entry e of
+    cell (t, u) at (t K + e) (U + 1) + u: each entry's row contiguous along u)."""
+    d = tl.load(edge_ptr + 3 * k)
+    if BETA:
+        if LABEL:
+            ok = tl.where(t + d < T_n, m_u & (o_u < U_n), False)
+            p_other = p_st + (t + d) * U1 + o_u + 1
+        else:
+            ok = tl.where((t < T_n) & (t + d <= T_n), m_u, False)
+            p_other = p_st + (t + d) * U1 + o_u
+        p_cell = p_lat + t * K * U1 + o_u
+    else:
+        if LABEL:
+            ok = tl.where((t - d >= 0) & (t < T_n), m_u & (o_u >= 1), False)
+            p_other = p_st + (t - d) * U1 + o_u - 1
+            p_cell = p_lat + (t - d) * K * U1 + o_u - 1
+        else:
+            ok = tl.where(t - d >= 0, m_u, False)
+            p_other = p_st + (t - d) * U1 + o_u
+            p_cell = p_lat + (t - d) * K * U1 + o_u
+    w, d = _weight(p_cell, edge_ptr, k, ok, U1)
+    other = tl.load(p_other, mask=ok, other=0.0)
+    return tl.where(ok, other + w, neg())
+
+
+@triton.jit
+def _frame(start, p_lat, p_st, edge_ptr, t, o_u, m_u, T_n, U_n, U1, K, zero_a, zero_b, NB: tl.constexpr,
+           NE: tl.constexpr, BETA: tl.constexpr):  # fmt: skip
+    """Frame t's states (alpha, or beta with BETA): the log2-sum of ``start`` and every edge's term, as one
+    maximum and one sum of exp2 (the terms are independent: no chain of pairwise sums), then the 0-frame label
+    edges along u by a scan."""
+    m = start
+    for k in tl.static_range(NB + NE):
+        m = tl.maximum(m, _edge_term(p_lat, p_st, edge_ptr, k, t, o_u, m_u, T_n, U_n, U1, K, k >= NB, BETA))
+    s = tl.exp2((start - m).to(tl.float32))
+    for k in tl.static_range(NB + NE):  # the same loads again (cached), each term's share
+        x = _edge_term(p_lat, p_st, edge_ptr, k, t, o_u, m_u, T_n, U_n, U1, K, k >= NB, BETA)
+        s += tl.exp2((x - m).to(tl.float32))
+    a = m + tl.log2(s).to(tl.float64)
+    if BETA:
+        ok = tl.where((t < T_n) & (zero_a >= 0), m_u & (o_u < U_n), False)
+        p_c = p_lat + t * K * U1 + o_u
+    else:
+        ok = tl.where((t < T_n) & (zero_a >= 0), m_u & (o_u >= 1), False)
+        p_c = p_lat + t * K * U1 + o_u - 1
+    c = tl.load(p_c + zero_a * U1, mask=ok, other=0.0)
+    c += tl.load(p_c + zero_b * U1, mask=ok & (zero_b >= 0), other=0.0)
+    c = tl.where(ok, c.to(tl.float64), neg())
+    a, _c = tl.associative_scan((a, c), 0, _compose, reverse=BETA)
+    return a
+
+
+@triton.jit
 def _tdt_recursion_kernel(
-    lat_ptr, alpha_ptr, beta_ptr,  # alpha, beta: [N, T+1, U+1] float64 out
+    lat_ptr, alpha_ptr, beta_ptr,  # lat: [N, T, K, U+1] (the lattice, each entry's row along u); alpha, beta:
+    # [N, T+1, U+1] float64 out
     logp_ptr,  # [N] float64 out: log2 p (-inf without a path, NaN with a NaN entry)
     nan_ptr, edge_ptr, il_ptr, tl_ptr,
     T, U1, K, zero_a, zero_b,  # the 0-frame label edge's entries (zero_a -1: none)
     NB: tl.constexpr, NE: tl.constexpr,  # blank edges, then label edges of positive durations, in edge_ptr
-    BETA: tl.constexpr, BLOCK_U: tl.constexpr,
+    BLOCK_U: tl.constexpr,
 ):  # fmt: skip
+    """Program (n, 0): sample n's alpha frame by frame and log2 p; program (n, 1) (launched with a gradient to
+    come): its beta, backwards, at the same time."""
     n = tl.program_id(0).to(tl.int64)
     T_n, U_n = sample_lengths(il_ptr, tl_ptr, n, True, T, U1)
     o_u = tl.arange(0, BLOCK_U)
     m_u = o_u <= U_n
-    p_a = alpha_ptr + n * (T + 1) * U1
-    p_b = beta_ptr + n * (T + 1) * U1
     p_lat = lat_ptr + n * T * U1 * K
-    for t in range(0, T_n + 1):
-        a = tl.where(o_u + t == 0, 0.0, neg()).to(tl.float64)
-        for k in tl.static_range(NB):
-            d = tl.load(edge_ptr + 3 * k)
-            ok = tl.where(t - d >= 0, m_u, False)
-            w, d = _weight(p_lat + ((t - d) * U1 + o_u) * K, edge_ptr, k, ok)
-            prev = tl.load(p_a + (t - d) * U1 + o_u, mask=ok, other=0.0)
-            a = tl.where(ok, lae(a, prev + w), a)
-        for k in tl.static_range(NB, NB + NE):
-            d = tl.load(edge_ptr + 3 * k)
-            ok = tl.where((t - d >= 0) & (t < T_n), m_u & (o_u >= 1), False)
-            w, d = _weight(p_lat + ((t - d) * U1 + o_u - 1) * K, edge_ptr, k, ok)
-            prev = tl.load(p_a + (t - d) * U1 + o_u - 1, mask=ok, other=0.0)
-            a = tl.where(ok, lae(a, prev + w), a)
-        ok = tl.where((t < T_n) & (zero_a >= 0), m_u & (o_u >= 1), False)
-        p_c = p_lat + (t * U1 + o_u - 1) * K
-        c = tl.load(p_c + zero_a, mask=ok, other=0.0) + tl.load(p_c + zero_b, mask=ok & (zero_b >= 0), other=0.0)
-        c = tl.where(ok, c.to(tl.float64), neg())
-        a, _c = tl.associative_scan((a, c), 0, _compose)
-        tl.store(p_a + t * U1 + o_u, a, mask=m_u)
-        tl.debug_barrier()
-    logp = tl.sum(tl.where(o_u == U_n, tl.load(p_a + T_n * U1 + o_u, mask=m_u, other=0.0), 0.0), axis=0)
-    logp = tl.where(logp < neg() * 0.5, float("-inf"), logp)
-    logp = tl.where(tl.load(nan_ptr + n) > 0, float("nan"), logp)
-    tl.store(logp_ptr + n, logp)
-    if BETA:
+    if tl.program_id(1) == 0:
+        p_a = alpha_ptr + n * (T + 1) * U1
+        for t in range(0, T_n + 1):
+            start = tl.where(o_u + t == 0, 0.0, neg()).to(tl.float64)
+            a = _frame(start, p_lat, p_a, edge_ptr, t, o_u, m_u, T_n, U_n, U1, K, zero_a, zero_b, NB, NE, False)
+            tl.store(p_a + t * U1 + o_u, a, mask=m_u)
+            tl.debug_barrier()
+        logp = tl.sum(tl.where(o_u == U_n, tl.load(p_a + T_n * U1 + o_u, mask=m_u, other=0.0), 0.0), axis=0)
+        logp = tl.where(logp < neg() * 0.5, float("-inf"), logp)
+        logp = tl.where(tl.load(nan_ptr + n) > 0, float("nan"), logp)
+        tl.store(logp_ptr + n, logp)
+    else:
+        p_b = beta_ptr + n * (T + 1) * U1
         for i in range(0, T_n + 1):
             t = T_n - i
-            b = tl.where(t == T_n, tl.where(o_u == U_n, 0.0, neg()), neg()).to(tl.float64)
-            p_c = p_lat + (t * U1 + o_u) * K
-            for k in tl.static_range(NB):
-                d = tl.load(edge_ptr + 3 * k)
-                ok = tl.where((t < T_n) & (t + d <= T_n), m_u, False)
-                w, d = _weight(p_c, edge_ptr, k, ok)
-                nxt = tl.load(p_b + (t + d) * U1 + o_u, mask=ok, other=0.0)
-                b = tl.where(ok, lae(b, nxt + w), b)
-            for k in tl.static_range(NB, NB + NE):
-                d = tl.load(edge_ptr + 3 * k)
-                ok = tl.where(t + d < T_n, m_u & (o_u < U_n), False)
-                w, d = _weight(p_c, edge_ptr, k, ok)
-                nxt = tl.load(p_b + (t + d) * U1 + o_u + 1, mask=ok, other=0.0)
-                b = tl.where(ok, lae(b, nxt + w), b)
-            ok = tl.where((t < T_n) & (zero_a >= 0), m_u & (o_u < U_n), False)
-            c = tl.load(p_c + zero_a, mask=ok, other=0.0) + tl.load(p_c + zero_b, mask=ok & (zero_b >= 0), other=0.0)
-            c = tl.where(ok, c.to(tl.float64), neg())
-            b, _c = tl.associative_scan((b, c), 0, _compose, reverse=True)
+            start = tl.where(t == T_n, tl.where(o_u == U_n, 0.0, neg()), neg()).to(tl.float64)
+            b = _frame(start, p_lat, p_b, edge_ptr, t, o_u, m_u, T_n, U_n, U1, K, zero_a, zero_b, NB, NE, True)
             tl.store(p_b + t * U1 + o_u, b, mask=m_u)
             tl.debug_barrier()
 
@@ -392,8 +426,11 @@ def tdt_recursions(
     block_u = next_power_of_2(U1)
     # what both kernels take after their tables: the edges, the lengths and the sizes
     edge_args = (edges, logit_lengths, target_lengths, T, U1, K, zero_a, zero_b)
-    _tdt_recursion_kernel[(N,)](
-        lat,
+    # the recursions read a frame's entries across u: each entry's row contiguous ([N, T, K, U+1], a copy of about
+    # 1/V of the logits' bytes), where the cells' K entries side by side would make every load a strided one
+    lat_rows = lat.view(N * T, U1, K).transpose(1, 2).contiguous()
+    _tdt_recursion_kernel[(N, 2 if need_grad else 1)](  # alpha and, with a gradient to come, beta at once
+        lat_rows,
         alpha,
         beta,
         logp,
@@ -401,9 +438,8 @@ def tdt_recursions(
         *edge_args,
         NB=nb,
         NE=ne,
-        BETA=need_grad,
         BLOCK_U=block_u,
-        num_warps=max(1, min(16, block_u // 32)),
+        num_warps=max(1, min(16, block_u // (32 * RECURSION_LANES))),
     )
     if need_grad:
         _tdt_occupancy_kernel[(N * T,)](
