@@ -7,11 +7,13 @@ edge table on the device lists per edge its duration and entries, blank edges fi
 
 1. ``_tdt_lattice_kernel``: program = up to BLOCK_R cells of a row (n, t): the tokens' log-sum-exp (natural log,
    kept for the backward), the K entries, NaN counts per sample.
-2. ``_tdt_recursion_kernel``: program (n, 0) = sample n's alpha frame by frame, t = 0 .. T_n: the edges into a
-   frame's states summed as one maximum and one sum of exp2 (independent terms, not a chain of pairwise sums), then
-   its 0-frame label edges by a scan along u (x_u = lae(a_u, x_{u-1} + c_u) composes as affine maps of the log
-   semiring); log2 p. Program (n, 1), with a gradient to come: beta backwards, likewise, at the same time. State
-   in float64.
+2. ``_tdt_skew_kernel`` then ``_tdt_recursion_kernel``: a copy of the lattice with cell (t, u) on row (t + u) mod T,
+   each entry's row along u; program (n, 0) = sample n's alpha along the anti-diagonals k = t + u = 0 .. T_n + U_n
+   (every edge into a node comes from an earlier one: a blank of duration d from diagonal k - d, a label from
+   k - d - 1), a diagonal's edge terms summed as one maximum and one sum of exp2; log2 p. The previous diagonal
+   stays in registers (blank edges of duration 1, the 0-frame label edge: one exchange between lanes), the older
+   ones are read back from the state, issued a step ahead. Program (n, 1), with a gradient to come: beta
+   backwards, likewise, at the same time. State in float64, node (t, u) at row (t + u) mod (T + 1).
 3. ``_tdt_occupancy_kernel`` (with a gradient to come): program = a row (n, t): each edge's occupancy
    exp2(alpha + w + beta - log2 p), their sums per entry, written over the row's entries; alpha and beta are then
    dropped.
@@ -41,9 +43,6 @@ from .._transducer.lattice import (
     score_grad_chunks,
 )
 from .._transducer.options import TransducerOptions
-
-RECURSION_LANES = 1  # values of u per thread in the recursions (warps: the lanes of u over 32 of them, at most 16)
-
 
 @triton.jit
 def _tdt_lattice_kernel(
@@ -86,115 +85,168 @@ def _tdt_lattice_kernel(
 
 
 @triton.jit
-def _compose(a1, c1, a2, c2):
-    """Two steps x -> lae(a, x + c) of a scan, the first then the second (log2, float64)."""
-    return lae(a2, a1 + c2), c1 + c2
+def _tdt_skew_kernel(
+    lat_ptr,  # [N * T * (U+1), K] float32: the lattice kernel's
+    out_ptr,  # [N, T, K, U+1] float32 out: cell (t, u)'s entry e at row (t + u) mod T, column (e, u)
+    T, U1, K, BLOCK_U: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """Program (row (n, t), block of u): the row's cells, each entry along u, on their anti-diagonals' rows."""
+    nt = tl.program_id(0).to(tl.int64)
+    n = nt // T
+    t = nt - n * T
+    o_u = tl.program_id(1) * BLOCK_U + tl.arange(0, BLOCK_U)
+    o_k = tl.arange(0, BLOCK_K)
+    m = (o_u < U1)[:, None] & (o_k < K)[None, :]
+    rows = tl.load(lat_ptr + (nt * U1 + o_u)[:, None] * K + o_k[None, :], mask=m)
+    r = (t + o_u) % T
+    tl.store(out_ptr + ((n * T + r)[:, None] * K + o_k[None, :]) * U1 + o_u[:, None], rows, mask=m)
 
 
 @triton.jit
-def _weight(p_cell, e_ptr, k, mask, U1):
-    """Edge k's weight at the cells p_cell of a lattice with its entries U1 apart (entries a, then b unless -1),
-    and its duration."""
-    d = tl.load(e_ptr + 3 * k)
-    ea = tl.load(e_ptr + 3 * k + 1)
-    eb = tl.load(e_ptr + 3 * k + 2)
-    w = tl.load(p_cell + ea * U1, mask=mask, other=0.0)
-    w += tl.load(p_cell + eb * U1, mask=mask & (eb >= 0), other=0.0)
-    return w.to(tl.float64), d
+def _edge_rows(edge_ptr, first, count, R: tl.constexpr):
+    """Edges first .. first + count - 1 of the table as [R, 1] columns: duration, entries a and b, and which
+    rows hold an edge."""
+    o_e = tl.arange(0, R)
+    m_e = o_e < count
+    p_e = edge_ptr + 3 * (first + o_e)
+    d = tl.load(p_e, mask=m_e, other=0)
+    ea = tl.load(p_e + 1, mask=m_e, other=0)
+    eb = tl.load(p_e + 2, mask=m_e, other=-1)
+    return d[:, None], ea[:, None], eb[:, None], m_e[:, None]
 
 
 @triton.jit
-def _edge_term(p_lat, p_st, edge_ptr, k, t, o_u, m_u, T_n, U_n, U1, K, LABEL: tl.constexpr, BETA: tl.constexpr):
-    """Edge k's term at frame t of the state being computed: the state at its other end plus its weight, neg()
-    where the edge does not exist. Alpha: from (t - d, u) (a blank) or (t - d, u - 1) (a label); beta: to
-    (t + d, u) or (t + d, u + 1), the weight at (t, u). p_lat: the sample's lattice as [T, K, U + 1] (entry e of
-    cell (t, u) at (t K + e) (U + 1) + u: each entry's row contiguous along u)."""
-    d = tl.load(edge_ptr + 3 * k)
+def _edge_loads(p_lat, p_st, k, rk, lk, d, ea, eb, m_e, u, T, T_n, U_n, U1, K, LABEL: tl.constexpr,
+                BETA: tl.constexpr):  # fmt: skip
+    """A block of edges at anti-diagonal k (lane u: node (k - u, u)), [R, BLOCK_U] each: the state at each edge's
+    other end (neg() where the edge does not exist; not read for the edges whose other end is on diagonal k -+ 1,
+    the previous step's, which the caller holds) and its two entries (neg() and 0 where there is no edge).
+    Alpha: edges in, from (t - d, u) (a blank: diagonal k - d) or (t - d, u - 1) (a label: k - d - 1), weighed
+    at that cell; beta: edges out, to (t + d, u) or (t + d, u + 1), weighed at (t, u). A duration of 0 is the
+    0-frame label edge (d = 0, LABEL). rk, lk: diagonal k's state row, k mod (T + 1), and lattice row, k mod T
+    (an edge that exists has d + LABEL <= T: one wrap at most)."""
+    t = k - u
     if BETA:
         if LABEL:
-            ok = tl.where(t + d < T_n, m_u & (o_u < U_n), False)
-            p_other = p_st + (t + d) * U1 + o_u + 1
+            ok = m_e & (t >= 0) & (t + d < T_n) & (u < U_n)
         else:
-            ok = tl.where((t < T_n) & (t + d <= T_n), m_u, False)
-            p_other = p_st + (t + d) * U1 + o_u
-        p_cell = p_lat + t * K * U1 + o_u
+            ok = m_e & (t >= 0) & (t < T_n) & (t + d <= T_n) & (u <= U_n)
+        r = rk + d + LABEL
+        r = tl.where(r > T, r - (T + 1), r)
+        u_s = u + LABEL
+        p_c = p_lat + lk * K * U1 + u
     else:
+        ok = m_e & (t - d >= 0) & (t <= T_n) & (u <= U_n)
         if LABEL:
-            ok = tl.where((t - d >= 0) & (t < T_n), m_u & (o_u >= 1), False)
-            p_other = p_st + (t - d) * U1 + o_u - 1
-            p_cell = p_lat + (t - d) * K * U1 + o_u - 1
-        else:
-            ok = tl.where(t - d >= 0, m_u, False)
-            p_other = p_st + (t - d) * U1 + o_u
-            p_cell = p_lat + (t - d) * K * U1 + o_u
-    w, d = _weight(p_cell, edge_ptr, k, ok, U1)
-    other = tl.load(p_other, mask=ok, other=0.0)
-    return tl.where(ok, other + w, neg())
+            ok = ok & (u >= 1) & (t < T_n)
+        r = rk - d - LABEL
+        r = tl.where(r < 0, r + (T + 1), r)
+        lr = lk - d - LABEL
+        lr = tl.where(lr < 0, lr + T, lr)
+        u_s = u - LABEL
+        p_c = p_lat + lr * (K * U1) + u_s
+    s = tl.load(p_st + r * U1 + u_s, mask=ok & (d + LABEL >= 2), other=neg())
+    wa = tl.load(p_c + ea * U1, mask=ok, other=neg())
+    wb = tl.load(p_c + eb * U1, mask=ok & (eb >= 0), other=0.0)
+    return s, wa, wb
 
 
 @triton.jit
-def _frame(start, p_lat, p_st, edge_ptr, t, o_u, m_u, T_n, U_n, U1, K, zero_a, zero_b, NB: tl.constexpr,
-           NE: tl.constexpr, BETA: tl.constexpr):  # fmt: skip
-    """Frame t's states (alpha, or beta with BETA): the log2-sum of ``start`` and every edge's term, as one
-    maximum and one sum of exp2 (the terms are independent: no chain of pairwise sums), then the 0-frame label
-    edges along u by a scan."""
-    m = start
-    for k in tl.static_range(NB + NE):
-        m = tl.maximum(m, _edge_term(p_lat, p_st, edge_ptr, k, t, o_u, m_u, T_n, U_n, U1, K, k >= NB, BETA))
-    s = tl.exp2((start - m).to(tl.float32))
-    for k in tl.static_range(NB + NE):  # the same loads again (cached), each term's share
-        x = _edge_term(p_lat, p_st, edge_ptr, k, t, o_u, m_u, T_n, U_n, U1, K, k >= NB, BETA)
-        s += tl.exp2((x - m).to(tl.float32))
-    a = m + tl.log2(s).to(tl.float64)
+def _diag_loads(p_lat, p_st, k, db, ab, bb, mb, dl, al, bl, ml, dz, az, bz, mz, o_u, T, T_n, U_n, U1, K,
+                BETA: tl.constexpr):  # fmt: skip
+    """Everything step k reads from memory: the blank edges', the label edges' and the 0-frame edge's blocks."""
+    u = o_u[None, :]
+    kk = tl.maximum(k, 0)  # (k = -1: beta's look-ahead past the last step, every lane masked off)
+    rk = kk % (T + 1)
+    lk = kk % tl.maximum(T, 1)
+    sb, wab, wbb = _edge_loads(p_lat, p_st, k, rk, lk, db, ab, bb, mb, u, T, T_n, U_n, U1, K, 0, BETA)
+    sl, wal, wbl = _edge_loads(p_lat, p_st, k, rk, lk, dl, al, bl, ml, u, T, T_n, U_n, U1, K, 1, BETA)
+    _, waz, wbz = _edge_loads(p_lat, p_st, k, rk, lk, dz, az, bz, mz, u, T, T_n, U_n, U1, K, 1, BETA)
+    return sb, wab, wbb, sl, wal, wbl, waz, wbz
+
+
+@triton.jit
+def _diag_step(prev, k, sb, wab, wbb, db, sl, wal, wbl, waz, wbz, o_u, i_nb, T_n, U_n, BETA: tl.constexpr):
+    """The states of anti-diagonal k from the previous step's (``prev``: diagonal k - 1 for alpha, k + 1 for
+    beta) and the loads: the log2-sum of every edge's term (state + entries) as one maximum and one sum of exp2
+    (the terms are independent), neg() off the sample's nodes."""
+    t = k - o_u
     if BETA:
-        ok = tl.where((t < T_n) & (zero_a >= 0), m_u & (o_u < U_n), False)
-        p_c = p_lat + t * K * U1 + o_u
+        start = tl.where((t == T_n) & (o_u == U_n), 0.0, neg()).to(tl.float64)
     else:
-        ok = tl.where((t < T_n) & (zero_a >= 0), m_u & (o_u >= 1), False)
-        p_c = p_lat + t * K * U1 + o_u - 1
-    c = tl.load(p_c + zero_a * U1, mask=ok, other=0.0)
-    c += tl.load(p_c + zero_b * U1, mask=ok & (zero_b >= 0), other=0.0)
-    c = tl.where(ok, c.to(tl.float64), neg())
-    a, _c = tl.associative_scan((a, c), 0, _compose, reverse=BETA)
-    return a
+        start = tl.where((k == 0) & (o_u == 0), 0.0, neg()).to(tl.float64)
+    # the edges whose other end is on the previous diagonal: blank of duration 1 (lane u), the 0-frame label
+    # (lane u -+ 1)
+    xb = tl.where(db == 1, prev[None, :], sb) + (wab + wbb).to(tl.float64)
+    xl = sl + (wal + wbl).to(tl.float64)
+    xz = tl.gather(prev, i_nb, 0) + tl.sum(waz + wbz, axis=0).to(tl.float64)
+    m = tl.maximum(tl.maximum(start, xz), tl.maximum(tl.max(xb, axis=0), tl.max(xl, axis=0)))
+    s = tl.exp2((start - m).to(tl.float32)) + tl.exp2((xz - m).to(tl.float32))
+    s += tl.sum(tl.exp2((xb - m[None, :]).to(tl.float32)), axis=0)
+    s += tl.sum(tl.exp2((xl - m[None, :]).to(tl.float32)), axis=0)
+    node = (t >= 0) & (t <= T_n) & (o_u <= U_n)
+    return tl.where(node, m + tl.log2(s).to(tl.float64), neg()), node
 
 
 @triton.jit
 def _tdt_recursion_kernel(
-    lat_ptr, alpha_ptr, beta_ptr,  # lat: [N, T, K, U+1] (the lattice, each entry's row along u); alpha, beta:
-    # [N, T+1, U+1] float64 out
+    lat_ptr,  # [N, T, K, U+1]: the lattice skewed (``_tdt_skew_kernel``)
+    alpha_ptr, beta_ptr,  # [N, T+1, U+1] float64 out: node (t, u) at row (t + u) mod (T + 1)
     logp_ptr,  # [N] float64 out: log2 p (-inf without a path, NaN with a NaN entry)
     nan_ptr, edge_ptr, il_ptr, tl_ptr,
     T, U1, K, zero_a, zero_b,  # the 0-frame label edge's entries (zero_a -1: none)
     NB: tl.constexpr, NE: tl.constexpr,  # blank edges, then label edges of positive durations, in edge_ptr
+    RB: tl.constexpr, RL: tl.constexpr,  # their blocks' rows (powers of 2)
     BLOCK_U: tl.constexpr,
 ):  # fmt: skip
-    """Program (n, 0): sample n's alpha frame by frame and log2 p; program (n, 1) (launched with a gradient to
-    come): its beta, backwards, at the same time."""
+    """Program (n, 0): sample n's alpha along anti-diagonals k = t + u = 0 .. T_n + U_n (every edge's other
+    end lies on an earlier one), and log2 p; program (n, 1) (launched with a gradient to come): its beta,
+    backwards, at the same time. A step holds the previous diagonal in registers and reads the older ones from
+    memory, issued a step ahead (a barrier per step orders them after their stores). State in float64."""
     n = tl.program_id(0).to(tl.int64)
+    BETA = tl.program_id(1) == 1
     T_n, U_n = sample_lengths(il_ptr, tl_ptr, n, True, T, U1)
     o_u = tl.arange(0, BLOCK_U)
-    m_u = o_u <= U_n
-    p_lat = lat_ptr + n * T * U1 * K
-    if tl.program_id(1) == 0:
-        p_a = alpha_ptr + n * (T + 1) * U1
-        for t in range(0, T_n + 1):
-            start = tl.where(o_u + t == 0, 0.0, neg()).to(tl.float64)
-            a = _frame(start, p_lat, p_a, edge_ptr, t, o_u, m_u, T_n, U_n, U1, K, zero_a, zero_b, NB, NE, False)
-            tl.store(p_a + t * U1 + o_u, a, mask=m_u)
+    p_lat = lat_ptr + n * T * K * U1
+    db, ab, bb, mb = _edge_rows(edge_ptr, 0, NB, RB)
+    dl, al, bl, ml = _edge_rows(edge_ptr, NB, NE, RL)
+    dz = tl.zeros([1, 1], tl.int32)
+    az = tl.zeros([1, 1], tl.int32) + zero_a
+    bz = tl.zeros([1, 1], tl.int32) + zero_b
+    mz = az >= 0
+    last = T_n + U_n
+    prev = tl.full([BLOCK_U], neg(), tl.float64)
+    if not BETA:
+        p_st = alpha_ptr + n * (T + 1) * U1
+        i_nb = tl.maximum(o_u - 1, 0)
+        sb, wab, wbb, sl, wal, wbl, waz, wbz = _diag_loads(p_lat, p_st, 0, db, ab, bb, mb, dl, al, bl, ml, dz, az,
+                                                           bz, mz, o_u, T, T_n, U_n, U1, K, False)  # fmt: skip
+        for k in range(0, last + 1):
+            nsb, nwab, nwbb, nsl, nwal, nwbl, nwaz, nwbz = _diag_loads(p_lat, p_st, k + 1, db, ab, bb, mb, dl, al,
+                                                                       bl, ml, dz, az, bz, mz, o_u, T, T_n, U_n,
+                                                                       U1, K, False)  # fmt: skip
+            prev, node = _diag_step(prev, k, sb, wab, wbb, db, sl, wal, wbl, waz, wbz, o_u, i_nb, T_n, U_n, False)
+            tl.store(p_st + (k % (T + 1)) * U1 + o_u, prev, mask=node)
             tl.debug_barrier()
-        logp = tl.sum(tl.where(o_u == U_n, tl.load(p_a + T_n * U1 + o_u, mask=m_u, other=0.0), 0.0), axis=0)
+            sb, wab, wbb, sl, wal, wbl, waz, wbz = nsb, nwab, nwbb, nsl, nwal, nwbl, nwaz, nwbz
+        logp = tl.sum(tl.where(o_u == U_n, prev, 0.0), axis=0)
         logp = tl.where(logp < neg() * 0.5, float("-inf"), logp)
         logp = tl.where(tl.load(nan_ptr + n) > 0, float("nan"), logp)
         tl.store(logp_ptr + n, logp)
     else:
-        p_b = beta_ptr + n * (T + 1) * U1
-        for i in range(0, T_n + 1):
-            t = T_n - i
-            start = tl.where(t == T_n, tl.where(o_u == U_n, 0.0, neg()), neg()).to(tl.float64)
-            b = _frame(start, p_lat, p_b, edge_ptr, t, o_u, m_u, T_n, U_n, U1, K, zero_a, zero_b, NB, NE, True)
-            tl.store(p_b + t * U1 + o_u, b, mask=m_u)
+        p_st = beta_ptr + n * (T + 1) * U1
+        i_nb = tl.minimum(o_u + 1, BLOCK_U - 1)
+        sb, wab, wbb, sl, wal, wbl, waz, wbz = _diag_loads(p_lat, p_st, last, db, ab, bb, mb, dl, al, bl, ml, dz,
+                                                           az, bz, mz, o_u, T, T_n, U_n, U1, K, True)  # fmt: skip
+        for i in range(0, last + 1):
+            k = last - i
+            nsb, nwab, nwbb, nsl, nwal, nwbl, nwaz, nwbz = _diag_loads(p_lat, p_st, k - 1, db, ab, bb, mb, dl, al,
+                                                                       bl, ml, dz, az, bz, mz, o_u, T, T_n, U_n,
+                                                                       U1, K, True)  # fmt: skip
+            prev, node = _diag_step(prev, k, sb, wab, wbb, db, sl, wal, wbl, waz, wbz, o_u, i_nb, T_n, U_n, True)
+            tl.store(p_st + (k % (T + 1)) * U1 + o_u, prev, mask=node)
             tl.debug_barrier()
+            sb, wab, wbb, sl, wal, wbl, waz, wbz = nsb, nwab, nwbb, nsl, nwal, nwbl, nwaz, nwbz
 
 
 @triton.jit
@@ -232,8 +284,10 @@ def _tdt_occupancy_kernel(
     p_lat = lat_ptr + (nt.to(tl.int64) * U1 + o_u)[:, None] * K + o_k[None, :]
     m_k = (o_k < K)[None, :]
     rows = tl.load(p_lat, mask=active[:, None] & m_k, other=0.0)
-    p_s = (n.to(tl.int64) * (T + 1) + t) * U1 + o_u
-    al = tl.load(alpha_ptr + p_s, mask=active, other=0.0) - logp
+    # alpha and beta: node (t, u) at row (t + u) mod (T + 1)
+    p_s = n.to(tl.int64) * (T + 1) * U1 + o_u
+    r0 = (t + o_u) % (T + 1)
+    al = tl.load(alpha_ptr + p_s + r0 * U1, mask=active, other=0.0) - logp
     E = tl.zeros([BLOCK_U, BLOCK_K], tl.float32)
     for k in tl.static_range(NB):
         d = tl.load(edge_ptr + 3 * k)
@@ -241,7 +295,8 @@ def _tdt_occupancy_kernel(
         eb = tl.load(edge_ptr + 3 * k + 2)
         ok = tl.where(t + d <= T_n, active, False)
         w = _entry(rows, o_k, ea) + _entry(rows, o_k, eb)
-        bn = tl.load(beta_ptr + p_s + d * U1, mask=ok, other=0.0)
+        r = r0 + d
+        bn = tl.load(beta_ptr + p_s + tl.where(r > T, r - (T + 1), r) * U1, mask=ok, other=0.0)
         E = _add_occupancy(E, o_k, ea, eb, tl.where(ok, tl.exp2((al + w + bn).to(tl.float32)), 0.0))
     for k in tl.static_range(NB, NB + NE + 1):  # the label edges, then the 0-frame one
         if k < NB + NE:
@@ -254,7 +309,8 @@ def _tdt_occupancy_kernel(
             eb = zero_b
         ok = tl.where((t + d < T_n) & (ea >= 0), has_label, False)
         w = _entry(rows, o_k, ea) + _entry(rows, o_k, eb)
-        bn = tl.load(beta_ptr + p_s + d * U1 + 1, mask=ok, other=0.0)
+        r = r0 + d + 1
+        bn = tl.load(beta_ptr + p_s + tl.where(r > T, r - (T + 1), r) * U1 + 1, mask=ok, other=0.0)
         occ = tl.where(ok, tl.exp2((al + w + bn).to(tl.float32)), 0.0) * fastemit_scale
         E = _add_occupancy(E, o_k, ea, eb, occ)
     if not MULTI:  # the durations' gradient: of their own log-softmax, its total the tokens' occupancy
@@ -426,11 +482,15 @@ def tdt_recursions(
     block_u = next_power_of_2(U1)
     # what both kernels take after their tables: the edges, the lengths and the sizes
     edge_args = (edges, logit_lengths, target_lengths, T, U1, K, zero_a, zero_b)
-    # the recursions read a frame's entries across u: each entry's row contiguous ([N, T, K, U+1], a copy of about
-    # 1/V of the logits' bytes), where the cells' K entries side by side would make every load a strided one
-    lat_rows = lat.view(N * T, U1, K).transpose(1, 2).contiguous()
+    # the recursions step along anti-diagonals: a copy of the lattice with each entry's row contiguous along u
+    # and cell (t, u) on row (t + u) mod T, so that a step's loads are contiguous (about 1/V of the logits' bytes)
+    lat_skew = kernel_output(N * T * K * U1, dtype=torch.float32, device=dev)
+    skew_u = min(block_u, 128)
+    _tdt_skew_kernel[(N * T, cdiv(U1, skew_u))](
+        lat, lat_skew, T, U1, K, BLOCK_U=skew_u, BLOCK_K=next_power_of_2(K), num_warps=4
+    )
     _tdt_recursion_kernel[(N, 2 if need_grad else 1)](  # alpha and, with a gradient to come, beta at once
-        lat_rows,
+        lat_skew,
         alpha,
         beta,
         logp,
@@ -438,9 +498,12 @@ def tdt_recursions(
         *edge_args,
         NB=nb,
         NE=ne,
+        RB=next_power_of_2(max(nb, 1)),
+        RL=next_power_of_2(max(ne, 1)),
         BLOCK_U=block_u,
-        num_warps=max(1, min(16, block_u // (32 * RECURSION_LANES))),
+        num_warps=max(1, min(16, block_u // 32)),
     )
+    del lat_skew
     if need_grad:
         _tdt_occupancy_kernel[(N * T,)](
             lat,
