@@ -85,168 +85,228 @@ def _tdt_lattice_kernel(
 
 
 @triton.jit
-def _tdt_skew_kernel(
+def _tdt_edge_weights_kernel(
     lat_ptr,  # [N * T * (U+1), K] float32: the lattice kernel's
-    out_ptr,  # [N, T, K, U+1] float32 out: cell (t, u)'s entry e at row (t + u) mod T, column (e, u)
-    T, U1, K, BLOCK_U: tl.constexpr, BLOCK_K: tl.constexpr,
+    out_ptr,  # [N, T, E, U+1] float32 out: edge e's weight at cell (t, u), at row (t + u) mod T, column (e, u)
+    edge_ptr, T, U1, K, zero_a, zero_b,
+    E: tl.constexpr,  # the table's edges and the 0-frame label edge (row E - 1; neg() without one)
+    BLOCK_U: tl.constexpr,
 ):  # fmt: skip
-    """Program (row (n, t), block of u): the row's cells, each entry along u, on their anti-diagonals' rows."""
+    """Program (row (n, t), block of u): each edge's weight (entry a + entry b) at the row's cells, on their
+    anti-diagonals' rows."""
     nt = tl.program_id(0).to(tl.int64)
     n = nt // T
     t = nt - n * T
     o_u = tl.program_id(1) * BLOCK_U + tl.arange(0, BLOCK_U)
-    o_k = tl.arange(0, BLOCK_K)
-    m = (o_u < U1)[:, None] & (o_k < K)[None, :]
-    rows = tl.load(lat_ptr + (nt * U1 + o_u)[:, None] * K + o_k[None, :], mask=m)
-    r = (t + o_u) % T
-    tl.store(out_ptr + ((n * T + r)[:, None] * K + o_k[None, :]) * U1 + o_u[:, None], rows, mask=m)
+    m_u = o_u < U1
+    p_cell = lat_ptr + (nt * U1 + o_u) * K
+    p_out = out_ptr + (n * T + (t + o_u) % T) * E * U1 + o_u
+    for e in tl.static_range(E):
+        if e < E - 1:
+            ea = tl.load(edge_ptr + 3 * e + 1)
+            eb = tl.load(edge_ptr + 3 * e + 2)
+        else:
+            ea = zero_a
+            eb = zero_b
+        ea = tl.zeros([BLOCK_U], tl.int32) + ea
+        eb = tl.zeros([BLOCK_U], tl.int32) + eb
+        w = tl.load(p_cell + ea, mask=m_u & (ea >= 0), other=neg())
+        w += tl.load(p_cell + eb, mask=m_u & (ea >= 0) & (eb >= 0), other=0.0)
+        tl.store(p_out + e * U1, w, mask=m_u)
 
 
 @triton.jit
 def _edge_rows(edge_ptr, first, count, R: tl.constexpr):
-    """Edges first .. first + count - 1 of the table as [R, 1] columns: duration, entries a and b, and which
-    rows hold an edge."""
+    """Edges first .. first + count - 1 of the table as [R, 1] columns: their rows, durations, and which rows
+    hold an edge."""
     o_e = tl.arange(0, R)
     m_e = o_e < count
-    p_e = edge_ptr + 3 * (first + o_e)
-    d = tl.load(p_e, mask=m_e, other=0)
-    ea = tl.load(p_e + 1, mask=m_e, other=0)
-    eb = tl.load(p_e + 2, mask=m_e, other=-1)
-    return d[:, None], ea[:, None], eb[:, None], m_e[:, None]
+    d = tl.load(edge_ptr + 3 * (first + o_e), mask=m_e, other=0)
+    return (first + o_e)[:, None], d[:, None], m_e[:, None]
 
 
 @triton.jit
-def _edge_loads(p_lat, p_st, k, rk, lk, d, ea, eb, m_e, u, T, T_n, U_n, U1, K, LABEL: tl.constexpr,
+def _neg_pair():
+    """A state pair (high neg(), low 0) as ``_pack`` writes it."""
+    return 4048155338  # 0xF149F2CA: float32 -1e30
+
+
+@triton.jit
+def _pack(hi, lo):
+    """A float32 pair as one int64 (high in the low word): one load and one store a state."""
+    h = hi.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
+    return h | (lo.to(tl.int32, bitcast=True).to(tl.int64) << 32)
+
+
+@triton.jit
+def _unpack(x):
+    return x.to(tl.int32).to(tl.float32, bitcast=True), (x >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _edge_loads(p_w, p_st, k, rk, lk, e, d, m_e, u, lane_ok, T, T_n, U1, E, LABEL: tl.constexpr,
                 BETA: tl.constexpr):  # fmt: skip
     """A block of edges at anti-diagonal k (lane u: node (k - u, u)), [R, BLOCK_U] each: the state at each edge's
-    other end (neg() where the edge does not exist; not read for the edges whose other end is on diagonal k -+ 1,
-    the previous step's, which the caller holds) and its two entries (neg() and 0 where there is no edge).
-    Alpha: edges in, from (t - d, u) (a blank: diagonal k - d) or (t - d, u - 1) (a label: k - d - 1), weighed
-    at that cell; beta: edges out, to (t + d, u) or (t + d, u + 1), weighed at (t, u). A duration of 0 is the
-    0-frame label edge (d = 0, LABEL). rk, lk: diagonal k's state row, k mod (T + 1), and lattice row, k mod T
-    (an edge that exists has d + LABEL <= T: one wrap at most)."""
-    t = k - u
+    other end (packed; (neg(), 0) where the edge does not exist; not read for the edges whose other end is on
+    diagonal k -+ 1, the previous step's, which the caller holds), and the edge's weight (neg() where there is
+    no edge). Alpha: edges in, from (t - d, u) (a blank: diagonal k - d) or (t - d, u - 1) (a label:
+    k - d - 1), weighed at that cell; beta: edges out, to (t + d, u) or (t + d, u + 1), weighed at (t, u). A
+    duration of 0 is the 0-frame label edge (d = 0, LABEL). ``lane_ok``: the lanes' own conditions; rk, lk:
+    diagonal k's state row, k mod (T + 1), and weights' row, k mod T (an edge that exists has d + LABEL <= T: one
+    wrap at most). Pointers are formed per row, then offset by the lane."""
     if BETA:
-        if LABEL:
-            ok = m_e & (t >= 0) & (t + d < T_n) & (u < U_n)
-        else:
-            ok = m_e & (t >= 0) & (t < T_n) & (t + d <= T_n) & (u <= U_n)
+        ok = (m_e & lane_ok) & (u >= k + d + LABEL - T_n)  # t + d <= T_n (a blank), < T_n (a label)
         r = rk + d + LABEL
         r = tl.where(r > T, r - (T + 1), r)
-        u_s = u + LABEL
-        p_c = p_lat + lk * K * U1 + u
+        p_s = p_st + r * U1 + LABEL
+        p_c = p_w + (lk * E + e) * U1
     else:
-        ok = m_e & (t - d >= 0) & (t <= T_n) & (u <= U_n)
-        if LABEL:
-            ok = ok & (u >= 1) & (t < T_n)
+        ok = (m_e & lane_ok) & (u <= k - d)  # t - d >= 0
         r = rk - d - LABEL
         r = tl.where(r < 0, r + (T + 1), r)
         lr = lk - d - LABEL
         lr = tl.where(lr < 0, lr + T, lr)
-        u_s = u - LABEL
-        p_c = p_lat + lr * (K * U1) + u_s
-    s = tl.load(p_st + r * U1 + u_s, mask=ok & (d + LABEL >= 2), other=neg())
-    wa = tl.load(p_c + ea * U1, mask=ok, other=neg())
-    wb = tl.load(p_c + eb * U1, mask=ok & (eb >= 0), other=0.0)
-    return s, wa, wb
+        p_s = p_st + r * U1 - LABEL
+        p_c = p_w + (lr * E + e) * U1 - LABEL
+    s = tl.load(p_s + u, mask=ok & (d + LABEL >= 2), other=_neg_pair())
+    w = tl.load(p_c + u, mask=ok, other=neg())
+    return s, w
 
 
 @triton.jit
-def _diag_loads(p_lat, p_st, k, db, ab, bb, mb, dl, al, bl, ml, dz, az, bz, mz, o_u, T, T_n, U_n, U1, K,
-                BETA: tl.constexpr):  # fmt: skip
+def _diag_loads(p_w, p_st, k, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E, BETA: tl.constexpr):
     """Everything step k reads from memory: the blank edges', the label edges' and the 0-frame edge's blocks."""
     u = o_u[None, :]
+    t = k - u
     kk = tl.maximum(k, 0)  # (k = -1: beta's look-ahead past the last step, every lane masked off)
     rk = kk % (T + 1)
     lk = kk % tl.maximum(T, 1)
-    sb, wab, wbb = _edge_loads(p_lat, p_st, k, rk, lk, db, ab, bb, mb, u, T, T_n, U_n, U1, K, 0, BETA)
-    sl, wal, wbl = _edge_loads(p_lat, p_st, k, rk, lk, dl, al, bl, ml, u, T, T_n, U_n, U1, K, 1, BETA)
-    _, waz, wbz = _edge_loads(p_lat, p_st, k, rk, lk, dz, az, bz, mz, u, T, T_n, U_n, U1, K, 1, BETA)
-    return sb, wab, wbb, sl, wal, wbl, waz, wbz
+    if BETA:
+        ok_b = (t >= 0) & (t < T_n) & (u <= U_n)
+        ok_l = (t >= 0) & (u < U_n)
+    else:
+        ok_b = (t <= T_n) & (u <= U_n)
+        ok_l = (t < T_n) & (u >= 1) & (u <= U_n)
+    sb, wb = _edge_loads(p_w, p_st, k, rk, lk, eb, db, mb, u, ok_b, T, T_n, U1, E, 0, BETA)
+    sl, wl = _edge_loads(p_w, p_st, k, rk, lk, el, dl, ml, u, ok_l, T, T_n, U1, E, 1, BETA)
+    zero = ez * 0
+    _, wz = _edge_loads(p_w, p_st, k, rk, lk, ez, zero, zero == 0, u, ok_l, T, T_n, U1, E, 1, BETA)
+    return sb, wb, sl, wl, wz
 
 
 @triton.jit
-def _diag_step(prev, k, sb, wab, wbb, db, sl, wal, wbl, waz, wbz, o_u, i_nb, T_n, U_n, BETA: tl.constexpr):
-    """The states of anti-diagonal k from the previous step's (``prev``: diagonal k - 1 for alpha, k + 1 for
-    beta) and the loads: the log2-sum of every edge's term (state + entries) as one maximum and one sum of exp2
-    (the terms are independent), neg() off the sample's nodes."""
+def _two_sum(a, b):
+    """a + b as a float32 pair (sum, error): exact."""
+    s = a + b
+    bp = s - a
+    return s, (a - (s - bp)) + (b - bp)
+
+
+@triton.jit
+def _diag_step(p_hi, p_lo, k, sb, wb, db, sl, wl, wz, o_u, i_nb, T_n, U_n, BETA: tl.constexpr):
+    """The states of anti-diagonal k from the previous step's (p_hi, p_lo: diagonal k - 1 for alpha, k + 1 for
+    beta) and the loads: the log2-sum of every edge's term (state + weight) as one maximum and one sum of exp2
+    (the terms are independent), (neg(), 0) off the sample's nodes. A state is a pair of float32 (high, low: its
+    value their sum, as exact as a float64's to the 1e-7 the occupancies need, where the values grow to
+    thousands); a term's difference from the terms' maximum R, (high - R) + weight + low, is exact in its high
+    part (both near R) and leaves float32 only for its exp2."""
     t = k - o_u
     if BETA:
-        start = tl.where((t == T_n) & (o_u == U_n), 0.0, neg()).to(tl.float64)
+        start = tl.where((t == T_n) & (o_u == U_n), 0.0, neg())
     else:
-        start = tl.where((k == 0) & (o_u == 0), 0.0, neg()).to(tl.float64)
+        start = tl.where((k == 0) & (o_u == 0), 0.0, neg())
+    hb, lb = _unpack(sb)
+    hl, ll = _unpack(sl)
     # the edges whose other end is on the previous diagonal: blank of duration 1 (lane u), the 0-frame label
     # (lane u -+ 1)
-    xb = tl.where(db == 1, prev[None, :], sb) + (wab + wbb).to(tl.float64)
-    xl = sl + (wal + wbl).to(tl.float64)
-    xz = tl.gather(prev, i_nb, 0) + tl.sum(waz + wbz, axis=0).to(tl.float64)
-    m = tl.maximum(tl.maximum(start, xz), tl.maximum(tl.max(xb, axis=0), tl.max(xl, axis=0)))
-    s = tl.exp2((start - m).to(tl.float32)) + tl.exp2((xz - m).to(tl.float32))
-    s += tl.sum(tl.exp2((xb - m[None, :]).to(tl.float32)), axis=0)
-    s += tl.sum(tl.exp2((xl - m[None, :]).to(tl.float32)), axis=0)
+    one = db == 1
+    hb = tl.where(one, p_hi[None, :], hb)
+    lb = tl.where(one, p_lo[None, :], lb)
+    wz = tl.sum(wz, axis=0)
+    hz = tl.gather(p_hi, i_nb, 0)
+    lz = tl.gather(p_lo, i_nb, 0)
+    r = tl.maximum(tl.maximum(start, hz + wz), tl.maximum(tl.max(hb + wb, axis=0), tl.max(hl + wl, axis=0)))
+    s = tl.exp2(start - r) + tl.exp2(((hz - r) + wz) + lz)
+    s += tl.sum(tl.exp2(((hb - r[None, :]) + wb) + lb), axis=0)
+    s += tl.sum(tl.exp2(((hl - r[None, :]) + wl) + ll), axis=0)
     node = (t >= 0) & (t <= T_n) & (o_u <= U_n)
-    return tl.where(node, m + tl.log2(s).to(tl.float64), neg()), node
+    a_hi, a_lo = _two_sum(r, tl.log2(s))
+    return tl.where(node, a_hi, neg()), tl.where(node, a_lo, 0.0), node
 
 
 @triton.jit
 def _tdt_recursion_kernel(
-    lat_ptr,  # [N, T, K, U+1]: the lattice skewed (``_tdt_skew_kernel``)
-    alpha_ptr, beta_ptr,  # [N, T+1, U+1] float64 out: node (t, u) at row (t + u) mod (T + 1)
+    w_ptr,  # [N, T, E, U+1] float32: the edges' weights on the anti-diagonals' rows (``_tdt_edge_weights_kernel``)
+    alpha_ptr, beta_ptr,  # [N, T+1, U+1] int64 out: node (t, u) at row (t + u) mod (T + 1), a pair (``_pack``)
     logp_ptr,  # [N] float64 out: log2 p (-inf without a path, NaN with a NaN entry)
     nan_ptr, edge_ptr, il_ptr, tl_ptr,
-    T, U1, K, zero_a, zero_b,  # the 0-frame label edge's entries (zero_a -1: none)
+    T, U1,
     NB: tl.constexpr, NE: tl.constexpr,  # blank edges, then label edges of positive durations, in edge_ptr
     RB: tl.constexpr, RL: tl.constexpr,  # their blocks' rows (powers of 2)
+    E: tl.constexpr,  # NB + NE + 1: the weights' rows (the 0-frame label edge's last)
     BLOCK_U: tl.constexpr,
 ):  # fmt: skip
     """Program (n, 0): sample n's alpha along anti-diagonals k = t + u = 0 .. T_n + U_n (every edge's other
     end lies on an earlier one), and log2 p; program (n, 1) (launched with a gradient to come): its beta,
     backwards, at the same time. A step holds the previous diagonal in registers and reads the older ones from
-    memory, issued a step ahead (a barrier per step orders them after their stores). State in float64."""
+    memory, issued a step ahead (a barrier per step orders them after their stores); two steps an iteration,
+    the loads' registers alternating (the last, past the sample's end with an odd count, stores nothing)."""
     n = tl.program_id(0).to(tl.int64)
     BETA = tl.program_id(1) == 1
     T_n, U_n = sample_lengths(il_ptr, tl_ptr, n, True, T, U1)
     o_u = tl.arange(0, BLOCK_U)
-    p_lat = lat_ptr + n * T * K * U1
-    db, ab, bb, mb = _edge_rows(edge_ptr, 0, NB, RB)
-    dl, al, bl, ml = _edge_rows(edge_ptr, NB, NE, RL)
-    dz = tl.zeros([1, 1], tl.int32)
-    az = tl.zeros([1, 1], tl.int32) + zero_a
-    bz = tl.zeros([1, 1], tl.int32) + zero_b
-    mz = az >= 0
+    p_w = w_ptr + n * T * E * U1
+    eb, db, mb = _edge_rows(edge_ptr, 0, NB, RB)
+    el, dl, ml = _edge_rows(edge_ptr, NB, NE, RL)
+    ez = tl.full([1, 1], NB + NE, tl.int32)
     last = T_n + U_n
-    prev = tl.full([BLOCK_U], neg(), tl.float64)
+    p_hi = tl.full([BLOCK_U], neg(), tl.float32)
+    p_lo = tl.zeros([BLOCK_U], tl.float32)
     if not BETA:
         p_st = alpha_ptr + n * (T + 1) * U1
         i_nb = tl.maximum(o_u - 1, 0)
-        sb, wab, wbb, sl, wal, wbl, waz, wbz = _diag_loads(p_lat, p_st, 0, db, ab, bb, mb, dl, al, bl, ml, dz, az,
-                                                           bz, mz, o_u, T, T_n, U_n, U1, K, False)  # fmt: skip
-        for k in range(0, last + 1):
-            nsb, nwab, nwbb, nsl, nwal, nwbl, nwaz, nwbz = _diag_loads(p_lat, p_st, k + 1, db, ab, bb, mb, dl, al,
-                                                                       bl, ml, dz, az, bz, mz, o_u, T, T_n, U_n,
-                                                                       U1, K, False)  # fmt: skip
-            prev, node = _diag_step(prev, k, sb, wab, wbb, db, sl, wal, wbl, waz, wbz, o_u, i_nb, T_n, U_n, False)
-            tl.store(p_st + (k % (T + 1)) * U1 + o_u, prev, mask=node)
+        sb, wb, sl, wl, wz = _diag_loads(p_w, p_st, 0, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E, False)
+        for k in range(0, last + 1, 2):
+            sb2, wb2, sl2, wl2, wz2 = _diag_loads(p_w, p_st, k + 1, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1,
+                                                  E, False)  # fmt: skip
+            p_hi, p_lo, node = _diag_step(p_hi, p_lo, k, sb, wb, db, sl, wl, wz, o_u, i_nb, T_n, U_n, False)
+            tl.store(p_st + (k % (T + 1)) * U1 + o_u, _pack(p_hi, p_lo), mask=node)
             tl.debug_barrier()
-            sb, wab, wbb, sl, wal, wbl, waz, wbz = nsb, nwab, nwbb, nsl, nwal, nwbl, nwaz, nwbz
-        logp = tl.sum(tl.where(o_u == U_n, prev, 0.0), axis=0)
+            sb, wb, sl, wl, wz = _diag_loads(p_w, p_st, k + 2, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E,
+                                             False)  # fmt: skip
+            p_hi, p_lo, node = _diag_step(p_hi, p_lo, k + 1, sb2, wb2, db, sl2, wl2, wz2, o_u, i_nb, T_n, U_n, False)
+            tl.store(p_st + ((k + 1) % (T + 1)) * U1 + o_u, _pack(p_hi, p_lo), mask=node)
+            tl.debug_barrier()
+        # the end node (T_n, U_n), stored by its step (the loop may have run one step past it)
+        x = tl.load(p_st + (last % (T + 1)) * U1 + o_u, mask=o_u == U_n, other=0)
+        e_hi, e_lo = _unpack(x)
+        logp = tl.sum(tl.where(o_u == U_n, e_hi.to(tl.float64) + e_lo.to(tl.float64), 0.0), axis=0)
         logp = tl.where(logp < neg() * 0.5, float("-inf"), logp)
         logp = tl.where(tl.load(nan_ptr + n) > 0, float("nan"), logp)
         tl.store(logp_ptr + n, logp)
     else:
         p_st = beta_ptr + n * (T + 1) * U1
         i_nb = tl.minimum(o_u + 1, BLOCK_U - 1)
-        sb, wab, wbb, sl, wal, wbl, waz, wbz = _diag_loads(p_lat, p_st, last, db, ab, bb, mb, dl, al, bl, ml, dz,
-                                                           az, bz, mz, o_u, T, T_n, U_n, U1, K, True)  # fmt: skip
-        for i in range(0, last + 1):
+        sb, wb, sl, wl, wz = _diag_loads(p_w, p_st, last, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E, True)
+        for i in range(0, last + 1, 2):
             k = last - i
-            nsb, nwab, nwbb, nsl, nwal, nwbl, nwaz, nwbz = _diag_loads(p_lat, p_st, k - 1, db, ab, bb, mb, dl, al,
-                                                                       bl, ml, dz, az, bz, mz, o_u, T, T_n, U_n,
-                                                                       U1, K, True)  # fmt: skip
-            prev, node = _diag_step(prev, k, sb, wab, wbb, db, sl, wal, wbl, waz, wbz, o_u, i_nb, T_n, U_n, True)
-            tl.store(p_st + (k % (T + 1)) * U1 + o_u, prev, mask=node)
+            sb2, wb2, sl2, wl2, wz2 = _diag_loads(p_w, p_st, k - 1, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1,
+                                                  E, True)  # fmt: skip
+            p_hi, p_lo, node = _diag_step(p_hi, p_lo, k, sb, wb, db, sl, wl, wz, o_u, i_nb, T_n, U_n, True)
+            tl.store(p_st + (k % (T + 1)) * U1 + o_u, _pack(p_hi, p_lo), mask=node)
             tl.debug_barrier()
-            sb, wab, wbb, sl, wal, wbl, waz, wbz = nsb, nwab, nwbb, nsl, nwal, nwbl, nwaz, nwbz
+            sb, wb, sl, wl, wz = _diag_loads(p_w, p_st, k - 2, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E,
+                                             True)  # fmt: skip
+            p_hi, p_lo, node = _diag_step(p_hi, p_lo, k - 1, sb2, wb2, db, sl2, wl2, wz2, o_u, i_nb, T_n, U_n, True)
+            tl.store(p_st + (tl.maximum(k - 1, 0) % (T + 1)) * U1 + o_u, _pack(p_hi, p_lo), mask=node)
+            tl.debug_barrier()
+
+
+@triton.jit
+def _state(p, mask):
+    """The recursions' states at p (pairs, ``_pack``) as float64, 0 where masked."""
+    hi, lo = _unpack(tl.load(p, mask=mask, other=0))
+    return hi.to(tl.float64) + lo.to(tl.float64)
 
 
 @triton.jit
@@ -285,9 +345,10 @@ def _tdt_occupancy_kernel(
     m_k = (o_k < K)[None, :]
     rows = tl.load(p_lat, mask=active[:, None] & m_k, other=0.0)
     # alpha and beta: node (t, u) at row (t + u) mod (T + 1)
+    # alpha and beta: node (t, u) at row (t + u) mod (T + 1)
     p_s = n.to(tl.int64) * (T + 1) * U1 + o_u
     r0 = (t + o_u) % (T + 1)
-    al = tl.load(alpha_ptr + p_s + r0 * U1, mask=active, other=0.0) - logp
+    al = _state(alpha_ptr + p_s + r0 * U1, active) - logp
     E = tl.zeros([BLOCK_U, BLOCK_K], tl.float32)
     for k in tl.static_range(NB):
         d = tl.load(edge_ptr + 3 * k)
@@ -296,7 +357,7 @@ def _tdt_occupancy_kernel(
         ok = tl.where(t + d <= T_n, active, False)
         w = _entry(rows, o_k, ea) + _entry(rows, o_k, eb)
         r = r0 + d
-        bn = tl.load(beta_ptr + p_s + tl.where(r > T, r - (T + 1), r) * U1, mask=ok, other=0.0)
+        bn = _state(beta_ptr + p_s + tl.where(r > T, r - (T + 1), r) * U1, ok)
         E = _add_occupancy(E, o_k, ea, eb, tl.where(ok, tl.exp2((al + w + bn).to(tl.float32)), 0.0))
     for k in tl.static_range(NB, NB + NE + 1):  # the label edges, then the 0-frame one
         if k < NB + NE:
@@ -310,7 +371,7 @@ def _tdt_occupancy_kernel(
         ok = tl.where((t + d < T_n) & (ea >= 0), has_label, False)
         w = _entry(rows, o_k, ea) + _entry(rows, o_k, eb)
         r = r0 + d + 1
-        bn = tl.load(beta_ptr + p_s + tl.where(r > T, r - (T + 1), r) * U1 + 1, mask=ok, other=0.0)
+        bn = _state(beta_ptr + p_s + tl.where(r > T, r - (T + 1), r) * U1 + 1, ok)
         occ = tl.where(ok, tl.exp2((al + w + bn).to(tl.float32)), 0.0) * fastemit_scale
         E = _add_occupancy(E, o_k, ea, eb, occ)
     if not MULTI:  # the durations' gradient: of their own log-softmax, its total the tokens' occupancy
@@ -476,34 +537,42 @@ def tdt_recursions(
     K = 2 + len(durations)
     dev = lat.device
     edges, nb, ne, (zero_a, zero_b) = _edge_table(kind, durations, dev)
-    alpha = kernel_output(N * (T + 1) * U1, dtype=torch.float64, device=dev)
-    beta = kernel_output(N * (T + 1) * U1 if need_grad else 0, dtype=torch.float64, device=dev)
+    # the states: a pair of float32 a node, packed in an int64 (``_diag_step``, ``_pack``)
+    alpha = kernel_output(N * (T + 1) * U1, dtype=torch.int64, device=dev)
+    beta = kernel_output(N * (T + 1) * U1 if need_grad else 0, dtype=torch.int64, device=dev)
     logp = kernel_output(N, dtype=torch.float64, device=dev)
     block_u = next_power_of_2(U1)
     # what both kernels take after their tables: the edges, the lengths and the sizes
     edge_args = (edges, logit_lengths, target_lengths, T, U1, K, zero_a, zero_b)
-    # the recursions step along anti-diagonals: a copy of the lattice with each entry's row contiguous along u
-    # and cell (t, u) on row (t + u) mod T, so that a step's loads are contiguous (about 1/V of the logits' bytes)
-    lat_skew = kernel_output(N * T * K * U1, dtype=torch.float32, device=dev)
-    skew_u = min(block_u, 128)
-    _tdt_skew_kernel[(N * T, cdiv(U1, skew_u))](
-        lat, lat_skew, T, U1, K, BLOCK_U=skew_u, BLOCK_K=next_power_of_2(K), num_warps=4
+    # the recursions step along anti-diagonals: each edge's weight at each cell, each edge's row contiguous along u
+    # and cell (t, u) on row (t + u) mod T, so that a step's loads are contiguous (E = NB + NE + 1 values a cell,
+    # against the logits' V + X)
+    n_w = nb + ne + 1
+    weights = kernel_output(N * T * n_w * U1, dtype=torch.float32, device=dev)
+    w_u = min(block_u, 128)
+    _tdt_edge_weights_kernel[(N * T, cdiv(U1, w_u))](
+        lat, weights, edges, T, U1, K, zero_a, zero_b, E=n_w, BLOCK_U=w_u, num_warps=max(1, min(4, w_u // 32))
     )
     _tdt_recursion_kernel[(N, 2 if need_grad else 1)](  # alpha and, with a gradient to come, beta at once
-        lat_skew,
+        weights,
         alpha,
         beta,
         logp,
         nan,
-        *edge_args,
+        edges,
+        logit_lengths,
+        target_lengths,
+        T,
+        U1,
         NB=nb,
         NE=ne,
         RB=next_power_of_2(max(nb, 1)),
         RL=next_power_of_2(max(ne, 1)),
+        E=n_w,
         BLOCK_U=block_u,
         num_warps=max(1, min(16, block_u // 32)),
     )
-    del lat_skew
+    del weights
     if need_grad:
         _tdt_occupancy_kernel[(N * T,)](
             lat,
