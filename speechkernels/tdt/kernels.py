@@ -7,16 +7,17 @@ edge table on the device lists per edge its duration and entries, blank edges fi
 
 1. ``_tdt_lattice_kernel``: program = up to BLOCK_R cells of a row (n, t): the tokens' log-sum-exp (natural log,
    kept for the backward), the K entries, NaN counts per sample.
-2. ``_tdt_skew_kernel`` then ``_tdt_recursion_kernel``: a copy of the lattice with cell (t, u) on row (t + u) mod T,
-   each entry's row along u; program (n, 0) = sample n's alpha along the anti-diagonals k = t + u = 0 .. T_n + U_n
-   (every edge into a node comes from an earlier one: a blank of duration d from diagonal k - d, a label from
-   k - d - 1), a diagonal's edge terms summed as one maximum and one sum of exp2; log2 p. The previous diagonal
-   stays in registers (blank edges of duration 1, the 0-frame label edge: one exchange between lanes), the older
-   ones are read back from the state, issued a step ahead. Program (n, 1), with a gradient to come: beta
-   backwards, likewise, at the same time. State in float64, node (t, u) at row (t + u) mod (T + 1).
-3. ``_tdt_occupancy_kernel`` (with a gradient to come): program = a row (n, t): each edge's occupancy
-   exp2(alpha + w + beta - log2 p), their sums per entry, written over the row's entries; alpha and beta are then
-   dropped.
+2. ``_tdt_edge_weights_kernel`` then ``_tdt_recursion_kernel``: each edge's weight per cell (entry a + entry b),
+   each edge's row along u, cell (t, u) on row (t + u) mod T; program (n, 0) = sample n's alpha along the
+   anti-diagonals k = t + u = 0 .. T_n + U_n (every edge into a node comes from an earlier one: a blank of
+   duration d from diagonal k - d, a label from k - d - 1), a diagonal's edge terms summed as one maximum and one
+   sum of exp2; log2 p. The previous diagonal stays in registers (blank edges of duration 1, the 0-frame label
+   edge: one exchange between lanes), the older ones are read back from the state, issued a step ahead. Program
+   (n, 1), with a gradient to come: beta backwards, likewise, at the same time. A state is a pair of float32
+   (high and low parts, packed in an int64), node (t, u) at row (t + u) mod (T + 1).
+3. ``_tdt_occupancy_kernel`` (with a gradient to come): program = an anti-diagonal (n, k), a cell a lane: each
+   edge's occupancy exp2(alpha + w + beta - log2 p), their sums per entry, written over the cells' entries; the
+   states and weights are then dropped.
 4. ``_tdt_grad_kernel``: program = cells of a row: the logits' gradient from the entries' sums (softmax times the
    cell's total minus the sums).
 
@@ -145,7 +146,7 @@ def _unpack(x):
 
 @triton.jit
 def _edge_loads(p_w, p_st, k, rk, lk, e, d, m_e, u, lane_ok, T, T_n, U1, E, LABEL: tl.constexpr,
-                BETA: tl.constexpr):  # fmt: skip
+                BETA: tl.constexpr, ALL: tl.constexpr = False):  # fmt: skip
     """A block of edges at anti-diagonal k (lane u: node (k - u, u)), [R, BLOCK_U] each: the state at each edge's
     other end (packed; (neg(), 0) where the edge does not exist; not read for the edges whose other end is on
     diagonal k -+ 1, the previous step's, which the caller holds), and the edge's weight (neg() where there is
@@ -153,7 +154,8 @@ def _edge_loads(p_w, p_st, k, rk, lk, e, d, m_e, u, lane_ok, T, T_n, U1, E, LABE
     k - d - 1), weighed at that cell; beta: edges out, to (t + d, u) or (t + d, u + 1), weighed at (t, u). A
     duration of 0 is the 0-frame label edge (d = 0, LABEL). ``lane_ok``: the lanes' own conditions; rk, lk:
     diagonal k's state row, k mod (T + 1), and weights' row, k mod T (an edge that exists has d + LABEL <= T: one
-    wrap at most). Pointers are formed per row, then offset by the lane."""
+    wrap at most). Pointers are formed per row, then offset by the lane. ALL: every edge's state read (the
+    occupancies). Returns the states, the weights and which edges exist."""
     if BETA:
         ok = (m_e & lane_ok) & (u >= k + d + LABEL - T_n)  # t + d <= T_n (a blank), < T_n (a label)
         r = rk + d + LABEL
@@ -168,9 +170,13 @@ def _edge_loads(p_w, p_st, k, rk, lk, e, d, m_e, u, lane_ok, T, T_n, U1, E, LABE
         lr = tl.where(lr < 0, lr + T, lr)
         p_s = p_st + r * U1 - LABEL
         p_c = p_w + (lr * E + e) * U1 - LABEL
-    s = tl.load(p_s + u, mask=ok & (d + LABEL >= 2), other=_neg_pair())
+    if ALL:
+        m_s = ok
+    else:
+        m_s = ok & (d + LABEL >= 2)
+    s = tl.load(p_s + u, mask=m_s, other=_neg_pair())
     w = tl.load(p_c + u, mask=ok, other=neg())
-    return s, w
+    return s, w, ok
 
 
 @triton.jit
@@ -187,10 +193,10 @@ def _diag_loads(p_w, p_st, k, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, 
     else:
         ok_b = (t <= T_n) & (u <= U_n)
         ok_l = (t < T_n) & (u >= 1) & (u <= U_n)
-    sb, wb = _edge_loads(p_w, p_st, k, rk, lk, eb, db, mb, u, ok_b, T, T_n, U1, E, 0, BETA)
-    sl, wl = _edge_loads(p_w, p_st, k, rk, lk, el, dl, ml, u, ok_l, T, T_n, U1, E, 1, BETA)
+    sb, wb, _ = _edge_loads(p_w, p_st, k, rk, lk, eb, db, mb, u, ok_b, T, T_n, U1, E, 0, BETA)
+    sl, wl, _ = _edge_loads(p_w, p_st, k, rk, lk, el, dl, ml, u, ok_l, T, T_n, U1, E, 1, BETA)
     zero = ez * 0
-    _, wz = _edge_loads(p_w, p_st, k, rk, lk, ez, zero, zero == 0, u, ok_l, T, T_n, U1, E, 1, BETA)
+    _, wz, _ = _edge_loads(p_w, p_st, k, rk, lk, ez, zero, zero == 0, u, ok_l, T, T_n, U1, E, 1, BETA)
     return sb, wb, sl, wl, wz
 
 
@@ -303,84 +309,90 @@ def _tdt_recursion_kernel(
 
 
 @triton.jit
-def _state(p, mask):
-    """The recursions' states at p (pairs, ``_pack``) as float64, 0 where masked."""
-    hi, lo = _unpack(tl.load(p, mask=mask, other=0))
+def _pair_sum(x):
+    """A packed state pair as float64."""
+    hi, lo = _unpack(x)
     return hi.to(tl.float64) + lo.to(tl.float64)
 
 
 @triton.jit
-def _entry(rows, o_k, e):
-    """Column e of the [R, BLOCK_K] block rows (0 where e < 0)."""
-    return tl.sum(tl.where(o_k[None, :] == e, rows, 0.0), axis=1)
+def _state(p, mask):
+    """The recursions' states at p (pairs, ``_pack``) as float64, 0 where masked."""
+    return _pair_sum(tl.load(p, mask=mask, other=0))
 
 
 @triton.jit
-def _add_occupancy(E, o_k, ea, eb, occ):
-    return E + tl.where((o_k[None, :] == ea) | (o_k[None, :] == eb), occ[:, None], 0.0)
+def _entry_sum(e, ea, eb, occ):
+    """Sum over a block's edges (rows) of their occupancies [R, BLOCK_U] where entry e is one of theirs."""
+    return tl.sum(tl.where(ea == e, occ, 0.0) + tl.where(eb == e, occ, 0.0), axis=0)
 
 
 @triton.jit
 def _tdt_occupancy_kernel(
     lat_ptr,  # [N * T * (U+1), K] float32: in, the log2 entries; out, each entry's coefficient (see below)
-    alpha_ptr, beta_ptr, logp_ptr, edge_ptr, il_ptr, tl_ptr,
+    w_ptr,  # [N, T, E, U+1] float32: the edges' weights on the anti-diagonals' rows (``_tdt_edge_weights_kernel``)
+    alpha_ptr, beta_ptr,  # [N, T+1, U+1] int64: the recursions' states (pairs, ``_pack``)
+    logp_ptr, edge_ptr, il_ptr, tl_ptr,
     T, U1, K, zero_a, zero_b, fastemit_scale,
-    NB: tl.constexpr, NE: tl.constexpr, FUSED: tl.constexpr, MULTI: tl.constexpr, BLOCK_U: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    NB: tl.constexpr, NE: tl.constexpr, RB: tl.constexpr, RL: tl.constexpr, E: tl.constexpr,
+    FUSED: tl.constexpr, MULTI: tl.constexpr, BLOCK_U: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """Program = a row (n, t): each edge's occupancy exp2(alpha + w + beta - log2 p) (label edges times the
-    FastEmit scale), summed per entry it weighs with: E. Written over the row's entries: E for the tokens' two and
-    the big blanks; TDT's durations, their own softmax's gradient over the occupancy (softmax (FUSED) times the
-    tokens' total, less E). Zero in cells without edges or of a sample without a path."""
-    nt = tl.program_id(0)
-    n = nt // T
-    t = nt - n * T
+    """Program (n, k): the cells (k - u, u) of sample n's anti-diagonal k, one lane each: each edge's occupancy
+    exp2(alpha + w + beta - log2 p) (label edges times the FastEmit scale), summed per entry it weighs with: E.
+    Written over the cells' entries: E for the tokens' two and the big blanks; TDT's durations, their own
+    softmax's gradient over the occupancy (softmax (FUSED) times the tokens' total, less E). Zero in cells without
+    edges or of a sample without a path. alpha, beta and the weights are read along the diagonal (contiguous);
+    the entries cell by cell."""
+    n = tl.program_id(0).to(tl.int64)
+    k = tl.program_id(1)
     T_n, U_n = sample_lengths(il_ptr, tl_ptr, n, True, T, U1)
     logp = tl.load(logp_ptr + n)
     o_u = tl.arange(0, BLOCK_U)
-    o_k = tl.arange(0, BLOCK_K)
-    active = tl.where((t < T_n) & (logp != float("-inf")), o_u <= U_n, False)
-    has_label = active & (o_u < U_n)
-    p_lat = lat_ptr + (nt.to(tl.int64) * U1 + o_u)[:, None] * K + o_k[None, :]
-    m_k = (o_k < K)[None, :]
-    rows = tl.load(p_lat, mask=active[:, None] & m_k, other=0.0)
-    # alpha and beta: node (t, u) at row (t + u) mod (T + 1)
-    # alpha and beta: node (t, u) at row (t + u) mod (T + 1)
-    p_s = n.to(tl.int64) * (T + 1) * U1 + o_u
-    r0 = (t + o_u) % (T + 1)
-    al = _state(alpha_ptr + p_s + r0 * U1, active) - logp
-    E = tl.zeros([BLOCK_U, BLOCK_K], tl.float32)
-    for k in tl.static_range(NB):
-        d = tl.load(edge_ptr + 3 * k)
-        ea = tl.load(edge_ptr + 3 * k + 1)
-        eb = tl.load(edge_ptr + 3 * k + 2)
-        ok = tl.where(t + d <= T_n, active, False)
-        w = _entry(rows, o_k, ea) + _entry(rows, o_k, eb)
-        r = r0 + d
-        bn = _state(beta_ptr + p_s + tl.where(r > T, r - (T + 1), r) * U1, ok)
-        E = _add_occupancy(E, o_k, ea, eb, tl.where(ok, tl.exp2((al + w + bn).to(tl.float32)), 0.0))
-    for k in tl.static_range(NB, NB + NE + 1):  # the label edges, then the 0-frame one
-        if k < NB + NE:
-            d = tl.load(edge_ptr + 3 * k)
-            ea = tl.load(edge_ptr + 3 * k + 1)
-            eb = tl.load(edge_ptr + 3 * k + 2)
-        else:
-            d = 0
-            ea = zero_a
-            eb = zero_b
-        ok = tl.where((t + d < T_n) & (ea >= 0), has_label, False)
-        w = _entry(rows, o_k, ea) + _entry(rows, o_k, eb)
-        r = r0 + d + 1
-        bn = _state(beta_ptr + p_s + tl.where(r > T, r - (T + 1), r) * U1 + 1, ok)
-        occ = tl.where(ok, tl.exp2((al + w + bn).to(tl.float32)), 0.0) * fastemit_scale
-        E = _add_occupancy(E, o_k, ea, eb, occ)
-    if not MULTI:  # the durations' gradient: of their own log-softmax, its total the tokens' occupancy
-        coef = -E
-        if FUSED:
-            total = _entry(E, o_k, 0) + _entry(E, o_k, 1)
-            coef += tl.where(active[:, None], tl.exp2(rows), 0.0) * total[:, None]
-        E = tl.where((o_k >= 2)[None, :], coef, E)
-    tl.store(p_lat, E, mask=(o_u < U1)[:, None] & m_k)
+    t = k - o_u
+    in_range = (t >= 0) & (t < T) & (o_u < U1)
+    # the sample's cells with edges (none without a path)
+    active = tl.where(logp != float("-inf"), in_range & (t < T_n) & (o_u <= U_n), False)
+    rk = k % (T + 1)
+    lk = k % tl.maximum(T, 1)
+    p_a = alpha_ptr + n * (T + 1) * U1 + rk * U1 + o_u
+    al = _state(p_a, active) - logp
+    p_st = beta_ptr + n * (T + 1) * U1
+    p_w = w_ptr + n * T * E * U1
+    u = o_u[None, :]
+    ok_b = active[None, :]
+    ok_l = (active & (o_u < U_n))[None, :]
+    eb_, db, mb = _edge_rows(edge_ptr, 0, NB, RB)
+    el_, dl, ml = _edge_rows(edge_ptr, NB, NE, RL)
+    ez = tl.full([1, 1], NB + NE, tl.int32)
+    zero = ez * 0
+    sb, wb, okb = _edge_loads(p_w, p_st, k, rk, lk, eb_, db, mb, u, ok_b, T, T_n, U1, E, 0, True, True)
+    sl, wl, okl = _edge_loads(p_w, p_st, k, rk, lk, el_, dl, ml, u, ok_l, T, T_n, U1, E, 1, True, True)
+    sz, wz, okz = _edge_loads(p_w, p_st, k, rk, lk, ez, zero, zero + zero_a >= 0, u, ok_l, T, T_n, U1, E, 1, True,
+                              True)  # fmt: skip
+    occ_b = tl.where(okb, tl.exp2((al[None, :] + wb.to(tl.float64) + _pair_sum(sb)).to(tl.float32)), 0.0)
+    occ_l = tl.where(okl, tl.exp2((al[None, :] + wl.to(tl.float64) + _pair_sum(sl)).to(tl.float32)), 0.0)
+    occ_z = tl.where(okz, tl.exp2((al[None, :] + wz.to(tl.float64) + _pair_sum(sz)).to(tl.float32)), 0.0)
+    occ_l *= fastemit_scale
+    occ_z *= fastemit_scale
+    # the entries of each edge (the table's columns a and b)
+    ab = tl.load(edge_ptr + 3 * eb_ + 1, mask=mb, other=-1)
+    bb = tl.load(edge_ptr + 3 * eb_ + 2, mask=mb, other=-1)
+    al_ = tl.load(edge_ptr + 3 * el_ + 1, mask=ml, other=-1)
+    bl_ = tl.load(edge_ptr + 3 * el_ + 2, mask=ml, other=-1)
+    p_cell = lat_ptr + ((n * T + t) * U1 + o_u) * K
+    e0 = _entry_sum(0, ab, bb, occ_b) + _entry_sum(0, al_, bl_, occ_l) + _entry_sum(0, zero_a, zero_b, occ_z)
+    e1 = _entry_sum(1, ab, bb, occ_b) + _entry_sum(1, al_, bl_, occ_l) + _entry_sum(1, zero_a, zero_b, occ_z)
+    tl.store(p_cell, e0, mask=in_range)
+    tl.store(p_cell + 1, e1, mask=in_range)
+    for e in tl.static_range(2, BLOCK_K):
+        m_e = tl.where(K > e, in_range, False)
+        x = _entry_sum(e, ab, bb, occ_b) + _entry_sum(e, al_, bl_, occ_l) + _entry_sum(e, zero_a, zero_b, occ_z)
+        if not MULTI:  # the durations' gradient: of their own log-softmax, its total the tokens' occupancy
+            x = -x
+            if FUSED:
+                lp = tl.load(p_cell + e, mask=m_e & active, other=float("-inf"))
+                x += tl.exp2(lp) * (e0 + e1)
+        tl.store(p_cell + e, x, mask=m_e)
 
 
 @triton.jit
@@ -542,8 +554,6 @@ def tdt_recursions(
     beta = kernel_output(N * (T + 1) * U1 if need_grad else 0, dtype=torch.int64, device=dev)
     logp = kernel_output(N, dtype=torch.float64, device=dev)
     block_u = next_power_of_2(U1)
-    # what both kernels take after their tables: the edges, the lengths and the sizes
-    edge_args = (edges, logit_lengths, target_lengths, T, U1, K, zero_a, zero_b)
     # the recursions step along anti-diagonals: each edge's weight at each cell, each edge's row contiguous along u
     # and cell (t, u) on row (t + u) mod T, so that a step's loads are contiguous (E = NB + NE + 1 values a cell,
     # against the logits' V + X)
@@ -572,22 +582,32 @@ def tdt_recursions(
         BLOCK_U=block_u,
         num_warps=max(1, min(16, block_u // 32)),
     )
-    del weights
     if need_grad:
-        _tdt_occupancy_kernel[(N * T,)](
+        _tdt_occupancy_kernel[(N, T + U1 - 1)](  # every cell once: diagonals 0 .. T + U
             lat,
+            weights,
             alpha,
             beta,
             logp,
-            *edge_args,
+            edges,
+            logit_lengths,
+            target_lengths,
+            T,
+            U1,
+            K,
+            zero_a,
+            zero_b,
             opts.label_scale,
             NB=nb,
             NE=ne,
+            RB=next_power_of_2(max(nb, 1)),
+            RL=next_power_of_2(max(ne, 1)),
+            E=n_w,
             FUSED=opts.fused_log_softmax,
             MULTI=kind == "multiblank",
             BLOCK_U=block_u,
             BLOCK_K=next_power_of_2(K),
-            num_warps=max(1, min(8, block_u * next_power_of_2(K) // 256)),
+            num_warps=max(1, min(8, block_u // 32)),
         )
     return (logp * (-0.6931471805599453 * opts.loss_scale)).to(torch.float32), logp
 
