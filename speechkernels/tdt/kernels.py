@@ -180,13 +180,11 @@ def _edge_loads(p_w, p_st, k, rk, lk, e, d, m_e, u, lane_ok, T, T_n, U1, E, LABE
 
 
 @triton.jit
-def _diag_loads(p_w, p_st, k, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E, BETA: tl.constexpr):
-    """Everything step k reads from memory: the blank edges', the label edges' and the 0-frame edge's blocks."""
+def _diag_loads(p_w, p_st, k, rk, lk, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E, BETA: tl.constexpr):
+    """Everything step k reads from memory: the blank edges', the label edges' and the 0-frame edge's blocks
+    (rk, lk: k mod (T + 1) and k mod T, ``_next_rows``)."""
     u = o_u[None, :]
     t = k - u
-    kk = tl.maximum(k, 0)  # (k = -1: beta's look-ahead past the last step, every lane masked off)
-    rk = kk % (T + 1)
-    lk = kk % tl.maximum(T, 1)
     if BETA:
         ok_b = (t >= 0) & (t < T_n) & (u <= U_n)
         ok_l = (t >= 0) & (u < U_n)
@@ -201,6 +199,16 @@ def _diag_loads(p_w, p_st, k, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, 
 
 
 @triton.jit
+def _next_rows(rk, lk, T, BACK: tl.constexpr):
+    """The state and weights' rows (k mod (T + 1), k mod T) of step k + 1 (BACK: k - 1) from step k's. Past the
+    ends (steps -1, -2 or last + 1, last + 2) they wrap too; every lane is masked off there."""
+    if BACK:
+        return tl.where(rk == 0, T, rk - 1), tl.where(lk == 0, tl.maximum(T, 1) - 1, lk - 1)
+    else:
+        return tl.where(rk == T, 0, rk + 1), tl.where(lk >= T - 1, 0, lk + 1)
+
+
+@triton.jit
 def _two_sum(a, b):
     """a + b as a float32 pair (sum, error): exact."""
     s = a + b
@@ -209,9 +217,9 @@ def _two_sum(a, b):
 
 
 @triton.jit
-def _diag_step(p_hi, p_lo, k, sb, wb, db, sl, wl, wz, o_u, i_nb, T_n, U_n, BETA: tl.constexpr):
-    """The states of anti-diagonal k from the previous step's (p_hi, p_lo: diagonal k - 1 for alpha, k + 1 for
-    beta) and the loads: the log2-sum of every edge's term (state + weight) as one maximum and one sum of exp2
+def _diag_step(prev, k, sb, wb, db, sl, wl, wz, o_u, i_nb, T_n, U_n, BETA: tl.constexpr):
+    """The states of anti-diagonal k (packed) from the previous step's (``prev``: diagonal k - 1 for alpha, k + 1
+    for beta) and the loads: the log2-sum of every edge's term (state + weight) as one maximum and one sum of exp2
     (the terms are independent), (neg(), 0) off the sample's nodes. A state is a pair of float32 (high, low: its
     value their sum, as exact as a float64's to the 1e-7 the occupancies need, where the values grow to
     thousands); a term's difference from the terms' maximum R, (high - R) + weight + low, is exact in its high
@@ -225,19 +233,19 @@ def _diag_step(p_hi, p_lo, k, sb, wb, db, sl, wl, wz, o_u, i_nb, T_n, U_n, BETA:
     hl, ll = _unpack(sl)
     # the edges whose other end is on the previous diagonal: blank of duration 1 (lane u), the 0-frame label
     # (lane u -+ 1)
+    p_hi, p_lo = _unpack(prev)
     one = db == 1
     hb = tl.where(one, p_hi[None, :], hb)
     lb = tl.where(one, p_lo[None, :], lb)
     wz = tl.sum(wz, axis=0)
-    hz = tl.gather(p_hi, i_nb, 0)
-    lz = tl.gather(p_lo, i_nb, 0)
+    hz, lz = _unpack(tl.gather(prev, i_nb, 0))  # (one exchange for both parts)
     r = tl.maximum(tl.maximum(start, hz + wz), tl.maximum(tl.max(hb + wb, axis=0), tl.max(hl + wl, axis=0)))
     s = tl.exp2(start - r) + tl.exp2(((hz - r) + wz) + lz)
     s += tl.sum(tl.exp2(((hb - r[None, :]) + wb) + lb), axis=0)
     s += tl.sum(tl.exp2(((hl - r[None, :]) + wl) + ll), axis=0)
     node = (t >= 0) & (t <= T_n) & (o_u <= U_n)
     a_hi, a_lo = _two_sum(r, tl.log2(s))
-    return tl.where(node, a_hi, neg()), tl.where(node, a_lo, 0.0), node
+    return _pack(tl.where(node, a_hi, neg()), tl.where(node, a_lo, 0.0)), node
 
 
 @triton.jit
@@ -266,23 +274,29 @@ def _tdt_recursion_kernel(
     el, dl, ml = _edge_rows(edge_ptr, NB, NE, RL)
     ez = tl.full([1, 1], NB + NE, tl.int32)
     last = T_n + U_n
-    p_hi = tl.full([BLOCK_U], neg(), tl.float32)
-    p_lo = tl.zeros([BLOCK_U], tl.float32)
+    prev = tl.full([BLOCK_U], _neg_pair(), tl.int64)
     if not BETA:
         p_st = alpha_ptr + n * (T + 1) * U1
         i_nb = tl.maximum(o_u - 1, 0)
-        sb, wb, sl, wl, wz = _diag_loads(p_w, p_st, 0, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E, False)
+        rk = 0  # step k's state row, k mod (T + 1), and weights' row, k mod T, carried (no division a step)
+        lk = 0
+        sb, wb, sl, wl, wz = _diag_loads(p_w, p_st, 0, rk, lk, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E,
+                                         False)  # fmt: skip
         for k in range(0, last + 1, 2):
-            sb2, wb2, sl2, wl2, wz2 = _diag_loads(p_w, p_st, k + 1, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1,
-                                                  E, False)  # fmt: skip
-            p_hi, p_lo, node = _diag_step(p_hi, p_lo, k, sb, wb, db, sl, wl, wz, o_u, i_nb, T_n, U_n, False)
-            tl.store(p_st + (k % (T + 1)) * U1 + o_u, _pack(p_hi, p_lo), mask=node)
+            rk1, lk1 = _next_rows(rk, lk, T, False)
+            rk2, lk2 = _next_rows(rk1, lk1, T, False)
+            sb2, wb2, sl2, wl2, wz2 = _diag_loads(p_w, p_st, k + 1, rk1, lk1, eb, db, mb, el, dl, ml, ez, o_u, T, T_n,
+                                                  U_n, U1, E, False)  # fmt: skip
+            prev, node = _diag_step(prev, k, sb, wb, db, sl, wl, wz, o_u, i_nb, T_n, U_n, False)
+            tl.store(p_st + rk * U1 + o_u, prev, mask=node)
             tl.debug_barrier()
-            sb, wb, sl, wl, wz = _diag_loads(p_w, p_st, k + 2, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E,
-                                             False)  # fmt: skip
-            p_hi, p_lo, node = _diag_step(p_hi, p_lo, k + 1, sb2, wb2, db, sl2, wl2, wz2, o_u, i_nb, T_n, U_n, False)
-            tl.store(p_st + ((k + 1) % (T + 1)) * U1 + o_u, _pack(p_hi, p_lo), mask=node)
+            sb, wb, sl, wl, wz = _diag_loads(p_w, p_st, k + 2, rk2, lk2, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n,
+                                             U1, E, False)  # fmt: skip
+            prev, node = _diag_step(prev, k + 1, sb2, wb2, db, sl2, wl2, wz2, o_u, i_nb, T_n, U_n, False)
+            tl.store(p_st + rk1 * U1 + o_u, prev, mask=node)
             tl.debug_barrier()
+            rk = rk2
+            lk = lk2
         # the end node (T_n, U_n), stored by its step (the loop may have run one step past it)
         x = tl.load(p_st + (last % (T + 1)) * U1 + o_u, mask=o_u == U_n, other=0)
         e_hi, e_lo = _unpack(x)
@@ -293,19 +307,26 @@ def _tdt_recursion_kernel(
     else:
         p_st = beta_ptr + n * (T + 1) * U1
         i_nb = tl.minimum(o_u + 1, BLOCK_U - 1)
-        sb, wb, sl, wl, wz = _diag_loads(p_w, p_st, last, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E, True)
+        rk = last % (T + 1)
+        lk = last % tl.maximum(T, 1)
+        sb, wb, sl, wl, wz = _diag_loads(p_w, p_st, last, rk, lk, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E,
+                                         True)  # fmt: skip
         for i in range(0, last + 1, 2):
             k = last - i
-            sb2, wb2, sl2, wl2, wz2 = _diag_loads(p_w, p_st, k - 1, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1,
-                                                  E, True)  # fmt: skip
-            p_hi, p_lo, node = _diag_step(p_hi, p_lo, k, sb, wb, db, sl, wl, wz, o_u, i_nb, T_n, U_n, True)
-            tl.store(p_st + (k % (T + 1)) * U1 + o_u, _pack(p_hi, p_lo), mask=node)
+            rk1, lk1 = _next_rows(rk, lk, T, True)
+            rk2, lk2 = _next_rows(rk1, lk1, T, True)
+            sb2, wb2, sl2, wl2, wz2 = _diag_loads(p_w, p_st, k - 1, rk1, lk1, eb, db, mb, el, dl, ml, ez, o_u, T, T_n,
+                                                  U_n, U1, E, True)  # fmt: skip
+            prev, node = _diag_step(prev, k, sb, wb, db, sl, wl, wz, o_u, i_nb, T_n, U_n, True)
+            tl.store(p_st + rk * U1 + o_u, prev, mask=node)
             tl.debug_barrier()
-            sb, wb, sl, wl, wz = _diag_loads(p_w, p_st, k - 2, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E,
-                                             True)  # fmt: skip
-            p_hi, p_lo, node = _diag_step(p_hi, p_lo, k - 1, sb2, wb2, db, sl2, wl2, wz2, o_u, i_nb, T_n, U_n, True)
-            tl.store(p_st + (tl.maximum(k - 1, 0) % (T + 1)) * U1 + o_u, _pack(p_hi, p_lo), mask=node)
+            sb, wb, sl, wl, wz = _diag_loads(p_w, p_st, k - 2, rk2, lk2, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n,
+                                             U1, E, True)  # fmt: skip
+            prev, node = _diag_step(prev, k - 1, sb2, wb2, db, sl2, wl2, wz2, o_u, i_nb, T_n, U_n, True)
+            tl.store(p_st + rk1 * U1 + o_u, prev, mask=node)
             tl.debug_barrier()
+            rk = rk2
+            lk = lk2
 
 
 @triton.jit
