@@ -45,6 +45,8 @@ from .._transducer.lattice import (
 )
 from .._transducer.options import TransducerOptions
 
+RECURSION_WARPS = 0  # warps of the recursion kernel (0: a lane of u a thread, 16 at most)
+
 @triton.jit
 def _tdt_lattice_kernel(
     x_ptr,  # [N, T, U+1, C] scores or log-probs (any strides)
@@ -156,20 +158,23 @@ def _edge_loads(p_w, p_st, k, rk, lk, e, d, m_e, u, lane_ok, T, T_n, U1, E, LABE
     diagonal k's state row, k mod (T + 1), and weights' row, k mod T (an edge that exists has d + LABEL <= T: one
     wrap at most). Pointers are formed per row, then offset by the lane. ALL: every edge's state read (the
     occupancies). Returns the states, the weights and which edges exist."""
+    # offsets: the step's row times the row length, less or plus the edge's rows (invariant across steps)
+    s_len = (T + 1) * U1
+    w_len = T * E * U1
     if BETA:
         ok = (m_e & lane_ok) & (u >= k + d + LABEL - T_n)  # t + d <= T_n (a blank), < T_n (a label)
-        r = rk + d + LABEL
-        r = tl.where(r > T, r - (T + 1), r)
-        p_s = p_st + r * U1 + LABEL
-        p_c = p_w + (lk * E + e) * U1
+        so = rk * U1 + (d + LABEL) * U1
+        so = tl.where(so >= s_len, so - s_len, so)
+        p_s = p_st + (so + LABEL)
+        p_c = p_w + (lk * (E * U1) + e * U1)
     else:
         ok = (m_e & lane_ok) & (u <= k - d)  # t - d >= 0
-        r = rk - d - LABEL
-        r = tl.where(r < 0, r + (T + 1), r)
-        lr = lk - d - LABEL
-        lr = tl.where(lr < 0, lr + T, lr)
-        p_s = p_st + r * U1 - LABEL
-        p_c = p_w + (lr * E + e) * U1 - LABEL
+        so = rk * U1 - (d + LABEL) * U1
+        so = tl.where(so < 0, so + s_len, so)
+        wo = lk * (E * U1) - (d + LABEL) * (E * U1)
+        wo = tl.where(wo < 0, wo + w_len, wo)
+        p_s = p_st + (so - LABEL)
+        p_c = p_w + (wo + e * U1 - LABEL)
     if ALL:
         m_s = ok
     else:
@@ -601,7 +606,7 @@ def tdt_recursions(
         RL=next_power_of_2(max(ne, 1)),
         E=n_w,
         BLOCK_U=block_u,
-        num_warps=max(1, min(16, block_u // 32)),
+        num_warps=RECURSION_WARPS or max(1, min(16, block_u // 32)),
     )
     if need_grad:
         _tdt_occupancy_kernel[(N, T + U1 - 1)](  # every cell once: diagonals 0 .. T + U
