@@ -254,6 +254,42 @@ def _diag_step(prev, k, sb, wb, db, sl, wl, wz, o_u, i_nb, T_n, U_n, BETA: tl.co
 
 
 @triton.jit
+def _sweep(p_w, p_st, first, steps, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E, BLOCK_U: tl.constexpr,
+           BETA: tl.constexpr):  # fmt: skip
+    """Steps k = first, first + 1, ... (BETA: first - 1, ...), ``steps`` of them rounded up to even (the extra one,
+    past the sample's end, stores nothing), each stored at its row, a barrier after each store. Each step's loads
+    are issued one step ahead; two steps an iteration, so the prefetched registers alternate instead of being
+    moved."""
+    if BETA:
+        i_nb = tl.minimum(o_u + 1, BLOCK_U - 1)
+        sgn = -1
+    else:
+        i_nb = tl.maximum(o_u - 1, 0)
+        sgn = 1
+    rk = first % (T + 1)  # step k's state row, k mod (T + 1), and weights' row, k mod T, carried (no division a
+    lk = first % tl.maximum(T, 1)  # step)
+    prev = tl.full([BLOCK_U], _neg_pair(), tl.int64)
+    sb, wb, sl, wl, wz = _diag_loads(p_w, p_st, first, rk, lk, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E,
+                                     BETA)  # fmt: skip
+    for i in range(0, steps, 2):
+        k = first + sgn * i
+        rk1, lk1 = _next_rows(rk, lk, T, BETA)
+        rk2, lk2 = _next_rows(rk1, lk1, T, BETA)
+        sb2, wb2, sl2, wl2, wz2 = _diag_loads(p_w, p_st, k + sgn, rk1, lk1, eb, db, mb, el, dl, ml, ez, o_u, T, T_n,
+                                              U_n, U1, E, BETA)  # fmt: skip
+        prev, node = _diag_step(prev, k, sb, wb, db, sl, wl, wz, o_u, i_nb, T_n, U_n, BETA)
+        tl.store(p_st + rk * U1 + o_u, prev, mask=node)
+        tl.debug_barrier()
+        sb, wb, sl, wl, wz = _diag_loads(p_w, p_st, k + 2 * sgn, rk2, lk2, eb, db, mb, el, dl, ml, ez, o_u, T, T_n,
+                                         U_n, U1, E, BETA)  # fmt: skip
+        prev, node = _diag_step(prev, k + sgn, sb2, wb2, db, sl2, wl2, wz2, o_u, i_nb, T_n, U_n, BETA)
+        tl.store(p_st + rk1 * U1 + o_u, prev, mask=node)
+        tl.debug_barrier()
+        rk = rk2
+        lk = lk2
+
+
+@triton.jit
 def _tdt_recursion_kernel(
     w_ptr,  # [N, T, E, U+1] float32: the edges' weights on the anti-diagonals' rows (``_tdt_edge_weights_kernel``)
     alpha_ptr, beta_ptr,  # [N, T+1, U+1] int64 out: node (t, u) at row (t + u) mod (T + 1), a pair (``_pack``)
@@ -279,59 +315,18 @@ def _tdt_recursion_kernel(
     el, dl, ml = _edge_rows(edge_ptr, NB, NE, RL)
     ez = tl.full([1, 1], NB + NE, tl.int32)
     last = T_n + U_n
-    prev = tl.full([BLOCK_U], _neg_pair(), tl.int64)
     if not BETA:
         p_st = alpha_ptr + n * (T + 1) * U1
-        i_nb = tl.maximum(o_u - 1, 0)
-        rk = 0  # step k's state row, k mod (T + 1), and weights' row, k mod T, carried (no division a step)
-        lk = 0
-        sb, wb, sl, wl, wz = _diag_loads(p_w, p_st, 0, rk, lk, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E,
-                                         False)  # fmt: skip
-        for k in range(0, last + 1, 2):
-            rk1, lk1 = _next_rows(rk, lk, T, False)
-            rk2, lk2 = _next_rows(rk1, lk1, T, False)
-            sb2, wb2, sl2, wl2, wz2 = _diag_loads(p_w, p_st, k + 1, rk1, lk1, eb, db, mb, el, dl, ml, ez, o_u, T, T_n,
-                                                  U_n, U1, E, False)  # fmt: skip
-            prev, node = _diag_step(prev, k, sb, wb, db, sl, wl, wz, o_u, i_nb, T_n, U_n, False)
-            tl.store(p_st + rk * U1 + o_u, prev, mask=node)
-            tl.debug_barrier()
-            sb, wb, sl, wl, wz = _diag_loads(p_w, p_st, k + 2, rk2, lk2, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n,
-                                             U1, E, False)  # fmt: skip
-            prev, node = _diag_step(prev, k + 1, sb2, wb2, db, sl2, wl2, wz2, o_u, i_nb, T_n, U_n, False)
-            tl.store(p_st + rk1 * U1 + o_u, prev, mask=node)
-            tl.debug_barrier()
-            rk = rk2
-            lk = lk2
-        # the end node (T_n, U_n), stored by its step (the loop may have run one step past it)
+        _sweep(p_w, p_st, 0, last + 1, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E, BLOCK_U, False)
+        # the end node (T_n, U_n), stored by its step (the sweep may have run one step past it)
         x = tl.load(p_st + (last % (T + 1)) * U1 + o_u, mask=o_u == U_n, other=0)
-        e_hi, e_lo = _unpack(x)
-        logp = tl.sum(tl.where(o_u == U_n, e_hi.to(tl.float64) + e_lo.to(tl.float64), 0.0), axis=0)
+        logp = tl.sum(tl.where(o_u == U_n, _pair_sum(x), 0.0), axis=0)
         logp = tl.where(logp < neg() * 0.5, float("-inf"), logp)
         logp = tl.where(tl.load(nan_ptr + n) > 0, float("nan"), logp)
         tl.store(logp_ptr + n, logp)
     else:
         p_st = beta_ptr + n * (T + 1) * U1
-        i_nb = tl.minimum(o_u + 1, BLOCK_U - 1)
-        rk = last % (T + 1)
-        lk = last % tl.maximum(T, 1)
-        sb, wb, sl, wl, wz = _diag_loads(p_w, p_st, last, rk, lk, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E,
-                                         True)  # fmt: skip
-        for i in range(0, last + 1, 2):
-            k = last - i
-            rk1, lk1 = _next_rows(rk, lk, T, True)
-            rk2, lk2 = _next_rows(rk1, lk1, T, True)
-            sb2, wb2, sl2, wl2, wz2 = _diag_loads(p_w, p_st, k - 1, rk1, lk1, eb, db, mb, el, dl, ml, ez, o_u, T, T_n,
-                                                  U_n, U1, E, True)  # fmt: skip
-            prev, node = _diag_step(prev, k, sb, wb, db, sl, wl, wz, o_u, i_nb, T_n, U_n, True)
-            tl.store(p_st + rk * U1 + o_u, prev, mask=node)
-            tl.debug_barrier()
-            sb, wb, sl, wl, wz = _diag_loads(p_w, p_st, k - 2, rk2, lk2, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n,
-                                             U1, E, True)  # fmt: skip
-            prev, node = _diag_step(prev, k - 1, sb2, wb2, db, sl2, wl2, wz2, o_u, i_nb, T_n, U_n, True)
-            tl.store(p_st + rk1 * U1 + o_u, prev, mask=node)
-            tl.debug_barrier()
-            rk = rk2
-            lk = lk2
+        _sweep(p_w, p_st, last, last + 1, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E, BLOCK_U, True)
 
 
 @triton.jit
