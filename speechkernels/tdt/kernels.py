@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from .._launch import cdiv, next_power_of_2
-from .._logspace import lae, log2e, lse_total, neg
+from .._logspace import log2e, lse_total, neg
 from .._outputs import kernel_output, kernel_output_like
 from .._transducer.lattice import (
     cell_scores,
@@ -46,6 +46,7 @@ from .._transducer.lattice import (
 from .._transducer.options import TransducerOptions
 
 RECURSION_WARPS = 0  # warps of the recursion kernel (0: a lane of u a thread, 16 at most)
+
 
 @triton.jit
 def _tdt_lattice_kernel(
