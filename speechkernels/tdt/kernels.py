@@ -91,20 +91,23 @@ def _tdt_lattice_kernel(
 @triton.jit
 def _tdt_edge_weights_kernel(
     lat_ptr,  # [N * T * (U+1), K] float32: the lattice kernel's
-    out_ptr,  # [N, T, E, U+1] float32 out: edge e's weight at cell (t, u), at row (t + u) mod T, column (e, u)
+    out_ptr,  # [N, T + H, E, U+1] float32 out: edge e's weight at cell (t, u), row H + (t + u) mod T, column (e, u)
     edge_ptr, T, U1, K, zero_a, zero_b,
+    H,  # rows of history: rows T .. T + H - 1 are also written at 0 .. H - 1 (no step's read wraps)
     E: tl.constexpr,  # the table's edges and the 0-frame label edge (row E - 1; neg() without one)
     BLOCK_U: tl.constexpr,
 ):  # fmt: skip
     """Program (row (n, t), block of u): each edge's weight (entry a + entry b) at the row's cells, on their
-    anti-diagonals' rows."""
+    anti-diagonals' rows (``_sweep``: the rows' layout)."""
     nt = tl.program_id(0).to(tl.int64)
     n = nt // T
     t = nt - n * T
     o_u = tl.program_id(1) * BLOCK_U + tl.arange(0, BLOCK_U)
     m_u = o_u < U1
     p_cell = lat_ptr + (nt * U1 + o_u) * K
-    p_out = out_ptr + (n * T + (t + o_u) % T) * E * U1 + o_u
+    r = (t + o_u) % T + H
+    p_out = out_ptr + (n * (T + H) + r) * E * U1 + o_u
+    mirror = m_u & (r >= T)  # also H + r - T below the first row
     for e in tl.static_range(E):
         if e < E - 1:
             ea = tl.load(edge_ptr + 3 * e + 1)
@@ -117,6 +120,7 @@ def _tdt_edge_weights_kernel(
         w = tl.load(p_cell + ea, mask=m_u & (ea >= 0), other=neg())
         w += tl.load(p_cell + eb, mask=m_u & (ea >= 0) & (eb >= 0), other=0.0)
         tl.store(p_out + e * U1, w, mask=m_u)
+        tl.store(p_out + (e - T * E) * U1, w, mask=mirror)
 
 
 @triton.jit
@@ -148,45 +152,34 @@ def _unpack(x):
 
 
 @triton.jit
-def _edge_loads(p_w, p_st, k, rk, lk, e, d, m_e, u, lane_ok, T, T_n, U1, E, LABEL: tl.constexpr,
-                BETA: tl.constexpr, ALL: tl.constexpr = False):  # fmt: skip
+def _edge_loads(p_w, p_st, k, rk, lk, e, d, m_e, u, lane_ok, T, T_n, U1, E, H, LABEL: tl.constexpr,
+                BETA: tl.constexpr):  # fmt: skip
     """A block of edges at anti-diagonal k (lane u: node (k - u, u)), [R, BLOCK_U] each: the state at each edge's
-    other end (packed; (neg(), 0) where the edge does not exist; not read for the edges whose other end is on
-    diagonal k -+ 1, the previous step's, which the caller holds), and the edge's weight (neg() where there is
-    no edge). Alpha: edges in, from (t - d, u) (a blank: diagonal k - d) or (t - d, u - 1) (a label:
-    k - d - 1), weighed at that cell; beta: edges out, to (t + d, u) or (t + d, u + 1), weighed at (t, u). A
-    duration of 0 is the 0-frame label edge (d = 0, LABEL). ``lane_ok``: the lanes' own conditions; rk, lk:
-    diagonal k's state row, k mod (T + 1), and weights' row, k mod T (an edge that exists has d + LABEL <= T: one
-    wrap at most). Pointers are formed per row, then offset by the lane. ALL: every edge's state read (the
-    occupancies). Returns the states, the weights and which edges exist."""
-    # offsets: the step's row times the row length, less or plus the edge's rows (invariant across steps)
-    s_len = (T + 1) * U1
-    w_len = T * E * U1
+    other end (packed; whatever the state rows hold where the edge does not exist), the edge's weight (neg()
+    where there is no edge) and which edges exist. Alpha: edges in, from (t - d, u) (a blank: diagonal k - d)
+    or (t - d, u - 1) (a label: k - d - 1), weighed at that cell; beta: edges out, to (t + d, u) or
+    (t + d, u + 1), weighed at (t, u). A duration of 0 is the 0-frame label edge (d = 0, LABEL). ``lane_ok``:
+    the lanes' own conditions; rk, lk: k mod (T + 1) and k mod T (``_sweep``: the rows' layout). Pointers are
+    formed per row, then offset by the lane."""
+    # offsets: the step's row times the row length plus or less the edge's rows (invariant across steps); the
+    # rows past the ends are mirrored (``_sweep``), so none wraps
     if BETA:
         ok = (m_e & lane_ok) & (u >= k + d + LABEL - T_n)  # t + d <= T_n (a blank), < T_n (a label)
-        so = rk * U1 + (d + LABEL) * U1
-        so = tl.where(so >= s_len, so - s_len, so)
-        p_s = p_st + (so + LABEL)
-        p_c = p_w + (lk * (E * U1) + e * U1)
+        p_s = p_st + (rk * U1 + (d + LABEL) * U1 + LABEL)
+        p_c = p_w + ((lk + H) * (E * U1) + e * U1)
     else:
         ok = (m_e & lane_ok) & (u <= k - d)  # t - d >= 0
-        so = rk * U1 - (d + LABEL) * U1
-        so = tl.where(so < 0, so + s_len, so)
-        wo = lk * (E * U1) - (d + LABEL) * (E * U1)
-        wo = tl.where(wo < 0, wo + w_len, wo)
-        p_s = p_st + (so - LABEL)
-        p_c = p_w + (wo + e * U1 - LABEL)
-    if ALL:
-        m_s = ok
-    else:
-        m_s = ok & (d + LABEL >= 2)
-    s = tl.load(p_s + u, mask=m_s, other=_neg_pair())
+        p_s = p_st + ((rk + H) * U1 - (d + LABEL) * U1 - LABEL)
+        p_c = p_w + ((lk + H) * (E * U1) - (d + LABEL) * (E * U1) + e * U1 - LABEL)
+    # every state is read, unmasked: in bounds and finite (``_sweep``); where the edge does not exist its weight
+    # is neg(), which makes the term neg()
+    s = tl.load(p_s + u)
     w = tl.load(p_c + u, mask=ok, other=neg())
     return s, w, ok
 
 
 @triton.jit
-def _diag_loads(p_w, p_st, k, rk, lk, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E, BETA: tl.constexpr):
+def _diag_loads(p_w, p_st, k, rk, lk, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E, H, BETA: tl.constexpr):
     """Everything step k reads from memory: the blank edges', the label edges' and the 0-frame edge's blocks
     (rk, lk: k mod (T + 1) and k mod T, ``_next_rows``)."""
     u = o_u[None, :]
@@ -197,10 +190,10 @@ def _diag_loads(p_w, p_st, k, rk, lk, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U
     else:
         ok_b = (t <= T_n) & (u <= U_n)
         ok_l = (t < T_n) & (u >= 1) & (u <= U_n)
-    sb, wb, _ = _edge_loads(p_w, p_st, k, rk, lk, eb, db, mb, u, ok_b, T, T_n, U1, E, 0, BETA)
-    sl, wl, _ = _edge_loads(p_w, p_st, k, rk, lk, el, dl, ml, u, ok_l, T, T_n, U1, E, 1, BETA)
+    sb, wb, _ = _edge_loads(p_w, p_st, k, rk, lk, eb, db, mb, u, ok_b, T, T_n, U1, E, H, 0, BETA)
+    sl, wl, _ = _edge_loads(p_w, p_st, k, rk, lk, el, dl, ml, u, ok_l, T, T_n, U1, E, H, 1, BETA)
     zero = ez * 0
-    _, wz, _ = _edge_loads(p_w, p_st, k, rk, lk, ez, zero, zero == 0, u, ok_l, T, T_n, U1, E, 1, BETA)
+    _, wz, _ = _edge_loads(p_w, p_st, k, rk, lk, ez, zero, zero == 0, u, ok_l, T, T_n, U1, E, H, 1, BETA)
     return sb, wb, sl, wl, wz
 
 
@@ -255,12 +248,39 @@ def _diag_step(prev, k, sb, wb, db, sl, wl, wz, o_u, i_nb, T_n, U_n, BETA: tl.co
 
 
 @triton.jit
-def _sweep(p_w, p_st, first, steps, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E, BLOCK_U: tl.constexpr,
+def _state_start(n, T, U1, H, BLOCK_U: tl.constexpr):
+    """Where sample n's state rows start: each sample's rows have an entry before them and BLOCK_U + 1 after, so
+    that a step's unmasked reads stay in the sample's own entries (a NaN of one sample reaches no other)."""
+    return n * ((T + 1 + H) * U1 + BLOCK_U + 2) + 1
+
+
+@triton.jit
+def _store_row(p_st, rk, shift, mirror, H, T, U1, o_u, x, node, BETA: tl.constexpr):
+    """A diagonal's states at its row, and at its mirrored row where it has one (``_sweep``)."""
+    p = p_st + (rk + shift) * U1 + o_u
+    tl.store(p, x, mask=node)
+    if BETA:
+        has_mirror = rk < H
+    else:
+        has_mirror = rk + H > T
+    tl.store(p + mirror * U1, x, mask=tl.where(has_mirror, node, False))
+
+
+@triton.jit
+def _sweep(p_w, p_st, first, steps, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E, H, BLOCK_U: tl.constexpr,
            BETA: tl.constexpr):  # fmt: skip
     """Steps k = first, first + 1, ... (BETA: first - 1, ...), ``steps`` of them rounded up to even (the extra one,
     past the sample's end, stores nothing), each stored at its row, a barrier after each store. Each step's loads
     are issued one step ahead; two steps an iteration, so the prefetched registers alternate instead of being
-    moved."""
+    moved.
+
+    The rows: T + 1 + H of them a sample (H: 1 + the longest duration, the diagonals a step reads back), with
+    diagonal k at row k mod (T + 1) (beta) or H + k mod (T + 1) (alpha); beta's rows 0 .. H - 1 are also stored at
+    T + 1 .., alpha's T + 1 .. T + H at 0 .., so a read of diagonal k -+ (d + LABEL) is at row k's -+ (d + LABEL)
+    without a wrap. The weights likewise: T + H rows, cell (t, u) at H + (t + u) mod T, T .. T + H - 1 also at
+    0 .. H - 1. The state rows are filled with (neg(), 0) beforehand, and a sample's start is one entry in, with
+    BLOCK_U + 1 entries after its last (``_state_start``): every state read is in bounds and is the sample's own
+    (finite unless the sample reads a NaN, when its loss is NaN anyway)."""
     if BETA:
         i_nb = tl.minimum(o_u + 1, BLOCK_U - 1)
         sgn = -1
@@ -271,20 +291,26 @@ def _sweep(p_w, p_st, first, steps, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n
     lk = first % tl.maximum(T, 1)  # step)
     prev = tl.full([BLOCK_U], _neg_pair(), tl.int64)
     sb, wb, sl, wl, wz = _diag_loads(p_w, p_st, first, rk, lk, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E,
-                                     BETA)  # fmt: skip
+                                     H, BETA)  # fmt: skip
+    if BETA:
+        shift = 0  # the rows' offset, and where a mirrored row goes
+        mirror = T + 1
+    else:
+        shift = H
+        mirror = -(T + 1)
     for i in range(0, steps, 2):
         k = first + sgn * i
         rk1, lk1 = _next_rows(rk, lk, T, BETA)
         rk2, lk2 = _next_rows(rk1, lk1, T, BETA)
         sb2, wb2, sl2, wl2, wz2 = _diag_loads(p_w, p_st, k + sgn, rk1, lk1, eb, db, mb, el, dl, ml, ez, o_u, T, T_n,
-                                              U_n, U1, E, BETA)  # fmt: skip
+                                              U_n, U1, E, H, BETA)  # fmt: skip
         prev, node = _diag_step(prev, k, sb, wb, db, sl, wl, wz, o_u, i_nb, T_n, U_n, BETA)
-        tl.store(p_st + rk * U1 + o_u, prev, mask=node)
+        _store_row(p_st, rk, shift, mirror, H, T, U1, o_u, prev, node, BETA)
         tl.debug_barrier()
         sb, wb, sl, wl, wz = _diag_loads(p_w, p_st, k + 2 * sgn, rk2, lk2, eb, db, mb, el, dl, ml, ez, o_u, T, T_n,
-                                         U_n, U1, E, BETA)  # fmt: skip
+                                         U_n, U1, E, H, BETA)  # fmt: skip
         prev, node = _diag_step(prev, k + sgn, sb2, wb2, db, sl2, wl2, wz2, o_u, i_nb, T_n, U_n, BETA)
-        tl.store(p_st + rk1 * U1 + o_u, prev, mask=node)
+        _store_row(p_st, rk1, shift, mirror, H, T, U1, o_u, prev, node, BETA)
         tl.debug_barrier()
         rk = rk2
         lk = lk2
@@ -293,10 +319,10 @@ def _sweep(p_w, p_st, first, steps, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n
 @triton.jit
 def _tdt_recursion_kernel(
     w_ptr,  # [N, T, E, U+1] float32: the edges' weights on the anti-diagonals' rows (``_tdt_edge_weights_kernel``)
-    alpha_ptr, beta_ptr,  # [N, T+1, U+1] int64 out: node (t, u) at row (t + u) mod (T + 1), a pair (``_pack``)
+    alpha_ptr, beta_ptr,  # [1 + N (T+1+H) (U+1) + BLOCK_U + 1] int64: the states, pairs (``_pack``), ``_sweep``'s rows
     logp_ptr,  # [N] float64 out: log2 p (-inf without a path, NaN with a NaN entry)
     nan_ptr, edge_ptr, il_ptr, tl_ptr,
-    T, U1,
+    T, U1, H,  # H: 1 + the longest duration (``_sweep``)
     NB: tl.constexpr, NE: tl.constexpr,  # blank edges, then label edges of positive durations, in edge_ptr
     RB: tl.constexpr, RL: tl.constexpr,  # their blocks' rows (powers of 2)
     E: tl.constexpr,  # NB + NE + 1: the weights' rows (the 0-frame label edge's last)
@@ -311,23 +337,23 @@ def _tdt_recursion_kernel(
     BETA = tl.program_id(1) == 1
     T_n, U_n = sample_lengths(il_ptr, tl_ptr, n, True, T, U1)
     o_u = tl.arange(0, BLOCK_U)
-    p_w = w_ptr + n * T * E * U1
+    p_w = w_ptr + n * (T + H) * E * U1
     eb, db, mb = _edge_rows(edge_ptr, 0, NB, RB)
     el, dl, ml = _edge_rows(edge_ptr, NB, NE, RL)
     ez = tl.full([1, 1], NB + NE, tl.int32)
     last = T_n + U_n
     if not BETA:
-        p_st = alpha_ptr + n * (T + 1) * U1
-        _sweep(p_w, p_st, 0, last + 1, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E, BLOCK_U, False)
+        p_st = alpha_ptr + _state_start(n, T, U1, H, BLOCK_U)
+        _sweep(p_w, p_st, 0, last + 1, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E, H, BLOCK_U, False)
         # the end node (T_n, U_n), stored by its step (the sweep may have run one step past it)
-        x = tl.load(p_st + (last % (T + 1)) * U1 + o_u, mask=o_u == U_n, other=0)
+        x = tl.load(p_st + (H + last % (T + 1)) * U1 + o_u, mask=o_u == U_n, other=0)
         logp = tl.sum(tl.where(o_u == U_n, _pair_sum(x), 0.0), axis=0)
         logp = tl.where(logp < neg() * 0.5, float("-inf"), logp)
         logp = tl.where(tl.load(nan_ptr + n) > 0, float("nan"), logp)
         tl.store(logp_ptr + n, logp)
     else:
-        p_st = beta_ptr + n * (T + 1) * U1
-        _sweep(p_w, p_st, last, last + 1, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E, BLOCK_U, True)
+        p_st = beta_ptr + _state_start(n, T, U1, H, BLOCK_U)
+        _sweep(p_w, p_st, last, last + 1, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E, H, BLOCK_U, True)
 
 
 @triton.jit
@@ -352,10 +378,10 @@ def _entry_sum(e, ea, eb, occ):
 @triton.jit
 def _tdt_occupancy_kernel(
     lat_ptr,  # [N * T * (U+1), K] float32: in, the log2 entries; out, each entry's coefficient (see below)
-    w_ptr,  # [N, T, E, U+1] float32: the edges' weights on the anti-diagonals' rows (``_tdt_edge_weights_kernel``)
-    alpha_ptr, beta_ptr,  # [N, T+1, U+1] int64: the recursions' states (pairs, ``_pack``)
+    w_ptr,  # [N, T + H, E, U+1] float32: the edges' weights on their rows (``_tdt_edge_weights_kernel``)
+    alpha_ptr, beta_ptr,  # int64: the recursions' states (pairs, ``_pack``; ``_sweep``'s rows)
     logp_ptr, edge_ptr, il_ptr, tl_ptr,
-    T, U1, K, zero_a, zero_b, fastemit_scale,
+    T, U1, K, zero_a, zero_b, fastemit_scale, H,
     NB: tl.constexpr, NE: tl.constexpr, RB: tl.constexpr, RL: tl.constexpr, E: tl.constexpr,
     FUSED: tl.constexpr, MULTI: tl.constexpr, BLOCK_U: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
@@ -376,10 +402,10 @@ def _tdt_occupancy_kernel(
     active = tl.where(logp != float("-inf"), in_range & (t < T_n) & (o_u <= U_n), False)
     rk = k % (T + 1)
     lk = k % tl.maximum(T, 1)
-    p_a = alpha_ptr + n * (T + 1) * U1 + rk * U1 + o_u
+    p_a = alpha_ptr + _state_start(n, T, U1, H, BLOCK_U) + (rk + H) * U1 + o_u
     al = _state(p_a, active) - logp
-    p_st = beta_ptr + n * (T + 1) * U1
-    p_w = w_ptr + n * T * E * U1
+    p_st = beta_ptr + _state_start(n, T, U1, H, BLOCK_U)
+    p_w = w_ptr + n * (T + H) * E * U1
     u = o_u[None, :]
     ok_b = active[None, :]
     ok_l = (active & (o_u < U_n))[None, :]
@@ -387,10 +413,9 @@ def _tdt_occupancy_kernel(
     el_, dl, ml = _edge_rows(edge_ptr, NB, NE, RL)
     ez = tl.full([1, 1], NB + NE, tl.int32)
     zero = ez * 0
-    sb, wb, okb = _edge_loads(p_w, p_st, k, rk, lk, eb_, db, mb, u, ok_b, T, T_n, U1, E, 0, True, True)
-    sl, wl, okl = _edge_loads(p_w, p_st, k, rk, lk, el_, dl, ml, u, ok_l, T, T_n, U1, E, 1, True, True)
-    sz, wz, okz = _edge_loads(p_w, p_st, k, rk, lk, ez, zero, zero + zero_a >= 0, u, ok_l, T, T_n, U1, E, 1, True,
-                              True)  # fmt: skip
+    sb, wb, okb = _edge_loads(p_w, p_st, k, rk, lk, eb_, db, mb, u, ok_b, T, T_n, U1, E, H, 0, True)
+    sl, wl, okl = _edge_loads(p_w, p_st, k, rk, lk, el_, dl, ml, u, ok_l, T, T_n, U1, E, H, 1, True)
+    sz, wz, okz = _edge_loads(p_w, p_st, k, rk, lk, ez, zero, zero + zero_a >= 0, u, ok_l, T, T_n, U1, E, H, 1, True)
     occ_b = tl.where(okb, tl.exp2((al[None, :] + wb.to(tl.float64) + _pair_sum(sb)).to(tl.float32)), 0.0)
     occ_l = tl.where(okl, tl.exp2((al[None, :] + wl.to(tl.float64) + _pair_sum(sl)).to(tl.float32)), 0.0)
     occ_z = tl.where(okz, tl.exp2((al[None, :] + wz.to(tl.float64) + _pair_sum(sz)).to(tl.float32)), 0.0)
@@ -571,19 +596,22 @@ def tdt_recursions(
     K = 2 + len(durations)
     dev = lat.device
     edges, nb, ne, (zero_a, zero_b) = _edge_table(kind, durations, dev)
-    # the states: a pair of float32 a node, packed in an int64 (``_diag_step``, ``_pack``)
-    alpha = kernel_output(N * (T + 1) * U1, dtype=torch.int64, device=dev)
-    beta = kernel_output(N * (T + 1) * U1 if need_grad else 0, dtype=torch.int64, device=dev)
-    logp = kernel_output(N, dtype=torch.float64, device=dev)
+    # the states: a pair of float32 a node, packed in an int64 (``_diag_step``, ``_pack``), on ``_sweep``'s rows,
+    # filled with (neg(), 0) (every read of the recursions is unmasked)
     block_u = next_power_of_2(U1)
+    hist = max((1, *durations)) + 1  # the diagonals a step reads back (``_sweep``)
+    n_st = N * ((T + 1 + hist) * U1 + block_u + 2)
+    alpha = torch.full((n_st,), 4048155338, dtype=torch.int64, device=dev)
+    beta = torch.full((n_st if need_grad else 0,), 4048155338, dtype=torch.int64, device=dev)
+    logp = kernel_output(N, dtype=torch.float64, device=dev)
     # the recursions step along anti-diagonals: each edge's weight at each cell, each edge's row contiguous along u
     # and cell (t, u) on row (t + u) mod T, so that a step's loads are contiguous (E = NB + NE + 1 values a cell,
     # against the logits' V + X)
     n_w = nb + ne + 1
-    weights = kernel_output(N * T * n_w * U1, dtype=torch.float32, device=dev)
+    weights = kernel_output(N * (T + hist) * n_w * U1, dtype=torch.float32, device=dev)
     w_u = min(block_u, 128)
     _tdt_edge_weights_kernel[(N * T, cdiv(U1, w_u))](
-        lat, weights, edges, T, U1, K, zero_a, zero_b, E=n_w, BLOCK_U=w_u, num_warps=max(1, min(4, w_u // 32))
+        lat, weights, edges, T, U1, K, zero_a, zero_b, hist, E=n_w, BLOCK_U=w_u, num_warps=max(1, min(4, w_u // 32))
     )
     _tdt_recursion_kernel[(N, 2 if need_grad else 1)](  # alpha and, with a gradient to come, beta at once
         weights,
@@ -596,6 +624,7 @@ def tdt_recursions(
         target_lengths,
         T,
         U1,
+        hist,
         NB=nb,
         NE=ne,
         RB=next_power_of_2(max(nb, 1)),
@@ -620,6 +649,7 @@ def tdt_recursions(
             zero_a,
             zero_b,
             opts.label_scale,
+            hist,
             NB=nb,
             NE=ne,
             RB=next_power_of_2(max(nb, 1)),
