@@ -8,13 +8,14 @@ edge table on the device lists per edge its duration and entries, blank edges fi
 1. ``_tdt_lattice_kernel``: program = up to BLOCK_R cells of a row (n, t): the tokens' log-sum-exp (natural log,
    kept for the backward), the K entries, NaN counts per sample.
 2. ``_tdt_edge_weights_kernel`` then ``_tdt_recursion_kernel``: each edge's weight per cell (entry a + entry b),
-   each edge's row along u, cell (t, u) on row (t + u) mod T; program (n, 0) = sample n's alpha along the
-   anti-diagonals k = t + u = 0 .. T_n + U_n (every edge into a node comes from an earlier one: a blank of
-   duration d from diagonal k - d, a label from k - d - 1), a diagonal's edge terms summed as one maximum and one
-   sum of exp2; log2 p. The previous diagonal stays in registers (blank edges of duration 1, the 0-frame label
-   edge: one exchange between lanes), the older ones are read back from the state, issued a step ahead. Program
-   (n, 1), with a gradient to come: beta backwards, likewise, at the same time. A state is a pair of float32
-   (high and low parts, packed in an int64), node (t, u) at row (t + u) mod (T + 1).
+   each edge's row along u, cell (t, u) on the row of its anti-diagonal (``_sweep``: the rows); program (n, 0) =
+   sample n's alpha along the anti-diagonals k = t + u = 0 .. T_n + U_n (every edge into a node comes from an
+   earlier one: a blank of duration d from diagonal k - d, a label from k - d - 1), a diagonal's edge terms summed
+   as one maximum and one sum of exp2; log2 p. The previous diagonal stays in registers (blank edges of duration
+   1, the 0-frame label edge: one exchange between lanes), the older ones are read back from the state, issued a
+   step ahead. Program (n, 1), with a gradient to come: beta backwards, likewise, at the same time. A state is a
+   pair of float32 (high and low parts, packed in an int64: ``_diag_step``), node (t, u) on the row of its
+   anti-diagonal.
 3. ``_tdt_occupancy_kernel`` (with a gradient to come): program = an anti-diagonal (n, k), a cell a lane: each
    edge's occupancy exp2(alpha + w + beta - log2 p), their sums per entry, written over the cells' entries; the
    states and weights are then dropped.
