@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from .._launch import cdiv, next_power_of_2
-from .._logspace import lae, log2e, lse_total, neg
+from .._logspace import log2e, lse_total, neg
 from .._outputs import kernel_output, kernel_output_like
 from .._transducer.lattice import (
     cell_scores,
@@ -43,6 +43,7 @@ from .._transducer.lattice import (
     score_grad_chunks,
 )
 from .._transducer.options import TransducerOptions
+
 
 @triton.jit
 def _tdt_lattice_kernel(
