@@ -262,6 +262,31 @@ def test_multiblank_loss_matches_reference(path, opts):
     torch.testing.assert_close(grad.cpu().double(), rgrad, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["tdt", "multiblank"])
+def test_durations_longer_than_the_frames(path, kind):
+    """Durations up to 8 over 2-5 frames and more labels than frames (the recursions' history reaches past the
+    lattice's first row): values and gradients against the float64 reference (each path, float32)."""
+    from speechkernels import multiblank_rnnt_loss, tdt_loss
+
+    if kind == "tdt":
+        durations = [0, 1, 3, 8]
+        x, targets, il, tl = tdt_case(73, 3, 5, 7, 5, 4)
+        il = torch.tensor([5, 2, 3])
+        loss_of = lambda v, t, i, u: tdt_loss(v, t, i, u, durations, reduction="none")  # noqa: E731
+        ref_of = lambda v: tdt_loss_reference(v, targets, il, tl, durations, reduction="none")  # noqa: E731
+    else:
+        x, targets, il, tl = make_case(74, 3, 4, 6, 7, avoid=(4, 5, 6))
+        il = torch.tensor([4, 2, 3])
+        loss_of = lambda v, t, i, u: multiblank_rnnt_loss(v, t, i, u, [2, 8], reduction="none")  # noqa: E731
+        ref_of = lambda v: multiblank_rnnt_loss_reference(v, targets, il, tl, [2, 8], reduction="none")  # noqa: E731
+    xd, td, ild, tld = on(path.device, x.float(), targets, il, tl)
+    loss, grad = grads_of(lambda v: loss_of(v, td, ild, tld), xd)
+    path.check_ran()
+    ref, rgrad = grads_of(ref_of, x)
+    torch.testing.assert_close(loss.cpu().double(), ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad.cpu().double(), rgrad, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
 def test_multiblank_loss_without_big_blanks_is_rnnt_loss(path, reduction):
     """Without big blanks the multi-blank loss is rnnt_loss (values and gradients, float32, each path)."""
