@@ -268,21 +268,18 @@ def test_durations_longer_than_the_frames(path, kind):
     lattice's first row): values and gradients against the float64 reference (each path, float32)."""
     from speechkernels import multiblank_rnnt_loss, tdt_loss
 
-    if kind == "tdt":
-        durations = [0, 1, 3, 8]
+    if kind == "tdt":  # (the two losses and their references take the same arguments)
+        loss_fn, ref_fn, durations = tdt_loss, tdt_loss_reference, [0, 1, 3, 8]
         x, targets, il, tl = tdt_case(73, 3, 5, 7, 5, 4)
         il = torch.tensor([5, 2, 3])
-        loss_of = lambda v, t, i, u: tdt_loss(v, t, i, u, durations, reduction="none")  # noqa: E731
-        ref_of = lambda v: tdt_loss_reference(v, targets, il, tl, durations, reduction="none")  # noqa: E731
     else:
+        loss_fn, ref_fn, durations = multiblank_rnnt_loss, multiblank_rnnt_loss_reference, [2, 8]
         x, targets, il, tl = make_case(74, 3, 4, 6, 7, avoid=(4, 5, 6))
         il = torch.tensor([4, 2, 3])
-        loss_of = lambda v, t, i, u: multiblank_rnnt_loss(v, t, i, u, [2, 8], reduction="none")  # noqa: E731
-        ref_of = lambda v: multiblank_rnnt_loss_reference(v, targets, il, tl, [2, 8], reduction="none")  # noqa: E731
     xd, td, ild, tld = on(path.device, x.float(), targets, il, tl)
-    loss, grad = grads_of(lambda v: loss_of(v, td, ild, tld), xd)
+    loss, grad = grads_of(lambda v: loss_fn(v, td, ild, tld, durations, reduction="none"), xd)
     path.check_ran()
-    ref, rgrad = grads_of(ref_of, x)
+    ref, rgrad = grads_of(lambda v: ref_fn(v, targets, il, tl, durations, reduction="none"), x)
     torch.testing.assert_close(loss.cpu().double(), ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(grad.cpu().double(), rgrad, rtol=1e-5, atol=1e-5)
 
