@@ -371,12 +371,6 @@ def _state(p, mask):
 
 
 @triton.jit
-def _entry_sum(e, ea, eb, occ):
-    """Sum over a block's edges (rows) of their occupancies [R, BLOCK_U] where entry e is one of theirs."""
-    return tl.sum(tl.where(ea == e, occ, 0.0) + tl.where(eb == e, occ, 0.0), axis=0)
-
-
-@triton.jit
 def _tdt_occupancy_kernel(
     lat_ptr,  # [N * T * (U+1), K] float32: in, the log2 entries; out, each entry's coefficient (see below)
     w_ptr,  # [N, T + H, E, U+1] float32: the edges' weights on their rows (``_tdt_edge_weights_kernel``)
@@ -384,7 +378,7 @@ def _tdt_occupancy_kernel(
     logp_ptr, edge_ptr, il_ptr, tl_ptr,
     T, U1, K, zero_a, zero_b, fastemit_scale, H,
     NB: tl.constexpr, NE: tl.constexpr, RB: tl.constexpr, RL: tl.constexpr, E: tl.constexpr,
-    FUSED: tl.constexpr, MULTI: tl.constexpr, BLOCK_U: tl.constexpr, BLOCK_K: tl.constexpr,
+    FUSED: tl.constexpr, MULTI: tl.constexpr, BLOCK_U: tl.constexpr,
 ):  # fmt: skip
     """Program (n, k): the cells (k - u, u) of sample n's anti-diagonal k, one lane each: each edge's occupancy
     exp2(alpha + w + beta - log2 p) (label edges times the FastEmit scale), summed per entry it weighs with: E.
@@ -422,25 +416,34 @@ def _tdt_occupancy_kernel(
     occ_z = tl.where(okz, tl.exp2((al[None, :] + wz.to(tl.float64) + _pair_sum(sz)).to(tl.float32)), 0.0)
     occ_l *= fastemit_scale
     occ_z *= fastemit_scale
-    # the entries of each edge (the table's columns a and b)
-    ab = tl.load(edge_ptr + 3 * eb_ + 1, mask=mb, other=-1)
-    bb = tl.load(edge_ptr + 3 * eb_ + 2, mask=mb, other=-1)
-    al_ = tl.load(edge_ptr + 3 * el_ + 1, mask=ml, other=-1)
-    bl_ = tl.load(edge_ptr + 3 * el_ + 2, mask=ml, other=-1)
     p_cell = lat_ptr + ((n * T + t) * U1 + o_u) * K
-    e0 = _entry_sum(0, ab, bb, occ_b) + _entry_sum(0, al_, bl_, occ_l) + _entry_sum(0, zero_a, zero_b, occ_z)
-    e1 = _entry_sum(1, ab, bb, occ_b) + _entry_sum(1, al_, bl_, occ_l) + _entry_sum(1, zero_a, zero_b, occ_z)
+    # the entries each edge weighs with (``_edge_table``): TDT's blank and label edges of positive durations, rows
+    # alike (NB = NE), weigh with the blank's or the label's entry (0 or 1) and the duration's (2 + i), the 0-frame
+    # label edge with 1 and its duration's; the multi-blank's blank edges with one entry each (0, the big blanks'
+    # 2 + i), its label edge with 1. Every entry past the tokens' two is one edge row's (TDT: a blank and a label
+    # edge) or the 0-frame edge's, so it is written once, [rows, lanes] at a time.
+    if MULTI:
+        ent = tl.load(edge_ptr + 3 * eb_ + 1, mask=mb, other=-1)
+        e0 = tl.sum(tl.where(ent == 0, occ_b, 0.0), axis=0)
+        e1 = tl.sum(occ_z, axis=0)
+        x = occ_b
+    else:
+        ent = tl.load(edge_ptr + 3 * eb_ + 2, mask=mb, other=-1)
+        e0 = tl.sum(occ_b, axis=0)
+        e1 = tl.sum(occ_l, axis=0) + tl.sum(occ_z, axis=0)
+        x = -(occ_b + occ_l)  # the durations' gradient: of their own log-softmax, its total the tokens' occupancy
+        if FUSED:
+            lp = tl.load(p_cell[None, :] + ent, mask=(ent >= 2) & active[None, :], other=float("-inf"))
+            x += tl.exp2(lp) * (e0 + e1)[None, :]
+        if zero_b >= 0:  # the 0-frame label edge's duration
+            xz = -tl.sum(occ_z, axis=0)
+            if FUSED:
+                lpz = tl.load(p_cell + zero_b, mask=active, other=float("-inf"))
+                xz += tl.exp2(lpz) * (e0 + e1)
+            tl.store(p_cell + zero_b, xz, mask=in_range)
     tl.store(p_cell, e0, mask=in_range)
     tl.store(p_cell + 1, e1, mask=in_range)
-    for e in tl.static_range(2, BLOCK_K):
-        m_e = tl.where(K > e, in_range, False)
-        x = _entry_sum(e, ab, bb, occ_b) + _entry_sum(e, al_, bl_, occ_l) + _entry_sum(e, zero_a, zero_b, occ_z)
-        if not MULTI:  # the durations' gradient: of their own log-softmax, its total the tokens' occupancy
-            x = -x
-            if FUSED:
-                lp = tl.load(p_cell + e, mask=m_e & active, other=float("-inf"))
-                x += tl.exp2(lp) * (e0 + e1)
-        tl.store(p_cell + e, x, mask=m_e)
+    tl.store(p_cell[None, :] + ent, x, mask=(ent >= 2) & in_range[None, :])
 
 
 @triton.jit
@@ -659,7 +662,6 @@ def tdt_recursions(
             FUSED=opts.fused_log_softmax,
             MULTI=kind == "multiblank",
             BLOCK_U=block_u,
-            BLOCK_K=next_power_of_2(K),
             num_warps=max(1, min(8, block_u // 32)),
         )
     return (logp * (-0.6931471805599453 * opts.loss_scale)).to(torch.float32), logp
