@@ -605,8 +605,8 @@ def tdt_recursions(
     block_u = next_power_of_2(U1)
     hist = max((1, *durations)) + 1  # the diagonals a step reads back (``_sweep``)
     n_st = N * ((T + 1 + hist) * U1 + block_u + 2)
-    alpha = torch.full((n_st,), 4048155338, dtype=torch.int64, device=dev)
-    beta = torch.full((n_st if need_grad else 0,), 4048155338, dtype=torch.int64, device=dev)
+    alpha = torch.full((n_st,), _neg_pair.fn(), dtype=torch.int64, device=dev)
+    beta = torch.full((n_st if need_grad else 0,), _neg_pair.fn(), dtype=torch.int64, device=dev)
     logp = kernel_output(N, dtype=torch.float64, device=dev)
     # the recursions step along anti-diagonals: each edge's weight at each cell, each edge's row contiguous along u
     # and cell (t, u) on row (t + u) mod T, so that a step's loads are contiguous (E = NB + NE + 1 values a cell,
