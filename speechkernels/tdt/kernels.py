@@ -95,33 +95,53 @@ def _tdt_edge_weights_kernel(
     out_ptr,  # [N, T + H, E, U+1] float32 out: edge e's weight at cell (t, u), row H + (t + u) mod T, column (e, u)
     edge_ptr, T, U1, K, zero_a, zero_b,
     H,  # rows of history: rows T .. T + H - 1 are also written at 0 .. H - 1 (no step's read wraps)
+    NB: tl.constexpr, RB: tl.constexpr,  # the table's blank edges (TDT: as many label edges after them), RB >= NB
     E: tl.constexpr,  # the table's edges and the 0-frame label edge (row E - 1; neg() without one)
-    BLOCK_U: tl.constexpr,
+    MULTI: tl.constexpr, BLOCK_U: tl.constexpr,
 ):  # fmt: skip
-    """Program (row (n, t), block of u): each edge's weight (entry a + entry b) at the row's cells, on their
-    anti-diagonals' rows (``_sweep``: the rows' layout)."""
-    nt = tl.program_id(0).to(tl.int64)
-    n = nt // T
-    t = nt - n * T
+    """Program (row (n, j), block of u): each edge's weight (entry a + entry b) at the cells (t, u) with
+    (t + u) mod T = j, one lane each, written along the row j + H (``_sweep``: the rows' layout), contiguous; the
+    cells' entries are read cell by cell. The edge table's structure (``_edge_table``; as the occupancy kernel
+    uses it): TDT's blank edge i and label edge i weigh with the blank's or the label's entry and the same
+    duration's; the multi-blank's blank edges with one entry each."""
+    nj = tl.program_id(0).to(tl.int64)
+    n = nj // T
+    j = nj - n * T
     o_u = tl.program_id(1) * BLOCK_U + tl.arange(0, BLOCK_U)
     m_u = o_u < U1
-    p_cell = lat_ptr + (nt * U1 + o_u) * K
-    r = (t + o_u) % T + H
+    t = (j - o_u) % T
+    t = tl.where(t < 0, t + T, t)  # (a remainder takes the dividend's sign)
+    p_cell = lat_ptr + ((n * T + t) * U1 + o_u) * K
+    r = j + H
     p_out = out_ptr + (n * (T + H) + r) * E * U1 + o_u
-    mirror = m_u & (r >= T)  # also H + r - T below the first row
-    for e in tl.static_range(E):
-        if e < E - 1:
-            ea = tl.load(edge_ptr + 3 * e + 1)
-            eb = tl.load(edge_ptr + 3 * e + 2)
-        else:
-            ea = zero_a
-            eb = zero_b
-        ea = tl.zeros([BLOCK_U], tl.int32) + ea
-        eb = tl.zeros([BLOCK_U], tl.int32) + eb
-        w = tl.load(p_cell + ea, mask=m_u & (ea >= 0), other=neg())
-        w += tl.load(p_cell + eb, mask=m_u & (ea >= 0) & (eb >= 0), other=0.0)
-        tl.store(p_out + e * U1, w, mask=m_u)
-        tl.store(p_out + (e - T * E) * U1, w, mask=mirror)
+    mirror = tl.where(r >= T, m_u, False)  # also at row r - T
+    o_e = tl.arange(0, RB)[:, None]
+    m_e = o_e < NB
+    m_eu = m_e & m_u[None, :]
+    if MULTI:
+        ent = tl.load(edge_ptr + 3 * o_e + 1, mask=m_e, other=0)
+        wb = tl.load(p_cell[None, :] + ent, mask=m_eu, other=neg())
+    else:
+        ent = tl.load(edge_ptr + 3 * o_e + 2, mask=m_e, other=0)
+        dur = tl.load(p_cell[None, :] + ent, mask=m_eu, other=0.0)
+        e0 = tl.load(p_cell, mask=m_u, other=0.0)
+        e1 = tl.load(p_cell + 1, mask=m_u, other=0.0)
+        wb = e0[None, :] + dur
+        wl = e1[None, :] + dur
+        p_l = p_out[None, :] + (NB + o_e) * U1
+        tl.store(p_l, wl, mask=m_eu)
+        tl.store(p_l - T * E * U1, wl, mask=m_e & mirror[None, :])
+    p_b = p_out[None, :] + o_e * U1
+    tl.store(p_b, wb, mask=m_eu)
+    tl.store(p_b - T * E * U1, wb, mask=m_e & mirror[None, :])
+    # the 0-frame label edge: entries zero_a (+ zero_b), neg() without one
+    za = tl.zeros([BLOCK_U], tl.int32) + zero_a  # (a tensor: an argument of 1 arrives as a constant)
+    zb = tl.zeros([BLOCK_U], tl.int32) + zero_b
+    wz = tl.load(p_cell + za, mask=m_u & (za >= 0), other=neg())
+    wz += tl.load(p_cell + zb, mask=m_u & (za >= 0) & (zb >= 0), other=0.0)
+    p_z = p_out + (E - 1) * U1
+    tl.store(p_z, wz, mask=m_u)
+    tl.store(p_z - T * E * U1, wz, mask=mirror)
 
 
 @triton.jit
@@ -615,7 +635,21 @@ def tdt_recursions(
     weights = kernel_output(N * (T + hist) * n_w * U1, dtype=torch.float32, device=dev)
     w_u = min(block_u, 128)
     _tdt_edge_weights_kernel[(N * T, cdiv(U1, w_u))](
-        lat, weights, edges, T, U1, K, zero_a, zero_b, hist, E=n_w, BLOCK_U=w_u, num_warps=max(1, min(4, w_u // 32))
+        lat,
+        weights,
+        edges,
+        T,
+        U1,
+        K,
+        zero_a,
+        zero_b,
+        hist,
+        NB=nb,
+        RB=next_power_of_2(max(nb, 1)),
+        E=n_w,
+        MULTI=kind == "multiblank",
+        BLOCK_U=w_u,
+        num_warps=max(1, min(4, w_u // 32)),
     )
     _tdt_recursion_kernel[(N, 2 if need_grad else 1)](  # alpha and, with a gradient to come, beta at once
         weights,
