@@ -90,58 +90,79 @@ def _tdt_lattice_kernel(
 
 
 @triton.jit
+def _store_mirrored(p, x, mask, mirror, back):
+    """x at p, and at p - back where ``mirror`` (a scalar)."""
+    tl.store(p, x, mask=mask)
+    tl.store(p - back, x, mask=tl.where(mirror, mask, False))
+
+
+@triton.jit
 def _tdt_edge_weights_kernel(
     lat_ptr,  # [N * T * (U+1), K] float32: the lattice kernel's
-    out_ptr,  # [N, T + H, E, U+1] float32 out: edge e's weight at cell (t, u), row H + (t + u) mod T, column (e, u)
-    edge_ptr, T, U1, K, zero_a, zero_b,
+    out_ptr,  # [N, T + H, E + 2, U+1] float32 out (``_sweep``: the layout), then BLOCK_U + 1 entries
+    edge_ptr, il_ptr, tl_ptr, T, U1, K, zero_a, zero_b,
     H,  # rows of history: rows T .. T + H - 1 are also written at 0 .. H - 1 (no step's read wraps)
     NB: tl.constexpr, RB: tl.constexpr,  # the table's blank edges (TDT: as many label edges after them), RB >= NB
-    E: tl.constexpr,  # the table's edges and the 0-frame label edge (row E - 1; neg() without one)
+    E: tl.constexpr,  # the table's edges and the 0-frame label edge (row E - 1)
     MULTI: tl.constexpr, BLOCK_U: tl.constexpr,
 ):  # fmt: skip
     """Program (row (n, j), block of u): each edge's weight (entry a + entry b) at the cells (t, u) with
-    (t + u) mod T = j, one lane each, written along the row j + H (``_sweep``: the rows' layout), contiguous; the
-    cells' entries are read cell by cell. The edge table's structure (``_edge_table``; as the occupancy kernel
-    uses it): TDT's blank edge i and label edge i weigh with the blank's or the label's entry and the same
-    duration's; the multi-blank's blank edges with one entry each."""
+    (t + u) mod T = j, one lane each, written along row j + H, contiguous; neg() where the edge does not exist
+    (its cell or its other end outside sample n's lattice, a label edge ending at T_n), so that the recursions
+    read every weight unmasked. A label edge's weight goes to column u + 1 (its other end's), column 0 holding
+    neg(); rows E and E + 1 are neg() throughout (the edge blocks' padding rows read row E, a label edge's at
+    column U + 1 row E + 1's first). The cells' entries are read cell by
+    cell. The edge table's structure (``_edge_table``; as the occupancy kernel uses it): TDT's blank edge i and
+    label edge i weigh with the blank's or the label's entry and the same duration's; the multi-blank's blank
+    edges with one entry each."""
     nj = tl.program_id(0).to(tl.int64)
     n = nj // T
     j = nj - n * T
+    T_n, U_n = sample_lengths(il_ptr, tl_ptr, n, True, T, U1)
     o_u = tl.program_id(1) * BLOCK_U + tl.arange(0, BLOCK_U)
     m_u = o_u < U1
     t = (j - o_u) % T
     t = tl.where(t < 0, t + T, t)  # (a remainder takes the dividend's sign)
+    cell = m_u & (t < T_n) & (o_u <= U_n)  # a cell with edges out
+    lab = cell & (o_u < U_n)
     p_cell = lat_ptr + ((n * T + t) * U1 + o_u) * K
     r = j + H
-    p_out = out_ptr + (n * (T + H) + r) * E * U1 + o_u
-    mirror = tl.where(r >= T, m_u, False)  # also at row r - T
+    RS = (E + 2) * U1  # a row's length
+    p_out = out_ptr + (n * (T + H) + r) * RS + o_u
+    mirror = r >= T  # also at row r - T
+    back = T * RS
     o_e = tl.arange(0, RB)[:, None]
     m_e = o_e < NB
-    m_eu = m_e & m_u[None, :]
+    d = tl.load(edge_ptr + 3 * o_e, mask=m_e, other=0)
+    ok_b = m_e & cell[None, :] & (t[None, :] + d <= T_n)
+    # a label edge's weight at its other end's column, u + 1; column 0 neg()
+    m_l = m_e & (o_u + 1 < U1)[None, :]
+    first = m_e & (o_u == 0)[None, :]
     if MULTI:
         ent = tl.load(edge_ptr + 3 * o_e + 1, mask=m_e, other=0)
-        wb = tl.load(p_cell[None, :] + ent, mask=m_eu, other=neg())
+        wb = tl.load(p_cell[None, :] + ent, mask=ok_b, other=neg())
     else:
         ent = tl.load(edge_ptr + 3 * o_e + 2, mask=m_e, other=0)
-        dur = tl.load(p_cell[None, :] + ent, mask=m_eu, other=0.0)
-        e0 = tl.load(p_cell, mask=m_u, other=0.0)
-        e1 = tl.load(p_cell + 1, mask=m_u, other=0.0)
-        wb = e0[None, :] + dur
-        wl = e1[None, :] + dur
-        p_l = p_out[None, :] + (NB + o_e) * U1
-        tl.store(p_l, wl, mask=m_eu)
-        tl.store(p_l - T * E * U1, wl, mask=m_e & mirror[None, :])
-    p_b = p_out[None, :] + o_e * U1
-    tl.store(p_b, wb, mask=m_eu)
-    tl.store(p_b - T * E * U1, wb, mask=m_e & mirror[None, :])
-    # the 0-frame label edge: entries zero_a (+ zero_b), neg() without one
+        dur = tl.load(p_cell[None, :] + ent, mask=m_e & cell[None, :], other=0.0)
+        e0 = tl.load(p_cell, mask=cell, other=0.0)
+        e1 = tl.load(p_cell + 1, mask=cell, other=0.0)
+        wb = tl.where(ok_b, e0[None, :] + dur, neg())
+        wl = tl.where(m_e & lab[None, :] & (t[None, :] + d < T_n), e1[None, :] + dur, neg())
+        p_l = p_out[None, :] + (NB + o_e) * U1 + 1
+        _store_mirrored(p_l, wl, m_l, mirror, back)
+        _store_mirrored(p_l - 1, tl.full([RB, BLOCK_U], neg(), tl.float32), first, mirror, back)
+    _store_mirrored(p_out[None, :] + o_e * U1, wb, m_e & m_u[None, :], mirror, back)
+    # the 0-frame label edge: entries zero_a (+ zero_b), neg() without one; then the row of neg()
     za = tl.zeros([BLOCK_U], tl.int32) + zero_a  # (a tensor: an argument of 1 arrives as a constant)
     zb = tl.zeros([BLOCK_U], tl.int32) + zero_b
-    wz = tl.load(p_cell + za, mask=m_u & (za >= 0), other=neg())
-    wz += tl.load(p_cell + zb, mask=m_u & (za >= 0) & (zb >= 0), other=0.0)
-    p_z = p_out + (E - 1) * U1
-    tl.store(p_z, wz, mask=m_u)
-    tl.store(p_z - T * E * U1, wz, mask=mirror)
+    ok_z = lab & (za >= 0)
+    wz = tl.load(p_cell + za, mask=ok_z, other=neg())
+    wz += tl.load(p_cell + zb, mask=ok_z & (zb >= 0), other=0.0)
+    p_z = p_out + (E - 1) * U1 + 1
+    _store_mirrored(p_z, wz, o_u + 1 < U1, mirror, back)
+    _store_mirrored(p_z - 1, tl.full([BLOCK_U], neg(), tl.float32), o_u == 0, mirror, back)
+    _store_mirrored(p_out + E * U1, tl.full([BLOCK_U], neg(), tl.float32), m_u, mirror, back)
+    _store_mirrored(p_out + (E + 1) * U1, tl.full([BLOCK_U], neg(), tl.float32), m_u, mirror, back)
 
 
 @triton.jit
@@ -184,18 +205,20 @@ def _edge_loads(p_w, p_st, k, rk, lk, e, d, m_e, u, lane_ok, T, T_n, U1, E, H, L
     formed per row, then offset by the lane."""
     # offsets: the step's row times the row length plus or less the edge's rows (invariant across steps); the
     # rows past the ends are mirrored (``_sweep``), so none wraps
+    e_row = tl.where(m_e & (d <= T), e, E)  # padding rows and durations past T (no edge): the row of neg()
     if BETA:
         ok = (m_e & lane_ok) & (u >= k + d + LABEL - T_n)  # t + d <= T_n (a blank), < T_n (a label)
         p_s = p_st + (rk * U1 + (d + LABEL) * U1 + LABEL)
-        p_c = p_w + ((lk + H) * (E * U1) + e * U1)
+        p_c = p_w + ((lk + H) * ((E + 2) * U1) + e_row * U1 + LABEL)
     else:
         ok = (m_e & lane_ok) & (u <= k - d)  # t - d >= 0
         p_s = p_st + ((rk + H) * U1 - (d + LABEL) * U1 - LABEL)
-        p_c = p_w + ((lk + H) * (E * U1) - (d + LABEL) * (E * U1) + e * U1 - LABEL)
-    # every state is read, unmasked: in bounds and finite (``_sweep``); where the edge does not exist its weight
-    # is neg(), which makes the term neg()
+        p_c = p_w + ((lk + H) * ((E + 2) * U1) - (d + LABEL) * ((E + 2) * U1) + e_row * U1)
+    # every state and weight is read unmasked, in bounds (``_sweep``): where the edge does not exist its weight
+    # is neg() (``_tdt_edge_weights_kernel``), or its state is (an end before the lattice: a diagonal not yet
+    # reached, still (neg(), 0)), which makes the term neg(); lanes off the sample's nodes are discarded
     s = tl.load(p_s + u)
-    w = tl.load(p_c + u, mask=ok, other=neg())
+    w = tl.load(p_c + u)
     return s, w, ok
 
 
@@ -257,7 +280,7 @@ def _diag_step(prev, k, sb, wb, db, sl, wl, wz, o_u, i_nb, T_n, U_n, BETA: tl.co
     one = db == 1
     hb = tl.where(one, p_hi[None, :], hb)
     lb = tl.where(one, p_lo[None, :], lb)
-    wz = tl.sum(wz, axis=0)
+    wz = tl.where(t < T_n, tl.sum(wz, axis=0), neg())  # (at t = T the weights' row would be t = 0's)
     hz, lz = _unpack(tl.gather(prev, i_nb, 0))  # (one exchange for both parts)
     r = tl.maximum(tl.maximum(start, hz + wz), tl.maximum(tl.max(hb + wb, axis=0), tl.max(hl + wl, axis=0)))
     s = tl.exp2(start - r) + tl.exp2(((hz - r) + wz) + lz)
@@ -358,7 +381,7 @@ def _tdt_recursion_kernel(
     BETA = tl.program_id(1) == 1
     T_n, U_n = sample_lengths(il_ptr, tl_ptr, n, True, T, U1)
     o_u = tl.arange(0, BLOCK_U)
-    p_w = w_ptr + n * (T + H) * E * U1
+    p_w = w_ptr + n * (T + H) * (E + 2) * U1
     eb, db, mb = _edge_rows(edge_ptr, 0, NB, RB)
     el, dl, ml = _edge_rows(edge_ptr, NB, NE, RL)
     ez = tl.full([1, 1], NB + NE, tl.int32)
@@ -420,7 +443,7 @@ def _tdt_occupancy_kernel(
     p_a = alpha_ptr + _state_start(n, T, U1, H, BLOCK_U) + (rk + H) * U1 + o_u
     al = _state(p_a, active) - logp
     p_st = beta_ptr + _state_start(n, T, U1, H, BLOCK_U)
-    p_w = w_ptr + n * (T + H) * E * U1
+    p_w = w_ptr + n * (T + H) * (E + 2) * U1
     u = o_u[None, :]
     ok_b = active[None, :]
     ok_l = (active & (o_u < U_n))[None, :]
@@ -632,12 +655,18 @@ def tdt_recursions(
     # and cell (t, u) on row (t + u) mod T, so that a step's loads are contiguous (E = NB + NE + 1 values a cell,
     # against the logits' V + X)
     n_w = nb + ne + 1
-    weights = kernel_output(N * (T + hist) * n_w * U1, dtype=torch.float32, device=dev)
+    n_wt = N * (T + hist) * (n_w + 2) * U1 + block_u + 1
+    if hist > T:  # rows 0 .. hist - T - 1 mirror no row (a read there is before the lattice: any finite weight)
+        weights = torch.full((n_wt,), -1e30, dtype=torch.float32, device=dev)
+    else:
+        weights = kernel_output(n_wt, dtype=torch.float32, device=dev)
     w_u = min(block_u, 128)
     _tdt_edge_weights_kernel[(N * T, cdiv(U1, w_u))](
         lat,
         weights,
         edges,
+        logit_lengths,
+        target_lengths,
         T,
         U1,
         K,
