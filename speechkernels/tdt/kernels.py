@@ -99,12 +99,12 @@ def _store_mirrored(p, x, mask, mirror, back):
 @triton.jit
 def _tdt_edge_weights_kernel(
     lat_ptr,  # [N * T * (U+1), K] float32: the lattice kernel's
-    out_ptr,  # [N, T + H, E + 2, U+1] float32 out (``_sweep``: the layout), then BLOCK_U + 1 entries
+    out_ptr,  # [N, T + H, E + 2, ROW] float32 out (``_sweep``: the layout), then ROW + 1 entries
     edge_ptr, il_ptr, tl_ptr, T, U1, K, zero_a, zero_b,
     H,  # rows of history: rows T .. T + H - 1 are also written at 0 .. H - 1 (no step's read wraps)
     NB: tl.constexpr, RB: tl.constexpr,  # the table's blank edges (TDT: as many label edges after them), RB >= NB
     E: tl.constexpr,  # the table's edges and the 0-frame label edge (row E - 1)
-    MULTI: tl.constexpr, BLOCK_U: tl.constexpr,
+    MULTI: tl.constexpr, ROW: tl.constexpr, BLOCK_U: tl.constexpr,  # ROW: a row's entries (a power of 2 >= U + 1)
 ):  # fmt: skip
     """Program (row (n, j), block of u): each edge's weight (entry a + entry b) at the cells (t, u) with
     (t + u) mod T = j, one lane each, written along row j + H, contiguous; neg() where the edge does not exist
@@ -127,7 +127,7 @@ def _tdt_edge_weights_kernel(
     lab = cell & (o_u < U_n)
     p_cell = lat_ptr + ((n * T + t) * U1 + o_u) * K
     r = j + H
-    RS = (E + 2) * U1  # a row's length
+    RS = (E + 2) * ROW  # a diagonal's rows
     p_out = out_ptr + (n * (T + H) + r) * RS + o_u
     mirror = r >= T  # also at row r - T
     back = T * RS
@@ -136,7 +136,7 @@ def _tdt_edge_weights_kernel(
     d = tl.load(edge_ptr + 3 * o_e, mask=m_e, other=0)
     ok_b = m_e & cell[None, :] & (t[None, :] + d <= T_n)
     # a label edge's weight at its other end's column, u + 1; column 0 neg()
-    m_l = m_e & (o_u + 1 < U1)[None, :]
+    m_l = m_e & (m_u & (o_u + 1 < ROW))[None, :]  # (at U + 1 < ROW: neg(), no edge ends past U)
     first = m_e & (o_u == 0)[None, :]
     if MULTI:
         ent = tl.load(edge_ptr + 3 * o_e + 1, mask=m_e, other=0)
@@ -148,31 +148,33 @@ def _tdt_edge_weights_kernel(
         e1 = tl.load(p_cell + 1, mask=cell, other=0.0)
         wb = tl.where(ok_b, e0[None, :] + dur, neg())
         wl = tl.where(m_e & lab[None, :] & (t[None, :] + d < T_n), e1[None, :] + dur, neg())
-        p_l = p_out[None, :] + (NB + o_e) * U1 + 1
+        p_l = p_out[None, :] + (NB + o_e) * ROW + 1
         _store_mirrored(p_l, wl, m_l, mirror, back)
         _store_mirrored(p_l - 1, tl.full([RB, BLOCK_U], neg(), tl.float32), first, mirror, back)
-    _store_mirrored(p_out[None, :] + o_e * U1, wb, m_e & m_u[None, :], mirror, back)
+    _store_mirrored(p_out[None, :] + o_e * ROW, wb, m_e & m_u[None, :], mirror, back)
     # the 0-frame label edge: entries zero_a (+ zero_b), neg() without one; then the row of neg()
     za = tl.zeros([BLOCK_U], tl.int32) + zero_a  # (a tensor: an argument of 1 arrives as a constant)
     zb = tl.zeros([BLOCK_U], tl.int32) + zero_b
     ok_z = lab & (za >= 0)
     wz = tl.load(p_cell + za, mask=ok_z, other=neg())
     wz += tl.load(p_cell + zb, mask=ok_z & (zb >= 0), other=0.0)
-    p_z = p_out + (E - 1) * U1 + 1
-    _store_mirrored(p_z, wz, o_u + 1 < U1, mirror, back)
+    p_z = p_out + (E - 1) * ROW + 1
+    _store_mirrored(p_z, wz, m_u & (o_u + 1 < ROW), mirror, back)
     _store_mirrored(p_z - 1, tl.full([BLOCK_U], neg(), tl.float32), o_u == 0, mirror, back)
-    _store_mirrored(p_out + E * U1, tl.full([BLOCK_U], neg(), tl.float32), m_u, mirror, back)
-    _store_mirrored(p_out + (E + 1) * U1, tl.full([BLOCK_U], neg(), tl.float32), m_u, mirror, back)
+    _store_mirrored(p_out + E * ROW, tl.full([BLOCK_U], neg(), tl.float32), o_u < ROW, mirror, back)
+    _store_mirrored(p_out + (E + 1) * ROW, tl.full([BLOCK_U], neg(), tl.float32), o_u < ROW, mirror, back)
 
 
 @triton.jit
-def _edge_rows(edge_ptr, first, count, R: tl.constexpr):
-    """Edges first .. first + count - 1 of the table as [R, 1] columns: their rows, durations, and which rows
-    hold an edge."""
-    o_e = tl.arange(0, R)
-    m_e = o_e < count
-    d = tl.load(edge_ptr + 3 * (first + o_e), mask=m_e, other=0)
-    return (first + o_e)[:, None], d[:, None], m_e[:, None]
+def _edge_rows(first, count, DS: tl.constexpr, R: tl.constexpr):
+    """Edges first .. first + count - 1 of the table as [R, 1] columns: their rows, durations (DS, a tuple: the
+    kernels are specialised on them, so that every load's offset from the lane's pointer is a constant), and
+    which rows hold an edge."""
+    o_e = tl.arange(0, R)[:, None]
+    d = tl.zeros([R, 1], tl.int32)
+    for i in tl.static_range(len(DS)):
+        d = tl.where(o_e == i, DS[i], d)
+    return first + o_e, tl.where(o_e < count, d, 0), o_e < count
 
 
 @triton.jit
@@ -194,26 +196,26 @@ def _unpack(x):
 
 
 @triton.jit
-def _edge_loads(p_w, p_st, k, rk, lk, e, d, m_e, u, lane_ok, T, T_n, U1, E, H, LABEL: tl.constexpr,
-                BETA: tl.constexpr):  # fmt: skip
+def _edge_loads(p_w, p_st, k, rk, lk, e, d, m_e, u, lane_ok, T, T_n, ROW: tl.constexpr, E: tl.constexpr, H,
+                LABEL: tl.constexpr, BETA: tl.constexpr):  # fmt: skip
     """A block of edges at anti-diagonal k (lane u: node (k - u, u)), [R, BLOCK_U] each: the state at each edge's
     other end (packed; whatever the state rows hold where the edge does not exist), the edge's weight (neg()
     where there is no edge) and which edges exist. Alpha: edges in, from (t - d, u) (a blank: diagonal k - d)
     or (t - d, u - 1) (a label: k - d - 1), weighed at that cell; beta: edges out, to (t + d, u) or
     (t + d, u + 1), weighed at (t, u). A duration of 0 is the 0-frame label edge (d = 0, LABEL). ``lane_ok``:
-    the lanes' own conditions; rk, lk: k mod (T + 1) and k mod T (``_sweep``: the rows' layout). Pointers are
-    formed per row, then offset by the lane."""
+    the lanes' own conditions; rk, lk: k mod (T + 1) and k mod T (``_sweep``: the rows' layout, ROW entries a
+    row). Pointers are formed per row, then offset by the lane."""
     # offsets: the step's row times the row length plus or less the edge's rows (invariant across steps); the
     # rows past the ends are mirrored (``_sweep``), so none wraps
-    e_row = tl.where(m_e & (d <= T), e, E)  # padding rows and durations past T (no edge): the row of neg()
+    e_row = tl.where(m_e, e, E)  # padding rows: the row of neg()
     if BETA:
         ok = (m_e & lane_ok) & (u >= k + d + LABEL - T_n)  # t + d <= T_n (a blank), < T_n (a label)
-        p_s = p_st + (rk * U1 + (d + LABEL) * U1 + LABEL)
-        p_c = p_w + ((lk + H) * ((E + 2) * U1) + e_row * U1 + LABEL)
+        p_s = (p_st + rk * ROW) + ((d + LABEL) * ROW + LABEL)
+        p_c = (p_w + (lk + H) * ((E + 2) * ROW)) + (e_row * ROW + LABEL)
     else:
         ok = (m_e & lane_ok) & (u <= k - d)  # t - d >= 0
-        p_s = p_st + ((rk + H) * U1 - (d + LABEL) * U1 - LABEL)
-        p_c = p_w + ((lk + H) * ((E + 2) * U1) - (d + LABEL) * ((E + 2) * U1) + e_row * U1)
+        p_s = (p_st + (rk + H) * ROW) - ((d + LABEL) * ROW + LABEL)
+        p_c = (p_w + (lk + H) * ((E + 2) * ROW)) + (e_row * ROW - (d + LABEL) * ((E + 2) * ROW))
     # every state and weight is read unmasked, in bounds (``_sweep``): where the edge does not exist its weight
     # is neg() (``_tdt_edge_weights_kernel``), or its state is (an end before the lattice: a diagonal not yet
     # reached, still (neg(), 0)), which makes the term neg(); lanes off the sample's nodes are discarded
@@ -223,7 +225,8 @@ def _edge_loads(p_w, p_st, k, rk, lk, e, d, m_e, u, lane_ok, T, T_n, U1, E, H, L
 
 
 @triton.jit
-def _diag_loads(p_w, p_st, k, rk, lk, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E, H, BETA: tl.constexpr):
+def _diag_loads(p_w, p_st, k, rk, lk, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, E: tl.constexpr, H,
+                BLOCK_U: tl.constexpr, BETA: tl.constexpr):  # fmt: skip
     """Everything step k reads from memory: the blank edges', the label edges' and the 0-frame edge's blocks
     (rk, lk: k mod (T + 1) and k mod T, ``_next_rows``)."""
     u = o_u[None, :]
@@ -234,10 +237,10 @@ def _diag_loads(p_w, p_st, k, rk, lk, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U
     else:
         ok_b = (t <= T_n) & (u <= U_n)
         ok_l = (t < T_n) & (u >= 1) & (u <= U_n)
-    sb, wb, _ = _edge_loads(p_w, p_st, k, rk, lk, eb, db, mb, u, ok_b, T, T_n, U1, E, H, 0, BETA)
-    sl, wl, _ = _edge_loads(p_w, p_st, k, rk, lk, el, dl, ml, u, ok_l, T, T_n, U1, E, H, 1, BETA)
+    sb, wb, _ = _edge_loads(p_w, p_st, k, rk, lk, eb, db, mb, u, ok_b, T, T_n, BLOCK_U, E, H, 0, BETA)
+    sl, wl, _ = _edge_loads(p_w, p_st, k, rk, lk, el, dl, ml, u, ok_l, T, T_n, BLOCK_U, E, H, 1, BETA)
     zero = ez * 0
-    _, wz, _ = _edge_loads(p_w, p_st, k, rk, lk, ez, zero, zero == 0, u, ok_l, T, T_n, U1, E, H, 1, BETA)
+    _, wz, _ = _edge_loads(p_w, p_st, k, rk, lk, ez, zero, zero == 0, u, ok_l, T, T_n, BLOCK_U, E, H, 1, BETA)
     return sb, wb, sl, wl, wz
 
 
@@ -292,27 +295,27 @@ def _diag_step(prev, k, sb, wb, db, sl, wl, wz, o_u, i_nb, T_n, U_n, BETA: tl.co
 
 
 @triton.jit
-def _state_start(n, T, U1, H, BLOCK_U: tl.constexpr):
+def _state_start(n, T, H, BLOCK_U: tl.constexpr):
     """Where sample n's state rows start: each sample's rows have an entry before them and BLOCK_U + 1 after, so
     that a step's unmasked reads stay in the sample's own entries (a NaN of one sample reaches no other)."""
-    return n * ((T + 1 + H) * U1 + BLOCK_U + 2) + 1
+    return n * ((T + 2 + H) * BLOCK_U + 2) + 1
 
 
 @triton.jit
-def _store_row(p_st, rk, shift, mirror, H, T, U1, o_u, x, node, BETA: tl.constexpr):
+def _store_row(p_st, rk, shift, mirror, H, T, o_u, x, node, BLOCK_U: tl.constexpr, BETA: tl.constexpr):
     """A diagonal's states at its row, and at its mirrored row where it has one (``_sweep``)."""
-    p = p_st + (rk + shift) * U1 + o_u
+    p = p_st + (rk + shift) * BLOCK_U + o_u
     tl.store(p, x, mask=node)
     if BETA:
         has_mirror = rk < H
     else:
         has_mirror = rk + H > T
-    tl.store(p + mirror * U1, x, mask=tl.where(has_mirror, node, False))
+    tl.store(p + mirror * BLOCK_U, x, mask=tl.where(has_mirror, node, False))
 
 
 @triton.jit
-def _sweep(p_w, p_st, first, steps, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E, H, BLOCK_U: tl.constexpr,
-           BETA: tl.constexpr):  # fmt: skip
+def _sweep(p_w, p_st, first, steps, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, E: tl.constexpr, H,
+           BLOCK_U: tl.constexpr, BETA: tl.constexpr):  # fmt: skip
     """Steps k = first, first + 1, ... (BETA: first - 1, ...), ``steps`` of them rounded up to even (the extra one,
     past the sample's end, stores nothing), each stored at its row, a barrier after each store. Each step's loads
     are issued one step ahead; two steps an iteration, so the prefetched registers alternate instead of being
@@ -334,8 +337,8 @@ def _sweep(p_w, p_st, first, steps, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n
     rk = first % (T + 1)  # step k's state row, k mod (T + 1), and weights' row, k mod T, carried (no division a
     lk = first % tl.maximum(T, 1)  # step)
     prev = tl.full([BLOCK_U], _neg_pair(), tl.int64)
-    sb, wb, sl, wl, wz = _diag_loads(p_w, p_st, first, rk, lk, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E,
-                                     H, BETA)  # fmt: skip
+    sb, wb, sl, wl, wz = _diag_loads(p_w, p_st, first, rk, lk, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, E, H,
+                                     BLOCK_U, BETA)  # fmt: skip
     if BETA:
         shift = 0  # the rows' offset, and where a mirrored row goes
         mirror = T + 1
@@ -347,14 +350,14 @@ def _sweep(p_w, p_st, first, steps, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n
         rk1, lk1 = _next_rows(rk, lk, T, BETA)
         rk2, lk2 = _next_rows(rk1, lk1, T, BETA)
         sb2, wb2, sl2, wl2, wz2 = _diag_loads(p_w, p_st, k + sgn, rk1, lk1, eb, db, mb, el, dl, ml, ez, o_u, T, T_n,
-                                              U_n, U1, E, H, BETA)  # fmt: skip
+                                              U_n, E, H, BLOCK_U, BETA)  # fmt: skip
         prev, node = _diag_step(prev, k, sb, wb, db, sl, wl, wz, o_u, i_nb, T_n, U_n, BETA)
-        _store_row(p_st, rk, shift, mirror, H, T, U1, o_u, prev, node, BETA)
+        _store_row(p_st, rk, shift, mirror, H, T, o_u, prev, node, BLOCK_U, BETA)
         tl.debug_barrier()
         sb, wb, sl, wl, wz = _diag_loads(p_w, p_st, k + 2 * sgn, rk2, lk2, eb, db, mb, el, dl, ml, ez, o_u, T, T_n,
-                                         U_n, U1, E, H, BETA)  # fmt: skip
+                                         U_n, E, H, BLOCK_U, BETA)  # fmt: skip
         prev, node = _diag_step(prev, k + sgn, sb2, wb2, db, sl2, wl2, wz2, o_u, i_nb, T_n, U_n, BETA)
-        _store_row(p_st, rk1, shift, mirror, H, T, U1, o_u, prev, node, BETA)
+        _store_row(p_st, rk1, shift, mirror, H, T, o_u, prev, node, BLOCK_U, BETA)
         tl.debug_barrier()
         rk = rk2
         lk = lk2
@@ -362,13 +365,14 @@ def _sweep(p_w, p_st, first, steps, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n
 
 @triton.jit
 def _tdt_recursion_kernel(
-    w_ptr,  # [N, T, E, U+1] float32: the edges' weights on the anti-diagonals' rows (``_tdt_edge_weights_kernel``)
-    alpha_ptr, beta_ptr,  # [1 + N (T+1+H) (U+1) + BLOCK_U + 1] int64: the states, pairs (``_pack``), ``_sweep``'s rows
+    w_ptr,  # [N, T + H, E + 2, BLOCK_U] float32: the edges' weights on their rows (``_tdt_edge_weights_kernel``)
+    alpha_ptr, beta_ptr,  # int64: the states, pairs (``_pack``), ``_sweep``'s rows (``_state_start``)
     logp_ptr,  # [N] float64 out: log2 p (-inf without a path, NaN with a NaN entry)
     nan_ptr, edge_ptr, il_ptr, tl_ptr,
     T, U1, H,  # H: 1 + the longest duration (``_sweep``)
     NB: tl.constexpr, NE: tl.constexpr,  # blank edges, then label edges of positive durations, in edge_ptr
     RB: tl.constexpr, RL: tl.constexpr,  # their blocks' rows (powers of 2)
+    DB: tl.constexpr, DL: tl.constexpr,  # their durations (tuples)
     E: tl.constexpr,  # NB + NE + 1: the weights' rows (the 0-frame label edge's last)
     BLOCK_U: tl.constexpr,
 ):  # fmt: skip
@@ -381,23 +385,23 @@ def _tdt_recursion_kernel(
     BETA = tl.program_id(1) == 1
     T_n, U_n = sample_lengths(il_ptr, tl_ptr, n, True, T, U1)
     o_u = tl.arange(0, BLOCK_U)
-    p_w = w_ptr + n * (T + H) * (E + 2) * U1
-    eb, db, mb = _edge_rows(edge_ptr, 0, NB, RB)
-    el, dl, ml = _edge_rows(edge_ptr, NB, NE, RL)
+    p_w = w_ptr + n * (T + H) * (E + 2) * BLOCK_U
+    eb, db, mb = _edge_rows(0, NB, DB, RB)
+    el, dl, ml = _edge_rows(NB, NE, DL, RL)
     ez = tl.full([1, 1], NB + NE, tl.int32)
     last = T_n + U_n
     if not BETA:
-        p_st = alpha_ptr + _state_start(n, T, U1, H, BLOCK_U)
-        _sweep(p_w, p_st, 0, last + 1, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E, H, BLOCK_U, False)
+        p_st = alpha_ptr + _state_start(n, T, H, BLOCK_U)
+        _sweep(p_w, p_st, 0, last + 1, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, E, H, BLOCK_U, False)
         # the end node (T_n, U_n), stored by its step (the sweep may have run one step past it)
-        x = tl.load(p_st + (H + last % (T + 1)) * U1 + o_u, mask=o_u == U_n, other=0)
+        x = tl.load(p_st + (H + last % (T + 1)) * BLOCK_U + o_u, mask=o_u == U_n, other=0)
         logp = tl.sum(tl.where(o_u == U_n, _pair_sum(x), 0.0), axis=0)
         logp = tl.where(logp < neg() * 0.5, float("-inf"), logp)
         logp = tl.where(tl.load(nan_ptr + n) > 0, float("nan"), logp)
         tl.store(logp_ptr + n, logp)
     else:
-        p_st = beta_ptr + _state_start(n, T, U1, H, BLOCK_U)
-        _sweep(p_w, p_st, last, last + 1, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E, H, BLOCK_U, True)
+        p_st = beta_ptr + _state_start(n, T, H, BLOCK_U)
+        _sweep(p_w, p_st, last, last + 1, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, E, H, BLOCK_U, True)
 
 
 @triton.jit
@@ -416,12 +420,12 @@ def _state(p, mask):
 @triton.jit
 def _tdt_occupancy_kernel(
     lat_ptr,  # [N * T * (U+1), K] float32: in, the log2 entries; out, each entry's coefficient (see below)
-    w_ptr,  # [N, T + H, E, U+1] float32: the edges' weights on their rows (``_tdt_edge_weights_kernel``)
+    w_ptr,  # [N, T + H, E + 2, BLOCK_U] float32: the edges' weights on their rows (``_tdt_edge_weights_kernel``)
     alpha_ptr, beta_ptr,  # int64: the recursions' states (pairs, ``_pack``; ``_sweep``'s rows)
     logp_ptr, edge_ptr, il_ptr, tl_ptr,
     T, U1, K, zero_a, zero_b, fastemit_scale, H,
-    NB: tl.constexpr, NE: tl.constexpr, RB: tl.constexpr, RL: tl.constexpr, E: tl.constexpr,
-    FUSED: tl.constexpr, MULTI: tl.constexpr, BLOCK_U: tl.constexpr,
+    NB: tl.constexpr, NE: tl.constexpr, RB: tl.constexpr, RL: tl.constexpr, DB: tl.constexpr, DL: tl.constexpr,
+    E: tl.constexpr, FUSED: tl.constexpr, MULTI: tl.constexpr, BLOCK_U: tl.constexpr,
 ):  # fmt: skip
     """Program (n, k): the cells (k - u, u) of sample n's anti-diagonal k, one lane each: each edge's occupancy
     exp2(alpha + w + beta - log2 p) (label edges times the FastEmit scale), summed per entry it weighs with: E.
@@ -440,20 +444,21 @@ def _tdt_occupancy_kernel(
     active = tl.where(logp != float("-inf"), in_range & (t < T_n) & (o_u <= U_n), False)
     rk = k % (T + 1)
     lk = k % tl.maximum(T, 1)
-    p_a = alpha_ptr + _state_start(n, T, U1, H, BLOCK_U) + (rk + H) * U1 + o_u
+    p_a = alpha_ptr + _state_start(n, T, H, BLOCK_U) + (rk + H) * BLOCK_U + o_u
     al = _state(p_a, active) - logp
-    p_st = beta_ptr + _state_start(n, T, U1, H, BLOCK_U)
-    p_w = w_ptr + n * (T + H) * (E + 2) * U1
+    p_st = beta_ptr + _state_start(n, T, H, BLOCK_U)
+    p_w = w_ptr + n * (T + H) * (E + 2) * BLOCK_U
     u = o_u[None, :]
     ok_b = active[None, :]
     ok_l = (active & (o_u < U_n))[None, :]
-    eb_, db, mb = _edge_rows(edge_ptr, 0, NB, RB)
-    el_, dl, ml = _edge_rows(edge_ptr, NB, NE, RL)
+    eb_, db, mb = _edge_rows(0, NB, DB, RB)
+    el_, dl, ml = _edge_rows(NB, NE, DL, RL)
     ez = tl.full([1, 1], NB + NE, tl.int32)
     zero = ez * 0
-    sb, wb, okb = _edge_loads(p_w, p_st, k, rk, lk, eb_, db, mb, u, ok_b, T, T_n, U1, E, H, 0, True)
-    sl, wl, okl = _edge_loads(p_w, p_st, k, rk, lk, el_, dl, ml, u, ok_l, T, T_n, U1, E, H, 1, True)
-    sz, wz, okz = _edge_loads(p_w, p_st, k, rk, lk, ez, zero, zero + zero_a >= 0, u, ok_l, T, T_n, U1, E, H, 1, True)
+    sb, wb, okb = _edge_loads(p_w, p_st, k, rk, lk, eb_, db, mb, u, ok_b, T, T_n, BLOCK_U, E, H, 0, True)
+    sl, wl, okl = _edge_loads(p_w, p_st, k, rk, lk, el_, dl, ml, u, ok_l, T, T_n, BLOCK_U, E, H, 1, True)
+    sz, wz, okz = _edge_loads(p_w, p_st, k, rk, lk, ez, zero, zero + zero_a >= 0, u, ok_l, T, T_n, BLOCK_U, E, H, 1,
+                              True)  # fmt: skip
     occ_b = tl.where(okb, tl.exp2((al[None, :] + wb.to(tl.float64) + _pair_sum(sb)).to(tl.float32)), 0.0)
     occ_l = tl.where(okl, tl.exp2((al[None, :] + wl.to(tl.float64) + _pair_sum(sl)).to(tl.float32)), 0.0)
     occ_z = tl.where(okz, tl.exp2((al[None, :] + wz.to(tl.float64) + _pair_sum(sz)).to(tl.float32)), 0.0)
@@ -547,7 +552,8 @@ def _tdt_grad_kernel(
 @functools.cache
 def _edge_table(kind: str, durations: tuple[int, ...], device: torch.device):
     """(edges [NB + NE, 3] int32 on ``device``: duration, entry a, entry b per edge, blank edges first; NB; NE;
-    the 0-frame label edge's entries (-1: none))."""
+    the 0-frame label edge's entries (-1: none); the blank and the label edges' durations (the label edges':
+    (0,) without any))."""
     if kind == "tdt":
         blanks = [(d, 0, 2 + i) for i, d in enumerate(durations) if d > 0]
         labels = [(d, 1, 2 + i) for i, d in enumerate(durations) if d > 0]
@@ -556,7 +562,7 @@ def _edge_table(kind: str, durations: tuple[int, ...], device: torch.device):
         blanks = [(1, 0, -1)] + [(d, 2 + i, -1) for i, d in enumerate(durations)]
         labels, zero = [], (1, -1)
     table = torch.tensor(blanks + labels + [(0, -1, -1)], dtype=torch.int32).to(device)
-    return table, len(blanks), len(labels), zero
+    return table, len(blanks), len(labels), zero, tuple(e[0] for e in blanks), tuple(e[0] for e in labels) or (0,)
 
 
 def _row_blocks(U1: int, V: int) -> tuple[int, int]:
@@ -642,26 +648,27 @@ def tdt_recursions(
     N = nan.shape[0]
     K = 2 + len(durations)
     dev = lat.device
-    edges, nb, ne, (zero_a, zero_b) = _edge_table(kind, durations, dev)
+    edges, nb, ne, (zero_a, zero_b), db, dl = _edge_table(kind, durations, dev)
     # the states: a pair of float32 a node, packed in an int64 (``_diag_step``, ``_pack``), on ``_sweep``'s rows,
     # filled with (neg(), 0) (every read of the recursions is unmasked)
     block_u = next_power_of_2(U1)
     hist = max((1, *durations)) + 1  # the diagonals a step reads back (``_sweep``)
-    n_st = N * ((T + 1 + hist) * U1 + block_u + 2)
+    n_st = N * ((T + 2 + hist) * block_u + 2)  # (``_state_start``: rows of block_u entries)
     alpha = torch.full((n_st,), 4048155338, dtype=torch.int64, device=dev)
     beta = torch.full((n_st if need_grad else 0,), 4048155338, dtype=torch.int64, device=dev)
     logp = kernel_output(N, dtype=torch.float64, device=dev)
     # the recursions step along anti-diagonals: each edge's weight at each cell, each edge's row contiguous along u
     # and cell (t, u) on row (t + u) mod T, so that a step's loads are contiguous (E = NB + NE + 1 values a cell,
-    # against the logits' V + X)
+    # against the logits' V + X; rows of block_u entries, so that a load's offset from a lane's pointer is a
+    # constant)
     n_w = nb + ne + 1
-    n_wt = N * (T + hist) * (n_w + 2) * U1 + block_u + 1
+    n_wt = N * (T + hist) * (n_w + 2) * block_u + block_u + 1
     if hist > T:  # rows 0 .. hist - T - 1 mirror no row (a read there is before the lattice: any finite weight)
         weights = torch.full((n_wt,), -1e30, dtype=torch.float32, device=dev)
     else:
         weights = kernel_output(n_wt, dtype=torch.float32, device=dev)
     w_u = min(block_u, 128)
-    _tdt_edge_weights_kernel[(N * T, cdiv(U1, w_u))](
+    _tdt_edge_weights_kernel[(N * T, block_u // w_u)](
         lat,
         weights,
         edges,
@@ -677,6 +684,7 @@ def tdt_recursions(
         RB=next_power_of_2(max(nb, 1)),
         E=n_w,
         MULTI=kind == "multiblank",
+        ROW=block_u,
         BLOCK_U=w_u,
         num_warps=max(1, min(4, w_u // 32)),
     )
@@ -696,6 +704,8 @@ def tdt_recursions(
         NE=ne,
         RB=next_power_of_2(max(nb, 1)),
         RL=next_power_of_2(max(ne, 1)),
+        DB=db,
+        DL=dl,
         E=n_w,
         BLOCK_U=block_u,
         num_warps=RECURSION_WARPS or max(1, min(16, block_u // 32)),
@@ -721,6 +731,8 @@ def tdt_recursions(
             NE=ne,
             RB=next_power_of_2(max(nb, 1)),
             RL=next_power_of_2(max(ne, 1)),
+            DB=db,
+            DL=dl,
             E=n_w,
             FUSED=opts.fused_log_softmax,
             MULTI=kind == "multiblank",
