@@ -104,7 +104,7 @@ def _tdt_edge_weights_kernel(
     H,  # rows of history: rows T .. T + H - 1 are also written at 0 .. H - 1 (no step's read wraps)
     NB: tl.constexpr, RB: tl.constexpr,  # the table's blank edges (TDT: as many label edges after them), RB >= NB
     E: tl.constexpr,  # the table's edges and the 0-frame label edge (row E - 1)
-    MULTI: tl.constexpr, ROW: tl.constexpr, BLOCK_U: tl.constexpr,  # ROW: a row's entries (a power of 2 >= U + 1)
+    MULTI: tl.constexpr, ROW: tl.constexpr, BLOCK_U: tl.constexpr,  # ROW: a row's entries (>= U + 1, ``_row``)
 ):  # fmt: skip
     """Program (row (n, j), block of u): each edge's weight (entry a + entry b) at the cells (t, u) with
     (t + u) mod T = j, one lane each, written along row j + H, contiguous; neg() where the edge does not exist
@@ -226,7 +226,7 @@ def _edge_loads(p_w, p_st, k, rk, lk, e, d, m_e, u, lane_ok, T, T_n, ROW: tl.con
 
 @triton.jit
 def _diag_loads(p_w, p_st, k, rk, lk, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, E: tl.constexpr, H,
-                BLOCK_U: tl.constexpr, BETA: tl.constexpr):  # fmt: skip
+                ROW: tl.constexpr, BETA: tl.constexpr):  # fmt: skip
     """Everything step k reads from memory: the blank edges', the label edges' and the 0-frame edge's blocks
     (rk, lk: k mod (T + 1) and k mod T, ``_next_rows``)."""
     u = o_u[None, :]
@@ -237,10 +237,10 @@ def _diag_loads(p_w, p_st, k, rk, lk, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U
     else:
         ok_b = (t <= T_n) & (u <= U_n)
         ok_l = (t < T_n) & (u >= 1) & (u <= U_n)
-    sb, wb, _ = _edge_loads(p_w, p_st, k, rk, lk, eb, db, mb, u, ok_b, T, T_n, BLOCK_U, E, H, 0, BETA)
-    sl, wl, _ = _edge_loads(p_w, p_st, k, rk, lk, el, dl, ml, u, ok_l, T, T_n, BLOCK_U, E, H, 1, BETA)
+    sb, wb, _ = _edge_loads(p_w, p_st, k, rk, lk, eb, db, mb, u, ok_b, T, T_n, ROW, E, H, 0, BETA)
+    sl, wl, _ = _edge_loads(p_w, p_st, k, rk, lk, el, dl, ml, u, ok_l, T, T_n, ROW, E, H, 1, BETA)
     zero = ez * 0
-    _, wz, _ = _edge_loads(p_w, p_st, k, rk, lk, ez, zero, zero == 0, u, ok_l, T, T_n, BLOCK_U, E, H, 1, BETA)
+    _, wz, _ = _edge_loads(p_w, p_st, k, rk, lk, ez, zero, zero == 0, u, ok_l, T, T_n, ROW, E, H, 1, BETA)
     return sb, wb, sl, wl, wz
 
 
@@ -295,27 +295,28 @@ def _diag_step(prev, k, sb, wb, db, sl, wl, wz, o_u, i_nb, T_n, U_n, BETA: tl.co
 
 
 @triton.jit
-def _state_start(n, T, H, BLOCK_U: tl.constexpr):
-    """Where sample n's state rows start: each sample's rows have an entry before them and BLOCK_U + 1 after, so
-    that a step's unmasked reads stay in the sample's own entries (a NaN of one sample reaches no other)."""
-    return n * ((T + 2 + H) * BLOCK_U + 2) + 1
+def _state_start(n, T, H, ROW: tl.constexpr, BLOCK_U: tl.constexpr):
+    """Where sample n's state rows (ROW entries each) start: each sample's rows have an entry before them and
+    BLOCK_U + 1 after, so that a step's unmasked reads stay in the sample's own entries (a NaN of one sample
+    reaches no other)."""
+    return n * ((T + 1 + H) * ROW + BLOCK_U + 2) + 1
 
 
 @triton.jit
-def _store_row(p_st, rk, shift, mirror, H, T, o_u, x, node, BLOCK_U: tl.constexpr, BETA: tl.constexpr):
+def _store_row(p_st, rk, shift, mirror, H, T, o_u, x, node, ROW: tl.constexpr, BETA: tl.constexpr):
     """A diagonal's states at its row, and at its mirrored row where it has one (``_sweep``)."""
-    p = p_st + (rk + shift) * BLOCK_U + o_u
+    p = p_st + (rk + shift) * ROW + o_u
     tl.store(p, x, mask=node)
     if BETA:
         has_mirror = rk < H
     else:
         has_mirror = rk + H > T
-    tl.store(p + mirror * BLOCK_U, x, mask=tl.where(has_mirror, node, False))
+    tl.store(p + mirror * ROW, x, mask=tl.where(has_mirror, node, False))
 
 
 @triton.jit
 def _sweep(p_w, p_st, first, steps, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, E: tl.constexpr, H,
-           BLOCK_U: tl.constexpr, BETA: tl.constexpr):  # fmt: skip
+           BLOCK_U: tl.constexpr, ROW: tl.constexpr, BETA: tl.constexpr):  # fmt: skip
     """Steps k = first, first + 1, ... (BETA: first - 1, ...), ``steps`` of them rounded up to even (the extra one,
     past the sample's end, stores nothing), each stored at its row, a barrier after each store. Each step's loads
     are issued one step ahead; two steps an iteration, so the prefetched registers alternate instead of being
@@ -338,7 +339,7 @@ def _sweep(p_w, p_st, first, steps, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n
     lk = first % tl.maximum(T, 1)  # step)
     prev = tl.full([BLOCK_U], _neg_pair(), tl.int64)
     sb, wb, sl, wl, wz = _diag_loads(p_w, p_st, first, rk, lk, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, E, H,
-                                     BLOCK_U, BETA)  # fmt: skip
+                                     ROW, BETA)  # fmt: skip
     if BETA:
         shift = 0  # the rows' offset, and where a mirrored row goes
         mirror = T + 1
@@ -350,14 +351,14 @@ def _sweep(p_w, p_st, first, steps, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n
         rk1, lk1 = _next_rows(rk, lk, T, BETA)
         rk2, lk2 = _next_rows(rk1, lk1, T, BETA)
         sb2, wb2, sl2, wl2, wz2 = _diag_loads(p_w, p_st, k + sgn, rk1, lk1, eb, db, mb, el, dl, ml, ez, o_u, T, T_n,
-                                              U_n, E, H, BLOCK_U, BETA)  # fmt: skip
+                                              U_n, E, H, ROW, BETA)  # fmt: skip
         prev, node = _diag_step(prev, k, sb, wb, db, sl, wl, wz, o_u, i_nb, T_n, U_n, BETA)
-        _store_row(p_st, rk, shift, mirror, H, T, o_u, prev, node, BLOCK_U, BETA)
+        _store_row(p_st, rk, shift, mirror, H, T, o_u, prev, node, ROW, BETA)
         tl.debug_barrier()
         sb, wb, sl, wl, wz = _diag_loads(p_w, p_st, k + 2 * sgn, rk2, lk2, eb, db, mb, el, dl, ml, ez, o_u, T, T_n,
-                                         U_n, E, H, BLOCK_U, BETA)  # fmt: skip
+                                         U_n, E, H, ROW, BETA)  # fmt: skip
         prev, node = _diag_step(prev, k + sgn, sb2, wb2, db, sl2, wl2, wz2, o_u, i_nb, T_n, U_n, BETA)
-        _store_row(p_st, rk1, shift, mirror, H, T, o_u, prev, node, BLOCK_U, BETA)
+        _store_row(p_st, rk1, shift, mirror, H, T, o_u, prev, node, ROW, BETA)
         tl.debug_barrier()
         rk = rk2
         lk = lk2
@@ -365,7 +366,7 @@ def _sweep(p_w, p_st, first, steps, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n
 
 @triton.jit
 def _tdt_recursion_kernel(
-    w_ptr,  # [N, T + H, E + 2, BLOCK_U] float32: the edges' weights on their rows (``_tdt_edge_weights_kernel``)
+    w_ptr,  # [N, T + H, E + 2, ROW] float32: the edges' weights on their rows (``_tdt_edge_weights_kernel``)
     alpha_ptr, beta_ptr,  # int64: the states, pairs (``_pack``), ``_sweep``'s rows (``_state_start``)
     logp_ptr,  # [N] float64 out: log2 p (-inf without a path, NaN with a NaN entry)
     nan_ptr, edge_ptr, il_ptr, tl_ptr,
@@ -374,7 +375,7 @@ def _tdt_recursion_kernel(
     RB: tl.constexpr, RL: tl.constexpr,  # their blocks' rows (powers of 2)
     DB: tl.constexpr, DL: tl.constexpr,  # their durations (tuples)
     E: tl.constexpr,  # NB + NE + 1: the weights' rows (the 0-frame label edge's last)
-    BLOCK_U: tl.constexpr,
+    BLOCK_U: tl.constexpr, ROW: tl.constexpr,  # lanes; a row's entries (``_row``)
 ):  # fmt: skip
     """Program (n, 0): sample n's alpha along anti-diagonals k = t + u = 0 .. T_n + U_n (every edge's other
     end lies on an earlier one), and log2 p; program (n, 1) (launched with a gradient to come): its beta,
@@ -385,23 +386,23 @@ def _tdt_recursion_kernel(
     BETA = tl.program_id(1) == 1
     T_n, U_n = sample_lengths(il_ptr, tl_ptr, n, True, T, U1)
     o_u = tl.arange(0, BLOCK_U)
-    p_w = w_ptr + n * (T + H) * (E + 2) * BLOCK_U
+    p_w = w_ptr + n * (T + H) * (E + 2) * ROW
     eb, db, mb = _edge_rows(0, NB, DB, RB)
     el, dl, ml = _edge_rows(NB, NE, DL, RL)
     ez = tl.full([1, 1], NB + NE, tl.int32)
     last = T_n + U_n
     if not BETA:
-        p_st = alpha_ptr + _state_start(n, T, H, BLOCK_U)
-        _sweep(p_w, p_st, 0, last + 1, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, E, H, BLOCK_U, False)
+        p_st = alpha_ptr + _state_start(n, T, H, ROW, BLOCK_U)
+        _sweep(p_w, p_st, 0, last + 1, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, E, H, BLOCK_U, ROW, False)
         # the end node (T_n, U_n), stored by its step (the sweep may have run one step past it)
-        x = tl.load(p_st + (H + last % (T + 1)) * BLOCK_U + o_u, mask=o_u == U_n, other=0)
+        x = tl.load(p_st + (H + last % (T + 1)) * ROW + o_u, mask=o_u == U_n, other=0)
         logp = tl.sum(tl.where(o_u == U_n, _pair_sum(x), 0.0), axis=0)
         logp = tl.where(logp < neg() * 0.5, float("-inf"), logp)
         logp = tl.where(tl.load(nan_ptr + n) > 0, float("nan"), logp)
         tl.store(logp_ptr + n, logp)
     else:
-        p_st = beta_ptr + _state_start(n, T, H, BLOCK_U)
-        _sweep(p_w, p_st, last, last + 1, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, E, H, BLOCK_U, True)
+        p_st = beta_ptr + _state_start(n, T, H, ROW, BLOCK_U)
+        _sweep(p_w, p_st, last, last + 1, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, E, H, BLOCK_U, ROW, True)
 
 
 @triton.jit
@@ -420,12 +421,12 @@ def _state(p, mask):
 @triton.jit
 def _tdt_occupancy_kernel(
     lat_ptr,  # [N * T * (U+1), K] float32: in, the log2 entries; out, each entry's coefficient (see below)
-    w_ptr,  # [N, T + H, E + 2, BLOCK_U] float32: the edges' weights on their rows (``_tdt_edge_weights_kernel``)
+    w_ptr,  # [N, T + H, E + 2, ROW] float32: the edges' weights on their rows (``_tdt_edge_weights_kernel``)
     alpha_ptr, beta_ptr,  # int64: the recursions' states (pairs, ``_pack``; ``_sweep``'s rows)
     logp_ptr, edge_ptr, il_ptr, tl_ptr,
     T, U1, K, zero_a, zero_b, fastemit_scale, H,
     NB: tl.constexpr, NE: tl.constexpr, RB: tl.constexpr, RL: tl.constexpr, DB: tl.constexpr, DL: tl.constexpr,
-    E: tl.constexpr, FUSED: tl.constexpr, MULTI: tl.constexpr, BLOCK_U: tl.constexpr,
+    E: tl.constexpr, FUSED: tl.constexpr, MULTI: tl.constexpr, BLOCK_U: tl.constexpr, ROW: tl.constexpr,
 ):  # fmt: skip
     """Program (n, k): the cells (k - u, u) of sample n's anti-diagonal k, one lane each: each edge's occupancy
     exp2(alpha + w + beta - log2 p) (label edges times the FastEmit scale), summed per entry it weighs with: E.
@@ -444,10 +445,10 @@ def _tdt_occupancy_kernel(
     active = tl.where(logp != float("-inf"), in_range & (t < T_n) & (o_u <= U_n), False)
     rk = k % (T + 1)
     lk = k % tl.maximum(T, 1)
-    p_a = alpha_ptr + _state_start(n, T, H, BLOCK_U) + (rk + H) * BLOCK_U + o_u
+    p_a = alpha_ptr + _state_start(n, T, H, ROW, BLOCK_U) + (rk + H) * ROW + o_u
     al = _state(p_a, active) - logp
-    p_st = beta_ptr + _state_start(n, T, H, BLOCK_U)
-    p_w = w_ptr + n * (T + H) * (E + 2) * BLOCK_U
+    p_st = beta_ptr + _state_start(n, T, H, ROW, BLOCK_U)
+    p_w = w_ptr + n * (T + H) * (E + 2) * ROW
     u = o_u[None, :]
     ok_b = active[None, :]
     ok_l = (active & (o_u < U_n))[None, :]
@@ -455,9 +456,9 @@ def _tdt_occupancy_kernel(
     el_, dl, ml = _edge_rows(NB, NE, DL, RL)
     ez = tl.full([1, 1], NB + NE, tl.int32)
     zero = ez * 0
-    sb, wb, okb = _edge_loads(p_w, p_st, k, rk, lk, eb_, db, mb, u, ok_b, T, T_n, BLOCK_U, E, H, 0, True)
-    sl, wl, okl = _edge_loads(p_w, p_st, k, rk, lk, el_, dl, ml, u, ok_l, T, T_n, BLOCK_U, E, H, 1, True)
-    sz, wz, okz = _edge_loads(p_w, p_st, k, rk, lk, ez, zero, zero + zero_a >= 0, u, ok_l, T, T_n, BLOCK_U, E, H, 1,
+    sb, wb, okb = _edge_loads(p_w, p_st, k, rk, lk, eb_, db, mb, u, ok_b, T, T_n, ROW, E, H, 0, True)
+    sl, wl, okl = _edge_loads(p_w, p_st, k, rk, lk, el_, dl, ml, u, ok_l, T, T_n, ROW, E, H, 1, True)
+    sz, wz, okz = _edge_loads(p_w, p_st, k, rk, lk, ez, zero, zero + zero_a >= 0, u, ok_l, T, T_n, ROW, E, H, 1,
                               True)  # fmt: skip
     occ_b = tl.where(okb, tl.exp2((al[None, :] + wb.to(tl.float64) + _pair_sum(sb)).to(tl.float32)), 0.0)
     occ_l = tl.where(okl, tl.exp2((al[None, :] + wl.to(tl.float64) + _pair_sum(sl)).to(tl.float32)), 0.0)
@@ -565,6 +566,12 @@ def _edge_table(kind: str, durations: tuple[int, ...], device: torch.device):
     return table, len(blanks), len(labels), zero, tuple(e[0] for e in blanks), tuple(e[0] for e in labels) or (0,)
 
 
+def _row(U1: int) -> int:
+    """Entries a row of the recursions' states and weights: U + 1 rounded up to 32 (a warp's lanes), within the
+    lanes' power of 2. A constant of the kernels, so that each load's offset from a lane's pointer is one."""
+    return min(next_power_of_2(U1), 32 * cdiv(U1, 32))
+
+
 def _row_blocks(U1: int, V: int) -> tuple[int, int]:
     """(cells per program, classes per chunk) of the passes over the logits (as the RNN-T kernels')."""
     block_v = min(next_power_of_2(V), 1024)
@@ -653,7 +660,8 @@ def tdt_recursions(
     # filled with (neg(), 0) (every read of the recursions is unmasked)
     block_u = next_power_of_2(U1)
     hist = max((1, *durations)) + 1  # the diagonals a step reads back (``_sweep``)
-    n_st = N * ((T + 2 + hist) * block_u + 2)  # (``_state_start``: rows of block_u entries)
+    row = _row(U1)
+    n_st = N * ((T + 1 + hist) * row + block_u + 2)  # (``_state_start``)
     alpha = torch.full((n_st,), 4048155338, dtype=torch.int64, device=dev)
     beta = torch.full((n_st if need_grad else 0,), 4048155338, dtype=torch.int64, device=dev)
     logp = kernel_output(N, dtype=torch.float64, device=dev)
@@ -662,7 +670,7 @@ def tdt_recursions(
     # against the logits' V + X; rows of block_u entries, so that a load's offset from a lane's pointer is a
     # constant)
     n_w = nb + ne + 1
-    n_wt = N * (T + hist) * (n_w + 2) * block_u + block_u + 1
+    n_wt = N * (T + hist) * (n_w + 2) * row + block_u + 1
     if hist > T:  # rows 0 .. hist - T - 1 mirror no row (a read there is before the lattice: any finite weight)
         weights = torch.full((n_wt,), -1e30, dtype=torch.float32, device=dev)
     else:
@@ -679,7 +687,7 @@ def tdt_recursions(
         RB=rows["RB"],
         E=n_w,
         MULTI=kind == "multiblank",
-        ROW=block_u,
+        ROW=row,
         BLOCK_U=w_u,
         num_warps=max(1, min(4, w_u // 32)),
     )
@@ -697,6 +705,7 @@ def tdt_recursions(
         hist,
         **rows,
         BLOCK_U=block_u,
+        ROW=row,
         num_warps=RECURSION_WARPS or max(1, min(16, block_u // 32)),
     )
     if need_grad:
@@ -713,6 +722,7 @@ def tdt_recursions(
             FUSED=opts.fused_log_softmax,
             MULTI=kind == "multiblank",
             BLOCK_U=block_u,
+            ROW=row,
             num_warps=max(1, min(8, block_u // 32)),
         )
     return (logp * (-0.6931471805599453 * opts.loss_scale)).to(torch.float32), logp
