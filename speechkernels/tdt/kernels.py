@@ -7,15 +7,17 @@ edge table on the device lists per edge its duration and entries, blank edges fi
 
 1. ``_tdt_lattice_kernel``: program = up to BLOCK_R cells of a row (n, t): the tokens' log-sum-exp (natural log,
    kept for the backward), the K entries, NaN counts per sample.
-2. ``_tdt_edge_weights_kernel`` then ``_tdt_recursion_kernel``: each edge's weight per cell (entry a + entry b),
-   each edge's row along u, cell (t, u) on the row of its anti-diagonal (``_sweep``: the rows); program (n, 0) =
+2. ``_tdt_edge_weights_kernel`` then ``_tdt_recursion_kernel``: each edge's weight per cell (entry a + entry b;
+   neg() where the edge does not exist, so that the recursions read every weight unmasked), each edge's row along
+   u, cell (t, u) on the row of its anti-diagonal (``_sweep``: the rows); program (n, 0) =
    sample n's alpha along the anti-diagonals k = t + u = 0 .. T_n + U_n (every edge into a node comes from an
    earlier one: a blank of duration d from diagonal k - d, a label from k - d - 1), a diagonal's edge terms summed
    as one maximum and one sum of exp2; log2 p. The previous diagonal stays in registers (blank edges of duration
    1, the 0-frame label edge: one exchange between lanes), the older ones are read back from the state, issued a
    step ahead. Program (n, 1), with a gradient to come: beta backwards, likewise, at the same time. A state is a
    pair of float32 (high and low parts, packed in an int64: ``_diag_step``), node (t, u) on the row of its
-   anti-diagonal.
+   anti-diagonal. The kernels are specialised on the durations and on the rows' length (``_row``), so that every
+   load's offset from a lane's pointer is a constant.
 3. ``_tdt_occupancy_kernel`` (with a gradient to come): program = an anti-diagonal (n, k), a cell a lane: each
    edge's occupancy exp2(alpha + w + beta - log2 p), their sums per entry, written over the cells' entries; the
    states and weights are then dropped.
@@ -322,13 +324,14 @@ def _sweep(p_w, p_st, first, steps, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n
     are issued one step ahead; two steps an iteration, so the prefetched registers alternate instead of being
     moved.
 
-    The rows: T + 1 + H of them a sample (H: 1 + the longest duration, the diagonals a step reads back), with
-    diagonal k at row k mod (T + 1) (beta) or H + k mod (T + 1) (alpha); beta's rows 0 .. H - 1 are also stored at
-    T + 1 .., alpha's T + 1 .. T + H at 0 .., so a read of diagonal k -+ (d + LABEL) is at row k's -+ (d + LABEL)
-    without a wrap. The weights likewise: T + H rows, cell (t, u) at H + (t + u) mod T, T .. T + H - 1 also at
-    0 .. H - 1. The state rows are filled with (neg(), 0) beforehand, and a sample's start is one entry in, with
-    BLOCK_U + 1 entries after its last (``_state_start``): every state read is in bounds and is the sample's own
-    (finite unless the sample reads a NaN, when its loss is NaN anyway)."""
+    The rows (ROW entries each, ``_row``): T + 1 + H of them a sample (H: 1 + the longest duration, the diagonals a
+    step reads back), with diagonal k at row k mod (T + 1) (beta) or H + k mod (T + 1) (alpha); beta's rows
+    0 .. H - 1 are also stored at T + 1 .., alpha's T + 1 .. T + H at 0 .., so a read of diagonal k -+ (d + LABEL)
+    is at row k's -+ (d + LABEL) without a wrap. The weights likewise: T + H diagonal rows of E + 2 rows, cell
+    (t, u) at H + (t + u) mod T, T .. T + H - 1 also at 0 .. H - 1. The state rows are filled with (neg(), 0)
+    beforehand, and a sample's start is one entry in, with BLOCK_U + 1 entries after its last (``_state_start``):
+    every state read is in bounds and is the sample's own (finite unless the sample reads a NaN, when its loss is
+    NaN anyway)."""
     if BETA:
         i_nb = tl.minimum(o_u + 1, BLOCK_U - 1)
         sgn = -1
