@@ -482,13 +482,14 @@ def _tdt_occupancy_kernel(
     else:
         ent = tl.load(edge_ptr + 3 * eb_ + 2, mask=mb, other=-1)
         e0 = tl.sum(occ_b, axis=0)
-        e1 = tl.sum(occ_l, axis=0) + tl.sum(occ_z, axis=0)
+        oz = tl.sum(occ_z, axis=0)  # the 0-frame label edge's (one row)
+        e1 = tl.sum(occ_l, axis=0) + oz
         x = -(occ_b + occ_l)  # the durations' gradient: of their own log-softmax, its total the tokens' occupancy
         if FUSED:
             lp = tl.load(p_cell[None, :] + ent, mask=(ent >= 2) & active[None, :], other=float("-inf"))
             x += tl.exp2(lp) * (e0 + e1)[None, :]
         if zero_b >= 0:  # the 0-frame label edge's duration
-            xz = -tl.sum(occ_z, axis=0)
+            xz = -oz
             if FUSED:
                 lpz = tl.load(p_cell + zero_b, mask=active, other=float("-inf"))
                 xz += tl.exp2(lpz) * (e0 + e1)
@@ -665,8 +666,8 @@ def tdt_recursions(
     hist = max((1, *durations)) + 1  # the diagonals a step reads back (``_sweep``)
     row = _row(U1)
     n_st = N * ((T + 1 + hist) * row + block_u + 2)  # (``_state_start``)
-    alpha = torch.full((n_st,), 4048155338, dtype=torch.int64, device=dev)
-    beta = torch.full((n_st if need_grad else 0,), 4048155338, dtype=torch.int64, device=dev)
+    alpha = torch.full((n_st,), _neg_pair.fn(), dtype=torch.int64, device=dev)
+    beta = torch.full((n_st if need_grad else 0,), _neg_pair.fn(), dtype=torch.int64, device=dev)
     logp = kernel_output(N, dtype=torch.float64, device=dev)
     # the recursions step along anti-diagonals: each edge's weight at each cell, each edge's row contiguous along u
     # and cell (t, u) on row (t + u) mod T, so that a step's loads are contiguous (E = NB + NE + 1 values a cell,
