@@ -284,6 +284,26 @@ def test_durations_longer_than_the_frames(path, kind):
     torch.testing.assert_close(grad.cpu().double(), rgrad, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["tdt", "multiblank"])
+def test_label_rows_longer_than_a_warp(path, kind):
+    """U + 1 = 70 and 41 (the recursions' rows rounded up to 96 and 64 entries, the lanes to 128 and 64) with a
+    0-frame edge: values and gradients against the float64 reference (each path, float32)."""
+    from speechkernels import multiblank_rnnt_loss, tdt_loss
+
+    if kind == "tdt":
+        loss_fn, ref_fn, durations = tdt_loss, tdt_loss_reference, [0, 1, 2, 3]
+        x, targets, il, tl = tdt_case(75, 2, 6, 69, 5, 4)
+    else:
+        loss_fn, ref_fn, durations = multiblank_rnnt_loss, multiblank_rnnt_loss_reference, [2, 3]
+        x, targets, il, tl = make_case(76, 2, 5, 40, 6, avoid=(3, 4, 5))
+    xd, td, ild, tld = on(path.device, x.float(), targets, il, tl)
+    loss, grad = grads_of(lambda v: loss_fn(v, td, ild, tld, durations, reduction="none"), xd)
+    path.check_ran()
+    ref, rgrad = grads_of(lambda v: ref_fn(v, targets, il, tl, durations, reduction="none"), x)
+    torch.testing.assert_close(loss.cpu().double(), ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad.cpu().double(), rgrad, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
 def test_multiblank_loss_without_big_blanks_is_rnnt_loss(path, reduction):
     """Without big blanks the multi-blank loss is rnnt_loss (values and gradients, float32, each path)."""

@@ -7,15 +7,17 @@ edge table on the device lists per edge its duration and entries, blank edges fi
 
 1. ``_tdt_lattice_kernel``: program = up to BLOCK_R cells of a row (n, t): the tokens' log-sum-exp (natural log,
    kept for the backward), the K entries, NaN counts per sample.
-2. ``_tdt_edge_weights_kernel`` then ``_tdt_recursion_kernel``: each edge's weight per cell (entry a + entry b),
-   each edge's row along u, cell (t, u) on the row of its anti-diagonal (``_sweep``: the rows); program (n, 0) =
+2. ``_tdt_edge_weights_kernel`` then ``_tdt_recursion_kernel``: each edge's weight per cell (entry a + entry b;
+   neg() where the edge does not exist, so that the recursions read every weight unmasked), each edge's row along
+   u, cell (t, u) on the row of its anti-diagonal (``_sweep``: the rows); program (n, 0) =
    sample n's alpha along the anti-diagonals k = t + u = 0 .. T_n + U_n (every edge into a node comes from an
    earlier one: a blank of duration d from diagonal k - d, a label from k - d - 1), a diagonal's edge terms summed
    as one maximum and one sum of exp2; log2 p. The previous diagonal stays in registers (blank edges of duration
    1, the 0-frame label edge: one exchange between lanes), the older ones are read back from the state, issued a
    step ahead. Program (n, 1), with a gradient to come: beta backwards, likewise, at the same time. A state is a
    pair of float32 (high and low parts, packed in an int64: ``_diag_step``), node (t, u) on the row of its
-   anti-diagonal.
+   anti-diagonal. The kernels are specialised on the durations and on the rows' length (``_row``), so that every
+   load's offset from a lane's pointer is a constant.
 3. ``_tdt_occupancy_kernel`` (with a gradient to come): program = an anti-diagonal (n, k), a cell a lane: each
    edge's occupancy exp2(alpha + w + beta - log2 p), their sums per entry, written over the cells' entries; the
    states and weights are then dropped.
@@ -90,48 +92,91 @@ def _tdt_lattice_kernel(
 
 
 @triton.jit
-def _tdt_edge_weights_kernel(
-    lat_ptr,  # [N * T * (U+1), K] float32: the lattice kernel's
-    out_ptr,  # [N, T + H, E, U+1] float32 out: edge e's weight at cell (t, u), row H + (t + u) mod T, column (e, u)
-    edge_ptr, T, U1, K, zero_a, zero_b,
-    H,  # rows of history: rows T .. T + H - 1 are also written at 0 .. H - 1 (no step's read wraps)
-    E: tl.constexpr,  # the table's edges and the 0-frame label edge (row E - 1; neg() without one)
-    BLOCK_U: tl.constexpr,
-):  # fmt: skip
-    """Program (row (n, t), block of u): each edge's weight (entry a + entry b) at the row's cells, on their
-    anti-diagonals' rows (``_sweep``: the rows' layout)."""
-    nt = tl.program_id(0).to(tl.int64)
-    n = nt // T
-    t = nt - n * T
-    o_u = tl.program_id(1) * BLOCK_U + tl.arange(0, BLOCK_U)
-    m_u = o_u < U1
-    p_cell = lat_ptr + (nt * U1 + o_u) * K
-    r = (t + o_u) % T + H
-    p_out = out_ptr + (n * (T + H) + r) * E * U1 + o_u
-    mirror = m_u & (r >= T)  # also H + r - T below the first row
-    for e in tl.static_range(E):
-        if e < E - 1:
-            ea = tl.load(edge_ptr + 3 * e + 1)
-            eb = tl.load(edge_ptr + 3 * e + 2)
-        else:
-            ea = zero_a
-            eb = zero_b
-        ea = tl.zeros([BLOCK_U], tl.int32) + ea
-        eb = tl.zeros([BLOCK_U], tl.int32) + eb
-        w = tl.load(p_cell + ea, mask=m_u & (ea >= 0), other=neg())
-        w += tl.load(p_cell + eb, mask=m_u & (ea >= 0) & (eb >= 0), other=0.0)
-        tl.store(p_out + e * U1, w, mask=m_u)
-        tl.store(p_out + (e - T * E) * U1, w, mask=mirror)
+def _store_mirrored(p, x, mask, mirror, back):
+    """x at p, and at p - back where ``mirror`` (a scalar)."""
+    tl.store(p, x, mask=mask)
+    tl.store(p - back, x, mask=tl.where(mirror, mask, False))
 
 
 @triton.jit
-def _edge_rows(edge_ptr, first, count, R: tl.constexpr):
-    """Edges first .. first + count - 1 of the table as [R, 1] columns: their rows, durations, and which rows
-    hold an edge."""
-    o_e = tl.arange(0, R)
-    m_e = o_e < count
-    d = tl.load(edge_ptr + 3 * (first + o_e), mask=m_e, other=0)
-    return (first + o_e)[:, None], d[:, None], m_e[:, None]
+def _tdt_edge_weights_kernel(
+    lat_ptr,  # [N * T * (U+1), K] float32: the lattice kernel's
+    out_ptr,  # [N, T + H, E + 2, ROW] float32 out (``_sweep``: the layout), then ROW + 1 entries
+    edge_ptr, il_ptr, tl_ptr, T, U1, K, zero_a, zero_b,
+    H,  # rows of history: rows T .. T + H - 1 are also written at 0 .. H - 1 (no step's read wraps)
+    NB: tl.constexpr, RB: tl.constexpr,  # the table's blank edges (TDT: as many label edges after them), RB >= NB
+    E: tl.constexpr,  # the table's edges and the 0-frame label edge (row E - 1)
+    MULTI: tl.constexpr, ROW: tl.constexpr, BLOCK_U: tl.constexpr,  # ROW: a row's entries (>= U + 1, ``_row``)
+):  # fmt: skip
+    """Program (row (n, j), block of u): each edge's weight (entry a + entry b) at the cells (t, u) with
+    (t + u) mod T = j, one lane each, written along row j + H, contiguous; neg() where the edge does not exist
+    (its cell or its other end outside sample n's lattice, a label edge ending at T_n), so that the recursions
+    read every weight unmasked. A label edge's weight goes to column u + 1 (its other end's), column 0 holding
+    neg(); rows E and E + 1 are neg() throughout (the edge blocks' padding rows read row E, a label edge's at
+    column U + 1 row E + 1's first). The cells' entries are read cell by
+    cell. The edge table's structure (``_edge_table``; as the occupancy kernel uses it): TDT's blank edge i and
+    label edge i weigh with the blank's or the label's entry and the same duration's; the multi-blank's blank
+    edges with one entry each."""
+    nj = tl.program_id(0).to(tl.int64)
+    n = nj // T
+    j = nj - n * T
+    T_n, U_n = sample_lengths(il_ptr, tl_ptr, n, True, T, U1)
+    o_u = tl.program_id(1) * BLOCK_U + tl.arange(0, BLOCK_U)
+    m_u = o_u < U1
+    t = (j - o_u) % T
+    t = tl.where(t < 0, t + T, t)  # (a remainder takes the dividend's sign)
+    cell = m_u & (t < T_n) & (o_u <= U_n)  # a cell with edges out
+    lab = cell & (o_u < U_n)
+    p_cell = lat_ptr + ((n * T + t) * U1 + o_u) * K
+    r = j + H
+    RS = (E + 2) * ROW  # a diagonal's rows
+    p_out = out_ptr + (n * (T + H) + r) * RS + o_u
+    mirror = r >= T  # also at row r - T
+    back = T * RS
+    o_e = tl.arange(0, RB)[:, None]
+    m_e = o_e < NB
+    d = tl.load(edge_ptr + 3 * o_e, mask=m_e, other=0)
+    ok_b = m_e & cell[None, :] & (t[None, :] + d <= T_n)
+    # a label edge's weight at its other end's column, u + 1; column 0 neg()
+    m_l = m_e & (m_u & (o_u + 1 < ROW))[None, :]  # (at U + 1 < ROW: neg(), no edge ends past U)
+    first = m_e & (o_u == 0)[None, :]
+    if MULTI:
+        ent = tl.load(edge_ptr + 3 * o_e + 1, mask=m_e, other=0)
+        wb = tl.load(p_cell[None, :] + ent, mask=ok_b, other=neg())
+    else:
+        ent = tl.load(edge_ptr + 3 * o_e + 2, mask=m_e, other=0)
+        dur = tl.load(p_cell[None, :] + ent, mask=m_e & cell[None, :], other=0.0)
+        e0 = tl.load(p_cell, mask=cell, other=0.0)
+        e1 = tl.load(p_cell + 1, mask=cell, other=0.0)
+        wb = tl.where(ok_b, e0[None, :] + dur, neg())
+        wl = tl.where(m_e & lab[None, :] & (t[None, :] + d < T_n), e1[None, :] + dur, neg())
+        p_l = p_out[None, :] + (NB + o_e) * ROW + 1
+        _store_mirrored(p_l, wl, m_l, mirror, back)
+        _store_mirrored(p_l - 1, tl.full([RB, BLOCK_U], neg(), tl.float32), first, mirror, back)
+    _store_mirrored(p_out[None, :] + o_e * ROW, wb, m_e & m_u[None, :], mirror, back)
+    # the 0-frame label edge: entries zero_a (+ zero_b), neg() without one; then the row of neg()
+    za = tl.zeros([BLOCK_U], tl.int32) + zero_a  # (a tensor: an argument of 1 arrives as a constant)
+    zb = tl.zeros([BLOCK_U], tl.int32) + zero_b
+    ok_z = lab & (za >= 0)
+    wz = tl.load(p_cell + za, mask=ok_z, other=neg())
+    wz += tl.load(p_cell + zb, mask=ok_z & (zb >= 0), other=0.0)
+    p_z = p_out + (E - 1) * ROW + 1
+    _store_mirrored(p_z, wz, m_u & (o_u + 1 < ROW), mirror, back)
+    _store_mirrored(p_z - 1, tl.full([BLOCK_U], neg(), tl.float32), o_u == 0, mirror, back)
+    _store_mirrored(p_out + E * ROW, tl.full([BLOCK_U], neg(), tl.float32), o_u < ROW, mirror, back)
+    _store_mirrored(p_out + (E + 1) * ROW, tl.full([BLOCK_U], neg(), tl.float32), o_u < ROW, mirror, back)
+
+
+@triton.jit
+def _edge_rows(first, count, DS: tl.constexpr, R: tl.constexpr):
+    """Edges first .. first + count - 1 of the table as [R, 1] columns: their rows, durations (DS, a tuple: the
+    kernels are specialised on them, so that every load's offset from the lane's pointer is a constant), and
+    which rows hold an edge."""
+    o_e = tl.arange(0, R)[:, None]
+    d = tl.zeros([R, 1], tl.int32)
+    for i in tl.static_range(len(DS)):
+        d = tl.where(o_e == i, DS[i], d)
+    return first + o_e, tl.where(o_e < count, d, 0), o_e < count
 
 
 @triton.jit
@@ -153,34 +198,37 @@ def _unpack(x):
 
 
 @triton.jit
-def _edge_loads(p_w, p_st, k, rk, lk, e, d, m_e, u, lane_ok, T, T_n, U1, E, H, LABEL: tl.constexpr,
-                BETA: tl.constexpr):  # fmt: skip
+def _edge_loads(p_w, p_st, k, rk, lk, e, d, m_e, u, lane_ok, T, T_n, ROW: tl.constexpr, E: tl.constexpr, H,
+                LABEL: tl.constexpr, BETA: tl.constexpr):  # fmt: skip
     """A block of edges at anti-diagonal k (lane u: node (k - u, u)), [R, BLOCK_U] each: the state at each edge's
     other end (packed; whatever the state rows hold where the edge does not exist), the edge's weight (neg()
     where there is no edge) and which edges exist. Alpha: edges in, from (t - d, u) (a blank: diagonal k - d)
     or (t - d, u - 1) (a label: k - d - 1), weighed at that cell; beta: edges out, to (t + d, u) or
     (t + d, u + 1), weighed at (t, u). A duration of 0 is the 0-frame label edge (d = 0, LABEL). ``lane_ok``:
-    the lanes' own conditions; rk, lk: k mod (T + 1) and k mod T (``_sweep``: the rows' layout). Pointers are
-    formed per row, then offset by the lane."""
+    the lanes' own conditions; rk, lk: k mod (T + 1) and k mod T (``_sweep``: the rows' layout, ROW entries a
+    row). Pointers are formed per row, then offset by the lane."""
     # offsets: the step's row times the row length plus or less the edge's rows (invariant across steps); the
     # rows past the ends are mirrored (``_sweep``), so none wraps
+    e_row = tl.where(m_e, e, E)  # padding rows: the row of neg()
     if BETA:
         ok = (m_e & lane_ok) & (u >= k + d + LABEL - T_n)  # t + d <= T_n (a blank), < T_n (a label)
-        p_s = p_st + (rk * U1 + (d + LABEL) * U1 + LABEL)
-        p_c = p_w + ((lk + H) * (E * U1) + e * U1)
+        p_s = (p_st + rk * ROW) + ((d + LABEL) * ROW + LABEL)
+        p_c = (p_w + (lk + H) * ((E + 2) * ROW)) + (e_row * ROW + LABEL)
     else:
         ok = (m_e & lane_ok) & (u <= k - d)  # t - d >= 0
-        p_s = p_st + ((rk + H) * U1 - (d + LABEL) * U1 - LABEL)
-        p_c = p_w + ((lk + H) * (E * U1) - (d + LABEL) * (E * U1) + e * U1 - LABEL)
-    # every state is read, unmasked: in bounds and finite (``_sweep``); where the edge does not exist its weight
-    # is neg(), which makes the term neg()
+        p_s = (p_st + (rk + H) * ROW) - ((d + LABEL) * ROW + LABEL)
+        p_c = (p_w + (lk + H) * ((E + 2) * ROW)) + (e_row * ROW - (d + LABEL) * ((E + 2) * ROW))
+    # every state and weight is read unmasked, in bounds (``_sweep``): where the edge does not exist its weight
+    # is neg() (``_tdt_edge_weights_kernel``), or its state is (an end before the lattice: a diagonal not yet
+    # reached, still (neg(), 0)), which makes the term neg(); lanes off the sample's nodes are discarded
     s = tl.load(p_s + u)
-    w = tl.load(p_c + u, mask=ok, other=neg())
+    w = tl.load(p_c + u)
     return s, w, ok
 
 
 @triton.jit
-def _diag_loads(p_w, p_st, k, rk, lk, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E, H, BETA: tl.constexpr):
+def _diag_loads(p_w, p_st, k, rk, lk, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, E: tl.constexpr, H,
+                ROW: tl.constexpr, BETA: tl.constexpr):  # fmt: skip
     """Everything step k reads from memory: the blank edges', the label edges' and the 0-frame edge's blocks
     (rk, lk: k mod (T + 1) and k mod T, ``_next_rows``)."""
     u = o_u[None, :]
@@ -191,10 +239,10 @@ def _diag_loads(p_w, p_st, k, rk, lk, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U
     else:
         ok_b = (t <= T_n) & (u <= U_n)
         ok_l = (t < T_n) & (u >= 1) & (u <= U_n)
-    sb, wb, _ = _edge_loads(p_w, p_st, k, rk, lk, eb, db, mb, u, ok_b, T, T_n, U1, E, H, 0, BETA)
-    sl, wl, _ = _edge_loads(p_w, p_st, k, rk, lk, el, dl, ml, u, ok_l, T, T_n, U1, E, H, 1, BETA)
+    sb, wb, _ = _edge_loads(p_w, p_st, k, rk, lk, eb, db, mb, u, ok_b, T, T_n, ROW, E, H, 0, BETA)
+    sl, wl, _ = _edge_loads(p_w, p_st, k, rk, lk, el, dl, ml, u, ok_l, T, T_n, ROW, E, H, 1, BETA)
     zero = ez * 0
-    _, wz, _ = _edge_loads(p_w, p_st, k, rk, lk, ez, zero, zero == 0, u, ok_l, T, T_n, U1, E, H, 1, BETA)
+    _, wz, _ = _edge_loads(p_w, p_st, k, rk, lk, ez, zero, zero == 0, u, ok_l, T, T_n, ROW, E, H, 1, BETA)
     return sb, wb, sl, wl, wz
 
 
@@ -237,7 +285,7 @@ def _diag_step(prev, k, sb, wb, db, sl, wl, wz, o_u, i_nb, T_n, U_n, BETA: tl.co
     one = db == 1
     hb = tl.where(one, p_hi[None, :], hb)
     lb = tl.where(one, p_lo[None, :], lb)
-    wz = tl.sum(wz, axis=0)
+    wz = tl.where(t < T_n, tl.sum(wz, axis=0), neg())  # (at t = T the weights' row would be t = 0's)
     hz, lz = _unpack(tl.gather(prev, i_nb, 0))  # (one exchange for both parts)
     r = tl.maximum(tl.maximum(start, hz + wz), tl.maximum(tl.max(hb + wb, axis=0), tl.max(hl + wl, axis=0)))
     s = tl.exp2(start - r) + tl.exp2(((hz - r) + wz) + lz)
@@ -249,39 +297,41 @@ def _diag_step(prev, k, sb, wb, db, sl, wl, wz, o_u, i_nb, T_n, U_n, BETA: tl.co
 
 
 @triton.jit
-def _state_start(n, T, U1, H, BLOCK_U: tl.constexpr):
-    """Where sample n's state rows start: each sample's rows have an entry before them and BLOCK_U + 1 after, so
-    that a step's unmasked reads stay in the sample's own entries (a NaN of one sample reaches no other)."""
-    return n * ((T + 1 + H) * U1 + BLOCK_U + 2) + 1
+def _state_start(n, T, H, ROW: tl.constexpr, BLOCK_U: tl.constexpr):
+    """Where sample n's state rows (ROW entries each) start: each sample's rows have an entry before them and
+    BLOCK_U + 1 after, so that a step's unmasked reads stay in the sample's own entries (a NaN of one sample
+    reaches no other)."""
+    return n * ((T + 1 + H) * ROW + BLOCK_U + 2) + 1
 
 
 @triton.jit
-def _store_row(p_st, rk, shift, mirror, H, T, U1, o_u, x, node, BETA: tl.constexpr):
+def _store_row(p_st, rk, shift, mirror, H, T, o_u, x, node, ROW: tl.constexpr, BETA: tl.constexpr):
     """A diagonal's states at its row, and at its mirrored row where it has one (``_sweep``)."""
-    p = p_st + (rk + shift) * U1 + o_u
+    p = p_st + (rk + shift) * ROW + o_u
     tl.store(p, x, mask=node)
     if BETA:
         has_mirror = rk < H
     else:
         has_mirror = rk + H > T
-    tl.store(p + mirror * U1, x, mask=tl.where(has_mirror, node, False))
+    tl.store(p + mirror * ROW, x, mask=tl.where(has_mirror, node, False))
 
 
 @triton.jit
-def _sweep(p_w, p_st, first, steps, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E, H, BLOCK_U: tl.constexpr,
-           BETA: tl.constexpr):  # fmt: skip
+def _sweep(p_w, p_st, first, steps, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, E: tl.constexpr, H,
+           BLOCK_U: tl.constexpr, ROW: tl.constexpr, BETA: tl.constexpr):  # fmt: skip
     """Steps k = first, first + 1, ... (BETA: first - 1, ...), ``steps`` of them rounded up to even (the extra one,
     past the sample's end, stores nothing), each stored at its row, a barrier after each store. Each step's loads
     are issued one step ahead; two steps an iteration, so the prefetched registers alternate instead of being
     moved.
 
-    The rows: T + 1 + H of them a sample (H: 1 + the longest duration, the diagonals a step reads back), with
-    diagonal k at row k mod (T + 1) (beta) or H + k mod (T + 1) (alpha); beta's rows 0 .. H - 1 are also stored at
-    T + 1 .., alpha's T + 1 .. T + H at 0 .., so a read of diagonal k -+ (d + LABEL) is at row k's -+ (d + LABEL)
-    without a wrap. The weights likewise: T + H rows, cell (t, u) at H + (t + u) mod T, T .. T + H - 1 also at
-    0 .. H - 1. The state rows are filled with (neg(), 0) beforehand, and a sample's start is one entry in, with
-    BLOCK_U + 1 entries after its last (``_state_start``): every state read is in bounds and is the sample's own
-    (finite unless the sample reads a NaN, when its loss is NaN anyway)."""
+    The rows (ROW entries each, ``_row``): T + 1 + H of them a sample (H: 1 + the longest duration, the diagonals a
+    step reads back), with diagonal k at row k mod (T + 1) (beta) or H + k mod (T + 1) (alpha); beta's rows
+    0 .. H - 1 are also stored at T + 1 .., alpha's T + 1 .. T + H at 0 .., so a read of diagonal k -+ (d + LABEL)
+    is at row k's -+ (d + LABEL) without a wrap. The weights likewise: T + H diagonal rows of E + 2 rows, cell
+    (t, u) at H + (t + u) mod T, T .. T + H - 1 also at 0 .. H - 1. The state rows are filled with (neg(), 0)
+    beforehand, and a sample's start is one entry in, with BLOCK_U + 1 entries after its last (``_state_start``):
+    every state read is in bounds and is the sample's own (finite unless the sample reads a NaN, when its loss is
+    NaN anyway)."""
     if BETA:
         i_nb = tl.minimum(o_u + 1, BLOCK_U - 1)
         sgn = -1
@@ -291,8 +341,8 @@ def _sweep(p_w, p_st, first, steps, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n
     rk = first % (T + 1)  # step k's state row, k mod (T + 1), and weights' row, k mod T, carried (no division a
     lk = first % tl.maximum(T, 1)  # step)
     prev = tl.full([BLOCK_U], _neg_pair(), tl.int64)
-    sb, wb, sl, wl, wz = _diag_loads(p_w, p_st, first, rk, lk, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E,
-                                     H, BETA)  # fmt: skip
+    sb, wb, sl, wl, wz = _diag_loads(p_w, p_st, first, rk, lk, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, E, H,
+                                     ROW, BETA)  # fmt: skip
     if BETA:
         shift = 0  # the rows' offset, and where a mirrored row goes
         mirror = T + 1
@@ -304,30 +354,34 @@ def _sweep(p_w, p_st, first, steps, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n
         rk1, lk1 = _next_rows(rk, lk, T, BETA)
         rk2, lk2 = _next_rows(rk1, lk1, T, BETA)
         sb2, wb2, sl2, wl2, wz2 = _diag_loads(p_w, p_st, k + sgn, rk1, lk1, eb, db, mb, el, dl, ml, ez, o_u, T, T_n,
-                                              U_n, U1, E, H, BETA)  # fmt: skip
+                                              U_n, E, H, ROW, BETA)  # fmt: skip
         prev, node = _diag_step(prev, k, sb, wb, db, sl, wl, wz, o_u, i_nb, T_n, U_n, BETA)
-        _store_row(p_st, rk, shift, mirror, H, T, U1, o_u, prev, node, BETA)
+        _store_row(p_st, rk, shift, mirror, H, T, o_u, prev, node, ROW, BETA)
         tl.debug_barrier()
         sb, wb, sl, wl, wz = _diag_loads(p_w, p_st, k + 2 * sgn, rk2, lk2, eb, db, mb, el, dl, ml, ez, o_u, T, T_n,
-                                         U_n, U1, E, H, BETA)  # fmt: skip
+                                         U_n, E, H, ROW, BETA)  # fmt: skip
         prev, node = _diag_step(prev, k + sgn, sb2, wb2, db, sl2, wl2, wz2, o_u, i_nb, T_n, U_n, BETA)
-        _store_row(p_st, rk1, shift, mirror, H, T, U1, o_u, prev, node, BETA)
+        _store_row(p_st, rk1, shift, mirror, H, T, o_u, prev, node, ROW, BETA)
         tl.debug_barrier()
         rk = rk2
         lk = lk2
 
 
-@triton.jit
+# w_ptr: not specialised on its alignment. Aligned, the rows' constant offsets make the weights' loads 16-byte vectors
+# (four lanes a thread), each converted to the step's layout through shared memory: 57 barriers a loop instead of 4,
+# 2.76 ms a call at (4, 1200, 200, 513, 0..8) instead of 1.03 (benchmarks/notes/tdt.md)
+@triton.jit(do_not_specialize_on_alignment=["w_ptr"])
 def _tdt_recursion_kernel(
-    w_ptr,  # [N, T, E, U+1] float32: the edges' weights on the anti-diagonals' rows (``_tdt_edge_weights_kernel``)
-    alpha_ptr, beta_ptr,  # [1 + N (T+1+H) (U+1) + BLOCK_U + 1] int64: the states, pairs (``_pack``), ``_sweep``'s rows
+    w_ptr,  # [N, T + H, E + 2, ROW] float32: the edges' weights on their rows (``_tdt_edge_weights_kernel``)
+    alpha_ptr, beta_ptr,  # int64: the states, pairs (``_pack``), ``_sweep``'s rows (``_state_start``)
     logp_ptr,  # [N] float64 out: log2 p (-inf without a path, NaN with a NaN entry)
     nan_ptr, edge_ptr, il_ptr, tl_ptr,
     T, U1, H,  # H: 1 + the longest duration (``_sweep``)
     NB: tl.constexpr, NE: tl.constexpr,  # blank edges, then label edges of positive durations, in edge_ptr
     RB: tl.constexpr, RL: tl.constexpr,  # their blocks' rows (powers of 2)
+    DB: tl.constexpr, DL: tl.constexpr,  # their durations (tuples)
     E: tl.constexpr,  # NB + NE + 1: the weights' rows (the 0-frame label edge's last)
-    BLOCK_U: tl.constexpr,
+    BLOCK_U: tl.constexpr, ROW: tl.constexpr,  # lanes; a row's entries (``_row``)
 ):  # fmt: skip
     """Program (n, 0): sample n's alpha along anti-diagonals k = t + u = 0 .. T_n + U_n (every edge's other
     end lies on an earlier one), and log2 p; program (n, 1) (launched with a gradient to come): its beta,
@@ -338,23 +392,23 @@ def _tdt_recursion_kernel(
     BETA = tl.program_id(1) == 1
     T_n, U_n = sample_lengths(il_ptr, tl_ptr, n, True, T, U1)
     o_u = tl.arange(0, BLOCK_U)
-    p_w = w_ptr + n * (T + H) * E * U1
-    eb, db, mb = _edge_rows(edge_ptr, 0, NB, RB)
-    el, dl, ml = _edge_rows(edge_ptr, NB, NE, RL)
+    p_w = w_ptr + n * (T + H) * (E + 2) * ROW
+    eb, db, mb = _edge_rows(0, NB, DB, RB)
+    el, dl, ml = _edge_rows(NB, NE, DL, RL)
     ez = tl.full([1, 1], NB + NE, tl.int32)
     last = T_n + U_n
     if not BETA:
-        p_st = alpha_ptr + _state_start(n, T, U1, H, BLOCK_U)
-        _sweep(p_w, p_st, 0, last + 1, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E, H, BLOCK_U, False)
+        p_st = alpha_ptr + _state_start(n, T, H, ROW, BLOCK_U)
+        _sweep(p_w, p_st, 0, last + 1, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, E, H, BLOCK_U, ROW, False)
         # the end node (T_n, U_n), stored by its step (the sweep may have run one step past it)
-        x = tl.load(p_st + (H + last % (T + 1)) * U1 + o_u, mask=o_u == U_n, other=0)
+        x = tl.load(p_st + (H + last % (T + 1)) * ROW + o_u, mask=o_u == U_n, other=0)
         logp = tl.sum(tl.where(o_u == U_n, _pair_sum(x), 0.0), axis=0)
         logp = tl.where(logp < neg() * 0.5, float("-inf"), logp)
         logp = tl.where(tl.load(nan_ptr + n) > 0, float("nan"), logp)
         tl.store(logp_ptr + n, logp)
     else:
-        p_st = beta_ptr + _state_start(n, T, U1, H, BLOCK_U)
-        _sweep(p_w, p_st, last, last + 1, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, U1, E, H, BLOCK_U, True)
+        p_st = beta_ptr + _state_start(n, T, H, ROW, BLOCK_U)
+        _sweep(p_w, p_st, last, last + 1, eb, db, mb, el, dl, ml, ez, o_u, T, T_n, U_n, E, H, BLOCK_U, ROW, True)
 
 
 @triton.jit
@@ -373,12 +427,12 @@ def _state(p, mask):
 @triton.jit
 def _tdt_occupancy_kernel(
     lat_ptr,  # [N * T * (U+1), K] float32: in, the log2 entries; out, each entry's coefficient (see below)
-    w_ptr,  # [N, T + H, E, U+1] float32: the edges' weights on their rows (``_tdt_edge_weights_kernel``)
+    w_ptr,  # [N, T + H, E + 2, ROW] float32: the edges' weights on their rows (``_tdt_edge_weights_kernel``)
     alpha_ptr, beta_ptr,  # int64: the recursions' states (pairs, ``_pack``; ``_sweep``'s rows)
     logp_ptr, edge_ptr, il_ptr, tl_ptr,
     T, U1, K, zero_a, zero_b, fastemit_scale, H,
-    NB: tl.constexpr, NE: tl.constexpr, RB: tl.constexpr, RL: tl.constexpr, E: tl.constexpr,
-    FUSED: tl.constexpr, MULTI: tl.constexpr, BLOCK_U: tl.constexpr,
+    NB: tl.constexpr, NE: tl.constexpr, RB: tl.constexpr, RL: tl.constexpr, DB: tl.constexpr, DL: tl.constexpr,
+    E: tl.constexpr, FUSED: tl.constexpr, MULTI: tl.constexpr, BLOCK_U: tl.constexpr, ROW: tl.constexpr,
 ):  # fmt: skip
     """Program (n, k): the cells (k - u, u) of sample n's anti-diagonal k, one lane each: each edge's occupancy
     exp2(alpha + w + beta - log2 p) (label edges times the FastEmit scale), summed per entry it weighs with: E.
@@ -397,20 +451,21 @@ def _tdt_occupancy_kernel(
     active = tl.where(logp != float("-inf"), in_range & (t < T_n) & (o_u <= U_n), False)
     rk = k % (T + 1)
     lk = k % tl.maximum(T, 1)
-    p_a = alpha_ptr + _state_start(n, T, U1, H, BLOCK_U) + (rk + H) * U1 + o_u
+    p_a = alpha_ptr + _state_start(n, T, H, ROW, BLOCK_U) + (rk + H) * ROW + o_u
     al = _state(p_a, active) - logp
-    p_st = beta_ptr + _state_start(n, T, U1, H, BLOCK_U)
-    p_w = w_ptr + n * (T + H) * E * U1
+    p_st = beta_ptr + _state_start(n, T, H, ROW, BLOCK_U)
+    p_w = w_ptr + n * (T + H) * (E + 2) * ROW
     u = o_u[None, :]
     ok_b = active[None, :]
     ok_l = (active & (o_u < U_n))[None, :]
-    eb_, db, mb = _edge_rows(edge_ptr, 0, NB, RB)
-    el_, dl, ml = _edge_rows(edge_ptr, NB, NE, RL)
+    eb_, db, mb = _edge_rows(0, NB, DB, RB)
+    el_, dl, ml = _edge_rows(NB, NE, DL, RL)
     ez = tl.full([1, 1], NB + NE, tl.int32)
     zero = ez * 0
-    sb, wb, okb = _edge_loads(p_w, p_st, k, rk, lk, eb_, db, mb, u, ok_b, T, T_n, U1, E, H, 0, True)
-    sl, wl, okl = _edge_loads(p_w, p_st, k, rk, lk, el_, dl, ml, u, ok_l, T, T_n, U1, E, H, 1, True)
-    sz, wz, okz = _edge_loads(p_w, p_st, k, rk, lk, ez, zero, zero + zero_a >= 0, u, ok_l, T, T_n, U1, E, H, 1, True)
+    sb, wb, okb = _edge_loads(p_w, p_st, k, rk, lk, eb_, db, mb, u, ok_b, T, T_n, ROW, E, H, 0, True)
+    sl, wl, okl = _edge_loads(p_w, p_st, k, rk, lk, el_, dl, ml, u, ok_l, T, T_n, ROW, E, H, 1, True)
+    sz, wz, okz = _edge_loads(p_w, p_st, k, rk, lk, ez, zero, zero + zero_a >= 0, u, ok_l, T, T_n, ROW, E, H, 1,
+                              True)  # fmt: skip
     occ_b = tl.where(okb, tl.exp2((al[None, :] + wb.to(tl.float64) + _pair_sum(sb)).to(tl.float32)), 0.0)
     occ_l = tl.where(okl, tl.exp2((al[None, :] + wl.to(tl.float64) + _pair_sum(sl)).to(tl.float32)), 0.0)
     occ_z = tl.where(okz, tl.exp2((al[None, :] + wz.to(tl.float64) + _pair_sum(sz)).to(tl.float32)), 0.0)
@@ -430,13 +485,14 @@ def _tdt_occupancy_kernel(
     else:
         ent = tl.load(edge_ptr + 3 * eb_ + 2, mask=mb, other=-1)
         e0 = tl.sum(occ_b, axis=0)
-        e1 = tl.sum(occ_l, axis=0) + tl.sum(occ_z, axis=0)
+        oz = tl.sum(occ_z, axis=0)  # the 0-frame label edge's (one row)
+        e1 = tl.sum(occ_l, axis=0) + oz
         x = -(occ_b + occ_l)  # the durations' gradient: of their own log-softmax, its total the tokens' occupancy
         if FUSED:
             lp = tl.load(p_cell[None, :] + ent, mask=(ent >= 2) & active[None, :], other=float("-inf"))
             x += tl.exp2(lp) * (e0 + e1)[None, :]
         if zero_b >= 0:  # the 0-frame label edge's duration
-            xz = -tl.sum(occ_z, axis=0)
+            xz = -oz
             if FUSED:
                 lpz = tl.load(p_cell + zero_b, mask=active, other=float("-inf"))
                 xz += tl.exp2(lpz) * (e0 + e1)
@@ -504,7 +560,8 @@ def _tdt_grad_kernel(
 @functools.cache
 def _edge_table(kind: str, durations: tuple[int, ...], device: torch.device):
     """(edges [NB + NE, 3] int32 on ``device``: duration, entry a, entry b per edge, blank edges first; NB; NE;
-    the 0-frame label edge's entries (-1: none))."""
+    the 0-frame label edge's entries (-1: none); the blank and the label edges' durations (the label edges':
+    (0,) without any))."""
     if kind == "tdt":
         blanks = [(d, 0, 2 + i) for i, d in enumerate(durations) if d > 0]
         labels = [(d, 1, 2 + i) for i, d in enumerate(durations) if d > 0]
@@ -513,7 +570,13 @@ def _edge_table(kind: str, durations: tuple[int, ...], device: torch.device):
         blanks = [(1, 0, -1)] + [(d, 2 + i, -1) for i, d in enumerate(durations)]
         labels, zero = [], (1, -1)
     table = torch.tensor(blanks + labels + [(0, -1, -1)], dtype=torch.int32).to(device)
-    return table, len(blanks), len(labels), zero
+    return table, len(blanks), len(labels), zero, tuple(e[0] for e in blanks), tuple(e[0] for e in labels) or (0,)
+
+
+def _row(U1: int) -> int:
+    """Entries a row of the recursions' states and weights: U + 1 rounded up to 32 (a warp's lanes), within the
+    lanes' power of 2. A constant of the kernels, so that each load's offset from a lane's pointer is one."""
+    return min(next_power_of_2(U1), 32 * cdiv(U1, 32))
 
 
 def _row_blocks(U1: int, V: int) -> tuple[int, int]:
@@ -599,23 +662,41 @@ def tdt_recursions(
     N = nan.shape[0]
     K = 2 + len(durations)
     dev = lat.device
-    edges, nb, ne, (zero_a, zero_b) = _edge_table(kind, durations, dev)
+    edges, nb, ne, (zero_a, zero_b), db, dl = _edge_table(kind, durations, dev)
     # the states: a pair of float32 a node, packed in an int64 (``_diag_step``, ``_pack``), on ``_sweep``'s rows,
     # filled with (neg(), 0) (every read of the recursions is unmasked)
     block_u = next_power_of_2(U1)
     hist = max((1, *durations)) + 1  # the diagonals a step reads back (``_sweep``)
-    n_st = N * ((T + 1 + hist) * U1 + block_u + 2)
+    row = _row(U1)
+    n_st = N * ((T + 1 + hist) * row + block_u + 2)  # (``_state_start``)
     alpha = torch.full((n_st,), _neg_pair.fn(), dtype=torch.int64, device=dev)
     beta = torch.full((n_st if need_grad else 0,), _neg_pair.fn(), dtype=torch.int64, device=dev)
     logp = kernel_output(N, dtype=torch.float64, device=dev)
     # the recursions step along anti-diagonals: each edge's weight at each cell, each edge's row contiguous along u
     # and cell (t, u) on row (t + u) mod T, so that a step's loads are contiguous (E = NB + NE + 1 values a cell,
-    # against the logits' V + X)
+    # against the logits' V + X; rows of block_u entries, so that a load's offset from a lane's pointer is a
+    # constant)
     n_w = nb + ne + 1
-    weights = kernel_output(N * (T + hist) * n_w * U1, dtype=torch.float32, device=dev)
+    n_wt = N * (T + hist) * (n_w + 2) * row + block_u + 1
+    if hist > T:  # rows 0 .. hist - T - 1 mirror no row (a read there is before the lattice: any finite weight)
+        weights = torch.full((n_wt,), -1e30, dtype=torch.float32, device=dev)
+    else:
+        weights = kernel_output(n_wt, dtype=torch.float32, device=dev)
     w_u = min(block_u, 128)
-    _tdt_edge_weights_kernel[(N * T, cdiv(U1, w_u))](
-        lat, weights, edges, T, U1, K, zero_a, zero_b, hist, E=n_w, BLOCK_U=w_u, num_warps=max(1, min(4, w_u // 32))
+    table = (edges, logit_lengths, target_lengths, T, U1, K, zero_a, zero_b)  # the edges, lengths and sizes
+    rows = dict(NB=nb, NE=ne, RB=next_power_of_2(max(nb, 1)), RL=next_power_of_2(max(ne, 1)), DB=db, DL=dl, E=n_w)
+    _tdt_edge_weights_kernel[(N * T, block_u // w_u)](
+        lat,
+        weights,
+        *table,
+        hist,
+        NB=nb,
+        RB=rows["RB"],
+        E=n_w,
+        MULTI=kind == "multiblank",
+        ROW=row,
+        BLOCK_U=w_u,
+        num_warps=max(1, min(4, w_u // 32)),
     )
     _tdt_recursion_kernel[(N, 2 if need_grad else 1)](  # alpha and, with a gradient to come, beta at once
         weights,
@@ -629,12 +710,9 @@ def tdt_recursions(
         T,
         U1,
         hist,
-        NB=nb,
-        NE=ne,
-        RB=next_power_of_2(max(nb, 1)),
-        RL=next_power_of_2(max(ne, 1)),
-        E=n_w,
+        **rows,
         BLOCK_U=block_u,
+        ROW=row,
         num_warps=RECURSION_WARPS or max(1, min(16, block_u // 32)),
     )
     if need_grad:
@@ -644,24 +722,14 @@ def tdt_recursions(
             alpha,
             beta,
             logp,
-            edges,
-            logit_lengths,
-            target_lengths,
-            T,
-            U1,
-            K,
-            zero_a,
-            zero_b,
+            *table,
             opts.label_scale,
             hist,
-            NB=nb,
-            NE=ne,
-            RB=next_power_of_2(max(nb, 1)),
-            RL=next_power_of_2(max(ne, 1)),
-            E=n_w,
+            **rows,
             FUSED=opts.fused_log_softmax,
             MULTI=kind == "multiblank",
             BLOCK_U=block_u,
+            ROW=row,
             num_warps=max(1, min(8, block_u // 32)),
         )
     return (logp * (-0.6931471805599453 * opts.loss_scale)).to(torch.float32), logp
