@@ -424,7 +424,7 @@ def _state(p, mask):
     return _pair_sum(tl.load(p, mask=mask, other=0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["w_ptr"])  # as the recursion kernel (its loads: 17 barriers -> 3)
 def _tdt_occupancy_kernel(
     lat_ptr,  # [N * T * (U+1), K] float32: in, the log2 entries; out, each entry's coefficient (see below)
     w_ptr,  # [N, T + H, E + 2, ROW] float32: the edges' weights on their rows (``_tdt_edge_weights_kernel``)
