@@ -674,8 +674,8 @@ def tdt_recursions(
     logp = kernel_output(N, dtype=torch.float64, device=dev)
     # the recursions step along anti-diagonals: each edge's weight at each cell, each edge's row contiguous along u
     # and cell (t, u) on row (t + u) mod T, so that a step's loads are contiguous (E = NB + NE + 1 values a cell,
-    # against the logits' V + X; rows of block_u entries, so that a load's offset from a lane's pointer is a
-    # constant)
+    # against the logits' V + X; rows of ``_row(U1)`` entries, so that a load's offset from a lane's pointer is
+    # a constant)
     n_w = nb + ne + 1
     n_wt = N * (T + hist) * (n_w + 2) * row + block_u + 1
     if hist > T:  # rows 0 .. hist - T - 1 mirror no row (a read there is before the lattice: any finite weight)
