@@ -1,9 +1,12 @@
 """Triton kernels of greedy CTC decoding: two launches, no PyTorch operation between them.
 
 ``_ctc_best_kernel`` (a block of frames of one sample per program): each frame's most likely class and its score,
-reading the scores once in blocks of classes: one running maximum of int64 keys, each value's order-preserving
-int32 image (a NaN above +inf, -0.0 equal to +0.0) over its complemented class, so that the maximum is the first
-maximum (a NaN counts as the largest, its first index wins, as ``torch.argmax``) and holds the value itself; with
+reading the scores once in blocks of classes: the full blocks unmasked along the classes, then the classes past
+them in one block of their own (power-of-two) width, so that C = 1025 reads 1024 + 1 lanes a frame, not 2048. Per
+block, each frame's maximum with NaNs propagated and the first class holding it or a NaN (-0.0 equals +0.0); a
+later block takes over only with a larger value or a NaN over a number: the first maximum, a NaN counting as the
+largest and its first index winning (``torch.argmax``'s rules), the value itself kept as the score. float32
+comparisons and int32 minima (one int64 key a value, the kernel before, took twice the time: notes/decode.md); with
 ``LOGITS`` the running log-sum-exp, so that the score is the log_softmax value. Frames at and past the sample's
 length are neither read nor written. It writes a scratch [N, 2, T] int32: each sample's classes (row 0) and scores
 (row 1, float32 bits), 8 bytes a frame.
@@ -33,48 +36,62 @@ from .._outputs import kernel_output
 COMPACT_BLOCK_T = 1024  # frames per step of the compaction (a power of two; tests lower it to cross blocks)
 # the argmax's tiles: classes per block (a power of two; tests lower it to cross blocks), frames per program (at
 # most, and at most elements // classes), warps
-CTC_TILES = {"block_c": 1024, "block_t": 16, "elements": 8192, "warps": 4}
+CTC_TILES = {"block_c": 1024, "block_t": 64, "elements": 2048, "warps": 4}
 
 
 @triton.jit
-def _ordered(b_x):
-    """float32 values as int32 keys in the same order (NaN above +inf, -0.0 as +0.0), so that one maximum of
-    (key, -index) packed into an int64 is the first maximum."""
-    bits = b_x.to(tl.int32, bitcast=True)
-    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-    key = tl.where(bits == -2147483648, 0, key)  # -0.0 ties with +0.0 (torch.argmax)
-    return tl.where(b_x != b_x, 2147483647, key)
+def _nan_max(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
-def _ctc_best_kernel(x_ptr, len_ptr, work_ptr, T, C, n_t_blocks,
-                     LOGITS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):  # fmt: skip
+def _block_best(b_x, o_c):
+    """Each row's maximum (a NaN if the row holds one) and the first class where it is (or the first NaN)."""
+    m = tl.reduce(b_x, 1, _nan_max)
+    hit = (b_x == m[:, None]) | (b_x != b_x)  # -0.0 == +0.0: the first of the two
+    return m, tl.min(tl.where(hit, o_c[None, :], 2147483647), 1)
+
+
+@triton.jit
+def _ctc_best_block(b_x, o_c, best, cls, run_max, run_sum, LOGITS: tl.constexpr):
+    """The running best (value, class) and, with LOGITS, the running log-sum-exp, after a block of classes: a
+    later block wins only with a larger value, or a NaN over a number."""
+    m, i = _block_best(b_x, o_c)
+    take = (m > best) | ((m != m) & (best == best))
+    best = tl.where(take, m, best)
+    cls = tl.where(take, i, cls)
+    if LOGITS:
+        b_v = tl.where(b_x != b_x, float("-inf"), b_x)
+        new_max = tl.maximum(run_max, tl.max(b_v, 1))
+        safe = tl.where(new_max == float("-inf"), 0.0, new_max)
+        run_sum = run_sum * tl.exp(run_max - safe) + tl.sum(tl.exp(b_v - safe[:, None]), 1)
+        run_max = new_max
+    return best, cls, run_max, run_sum
+
+
+@triton.jit
+def _ctc_best_kernel(x_ptr, len_ptr, work_ptr, T, C, C_FULL, n_t_blocks, LOGITS: tl.constexpr,
+                     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, REM: tl.constexpr):  # fmt: skip
     pid = tl.program_id(0)
     n = pid // n_t_blocks
     o_t = (pid % n_t_blocks) * BLOCK_T + tl.arange(0, BLOCK_T)
     L = tl.minimum(tl.maximum(tl.load(len_ptr + n).to(tl.int32), 0), T)
     live = o_t < L
     p_row = x_ptr + (n.to(tl.int64) * T + o_t) * C
-    # the running maximum of (key << 32 | 0xFFFFFFFF - class): the largest key, then the lowest class
-    best = tl.full((BLOCK_T,), -9223372036854775807 - 1, tl.int64)
+    best = tl.full((BLOCK_T,), float("-inf"), tl.float32)
+    cls = tl.zeros((BLOCK_T,), tl.int32)
     run_max = tl.full((BLOCK_T,), float("-inf"), tl.float32)  # with LOGITS: of the non-NaN values
     run_sum = tl.zeros((BLOCK_T,), tl.float32)  # of exp(x - run_max), with LOGITS
-    for c0 in range(0, C, BLOCK_C):
+    for c0 in range(0, C_FULL, BLOCK_C):  # the full blocks of classes, unmasked along the classes
         o_c = c0 + tl.arange(0, BLOCK_C)
+        b_x = tl.load(p_row[:, None] + o_c[None, :], mask=live[:, None], other=float("-inf")).to(tl.float32)
+        best, cls, run_max, run_sum = _ctc_best_block(b_x, o_c, best, cls, run_max, run_sum, LOGITS)
+    if REM > 0:  # the classes past them, in a block of their own width
+        o_c = C_FULL + tl.arange(0, REM)
         mask = live[:, None] & (o_c < C)[None, :]
         b_x = tl.load(p_row[:, None] + o_c[None, :], mask=mask, other=float("-inf")).to(tl.float32)
-        packed = (_ordered(b_x).to(tl.int64) << 32) | (4294967295 - o_c.to(tl.int64))[None, :]
-        best = tl.maximum(best, tl.max(packed, 1))
-        if LOGITS:
-            b_v = tl.where(b_x != b_x, float("-inf"), b_x)
-            new_max = tl.maximum(run_max, tl.max(b_v, 1))
-            safe = tl.where(new_max == float("-inf"), 0.0, new_max)
-            run_sum = run_sum * tl.exp(run_max - safe) + tl.sum(tl.exp(b_v - safe[:, None]), 1)
-            run_max = new_max
-    high = best >> 32
-    cls = (4294967295 - (best - (high << 32))).to(tl.int32)
-    key = high.to(tl.int32)
-    score = (key ^ ((key >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)  # the value back (a NaN for NaN)
+        best, cls, run_max, run_sum = _ctc_best_block(b_x, o_c, best, cls, run_max, run_sum, LOGITS)
+    score = best
     if LOGITS:
         safe = tl.where(run_max == float("-inf"), 0.0, run_max)
         score = score - (safe + tl.log(run_sum))
@@ -124,11 +141,8 @@ def ctc_greedy(
     N, T, C = x.shape
     dev = x.device
     work = kernel_output(N, 2, T, dtype=torch.int32, device=dev)  # classes, then scores' bits, of each sample
-    tokens = kernel_output(N, T, dtype=torch.int64, device=dev)
-    frames = kernel_output(N, T, dtype=torch.int64, device=dev)
-    scores = kernel_output(N, T, dtype=torch.float32, device=dev)
-    n_out = kernel_output(N, dtype=torch.int64, device=dev)
     BLOCK_C = min(next_power_of_2(C), CTC_TILES["block_c"])
+    C_FULL = C // BLOCK_C * BLOCK_C
     BLOCK_T = max(1, min(CTC_TILES["block_t"], CTC_TILES["elements"] // BLOCK_C))
     n_t_blocks = cdiv(T, BLOCK_T)
     launch(_ctc_best_kernel)[(N * n_t_blocks,)](
@@ -137,12 +151,19 @@ def ctc_greedy(
         work,
         T,
         C,
+        C_FULL,
         n_t_blocks,
         LOGITS=logits,
         BLOCK_T=BLOCK_T,
         BLOCK_C=BLOCK_C,
+        REM=next_power_of_2(C - C_FULL) if C > C_FULL else 0,
         num_warps=CTC_TILES["warps"],
     )
+    # the outputs allocated after the first launch: the device starts on the scores sooner
+    tokens = kernel_output(N, T, dtype=torch.int64, device=dev)
+    frames = kernel_output(N, T, dtype=torch.int64, device=dev)
+    scores = kernel_output(N, T, dtype=torch.float32, device=dev)
+    n_out = kernel_output(N, dtype=torch.int64, device=dev)
     block = min(COMPACT_BLOCK_T, max(16, next_power_of_2(T)))
     launch(_ctc_compact_kernel)[(N,)](work, lengths, tokens, frames, scores, n_out, T, blank, BLOCK_T=block)
     return tokens, n_out, frames, scores
