@@ -124,6 +124,11 @@ def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 
 
+def prev_power_of_2(n: int) -> int:
+    """The largest power of two <= n (1 for n <= 1)."""
+    return 1 if n <= 1 else 1 << (int(n).bit_length() - 1)
+
+
 def cdiv(n: int, d: int) -> int:
     """ceil(n / d) of non-negative integers, as ``triton.cdiv`` on the host."""
     return -(-n // d)

@@ -391,9 +391,11 @@ def test_kernels_edge_cases(path):
 @pytest.mark.kernels
 @pytest.mark.parametrize("blocks", [(2, 8, 1), (4, 16, 2)])
 def test_kernels_several_chunks_and_u_blocks(path, monkeypatch, blocks):
-    """Blocks smaller than a row: the log-sum-exp runs online over several chunks of classes, and a row's cells
-    spread over several programs (the tuned blocks cover whole rows at these sizes)."""
+    """Blocks smaller than a row: the log-sum-exp runs online over several chunks of classes, then the classes past
+    them (V = 37: 32 + a chunk of 8 with 5 classes), and a row's cells spread over several programs (the tuned
+    blocks cover whole rows at these sizes)."""
     monkeypatch.setattr(kernels, "_row_blocks", lambda U1, V: blocks)
+    monkeypatch.setattr(kernels, "_grad_blocks", lambda U1, V: blocks)
     x, targets, il, tl, blank = make_problem(15, 3, 5, 6, 37, device=path.device)
     compare_kernels(x, targets, il, tl, blank, fastemit_lambda=0.2, clamp=0.3)
     # consuming the logits, the backward computes the log-sum-exps again, chunk by chunk, before writing

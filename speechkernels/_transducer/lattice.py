@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from .._launch import launch, next_power_of_2
-from .._logspace import ln2, log2e, lse_step, lse_total, neg
+from .._logspace import ln2, log2e, lse_step, lse_step_rows, lse_total, neg
 from .._outputs import kernel_output
 
 
@@ -48,33 +48,58 @@ def grad_cells(il_ptr, tl_ptr, logp_ptr, gloss_ptr, gloss_stride, gscale, T, U1,
     return o_r, n, t, u, in_range, T_n, U_n, logp, active, has_label, g
 
 
+def class_blocks(V: int, block_v: int) -> tuple[int, int]:
+    """(CHUNKS, REM) of a pass over the V scores of a cell in chunks of ``block_v``: the full chunks are read
+    unmasked along the classes (CHUNKS: 0, 1, or 2 for more than one), then the classes past them (V - V //
+    block_v * block_v) in one chunk of their own power-of-two width REM (0: none), so that with block_v = 512, V =
+    513 reads 512 + 1 lanes, not 1024."""
+    full = V // block_v
+    return min(full, 2), next_power_of_2(V - full * block_v) if V > full * block_v else 0
+
+
+@triton.jit
+def _score_grad_chunk(v, m, p_x, p_g, lse, active, lab, occ_all, occ_blank, occ_label, g, blank, clamp, stride_v,
+                      gstride_v, FUSED: tl.constexpr, CLAMP: tl.constexpr):  # fmt: skip
+    """``score_grad_chunks``' chunk of classes v (m: which are written)."""
+    b_g = tl.zeros(m.shape, tl.float32)
+    if FUSED:
+        b_x = tl.load(p_x[:, None] + v[None, :] * stride_v, mask=m & active[:, None], other=0.0).to(tl.float32)
+        b_g = tl.exp2((b_x - lse[:, None]) * log2e()) * occ_all[:, None]
+    b_g -= tl.where(v[None, :] == blank, occ_blank[:, None], 0.0)
+    b_g -= tl.where(v[None, :] == lab[:, None], occ_label[:, None], 0.0)
+    if CLAMP:
+        b_g = tl.minimum(tl.maximum(b_g, -clamp), clamp)
+    if FUSED:  # every score of a cell is read (its log-sum-exp)
+        b_g = tl.where(active[:, None], g[:, None] * b_g, 0.0)
+    else:  # only the blank and the next label are: a NaN loss leaves the other scores' zero gradient alone
+        read = (v[None, :] == blank) | (v[None, :] == lab[:, None])
+        b_g = tl.where(active[:, None] & read, g[:, None] * b_g, 0.0)
+    tl.store(p_g[:, None] + v[None, :] * gstride_v, b_g.to(p_g.dtype.element_ty), mask=m)
+
+
 @triton.jit
 def score_grad_chunks(p_x, p_g, lse, in_range, active, lab, occ_all, occ_blank, occ_label, g, V, blank, clamp,
                       stride_v, gstride_v, skip_lo, skip_hi, FUSED: tl.constexpr, CLAMP: tl.constexpr,
-                      SKIP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
-    """The gradient of the V scores of BLOCK_R cells (p_x, into p_g), chunk by chunk: g * (softmax * occ_all
-    (FUSED) - occ_blank at the blank - occ_label at the label), clamped first (CLAMP), as torchaudio documents; with
-    SKIP, the columns [skip_lo, skip_hi) are left for the caller."""
+                      SKIP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, REM: tl.constexpr):  # fmt: skip
+    """The gradient of the V scores of BLOCK_R cells (p_x, into p_g), chunk by chunk (``class_blocks``): g *
+    (softmax * occ_all (FUSED) - occ_blank at the blank - occ_label at the label), clamped first (CLAMP), as
+    torchaudio documents; with SKIP, the columns [skip_lo, skip_hi) are left for the caller."""
     o_v = tl.arange(0, BLOCK_V)
-    for v0 in range(0, V, BLOCK_V):
+    v_full = V // BLOCK_V * BLOCK_V
+    for v0 in range(0, v_full, BLOCK_V):
         v = v0 + o_v
+        m = in_range[:, None] & (v >= 0)[None, :]
+        if SKIP:
+            m = m & ((v < skip_lo) | (v >= skip_hi))[None, :]
+        _score_grad_chunk(v, m, p_x, p_g, lse, active, lab, occ_all, occ_blank, occ_label, g, blank, clamp, stride_v,
+                          gstride_v, FUSED, CLAMP)  # fmt: skip
+    if REM > 0:
+        v = v_full + tl.arange(0, REM)
         m = in_range[:, None] & (v < V)[None, :]
         if SKIP:
             m = m & ((v < skip_lo) | (v >= skip_hi))[None, :]
-        b_g = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)
-        if FUSED:
-            b_x = tl.load(p_x[:, None] + v[None, :] * stride_v, mask=m & active[:, None], other=0.0).to(tl.float32)
-            b_g = tl.exp2((b_x - lse[:, None]) * log2e()) * occ_all[:, None]
-        b_g -= tl.where(v[None, :] == blank, occ_blank[:, None], 0.0)
-        b_g -= tl.where(v[None, :] == lab[:, None], occ_label[:, None], 0.0)
-        if CLAMP:
-            b_g = tl.minimum(tl.maximum(b_g, -clamp), clamp)
-        if FUSED:  # every score of a cell is read (its log-sum-exp)
-            b_g = tl.where(active[:, None], g[:, None] * b_g, 0.0)
-        else:  # only the blank and the next label are: a NaN loss leaves the other scores' zero gradient alone
-            read = (v[None, :] == blank) | (v[None, :] == lab[:, None])
-            b_g = tl.where(active[:, None] & read, g[:, None] * b_g, 0.0)
-        tl.store(p_g[:, None] + v[None, :] * gstride_v, b_g.to(p_g.dtype.element_ty), mask=m)
+        _score_grad_chunk(v, m, p_x, p_g, lse, active, lab, occ_all, occ_blank, occ_label, g, blank, clamp, stride_v,
+                          gstride_v, FUSED, CLAMP)  # fmt: skip
 
 
 @triton.jit
@@ -89,30 +114,40 @@ def cell_offsets(n, t, u, T, U1, RNA: tl.constexpr):
 
 
 @triton.jit
-def row_lse(p_x, m_r, stride_v, V, ONE_CHUNK: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):
+def row_lse(p_x, m_r, stride_v, V, CHUNKS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+            REM: tl.constexpr):  # fmt: skip
     """Natural-log log-sum-exp of the V scores of each of BLOCK_R cells (p_x: their first scores; 0 where m_r
-    is False)."""
+    is False), in chunks (``class_blocks``)."""
     o_v = tl.arange(0, BLOCK_V)
-    if ONE_CHUNK:  # V <= BLOCK_V: one exponential per score
-        b_x = tl.load(p_x[:, None] + o_v[None, :] * stride_v, mask=m_r[:, None] & (o_v < V)[None, :],
-                      other=float("-inf")).to(tl.float32) * log2e()  # fmt: skip
-        lse = lse_total(b_x, 1.0, 1) * ln2()
-    else:  # online over chunks of BLOCK_V
-        b_m = tl.full([BLOCK_R, BLOCK_V], float("-inf"), tl.float32)
-        b_s = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)
-        for v0 in range(0, V, BLOCK_V):
-            m_v = v0 + o_v < V
-            b_x = tl.load(p_x[:, None] + (v0 + o_v)[None, :] * stride_v, mask=m_r[:, None] & m_v[None, :],
+    if CHUNKS == 0:  # the one chunk of the classes past the full ones: one exponential per score
+        o_q = tl.arange(0, REM)
+        b_x = tl.load(p_x[:, None] + o_q[None, :] * stride_v, mask=m_r[:, None] & (o_q < V)[None, :],
+                      other=float("-inf"))  # fmt: skip
+        lse = lse_total(b_x.to(tl.float32) * log2e(), 1.0, 1)
+    else:
+        if CHUNKS == 1:  # one exponential per score
+            b_x = tl.load(p_x[:, None] + o_v[None, :] * stride_v, mask=m_r[:, None], other=float("-inf"))
+            lse = lse_total(b_x.to(tl.float32) * log2e(), 1.0, 1)
+        else:  # online over the full chunks
+            b_m = tl.full([BLOCK_R, BLOCK_V], float("-inf"), tl.float32)
+            b_s = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)
+            for v0 in range(0, V // BLOCK_V * BLOCK_V, BLOCK_V):
+                b_x = tl.load(p_x[:, None] + (v0 + o_v)[None, :] * stride_v, mask=m_r[:, None], other=float("-inf"))
+                b_m, b_s = lse_step(b_m, b_s, b_x.to(tl.float32) * log2e())
+            lse = lse_total(b_m, b_s, 1)
+        if REM > 0:  # the classes past the full chunks, the full chunks' total as one more lane
+            o_q = V // BLOCK_V * BLOCK_V + tl.arange(0, REM)
+            b_x = tl.load(p_x[:, None] + o_q[None, :] * stride_v, mask=m_r[:, None] & (o_q < V)[None, :],
                           other=float("-inf")).to(tl.float32) * log2e()  # fmt: skip
-            b_m, b_s = lse_step(b_m, b_s, b_x)
-        lse = lse_total(b_m, b_s, 1) * ln2()
-    return tl.where(m_r, lse, 0.0)
+            r_m, r_s = lse_step_rows(lse, tl.full([BLOCK_R], 1.0, tl.float32), b_x)
+            lse = r_m + tl.log2(r_s)
+    return tl.where(m_r, lse * ln2(), 0.0)
 
 
 @triton.jit
 def cell_scores(o_r, n, t, u, m_r, T_n, U_n, x_ptr, lse_ptr, tgt_ptr, V, stride_n, stride_t, stride_u, stride_v,
-                stride_tg, blank, FUSED: tl.constexpr, STORE_LSE: tl.constexpr, ONE_CHUNK: tl.constexpr,
-                BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
+                stride_tg, blank, FUSED: tl.constexpr, STORE_LSE: tl.constexpr, CHUNKS: tl.constexpr,
+                BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, REM: tl.constexpr):  # fmt: skip
     """For a lattice pass's cells (``row_cells``): which are read (m_r: those with edges, t < T_n and u <= U_n),
     their scores' pointers, the natural-log log-sum-exp of their V scores (FUSED, else 0; stored with STORE_LSE),
     and the log2 probabilities of the blank and of the next label (neg() where there is none)."""
@@ -121,7 +156,7 @@ def cell_scores(o_r, n, t, u, m_r, T_n, U_n, x_ptr, lse_ptr, tgt_ptr, V, stride_
     p_x = x_ptr + n * stride_n + t * stride_t + u.to(tl.int64) * stride_u
     lse = tl.zeros([BLOCK_R], tl.float32)
     if FUSED:
-        lse = row_lse(p_x, m_r, stride_v, V, ONE_CHUNK, BLOCK_R, BLOCK_V)
+        lse = row_lse(p_x, m_r, stride_v, V, CHUNKS, BLOCK_R, BLOCK_V, REM)
         if STORE_LSE:
             tl.store(lse_ptr + o_r, lse, mask=m_r)
     x_blank = tl.load(p_x + blank * stride_v, mask=m_r, other=0.0).to(tl.float32)

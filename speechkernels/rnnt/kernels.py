@@ -34,13 +34,14 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launch import cdiv, launch, next_power_of_2
+from .._launch import cdiv, launch, next_power_of_2, prev_power_of_2
 from .._logspace import lae, ln2, neg
 from .._outputs import kernel_output, kernel_output_like
 from .._transducer import joint_kernels
 from .._transducer.lattice import (
     cell_offsets,
     cell_scores,
+    class_blocks,
     grad_cells,
     grad_kernel_args,
     lattice_buffers,
@@ -64,15 +65,16 @@ def _rnnt_lattice_kernel(
     T, U1, V, stride_n, stride_t, stride_u, stride_v, stride_tg, blank,
     FUSED: tl.constexpr,
     STORE_LSE: tl.constexpr,  # else the gradient kernel computes it again (saves a float per cell)
-    ONE_CHUNK: tl.constexpr,  # V <= BLOCK_V
+    CHUNKS: tl.constexpr,  # full chunks of BLOCK_V classes: 0, 1 or 2 (more than one; ``class_blocks``)
     RNA: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+    REM: tl.constexpr,  # the classes past the full chunks, in a chunk of this width (0: none)
 ):  # fmt: skip
     o_r, n, t, u, m_r, T_n, U_n = row_cells(il_ptr, tl_ptr, T, U1, BLOCK_R)
     if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
         tl.store(cnt_ptr, 0)
     m_r, p_x, lse, lp_b, lp_y = cell_scores(o_r, n, t, u, m_r, T_n, U_n, x_ptr, lse_ptr, tgt_ptr, V, stride_n, stride_t,
-                                            stride_u, stride_v, stride_tg, blank, FUSED, STORE_LSE, ONE_CHUNK, BLOCK_R,
-                                            BLOCK_V)  # fmt: skip
+                                            stride_u, stride_v, stride_tg, blank, FUSED, STORE_LSE, CHUNKS, BLOCK_R,
+                                            BLOCK_V, REM)  # fmt: skip
     p_cell = lat_ptr + cell_offsets(n, t, u, T, U1, RNA)
     tl.store(p_cell, lp_b, mask=m_r)
     tl.store(p_cell + 1, lp_y, mask=m_r)
@@ -426,7 +428,8 @@ def _rnnt_grad_kernel(
     fastemit_scale, clamp,
     FUSED: tl.constexpr,
     LOAD_LSE: tl.constexpr,  # else computed here
-    ONE_CHUNK: tl.constexpr, CLAMP: tl.constexpr, RNA: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+    CHUNKS: tl.constexpr, CLAMP: tl.constexpr, RNA: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+    REM: tl.constexpr,
 ):  # fmt: skip
     o_r, n, t, u, in_range, T_n, U_n, logp, active, has_label, g = grad_cells(
         il_ptr, tl_ptr, logp_ptr, gloss_ptr, gloss_stride, gscale, T, U1, BLOCK_R
@@ -445,10 +448,10 @@ def _rnnt_grad_kernel(
         if LOAD_LSE:
             lse = tl.load(lse_ptr + o_r, mask=active, other=0.0)
         else:  # a pass over the cells' scores first (they are read before any gradient is written)
-            lse = row_lse(p_x, active, stride_v, V, ONE_CHUNK, BLOCK_R, BLOCK_V)
+            lse = row_lse(p_x, active, stride_v, V, CHUNKS, BLOCK_R, BLOCK_V, REM)
     p_g = grad_ptr + n * gstride_n + t * gstride_t + u.to(tl.int64) * gstride_u
     score_grad_chunks(p_x, p_g, lse, in_range, active, lab, occ_b + occ_e, occ_b, occ_e, g, V, blank, clamp, stride_v,
-                      gstride_v, 0, 0, FUSED, CLAMP, False, BLOCK_R, BLOCK_V)  # fmt: skip
+                      gstride_v, 0, 0, FUSED, CLAMP, False, BLOCK_R, BLOCK_V, REM)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -463,10 +466,19 @@ def _batch_block(N: int) -> int:
 def _row_blocks(U1: int, V: int) -> tuple[int, int, int]:
     """(cells per program, classes per chunk, warps) for the two passes over the logits: a program takes up to
     BLOCK_R cells of one row (n, t). From sweeps on an H100 (benchmarks/tune_rnnt.py): one warp, 256-1024
-    scores per chunk."""
-    block_v = min(next_power_of_2(V), 1024)
+    scores per chunk; the chunk the largest power of two within V (the classes past the full chunks in one chunk
+    of their own width: ``class_blocks``)."""
+    block_v = min(prev_power_of_2(V), 1024)
     block_r = max(1, min(next_power_of_2(U1), 8, 1024 // block_v))
     return block_r, block_v, 1
+
+
+def _grad_blocks(U1: int, V: int) -> tuple[int, int, int]:
+    """``_row_blocks`` of the gradient pass: a chunk the power of two at or above V (at most 1024), its classes
+    past V masked (the split of ``_row_blocks`` made this pass slower: 1.34 -> 1.44 ms a call at (4, 1200, 200,
+    513), benchmarks/notes/tdt.md)."""
+    block_v = min(next_power_of_2(V), 1024)
+    return max(1, min(next_power_of_2(U1), 8, 1024 // block_v)), block_v, 1
 
 
 def _recursion_warps(block: int, N: int) -> int:
@@ -500,6 +512,7 @@ def rnnt_forward(
     fused = opts.fused_log_softmax
     lse, lat, aux = lattice_buffers(N, T, U1, dev, fused and store_lse)
     block_r, block_v, warps = _row_blocks(U1, V)
+    chunks, rem = class_blocks(V, block_v)
     launch(_rnnt_lattice_kernel)[(N * T, cdiv(U1, block_r))](
         x,
         lse,
@@ -519,10 +532,11 @@ def rnnt_forward(
         opts.blank,
         FUSED=fused,
         STORE_LSE=store_lse,
-        ONE_CHUNK=V <= block_v,
+        CHUNKS=chunks,
         RNA=opts.rna,
         BLOCK_R=block_r,
         BLOCK_V=block_v,
+        REM=rem,
         num_warps=warps,
     )
     return rnnt_recursions(lse, lat, aux, logit_lengths, target_lengths, N, T, U1, opts, need_grad)
@@ -593,7 +607,8 @@ def rnnt_backward(
     forward's (log-sum-exps, edge occupancies, log2 p)."""
     N, T, U1, V = x.shape
     grad = out if out is not None else kernel_output_like(x)
-    block_r, block_v, warps = _row_blocks(U1, V)
+    block_r, block_v, warps = _grad_blocks(U1, V)
+    chunks, rem = class_blocks(V, block_v)
     launch(_rnnt_grad_kernel)[(N * T, cdiv(U1, block_r))](
         *grad_kernel_args(x, grad, state, grad_out, targets, logit_lengths, target_lengths, opts.reduction),
         V,
@@ -605,11 +620,12 @@ def rnnt_backward(
         max(opts.clamp, 0.0),
         FUSED=opts.fused_log_softmax,
         LOAD_LSE=not recompute_lse,
-        ONE_CHUNK=V <= block_v,
+        CHUNKS=chunks,
         CLAMP=opts.clamp > 0,
         RNA=opts.rna,
         BLOCK_R=block_r,
         BLOCK_V=block_v,
+        REM=rem,
         num_warps=warps,
     )
     return grad

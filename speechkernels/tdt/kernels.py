@@ -35,11 +35,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launch import cdiv, next_power_of_2
+from .._launch import cdiv, next_power_of_2, prev_power_of_2
 from .._logspace import log2e, lse_total, neg
 from .._outputs import kernel_output, kernel_output_like
 from .._transducer.lattice import (
     cell_scores,
+    class_blocks,
     grad_cells,
     grad_kernel_args,
     row_cells,
@@ -61,12 +62,13 @@ def _tdt_lattice_kernel(
     T, U1, V, X, stride_n, stride_t, stride_u, stride_v, stride_tg, blank, sigma2,
     FUSED: tl.constexpr,
     MULTI: tl.constexpr,  # extra entries: big blanks (blank - 1 - i, in the tokens' softmax), else durations
-    ONE_CHUNK: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_X: tl.constexpr,
+    CHUNKS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_X: tl.constexpr,
+    REM: tl.constexpr,  # the tokens past the full chunks of BLOCK_V, in a chunk of this width (``class_blocks``)
 ):  # fmt: skip
     o_r, n, t, u, m_r, T_n, U_n = row_cells(il_ptr, tl_ptr, T, U1, BLOCK_R)
     m_r, p_x, lse, lp_b, lp_y = cell_scores(o_r, n, t, u, m_r, T_n, U_n, x_ptr, lse_ptr, tgt_ptr, V, stride_n, stride_t,
-                                            stride_u, stride_v, stride_tg, blank, FUSED, FUSED, ONE_CHUNK, BLOCK_R,
-                                            BLOCK_V)  # fmt: skip
+                                            stride_u, stride_v, stride_tg, blank, FUSED, FUSED, CHUNKS, BLOCK_R,
+                                            BLOCK_V, REM)  # fmt: skip
     lp_b -= sigma2  # sigma: once per token emitted (neg() stays far below any path)
     lp_y -= sigma2
     o_x = tl.arange(0, BLOCK_X)
@@ -513,6 +515,7 @@ def _tdt_grad_kernel(
     blank, clamp,
     FUSED: tl.constexpr, MULTI: tl.constexpr, CLAMP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
     BLOCK_X: tl.constexpr,  # = X
+    REM: tl.constexpr,
 ):  # fmt: skip
     o_r, n, t, u, in_range, T_n, U_n, logp, active, has_label, g = grad_cells(
         il_ptr, tl_ptr, logp_ptr, gloss_ptr, gloss_stride, gscale, T, U1, BLOCK_R
@@ -535,7 +538,7 @@ def _tdt_grad_kernel(
         lse = tl.load(lse_ptr + o_r, mask=active, other=0.0)
     # the tokens' scores (multi-blank: but the big blanks' columns, written below)
     score_grad_chunks(p_x, p_g, lse, in_range, active, lab, total, e_blank, e_label, g, V, blank, clamp, stride_v,
-                      gstride_v, blank - X, blank, FUSED, CLAMP, MULTI, BLOCK_R, BLOCK_V)  # fmt: skip
+                      gstride_v, blank - X, blank, FUSED, CLAMP, MULTI, BLOCK_R, BLOCK_V, REM)  # fmt: skip
     for i in tl.static_range(BLOCK_X):
         e_i = tl.load(p_occ + 2 + i, mask=active, other=0.0)
         if MULTI:  # big blank i: class blank - 1 - i
@@ -581,6 +584,13 @@ def _row(U1: int) -> int:
 
 def _row_blocks(U1: int, V: int) -> tuple[int, int]:
     """(cells per program, classes per chunk) of the passes over the logits (as the RNN-T kernels')."""
+    block_v = min(prev_power_of_2(V), 1024)
+    return max(1, min(next_power_of_2(U1), 8, 1024 // block_v)), block_v
+
+
+def _grad_blocks(U1: int, V: int) -> tuple[int, int]:
+    """``_row_blocks`` of the gradient pass (as the RNN-T kernels'; the split made it slower: 1.35 -> 1.61 ms a
+    call at (4, 1200, 200, 513 + 9), benchmarks/notes/tdt.md)."""
     block_v = min(next_power_of_2(V), 1024)
     return max(1, min(next_power_of_2(U1), 8, 1024 // block_v)), block_v
 
@@ -615,6 +625,7 @@ def tdt_forward(
     lat = kernel_output(cells * K, dtype=torch.float32, device=dev)
     nan = torch.zeros(N, dtype=torch.int32, device=dev)
     block_r, block_v = _row_blocks(U1, V)
+    chunks, rem = class_blocks(V, block_v)
     _tdt_lattice_kernel[(N * T, cdiv(U1, block_r))](
         x,
         lse,
@@ -633,10 +644,11 @@ def tdt_forward(
         opts.sigma * 1.4426950408889634,
         FUSED=fused,
         MULTI=kind == "multiblank",
-        ONE_CHUNK=V <= block_v,
+        CHUNKS=chunks,
         BLOCK_R=block_r,
         BLOCK_V=block_v,
         BLOCK_X=next_power_of_2(max(X, 1)),
+        REM=rem,
         num_warps=1,
     )
     loss, logp = tdt_recursions(lat, nan, logit_lengths, target_lengths, kind, durations, T, U1, opts, need_grad)
@@ -753,7 +765,7 @@ def tdt_backward(
     X = len(durations)
     V = C - X if kind == "tdt" else C
     grad = kernel_output_like(x)
-    block_r, block_v = _row_blocks(U1, V)
+    block_r, block_v = _grad_blocks(U1, V)
     _tdt_grad_kernel[(N * T, cdiv(U1, block_r))](
         *grad_kernel_args(x, grad, state, grad_out, targets, logit_lengths, target_lengths, opts.reduction),
         V,
@@ -770,6 +782,7 @@ def tdt_backward(
         BLOCK_R=block_r,
         BLOCK_V=block_v,
         BLOCK_X=X,
+        REM=class_blocks(V, block_v)[1],
         num_warps=1,
     )
     return grad
