@@ -58,48 +58,34 @@ def class_blocks(V: int, block_v: int) -> tuple[int, int]:
 
 
 @triton.jit
-def _score_grad_chunk(v, m, p_x, p_g, lse, active, lab, occ_all, occ_blank, occ_label, g, blank, clamp, stride_v,
-                      gstride_v, FUSED: tl.constexpr, CLAMP: tl.constexpr):  # fmt: skip
-    """``score_grad_chunks``' chunk of classes v (m: which are written)."""
-    b_g = tl.zeros(m.shape, tl.float32)
-    if FUSED:
-        b_x = tl.load(p_x[:, None] + v[None, :] * stride_v, mask=m & active[:, None], other=0.0).to(tl.float32)
-        b_g = tl.exp2((b_x - lse[:, None]) * log2e()) * occ_all[:, None]
-    b_g -= tl.where(v[None, :] == blank, occ_blank[:, None], 0.0)
-    b_g -= tl.where(v[None, :] == lab[:, None], occ_label[:, None], 0.0)
-    if CLAMP:
-        b_g = tl.minimum(tl.maximum(b_g, -clamp), clamp)
-    if FUSED:  # every score of a cell is read (its log-sum-exp)
-        b_g = tl.where(active[:, None], g[:, None] * b_g, 0.0)
-    else:  # only the blank and the next label are: a NaN loss leaves the other scores' zero gradient alone
-        read = (v[None, :] == blank) | (v[None, :] == lab[:, None])
-        b_g = tl.where(active[:, None] & read, g[:, None] * b_g, 0.0)
-    tl.store(p_g[:, None] + v[None, :] * gstride_v, b_g.to(p_g.dtype.element_ty), mask=m)
-
-
-@triton.jit
 def score_grad_chunks(p_x, p_g, lse, in_range, active, lab, occ_all, occ_blank, occ_label, g, V, blank, clamp,
                       stride_v, gstride_v, skip_lo, skip_hi, FUSED: tl.constexpr, CLAMP: tl.constexpr,
-                      SKIP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, REM: tl.constexpr):  # fmt: skip
-    """The gradient of the V scores of BLOCK_R cells (p_x, into p_g), chunk by chunk (``class_blocks``): g *
-    (softmax * occ_all (FUSED) - occ_blank at the blank - occ_label at the label), clamped first (CLAMP), as
-    torchaudio documents; with SKIP, the columns [skip_lo, skip_hi) are left for the caller."""
+                      SKIP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
+    """The gradient of the V scores of BLOCK_R cells (p_x, into p_g), chunk by chunk, every chunk masked along the
+    classes (``_grad_blocks``; the classes past the full chunks in a chunk of their own, as the lattice passes read
+    them, made the TDT gradient 11% slower at (4, 1200, 200, 513 + 9): benchmarks/notes/tdt.md): g * (softmax *
+    occ_all (FUSED) - occ_blank at the blank - occ_label at the label), clamped first (CLAMP), as torchaudio
+    documents; with SKIP, the columns [skip_lo, skip_hi) are left for the caller."""
     o_v = tl.arange(0, BLOCK_V)
-    v_full = V // BLOCK_V * BLOCK_V
-    for v0 in range(0, v_full, BLOCK_V):
+    for v0 in range(0, V, BLOCK_V):
         v = v0 + o_v
-        m = in_range[:, None] & (v >= 0)[None, :]
-        if SKIP:
-            m = m & ((v < skip_lo) | (v >= skip_hi))[None, :]
-        _score_grad_chunk(v, m, p_x, p_g, lse, active, lab, occ_all, occ_blank, occ_label, g, blank, clamp, stride_v,
-                          gstride_v, FUSED, CLAMP)  # fmt: skip
-    if REM > 0:
-        v = v_full + tl.arange(0, REM)
         m = in_range[:, None] & (v < V)[None, :]
         if SKIP:
             m = m & ((v < skip_lo) | (v >= skip_hi))[None, :]
-        _score_grad_chunk(v, m, p_x, p_g, lse, active, lab, occ_all, occ_blank, occ_label, g, blank, clamp, stride_v,
-                          gstride_v, FUSED, CLAMP)  # fmt: skip
+        b_g = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)
+        if FUSED:
+            b_x = tl.load(p_x[:, None] + v[None, :] * stride_v, mask=m & active[:, None], other=0.0).to(tl.float32)
+            b_g = tl.exp2((b_x - lse[:, None]) * log2e()) * occ_all[:, None]
+        b_g -= tl.where(v[None, :] == blank, occ_blank[:, None], 0.0)
+        b_g -= tl.where(v[None, :] == lab[:, None], occ_label[:, None], 0.0)
+        if CLAMP:
+            b_g = tl.minimum(tl.maximum(b_g, -clamp), clamp)
+        if FUSED:  # every score of a cell is read (its log-sum-exp)
+            b_g = tl.where(active[:, None], g[:, None] * b_g, 0.0)
+        else:  # only the blank and the next label are: a NaN loss leaves the other scores' zero gradient alone
+            read = (v[None, :] == blank) | (v[None, :] == lab[:, None])
+            b_g = tl.where(active[:, None] & read, g[:, None] * b_g, 0.0)
+        tl.store(p_g[:, None] + v[None, :] * gstride_v, b_g.to(p_g.dtype.element_ty), mask=m)
 
 
 @triton.jit

@@ -451,7 +451,7 @@ def _rnnt_grad_kernel(
             lse = row_lse(p_x, active, stride_v, V, CHUNKS, BLOCK_R, BLOCK_V, REM)
     p_g = grad_ptr + n * gstride_n + t * gstride_t + u.to(tl.int64) * gstride_u
     score_grad_chunks(p_x, p_g, lse, in_range, active, lab, occ_b + occ_e, occ_b, occ_e, g, V, blank, clamp, stride_v,
-                      gstride_v, 0, 0, FUSED, CLAMP, False, BLOCK_R, BLOCK_V, REM)  # fmt: skip
+                      gstride_v, 0, 0, FUSED, CLAMP, False, BLOCK_R, BLOCK_V)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -515,7 +515,6 @@ def _tdt_grad_kernel(
     blank, clamp,
     FUSED: tl.constexpr, MULTI: tl.constexpr, CLAMP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
     BLOCK_X: tl.constexpr,  # = X
-    REM: tl.constexpr,
 ):  # fmt: skip
     o_r, n, t, u, in_range, T_n, U_n, logp, active, has_label, g = grad_cells(
         il_ptr, tl_ptr, logp_ptr, gloss_ptr, gloss_stride, gscale, T, U1, BLOCK_R
@@ -538,7 +537,7 @@ def _tdt_grad_kernel(
         lse = tl.load(lse_ptr + o_r, mask=active, other=0.0)
     # the tokens' scores (multi-blank: but the big blanks' columns, written below)
     score_grad_chunks(p_x, p_g, lse, in_range, active, lab, total, e_blank, e_label, g, V, blank, clamp, stride_v,
-                      gstride_v, blank - X, blank, FUSED, CLAMP, MULTI, BLOCK_R, BLOCK_V, REM)  # fmt: skip
+                      gstride_v, blank - X, blank, FUSED, CLAMP, MULTI, BLOCK_R, BLOCK_V)  # fmt: skip
     for i in tl.static_range(BLOCK_X):
         e_i = tl.load(p_occ + 2 + i, mask=active, other=0.0)
         if MULTI:  # big blank i: class blank - 1 - i
@@ -782,7 +781,6 @@ def tdt_backward(
         BLOCK_R=block_r,
         BLOCK_V=block_v,
         BLOCK_X=X,
-        REM=class_blocks(V, block_v)[1],
         num_warps=1,
     )
     return grad
