@@ -476,7 +476,7 @@ def _row_blocks(U1: int, V: int) -> tuple[int, int, int]:
 def _grad_blocks(U1: int, V: int) -> tuple[int, int, int]:
     """``_row_blocks`` of the gradient pass: a chunk the power of two at or above V (at most 1024), its classes
     past V masked (the split of ``_row_blocks`` made this pass slower: 1.34 -> 1.44 ms a call at (4, 1200, 200,
-    513), benchmarks/notes/tdt.md)."""
+    513), benchmarks/notes/tdt.md). Not where the pass recomputes the log-sum-exps (``rnnt_backward``)."""
     block_v = min(next_power_of_2(V), 1024)
     return max(1, min(next_power_of_2(U1), 8, 1024 // block_v)), block_v, 1
 
@@ -607,7 +607,9 @@ def rnnt_backward(
     forward's (log-sum-exps, edge occupancies, log2 p)."""
     N, T, U1, V = x.shape
     grad = out if out is not None else kernel_output_like(x)
-    block_r, block_v, warps = _grad_blocks(U1, V)
+    # recomputing the log-sum-exps: the lattice pass's blocks, so that they equal its own to the bit (the gradient
+    # of consumed logits equals the other's)
+    block_r, block_v, warps = (_row_blocks if recompute_lse else _grad_blocks)(U1, V)
     chunks, rem = class_blocks(V, block_v)
     launch(_rnnt_grad_kernel)[(N * T, cdiv(U1, block_r))](
         *grad_kernel_args(x, grad, state, grad_out, targets, logit_lengths, target_lengths, opts.reduction),
