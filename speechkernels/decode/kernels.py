@@ -6,10 +6,10 @@ them in one block of their own (power-of-two) width, so that C = 1025 reads 1024
 block, each frame's maximum with NaNs propagated and the first class holding it or a NaN (-0.0 equals +0.0); a
 later block takes over only with a larger value or a NaN over a number: the first maximum, a NaN counting as the
 largest and its first index winning (``torch.argmax``'s rules), the value itself kept as the score. float32
-comparisons and int32 minima (one int64 key a value, the kernel before, took twice the time: notes/decode.md); with
-``LOGITS`` the running log-sum-exp, so that the score is the log_softmax value. Frames at and past the sample's
-length are neither read nor written. It writes a scratch [N, 2, T] int32: each sample's classes (row 0) and scores
-(row 1, float32 bits), 8 bytes a frame.
+comparisons and int32 minima (one int64 key a value, the kernel before, took twice the time:
+benchmarks/notes/decode.md); with ``LOGITS`` the running log-sum-exp, so that the score is the log_softmax value.
+Frames at and past the sample's length are neither read nor written. It writes a scratch [N, 2, T] int32: each
+sample's classes (row 0) and scores (row 1, float32 bits), 8 bytes a frame.
 
 ``_ctc_compact_kernel`` (one sample per program): the merge of runs and the compaction, over the sample's live
 frames in blocks of ``BLOCK_T``: a frame emits where its class is not the blank and differs from the previous
