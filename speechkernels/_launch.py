@@ -129,6 +129,13 @@ def prev_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (int(n).bit_length() - 1)
 
 
+def split_blocks(n: int, block: int) -> tuple[int, int]:
+    """(full blocks of ``block`` in n, the power-of-two width of a block holding the rest; 0 when none): a loop over
+    the full blocks unmasked, then one block for the rest, so that n = 1025 in blocks of 1024 reads 1024 + 1 lanes."""
+    full = n // block
+    return full, next_power_of_2(n - full * block) if n > full * block else 0
+
+
 def cdiv(n: int, d: int) -> int:
     """ceil(n / d) of non-negative integers, as ``triton.cdiv`` on the host."""
     return -(-n // d)

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launch import launch, next_power_of_2
+from .._launch import launch, next_power_of_2, prev_power_of_2, split_blocks
 from .._logspace import ln2, log2e, lse_step, lse_step_rows, lse_total, neg
 from .._outputs import kernel_output
 
@@ -48,13 +48,22 @@ def grad_cells(il_ptr, tl_ptr, logp_ptr, gloss_ptr, gloss_stride, gscale, T, U1,
     return o_r, n, t, u, in_range, T_n, U_n, logp, active, has_label, g
 
 
+def cell_blocks(U1: int, V: int, split: bool) -> tuple[int, int]:
+    """(cells per program, classes per chunk) of a pass over the cells' scores, up to BLOCK_R cells of one row (n, t)
+    a program (from sweeps on an H100, benchmarks/tune_rnnt.py: 256-1024 scores a chunk). ``split`` (the lattice
+    passes): the chunk the largest power of two within V, the classes past the full chunks in one of their own
+    (``class_blocks``); else (the gradient passes, where the split was slower: 1.34 -> 1.44 ms a call at (4, 1200,
+    200, 513), benchmarks/notes/tdt.md) the power of two at or above V, its classes past V masked."""
+    block_v = min(prev_power_of_2(V) if split else next_power_of_2(V), 1024)
+    return max(1, min(next_power_of_2(U1), 8, 1024 // block_v)), block_v
+
+
 def class_blocks(V: int, block_v: int) -> tuple[int, int]:
-    """(CHUNKS, REM) of a pass over the V scores of a cell in chunks of ``block_v``: the full chunks are read
-    unmasked along the classes (CHUNKS: 0, 1, or 2 for more than one), then the classes past them (V - V //
-    block_v * block_v) in one chunk of their own power-of-two width REM (0: none), so that with block_v = 512, V =
-    513 reads 512 + 1 lanes, not 1024."""
-    full = V // block_v
-    return min(full, 2), next_power_of_2(V - full * block_v) if V > full * block_v else 0
+    """(CHUNKS, REM) of a pass over the V scores of a cell in chunks of ``block_v`` (``split_blocks``): the full
+    chunks read unmasked along the classes (CHUNKS: 0, 1, or 2 for more than one), then the classes past them in one
+    chunk of width REM (0: none)."""
+    full, rem = split_blocks(V, block_v)
+    return min(full, 2), rem
 
 
 @triton.jit
@@ -105,26 +114,26 @@ def row_lse(p_x, m_r, stride_v, V, CHUNKS: tl.constexpr, BLOCK_R: tl.constexpr, 
     """Natural-log log-sum-exp of the V scores of each of BLOCK_R cells (p_x: their first scores; 0 where m_r
     is False), in chunks (``class_blocks``)."""
     o_v = tl.arange(0, BLOCK_V)
-    if CHUNKS == 0:  # the one chunk of the classes past the full ones: one exponential per score
-        o_q = tl.arange(0, REM)
-        b_x = tl.load(p_x[:, None] + o_q[None, :] * stride_v, mask=m_r[:, None] & (o_q < V)[None, :],
-                      other=float("-inf"))  # fmt: skip
+    lse = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    if CHUNKS == 1:  # one exponential per score
+        b_x = tl.load(p_x[:, None] + o_v[None, :] * stride_v, mask=m_r[:, None], other=float("-inf"))
         lse = lse_total(b_x.to(tl.float32) * log2e(), 1.0, 1)
-    else:
-        if CHUNKS == 1:  # one exponential per score
-            b_x = tl.load(p_x[:, None] + o_v[None, :] * stride_v, mask=m_r[:, None], other=float("-inf"))
-            lse = lse_total(b_x.to(tl.float32) * log2e(), 1.0, 1)
-        else:  # online over the full chunks
-            b_m = tl.full([BLOCK_R, BLOCK_V], float("-inf"), tl.float32)
-            b_s = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)
-            for v0 in range(0, V // BLOCK_V * BLOCK_V, BLOCK_V):
-                b_x = tl.load(p_x[:, None] + (v0 + o_v)[None, :] * stride_v, mask=m_r[:, None], other=float("-inf"))
-                b_m, b_s = lse_step(b_m, b_s, b_x.to(tl.float32) * log2e())
-            lse = lse_total(b_m, b_s, 1)
-        if REM > 0:  # the classes past the full chunks, the full chunks' total as one more lane
-            o_q = V // BLOCK_V * BLOCK_V + tl.arange(0, REM)
-            b_x = tl.load(p_x[:, None] + o_q[None, :] * stride_v, mask=m_r[:, None] & (o_q < V)[None, :],
-                          other=float("-inf")).to(tl.float32) * log2e()  # fmt: skip
+    elif CHUNKS == 2:  # online over the full chunks
+        b_m = tl.full([BLOCK_R, BLOCK_V], float("-inf"), tl.float32)
+        b_s = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)
+        for v0 in range(0, V // BLOCK_V * BLOCK_V, BLOCK_V):
+            b_x = tl.load(p_x[:, None] + (v0 + o_v)[None, :] * stride_v, mask=m_r[:, None], other=float("-inf"))
+            b_m, b_s = lse_step(b_m, b_s, b_x.to(tl.float32) * log2e())
+        lse = lse_total(b_m, b_s, 1)
+    if REM > 0:  # the classes past the full chunks
+        o_q = tl.arange(0, REM)
+        if CHUNKS > 0:
+            o_q += V // BLOCK_V * BLOCK_V
+        b_x = tl.load(p_x[:, None] + o_q[None, :] * stride_v, mask=m_r[:, None] & (o_q < V)[None, :],
+                      other=float("-inf")).to(tl.float32) * log2e()  # fmt: skip
+        if CHUNKS == 0:  # one exponential per score
+            lse = lse_total(b_x, 1.0, 1)
+        else:  # the full chunks' total as one more lane
             r_m, r_s = lse_step_rows(lse, tl.full([BLOCK_R], 1.0, tl.float32), b_x)
             lse = r_m + tl.log2(r_s)
     return tl.where(m_r, lse * ln2(), 0.0)

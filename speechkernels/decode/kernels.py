@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launch import cdiv, launch, next_power_of_2
+from .._launch import cdiv, launch, next_power_of_2, split_blocks
 from .._outputs import kernel_output
 
 COMPACT_BLOCK_T = 1024  # frames per step of the compaction (a power of two; tests lower it to cross blocks)
@@ -142,7 +142,7 @@ def ctc_greedy(
     dev = x.device
     work = kernel_output(N, 2, T, dtype=torch.int32, device=dev)  # classes, then scores' bits, of each sample
     BLOCK_C = min(next_power_of_2(C), CTC_TILES["block_c"])
-    C_FULL = C // BLOCK_C * BLOCK_C
+    n_full, rem = split_blocks(C, BLOCK_C)
     BLOCK_T = max(1, min(CTC_TILES["block_t"], CTC_TILES["elements"] // BLOCK_C))
     n_t_blocks = cdiv(T, BLOCK_T)
     launch(_ctc_best_kernel)[(N * n_t_blocks,)](
@@ -151,12 +151,12 @@ def ctc_greedy(
         work,
         T,
         C,
-        C_FULL,
+        n_full * BLOCK_C,
         n_t_blocks,
         LOGITS=logits,
         BLOCK_T=BLOCK_T,
         BLOCK_C=BLOCK_C,
-        REM=next_power_of_2(C - C_FULL) if C > C_FULL else 0,
+        REM=rem,
         num_warps=CTC_TILES["warps"],
     )
     # the outputs allocated after the first launch: the device starts on the scores sooner

@@ -34,11 +34,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launch import cdiv, launch, next_power_of_2, prev_power_of_2
+from .._launch import cdiv, launch, next_power_of_2
 from .._logspace import lae, ln2, neg
 from .._outputs import kernel_output, kernel_output_like
 from .._transducer import joint_kernels
 from .._transducer.lattice import (
+    cell_blocks,
     cell_offsets,
     cell_scores,
     class_blocks,
@@ -464,21 +465,14 @@ def _batch_block(N: int) -> int:
 
 
 def _row_blocks(U1: int, V: int) -> tuple[int, int, int]:
-    """(cells per program, classes per chunk, warps) for the two passes over the logits: a program takes up to
-    BLOCK_R cells of one row (n, t). From sweeps on an H100 (benchmarks/tune_rnnt.py): one warp, 256-1024
-    scores per chunk; the chunk the largest power of two within V (the classes past the full chunks in one chunk
-    of their own width: ``class_blocks``)."""
-    block_v = min(prev_power_of_2(V), 1024)
-    block_r = max(1, min(next_power_of_2(U1), 8, 1024 // block_v))
-    return block_r, block_v, 1
+    """(cells per program, classes per chunk, warps) of the lattice pass (``cell_blocks``): one warp."""
+    return *cell_blocks(U1, V, split=True), 1
 
 
 def _grad_blocks(U1: int, V: int) -> tuple[int, int, int]:
-    """``_row_blocks`` of the gradient pass: a chunk the power of two at or above V (at most 1024), its classes
-    past V masked (the split of ``_row_blocks`` made this pass slower: 1.34 -> 1.44 ms a call at (4, 1200, 200,
-    513), benchmarks/notes/tdt.md). Not where the pass recomputes the log-sum-exps (``rnnt_backward``)."""
-    block_v = min(next_power_of_2(V), 1024)
-    return max(1, min(next_power_of_2(U1), 8, 1024 // block_v)), block_v, 1
+    """``_row_blocks`` of the gradient pass (``cell_blocks`` without the split), but where it recomputes the
+    log-sum-exps (``rnnt_backward``)."""
+    return *cell_blocks(U1, V, split=False), 1
 
 
 def _recursion_warps(block: int, N: int) -> int:

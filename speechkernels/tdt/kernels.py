@@ -35,10 +35,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launch import cdiv, next_power_of_2, prev_power_of_2
+from .._launch import cdiv, next_power_of_2
 from .._logspace import log2e, lse_total, neg
 from .._outputs import kernel_output, kernel_output_like
 from .._transducer.lattice import (
+    cell_blocks,
     cell_scores,
     class_blocks,
     grad_cells,
@@ -582,16 +583,13 @@ def _row(U1: int) -> int:
 
 
 def _row_blocks(U1: int, V: int) -> tuple[int, int]:
-    """(cells per program, classes per chunk) of the passes over the logits (as the RNN-T kernels')."""
-    block_v = min(prev_power_of_2(V), 1024)
-    return max(1, min(next_power_of_2(U1), 8, 1024 // block_v)), block_v
+    """(cells per program, classes per chunk) of the lattice pass (``cell_blocks``, as the RNN-T kernels')."""
+    return cell_blocks(U1, V, split=True)
 
 
 def _grad_blocks(U1: int, V: int) -> tuple[int, int]:
-    """``_row_blocks`` of the gradient pass (as the RNN-T kernels'; the split made it slower: 1.35 -> 1.61 ms a
-    call at (4, 1200, 200, 513 + 9), benchmarks/notes/tdt.md)."""
-    block_v = min(next_power_of_2(V), 1024)
-    return max(1, min(next_power_of_2(U1), 8, 1024 // block_v)), block_v
+    """``_row_blocks`` of the gradient pass (``cell_blocks`` without the split)."""
+    return cell_blocks(U1, V, split=False)
 
 
 def tdt_forward(
